@@ -1,0 +1,69 @@
+"""Named crash points: ``DURABLE_HARNESS_CRASH_AT=<point>[:<n>]`` SIGKILLs the process.
+
+The variable is read once, at import. :func:`crash_point` is called at exactly the commit
+boundaries that ``design/run-loop.md`` and ``design/recovery.md`` name; at the n-th hit
+(default 1) of the configured point the process sends itself SIGKILL: no ``finally`` block,
+no atexit handler and no buffered write runs, as in a power cut of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+CRASH_POINTS: dict[str, str] = {
+    "after_run_started": "the run_started record is durable; no provider request yet",
+    "after_provider_request_started": "a provider attempt's intent is durable; request not sent",
+    "mid_provider_stream": "the provider is streaming its answer; nothing of it is stored",
+    "after_assistant_entry": "the assistant entry and its settlement are durable; no tool begun",
+    "after_tool_started": "a tool_started intent is durable; the tool's effect has not begun",
+    "after_tool_effect": "the tool's effect is done; its result is not written",
+    "after_tool_finished": "the tool result entry and tool_finished are durable",
+    "before_save_point": "every tool call of the turn is settled; the save point is not written",
+    "after_save_point": "the save point between turns is durable",
+    "after_queue_enqueued": "a steer/follow-up/next-run receipt is durable",
+    "after_abort_requested": "abort_requested is durable; the abort signal is not raised",
+    "before_run_finished": "the final answer is stored; run_finished is not written",
+    "after_run_finished": "run_finished is durable",
+}
+
+ENV_VAR = "DURABLE_HARNESS_CRASH_AT"
+
+
+def _parse(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    name, _, count = value.partition(":")
+    return name, int(count) if count else 1
+
+
+_target = _parse(os.environ.get(ENV_VAR))
+_hits: dict[str, int] = {}
+
+
+def configure(value: str | None) -> None:
+    """Set the crash target in-process (``None`` disables); mainly for subprocess entry points.
+
+    Raises:
+        ValueError: the point is not in :data:`CRASH_POINTS` or the count is not a positive int.
+    """
+    global _target
+    parsed = _parse(value)
+    if parsed is not None and (parsed[0] not in CRASH_POINTS or parsed[1] < 1):
+        raise ValueError(f"unknown crash point {value!r}; see `durable-harness crash-points`")
+    _target = parsed
+    _hits.clear()
+
+
+def crash_point(name: str) -> None:
+    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit."""
+    if _target is None or _target[0] != name:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] == _target[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hits() -> dict[str, int]:
+    """Return how many times each point was hit in this process (only the configured one)."""
+    return dict(_hits)

@@ -1,0 +1,195 @@
+"""Typed errors of durable-harness, each with a stable ``code``.
+
+The tree::
+
+    DurableHarnessError                 code
+    ├── StorageError                    storage
+    │   ├── SessionNotFound             session_not_found
+    │   ├── AmbiguousSessionPrefix      ambiguous_session_prefix
+    │   ├── SessionExists               session_exists
+    │   ├── LeaseHeld                   lease_held
+    │   ├── StaleGeneration             stale_generation
+    │   ├── ReadOnlySession             read_only
+    │   ├── CorruptSession              corrupt_session
+    │   ├── IdConflict                  id_conflict
+    │   └── UnknownEntry                unknown_entry
+    ├── FormatError                     format_error
+    ├── RunError                        run_error
+    │   ├── RunInProgress               run_in_progress
+    │   ├── NoOpenRun                   no_open_run
+    │   ├── LaneSuspended               lane_suspended
+    │   └── AttemptCapReached           attempt_cap_reached
+    ├── ProviderError                   provider_error
+    ├── ToolError                       tool_error
+    │   └── PathEscape                  path_escape
+    └── RecoveryError                   recovery_error
+        └── DecisionRequired            decision_required
+
+Messages name the file, session or id involved and never carry a credential: the provider
+modules pass only status codes and the server's error text through :func:`redact`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+class DurableHarnessError(Exception):
+    """Base of every error this library raises on purpose.
+
+    Attributes:
+        code: a stable machine-readable string (see the module docstring).
+        details: JSON-serialisable extra facts (ids, paths, offsets).
+    """
+
+    code = "error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_json(self) -> dict[str, Any]:
+        """Return ``{"code", "message", **details}`` for CLI and HTTP fronts."""
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+class StorageError(DurableHarnessError):
+    """A store could not do what was asked."""
+
+    code = "storage"
+
+
+class SessionNotFound(StorageError):
+    """No session has this id, id prefix or path."""
+
+    code = "session_not_found"
+
+
+class AmbiguousSessionPrefix(StorageError):
+    """A session id prefix matches more than one session; ``details['candidates']`` lists them."""
+
+    code = "ambiguous_session_prefix"
+
+
+class SessionExists(StorageError):
+    """A session file or row with this id already exists; it is never overwritten."""
+
+    code = "session_exists"
+
+
+class LeaseHeld(StorageError):
+    """Another live process holds the session's writer lease (``details['holder_pid']``)."""
+
+    code = "lease_held"
+
+
+class StaleGeneration(StorageError):
+    """This writer's lease generation was superseded; its append was refused."""
+
+    code = "stale_generation"
+
+
+class ReadOnlySession(StorageError):
+    """A write was attempted on a session opened read-only."""
+
+    code = "read_only"
+
+
+class CorruptSession(StorageError):
+    """Stored state that a single writer cannot produce (reported, never repaired silently)."""
+
+    code = "corrupt_session"
+
+
+class IdConflict(CorruptSession):
+    """A provisioned id already holds different content."""
+
+    code = "id_conflict"
+
+
+class UnknownEntry(StorageError):
+    """No entry with this id exists in the session."""
+
+    code = "unknown_entry"
+
+
+class FormatError(DurableHarnessError):
+    """Input that does not follow a documented format (scripted provider file, pi file...)."""
+
+    code = "format_error"
+
+
+class RunError(DurableHarnessError):
+    """A run-loop operation was refused."""
+
+    code = "run_error"
+
+
+class RunInProgress(RunError):
+    """A run is already open on this lane (at most one per lane)."""
+
+    code = "run_in_progress"
+
+
+class NoOpenRun(RunError):
+    """The operation needs an open run on the lane and there is none."""
+
+    code = "no_open_run"
+
+
+class LaneSuspended(RunError):
+    """The lane is suspended (crash or awaiting a decision); recover or resume it first."""
+
+    code = "lane_suspended"
+
+
+class AttemptCapReached(RunError):
+    """A provider request hit the durable attempt cap (attempts counted across restarts)."""
+
+    code = "attempt_cap_reached"
+
+
+class ProviderError(DurableHarnessError):
+    """A provider request failed; ``retryable`` says whether a retry may succeed."""
+
+    code = "provider_error"
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None,
+                 **details: Any) -> None:
+        super().__init__(redact(message), status=status, retryable=retryable, **details)
+        self.retryable = retryable
+        self.status = status
+
+
+class ToolError(DurableHarnessError):
+    """A tool was misused (bad arguments, unknown tool)."""
+
+    code = "tool_error"
+
+
+class PathEscape(ToolError):
+    """A tool path resolves outside the session's working directory."""
+
+    code = "path_escape"
+
+
+class RecoveryError(DurableHarnessError):
+    """Recovery could not proceed."""
+
+    code = "recovery_error"
+
+
+class DecisionRequired(RecoveryError):
+    """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
+
+    code = "decision_required"
+
+
+_SECRET = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|(?i:bearer)\s+[A-Za-z0-9._\-]{6,}|x-api-key[:=]\s*\S+)")
+
+
+def redact(text: str) -> str:
+    """Replace anything shaped like an API key or bearer token with ``[redacted]``."""
+    return _SECRET.sub("[redacted]", text)

@@ -1,0 +1,39 @@
+"""Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records.
+
+UUIDv7 layout is RFC 9562 section 5.7: 48 bits of Unix time in milliseconds, version 7,
+then random bits, so ids sort by creation time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def uuid7() -> str:
+    """Return a new UUIDv7 string (RFC 9562), e.g. ``0193a1b2-...``."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 68) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+def new_id() -> str:
+    """Return a random 64-bit entry or record id as 16 lowercase hex characters."""
+    return os.urandom(8).hex()
+
+
+def now_iso() -> str:
+    """Return the current UTC time as ISO 8601 with milliseconds and ``Z`` (pi's format)."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def now_ms() -> int:
+    """Return the current Unix time in milliseconds."""
+    return time.time_ns() // 1_000_000

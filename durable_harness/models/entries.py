@@ -1,0 +1,165 @@
+"""Session tree entries: the entry types of the design brief, section 1.
+
+Stored form is a plain dict (``Entry.model_dump(exclude_none=True)``); these models validate
+what callers append and give typed access. ``seq`` is assigned by storage at commit time.
+Unknown entry types are preserved verbatim as dicts (forward compatibility): see
+:func:`validate_entry`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from durable_harness.errors import FormatError
+from durable_harness.ids import new_id, now_iso
+from durable_harness.models.messages import Message
+
+
+class EntryBase(BaseModel):
+    """Fields every entry has: ``id``, ``parentId`` (``None`` for a root), ISO ``timestamp``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    id: str = Field(default_factory=new_id)
+    parentId: str | None = None
+    timestamp: str = Field(default_factory=now_iso)
+
+
+class MessageEntry(EntryBase):
+    """A conversation message (user, assistant, toolResult, custom, bashExecution)."""
+
+    type: Literal["message"] = "message"
+    message: Message
+
+
+class ModelChangeEntry(EntryBase):
+    """The model switched to ``provider``/``modelId`` from here on down the path."""
+
+    type: Literal["model_change"] = "model_change"
+    provider: str
+    modelId: str
+
+
+class ThinkingLevelChangeEntry(EntryBase):
+    """The thinking level (``off``, ``minimal``, ``low``, ``medium``, ``high``...) changed."""
+
+    type: Literal["thinking_level_change"] = "thinking_level_change"
+    thinkingLevel: str
+
+
+class CompactionEntry(EntryBase):
+    """Everything on the path before ``firstKeptEntryId`` is replaced by ``summary`` in context.
+
+    ``tokensBefore`` is the context size (tokens) that was compacted. ``settings`` (optional,
+    ours) snapshots ``{model, thinkingLevel}`` so a context walk can stop at the cut.
+    """
+
+    type: Literal["compaction"] = "compaction"
+    summary: str
+    firstKeptEntryId: str | None = None
+    tokensBefore: int = 0
+
+
+class BranchSummaryEntry(EntryBase):
+    """A summary of the abandoned branch ending at ``fromId``, shown as user-role context."""
+
+    type: Literal["branch_summary"] = "branch_summary"
+    fromId: str
+    summary: str
+
+
+class CustomEntry(EntryBase):
+    """Extension state (``customType``, ``data``); never part of the provider context."""
+
+    type: Literal["custom"] = "custom"
+    customType: str
+    data: Any = None
+
+
+class CustomMessageEntry(EntryBase):
+    """An extension message that enters the context as user-role content."""
+
+    type: Literal["custom_message"] = "custom_message"
+    customType: str
+    content: Any = ""
+    display: bool = True
+
+
+class LabelEntry(EntryBase):
+    """A bookmark on ``targetId``; ``label=None`` clears it. Latest wins."""
+
+    type: Literal["label"] = "label"
+    targetId: str
+    label: str | None = None
+
+
+class SessionInfoEntry(EntryBase):
+    """Session metadata (display ``name``). Latest wins."""
+
+    type: Literal["session_info"] = "session_info"
+    name: str | None = None
+
+
+KNOWN_ENTRY_TYPES: dict[str, type[EntryBase]] = {
+    "message": MessageEntry,
+    "model_change": ModelChangeEntry,
+    "thinking_level_change": ThinkingLevelChangeEntry,
+    "compaction": CompactionEntry,
+    "branch_summary": BranchSummaryEntry,
+    "custom": CustomEntry,
+    "custom_message": CustomMessageEntry,
+    "label": LabelEntry,
+    "session_info": SessionInfoEntry,
+}
+
+
+class SessionHeader(BaseModel):
+    """First line of a session file: ``type="session"``, format ``version``, ``id``, ``cwd``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["session"] = "session"
+    version: int = 3
+    id: str
+    timestamp: str = Field(default_factory=now_iso)
+    cwd: str
+    parentSession: str | None = None
+
+
+_message_adapter: TypeAdapter[Any] = TypeAdapter(Message)
+
+
+def validate_entry(data: dict[str, Any]) -> dict[str, Any]:
+    """Check an entry dict against its type's model and return it unchanged.
+
+    Unknown ``type`` values only need ``id`` (str) and ``parentId`` (str or None).
+
+    Raises:
+        FormatError: the dict does not match its entry type (message names the entry id).
+    """
+    cls = KNOWN_ENTRY_TYPES.get(str(data.get("type")), EntryBase)
+    try:
+        cls.model_validate(data)
+    except ValidationError as exc:
+        raise FormatError(
+            f"entry {data.get('id')!r} of type {data.get('type')!r} is malformed: "
+            f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}",
+            entry_id=data.get("id"),
+        ) from exc
+    return data
+
+
+def validate_message(data: dict[str, Any]) -> dict[str, Any]:
+    """Validate a message dict (any role) and return it unchanged.
+
+    Raises:
+        FormatError: the message does not match its role's model.
+    """
+    try:
+        _message_adapter.validate_python(data)
+    except ValidationError as exc:
+        raise FormatError(f"malformed {data.get('role')!r} message: {exc.errors()[0]}") from exc
+    return data

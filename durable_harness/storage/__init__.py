@@ -1,0 +1,70 @@
+"""Storage: one interface (:mod:`.base`), backends ``memory``, ``jsonl`` (default) and ``sqlite``.
+
+:func:`open_store` turns a spec string into a :class:`~.base.Store`:
+
+* ``None`` or ``""``: JSONL under ``$DURABLE_HARNESS_HOME`` (default ``~/.durable-harness``);
+* ``jsonl:DIR``: JSONL files under ``DIR``;
+* ``sqlite:PATH``: one SQLite database at ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from durable_harness.errors import FormatError
+from durable_harness.storage.base import (
+    DURABILITY_MODES,
+    Durability,
+    EntryOp,
+    LaneOp,
+    LaneState,
+    Op,
+    RecordOp,
+    SessionInfo,
+    SessionStore,
+    Store,
+)
+from durable_harness.storage.indexed import MemorySessionStore
+from durable_harness.storage.jsonl import JsonlSessionStore, JsonlStore
+from durable_harness.storage.sqlite import SqliteSessionStore, SqliteStore
+
+__all__ = [
+    "DURABILITY_MODES",
+    "Durability",
+    "EntryOp",
+    "JsonlSessionStore",
+    "JsonlStore",
+    "LaneOp",
+    "LaneState",
+    "MemorySessionStore",
+    "Op",
+    "RecordOp",
+    "SessionInfo",
+    "SessionStore",
+    "SqliteSessionStore",
+    "SqliteStore",
+    "Store",
+    "default_home",
+    "open_store",
+]
+
+
+def default_home() -> str:
+    """Return ``$DURABLE_HARNESS_HOME`` or ``~/.durable-harness``."""
+    return os.environ.get("DURABLE_HARNESS_HOME") or os.path.expanduser("~/.durable-harness")
+
+
+def open_store(spec: str | None = None) -> Store:
+    """Open the store named by ``spec`` (see the module docstring).
+
+    Raises:
+        FormatError: the spec's scheme is neither ``jsonl`` nor ``sqlite``.
+    """
+    if not spec:
+        return JsonlStore(default_home())
+    scheme, sep, rest = spec.partition(":")
+    if sep and scheme == "sqlite":
+        return SqliteStore(rest)
+    if sep and scheme == "jsonl":
+        return JsonlStore(rest)
+    raise FormatError(f"unknown store spec {spec!r}: use jsonl:DIR or sqlite:PATH")

@@ -1,0 +1,221 @@
+"""The shared in-memory index of a session, used by the memory and JSONL backends.
+
+It keeps, per entry, its parent, type and seq (content lives in the backend: a dict for memory,
+a byte range of the file for JSONL), every lane, and the operation-log records. ``apply``
+enforces the same rules as the SQLite backend: ids are unique across entries and records,
+parents and leaves must exist, ``seq`` strictly rises.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from durable_harness.errors import (
+    IdConflict,
+    ReadOnlySession,
+    UnknownEntry,
+)
+from durable_harness.storage.base import (
+    Durability,
+    EntryOp,
+    LaneOp,
+    LaneState,
+    Op,
+    RecordOp,
+    SessionStore,
+)
+
+
+class IndexedSessionStore(SessionStore):
+    """Base for backends that index the whole session in memory.
+
+    Subclasses implement :meth:`_persist` (make one encoded commit durable) and
+    :meth:`_load_entry` (fetch an entry's content by its location).
+    """
+
+    def __init__(self, header: dict[str, Any], *, read_only: bool, durability: Durability,
+                 location: str) -> None:
+        self.header = header
+        self.session_id = str(header.get("id", ""))
+        self.read_only = read_only
+        self.generation = 0
+        self.durability = durability
+        self.location = location
+        self.damage = []
+        self._meta: dict[str, tuple[str | None, str, int, Any]] = {}
+        self._order: list[str] = []
+        self._lanes: dict[str, LaneState] = {"main": LaneState("main")}
+        self._records: list[dict[str, Any]] = []
+        self._record_ids: set[str] = set()
+        self._seq = 0
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # -- reading ---------------------------------------------------------------------------
+    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        meta = self._meta.get(entry_id)
+        if meta is None:
+            return None
+        return self._load_entry(entry_id, meta[3])
+
+    def iter_entries(self) -> list[dict[str, Any]]:
+        return [self._load_entry(i, self._meta[i][3]) for i in self._order]
+
+    def entry_count(self) -> int:
+        return len(self._order)
+
+    def entry_parent(self, entry_id: str) -> tuple[bool, str | None]:
+        """Return ``(exists, parentId)`` without loading content."""
+        meta = self._meta.get(entry_id)
+        return (False, None) if meta is None else (True, meta[0])
+
+    def lanes(self) -> dict[str, LaneState]:
+        with self._lock:
+            return {
+                k: LaneState(v.name, v.leaf_id, dict(v.config), v.run_id, v.run_seq)
+                for k, v in self._lanes.items()
+            }
+
+    def records(self, lane: str | None = None, *, run_id: str | None = None,
+                since_seq: int = 0, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                r for r in self._records
+                if r["seq"] > since_seq
+                and (lane is None or r.get("lane") == lane)
+                and (run_id is None or r.get("runId") == run_id)
+                and (types is None or r.get("type") in types)
+            ]
+
+    def last_seq(self) -> int:
+        return self._seq
+
+    # -- writing ---------------------------------------------------------------------------
+    def _check_ops(self, ops: list[Op]) -> None:
+        new_ids: set[str] = set()
+        for op in ops:
+            if isinstance(op, EntryOp):
+                eid = op.entry.get("id")
+                if not isinstance(eid, str) or not eid:
+                    raise UnknownEntry("an entry needs a non-empty string id")
+                if eid in self._meta or eid in new_ids:
+                    raise IdConflict(f"entry id {eid} already exists in session {self.session_id}",
+                                     entry_id=eid)
+                parent = op.entry.get("parentId")
+                if parent is not None and parent not in self._meta and parent not in new_ids:
+                    raise UnknownEntry(f"parent {parent} of entry {eid} does not exist in "
+                                       f"session {self.session_id}", entry_id=parent)
+                new_ids.add(eid)
+            elif isinstance(op, RecordOp):
+                rid = op.record.get("id")
+                if not isinstance(rid, str) or not rid:
+                    raise UnknownEntry("a record needs a non-empty string id")
+                if rid in self._record_ids or rid in new_ids:
+                    raise IdConflict(f"record id {rid} already exists in session "
+                                     f"{self.session_id}", record_id=rid)
+                new_ids.add(rid)
+            elif (isinstance(op, LaneOp) and op.sets_leaf() and op.leaf_id is not None
+                  and op.leaf_id not in self._meta and op.leaf_id not in new_ids):
+                raise UnknownEntry(f"leaf {op.leaf_id} does not exist in session "
+                                   f"{self.session_id}", entry_id=op.leaf_id)
+
+    def _number(self, ops: list[Op]) -> list[dict[str, Any]]:
+        """Assign seqs and return the serialisable op dicts (the JSONL line's ``ops``)."""
+        out: list[dict[str, Any]] = []
+        seq = self._seq
+        for op in ops:
+            seq += 1
+            if isinstance(op, EntryOp):
+                entry = dict(op.entry)
+                entry["seq"] = seq
+                d: dict[str, Any] = {"op": "entry", "entry": entry}
+                if op.lane is not None:
+                    d["lane"] = op.lane
+            elif isinstance(op, RecordOp):
+                rec = dict(op.record)
+                rec["seq"] = seq
+                d = {"op": "record", "record": rec}
+            else:
+                d = {"op": "lane", "lane": op.lane, "seq": seq}
+                if op.sets_leaf():
+                    d["leafId"] = op.leaf_id
+                if op.config:
+                    d["config"] = op.config
+            out.append(d)
+        return out
+
+    def _apply(self, op: dict[str, Any], location: Any) -> None:
+        """Apply one numbered op dict to the index (on open and after a commit)."""
+        kind = op.get("op")
+        if kind == "entry":
+            entry = op["entry"]
+            eid = entry["id"]
+            self._meta[eid] = (entry.get("parentId"), entry.get("type", ""), entry["seq"], location)
+            self._order.append(eid)
+            self._seq = max(self._seq, entry["seq"])
+            lane = op.get("lane")
+            if lane is not None:
+                self._lanes.setdefault(lane, LaneState(lane)).leaf_id = eid
+        elif kind == "record":
+            rec = op["record"]
+            self._records.append(rec)
+            self._record_ids.add(rec["id"])
+            self._seq = max(self._seq, rec["seq"])
+            lane_name = rec.get("lane")
+            if lane_name is not None:
+                lane = self._lanes.setdefault(lane_name, LaneState(lane_name))
+                if rec.get("type") == "run_started":
+                    lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
+                elif rec.get("type") == "run_finished" and lane.run_id == rec.get("runId"):
+                    lane.run_id, lane.run_seq = None, None
+        elif kind == "lane":
+            lane = self._lanes.setdefault(op["lane"], LaneState(op["lane"]))
+            if "leafId" in op:
+                lane.leaf_id = op["leafId"]
+            if op.get("config"):
+                lane.config.update(op["config"])
+            self._seq = max(self._seq, int(op.get("seq", 0)))
+
+    def commit(self, ops: list[Op]) -> int:
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
+        if not ops:
+            return self._seq
+        with self._lock:
+            self._check_ops(ops)
+            numbered = self._number(ops)
+            locations = self._persist(numbered)
+            for op, loc in zip(numbered, locations, strict=True):
+                self._apply(op, loc)
+            return self._seq
+
+    def _persist(self, numbered: list[dict[str, Any]]) -> list[Any]:
+        """Make one commit durable; return a content location per op. Called under the lock."""
+        raise NotImplementedError
+
+    def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class MemorySessionStore(IndexedSessionStore):
+    """The reference backend: everything in memory, nothing durable. Used for pi files opened
+    in place (read-only) and as the model in agreement tests."""
+
+    def __init__(self, header: dict[str, Any], *, read_only: bool = False,
+                 location: str = "memory") -> None:
+        super().__init__(header, read_only=read_only, durability="none", location=location)
+
+    def _persist(self, numbered: list[dict[str, Any]]) -> list[Any]:
+        return [op.get("entry") for op in numbered]
+
+    def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
+        return dict(location)
+
+    def load(self, numbered: list[dict[str, Any]]) -> None:
+        """Apply already-numbered ops without checks (used when migrating a file in memory)."""
+        for op in numbered:
+            self._apply(op, op.get("entry"))

@@ -1,0 +1,417 @@
+"""The embedded default backend: one append-only JSONL file per session.
+
+File format (``design/storage.md`` has the full description)::
+
+    line 1   {"type":"session","version":3,"format":"durable-harness/1","id":..., "cwd":...}
+    line 2.. {"gen":G,"ops":[{"op":"entry","lane":"main","entry":{...,"seq":N}},
+                             {"op":"record","record":{...,"seq":N+1}},
+                             {"op":"lane","lane":"main","seq":N+2,"leafId":...}]}
+
+One line is one commit, written with one ``write`` of ``line + "\\n"``; the line is the unit of
+atomicity. ``sync`` fsyncs before ``commit`` returns; ``batch`` shares one fsync among the
+commits that arrive while another fsync runs (group commit); ``none`` never fsyncs.
+
+On open, damage is reported, never raised: a final line without ``\\n`` is torn (never
+acknowledged) and, on a writable open, moved to ``<file>.torn-<offset>`` and cut off; a bad
+interior line is reported with its byte offset and skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from durable_harness.errors import (
+    CorruptSession,
+    SessionExists,
+    SessionNotFound,
+)
+from durable_harness.ids import now_iso, uuid7
+from durable_harness.storage import codec
+from durable_harness.storage.base import (
+    Durability,
+    SessionInfo,
+    SessionStore,
+    Store,
+    damage,
+)
+from durable_harness.storage.indexed import IndexedSessionStore
+from durable_harness.storage.lease import FileLease
+
+FORMAT = "durable-harness/1"
+
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory so a created or renamed file's name is durable."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_own_format(header: dict[str, Any]) -> bool:
+    """True when a parsed first line is a durable-harness header (not a pi file)."""
+    return header.get("type") == "session" and header.get("format") == FORMAT
+
+
+class JsonlSessionStore(IndexedSessionStore):
+    """One session file. Open with :meth:`open_path` or :meth:`create`."""
+
+    def __init__(self, path: str, header: dict[str, Any], *, read_only: bool,
+                 durability: Durability) -> None:
+        super().__init__(header, read_only=read_only, durability=durability, location=path)
+        self.path = path
+        self._fd: int | None = None
+        self._lease: FileLease | None = None
+        self._sync_cond = threading.Condition()
+        self._written = 0
+        self._synced = 0
+        self._syncing = False
+
+    # -- creation and opening --------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str, header: dict[str, Any], *,
+               durability: Durability = "sync") -> JsonlSessionStore:
+        """Create ``path`` exclusively (mode 0600) with ``header`` as line 1; open for writing.
+
+        Raises:
+            SessionExists: the file already exists (it is never overwritten).
+        """
+        header = {"type": "session", "version": 3, "format": FORMAT, **header}
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except FileExistsError as exc:
+            raise SessionExists(f"session file {path} already exists", path=path) from exc
+        try:
+            _write_all(fd, codec.dumps(header) + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(os.path.dirname(path) or ".")
+        return cls.open_path(path, write=True, durability=durability)
+
+    @classmethod
+    def open_path(cls, path: str, *, write: bool = True, durability: Durability = "sync",
+                  break_lease: bool = False) -> JsonlSessionStore:
+        """Open a durable-harness session file.
+
+        A writable open takes the lease first, then quarantines a torn tail. Damage never raises:
+        it is listed in ``store.damage``.
+
+        Raises:
+            SessionNotFound: no file at ``path``.
+            CorruptSession: line 1 is not a durable-harness header (use the pi importer for pi
+                files).
+            LeaseHeld: ``write=True`` and another live process holds the lease.
+        """
+        if not os.path.exists(path):
+            raise SessionNotFound(f"no session file at {path}", path=path)
+        lease = None
+        if write:
+            lease = FileLease(path + ".lock", f"session file {path}")
+            lease.acquire(break_lease=break_lease)
+        try:
+            flags = os.O_RDWR | os.O_APPEND if write else os.O_RDONLY
+            fd = os.open(path, flags)
+            data = _read_all(fd)
+            store = cls._from_bytes(path, data, read_only=not write, durability=durability)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        store._fd = fd
+        store._lease = lease
+        if lease is not None:
+            store.generation = lease.generation
+            store._quarantine_tail(data)
+        return store
+
+    @classmethod
+    def _from_bytes(cls, path: str, data: bytes, *, read_only: bool,
+                    durability: Durability) -> JsonlSessionStore:
+        first_end = data.find(b"\n")
+        first = data if first_end < 0 else data[:first_end]
+        try:
+            header = codec.loads(first)
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or not is_own_format(header):
+            raise CorruptSession(f"{path}: line 1 is not a durable-harness session header",
+                                 path=path)
+        store = cls(path, header, read_only=read_only, durability=durability)
+        store._scan(data, first_end + 1 if first_end >= 0 else len(data))
+        return store
+
+    def _scan(self, data: bytes, pos: int) -> None:
+        """Index every commit line from byte ``pos``; report damage instead of raising."""
+        line_no = 1
+        max_gen = 0
+        size = len(data)
+        while pos < size:
+            line_no += 1
+            end = data.find(b"\n", pos)
+            if end < 0:
+                self.damage.append(damage(
+                    "torn_tail", f"final line has no newline ({size - pos} bytes); it was never "
+                    "acknowledged", offset=pos, line=line_no, length=size - pos))
+                self._torn = (pos, data[pos:])
+                break
+            raw = data[pos:end]
+            if raw.strip():
+                self._scan_line(raw, pos, end - pos, line_no, max_gen)
+                max_gen = max(max_gen, self._last_gen)
+            pos = end + 1
+        self._check_orphans()
+
+    _torn: tuple[int, bytes] | None = None
+    _last_gen = 0
+
+    def _scan_line(self, raw: bytes, offset: int, length: int, line_no: int, max_gen: int) -> None:
+        try:
+            obj = codec.loads(raw)
+            ops = obj["ops"]
+            if not isinstance(ops, list):
+                raise TypeError("ops is not a list")
+            gen = int(obj.get("gen", 0))
+        except (ValueError, KeyError, TypeError) as exc:
+            self.damage.append(damage("bad_line", f"unparseable commit line: {exc}"[:200],
+                                      offset=offset, line=line_no, length=length))
+            return
+        if gen < max_gen:
+            self.damage.append(damage(
+                "stale_generation", f"line written by generation {gen} after generation "
+                f"{max_gen}", offset=offset, line=line_no))
+        self._last_gen = max(gen, max_gen)
+        for idx, op in enumerate(ops):
+            if not isinstance(op, dict):
+                self.damage.append(damage("bad_line", f"op {idx} is not an object",
+                                          offset=offset, line=line_no))
+                continue
+            self._scan_op(op, (offset, length, idx), offset, line_no)
+
+    def _scan_op(self, op: dict[str, Any], loc: tuple[int, int, int], offset: int,
+                 line_no: int) -> None:
+        kind = op.get("op")
+        body = op.get("entry") if kind == "entry" else op.get("record") if kind == "record" else op
+        if kind not in ("entry", "record", "lane") or not isinstance(body, dict):
+            self.damage.append(damage("bad_line", f"unknown op {kind!r}", offset=offset,
+                                      line=line_no))
+            return
+        seq = body.get("seq")
+        if not isinstance(seq, int) or seq <= self._seq:
+            self.damage.append(damage("seq_regression", f"seq {seq!r} after {self._seq}",
+                                      offset=offset, line=line_no))
+            if not isinstance(seq, int):
+                return
+        if kind == "entry":
+            eid = body.get("id")
+            if not isinstance(eid, str):
+                self.damage.append(damage("bad_line", "entry without a string id",
+                                          offset=offset, line=line_no))
+                return
+            if eid in self._meta:
+                self.damage.append(damage("duplicate_id", f"entry id {eid} appears again; the "
+                                          "first one is kept", offset=offset, line=line_no,
+                                          id=eid))
+                return
+        elif kind == "record":
+            rid = body.get("id")
+            if not isinstance(rid, str) or rid in self._record_ids:
+                self.damage.append(damage("duplicate_id", f"record id {rid!r} missing or "
+                                          "repeated", offset=offset, line=line_no, id=rid))
+                return
+        self._apply(op, loc)
+
+    def _check_orphans(self) -> None:
+        for eid in self._order:
+            parent, _, seq, loc = self._meta[eid]
+            if parent is not None and parent not in self._meta:
+                self.damage.append(damage(
+                    "orphan_parent", f"entry {eid} names parent {parent}, which is missing; it is "
+                    "treated as a root", offset=loc[0], id=eid, parentId=parent))
+
+    def _quarantine_tail(self, data: bytes) -> None:
+        """Move a torn final line to ``<path>.torn-<offset>`` and cut it off (writable opens)."""
+        if self._torn is None or self._fd is None:
+            return
+        offset, tail = self._torn
+        side = f"{self.path}.torn-{offset}"
+        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, tail)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.ftruncate(self._fd, offset)
+        os.fsync(self._fd)
+        fsync_dir(os.path.dirname(self.path) or ".")
+        for item in self.damage:
+            if item["kind"] == "torn_tail":
+                item["quarantined_to"] = side
+        self._torn = None
+
+    # -- the write path --------------------------------------------------------------------
+    def _persist(self, numbered: list[dict[str, Any]]) -> list[Any]:
+        assert self._fd is not None and self._lease is not None
+        self._lease.check()
+        line = codec.dumps({"gen": self.generation, "ops": numbered}) + b"\n"
+        offset = os.lseek(self._fd, 0, os.SEEK_END)
+        _write_all(self._fd, line)
+        if self.durability == "sync":
+            os.fdatasync(self._fd)
+        self._written += 1
+        self._pending_ticket = self._written
+        return [(offset, len(line) - 1, i) for i in range(len(numbered))]
+
+    _pending_ticket = 0
+
+    def commit(self, ops: list[Any], *, wait: bool = True) -> int:
+        """Commit ``ops`` as one line (see :meth:`SessionStore.commit`).
+
+        In ``batch`` mode the line is written under the lock and the fsync is shared with every
+        other commit written meanwhile; with ``wait=False`` the call returns before that fsync
+        (call :meth:`wait_durable` later).
+        """
+        with self._lock:
+            seq = super().commit(ops)
+            ticket = self._pending_ticket
+        if self.durability == "batch" and wait:
+            self.wait_durable(ticket)
+        return seq
+
+    def wait_durable(self, ticket: int | None = None) -> None:
+        """Block until commit number ``ticket`` (default: every commit so far) is fsynced."""
+        if self.durability != "batch" or self._fd is None:
+            return
+        target_ticket = self._written if ticket is None else ticket
+        with self._sync_cond:
+            while self._synced < target_ticket:
+                if self._syncing:
+                    self._sync_cond.wait()
+                    continue
+                self._syncing = True
+                covered = self._written
+                self._sync_cond.release()
+                try:
+                    os.fdatasync(self._fd)
+                finally:
+                    self._sync_cond.acquire()
+                    self._syncing = False
+                    self._sync_cond.notify_all()
+                self._synced = max(self._synced, covered)
+
+    def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
+        offset, length, idx = location
+        fd = self._fd
+        if fd is None:
+            raise CorruptSession(f"session file {self.path} is closed")
+        obj = codec.loads(os.pread(fd, length, offset))
+        entry: dict[str, Any] = obj["ops"][idx]["entry"]
+        return entry
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd is not None:
+            if not self.read_only and self.durability == "batch":
+                self.wait_durable()
+            os.close(self._fd)
+            self._fd = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 22)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def cwd_dir_name(cwd: str) -> str:
+    """Encode a working directory as one safe folder name (pi's scheme: ``--a-b-c--``)."""
+    return "--" + cwd.strip("/\\").replace("/", "-").replace("\\", "-").replace(":", "-") + "--"
+
+
+class JsonlStore(Store):
+    """Session files under ``root/sessions/<encoded cwd>/<time>_<id>.jsonl``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+        self.spec = f"jsonl:{self.root}"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.root / "sessions"
+
+    def create_session(self, cwd: str, *, session_id: str | None = None,
+                       parent_session: str | None = None, header_extra: dict[str, Any] | None = None,
+                       durability: Durability = "sync") -> SessionStore:
+        sid = session_id or uuid7()
+        if session_id is not None and any(i.id == sid for i in self.list_sessions()):
+            raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
+        folder = self.sessions_dir / cwd_dir_name(cwd)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ts = now_iso()
+        header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
+        if parent_session:
+            header["parentSession"] = parent_session
+        header.update(header_extra or {})
+        name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
+        return JsonlSessionStore.create(str(folder / name), header, durability=durability)
+
+    def open_session(self, ref: str, *, write: bool = True, durability: Durability = "sync",
+                     break_lease: bool = False) -> SessionStore:
+        if ref.endswith(".jsonl") and os.path.exists(ref):
+            path = ref
+        else:
+            path = self.resolve(ref).path
+        return JsonlSessionStore.open_path(path, write=write, durability=durability,
+                                           break_lease=break_lease)
+
+    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
+        if not self.sessions_dir.exists():
+            return []
+        folders = ([self.sessions_dir / cwd_dir_name(cwd)] if cwd is not None
+                   else sorted(p for p in self.sessions_dir.iterdir() if p.is_dir()))
+        out: list[SessionInfo] = []
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            for path in folder.glob("*.jsonl"):
+                header = _read_header(path)
+                if header is None:
+                    continue
+                st = path.stat()
+                out.append(SessionInfo(
+                    id=str(header["id"]), cwd=str(header.get("cwd", "")), path=str(path),
+                    created=str(header.get("timestamp", "")),
+                    modified=f"{st.st_mtime:.6f}",
+                    parent_session=header.get("parentSession"),
+                ))
+        out.sort(key=lambda i: float(i.modified), reverse=True)
+        return out
+
+
+def _read_header(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+        header = codec.loads(first)
+    except (OSError, ValueError):
+        return None
+    return header if isinstance(header, dict) and is_own_format(header) else None

@@ -1,0 +1,104 @@
+"""The single-writer lease: an exclusive ``flock`` on a lock file plus a fencing generation.
+
+Why flock: the kernel drops it when the holding process dies, however it dies (SIGKILL
+included), so a lease left by a dead process is taken over at once, with no timeout to tune.
+A live holder is never displaced except by an explicit ``break_lease`` (an operator's
+override), which bumps the generation so that the old holder's next commit fails with
+:class:`~durable_harness.errors.StaleGeneration` instead of interleaving with the new writer.
+
+Lock file content (JSON, rewritten and fsynced on each acquisition)::
+
+    {"pid": 1234, "host": "name", "generation": 7, "acquiredAt": "2026-...Z"}
+
+Assumption: a local filesystem with working ``flock`` (not NFS); see ``design/storage.md``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from typing import Any
+
+from durable_harness.errors import LeaseHeld, StaleGeneration
+from durable_harness.ids import now_iso
+from durable_harness.storage import codec
+
+
+class FileLease:
+    """A writer lease on ``lock_path`` (created ``0600``).
+
+    Attributes:
+        generation: this holder's fencing generation (a positive int once acquired).
+    """
+
+    def __init__(self, lock_path: str, what: str) -> None:
+        self.lock_path = lock_path
+        self.what = what
+        self.generation = 0
+        self._fd: int | None = None
+
+    def _read(self, fd: int) -> dict[str, Any]:
+        raw = os.pread(fd, 4096, 0)
+        try:
+            data = codec.loads(raw) if raw.strip() else {}
+        except ValueError:
+            data = {}
+        return data if isinstance(data, dict) else {}
+
+    def acquire(self, *, break_lease: bool = False, floor: int = 0) -> int:
+        """Take the lease and return the new generation (``max(old, floor) + 1``).
+
+        Raises:
+            LeaseHeld: a live process holds it and ``break_lease`` is False.
+        """
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except BlockingIOError:
+            locked = False
+            if not break_lease:
+                holder = self._read(fd)
+                os.close(fd)
+                raise LeaseHeld(
+                    f"{self.what} is open for writing by another live process "
+                    f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, generation "
+                    f"{holder.get('generation', '?')}); open it read-only or stop that process",
+                    holder_pid=holder.get("pid"), generation=holder.get("generation"),
+                )
+        old = int(self._read(fd).get("generation", 0) or 0)
+        self.generation = max(old, floor) + 1
+        body = codec.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                            "generation": self.generation, "acquiredAt": now_iso(),
+                            "broken": not locked})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body, 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self.generation
+
+    def current_generation(self) -> int:
+        """Return the generation recorded in the lock file now."""
+        if self._fd is None:
+            return 0
+        return int(self._read(self._fd).get("generation", 0) or 0)
+
+    def check(self) -> None:
+        """Raise :class:`StaleGeneration` if another writer took the lease since we did."""
+        current = self.current_generation()
+        if current != self.generation:
+            raise StaleGeneration(
+                f"{self.what}: this writer holds generation {self.generation} but the lease is "
+                f"now at generation {current}; the append was refused",
+                generation=self.generation, current=current,
+            )
+
+    def release(self) -> None:
+        """Drop the flock and close the lock file. Idempotent."""
+        if self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None

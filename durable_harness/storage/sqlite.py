@@ -1,0 +1,421 @@
+"""The SQLite backend: many sessions in one database file (stdlib ``sqlite3``, WAL mode).
+
+A commit is one ``BEGIN IMMEDIATE`` transaction that first checks the session's fencing
+generation, then inserts entries and records, updates lanes and ``last_seq``. Durability maps to
+``PRAGMA synchronous``: ``sync`` and ``batch`` use ``FULL`` (the WAL is fsynced at each commit),
+``none`` uses ``OFF``. ``batch`` is group commit: commits that arrive while a transaction runs
+are applied together in the next one, each inside its own savepoint, so one bad commit does not
+sink the others.
+
+Schema changes are an ordered list, :data:`MIGRATIONS`, applied past the highest version in
+the ``migrations`` table, each in the same transaction as its version row. An old entry is never
+edited.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from durable_harness.errors import (
+    IdConflict,
+    ReadOnlySession,
+    SessionExists,
+    SessionNotFound,
+    StaleGeneration,
+    StorageError,
+    UnknownEntry,
+)
+from durable_harness.ids import now_iso, uuid7
+from durable_harness.storage import codec
+from durable_harness.storage.base import (
+    Durability,
+    EntryOp,
+    LaneOp,
+    LaneState,
+    Op,
+    RecordOp,
+    SessionInfo,
+    SessionStore,
+    Store,
+)
+from durable_harness.storage.lease import FileLease
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY, cwd TEXT NOT NULL, created TEXT NOT NULL, modified TEXT NOT NULL,
+        header BLOB NOT NULL, last_seq INTEGER NOT NULL DEFAULT 0,
+        generation INTEGER NOT NULL DEFAULT 0, name TEXT, parent_session TEXT);
+    CREATE INDEX sessions_cwd ON sessions (cwd, modified);
+    CREATE TABLE entries (
+        session_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, parent_id TEXT,
+        type TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session_id, id)) WITHOUT ROWID;
+    CREATE UNIQUE INDEX entries_seq ON entries (session_id, seq);
+    CREATE TABLE records (
+        session_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT,
+        run_id TEXT, type TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session_id, id))
+        WITHOUT ROWID;
+    CREATE UNIQUE INDEX records_seq ON records (session_id, seq);
+    CREATE INDEX records_lane ON records (session_id, lane, seq);
+    CREATE TABLE lanes (
+        session_id TEXT NOT NULL, name TEXT NOT NULL, leaf_id TEXT, config BLOB NOT NULL,
+        run_id TEXT, run_seq INTEGER, PRIMARY KEY (session_id, name)) WITHOUT ROWID;
+    """,
+]
+
+
+def _connect(path: str, durability: Durability) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'OFF' if durability == 'none' else 'FULL'}")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, "
+                 "applied TEXT NOT NULL)")
+    done = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
+    for version, script in enumerate(MIGRATIONS, start=1):
+        if version <= done:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("SELECT 1 FROM migrations WHERE version=?", (version,)).fetchone():
+                conn.execute("ROLLBACK")
+                continue
+            for stmt in script.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute("INSERT INTO migrations VALUES (?, ?)", (version, now_iso()))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+
+class _Pending:
+    __slots__ = ("done", "error", "ops", "seq")
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.done = False
+        self.seq = 0
+        self.error: BaseException | None = None
+
+
+class SqliteSessionStore(SessionStore):
+    """One session inside a SQLite database. Opened through :class:`SqliteStore`."""
+
+    def __init__(self, db_path: str, session_id: str, *, read_only: bool,
+                 durability: Durability, lease: FileLease | None,
+                 break_lease: bool = False) -> None:
+        self.db_path = db_path
+        self.session_id = session_id
+        self.read_only = read_only
+        self.durability = durability
+        self.location = f"sqlite:{db_path}#{session_id}"
+        self.damage = []
+        self._lease = lease
+        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._queue: list[_Pending] = []
+        self._leader = False
+        self._conn = _connect(db_path, durability)
+        row = self._conn.execute("SELECT header, generation FROM sessions WHERE id=?",
+                                 (session_id,)).fetchone()
+        if row is None:
+            raise SessionNotFound(f"no session {session_id} in {db_path}", session_id=session_id)
+        self.header = codec.loads(row[0])
+        self.generation = 0
+        if lease is not None:
+            self.generation = lease.acquire(floor=int(row[1]), break_lease=break_lease)
+            self._conn.execute("UPDATE sessions SET generation=? WHERE id=?",
+                               (self.generation, session_id))
+        self._closed = False
+
+    # -- reading ---------------------------------------------------------------------------
+    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._conn.execute("SELECT body FROM entries WHERE session_id=? AND id=?",
+                                     (self.session_id, entry_id)).fetchone()
+        return None if row is None else dict(codec.loads(row[0]))
+
+    def iter_entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT body FROM entries WHERE session_id=? ORDER BY seq",
+                                      (self.session_id,)).fetchall()
+        return [codec.loads(r[0]) for r in rows]
+
+    def entry_count(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM entries WHERE session_id=?",
+                                          (self.session_id,)).fetchone()[0])
+
+    def lanes(self) -> dict[str, LaneState]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?",
+                (self.session_id,)).fetchall()
+        out = {r[0]: LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4]) for r in rows}
+        out.setdefault("main", LaneState("main"))
+        return out
+
+    def records(self, lane: str | None = None, *, run_id: str | None = None,
+                since_seq: int = 0, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT body FROM records WHERE session_id=? AND seq>?"
+        args: list[Any] = [self.session_id, since_seq]
+        if lane is not None:
+            sql += " AND lane=?"
+            args.append(lane)
+        if run_id is not None:
+            sql += " AND run_id=?"
+            args.append(run_id)
+        if types is not None:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            args.extend(types)
+        with self._lock:
+            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
+        return [codec.loads(r[0]) for r in rows]
+
+    def last_seq(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT last_seq FROM sessions WHERE id=?",
+                                     (self.session_id,)).fetchone()
+        return int(row[0])
+
+    # -- writing ---------------------------------------------------------------------------
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if not ops:
+            return self.last_seq()
+        if self.durability != "batch":
+            with self._lock:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    seq = self._apply(ops)
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                return seq
+        item = _Pending(ops)
+        with self._cond:
+            self._queue.append(item)
+            while not item.done:
+                if self._leader:
+                    self._cond.wait()
+                    continue
+                self._leader = True
+                batch, self._queue = self._queue, []
+                self._cond.release()
+                try:
+                    self._run_batch(batch)
+                finally:
+                    self._cond.acquire()
+                    self._leader = False
+                    self._cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                for i, item in enumerate(batch):
+                    self._conn.execute(f"SAVEPOINT c{i}")
+                    try:
+                        item.seq = self._apply(item.ops)
+                        self._conn.execute(f"RELEASE c{i}")
+                    except (StorageError, sqlite3.Error) as exc:
+                        self._conn.execute(f"ROLLBACK TO c{i}")
+                        self._conn.execute(f"RELEASE c{i}")
+                        item.error = exc
+                self._conn.execute("COMMIT")
+            except BaseException as exc:
+                try:
+                    self._conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                for item in batch:
+                    item.error = item.error or exc
+            for item in batch:
+                item.done = True
+
+    def _apply(self, ops: list[Op]) -> int:
+        """Apply ``ops`` inside the open transaction; return the last seq."""
+        c = self._conn
+        sid = self.session_id
+        row = c.execute("SELECT generation, last_seq FROM sessions WHERE id=?", (sid,)).fetchone()
+        if int(row[0]) != self.generation:
+            raise StaleGeneration(
+                f"session {self.location}: this writer holds generation {self.generation} but "
+                f"the lease is now at generation {row[0]}; the append was refused",
+                generation=self.generation, current=int(row[0]))
+        seq = int(row[1])
+        for op in ops:
+            seq += 1
+            if isinstance(op, EntryOp):
+                self._insert_entry(op, seq)
+            elif isinstance(op, RecordOp):
+                self._insert_record(op, seq)
+            else:
+                self._update_lane(op, seq)
+        c.execute("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", (seq, now_iso(), sid))
+        return seq
+
+    def _ensure_lane(self, name: str) -> None:
+        self._conn.execute("INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES "
+                           "(?, ?, '{}')", (self.session_id, name))
+
+    def _insert_entry(self, op: EntryOp, seq: int) -> None:
+        entry = dict(op.entry)
+        eid, parent = entry.get("id"), entry.get("parentId")
+        if not isinstance(eid, str) or not eid:
+            raise UnknownEntry("an entry needs a non-empty string id")
+        if parent is not None and self.get_entry(parent) is None:
+            raise UnknownEntry(f"parent {parent} of entry {eid} does not exist in "
+                               f"{self.location}", entry_id=parent)
+        entry["seq"] = seq
+        try:
+            self._conn.execute(
+                "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
+                "VALUES (?,?,?,?,?,?)",
+                (self.session_id, eid, seq, parent, str(entry.get("type", "")),
+                 codec.dumps(entry)))
+        except sqlite3.IntegrityError as exc:
+            raise IdConflict(f"entry id {eid} already exists in {self.location}",
+                             entry_id=eid) from exc
+        if op.lane is not None:
+            self._ensure_lane(op.lane)
+            self._conn.execute("UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
+                               (eid, self.session_id, op.lane))
+
+    def _insert_record(self, op: RecordOp, seq: int) -> None:
+        rec = dict(op.record)
+        rid = rec.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise UnknownEntry("a record needs a non-empty string id")
+        rec["seq"] = seq
+        lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
+        try:
+            self._conn.execute(
+                "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)))
+        except sqlite3.IntegrityError as exc:
+            raise IdConflict(f"record id {rid} already exists in {self.location}",
+                             record_id=rid) from exc
+        if lane is not None:
+            self._ensure_lane(lane)
+            if rtype == "run_started":
+                self._conn.execute("UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND "
+                                   "name=?", (run_id, seq, self.session_id, lane))
+            elif rtype == "run_finished":
+                self._conn.execute("UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE "
+                                   "session_id=? AND name=? AND run_id=?",
+                                   (self.session_id, lane, run_id))
+
+    def _update_lane(self, op: LaneOp, seq: int) -> None:
+        self._ensure_lane(op.lane)
+        if op.sets_leaf():
+            if op.leaf_id is not None and self.get_entry(op.leaf_id) is None:
+                raise UnknownEntry(f"leaf {op.leaf_id} does not exist in {self.location}",
+                                   entry_id=op.leaf_id)
+            self._conn.execute("UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
+                               (op.leaf_id, self.session_id, op.lane))
+        if op.config:
+            row = self._conn.execute("SELECT config FROM lanes WHERE session_id=? AND name=?",
+                                     (self.session_id, op.lane)).fetchone()
+            config = {**codec.loads(row[0]), **op.config}
+            self._conn.execute("UPDATE lanes SET config=? WHERE session_id=? AND name=?",
+                               (codec.dumps(config), self.session_id, op.lane))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self._conn.close()
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+
+class SqliteStore(Store):
+    """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(Path(path).expanduser())
+        self.spec = f"sqlite:{self.path}"
+        parent = os.path.dirname(self.path) or "."
+        os.makedirs(parent, exist_ok=True)
+        if not os.path.exists(self.path):
+            try:
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
+        self._locks = self.path + ".locks"
+        os.makedirs(self._locks, exist_ok=True, mode=0o700)
+        conn = _connect(self.path, "sync")
+        try:
+            _migrate(conn)
+        finally:
+            conn.close()
+
+    def _lease(self, sid: str) -> FileLease:
+        return FileLease(os.path.join(self._locks, f"{sid}.lock"), f"session {sid} in {self.path}")
+
+    def create_session(self, cwd: str, *, session_id: str | None = None,
+                       parent_session: str | None = None, header_extra: dict[str, Any] | None = None,
+                       durability: Durability = "sync") -> SessionStore:
+        sid = session_id or uuid7()
+        ts = now_iso()
+        header: dict[str, Any] = {"type": "session", "version": 3, "format": "durable-harness/1",
+                                  "id": sid, "timestamp": ts, "cwd": cwd}
+        if parent_session:
+            header["parentSession"] = parent_session
+        header.update(header_extra or {})
+        conn = _connect(self.path, "sync")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("INSERT INTO sessions (id, cwd, created, modified, header, "
+                             "parent_session) VALUES (?,?,?,?,?,?)",
+                             (sid, cwd, ts, ts, codec.dumps(header), parent_session))
+                conn.execute("INSERT INTO lanes (session_id, name, config) VALUES (?, 'main', "
+                             "'{}')", (sid,))
+                conn.execute("COMMIT")
+            except sqlite3.IntegrityError as exc:
+                conn.execute("ROLLBACK")
+                raise SessionExists(f"session {sid} already exists in {self.path}",
+                                    session_id=sid) from exc
+        finally:
+            conn.close()
+        return SqliteSessionStore(self.path, sid, read_only=False, durability=durability,
+                                  lease=self._lease(sid))
+
+    def open_session(self, ref: str, *, write: bool = True, durability: Durability = "sync",
+                     break_lease: bool = False) -> SessionStore:
+        sid = self.resolve(ref).id
+        return SqliteSessionStore(self.path, sid, read_only=not write, durability=durability,
+                                  lease=self._lease(sid) if write else None,
+                                  break_lease=break_lease)
+
+    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
+        conn = _connect(self.path, "sync")
+        try:
+            sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
+            rows = (conn.execute(sql + " WHERE cwd=? ORDER BY modified DESC", (cwd,)).fetchall()
+                    if cwd is not None else
+                    conn.execute(sql + " ORDER BY modified DESC").fetchall())
+        finally:
+            conn.close()
+        return [SessionInfo(id=r[0], cwd=r[1], path=f"{self.spec}#{r[0]}", created=r[2],
+                            modified=r[3], parent_session=r[4]) for r in rows]
