@@ -1,0 +1,48 @@
+"""Sessions: the tree verbs, context building, pi import, and opening by reference."""
+
+from __future__ import annotations
+
+import os
+
+from durable_harness.errors import CorruptSession, SessionNotFound
+from durable_harness.session.context import Context, build_context
+from durable_harness.session.pi import import_pi_file, is_pi_header, open_pi_file
+from durable_harness.session.session import Session, TreeNode
+from durable_harness.storage import codec
+from durable_harness.storage.base import Durability, Store
+from durable_harness.storage.jsonl import JsonlSessionStore
+
+__all__ = [
+    "Context",
+    "Session",
+    "TreeNode",
+    "build_context",
+    "import_pi_file",
+    "open_session",
+]
+
+
+def open_session(ref: str, store: Store, *, write: bool = False,
+                 durability: Durability = "sync", break_lease: bool = False) -> Session:
+    """Open a session by file path (ours or pi's), id or unique id prefix.
+
+    A pi file opens read-only, migrated in memory. ``write=True`` takes the writer lease.
+
+    Raises:
+        SessionNotFound, AmbiguousSessionPrefix, LeaseHeld, CorruptSession.
+    """
+    if os.path.isfile(ref):
+        with open(ref, "rb") as fh:
+            first = fh.readline(1 << 20)
+        try:
+            header = codec.loads(first)
+        except ValueError as exc:
+            raise CorruptSession(f"{ref}: line 1 is not a session header", path=ref) from exc
+        if is_pi_header(header):
+            return Session(open_pi_file(ref))
+        return Session(JsonlSessionStore.open_path(ref, write=write, durability=durability,
+                                                   break_lease=break_lease))
+    if os.sep in ref and not os.path.exists(ref):
+        raise SessionNotFound(f"no session file at {ref}", path=ref)
+    return Session(store.open_session(ref, write=write, durability=durability,
+                                      break_lease=break_lease))

@@ -147,8 +147,9 @@ class SessionStore(abc.ABC):
         """Return the entry dict (with its ``seq``) or ``None``."""
 
     @abc.abstractmethod
-    def iter_entries(self) -> list[dict[str, Any]]:
-        """Return every entry in ``seq`` order (a full read: for listings, fsck and export)."""
+    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        """Return every entry (or those of ``types``) in ``seq`` order: a full read, for
+        listings, facts, fsck and export."""
 
     @abc.abstractmethod
     def entry_count(self) -> int:

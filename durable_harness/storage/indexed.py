@@ -59,8 +59,11 @@ class IndexedSessionStore(SessionStore):
             return None
         return self._load_entry(entry_id, meta[3])
 
-    def iter_entries(self) -> list[dict[str, Any]]:
-        return [self._load_entry(i, self._meta[i][3]) for i in self._order]
+    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            order = list(self._order)
+        return [self._load_entry(i, self._meta[i][3]) for i in order
+                if types is None or self._meta[i][1] in types]
 
     def entry_count(self) -> int:
         return len(self._order)

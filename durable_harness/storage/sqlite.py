@@ -145,10 +145,13 @@ class SqliteSessionStore(SessionStore):
                                      (self.session_id, entry_id)).fetchone()
         return None if row is None else dict(codec.loads(row[0]))
 
-    def iter_entries(self) -> list[dict[str, Any]]:
+    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT body FROM entries WHERE session_id=?", [self.session_id]
+        if types is not None:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            args.extend(types)
         with self._lock:
-            rows = self._conn.execute("SELECT body FROM entries WHERE session_id=? ORDER BY seq",
-                                      (self.session_id,)).fetchall()
+            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
         return [codec.loads(r[0]) for r in rows]
 
     def entry_count(self) -> int:

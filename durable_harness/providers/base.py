@@ -1,0 +1,121 @@
+"""The provider protocol: one streaming verb, :meth:`Provider.stream`.
+
+A provider turns a :class:`ProviderRequest` (the context messages in pi's shapes, the tools'
+JSON schemas, the model and thinking level) into an async stream of :data:`ProviderEvent`,
+ending with exactly one :class:`Done` that carries the complete assistant message dict::
+
+    {"role": "assistant", "content": [text | thinking | toolCall blocks],
+     "provider": str, "model": str, "usage": {input, output, cacheRead, cacheWrite,
+     totalTokens, cost{...} (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error"}
+
+Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable`` set for HTTP
+429, 5xx, connection errors and timeouts. Providers never retry by themselves: the harness does,
+writing a ``provider_request_started`` record per attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the provider sees it: ``name``, ``description`` and a JSON-schema object."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    """One provider request.
+
+    Attributes:
+        messages: context messages (``user``/``assistant``/``toolResult`` dicts, pi shapes).
+        tools: the tools offered.
+        model: model id (provider-specific string).
+        system_prompt: system text or ``None``.
+        thinking_level: ``off``, ``minimal``, ``low``, ``medium``, ``high``.
+        run_id: the run this request belongs to ("" for compaction/summaries outside a run).
+        turn: 1-based index of the assistant message this request produces within the run.
+        attempt: 1-based attempt number, counted durably across restarts.
+        max_tokens: output cap in tokens, or ``None`` for the provider's default.
+        purpose: ``turn``, ``compaction`` or ``branch_summary``.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[ToolSpec] = field(default_factory=list)
+    model: str = ""
+    system_prompt: str | None = None
+    thinking_level: str = "off"
+    run_id: str = ""
+    turn: int = 1
+    attempt: int = 1
+    max_tokens: int | None = None
+    purpose: str = "turn"
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of answer text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    """A piece of reasoning text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """A complete tool call (``id``, ``name``, parsed ``arguments``)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Done:
+    """The end of the stream with the complete assistant ``message`` dict."""
+
+    message: dict[str, Any]
+
+
+ProviderEvent = TextDelta | ThinkingDelta | ToolCallEvent | Done
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What the harness needs from a provider.
+
+    Attributes:
+        name: provider name recorded on assistant messages (``scripted``, ``openai``...).
+        model: default model id.
+        context_window: the model's context window in tokens (drives auto-compaction).
+    """
+
+    name: str
+    model: str
+    context_window: int
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        """Stream the answer to ``request``; the last event is :class:`Done`.
+
+        Raises:
+            ProviderError: the request failed (``retryable`` says if a retry may help).
+        """
+        ...
+
+
+def empty_usage() -> dict[str, Any]:
+    """Return a zero usage dict in pi's shape (tokens; cost in USD)."""
+    return {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 0,
+            "cost": {"input": 0.0, "output": 0.0, "cacheRead": 0.0, "cacheWrite": 0.0,
+                     "total": 0.0}}

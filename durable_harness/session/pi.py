@@ -1,0 +1,155 @@
+"""Sessions written by the pi coding agent: format versions 1, 2 and 3, migrated in memory.
+
+pi's format (``packages/coding-agent/docs/session.md`` in pi-mono): line 1 is a header
+``{"type": "session", "version"?, "id", "timestamp", "cwd"}``; each later line is one entry.
+
+* v1 has no ``id``/``parentId``: entries form a chain in file order, and a compaction names its
+  first kept entry by ``firstKeptEntryIndex`` (an index into the file's lines, header = 0).
+* v2 adds ``id``/``parentId`` and ``firstKeptEntryId``.
+* v3 renames the message role ``hookMessage`` to ``custom``.
+
+Migration never modifies the file. v1 ids are derived from the session id and the line number
+(8 hex digits of SHA-256), so opening the same file twice gives the same ids. The leaf is the
+last entry, as in pi.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from durable_harness.errors import CorruptSession, SessionNotFound
+from durable_harness.storage import codec
+from durable_harness.storage.base import EntryOp, Op, Store, damage
+from durable_harness.storage.indexed import MemorySessionStore
+
+CURRENT_VERSION = 3
+
+
+def read_lines(data: bytes) -> tuple[list[tuple[int, int, Any]], list[dict[str, Any]]]:
+    """Split on ``\\n`` only and parse each line; return ``([(offset, line_no, obj)], damage)``."""
+    out: list[tuple[int, int, Any]] = []
+    dmg: list[dict[str, Any]] = []
+    pos, line_no = 0, 0
+    while pos < len(data):
+        line_no += 1
+        end = data.find(b"\n", pos)
+        raw = data[pos:] if end < 0 else data[pos:end]
+        if raw.strip():
+            try:
+                out.append((pos, line_no, codec.loads(raw)))
+            except ValueError as exc:
+                kind = "torn_tail" if end < 0 else "bad_line"
+                dmg.append(damage(kind, f"unparseable line: {exc}"[:200], offset=pos,
+                                  line=line_no, length=len(raw)))
+        if end < 0:
+            break
+        pos = end + 1
+    return out, dmg
+
+
+def _short_id(session_id: str, line_no: int) -> str:
+    return hashlib.sha256(f"{session_id}:{line_no}".encode()).hexdigest()[:8]
+
+
+def migrate(header: dict[str, Any], lines: list[tuple[int, int, Any]]) -> list[dict[str, Any]]:
+    """Return the entries of a pi file as version 3 dicts (copies; the input is not changed)."""
+    version = int(header.get("version") or 1)
+    sid = str(header.get("id", ""))
+    entries = [dict(obj) for _, _, obj in lines if isinstance(obj, dict)
+               and obj.get("type") != "session"]
+    line_nos = [n for _, n, obj in lines if isinstance(obj, dict) and obj.get("type") != "session"]
+    if version < 2:
+        by_index: dict[int, str] = {}
+        prev: str | None = None
+        for entry, line_no in zip(entries, line_nos, strict=True):
+            entry["id"] = _short_id(sid, line_no)
+            entry["parentId"] = prev
+            prev = entry["id"]
+            by_index[line_no - 1] = entry["id"]
+        for entry in entries:
+            if entry.get("type") == "compaction" and "firstKeptEntryIndex" in entry:
+                index = entry.pop("firstKeptEntryIndex")
+                if isinstance(index, int) and index in by_index:
+                    entry["firstKeptEntryId"] = by_index[index]
+    if version < 3:
+        for entry in entries:
+            msg = entry.get("message")
+            if entry.get("type") == "message" and isinstance(msg, dict) \
+                    and msg.get("role") == "hookMessage":
+                entry["message"] = {**msg, "role": "custom"}
+    return entries
+
+
+def is_pi_header(obj: Any) -> bool:
+    """True for a pi header line (``type == "session"`` without our ``format`` marker)."""
+    return isinstance(obj, dict) and obj.get("type") == "session" and "format" not in obj
+
+
+def open_pi_file(path: str) -> MemorySessionStore:
+    """Open a pi session file read-only, migrated in memory, with lane ``main`` at the last
+    entry. Damage (bad lines, torn tail, orphans, duplicate ids) is in ``store.damage``.
+
+    Raises:
+        SessionNotFound: no file at ``path``.
+        CorruptSession: line 1 is not a pi session header.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError as exc:
+        raise SessionNotFound(f"no session file at {path}", path=path) from exc
+    lines, dmg = read_lines(data)
+    if not lines or not is_pi_header(lines[0][2]):
+        raise CorruptSession(f"{path}: line 1 is not a pi session header", path=path)
+    header = dict(lines[0][2])
+    entries = migrate(header, lines[1:])
+    header["version"] = CURRENT_VERSION
+    header["migratedFrom"] = int(lines[0][2].get("version") or 1)
+    store = MemorySessionStore(header, read_only=True, location=path)
+    store.damage = dmg
+    numbered = []
+    seen: set[str] = set()
+    for seq, entry in enumerate(entries, start=1):
+        eid = entry.get("id")
+        if not isinstance(eid, str) or eid in seen:
+            store.damage.append(damage("duplicate_id", f"entry id {eid!r} missing or repeated",
+                                       id=eid))
+            continue
+        seen.add(eid)
+        numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})
+    store.load(numbered)
+    for e in numbered:
+        parent = e["entry"].get("parentId")
+        if parent is not None and parent not in seen:
+            store.damage.append(damage("orphan_parent", f"entry {e['entry']['id']} names "
+                                       f"missing parent {parent}; treated as a root",
+                                       id=e["entry"]["id"]))
+    return store
+
+
+def import_pi_file(path: str, target: Store, *, chunk: int = 500) -> str:
+    """Write a pi file into ``target`` as a new session; return the new session id.
+
+    Entry ids are kept; the original file is not modified. The main lane's leaf is the file's
+    last entry. Commits ``chunk`` entries per commit.
+
+    Raises:
+        SessionNotFound, CorruptSession: as :func:`open_pi_file`.
+    """
+    src = open_pi_file(path)
+    extra = {"importedFrom": path, "piSessionId": src.header.get("id"),
+             "piVersion": src.header.get("migratedFrom")}
+    dst = target.create_session(str(src.header.get("cwd", "")), header_extra=extra)
+    try:
+        ops: list[Op] = []
+        for entry in src.iter_entries():
+            ops.append(EntryOp({k: v for k, v in entry.items() if k != "seq"}, lane="main"))
+            if len(ops) >= chunk:
+                dst.commit(ops)
+                ops = []
+        if ops:
+            dst.commit(ops)
+        return dst.session_id
+    finally:
+        dst.close()

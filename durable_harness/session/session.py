@@ -1,0 +1,226 @@
+"""A session: the tree verbs over a :class:`~durable_harness.storage.base.SessionStore`.
+
+Every verb that writes returns only after its commit is durable (per the store's mode). A verb
+appends under a lane's leaf and moves that leaf in the same commit; navigation only moves the
+leaf, and that move is durable too (unlike pi, whose leaf is implicit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from durable_harness.errors import UnknownEntry
+from durable_harness.ids import new_id, now_iso
+from durable_harness.models.entries import validate_entry
+from durable_harness.session.context import Context, build_context, path_to
+from durable_harness.storage.base import EntryOp, LaneOp, LaneState, Op, SessionStore, Store
+
+
+@dataclass
+class TreeNode:
+    """One entry in a tree listing, with its children and resolved label."""
+
+    entry: dict[str, Any]
+    children: list[TreeNode] = field(default_factory=list)
+    label: str | None = None
+
+
+class Session:
+    """One open session.
+
+    Attributes:
+        store: the backend session store.
+    """
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    # -- identity --------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self.store.session_id
+
+    @property
+    def cwd(self) -> str:
+        """The working directory the session belongs to."""
+        return str(self.store.header.get("cwd", ""))
+
+    @property
+    def damage(self) -> list[dict[str, Any]]:
+        """Damage reported when the session was opened (see ``storage.base.damage``)."""
+        return self.store.damage
+
+    def close(self) -> None:
+        """Close the store and release the lease."""
+        self.store.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ---------------------------------------------------------------------------
+    def lane(self, name: str = "main") -> LaneState:
+        """Return a lane's state (``main`` always exists; an unknown lane is empty)."""
+        return self.store.lanes().get(name) or LaneState(name)
+
+    def leaf(self, lane: str = "main") -> str | None:
+        """Return the lane's leaf entry id (``None`` before the first entry)."""
+        return self.lane(lane).leaf_id
+
+    def entry(self, entry_id: str) -> dict[str, Any]:
+        """Return an entry.
+
+        Raises:
+            UnknownEntry: no entry has this id.
+        """
+        entry = self.store.get_entry(entry_id)
+        if entry is None:
+            raise UnknownEntry(f"no entry {entry_id} in session {self.id}", entry_id=entry_id)
+        return entry
+
+    def path(self, leaf_id: str | None) -> list[dict[str, Any]]:
+        """Return the entries from the root to ``leaf_id``."""
+        return path_to(self.store.get_entry, leaf_id)
+
+    def context(self, leaf_id: str | None = None, *, lane: str = "main") -> Context:
+        """Build the provider context from ``leaf_id`` (default: the lane's leaf).
+
+        Raises:
+            UnknownEntry: ``leaf_id`` is given and does not exist.
+        """
+        if leaf_id is not None:
+            self.entry(leaf_id)
+        else:
+            leaf_id = self.leaf(lane)
+        return build_context(self.store.get_entry, leaf_id)
+
+    @property
+    def name(self) -> str | None:
+        """The session's display name: the latest ``session_info`` entry wins."""
+        infos = self.store.iter_entries(("session_info",))
+        return infos[-1].get("name") if infos else None
+
+    def labels(self) -> dict[str, str]:
+        """Return ``{target entry id: label}``; the latest label entry per target wins."""
+        out: dict[str, str] = {}
+        for e in self.store.iter_entries(("label",)):
+            if e.get("label"):
+                out[str(e["targetId"])] = str(e["label"])
+            else:
+                out.pop(str(e.get("targetId")), None)
+        return out
+
+    def tree(self) -> list[TreeNode]:
+        """Return the whole tree as root nodes (children in ``seq`` order)."""
+        nodes: dict[str, TreeNode] = {}
+        roots: list[TreeNode] = []
+        labels = self.labels()
+        for e in self.store.iter_entries():
+            nodes[str(e["id"])] = TreeNode(e, label=labels.get(str(e["id"])))
+        for node in nodes.values():
+            parent = node.entry.get("parentId")
+            if parent and parent in nodes:
+                nodes[parent].children.append(node)
+            else:
+                roots.append(node)
+        return roots
+
+    # -- writing ---------------------------------------------------------------------------
+    def make_entry(self, entry: dict[str, Any], *, parent_id: str | None) -> dict[str, Any]:
+        """Return ``entry`` with ``id`` (provisioned if absent), ``parentId`` and ``timestamp``,
+        validated.
+
+        Raises:
+            FormatError: the entry does not match its type's model.
+        """
+        full = {"id": new_id(), "timestamp": now_iso(), **entry, "parentId": parent_id}
+        return validate_entry(full)
+
+    def append(self, entry: dict[str, Any], *, lane: str = "main",
+               extra: list[Op] | None = None) -> dict[str, Any]:
+        """Append ``entry`` under the lane's leaf, move the leaf to it, and commit ``extra`` ops
+        in the same commit. Returns the stored entry (with ``id``)."""
+        full = self.make_entry(entry, parent_id=self.leaf(lane))
+        self.store.commit([EntryOp(full, lane=lane), *(extra or [])])
+        return full
+
+    def append_message(self, message: dict[str, Any], *, lane: str = "main") -> dict[str, Any]:
+        """Append a ``message`` entry holding ``message`` (any role)."""
+        return self.append({"type": "message", "message": message}, lane=lane)
+
+    def set_model(self, provider: str, model_id: str, *, lane: str = "main") -> dict[str, Any]:
+        """Append a ``model_change`` entry."""
+        return self.append({"type": "model_change", "provider": provider, "modelId": model_id},
+                           lane=lane)
+
+    def set_thinking_level(self, level: str, *, lane: str = "main") -> dict[str, Any]:
+        """Append a ``thinking_level_change`` entry."""
+        return self.append({"type": "thinking_level_change", "thinkingLevel": level}, lane=lane)
+
+    def set_name(self, name: str, *, lane: str = "main") -> dict[str, Any]:
+        """Append a ``session_info`` entry naming the session."""
+        return self.append({"type": "session_info", "name": name}, lane=lane)
+
+    def set_label(self, target_id: str, label: str | None, *,
+                  lane: str = "main") -> dict[str, Any]:
+        """Label ``target_id`` (``None`` clears). Raises UnknownEntry for a missing target."""
+        self.entry(target_id)
+        return self.append({"type": "label", "targetId": target_id, "label": label}, lane=lane)
+
+    def navigate(self, target_id: str | None, *, lane: str = "main") -> None:
+        """Move the lane's leaf to ``target_id`` (``None``: before the first entry), durably.
+
+        Raises:
+            UnknownEntry: the target does not exist.
+        """
+        if target_id is not None:
+            self.entry(target_id)
+        self.store.commit([LaneOp(lane, leaf_id=target_id)])
+
+    def branch_with_summary(self, target_id: str | None, summary: str, *,
+                            lane: str = "main") -> dict[str, Any]:
+        """Leave the current branch: append a ``branch_summary`` of it under ``target_id`` and
+        move the leaf there, in one commit. Returns the summary entry."""
+        if target_id is not None:
+            self.entry(target_id)
+        from_id = self.leaf(lane)
+        full = self.make_entry({"type": "branch_summary", "fromId": from_id or "",
+                                "summary": summary}, parent_id=target_id)
+        self.store.commit([EntryOp(full, lane=lane)])
+        return full
+
+    def create_lane(self, name: str, *, from_entry: str | None = None,
+                    config: dict[str, Any] | None = None) -> LaneState:
+        """Create lane ``name`` with its leaf at ``from_entry`` (durable)."""
+        if from_entry is not None:
+            self.entry(from_entry)
+        self.store.commit([LaneOp(name, leaf_id=from_entry, config=config or {"created": True})])
+        return self.lane(name)
+
+    def fork(self, target: Store, entry_id: str | None, *,
+             position: Literal["at", "before"] = "at", cwd: str | None = None) -> Session:
+        """Fork a new session holding the path up to ``entry_id`` (``at``: including it;
+        ``before``: up to its parent), in ``target`` store, optionally under another ``cwd``.
+
+        Entry ids are kept; operation logs are not copied. The new header names this session
+        in ``parentSession``.
+
+        Raises:
+            UnknownEntry: ``entry_id`` does not exist.
+        """
+        leaf = self.leaf() if entry_id is None else str(self.entry(entry_id)["id"])
+        path = self.path(leaf)
+        if position == "before" and path:
+            path = path[:-1]
+        new = target.create_session(cwd or self.cwd, parent_session=self.id)
+        ops: list[Op] = []
+        for e in path:
+            copy = {k: v for k, v in e.items() if k != "seq"}
+            ops.append(EntryOp(copy, lane="main"))
+        if ops:
+            new.commit(ops)
+        return Session(new)
