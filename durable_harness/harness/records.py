@@ -1,0 +1,35 @@
+"""Operation-log record constructors: the vocabulary of the design brief, section 2.
+
+Every record is a dict with ``type``, ``id``, ``lane``, ``runId`` (where it applies) and
+``timestamp``; storage adds ``seq``. These helpers only build dicts: they never write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_harness.ids import new_id, now_iso
+
+RECORD_TYPES = (
+    "run_started", "provider_request_started", "provider_request_finished",
+    "provider_request_failed", "tool_started", "tool_finished", "queue_enqueued",
+    "queue_consumed", "queue_cancelled", "write_deferred", "save_point", "abort_requested",
+    "decision", "run_finished",
+)
+
+QUEUES = ("steer", "follow_up", "next_run")
+
+
+def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> dict[str, Any]:
+    """Build a record of type ``rtype`` (one of :data:`RECORD_TYPES`) with a fresh ``id``."""
+    rec: dict[str, Any] = {"type": rtype, "id": new_id(), "lane": lane, "timestamp": now_iso()}
+    if run_id is not None:
+        rec["runId"] = run_id
+    rec.update(fields)
+    return rec
+
+
+def idempotency_key(run_id: str, tool_call_id: str) -> str:
+    """The idempotency key handed to a tool: ``"<run id>:<tool call id>"``, stable across
+    restarts because both parts are durable before the tool starts."""
+    return f"{run_id}:{tool_call_id}"

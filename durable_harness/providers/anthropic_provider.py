@@ -1,0 +1,519 @@
+"""Anthropic Messages API provider.
+
+Uses the official ``anthropic`` SDK: ``AsyncAnthropic(max_retries=0).messages.create(stream=True)``
+and reads the raw server-sent events. The SDK never retries: the harness does, writing one
+``provider_request_started`` record per attempt.
+
+Wire mapping (pi message shapes -> Messages API):
+
+* The system prompt goes to the top-level ``system`` field.
+* ``user``: a string stays a string; text/image blocks become ``{"type": "text"}`` /
+  ``{"type": "image", "source": {"type": "base64", "media_type", "data"}}`` blocks.
+* ``assistant``: text blocks (non-empty) stay text; ``thinking`` blocks are re-sent only when
+  they carry a signature (``thinkingSignature``, pi's field, or ``signature``) - as
+  ``redacted_thinking`` when marked ``redacted``; ``toolCall`` blocks become ``tool_use`` with
+  ``input=arguments``.
+* Consecutive ``toolResult`` messages become one user message of ``tool_result`` blocks
+  (``tool_use_id``, ``content`` text - or text and image blocks -, ``is_error``).
+* Tool-call ids are reduced to ``[A-Za-z0-9_-]{1,64}`` the same way on both sides, so ids made
+  by other providers stay paired.
+
+Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
+:class:`ThinkingDelta`, ``input_json_delta`` accumulated per block and yielded as one
+:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+import anthropic
+import anyio
+
+from durable_harness.errors import ProviderError, redact
+from durable_harness.providers.base import (
+    Done,
+    ProviderEvent,
+    ProviderRequest,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    ToolSpec,
+    empty_usage,
+)
+
+__all__ = ["AnthropicProvider", "to_anthropic_messages", "to_anthropic_tools", "wire_tool_id"]
+
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "toolUse",
+    "refusal": "error",
+}
+_THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
+_RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
+_BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class AnthropicProvider:
+    """A :class:`~durable_harness.providers.base.Provider` over the Anthropic Messages API.
+
+    Args:
+        model: default model id (a request's non-empty ``model`` overrides it).
+        base_url: API root such as ``https://api.anthropic.com``; falls back to the
+            ``ANTHROPIC_BASE_URL`` environment variable, then the SDK default.
+        api_key: the API key; falls back to ``ANTHROPIC_API_KEY``. Never appears in errors.
+            Because a key is always passed explicitly, the SDK never loads profiles from disk.
+        context_window: the model's context window in tokens (default 200000).
+        max_tokens: output cap in tokens when the request sets none (default 4096).
+        timeout: seconds allowed per request (connect, each read, whole request; default 600).
+        pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
+            ``cacheWrite`` (missing keys cost 0); ``None`` leaves every cost at 0.
+        reasoning: enable extended thinking from the request's ``thinking_level`` (budget
+            1024/2048/8192/16384 tokens for minimal/low/medium/high, added to ``max_tokens``).
+        name: provider name written on assistant messages (default ``anthropic``).
+
+    Raises:
+        ProviderError: (from :meth:`stream`) no API key is configured (``retryable=False``).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        context_window: int = 200_000,
+        max_tokens: int = 4096,
+        timeout: float = 600.0,
+        pricing: Mapping[str, float] | None = None,
+        reasoning: bool = False,
+        name: str = "anthropic",
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.context_window = context_window
+        self.max_tokens = max_tokens
+        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+        self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        self.timeout = timeout
+        self.pricing = dict(pricing) if pricing else None
+        self.reasoning = reasoning
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
+
+    def _client(self) -> Any:
+        if not self._api_key:
+            raise ProviderError(
+                f"{self.name}: no API key (pass api_key= or set ANTHROPIC_API_KEY)",
+                retryable=False,
+                provider=self.name,
+            )
+        return anthropic.AsyncAnthropic(
+            api_key=self._api_key,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,
+        )
+
+    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
+        """Return the keyword arguments of ``messages.create`` for ``request``.
+
+        Shape: ``{"model", "max_tokens", "messages", "stream": True, ["system"], ["tools"],
+        ["thinking"]}``.
+        """
+        max_tokens = request.max_tokens or self.max_tokens
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "max_tokens": max_tokens,
+            "messages": to_anthropic_messages(request.messages),
+            "stream": True,
+        }
+        if request.system_prompt:
+            params["system"] = request.system_prompt
+        if request.tools:
+            params["tools"] = to_anthropic_tools(request.tools)
+        budget = _THINKING_BUDGETS.get(request.thinking_level)
+        if self.reasoning and budget:
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            params["max_tokens"] = max_tokens + budget
+        return params
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        """Stream the answer to ``request``: deltas and tool calls, then one :class:`Done`.
+
+        The ``Done`` message is ``{"role": "assistant", "content": [thinking | text | toolCall
+        blocks in stream order], "provider", "model", "usage": {input, output, cacheRead,
+        cacheWrite, totalTokens (tokens), cost{input, output, cacheRead, cacheWrite, total}
+        (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
+        Thinking blocks keep their signature as ``thinkingSignature``.
+
+        Raises:
+            ProviderError: HTTP 429, 5xx (529 overloaded included), connection failures,
+                timeouts and mid-stream overloaded/api errors are ``retryable=True``; other
+                4xx, a missing key and unparseable tool arguments are ``retryable=False``.
+                ``status`` holds the HTTP status when known.
+        """
+        client = self._client()
+        try:
+            async for event in self._stream(client, request):
+                yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
+
+    async def _stream(self, client: Any, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        params = self.build_params(request)
+        model = str(params["model"])
+        blocks: dict[int, dict[str, Any]] = {}
+        json_parts: dict[int, list[str]] = {}
+        wire_usage: dict[str, int] = {}
+        stop_reason: str | None = None
+        try:
+            stream = await client.messages.create(**params)
+            try:
+                async for raw in stream:
+                    event: dict[str, Any] = cast(Any, raw).model_dump()
+                    etype = event.get("type")
+                    if etype == "message_start":
+                        message = event.get("message") or {}
+                        model = str(message.get("model") or model)
+                        _merge_usage(wire_usage, message.get("usage"))
+                    elif etype == "content_block_start":
+                        index = int(event.get("index") or 0)
+                        block = _start_block(event.get("content_block") or {})
+                        if block is not None:
+                            blocks[index] = block
+                            json_parts[index] = []
+                    elif etype == "content_block_delta":
+                        index = int(event.get("index") or 0)
+                        delta = event.get("delta") or {}
+                        out = _apply_delta(blocks.get(index), json_parts.get(index), delta)
+                        if out is not None:
+                            yield out
+                    elif etype == "content_block_stop":
+                        index = int(event.get("index") or 0)
+                        block = blocks.get(index)
+                        if block is not None and block["type"] == "toolCall":
+                            block["arguments"] = _parse_arguments(
+                                block, "".join(json_parts.get(index, [])), self.name
+                            )
+                            yield ToolCallEvent(block["id"], block["name"], block["arguments"])
+                    elif etype == "message_delta":
+                        delta = event.get("delta") or {}
+                        if delta.get("stop_reason"):
+                            stop_reason = str(delta["stop_reason"])
+                        _merge_usage(wire_usage, event.get("usage"))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.close()
+        except anthropic.AnthropicError as exc:
+            raise _map_error(exc, self.name, self._api_key) from None
+
+        content = [blocks[i] for i in sorted(blocks)]
+        stop = _STOP_REASONS.get(stop_reason or "", "stop")
+        if stop == "stop" and any(b["type"] == "toolCall" for b in content):
+            stop = "toolUse"
+        result: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "provider": self.name,
+            "model": model,
+            "usage": _usage(wire_usage, self.pricing),
+            "stopReason": stop,
+            "timestamp": int(time.time() * 1000),
+        }
+        if stop_reason == "refusal":
+            result["errorMessage"] = "the model refused to answer"
+        yield Done(result)
+
+
+def _start_block(wire: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Our content block for a ``content_block_start`` (``None`` for server-side blocks)."""
+    btype = wire.get("type")
+    if btype == "text":
+        return {"type": "text", "text": str(wire.get("text") or "")}
+    if btype == "thinking":
+        return {
+            "type": "thinking",
+            "thinking": str(wire.get("thinking") or ""),
+            "thinkingSignature": str(wire.get("signature") or ""),
+        }
+    if btype == "redacted_thinking":
+        return {
+            "type": "thinking",
+            "thinking": "",
+            "thinkingSignature": str(wire.get("data")),
+            "redacted": True,
+        }
+    if btype == "tool_use":
+        return {
+            "type": "toolCall",
+            "id": str(wire.get("id") or ""),
+            "name": str(wire.get("name") or ""),
+            "arguments": {},
+        }
+    return None
+
+
+def _apply_delta(
+    block: dict[str, Any] | None, parts: list[str] | None, delta: Mapping[str, Any]
+) -> ProviderEvent | None:
+    """Fold a ``content_block_delta`` into its block; return the event to yield, if any."""
+    if block is None:
+        return None
+    dtype = delta.get("type")
+    if dtype == "text_delta" and block["type"] == "text":
+        text = str(delta.get("text") or "")
+        block["text"] += text
+        return TextDelta(text) if text else None
+    if dtype == "thinking_delta" and block["type"] == "thinking":
+        text = str(delta.get("thinking") or "")
+        block["thinking"] += text
+        return ThinkingDelta(text) if text else None
+    if dtype == "signature_delta" and block["type"] == "thinking":
+        block["thinkingSignature"] += str(delta.get("signature") or "")
+    elif dtype == "input_json_delta" and parts is not None:
+        parts.append(str(delta.get("partial_json") or ""))
+    return None
+
+
+def _parse_arguments(block: Mapping[str, Any], raw: str, provider: str) -> dict[str, Any]:
+    """Parse a tool_use block's accumulated ``input`` JSON (empty means ``{}``)."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProviderError(
+            f"{provider}: tool call {block.get('name')!r} has arguments that are not a JSON object",
+            retryable=False,
+            provider=provider,
+            tool_call_id=block.get("id"),
+        )
+    return value
+
+
+def _merge_usage(acc: dict[str, int], wire: Any) -> None:
+    """Overwrite ``acc`` with the non-null token counts of a wire usage object."""
+    if not isinstance(wire, Mapping):
+        return
+    for key in (
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ):
+        value = wire.get(key)
+        if isinstance(value, int):
+            acc[key] = value
+
+
+def _usage(wire: Mapping[str, int], pricing: Mapping[str, float] | None) -> dict[str, Any]:
+    """Map Messages API usage to pi's usage dict (tokens; cost in USD)."""
+    usage = empty_usage()
+    usage["input"] = wire.get("input_tokens", 0)
+    usage["output"] = wire.get("output_tokens", 0)
+    usage["cacheRead"] = wire.get("cache_read_input_tokens", 0)
+    usage["cacheWrite"] = wire.get("cache_creation_input_tokens", 0)
+    usage["totalTokens"] = (
+        usage["input"] + usage["output"] + usage["cacheRead"] + usage["cacheWrite"]
+    )
+    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
+    if pricing:
+        for key in cost:
+            cost[key] = float(usage[key]) * float(pricing.get(key, 0.0)) / 1_000_000
+    usage["cost"] = {**cost, "total": sum(cost.values())}
+    return usage
+
+
+def wire_tool_id(tool_call_id: str) -> str:
+    """Reduce a tool-call id to what the API accepts: ``[A-Za-z0-9_-]``, 1 to 64 characters."""
+    cleaned = _BAD_ID_CHARS.sub("_", tool_call_id)[:64]
+    return cleaned or "toolu_empty"
+
+
+def _image_block(block: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": block.get("mimeType") or "image/png",
+            "data": block.get("data"),
+        },
+    }
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    """Text (non-empty) and image blocks of a pi content list, in wire form."""
+    out: list[dict[str, Any]] = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and block.get("text"):
+            out.append({"type": "text", "text": str(block["text"])})
+        elif block.get("type") == "image":
+            out.append(_image_block(block))
+    return out
+
+
+def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        btype = block.get("type")
+        if btype == "text" and block.get("text"):
+            out.append({"type": "text", "text": str(block["text"])})
+        elif btype == "thinking":
+            signature = block.get("thinkingSignature") or block.get("signature")
+            if not signature:
+                continue
+            if block.get("redacted"):
+                out.append({"type": "redacted_thinking", "data": str(signature)})
+            else:
+                out.append(
+                    {
+                        "type": "thinking",
+                        "thinking": str(block.get("thinking", "")),
+                        "signature": str(signature),
+                    }
+                )
+        elif btype == "toolCall":
+            out.append(
+                {
+                    "type": "tool_use",
+                    "id": wire_tool_id(str(block.get("id", ""))),
+                    "name": str(block.get("name", "")),
+                    "input": block.get("arguments") or {},
+                }
+            )
+    return out
+
+
+def _tool_result(msg: Mapping[str, Any]) -> dict[str, Any]:
+    content = msg.get("content")
+    if isinstance(content, str):
+        wire_content: str | list[dict[str, Any]] = content
+    else:
+        parts = _blocks(content)
+        if any(p["type"] == "image" for p in parts):
+            wire_content = parts
+        else:
+            wire_content = "".join(p["text"] for p in parts)
+    result: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": wire_tool_id(str(msg.get("toolCallId", ""))),
+        "content": wire_content,
+    }
+    if msg.get("isError"):
+        result["is_error"] = True
+    return result
+
+
+def to_anthropic_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Convert context messages (pi shapes) to Messages API ``messages``.
+
+    See the module docstring for the mapping. Assistant messages left with no blocks are
+    dropped (the API rejects empty content); roles other than ``user``, ``assistant`` and
+    ``toolResult`` are ignored.
+    """
+    out: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] | None = None
+    for msg in messages:
+        role = msg.get("role")
+        if role == "toolResult":
+            if results is None:
+                results = []
+                out.append({"role": "user", "content": results})
+            results.append(_tool_result(msg))
+            continue
+        results = None
+        if role == "user":
+            content = msg.get("content", "")
+            out.append(
+                {
+                    "role": "user",
+                    "content": content if isinstance(content, str) else _blocks(content),
+                }
+            )
+        elif role == "assistant":
+            blocks = _assistant_blocks(msg.get("content"))
+            if blocks:
+                out.append({"role": "assistant", "content": blocks})
+    return out
+
+
+def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """Convert :class:`~durable_harness.providers.base.ToolSpec` items to API tool definitions."""
+    return [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+    ]
+
+
+def _body_error(body: object) -> tuple[str, str]:
+    """Return ``(error type, message)`` from an SDK error body (at most 500 characters)."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            return str(inner.get("type") or ""), str(inner.get("message") or "")[:500]
+        return "", str(inner)[:500]
+    return "", "" if body is None else str(body)[:500]
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    return redact(text)
+
+
+def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None) -> ProviderError:
+    """Translate an ``anthropic`` SDK error into :class:`ProviderError` (message redacted)."""
+    details: dict[str, Any] = {"provider": provider}
+    status: int | None = None
+    if isinstance(exc, anthropic.APITimeoutError):
+        retryable, where, detail = True, "APITimeoutError", "request timed out"
+    elif isinstance(exc, anthropic.APIConnectionError):
+        cause = exc.__cause__
+        retryable, where = True, "APIConnectionError"
+        detail = f"connection error ({type(cause).__name__})" if cause else "connection error"
+    elif isinstance(exc, anthropic.APIStatusError):
+        etype, text = _body_error(exc.body)
+        if etype:
+            details["error_type"] = etype
+        request_id = getattr(exc, "request_id", None)
+        if request_id:
+            details["request_id"] = str(request_id)
+        if exc.status_code >= 400:
+            status = exc.status_code
+            retryable = status in (408, 429) or status >= 500
+            where = f"HTTP {status}"
+            try:
+                after = exc.response.headers.get("retry-after")
+                if after is not None:
+                    details["retry_after"] = float(after)
+            except (AttributeError, TypeError, ValueError):
+                pass
+        else:
+            retryable = etype in _RETRYABLE_TYPES
+            where = "error during streaming"
+        detail = f"{etype}: {text}" if etype and text else etype or text
+    elif isinstance(exc, anthropic.APIError):
+        etype, text = _body_error(exc.body)
+        retryable, where = etype in _RETRYABLE_TYPES, "APIError"
+        detail = text or exc.message
+    else:
+        retryable, where, detail = False, type(exc).__name__, str(exc)
+    message = f"{provider}: {where}: {detail}" if detail else f"{provider}: {where}"
+    return ProviderError(_scrub(message, secret), retryable=retryable, status=status, **details)

@@ -1,0 +1,478 @@
+"""OpenAI chat-completions provider (OpenAI itself and OpenAI-compatible servers).
+
+Uses the official ``openai`` SDK: ``AsyncOpenAI(max_retries=0).chat.completions.create(
+stream=True, stream_options={"include_usage": True})``. The SDK never retries: the harness does,
+writing one ``provider_request_started`` record per attempt.
+
+Wire mapping (pi message shapes -> chat completions):
+
+* ``user``: a string stays a string; text/image blocks become ``{"type": "text"}`` /
+  ``{"type": "image_url", "image_url": {"url": "data:<mime>;base64,<data>"}}`` parts.
+* ``assistant``: text blocks are joined into ``content``; ``toolCall`` blocks become
+  ``tool_calls`` with JSON-string ``arguments``; thinking blocks are dropped.
+* ``toolResult``: ``{"role": "tool", "tool_call_id", "content": text}``. Images in tool results
+  (the tool role carries text only) follow the run of tool messages as one user message.
+* The system prompt is the first ``{"role": "system"}`` message.
+
+Stream mapping: ``content`` deltas -> :class:`TextDelta`; ``reasoning_content`` / ``reasoning``
+deltas (sent by several compatible servers) -> :class:`ThinkingDelta`; tool-call deltas are
+accumulated by ``index`` and each complete call is yielded once as a :class:`ToolCallEvent`
+after the stream ends; then :class:`Done`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+import openai
+
+from durable_harness.errors import ProviderError, redact
+from durable_harness.providers.base import (
+    Done,
+    ProviderEvent,
+    ProviderRequest,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    empty_usage,
+)
+
+__all__ = ["OpenAIProvider", "to_openai_messages", "to_openai_tools"]
+
+_STOP_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "toolUse",
+    "function_call": "toolUse",
+    "content_filter": "error",
+}
+_REASONING_EFFORT = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
+
+
+class OpenAIProvider:
+    """A :class:`~durable_harness.providers.base.Provider` over OpenAI chat completions.
+
+    Args:
+        model: default model id (a request's non-empty ``model`` overrides it).
+        base_url: API root such as ``https://api.openai.com/v1``; falls back to the
+            ``OPENAI_BASE_URL`` environment variable, then the SDK default.
+        api_key: the API key; falls back to ``OPENAI_API_KEY``. Never appears in errors.
+        context_window: the model's context window in tokens (default 128000).
+        timeout: seconds allowed per request (connect, each read, whole request; default 600).
+        pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
+            ``cacheWrite`` (missing keys cost 0); ``None`` leaves every cost at 0.
+        reasoning: send ``reasoning_effort`` derived from the request's ``thinking_level``
+            (only for reasoning models; ``off`` sends nothing).
+        max_tokens_param: wire name of the output cap, ``max_completion_tokens`` (OpenAI) or
+            ``max_tokens`` (older compatible servers).
+        name: provider name written on assistant messages (default ``openai``).
+
+    Raises:
+        ProviderError: (from :meth:`stream`) no API key is configured (``retryable=False``).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        context_window: int = 128_000,
+        timeout: float = 600.0,
+        pricing: Mapping[str, float] | None = None,
+        reasoning: bool = False,
+        max_tokens_param: str = "max_completion_tokens",
+        name: str = "openai",
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.context_window = context_window
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        self.timeout = timeout
+        self.pricing = dict(pricing) if pricing else None
+        self.reasoning = reasoning
+        self.max_tokens_param = max_tokens_param
+
+    def __repr__(self) -> str:
+        return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
+
+    def _client(self) -> Any:
+        if not self._api_key:
+            raise ProviderError(
+                f"{self.name}: no API key (pass api_key= or set OPENAI_API_KEY)",
+                retryable=False,
+                provider=self.name,
+            )
+        return openai.AsyncOpenAI(
+            api_key=self._api_key,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,
+        )
+
+    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
+        """Return the keyword arguments of ``chat.completions.create`` for ``request``.
+
+        Shape: ``{"model", "messages", "stream": True, "stream_options", ["tools"],
+        [max_tokens_param], ["reasoning_effort"]}``.
+        """
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": to_openai_messages(request.messages, request.system_prompt),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            params["tools"] = to_openai_tools(request.tools)
+        if request.max_tokens is not None:
+            params[self.max_tokens_param] = request.max_tokens
+        effort = _REASONING_EFFORT.get(request.thinking_level)
+        if self.reasoning and effort:
+            params["reasoning_effort"] = effort
+        return params
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        """Stream the answer to ``request``: deltas, then tool calls, then one :class:`Done`.
+
+        The ``Done`` message is ``{"role": "assistant", "content": [thinking?, text?,
+        toolCall...], "provider", "model", "usage": {input, output, cacheRead, cacheWrite,
+        totalTokens (tokens), cost{input, output, cacheRead, cacheWrite, total} (USD)},
+        "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
+
+        Raises:
+            ProviderError: HTTP 429, 5xx, connection failures, timeouts and mid-stream server
+                errors are ``retryable=True``; other 4xx, a missing key and unparseable tool
+                arguments are ``retryable=False``. ``status`` holds the HTTP status when known.
+        """
+        client = self._client()
+        try:
+            async for event in self._stream(client, request):
+                yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
+
+    async def _stream(self, client: Any, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        params = self.build_params(request)
+        model = str(params["model"])
+        text_parts: list[str] = []
+        thinking_parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish_reason: str | None = None
+        wire_usage: dict[str, Any] | None = None
+        try:
+            stream = await client.chat.completions.create(**params)
+            try:
+                async for chunk in stream:
+                    data: dict[str, Any] = cast(Any, chunk).model_dump()
+                    if data.get("model"):
+                        model = str(data["model"])
+                    if data.get("usage"):
+                        wire_usage = data["usage"]
+                    for choice in data.get("choices") or []:
+                        if choice.get("index", 0) != 0:
+                            continue
+                        delta = choice.get("delta") or {}
+                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        if isinstance(reasoning, str) and reasoning:
+                            thinking_parts.append(reasoning)
+                            yield ThinkingDelta(reasoning)
+                        content = delta.get("content")
+                        if content:
+                            text_parts.append(content)
+                            yield TextDelta(content)
+                        for tc in delta.get("tool_calls") or []:
+                            _merge_tool_call(calls, tc)
+                        if choice.get("finish_reason"):
+                            finish_reason = str(choice["finish_reason"])
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.close()
+        except openai.OpenAIError as exc:
+            raise _map_error(exc, self.name, self._api_key) from None
+
+        blocks: list[dict[str, Any]] = []
+        thinking = "".join(thinking_parts)
+        if thinking:
+            blocks.append({"type": "thinking", "thinking": thinking})
+        text = "".join(text_parts)
+        if text:
+            blocks.append({"type": "text", "text": text})
+        for index in sorted(calls):
+            call = calls[index]
+            call["id"] = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
+            arguments = _parse_arguments(call, self.name)
+            blocks.append(
+                {"type": "toolCall", "id": call["id"], "name": call["name"], "arguments": arguments}
+            )
+            yield ToolCallEvent(call["id"], call["name"], arguments)
+
+        stop = _STOP_REASONS.get(finish_reason or "", "stop")
+        if calls and stop == "stop":
+            stop = "toolUse"
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": blocks,
+            "provider": self.name,
+            "model": model,
+            "usage": _usage(wire_usage, self.pricing),
+            "stopReason": stop,
+            "timestamp": int(time.time() * 1000),
+        }
+        if finish_reason == "content_filter":
+            message["errorMessage"] = "the response was withheld by the content filter"
+        yield Done(message)
+
+
+def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) -> None:
+    """Fold one streamed tool-call delta into ``calls`` (keyed by the delta's ``index``)."""
+    index = int(tc.get("index") or 0)
+    call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+    if tc.get("id"):
+        call["id"] = str(tc["id"])
+    function = tc.get("function") or {}
+    if function.get("name") and not call["name"]:
+        call["name"] = str(function["name"])
+    if function.get("arguments"):
+        call["arguments"] += str(function["arguments"])
+
+
+def _parse_arguments(call: Mapping[str, Any], provider: str) -> dict[str, Any]:
+    """Parse a tool call's accumulated JSON arguments (empty means ``{}``)."""
+    raw = str(call.get("arguments") or "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProviderError(
+            f"{provider}: tool call {call.get('name')!r} has arguments that are not a JSON object",
+            retryable=False,
+            provider=provider,
+            tool_call_id=call.get("id"),
+        )
+    return value
+
+
+def _usage(wire: Mapping[str, Any] | None, pricing: Mapping[str, float] | None) -> dict[str, Any]:
+    """Map chat-completions usage to pi's usage dict; ``input`` excludes cached tokens."""
+    usage = empty_usage()
+    if not wire:
+        return usage
+    details = wire.get("prompt_tokens_details") or {}
+    cache_read = int(details.get("cached_tokens") or 0)
+    cache_write = int(details.get("cache_write_tokens") or 0)
+    prompt = int(wire.get("prompt_tokens") or 0)
+    usage["input"] = max(prompt - cache_read - cache_write, 0)
+    usage["output"] = int(wire.get("completion_tokens") or 0)
+    usage["cacheRead"] = cache_read
+    usage["cacheWrite"] = cache_write
+    usage["totalTokens"] = usage["input"] + usage["output"] + cache_read + cache_write
+    usage["cost"] = _cost(usage, pricing)
+    return usage
+
+
+def _cost(usage: Mapping[str, Any], pricing: Mapping[str, float] | None) -> dict[str, float]:
+    """Return the cost split in USD from token counts and USD-per-million ``pricing``."""
+    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
+    if pricing:
+        for key in cost:
+            cost[key] = float(usage.get(key, 0)) * float(pricing.get(key, 0.0)) / 1_000_000
+    return {**cost, "total": sum(cost.values())}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(
+        str(b.get("text", ""))
+        for b in content or []
+        if isinstance(b, dict) and b.get("type") == "text"
+    )
+
+
+def _images(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return []
+    return [b for b in content or [] if isinstance(b, dict) and b.get("type") == "image"]
+
+
+def _image_part(block: Mapping[str, Any]) -> dict[str, Any]:
+    mime = block.get("mimeType") or "image/png"
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{block.get('data')}"}}
+
+
+def _user_content(content: Any) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        elif block.get("type") == "image":
+            parts.append(_image_part(block))
+    return parts
+
+
+def to_openai_messages(
+    messages: list[dict[str, Any]], system_prompt: str | None = None
+) -> list[dict[str, Any]]:
+    """Convert context messages (pi shapes) to chat-completions ``messages``.
+
+    See the module docstring for the mapping. Assistant messages with neither text nor tool
+    calls are left out (the API rejects them); roles other than ``user``, ``assistant`` and
+    ``toolResult`` are ignored.
+    """
+    out: list[dict[str, Any]] = []
+    if system_prompt:
+        out.append({"role": "system", "content": system_prompt})
+    pending_images: list[dict[str, Any]] = []
+
+    def flush_images() -> None:
+        if pending_images:
+            out.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Images returned by the tool calls above:"},
+                        *(_image_part(b) for b in pending_images),
+                    ],
+                }
+            )
+            pending_images.clear()
+
+    for msg in messages:
+        role = msg.get("role")
+        if role != "toolResult":
+            flush_images()
+        if role == "user":
+            out.append({"role": "user", "content": _user_content(msg.get("content", ""))})
+        elif role == "assistant":
+            blocks = [b for b in msg.get("content") or [] if isinstance(b, dict)]
+            text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+            tool_calls = [
+                {
+                    "id": str(b.get("id", "")),
+                    "type": "function",
+                    "function": {
+                        "name": str(b.get("name", "")),
+                        "arguments": json.dumps(b.get("arguments") or {}),
+                    },
+                }
+                for b in blocks
+                if b.get("type") == "toolCall"
+            ]
+            if not text and not tool_calls:
+                continue
+            wire: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if tool_calls:
+                wire["tool_calls"] = tool_calls
+            out.append(wire)
+        elif role == "toolResult":
+            content = msg.get("content")
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(msg.get("toolCallId", "")),
+                    "content": _text(content),
+                }
+            )
+            pending_images.extend(_images(content))
+    flush_images()
+    return out
+
+
+def to_openai_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Convert :class:`~durable_harness.providers.base.ToolSpec` items to function tools."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+
+
+@dataclass(frozen=True)
+class _ErrorInfo:
+    status: int | None
+    retryable: bool
+    detail: str
+
+
+def _body_message(body: object) -> str:
+    """The server's error text from an SDK error body (dict or raw), at most 500 characters."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:500]
+        if isinstance(inner, str):
+            return inner[:500]
+        return json.dumps(body)[:500]
+    if body is None:
+        return ""
+    return str(body)[:500]
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    return redact(text)
+
+
+def _retry_after(response: Any) -> float | None:
+    try:
+        value = response.headers.get("retry-after")
+        return float(value) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> ProviderError:
+    """Translate an ``openai`` SDK error into :class:`ProviderError` (message redacted)."""
+    details: dict[str, Any] = {"provider": provider}
+    if isinstance(exc, openai.APITimeoutError):
+        info = _ErrorInfo(None, True, "request timed out")
+    elif isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        info = _ErrorInfo(
+            None,
+            True,
+            f"connection error ({type(cause).__name__})" if cause else "connection error",
+        )
+    elif isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retryable = status in (408, 429) or status >= 500
+        info = _ErrorInfo(status, retryable, _body_message(exc.body))
+        after = _retry_after(exc.response)
+        if after is not None:
+            details["retry_after"] = after
+        if exc.request_id:
+            details["request_id"] = exc.request_id
+    elif isinstance(exc, openai.APIError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        client_fault = body.get("type") == "invalid_request_error"
+        info = _ErrorInfo(
+            None,
+            not client_fault,
+            f"error during streaming: {_body_message(exc.body) or exc.message}",
+        )
+    else:
+        info = _ErrorInfo(None, False, f"{type(exc).__name__}: {exc}")
+    where = f"HTTP {info.status}" if info.status is not None else type(exc).__name__
+    message = f"{provider}: {where}: {info.detail}" if info.detail else f"{provider}: {where}"
+    return ProviderError(
+        _scrub(message, secret), retryable=info.retryable, status=info.status, **details
+    )
