@@ -88,6 +88,7 @@ class HarnessOptions:
     policy: Policy = "ask"
     compact_reserve: int = 16_384
     keep_recent_tokens: int = 20_000
+    provider_spec: str | None = None
 
 
 @dataclass
@@ -252,7 +253,8 @@ class Harness:
         run_id = uuid7()
         entry = self._entry(lane, {"type": "message", "message": message})
         rec = record("run_started", lane, run_id, promptEntryId=entry["id"], prompt=message,
-                     provider=self.provider.name, model=self.provider.model)
+                     provider=self.provider.name, model=self.provider.model,
+                     providerSpec=self.options.provider_spec)
         ops: list[Op] = [EntryOp(entry, lane=lane), RecordOp(rec)]
         if consumed is not None:
             ops.append(RecordOp(record("queue_consumed", lane, run_id, queue="next_run",

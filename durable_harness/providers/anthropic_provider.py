@@ -25,11 +25,13 @@ Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, cast
 
 import anthropic
@@ -165,13 +167,16 @@ class AnthropicProvider:
         """
         client = self._client()
         try:
-            async for event in self._stream(client, request):
-                yield event
+            async with contextlib.aclosing(self._stream(client, request)) as events:
+                async for event in events:
+                    yield event
         finally:
             with anyio.CancelScope(shield=True):
                 await client.close()
 
-    async def _stream(self, client: Any, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+    async def _stream(
+        self, client: Any, request: ProviderRequest
+    ) -> AsyncGenerator[ProviderEvent, None]:
         params = self.build_params(request)
         model = str(params["model"])
         blocks: dict[int, dict[str, Any]] = {}
@@ -180,8 +185,9 @@ class AnthropicProvider:
         stop_reason: str | None = None
         try:
             stream = await client.messages.create(**params)
+            items = stream.__aiter__()
             try:
-                async for raw in stream:
+                async for raw in items:
                     event: dict[str, Any] = cast(Any, raw).model_dump()
                     etype = event.get("type")
                     if etype == "message_start":
@@ -215,9 +221,11 @@ class AnthropicProvider:
                         _merge_usage(wire_usage, event.get("usage"))
             finally:
                 with anyio.CancelScope(shield=True):
-                    await stream.close()
+                    await _close_stream(stream, items)
         except anthropic.AnthropicError as exc:
             raise _map_error(exc, self.name, self._api_key) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, self.name, self._api_key) from None
 
         content = [blocks[i] for i in sorted(blocks)]
         stop = _STOP_REASONS.get(stop_reason or "", "stop")
@@ -517,3 +525,34 @@ def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None)
         retryable, where, detail = False, type(exc).__name__, str(exc)
     message = f"{provider}: {where}: {detail}" if detail else f"{provider}: {where}"
     return ProviderError(_scrub(message, secret), retryable=retryable, status=status, **details)
+
+
+def _load_transport_errors() -> tuple[type[BaseException], ...]:
+    """``TransportError`` of ``httpx`` and ``httpx2``: the SDK does not wrap failures that
+    happen while the response body streams (connection dropped, read timeout)."""
+    found: list[type[BaseException]] = []
+    for module_name in ("httpx2", "httpx"):
+        try:
+            module: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.append(module.TransportError)
+    return tuple(found)
+
+
+_TRANSPORT_ERRORS = _load_transport_errors()
+
+
+def _transport_error(exc: BaseException, provider: str, secret: str | None) -> ProviderError:
+    """Map a mid-stream ``httpx``/``httpx2`` transport failure: always ``retryable=True``."""
+    kind = "timed out" if "Timeout" in type(exc).__name__ else "connection lost"
+    message = f"{provider}: {kind} while streaming ({type(exc).__name__})"
+    return ProviderError(_scrub(message, secret), retryable=True, status=None, provider=provider)
+
+
+async def _close_stream(stream: Any, items: Any) -> None:
+    """Close the SDK's event iterator (an async generator) and then its HTTP response."""
+    aclose = getattr(items, "aclose", None)
+    if aclose is not None:
+        await aclose()
+    await stream.close()

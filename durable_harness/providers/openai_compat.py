@@ -22,11 +22,13 @@ after the stream ends; then :class:`Done`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -154,13 +156,16 @@ class OpenAIProvider:
         """
         client = self._client()
         try:
-            async for event in self._stream(client, request):
-                yield event
+            async with contextlib.aclosing(self._stream(client, request)) as events:
+                async for event in events:
+                    yield event
         finally:
             with anyio.CancelScope(shield=True):
                 await client.close()
 
-    async def _stream(self, client: Any, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+    async def _stream(
+        self, client: Any, request: ProviderRequest
+    ) -> AsyncGenerator[ProviderEvent, None]:
         params = self.build_params(request)
         model = str(params["model"])
         text_parts: list[str] = []
@@ -170,8 +175,9 @@ class OpenAIProvider:
         wire_usage: dict[str, Any] | None = None
         try:
             stream = await client.chat.completions.create(**params)
+            items = stream.__aiter__()
             try:
-                async for chunk in stream:
+                async for chunk in items:
                     data: dict[str, Any] = cast(Any, chunk).model_dump()
                     if data.get("model"):
                         model = str(data["model"])
@@ -195,9 +201,11 @@ class OpenAIProvider:
                             finish_reason = str(choice["finish_reason"])
             finally:
                 with anyio.CancelScope(shield=True):
-                    await stream.close()
+                    await _close_stream(stream, items)
         except openai.OpenAIError as exc:
             raise _map_error(exc, self.name, self._api_key) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, self.name, self._api_key) from None
 
         blocks: list[dict[str, Any]] = []
         thinking = "".join(thinking_parts)
@@ -476,3 +484,34 @@ def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> Pr
     return ProviderError(
         _scrub(message, secret), retryable=info.retryable, status=info.status, **details
     )
+
+
+def _load_transport_errors() -> tuple[type[BaseException], ...]:
+    """``TransportError`` of ``httpx`` and ``httpx2``: the SDK does not wrap failures that
+    happen while the response body streams (connection dropped, read timeout)."""
+    found: list[type[BaseException]] = []
+    for module_name in ("httpx2", "httpx"):
+        try:
+            module: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.append(module.TransportError)
+    return tuple(found)
+
+
+_TRANSPORT_ERRORS = _load_transport_errors()
+
+
+def _transport_error(exc: BaseException, provider: str, secret: str | None) -> ProviderError:
+    """Map a mid-stream ``httpx``/``httpx2`` transport failure: always ``retryable=True``."""
+    kind = "timed out" if "Timeout" in type(exc).__name__ else "connection lost"
+    message = f"{provider}: {kind} while streaming ({type(exc).__name__})"
+    return ProviderError(_scrub(message, secret), retryable=True, status=None, provider=provider)
+
+
+async def _close_stream(stream: Any, items: Any) -> None:
+    """Close the SDK's event iterator (an async generator) and then its HTTP response."""
+    aclose = getattr(items, "aclose", None)
+    if aclose is not None:
+        await aclose()
+    await stream.close()

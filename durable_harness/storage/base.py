@@ -168,6 +168,11 @@ class SessionStore(abc.ABC):
     def last_seq(self) -> int:
         """Return the highest committed seq (0 for an empty session)."""
 
+    def lease_holder(self) -> dict[str, Any] | None:
+        """Return ``{"pid", "host", "generation"}`` of the live process holding the writer lease
+        (this one included), or ``None`` when no live process holds it."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Flush nothing more, release the lease and close files. Idempotent."""

@@ -303,6 +303,9 @@ class JsonlSessionStore(IndexedSessionStore):
                     self._sync_cond.notify_all()
                 self._synced = max(self._synced, covered)
 
+    def lease_holder(self) -> dict[str, Any] | None:
+        return (self._lease or FileLease(self.path + ".lock", self.path)).probe()
+
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
         offset, length, idx = location
         fd = self._fd

@@ -78,6 +78,27 @@ class FileLease:
         self._fd = fd
         return self.generation
 
+    def probe(self) -> dict[str, Any] | None:
+        """Return the live holder's lock-file content, or ``None`` when nobody holds the lease.
+
+        Takes and drops the flock without writing; a process that dies holding it frees it.
+        """
+        if self._fd is not None:
+            return {"pid": os.getpid(), "generation": self.generation, "self": True}
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self._read(fd) or {"pid": None}
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def current_generation(self) -> int:
         """Return the generation recorded in the lock file now."""
         if self._fd is None:

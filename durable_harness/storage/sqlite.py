@@ -340,6 +340,12 @@ class SqliteSessionStore(SessionStore):
             self._conn.execute("UPDATE lanes SET config=? WHERE session_id=? AND name=?",
                                (codec.dumps(config), self.session_id, op.lane))
 
+    def lease_holder(self) -> dict[str, Any] | None:
+        if self._lease is not None:
+            return self._lease.probe()
+        lock = os.path.join(self.db_path + ".locks", f"{self.session_id}.lock")
+        return FileLease(lock, self.location).probe()
+
     def close(self) -> None:
         if self._closed:
             return

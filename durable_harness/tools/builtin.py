@@ -43,10 +43,15 @@ from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult, re
 
 __all__ = [
     "OUTPUT_CAP_BYTES",
+    "AppendFileArgs",
     "AppendFileTool",
+    "BashArgs",
     "BashTool",
+    "EditFileArgs",
     "EditFileTool",
+    "ReadFileArgs",
     "ReadFileTool",
+    "WriteFileArgs",
     "WriteFileTool",
     "builtin_tools",
 ]
@@ -787,9 +792,11 @@ class BashTool(Tool):
 
     @staticmethod
     async def _close(process: anyio.abc.Process) -> None:
-        """Close the shell's output stream without waiting on it."""
-        if process.stdout is not None:
-            with anyio.CancelScope(shield=True):
+        """Release the shell's pipe (shielded); never waits on a shell that is still running."""
+        with anyio.CancelScope(shield=True):
+            if process.returncode is not None:
+                await process.aclose()  # closes streams and transports; the shell is reaped
+            elif process.stdout is not None:
                 await process.stdout.aclose()
 
     @staticmethod

@@ -69,6 +69,9 @@ class Turn:
         drop_after: close the connection abruptly after this many SSE events (mid-stream failure).
         error_after: send a mid-stream error event after this many SSE events and stop.
         error: the mid-stream error object (``{"type", "message"}``) sent with ``error_after``.
+        delay: seconds to stall before answering (or after ``delay_after`` SSE events), to
+            script timeouts.
+        delay_after: when set, stall after this many SSE events instead of before the headers.
     """
 
     text: str = ""
@@ -83,6 +86,8 @@ class Turn:
     error: dict[str, Any] = field(
         default_factory=lambda: {"type": "overloaded_error", "message": "Overloaded"}
     )
+    delay: float = 0.0
+    delay_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _stall(self, turn: Turn, n: int | None) -> None:
+        if turn.delay and turn.delay_after == n:
+            time.sleep(turn.delay)
+
     def _drop(self) -> None:
         self.close_connection = True
         self.wfile.flush()
@@ -415,8 +424,10 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(options, dict) and options.get("include_usage"):
             chunks.append({**base, "choices": [], "usage": usage})
 
+        self._stall(turn, None)
         self._start_sse()
         for n, chunk in enumerate(chunks):
+            self._stall(turn, n)
             if turn.drop_after is not None and n >= turn.drop_after:
                 self._drop()
             if turn.error_after is not None and n >= turn.error_after:
@@ -527,8 +538,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not req.get("stream"):
             self._send_json(200, _anthropic_message(model, turn, stop))
             return
+        self._stall(turn, None)
         self._start_sse()
         for n, (name, data) in enumerate(events):
+            self._stall(turn, n)
             if turn.drop_after is not None and n >= turn.drop_after:
                 self._drop()
             if turn.error_after is not None and n >= turn.error_after:

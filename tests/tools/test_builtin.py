@@ -503,3 +503,11 @@ def test_bad_arguments_raise_tool_error() -> None:
         BashTool().parse_args({"command": "true", "timeout": -1})
     with pytest.raises(ToolError, match="read_file"):
         ReadFileTool().parse_args({"path": "a", "offset": 0})
+
+
+async def test_bash_pipe_held_outside_group_does_not_hang(ctx: ToolContext) -> None:
+    # setsid moves the sleep out of the group; it keeps the output pipe open for 3 s.
+    started = time.monotonic()
+    result = await call(BashTool(), ctx, command="setsid sleep 3 & sleep 0.2; echo hi")
+    assert text_of(result) == "hi\n"
+    assert time.monotonic() - started < 2.5

@@ -1,0 +1,90 @@
+"""The ``durable-harness`` command: a thin shell over the library.
+
+Each command parses its options, opens the store or session, calls one library function and
+prints. Errors of the library print as ``error[<code>]: message`` (or JSON with ``--json``)
+with exit status 2; a bad command line exits 2 from argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from durable_harness import crash
+from durable_harness.errors import DurableHarnessError
+from durable_harness.storage import DURABILITY_MODES, Store, open_store
+
+Handler = Callable[[argparse.Namespace], int]
+COMMANDS: dict[str, tuple[str, Handler]] = {}
+
+
+def command(name: str, help_text: str) -> Callable[[Handler], Handler]:
+    """Register a subcommand handler (the registry the docs test walks)."""
+
+    def deco(fn: Handler) -> Handler:
+        COMMANDS[name] = (help_text, fn)
+        return fn
+
+    return deco
+
+
+def out(data: Any) -> None:
+    """Print JSON (pretty, UTF-8)."""
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def store_of(args: argparse.Namespace) -> Store:
+    """Open the store named by ``--store`` (default: the embedded JSONL store)."""
+    return open_store(getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every registered command."""
+    from durable_harness.cli import commands  # noqa: F401  (registers the commands)
+
+    parser = argparse.ArgumentParser(
+        prog="durable-harness",
+        description="Crash-durable runs for LLM agents: a session tree plus a write-ahead lane "
+                    "operation log; recovery never blindly replays a tool.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, _fn) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--store", help="jsonl:DIR or sqlite:PATH (default: "
+                       "$DURABLE_HARNESS_HOME, JSONL)")
+        commands.configure(name, p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _help, fn = COMMANDS[args.command]
+    try:
+        return fn(args)
+    except DurableHarnessError as exc:
+        if getattr(args, "json", False):
+            out({"error": exc.to_json()})
+        else:
+            print(f"error[{exc.code}]: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def run_async(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an async function to completion (asyncio backend)."""
+    return anyio.run(fn, *args)
+
+
+__all__ = ["COMMANDS", "DURABILITY_MODES", "crash", "main", "run_async"]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Read-only reports over a session: the operation-log timeline and cost per turn and run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_harness.storage.base import SessionStore
+
+
+def timeline(store: SessionStore, lane: str | None = None) -> list[dict[str, Any]]:
+    """Return the operation log (optionally one lane) as rows ``{seq, timestamp, lane, runId,
+    type, summary}`` in seq order."""
+    rows = []
+    for rec in store.records(lane):
+        rows.append({"seq": rec["seq"], "timestamp": rec.get("timestamp"),
+                     "lane": rec.get("lane"), "runId": rec.get("runId"), "type": rec["type"],
+                     "summary": summarize_record(rec)})
+    return rows
+
+
+def summarize_record(rec: dict[str, Any]) -> str:
+    """One line describing a record for humans."""
+    t = rec.get("type")
+    if t == "run_started":
+        return f"prompt entry {rec.get('promptEntryId')} via {rec.get('provider')}"
+    if t == "provider_request_started":
+        return f"turn {rec.get('turn')} attempt {rec.get('attempt')} -> {rec.get('responseEntryId')}"
+    if t == "provider_request_finished":
+        usage = rec.get("usage") or {}
+        return (f"turn {rec.get('turn')} {rec.get('stopReason')} tokens "
+                f"{usage.get('totalTokens', 0)} cost ${(usage.get('cost') or {}).get('total', 0):.6f}")
+    if t == "provider_request_failed":
+        return f"turn {rec.get('turn')} attempt {rec.get('attempt')}: {rec.get('error')}"
+    if t == "tool_started":
+        return f"{rec.get('toolName')} {rec.get('toolCallId')} replay={rec.get('replay')}"
+    if t == "tool_finished":
+        return f"{rec.get('toolCallId')} {rec.get('outcome')}"
+    if t in ("queue_enqueued", "queue_consumed", "queue_cancelled"):
+        return f"{rec.get('queue', '')} {rec.get('itemId') or rec.get('itemIds')}"
+    if t == "write_deferred":
+        return str((rec.get("write") or {}).get("type"))
+    if t == "decision":
+        return f"{rec.get('toolCallId')} {rec.get('decision')}"
+    if t == "run_finished":
+        reason = f" ({rec['reason']})" if rec.get("reason") else ""
+        return f"{rec.get('outcome')}{reason}"
+    if t == "save_point":
+        return f"after turn {rec.get('turn')}"
+    return ""
+
+
+def cost_report(store: SessionStore) -> dict[str, Any]:
+    """Return cost per turn, per run and for the session (USD; tokens).
+
+    ``unknown_cost_attempts`` counts provider attempts that started and never settled (lost in
+    a crash): their cost is unknown, never counted as zero. Sessions without an operation log
+    (pi imports) are costed from their assistant entries.
+    """
+    runs: dict[str, dict[str, Any]] = {}
+    open_attempts: dict[tuple[str, Any, Any], bool] = {}
+    turns = []
+    for rec in store.records():
+        rid = str(rec.get("runId") or "")
+        t = rec.get("type")
+        if t == "provider_request_started":
+            open_attempts[(rid, rec.get("turn"), rec.get("attempt"))] = True
+        elif t in ("provider_request_finished", "provider_request_failed"):
+            open_attempts.pop((rid, rec.get("turn"), rec.get("attempt")), None)
+        if t == "provider_request_finished":
+            usage = rec.get("usage") or {}
+            cost = float((usage.get("cost") or {}).get("total", 0.0))
+            run = runs.setdefault(rid, {"run_id": rid, "turns": 0, "tokens": 0, "cost": 0.0})
+            run["turns"] += 1
+            run["tokens"] += int(usage.get("totalTokens", 0))
+            run["cost"] += cost
+            turns.append({"run_id": rid, "turn": rec.get("turn"), "purpose":
+                          rec.get("purpose", "turn"), "tokens": int(usage.get("totalTokens", 0)),
+                          "cost": cost})
+    if not turns:
+        for e in store.iter_entries(("message",)):
+            msg = e.get("message") or {}
+            if msg.get("role") == "assistant":
+                usage = msg.get("usage") or {}
+                turns.append({"run_id": None, "turn": len(turns) + 1, "purpose": "turn",
+                              "tokens": int(usage.get("totalTokens", 0) or 0),
+                              "cost": float((usage.get("cost") or {}).get("total", 0.0) or 0)})
+    return {"turns": turns, "runs": list(runs.values()),
+            "total": {"tokens": sum(t["tokens"] for t in turns),
+                      "cost": sum(t["cost"] for t in turns)},
+            "unknown_cost_attempts": len(open_attempts)}
