@@ -1,0 +1,125 @@
+"""``durable-harness demo``: the main job, end to end, with no network and no server.
+
+1. A scripted agent runs in a child process with real file and shell tools in a scratch
+   folder, and SIGKILLs itself in the middle of its second turn: both tool intents of that
+   turn are durable, neither result is (crash point ``after_tool_started:3``).
+2. A fresh process prints the recovery plan: ``read_file`` (replay safe) will be re-run, ``bash``
+   (replay never) is refused and waits for a decision.
+3. The operator looks at the real side effect (``deploy.log``), decides, and resumes; the run
+   finishes. The operation-log timeline and the cost per turn are printed.
+4. pi's ``v3-branched.jsonl`` (from ``../shared/data/pi-sessions`` or the copy shipped in the
+   package) is imported and its tree shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SCRIPT = {
+    "turns": [
+        {"text": "I'll write the release notes first.",
+         "tool_calls": [{"name": "write_file",
+                         "arguments": {"path": "NOTES.md", "content": "# Release 1.2\n- fixes\n"}}],
+         "usage": {"input": 1200, "output": 60,
+                   "cost": {"input": 0.0036, "output": 0.0009}}},
+        {"text": "Now I check the notes and deploy.",
+         "tool_calls": [{"name": "read_file", "arguments": {"path": "NOTES.md"}},
+                        {"name": "bash",
+                         "arguments": {"command": "echo \"deployed release 1.2\" >> deploy.log"}}],
+         "usage": {"input": 1500, "output": 80,
+                   "cost": {"input": 0.0045, "output": 0.0012}}},
+        {"text": "Release 1.2 is deployed and the notes are in NOTES.md.",
+         "usage": {"input": 1800, "output": 40,
+                   "cost": {"input": 0.0054, "output": 0.0006}}},
+    ]
+}
+
+
+def _say(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "durable_harness", *args]
+    print("$ durable-harness " + " ".join(args), flush=True)
+    proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, check=False)
+    sys.stdout.write(proc.stdout)
+    sys.stdout.write(proc.stderr)
+    sys.stdout.flush()
+    return proc
+
+
+def pi_sample() -> Path:
+    """Return the pi v3 sample: the shared copy if present, else the one in the package."""
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "pi-sessions"
+    candidate = shared / "v3-branched.jsonl"
+    return candidate if candidate.is_file() else Path(__file__).parent / "data" / "v3-branched.jsonl"
+
+
+def run_demo(folder: str | None = None, store: str | None = None) -> int:
+    """Run the demo in ``folder`` (default: a new temporary folder); return the exit status
+    (0 when the recovered run completed and the pi session imported)."""
+    scratch = Path(folder or tempfile.mkdtemp(prefix="durable-harness-demo-")).resolve()
+    work = scratch / "project"
+    work.mkdir(parents=True, exist_ok=True)
+    store = store or f"jsonl:{scratch / 'home'}"
+    script = scratch / "script.json"
+    script.write_text(json.dumps(SCRIPT, indent=1))
+    env = {k: v for k, v in os.environ.items() if k != "DURABLE_HARNESS_CRASH_AT"}
+    env["DURABLE_HARNESS_STORE"] = store
+    print(f"scratch folder {scratch}\nstore {store}")
+
+    _say("1. Run the agent; the process SIGKILLs itself in turn 2, both tool intents durable")
+    crash_env = {**env, "DURABLE_HARNESS_CRASH_AT": "after_tool_started:3"}
+    first = _cli(["run", "Write release notes and deploy", "--provider",
+                  f"scripted:{script}", "--cwd", str(work)], crash_env, str(work))
+    if first.returncode != -9:
+        print(f"expected the child to die by SIGKILL (-9), got {first.returncode}")
+        return 1
+    print("child process killed by SIGKILL (exit -9)")
+    sessions = json.loads(_cli(["sessions", "--json", "--cwd", str(work)], env, str(work)).stdout
+                          or "[]")
+    sid = sessions[0]["id"]
+
+    _say("2. A fresh process reads the recovery plan (nothing runs yet)")
+    plan = json.loads(subprocess.run(
+        [sys.executable, "-m", "durable_harness", "recover", sid, "--json"], env=env,
+        cwd=str(work), text=True, capture_output=True, check=True).stdout)
+    _cli(["recover", sid], env, str(work))
+    calls = plan["lanes"][0]["tool_calls"]
+    waiting = [c for c in calls if c["action"] == "await_decision"]
+    rerun = [c for c in calls if c["action"] == "re-execute"]
+    print(f"re-run because replay is safe: {[c['tool_name'] for c in rerun]}")
+    print(f"refused, outcome unknown, replay never: {[c['tool_name'] for c in waiting]}")
+
+    _say("3. The operator checks the real side effect, decides, and resumes")
+    log = work / "deploy.log"
+    deployed = log.exists() and "deployed release 1.2" in log.read_text()
+    decisions = []
+    for c in waiting:
+        choice = "result:already deployed (seen in deploy.log)" if deployed else "retry"
+        print(f"deploy.log {'has' if deployed else 'does not have'} the line: "
+              f"{c['tool_call_id']}={choice.split(':')[0]}")
+        decisions += ["--decide", f"{c['tool_call_id']}={choice}"]
+    resumed = _cli(["resume", sid, *decisions, "--quiet"], env, str(work))
+    lines = log.read_text().count("deployed release 1.2") if log.exists() else 0
+    print(f"deploy.log holds the deploy line {lines} time(s): the bash tool ran exactly once")
+
+    _say("4. The operation log and the cost per turn")
+    _cli(["log", sid], env, str(work))
+    _cli(["cost", sid], env, str(work))
+
+    _say("5. A real pi session (format v3) imported, its tree and context")
+    sample = pi_sample()
+    imported = _cli(["import", str(sample), "--json"], env, str(work))
+    pi_sid = json.loads(imported.stdout)["session_id"] if imported.returncode == 0 else ""
+    shown = _cli(["show", pi_sid, "--tree"], env, str(work))
+    _cli(["context", pi_sid], env, str(work))
+    ok = resumed.returncode == 0 and lines == 1 and shown.returncode == 0
+    _say("demo " + ("finished: the run completed after the crash" if ok else "FAILED"))
+    return 0 if ok else 1
