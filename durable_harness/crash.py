@@ -28,6 +28,7 @@ CRASH_POINTS: dict[str, str] = {
 }
 
 ENV_VAR = "DURABLE_HARNESS_CRASH_AT"
+TRACE_VAR = "DURABLE_HARNESS_CRASH_TRACE"
 
 
 def _parse(value: str | None) -> tuple[str, int] | None:
@@ -38,6 +39,7 @@ def _parse(value: str | None) -> tuple[str, int] | None:
 
 
 _target = _parse(os.environ.get(ENV_VAR))
+_trace = os.environ.get(TRACE_VAR)
 _hits: dict[str, int] = {}
 
 
@@ -56,7 +58,17 @@ def configure(value: str | None) -> None:
 
 
 def crash_point(name: str) -> None:
-    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit."""
+    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit.
+
+    With ``DURABLE_HARNESS_CRASH_TRACE=FILE`` every hit is also appended to FILE (one name a
+    line), which is how the crash matrix learns which points a scenario reaches.
+    """
+    if _trace:
+        fd = os.open(_trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, name.encode() + b"\n")
+        finally:
+            os.close(fd)
     if _target is None or _target[0] != name:
         return
     _hits[name] = _hits.get(name, 0) + 1

@@ -236,9 +236,21 @@ class Harness:
                                 f"{open_run}; run `durable-harness recover` and `resume`",
                                 lane=lane, run_id=open_run)
 
-    async def prompt(self, text: str | dict[str, Any], *, lane: str = "main") -> RunHandle:
+    def accepted(self, client_key: str, lane: str = "main") -> dict[str, Any] | None:
+        """Return the record that accepted input sent with ``client_key`` on ``lane`` (a
+        ``run_started``, ``queue_enqueued`` or ``write_deferred``), or ``None``: lets a client
+        that lost its acknowledgement in a crash retry without sending the input twice."""
+        for rec in self.store.records(lane, types=("run_started", "queue_enqueued",
+                                                   "write_deferred")):
+            if rec.get("clientKey") == client_key:
+                return rec
+        return None
+
+    async def prompt(self, text: str | dict[str, Any], *, lane: str = "main",
+                     client_key: str | None = None) -> RunHandle:
         """Accept a prompt and start a run on ``lane``; returns once ``run_started`` (with the
-        user entry, in the same commit) is durable.
+        user entry, in the same commit) is durable. ``client_key`` is kept on the record (see
+        :meth:`accepted`).
 
         Raises:
             RunInProgress: the lane has a live run.
@@ -246,15 +258,17 @@ class Harness:
         """
         self._check_idle(lane)
         message = _user_message(text)
-        return self._start_run(lane, message, consumed=None)
+        return self._start_run(lane, message, consumed=None, client_key=client_key)
 
-    def _start_run(self, lane: str, message: dict[str, Any],
-                   consumed: QueueItem | None) -> RunHandle:
+    def _start_run(self, lane: str, message: dict[str, Any], consumed: QueueItem | None,
+                   client_key: str | None = None) -> RunHandle:
         run_id = uuid7()
         entry = self._entry(lane, {"type": "message", "message": message})
         rec = record("run_started", lane, run_id, promptEntryId=entry["id"], prompt=message,
                      provider=self.provider.name, model=self.provider.model,
                      providerSpec=self.options.provider_spec)
+        if client_key is not None:
+            rec["clientKey"] = client_key
         ops: list[Op] = [EntryOp(entry, lane=lane), RecordOp(rec)]
         if consumed is not None:
             ops.append(RecordOp(record("queue_consumed", lane, run_id, queue="next_run",
@@ -271,7 +285,8 @@ class Harness:
         self._tg.start_soon(self._drive, live)
         return RunHandle(live)
 
-    async def _enqueue(self, queue: str, text: str | dict[str, Any], lane: str) -> str:
+    async def _enqueue(self, queue: str, text: str | dict[str, Any], lane: str,
+                       client_key: str | None = None) -> str:
         message = _user_message(text)
         run = self._runs.get(lane)
         if queue != "next_run" and run is None:
@@ -280,6 +295,8 @@ class Harness:
         item_id = new_id()
         rec = record("queue_enqueued", lane, run.state.run_id if run else None, queue=queue,
                      itemId=item_id, message=message)
+        if client_key is not None:
+            rec["clientKey"] = client_key
         self._commit([RecordOp(rec)], run)
         crash.crash_point("after_queue_enqueued")
         self._emit("queue_update", run, lane=lane, queue=queue, itemId=item_id)
@@ -287,40 +304,46 @@ class Harness:
             self._start_next(lane)
         return item_id
 
-    async def steer(self, text: str | dict[str, Any], *, lane: str = "main") -> str:
+    async def steer(self, text: str | dict[str, Any], *, lane: str = "main",
+                   client_key: str | None = None) -> str:
         """Queue a steering message for the next checkpoint of the lane's run; returns its item
         id once the receipt is durable.
 
         Raises:
             NoOpenRun: no run is open on the lane.
         """
-        return await self._enqueue("steer", text, lane)
+        return await self._enqueue("steer", text, lane, client_key)
 
-    async def follow_up(self, text: str | dict[str, Any], *, lane: str = "main") -> str:
+    async def follow_up(self, text: str | dict[str, Any], *, lane: str = "main",
+                   client_key: str | None = None) -> str:
         """Queue a follow-up, delivered when the run would otherwise stop.
 
         Raises:
             NoOpenRun: no run is open on the lane.
         """
-        return await self._enqueue("follow_up", text, lane)
+        return await self._enqueue("follow_up", text, lane, client_key)
 
-    async def next_run(self, text: str | dict[str, Any], *, lane: str = "main") -> str:
+    async def next_run(self, text: str | dict[str, Any], *, lane: str = "main",
+                   client_key: str | None = None) -> str:
         """Queue a prompt that starts the lane's next run (at once when the lane is idle)."""
-        return await self._enqueue("next_run", text, lane)
+        return await self._enqueue("next_run", text, lane, client_key)
 
-    async def _set(self, lane: str, write: dict[str, Any]) -> None:
+    async def _set(self, lane: str, write: dict[str, Any], client_key: str | None = None) -> None:
         run = self._runs.get(lane)
         if run is None:
             self._commit([EntryOp(self._entry(lane, write), lane=lane)])
             return
-        self._commit([RecordOp(record("write_deferred", lane, run.state.run_id, write=write))],
-                     run)
+        rec = record("write_deferred", lane, run.state.run_id, write=write)
+        if client_key is not None:
+            rec["clientKey"] = client_key
+        self._commit([RecordOp(rec)], run)
 
-    async def set_model(self, provider: str, model_id: str, *, lane: str = "main") -> None:
+    async def set_model(self, provider: str, model_id: str, *, lane: str = "main",
+                        client_key: str | None = None) -> None:
         """Change the model: at once when idle, else deferred to the next save point (durable
         when this returns)."""
         await self._set(lane, {"type": "model_change", "provider": provider,
-                               "modelId": model_id})
+                               "modelId": model_id}, client_key)
 
     async def set_thinking_level(self, level: str, *, lane: str = "main") -> None:
         """Change the thinking level (deferred during a run, like :meth:`set_model`)."""
@@ -401,9 +424,8 @@ class Harness:
         try:
             with anyio.CancelScope() as scope:
                 live.scope = scope
-                if s.abort_requested:
-                    scope.cancel()
-                await self._steps(live)
+                if not s.abort_requested:
+                    await self._steps(live)
             if s.abort_requested and s.outcome is None:
                 with anyio.CancelScope(shield=True):
                     self._settle_aborted(live)
@@ -431,7 +453,7 @@ class Harness:
 
     async def _steps(self, live: _LiveRun) -> None:
         s = live.state
-        while s.outcome is None:
+        while s.outcome is None and not s.abort_requested:
             open_calls = [c for c in s.tool_calls if c.status != "completed"]
             if s.last_assistant_id and open_calls:
                 await self._tool_batch(live, open_calls)
@@ -530,7 +552,7 @@ class Harness:
         request = ProviderRequest(
             messages=ctx.messages, tools=[t.spec() for t in self.tools.values()], model=model,
             system_prompt=self.options.system_prompt, thinking_level=ctx.thinking_level,
-            run_id=s.run_id, turn=turn, attempt=attempt)
+            run_id=s.run_id, turn=turn, attempt=attempt, prompt=s.prompt_text)
         try:
             message = await self._stream(live, request)
         except ProviderError as exc:
@@ -577,7 +599,10 @@ class Harness:
     # -- tool calls ------------------------------------------------------------------------
     def _policy(self, live: _LiveRun) -> Policy:
         chosen = live.decisions.get("__policy__", {}).get("policy")
-        return chosen if chosen in POLICIES else self.options.policy  # type: ignore[return-value]
+        for policy in POLICIES:
+            if chosen == policy:
+                return policy
+        return self.options.policy
 
     async def _tool_batch(self, live: _LiveRun, calls: list[ToolCallState]) -> None:
         s = live.state

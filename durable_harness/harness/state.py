@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from durable_harness.models.messages import text_of
+
 ToolStatus = Literal["not_started", "in_doubt", "completed"]
 
 
@@ -76,7 +78,7 @@ class RunState:
     failed_attempts: int = 0
     outcome: str | None = None
     last_seq: int = 0
-    next_turn_request: dict[str, Any] = field(default_factory=dict)
+    prompt_text: str = ""
 
     def call(self, tool_call_id: str) -> ToolCallState | None:
         """Return the state of one tool call of the current turn."""
@@ -92,6 +94,7 @@ class RunState:
         self.last_seq = max(self.last_seq, int(rec.get("seq", 0) or 0))
         if rtype == "run_started":
             self.prompt_entry_id = rec.get("promptEntryId")
+            self.prompt_text = text_of((rec.get("prompt") or {}).get("content"))
         elif rtype == "provider_request_started":
             turn = int(rec.get("turn", self.turns + 1))
             if self.pending is not None:

@@ -44,6 +44,7 @@ class ProviderRequest:
         attempt: 1-based attempt number, counted durably across restarts.
         max_tokens: output cap in tokens, or ``None`` for the provider's default.
         purpose: ``turn``, ``compaction`` or ``branch_summary``.
+        prompt: the text of the prompt that started the run ("" outside a run).
     """
 
     messages: list[dict[str, Any]]
@@ -56,6 +57,7 @@ class ProviderRequest:
     attempt: int = 1
     max_tokens: int | None = None
     purpose: str = "turn"
+    prompt: str = ""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from durable_harness.providers.base import (
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
+    ToolSpec,
     empty_usage,
 )
 
@@ -214,14 +215,18 @@ class OpenAIProvider:
         text = "".join(text_parts)
         if text:
             blocks.append({"type": "text", "text": text})
-        for index in sorted(calls):
-            call = calls[index]
-            call["id"] = call["id"] or f"call_{uuid.uuid4().hex[:24]}"
-            arguments = _parse_arguments(call, self.name)
-            blocks.append(
-                {"type": "toolCall", "id": call["id"], "name": call["name"], "arguments": arguments}
-            )
-            yield ToolCallEvent(call["id"], call["name"], arguments)
+        tool_blocks = [
+            {
+                "type": "toolCall",
+                "id": calls[i]["id"] or f"call_{uuid.uuid4().hex[:24]}",
+                "name": calls[i]["name"],
+                "arguments": _parse_arguments(calls[i], self.name),
+            }
+            for i in sorted(calls)
+        ]
+        for block in tool_blocks:
+            blocks.append(block)
+            yield ToolCallEvent(block["id"], block["name"], block["arguments"])
 
         stop = _STOP_REASONS.get(finish_reason or "", "stop")
         if calls and stop == "stop":
@@ -402,7 +407,7 @@ def to_openai_messages(
     return out
 
 
-def to_openai_tools(tools: list[Any]) -> list[dict[str, Any]]:
+def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     """Convert :class:`~durable_harness.providers.base.ToolSpec` items to function tools."""
     return [
         {

@@ -10,9 +10,12 @@ File format (design brief, section 4)::
     ]}
 
 The k-th assistant message of a run gets turn k, so a restarted run continues where it was.
+A file may also give ``"by_prompt": {"<prompt text>": [turns...]}``: a run whose prompt text
+matches a key plays those turns instead (sessions with several runs or lanes).
 Optional per-turn fields: ``fail_attempts`` (the first n attempts of that turn fail with a
 retryable HTTP 503), ``delay`` (seconds to wait before each chunk: lets tests abort mid-stream),
-``chunks`` (how many text deltas to stream). Tool call ids are ``call_<turn>_<index>``. A run
+``chunks`` (how many text deltas to stream). Tool call ids are ``call_<last 4 of run id>_<turn>_<index>``: unique per
+run and the same across restarts. A run
 that asks for a turn past the end gets a plain ``"(script finished)"`` answer. Compaction and
 branch-summary requests get a summary built from the context's text.
 """
@@ -55,11 +58,14 @@ class ScriptedProvider:
         *,
         model: str = "scripted-1",
         context_window: int = 200_000,
+        by_prompt: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
-        for i, turn in enumerate(turns):
+        extra = [t for ts in (by_prompt or {}).values() for t in ts]
+        for i, turn in enumerate([*turns, *extra]):
             if not isinstance(turn, dict):
                 raise FormatError(f"scripted turn {i + 1} is not an object")
         self.turns = turns
+        self.by_prompt = by_prompt or {}
         self.model = model
         self.context_window = context_window
 
@@ -76,7 +82,10 @@ class ScriptedProvider:
             raise FormatError(f"cannot read scripted provider file {path}: {exc}") from exc
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
             raise FormatError(f'scripted provider file {path} needs {{"turns": [...]}}')
-        return cls(data["turns"], **kwargs)
+        by_prompt = data.get("by_prompt") or {}
+        if not isinstance(by_prompt, dict):
+            raise FormatError(f"scripted provider file {path}: by_prompt must be an object")
+        return cls(data["turns"], by_prompt=by_prompt, **kwargs)
 
     def _usage(self, turn: dict[str, Any]) -> dict[str, Any]:
         usage = empty_usage()
@@ -107,11 +116,8 @@ class ScriptedProvider:
             yield TextDelta(summary)
             yield Done(self._message([{"type": "text", "text": summary}], {}, "stop"))
             return
-        turn = (
-            self.turns[request.turn - 1]
-            if request.turn <= len(self.turns)
-            else {"text": "(script finished)"}
-        )
+        turns = self.by_prompt.get(request.prompt, self.turns)
+        turn = turns[request.turn - 1] if request.turn <= len(turns) else {"text": "(script finished)"}
         if request.attempt <= int(turn.get("fail_attempts", 0)):
             raise ProviderError(
                 f"scripted failure of turn {request.turn} attempt {request.attempt}",
@@ -133,7 +139,7 @@ class ScriptedProvider:
             content.append({"type": "text", "text": text})
         calls = turn.get("tool_calls") or []
         for i, call in enumerate(calls):
-            cid = str(call.get("id") or f"call_{request.turn}_{i + 1}")
+            cid = str(call.get("id") or f"call_{request.run_id[-4:]}_{request.turn}_{i + 1}")
             args = dict(call.get("arguments") or {})
             yield ToolCallEvent(cid, str(call["name"]), args)
             content.append(

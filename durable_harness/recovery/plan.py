@@ -157,7 +157,7 @@ def _corruption(ls: LaneSnapshot, get_entry: Callable[[str], dict[str, Any] | No
 
 def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Policy = "ask",
          decisions: dict[str, dict[str, Any]] | None = None,
-         attempt_cap: int = 5) -> RecoveryPlan:
+         attempt_cap: int = 5, reconciled: dict[str, bool] | None = None) -> RecoveryPlan:
     """Compute the recovery plan (pure).
 
     Args:
@@ -168,8 +168,11 @@ def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Polic
         decisions: ``{tool_call_id: {"decision": "retry"|"fail"|"result", "result": text}}``
             about to be given (already-recorded decisions come from the log).
         attempt_cap: provider attempts per turn.
+        reconciled: ``{tool_call_id: could the reconcile hook tell?}`` from
+            :func:`probe_reconcile`; a call whose hook could not tell needs a decision.
     """
     decisions = decisions or {}
+    reconciled = reconciled or {}
     lanes: list[LanePlan] = []
     damage = list(snapshot.damage)
     for ls in sorted(snapshot.lanes, key=lambda x: x.lane.name):
@@ -192,7 +195,8 @@ def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Polic
         if snapshot.lease is not None:
             lp.state, lp.reason, lp.next_action = "running", None, "none_held_by_live_process"
         for call in run.tool_calls:
-            lp.tool_calls.append(_call_plan(call, tools, policy, decisions, run.abort_requested))
+            lp.tool_calls.append(_call_plan(call, tools, policy, decisions, run.abort_requested,
+                                            reconciled.get(call.tool_call_id)))
         if snapshot.lease is not None:
             lanes.append(lp)
             continue
@@ -233,7 +237,8 @@ def _boundary(run: RunState, records: list[dict[str, Any]]) -> dict[str, Any] | 
 
 
 def _call_plan(call: Any, tools: dict[str, ToolDeclaration], policy: Policy,
-               decisions: dict[str, dict[str, Any]], aborting: bool) -> ToolCallPlan:
+               decisions: dict[str, dict[str, Any]], aborting: bool,
+               reconciled: bool | None) -> ToolCallPlan:
     decl = tools.get(call.tool_name)
     declared = decl.replay if decl else None
     replay = call.replay if call.status != "not_started" else declared
@@ -255,7 +260,7 @@ def _call_plan(call: Any, tools: dict[str, ToolDeclaration], policy: Policy,
         cp.action = "fail"
     elif call.replay == "safe" and declared == "safe":
         cp.action = "re-execute"
-    elif decl is not None and decl.can_reconcile:
+    elif decl is not None and decl.can_reconcile and reconciled is not False:
         cp.action = "reconcile"
     elif policy == "retry-safe":
         cp.action = "fail"

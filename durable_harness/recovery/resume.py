@@ -4,16 +4,26 @@ interrupted run from its last safe boundary (the library form of ``durable-harne
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import RecoveryError
+import anyio
+
+from durable_harness.errors import RecoveryError, ToolError
+from durable_harness.harness.records import idempotency_key
 from durable_harness.harness.harness import Harness, HarnessOptions, Policy
 from durable_harness.providers import make_provider
 from durable_harness.providers.base import Provider
-from durable_harness.recovery.plan import RecoveryPlan, ToolDeclaration, plan, take_snapshot
+from durable_harness.recovery.plan import (
+    RecoveryPlan,
+    Snapshot,
+    ToolDeclaration,
+    plan,
+    take_snapshot,
+)
 from durable_harness.session.session import Session
 from durable_harness.storage.base import SessionStore
-from durable_harness.tools.base import Tool
+from durable_harness.tools.base import Tool, ToolContext
 
 
 def declarations(tools: dict[str, Tool]) -> dict[str, ToolDeclaration]:
@@ -21,12 +31,41 @@ def declarations(tools: dict[str, Tool]) -> dict[str, ToolDeclaration]:
     return {name: ToolDeclaration(t.replay, t.can_reconcile) for name, t in tools.items()}
 
 
+async def probe_reconcile(snapshot: Snapshot, tools: dict[str, Tool],
+                          cwd: str | None = None) -> dict[str, bool]:
+    """Ask the ``reconcile`` hook of every in-doubt call whose tool has one whether it can
+    establish the outcome (hooks only look; they never act). Returns ``{tool_call_id: bool}``."""
+    out: dict[str, bool] = {}
+    for ls in snapshot.lanes:
+        run = ls.run
+        if run is None:
+            continue
+        for call in run.tool_calls:
+            tool = tools.get(call.tool_name)
+            if call.status != "in_doubt" or tool is None or not tool.can_reconcile:
+                continue
+            ctx = ToolContext(cwd=Path(cwd or "."), run_id=run.run_id,
+                              tool_call_id=call.tool_call_id,
+                              idempotency_key=idempotency_key(run.run_id, call.tool_call_id))
+            try:
+                result = await tool.reconcile(tool.parse_args(call.arguments), ctx)
+            except ToolError:
+                result = None
+            out[call.tool_call_id] = result is not None
+    return out
+
+
 def recover(store: SessionStore, tools: dict[str, Tool], *, policy: Policy = "ask",
             decisions: dict[str, dict[str, Any]] | None = None,
-            attempt_cap: int = 5) -> RecoveryPlan:
-    """Compute the recovery plan of an open session (read-only or writable): no effect runs."""
-    return plan(take_snapshot(store), declarations(tools), policy=policy, decisions=decisions,
-                attempt_cap=attempt_cap)
+            attempt_cap: int = 5, cwd: str | None = None) -> RecoveryPlan:
+    """Compute the recovery plan of an open session (read-only or writable). No effect runs;
+    reconcile hooks are asked (they only look) so the plan can say which calls need a decision.
+    ``cwd`` is where tools run (default: the session's working directory)."""
+    snapshot = take_snapshot(store)
+    where = cwd or str(store.header.get("cwd") or ".")
+    reconciled = anyio.run(probe_reconcile, snapshot, tools, where)
+    return plan(snapshot, declarations(tools), policy=policy, decisions=decisions,
+                attempt_cap=attempt_cap, reconciled=reconciled)
 
 
 def recorded_provider_spec(session: Session, lane: str = "main") -> str | None:

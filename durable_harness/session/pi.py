@@ -108,7 +108,7 @@ def open_pi_file(path: str) -> MemorySessionStore:
     header["migratedFrom"] = int(lines[0][2].get("version") or 1)
     store = MemorySessionStore(header, read_only=True, location=path)
     store.damage = dmg
-    numbered = []
+    numbered: list[dict[str, Any]] = []
     seen: set[str] = set()
     for seq, entry in enumerate(entries, start=1):
         eid = entry.get("id")

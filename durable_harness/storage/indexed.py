@@ -2,8 +2,8 @@
 
 It keeps, per entry, its parent, type and seq (content lives in the backend: a dict for memory,
 a byte range of the file for JSONL), every lane, and the operation-log records. ``apply``
-enforces the same rules as the SQLite backend: ids are unique across entries and records,
-parents and leaves must exist, ``seq`` strictly rises.
+enforces the same rules as the SQLite backend: entry ids are unique among entries and record ids
+among records, parents and leaves must be entries that exist, ``seq`` strictly rises.
 """
 
 from __future__ import annotations
@@ -96,7 +96,10 @@ class IndexedSessionStore(SessionStore):
 
     # -- writing ---------------------------------------------------------------------------
     def _check_ops(self, ops: list[Op]) -> None:
+        # Entry ids and record ids are separate namespaces (as in SQLite): a parent or a leaf
+        # must name an entry, never a record committed in the same batch.
         new_ids: set[str] = set()
+        new_record_ids: set[str] = set()
         for op in ops:
             if isinstance(op, EntryOp):
                 eid = op.entry.get("id")
@@ -114,10 +117,10 @@ class IndexedSessionStore(SessionStore):
                 rid = op.record.get("id")
                 if not isinstance(rid, str) or not rid:
                     raise UnknownEntry("a record needs a non-empty string id")
-                if rid in self._record_ids or rid in new_ids:
+                if rid in self._record_ids or rid in new_record_ids:
                     raise IdConflict(f"record id {rid} already exists in session "
                                      f"{self.session_id}", record_id=rid)
-                new_ids.add(rid)
+                new_record_ids.add(rid)
             elif (isinstance(op, LaneOp) and op.sets_leaf() and op.leaf_id is not None
                   and op.leaf_id not in self._meta and op.leaf_id not in new_ids):
                 raise UnknownEntry(f"leaf {op.leaf_id} does not exist in session "

@@ -200,6 +200,11 @@ class JsonlSessionStore(IndexedSessionStore):
             self.damage.append(damage("bad_line", f"unknown op {kind!r}", offset=offset,
                                       line=line_no))
             return
+        shape = _shape_error(kind, op, body)
+        if shape is not None:
+            self.damage.append(damage("bad_line", f"malformed {kind} op: {shape}",
+                                      offset=offset, line=line_no))
+            return
         seq = body.get("seq")
         if not isinstance(seq, int) or seq <= self._seq:
             self.damage.append(damage("seq_regression", f"seq {seq!r} after {self._seq}",
@@ -306,13 +311,23 @@ class JsonlSessionStore(IndexedSessionStore):
     def lease_holder(self) -> dict[str, Any] | None:
         return (self._lease or FileLease(self.path + ".lock", self.path)).probe()
 
+    _line_cache: tuple[int, list[Any]] | None = None
+
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
         offset, length, idx = location
+        # One commit line can hold many entries (an import commits hundreds at once): keep the
+        # last decoded line so a walk or a full read decodes each line once, not once per entry.
         fd = self._fd
         if fd is None:
             raise CorruptSession(f"session file {self.path} is closed")
-        obj = codec.loads(os.pread(fd, length, offset))
-        entry: dict[str, Any] = obj["ops"][idx]["entry"]
+        cached = self._line_cache
+        if cached is not None and cached[0] == offset:
+            ops = cached[1]
+        else:
+            ops = codec.loads(os.pread(fd, length, offset))["ops"]
+            self._line_cache = (offset, ops)
+        # A fresh copy per call: callers may mutate what they get.
+        entry: dict[str, Any] = codec.loads(codec.dumps(ops[idx]["entry"]))
         return entry
 
     def close(self) -> None:
@@ -329,6 +344,28 @@ class JsonlSessionStore(IndexedSessionStore):
             self._lease = None
 
 
+def _shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | None:
+    """Return why a parsed op cannot be indexed (a field of the wrong type), or ``None``.
+
+    A single writer never produces these; they come from damage and are reported, not raised.
+    """
+    def opt_str(value: Any) -> bool:
+        return value is None or isinstance(value, str)
+
+    if kind == "entry" and not (opt_str(op.get("lane")) and opt_str(body.get("parentId"))):
+        return "lane and parentId must be strings or null"
+    if kind == "record" and not (opt_str(body.get("lane")) and opt_str(body.get("runId"))):
+        return "lane and runId must be strings or null"
+    if kind == "lane":
+        if not isinstance(op.get("lane"), str):
+            return "lane must be a string"
+        if not opt_str(op.get("leafId")):
+            return "leafId must be a string or null"
+        if op.get("config") is not None and not isinstance(op.get("config"), dict):
+            return "config must be an object"
+    return None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -337,7 +374,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 22)
         if not chunk:

@@ -126,16 +126,22 @@ class SqliteSessionStore(SessionStore):
         self._queue: list[_Pending] = []
         self._leader = False
         self._conn = _connect(db_path, durability)
-        row = self._conn.execute("SELECT header, generation FROM sessions WHERE id=?",
-                                 (session_id,)).fetchone()
-        if row is None:
-            raise SessionNotFound(f"no session {session_id} in {db_path}", session_id=session_id)
-        self.header = codec.loads(row[0])
-        self.generation = 0
-        if lease is not None:
-            self.generation = lease.acquire(floor=int(row[1]), break_lease=break_lease)
-            self._conn.execute("UPDATE sessions SET generation=? WHERE id=?",
-                               (self.generation, session_id))
+        try:
+            row = self._conn.execute("SELECT header, generation FROM sessions WHERE id=?",
+                                     (session_id,)).fetchone()
+            if row is None:
+                raise SessionNotFound(f"no session {session_id} in {db_path}",
+                                      session_id=session_id)
+            self.header = codec.loads(row[0])
+            self.generation = 0
+            if lease is not None:
+                self.generation = lease.acquire(floor=int(row[1]), break_lease=break_lease)
+                self._conn.execute("UPDATE sessions SET generation=? WHERE id=?",
+                                   (self.generation, session_id))
+        except BaseException:
+            # A refused open (LeaseHeld, missing session) must not leak the connection.
+            self._conn.close()
+            raise
         self._closed = False
 
     # -- reading ---------------------------------------------------------------------------

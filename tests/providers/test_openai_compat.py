@@ -315,12 +315,14 @@ async def test_timeout_is_retryable(llm_server: FakeLLMServer) -> None:
     llm_server.queue(Turn(text="late", delay=3.0))
     err = await fail(make(llm_server, timeout=0.5), ask())
     assert err.retryable is True
+    assert "timed out" in err.message
 
 
 async def test_read_timeout_mid_stream_is_retryable(llm_server: FakeLLMServer) -> None:
     llm_server.queue(Turn(text="abcdefgh", delay=3.0, delay_after=2))
     err = await fail(make(llm_server, timeout=0.5), ask())
     assert err.retryable is True
+    assert "timed out" in err.message
 
 
 async def test_connection_refused_is_retryable() -> None:

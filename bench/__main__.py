@@ -1,0 +1,72 @@
+"""Run the benchmarks: ``python -m bench`` (all) or ``python -m bench storage harness``.
+
+Prints a summary table and every target's verdict. Exit status: 0 when every benchmark ran
+(failed targets included: they are findings, not errors), 1 when a benchmark crashed, and with
+``--strict`` also 1 when a target failed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import traceback
+from typing import Any
+
+from bench.common import fmt
+
+BENCHMARKS = {"storage": "bench.bench_storage", "harness": "bench.bench_harness"}
+
+
+def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:
+    print(f"\n== {name} ({seconds:.1f} s) -> bench/results/{name}.json")
+    rows = results.get("summary_rows", [])
+    width = max((len(r[0]) for r in rows), default=10)
+    for label, value, unit, note in rows:
+        print(f"  {label:<{width}}  {fmt(value, unit):>18}  {note}")
+    failed = 0
+    print("  targets:")
+    for t in results.get("targets", []):
+        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[t["pass"]]
+        failed += t["pass"] is False
+        print(f"    [{verdict}] {t['what']}: {fmt(t['value'])} {t['op']} {t['threshold']}")
+    for note in results.get("skipped", []):
+        print(f"    [SKIP] {note}")
+    return failed
+
+
+def main(argv: list[str]) -> int:
+    strict = "--strict" in argv
+    names = [a for a in argv if not a.startswith("--")] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(
+            f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
+        return 2
+    crashed = 0
+    failed = 0
+    started = time.perf_counter()
+    summaries: list[tuple[str, dict[str, Any], float]] = []
+    for name in names:
+        t0 = time.perf_counter()
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        try:
+            results = importlib.import_module(BENCHMARKS[name]).run()
+        except Exception:
+            traceback.print_exc()
+            crashed += 1
+            continue
+        summaries.append((name, results, time.perf_counter() - t0))
+    for name, results, seconds in summaries:
+        failed += _print_summary(name, results, seconds)
+    print(
+        f"\ntotal {time.perf_counter() - started:.1f} s; {failed} target(s) failed; "
+        f"{crashed} benchmark(s) crashed"
+    )
+    return 1 if crashed or (strict and failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

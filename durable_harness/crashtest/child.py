@@ -1,0 +1,130 @@
+"""The crash-matrix child: plays a scenario's steps through the library, in its own process.
+
+``python -m durable_harness.crashtest.child SCENARIO STORE CWD SID_FILE [--continue]
+[--broken-intent-order]``. It writes the session id to SID_FILE as soon as the session exists.
+Each input carries ``client_key="step-<i>"``; with ``--continue`` (after a crash and a resume)
+it reopens the session and plays only the steps that were never accepted, as a client that lost
+its acknowledgements would. ``--broken-intent-order`` swaps in a deliberately wrong tool path
+(effect before intent) so tests can prove the matrix catches it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from durable_harness.crashtest.scenario import Scenario, load
+from durable_harness.errors import NoOpenRun
+from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
+from durable_harness.providers.scripted import ScriptedProvider
+from durable_harness.session.session import Session
+from durable_harness.storage import open_store
+from durable_harness.tools.builtin import builtin_tools
+
+
+def make_provider(sc: Scenario) -> ScriptedProvider:
+    """The scenario's scripted provider."""
+    return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt)
+
+
+def options(sc: Scenario) -> HarnessOptions:
+    """Harness options for matrix runs: short retry waits."""
+    return HarnessOptions(retry_initial=0.01, retry_max=0.05, provider_spec=None)
+
+
+def _already(session: Session, harness: Harness, i: int, step: dict[str, Any]) -> bool:
+    op, lane = step["op"], step.get("lane", "main")
+    if op in ("prompt", "steer", "follow_up", "next_run", "set_model"):
+        return harness.accepted(f"step-{i}", lane) is not None or (
+            op == "set_model" and any(e.get("modelId") == step.get("model")
+                                      for e in session.store.iter_entries(("model_change",))))
+    if op == "create_lane":
+        return step["name"] in session.store.lanes()
+    if op == "navigate":
+        return bool(session.store.iter_entries(("branch_summary",)))
+    if op == "compact":
+        return bool(session.store.iter_entries(("compaction",)))
+    return op == "abort"
+
+
+async def play(sc: Scenario, session: Session, cont: bool) -> None:
+    """Play the scenario's steps (see the module docstring)."""
+    handles: dict[str, RunHandle] = {}
+    async with Harness(session, make_provider(sc), builtin_tools(), options=options(sc)) as h:
+        triggers: list[tuple[str, str, dict[str, Any], int]] = []
+
+        def on_event(event: dict[str, Any]) -> None:
+            for trig in list(triggers):
+                etype, lane, step, i = trig
+                if event["type"] == etype and event.get("lane") == lane:
+                    triggers.remove(trig)
+                    assert h._tg is not None
+                    h._tg.start_soon(run_step, i, step)
+
+        async def run_step(i: int, step: dict[str, Any]) -> None:
+            op, lane, key = step["op"], step.get("lane", "main"), f"step-{i}"
+            if op == "abort":
+                await h.abort(lane=lane)
+            elif op == "set_model":
+                await h.set_model(step["provider"], step["model"], lane=lane, client_key=key)
+
+        h.subscribe(on_event)
+        for i, step in enumerate(sc.steps):
+            op, lane, key = step["op"], step.get("lane", "main"), f"step-{i}"
+            if cont and _already(session, h, i, step):
+                continue
+            if step.get("on"):
+                triggers.append((step["on"], lane, step, i))
+            elif op == "prompt":
+                handles[lane] = await h.prompt(step["text"], lane=lane, client_key=key)
+            elif op in ("steer", "follow_up", "next_run"):
+                try:
+                    await getattr(h, op)(step["text"], lane=lane, client_key=key)
+                except NoOpenRun:
+                    if not cont:
+                        raise
+            elif op == "wait":
+                if lane in handles:
+                    await handles.pop(lane).wait()
+            elif op == "navigate":
+                path = session.path(session.leaf(lane))
+                target = path[0]["id"] if step.get("target") == "root" and path else None
+                await h.navigate(target, lane=lane, summarize=bool(step.get("summarize")))
+            elif op == "compact":
+                await h.compact(lane=lane)
+            elif op == "create_lane":
+                session.create_lane(step["name"])
+            else:
+                await run_step(i, step)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point; see the module docstring for the arguments."""
+    scenario, store_spec, cwd, sid_file = argv[:4]
+    cont = "--continue" in argv
+    if "--broken-intent-order" in argv:
+        from durable_harness.crashtest.broken import install
+
+        install()
+    sc = load(scenario)
+    store = open_store(store_spec)
+    if cont:
+        with open(sid_file) as fh:
+            session = Session(store.open_session(fh.read().strip()))
+    else:
+        session = Session(store.create_session(cwd))
+        fd = os.open(sid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, session.id.encode())
+        os.fsync(fd)
+        os.close(fd)
+    os.chdir(cwd)
+    with session:
+        anyio.run(play, sc, session, cont)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,363 @@
+"""The crash matrix: every scenario x every crash point it reaches (x the n-th hit), on each
+backend. Each cell runs a real child process that SIGKILLs itself at the point, then, in this
+process, recovers, resumes (default policy ``ask``; an operator decision where a lane waits for
+one), lets the client re-send what it never got acknowledged, and checks the invariants:
+
+* ``inputs``: every accepted prompt, steer, follow-up and next-run item is in the tree exactly
+  once, or was cancelled by an abort;
+* ``effects``: no ``replay: "never"`` tool's effect was applied twice (tags in ``effects.log``);
+* ``damage``: the session opens with no damage but a quarantined torn tail;
+* ``results``: every stored tool call has exactly one stored result on its path;
+* ``settled``: no lane is left with an open run;
+* ``conversation``: the final conversation equals the crash-free run's, except where an
+  in-doubt decision changed a result (the cell records it) or an input the crash prevented
+  from being accepted was never sent (``n/a``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from durable_harness.crashtest.child import make_provider, options
+from durable_harness.crashtest.scenario import Scenario, effect_tag
+from durable_harness.models.messages import text_of
+from durable_harness.recovery.resume import recover, resume_session
+from durable_harness.session.fsck import fsck_path
+from durable_harness.session.session import Session
+from durable_harness.storage import open_store
+from durable_harness.tools.builtin import builtin_tools
+
+CHILD_TIMEOUT = 60.0
+MAX_HITS = 3
+
+
+@dataclass
+class Cell:
+    """One matrix cell's outcome.
+
+    ``status``: ``pass``, ``fail`` or ``error``; ``failures`` names broken invariants;
+    ``decisions`` lists operator decisions taken; ``notes`` explains ``n/a`` comparisons.
+    """
+
+    scenario: str
+    backend: str
+    point: str
+    hit: int
+    status: str = "pass"
+    failures: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """``point`` or ``point:n``."""
+        return self.point if self.hit == 1 else f"{self.point}:{self.hit}"
+
+
+@dataclass
+class Baseline:
+    """A crash-free run: its conversation per lane, effect counts, and crash-point hits."""
+
+    conversation: dict[str, list[Any]]
+    effects: Counter[str]
+    hits: Counter[str]
+
+
+def _store_spec(backend: str, root: Path) -> str:
+    return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
+
+
+def _prepare(sc: Scenario, root: Path) -> Path:
+    work = root / "work"
+    work.mkdir(parents=True)
+    for rel, content in sc.files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(content)
+    return work
+
+
+def _child(sc: Scenario, root: Path, work: Path, backend: str, env: dict[str, str],
+           *extra: str) -> int:
+    cmd = [sys.executable, "-m", "durable_harness.crashtest.child", sc.path,
+           _store_spec(backend, root), str(work), str(root / "sid"), *extra]
+    proc = subprocess.run(cmd, env=env, cwd=str(work), capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT, check=False)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return proc.returncode
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DURABLE_HARNESS_CRASH_AT", "DURABLE_HARNESS_CRASH_TRACE")}
+    env.update(extra)
+    return env
+
+
+def _effects(work: Path) -> Counter[str]:
+    log = work / "effects.log"
+    return Counter(line.strip() for line in log.read_text().splitlines()
+                   if line.strip()) if log.exists() else Counter()
+
+
+def _signature(entry: dict[str, Any]) -> Any:
+    etype = entry.get("type")
+    if etype != "message":
+        return (etype, entry.get("modelId"), entry.get("thinkingLevel"), entry.get("name"))
+    msg = entry.get("message") or {}
+    calls = [(b.get("name"), b.get("arguments")) for b in msg.get("content") or []
+             if isinstance(b, dict) and b.get("type") == "toolCall"]
+    return (msg.get("role"), text_of(msg.get("content")), calls, msg.get("toolName"),
+            msg.get("stopReason"))
+
+
+def conversation(session: Session) -> dict[str, list[Any]]:
+    """Each lane's path from root to leaf as comparable signatures (no ids, no timestamps).
+    The results of one parallel batch are sorted: their completion order is not part of the
+    conversation (every result is tied to its call by id)."""
+    out: dict[str, list[Any]] = {}
+    for name, lane in sorted(session.store.lanes().items()):
+        sigs: list[Any] = []
+        batch: list[Any] = []
+        for e in session.path(lane.leaf_id):
+            if e.get("type") in ("branch_summary", "compaction"):
+                continue
+            sig = _signature(e)
+            if sig[0] == "toolResult":
+                batch.append(sig)
+                continue
+            sigs += sorted(batch, key=repr)
+            batch = []
+            sigs.append(sig)
+        out[name] = sigs + sorted(batch, key=repr)
+    return out
+
+
+def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
+    """Run the scenario crash-free, tracing every crash point it reaches."""
+    root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
+    try:
+        work = _prepare(sc, root)
+        trace = root / "trace"
+        _child(sc, root, work, backend, _env(DURABLE_HARNESS_CRASH_TRACE=str(trace)),
+               *(["--broken-intent-order"] if broken else []))
+        hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
+        store = open_store(_store_spec(backend, root))
+        with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
+            conv = conversation(s)
+        return Baseline(conv, _effects(work), hits)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cells_for(sc: Scenario, base: Baseline, backend: str) -> list[Cell]:
+    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)."""
+    return [Cell(sc.name, backend, point, n) for point, count in sorted(base.hits.items())
+            for n in range(1, min(count, MAX_HITS) + 1)]
+
+
+def _decision_for(tag: str | None, effects: Counter[str]) -> dict[str, Any]:
+    """The operator's decision for an in-doubt call: if its tag is in ``effects.log`` the effect
+    happened (supply that as the result); otherwise retry it."""
+    if tag is not None and effects.get(tag):
+        return {"decision": "result", "result": f"already applied ({tag} is in effects.log)"}
+    return {"decision": "retry"}
+
+
+def _check(cell: Cell, sc: Scenario, base: Baseline, session: Session, work: Path,
+           location: str, unaccepted: bool) -> None:
+    store = session.store
+    lanes = store.lanes()
+    paths = {n: session.path(lane.leaf_id) for n, lane in lanes.items()}
+    all_texts = Counter(text_of((e.get("message") or {}).get("content"))
+                        for p in paths.values() for e in {id(x): x for x in p}.values()
+                        if e.get("type") == "message"
+                        and (e.get("message") or {}).get("role") == "user")
+    # inputs
+    cancelled: set[str] = set()
+    consumed: set[str] = set()
+    for rec in store.records(types=("queue_consumed", "queue_cancelled")):
+        (cancelled if rec["type"] == "queue_cancelled" else consumed).update(rec["itemIds"])
+    for rec in store.records(types=("run_started", "queue_enqueued")):
+        if rec["type"] == "run_started":
+            if store.get_entry(str(rec["promptEntryId"])) is None:
+                cell.failures.append(f"inputs: prompt entry of run {rec['runId']} missing")
+            continue
+        item = rec["itemId"]
+        if item in cancelled:
+            continue
+        if item not in consumed:
+            cell.failures.append(f"inputs: {rec['queue']} item {item} never delivered")
+        elif all_texts[text_of(rec["message"].get("content"))] < 1:
+            cell.failures.append(f"inputs: {rec['queue']} item {item} not in the tree")
+    # effects
+    effects = _effects(work)
+    twice = [t for t, n in effects.items() if n > 1]
+    if twice:
+        cell.failures.append(f"effects: applied twice: {', '.join(sorted(twice))}")
+    # damage
+    if location.endswith(".jsonl"):
+        bad = [d for d in fsck_path(location)["damage"] if d["kind"] != "torn_tail"]
+    else:
+        bad = list(session.damage)
+    if bad:
+        cell.failures.append(f"damage: {[d['kind'] for d in bad]}")
+    # results
+    for name, path in paths.items():
+        results = Counter(str((e.get("message") or {}).get("toolCallId")) for e in path
+                          if (e.get("message") or {}).get("role") == "toolResult")
+        for e in path:
+            for b in (e.get("message") or {}).get("content") or []:
+                if isinstance(b, dict) and b.get("type") == "toolCall" \
+                        and results[str(b.get("id"))] != 1:
+                    cell.failures.append(f"results: {b.get('id')} on lane {name} has "
+                                         f"{results[str(b.get('id'))]} results")
+    # settled
+    open_lanes = [n for n, lane in lanes.items() if lane.run_id is not None]
+    if open_lanes:
+        cell.failures.append(f"settled: lanes {open_lanes} still have an open run")
+    # conversation
+    conv = conversation(session)
+    if conv != base.conversation:
+        if unaccepted:
+            cell.notes.append("conversation n/a: an input was not yet accepted at the crash")
+        elif cell.decisions:
+            cell.notes.append("conversation changed by a decision: " + "; ".join(cell.decisions))
+        elif effects != base.effects:
+            cell.failures.append("conversation: differs from the crash-free run, and so do "
+                                 f"the effects ({dict(effects)} vs {dict(base.effects)})")
+        else:
+            cell.failures.append("conversation: differs from the crash-free run")
+    elif effects != base.effects and not unaccepted:
+        cell.failures.append(f"effects: {dict(effects)} vs crash-free {dict(base.effects)}")
+
+
+def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> Cell:
+    """Run one cell: crash, recover, decide, resume, re-send, check."""
+    start = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
+    extra = ["--broken-intent-order"] if broken else []
+    try:
+        work = _prepare(sc, root)
+        rc = _child(sc, root, work, cell.backend,
+                    _env(DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}"), *extra)
+        if rc != -signal.SIGKILL:
+            cell.status, cell.failures = "error", [f"crash point not reached (exit {rc})"]
+            return cell
+        store = open_store(_store_spec(cell.backend, root))
+        sid = (root / "sid").read_text().strip()
+        tools = builtin_tools()
+        with Session(store.open_session(sid)) as session:
+            location = session.store.location
+            plan = recover(session.store, tools, cwd=str(work))
+            decisions = {}
+            for lp in plan.lanes:
+                cell.plan.append(f"{lp.lane}:{lp.state}/{lp.next_action}")
+                for c in lp.tool_calls:
+                    if c.action == "await_decision":
+                        tag = effect_tag(c.tool_name, _args(session, lp, c))
+                        d = _decision_for(tag, _effects(work))
+                        decisions[c.tool_call_id] = d
+                        cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
+            results = anyio.run(_resume, session, tools, sc, decisions)
+            if any(r == "suspended" for r in results.values()):
+                cell.failures.append(f"settled: still suspended after decisions: {results}")
+            accepted_before = _accepted_keys(session)
+        rc2 = _child(sc, root, work, cell.backend, _env(), "--continue", *extra)
+        if rc2 != 0:
+            cell.failures.append(f"continue: child exited {rc2}")
+        with Session(store.open_session(sid, write=False)) as session:
+            sent_after = _accepted_keys(session) - accepted_before
+            unaccepted = bool(sent_after) or _lost_steps(sc, session)
+            _check(cell, sc, base, session, work, location, unaccepted)
+    except Exception as exc:  # a broken cell is reported, not fatal to the matrix
+        cell.status = "error"
+        cell.failures.append(f"{type(exc).__name__}: {exc}"[:500])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        cell.seconds = time.monotonic() - start
+    if cell.failures and cell.status == "pass":
+        cell.status = "fail"
+    return cell
+
+
+def _args(session: Session, lp: Any, call: Any) -> dict[str, Any]:
+    run = session.store.records(lp.lane, run_id=lp.run_id, types=("provider_request_finished",))
+    for rec in reversed(run):
+        entry = session.store.get_entry(str(rec.get("entryId"))) or {}
+        for b in (entry.get("message") or {}).get("content") or []:
+            if isinstance(b, dict) and b.get("id") == call.tool_call_id:
+                return dict(b.get("arguments") or {})
+    return {}
+
+
+def _accepted_keys(session: Session) -> set[str]:
+    return {str(r["clientKey"]) for r in session.store.records() if r.get("clientKey")}
+
+
+def _lost_steps(sc: Scenario, session: Session) -> bool:
+    """True when a step could not be re-sent after the crash: a steer or follow-up whose run
+    is over, or a step triggered by an event of the crashed run (abort, set_model)."""
+    keys = _accepted_keys(session)
+    for i, step in enumerate(sc.steps):
+        if f"step-{i}" in keys:
+            continue
+        if step["op"] in ("steer", "follow_up", "abort") or step.get("on"):
+            if step["op"] == "set_model" and any(
+                    e.get("modelId") == step.get("model")
+                    for e in session.store.iter_entries(("model_change",))):
+                continue
+            return True
+    return False
+
+
+async def _resume(session: Session, tools: Any, sc: Scenario,
+                  decisions: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return await resume_session(session, tools, provider=make_provider(sc),
+                                decisions=decisions, options=options(sc))
+
+
+def run_matrix(scenarios: list[Scenario], backends: list[str], *, jobs: int = 2,
+               broken: bool = False, progress: Callable[[Cell, int, int], None] | None = None,
+               ) -> tuple[list[Cell], dict[str, Any]]:
+    """Run the whole matrix; returns the cells and summary figures (counts, wall seconds)."""
+    start = time.monotonic()
+    bases: dict[tuple[str, str], Baseline] = {}
+    work: list[tuple[Scenario, Cell]] = []
+    for backend in backends:
+        for sc in scenarios:
+            base = baseline(sc, backend, broken)
+            bases[(sc.name, backend)] = base
+            work += [(sc, c) for c in cells_for(sc, base, backend)]
+    done: list[Cell] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(run_cell, sc, bases[(sc.name, c.backend)], c, broken)
+                   for sc, c in work]
+        for fut in futures:
+            cell = fut.result()
+            done.append(cell)
+            if progress:
+                progress(cell, len(done), len(work))
+    summary = {"cells": len(done), "passed": sum(c.status == "pass" for c in done),
+               "failed": sum(c.status == "fail" for c in done),
+               "errors": sum(c.status == "error" for c in done),
+               "decisions": sum(bool(c.decisions) for c in done),
+               "wall_seconds": round(time.monotonic() - start, 1), "jobs": jobs,
+               "backends": backends, "scenarios": [s.name for s in scenarios]}
+    return done, summary

@@ -1,0 +1,173 @@
+"""``fsck_path``: a read-only integrity check that reports damage and never raises."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from durable_harness.session.fsck import fsck_path
+from durable_harness.storage import EntryOp, RecordOp, open_store
+
+OWN_HEADER = (
+    b'{"type":"session","version":3,"format":"durable-harness/1","id":"s1","cwd":"/p"}\n'
+)
+PI_HEADER = b'{"type":"session","version":3,"id":"s2","timestamp":"t","cwd":"/p"}\n'
+
+
+def _entry(eid: str, parent: str | None) -> dict[str, Any]:
+    return {"type": "custom", "customType": "t", "id": eid, "parentId": parent}
+
+
+def _session(tmp_path: Path) -> str:
+    s = open_store(f"jsonl:{tmp_path}").create_session("/p")
+    s.commit([EntryOp(_entry("e1", None), lane="main"), RecordOp({"type": "n", "id": "r1"})])
+    s.commit([EntryOp(_entry("e2", "e1"), lane="main"), RecordOp({"type": "n", "id": "r2"})])
+    s.commit([RecordOp({"type": "n", "id": "r3"})])
+    path = s.location
+    s.close()
+    return path
+
+
+def test_clean_file(tmp_path: Path) -> None:
+    path = _session(tmp_path)
+    result = fsck_path(path)
+    assert result["ok"] is True
+    assert result["damage"] == []
+    assert (result["entries"], result["records"]) == (2, 3)
+    assert result["format"] == "durable-harness/jsonl"
+    json.dumps(result)  # the CLI prints it as JSON
+
+
+def test_damaged_file_reports_offsets_and_modifies_nothing(tmp_path: Path) -> None:
+    path = _session(tmp_path)
+    good = Path(path).read_bytes()
+    second_line = good.index(b"\n") + 1
+    third_line = good.index(b"\n", second_line) + 1
+    damaged = good[:third_line] + b"\x00garbage\n" + good[third_line:] + b'{"gen":1,"op'
+    Path(path).write_bytes(damaged)
+    digest = hashlib.sha256(damaged).hexdigest()
+    result = fsck_path(path)
+    assert result["ok"] is False
+    assert [(d["kind"], d["offset"]) for d in result["damage"]] == [
+        ("bad_line", third_line),
+        ("torn_tail", len(good) + len(b"\x00garbage\n")),
+    ]
+    assert (result["entries"], result["records"]) == (2, 3)
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in Path(path).parent.iterdir()) == [
+        Path(path).name,
+        Path(path).name + ".lock",
+    ]  # no quarantine side file
+
+
+def test_pi_file(pi_dir: Path) -> None:
+    path = pi_dir / "v3-branched.jsonl"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    result = fsck_path(str(path))
+    assert result["ok"] is True
+    assert result["format"] == "pi"
+    assert (result["entries"], result["records"]) == (17, 0)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_sqlite_database(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store = open_store(f"sqlite:{db}")
+    for n in range(2):
+        s = store.create_session(f"/p{n}")
+        s.commit([EntryOp(_entry(f"e{n}", None), lane="main"), RecordOp({"type": "n", "id": "r"})])
+        s.close()
+    result = fsck_path(str(db))
+    assert result["ok"] is True
+    assert result["format"] == "sqlite"
+    assert (result["entries"], result["records"]) == (2, 2)
+
+    # An orphan can only come from outside the store: inject one directly.
+    conn = sqlite3.connect(db)
+    sid = conn.execute("SELECT id FROM sessions LIMIT 1").fetchone()[0]
+    conn.execute(
+        "INSERT INTO entries (session_id, id, seq, parent_id, type, body) VALUES (?,?,?,?,?,?)",
+        (sid, "orphan", 99, "ghost", "custom", b"{}"),
+    )
+    conn.commit()
+    conn.close()
+    result = fsck_path(str(db))
+    assert result["ok"] is False
+    assert [(d["kind"], d["id"]) for d in result["damage"]] == [("orphan_parent", "orphan")]
+
+
+def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
+    result = fsck_path(str(tmp_path / "nope.jsonl"))
+    assert result["ok"] is False
+    assert [d["kind"] for d in result["damage"]] == ["missing"]
+    assert fsck_path(str(tmp_path))["ok"] is False  # a directory is not a session file
+
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(b'{"hello": "world"}\n')
+    result = fsck_path(str(other))
+    assert result["ok"] is False
+    assert [(d["kind"], d["offset"]) for d in result["damage"]] == [("bad_header", 0)]
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert fsck_path(str(empty))["ok"] is False
+
+    fake_db = tmp_path / "fake.db"
+    fake_db.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    result = fsck_path(str(fake_db))
+    assert result["ok"] is False and result["format"] == "sqlite"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+# JSON lines shaped like commits or pi entries, with fields of any type in any place.
+_op_like = st.fixed_dictionaries(
+    {"op": st.sampled_from(["entry", "record", "lane", "x"])},
+    optional={
+        "entry": st.fixed_dictionaries({}, optional={"id": _json, "seq": _json, "parentId": _json}),
+        "record": st.fixed_dictionaries({}, optional={"id": _json, "seq": _json, "lane": _json}),
+        "lane": _json,
+        "leafId": _json,
+        "config": _json,
+        "seq": _json,
+    },
+)
+_structured_line = st.one_of(
+    st.fixed_dictionaries({"gen": _json, "ops": st.lists(_op_like, max_size=3) | _json}),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "compaction", "label"]), "id": _json},
+        optional={"parentId": _json, "message": _json, "firstKeptEntryIndex": _json},
+    ),
+    _json,
+).map(lambda v: json.dumps(v).encode())
+_body = st.one_of(
+    st.binary(max_size=300),
+    st.lists(st.one_of(st.binary(max_size=20), _structured_line), max_size=6).map(b"\n".join),
+)
+
+
+@given(header=st.sampled_from([OWN_HEADER, PI_HEADER]), body=_body)
+def test_never_raises_on_random_content(header: bytes, body: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "random.jsonl")
+        Path(path).write_bytes(header + body)
+        result = fsck_path(path)
+        assert isinstance(result["ok"], bool)
+        assert result["ok"] == (result["damage"] == [])
+        for item in result["damage"]:
+            assert isinstance(item["kind"], str)
+            assert "offset" in item or "line" in item or "id" in item
+        json.dumps(result)
+        assert Path(path).read_bytes() == header + body
+        assert os.listdir(tmp) == ["random.jsonl"]

@@ -1,0 +1,157 @@
+"""The single-writer lease: a live second writer is refused (in this process or another), a dead
+holder's lease is taken over, and a broken lease fences the old writer out (StaleGeneration)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from durable_harness.errors import LeaseHeld, StaleGeneration
+from durable_harness.storage import EntryOp, RecordOp, Store
+
+from .conftest import Reopen
+from .util import ent, ids, rec
+
+# Opens SPEC's session SID for writing; exit 3 with "lease_held: ..." on stderr when refused.
+TRY_WRITE = """
+import sys
+from durable_harness.errors import LeaseHeld
+from durable_harness.storage import open_store
+try:
+    s = open_store(sys.argv[1]).open_session(sys.argv[2], write=True)
+except LeaseHeld as exc:
+    print(f"{exc.code}: {exc}", file=sys.stderr)
+    sys.exit(3)
+print(f"opened generation={s.generation}", flush=True)
+s.close()
+"""
+
+# Opens for writing, commits one entry, says "ready GEN", then sleeps holding the lease.
+HOLD = """
+import sys, time
+from durable_harness.storage import EntryOp, open_store
+s = open_store(sys.argv[1]).open_session(sys.argv[2], write=True)
+s.commit([EntryOp({"type": "custom", "customType": "t", "id": "from-child", "parentId": None},
+                  lane="main")])
+print(f"ready {s.generation}", flush=True)
+time.sleep(120)
+"""
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=25
+    )
+
+
+def test_second_writer_in_process_is_refused(store: Store) -> None:
+    a = store.create_session("/p")
+    a.commit([EntryOp(ent("e1"), lane="main")])
+    with pytest.raises(LeaseHeld) as info:
+        store.open_session(a.session_id, write=True)
+    assert info.value.code == "lease_held"
+    assert info.value.details["holder_pid"] == os.getpid()
+    assert str(os.getpid()) in str(info.value)
+
+    ro = store.open_session(a.session_id, write=False)
+    try:
+        assert ids(ro.iter_entries()) == ["e1"]
+        holder = ro.lease_holder()
+        assert holder is not None and holder["pid"] == os.getpid()
+    finally:
+        ro.close()
+
+    gen_a = a.generation
+    a.commit([EntryOp(ent("e2", "e1"), lane="main")])  # the refused open did not disturb A
+    a.close()
+    b = store.open_session(a.session_id, write=True)
+    try:
+        assert b.generation > gen_a
+        assert ids(b.iter_entries()) == ["e1", "e2"]
+        b.commit([RecordOp(rec("r1"))])
+    finally:
+        b.close()
+
+
+@pytest.mark.timeout(30)
+def test_second_process_is_refused_while_held(store: Store) -> None:
+    a = store.create_session("/p")
+    sid = a.session_id
+    refused = _run(TRY_WRITE, store.spec, sid)
+    assert refused.returncode == 3, refused.stderr
+    assert refused.stderr.startswith("lease_held: ")
+    assert f"pid {os.getpid()}" in refused.stderr
+    assert "opened" not in refused.stdout
+    gen_a = a.generation
+    a.close()
+
+    opened = _run(TRY_WRITE, store.spec, sid)
+    assert opened.returncode == 0, opened.stderr
+    assert opened.stdout.strip() == f"opened generation={gen_a + 1}"
+
+
+@pytest.mark.timeout(30)
+def test_lease_of_sigkilled_process_is_taken_over(store: Store, reopen: Reopen) -> None:
+    s = store.create_session("/p")
+    sid = s.session_id
+    s.close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, store.spec, sid],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("ready "), child.stderr.read() if child.stderr else line
+        child_gen = int(line.split()[1])
+        with pytest.raises(LeaseHeld) as info:
+            store.open_session(sid, write=True)
+        assert info.value.details["holder_pid"] == child.pid
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+    assert child.returncode == -signal.SIGKILL
+
+    ro = store.open_session(sid, write=False)
+    try:
+        assert ro.lease_holder() is None  # nobody alive holds it
+    finally:
+        ro.close()
+    s = store.open_session(sid, write=True)
+    try:
+        assert s.generation > child_gen
+        assert ids(s.iter_entries()) == ["from-child"]
+        s.commit([EntryOp(ent("after", "from-child"), lane="main")])
+        s = reopen(store, s, write=False)
+        assert ids(s.iter_entries()) == ["from-child", "after"]
+    finally:
+        s.close()
+
+
+def test_stale_writer_is_fenced_after_break_lease(store: Store, reopen: Reopen) -> None:
+    a = store.create_session("/p")
+    a.commit([EntryOp(ent("e1"), lane="main")])
+    b = store.open_session(a.session_id, write=True, break_lease=True)
+    try:
+        assert b.generation > a.generation
+        with pytest.raises(StaleGeneration) as info:
+            a.commit([EntryOp(ent("late", "e1"), lane="main"), RecordOp(rec("late-r"))])
+        assert info.value.code == "stale_generation"
+        assert b.get_entry("late") is None
+        b.commit([EntryOp(ent("e2", "e1"), lane="main")])
+        with pytest.raises(StaleGeneration):  # still fenced after the new writer's commit
+            a.commit([RecordOp(rec("late-r2"))])
+        a.close()
+        b = reopen(store, b, write=False)
+        assert ids(b.iter_entries()) == ["e1", "e2"]
+        assert b.records() == []
+        assert b.lanes()["main"].leaf_id == "e2"
+    finally:
+        a.close()
+        b.close()
