@@ -22,20 +22,31 @@ from pathlib import Path
 
 SCRIPT = {
     "turns": [
-        {"text": "I'll write the release notes first.",
-         "tool_calls": [{"name": "write_file",
-                         "arguments": {"path": "NOTES.md", "content": "# Release 1.2\n- fixes\n"}}],
-         "usage": {"input": 1200, "output": 60,
-                   "cost": {"input": 0.0036, "output": 0.0009}}},
-        {"text": "Now I check the notes and deploy.",
-         "tool_calls": [{"name": "read_file", "arguments": {"path": "NOTES.md"}},
-                        {"name": "bash",
-                         "arguments": {"command": "echo \"deployed release 1.2\" >> deploy.log"}}],
-         "usage": {"input": 1500, "output": 80,
-                   "cost": {"input": 0.0045, "output": 0.0012}}},
-        {"text": "Release 1.2 is deployed and the notes are in NOTES.md.",
-         "usage": {"input": 1800, "output": 40,
-                   "cost": {"input": 0.0054, "output": 0.0006}}},
+        {
+            "text": "I'll write the release notes first.",
+            "tool_calls": [
+                {
+                    "name": "write_file",
+                    "arguments": {"path": "NOTES.md", "content": "# Release 1.2\n- fixes\n"},
+                }
+            ],
+            "usage": {"input": 1200, "output": 60, "cost": {"input": 0.0036, "output": 0.0009}},
+        },
+        {
+            "text": "Now I check the notes and deploy.",
+            "tool_calls": [
+                {"name": "read_file", "arguments": {"path": "NOTES.md"}},
+                {
+                    "name": "bash",
+                    "arguments": {"command": 'echo "deployed release 1.2" >> deploy.log'},
+                },
+            ],
+            "usage": {"input": 1500, "output": 80, "cost": {"input": 0.0045, "output": 0.0012}},
+        },
+        {
+            "text": "Release 1.2 is deployed and the notes are in NOTES.md.",
+            "usage": {"input": 1800, "output": 40, "cost": {"input": 0.0054, "output": 0.0006}},
+        },
     ]
 }
 
@@ -58,7 +69,9 @@ def pi_sample() -> Path:
     """Return the pi v3 sample: the shared copy if present, else the one in the package."""
     shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "pi-sessions"
     candidate = shared / "v3-branched.jsonl"
-    return candidate if candidate.is_file() else Path(__file__).parent / "data" / "v3-branched.jsonl"
+    return (
+        candidate if candidate.is_file() else Path(__file__).parent / "data" / "v3-branched.jsonl"
+    )
 
 
 def run_demo(folder: str | None = None, store: str | None = None) -> int:
@@ -76,20 +89,38 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
 
     _say("1. Run the agent; the process SIGKILLs itself in turn 2, both tool intents durable")
     crash_env = {**env, "DURABLE_HARNESS_CRASH_AT": "after_tool_started:3"}
-    first = _cli(["run", "Write release notes and deploy", "--provider",
-                  f"scripted:{script}", "--cwd", str(work)], crash_env, str(work))
+    first = _cli(
+        [
+            "run",
+            "Write release notes and deploy",
+            "--provider",
+            f"scripted:{script}",
+            "--cwd",
+            str(work),
+        ],
+        crash_env,
+        str(work),
+    )
     if first.returncode != -9:
         print(f"expected the child to die by SIGKILL (-9), got {first.returncode}")
         return 1
     print("child process killed by SIGKILL (exit -9)")
-    sessions = json.loads(_cli(["sessions", "--json", "--cwd", str(work)], env, str(work)).stdout
-                          or "[]")
+    sessions = json.loads(
+        _cli(["sessions", "--json", "--cwd", str(work)], env, str(work)).stdout or "[]"
+    )
     sid = sessions[0]["id"]
 
     _say("2. A fresh process reads the recovery plan (nothing runs yet)")
-    plan = json.loads(subprocess.run(
-        [sys.executable, "-m", "durable_harness", "recover", sid, "--json"], env=env,
-        cwd=str(work), text=True, capture_output=True, check=True).stdout)
+    plan = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "durable_harness", "recover", sid, "--json"],
+            env=env,
+            cwd=str(work),
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout
+    )
     _cli(["recover", sid], env, str(work))
     calls = plan["lanes"][0]["tool_calls"]
     waiting = [c for c in calls if c["action"] == "await_decision"]
@@ -103,8 +134,10 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     decisions = []
     for c in waiting:
         choice = "result:already deployed (seen in deploy.log)" if deployed else "retry"
-        print(f"deploy.log {'has' if deployed else 'does not have'} the line: "
-              f"{c['tool_call_id']}={choice.split(':')[0]}")
+        print(
+            f"deploy.log {'has' if deployed else 'does not have'} the line: "
+            f"{c['tool_call_id']}={choice.split(':')[0]}"
+        )
         decisions += ["--decide", f"{c['tool_call_id']}={choice}"]
     resumed = _cli(["resume", sid, *decisions, "--quiet"], env, str(work))
     lines = log.read_text().count("deployed release 1.2") if log.exists() else 0

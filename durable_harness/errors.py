@@ -156,8 +156,9 @@ class ProviderError(DurableHarnessError):
 
     code = "provider_error"
 
-    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None,
-                 **details: Any) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = False, status: int | None = None, **details: Any
+    ) -> None:
         super().__init__(redact(message), status=status, retryable=retryable, **details)
         self.retryable = retryable
         self.status = status
@@ -187,7 +188,9 @@ class DecisionRequired(RecoveryError):
     code = "decision_required"
 
 
-_SECRET = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|(?i:bearer)\s+[A-Za-z0-9._\-]{6,}|x-api-key[:=]\s*\S+)")
+_SECRET = re.compile(
+    r"(sk-[A-Za-z0-9_\-]{6,}|(?i:bearer)\s+[A-Za-z0-9._\-]{6,}|x-api-key[:=]\s*\S+)"
+)
 
 
 def redact(text: str) -> str:

@@ -28,8 +28,17 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     """Add the options of command ``name``."""
     if name in ("show", "context", "log", "cost", "recover", "resume"):
         p.add_argument("session", help="session id, unique id prefix, or session file path")
-    if name in ("sessions", "show", "context", "fsck", "log", "cost", "recover", "import",
-                "crash-points"):
+    if name in (
+        "sessions",
+        "show",
+        "context",
+        "fsck",
+        "log",
+        "cost",
+        "recover",
+        "import",
+        "crash-points",
+    ):
         p.add_argument("--json", action="store_true", help="print JSON")
     if name == "sessions":
         p.add_argument("--cwd", help="only sessions of this working directory")
@@ -54,15 +63,23 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--session", help="continue this session (default: a new one)")
         p.add_argument("--cwd", default=None, help="working directory (default: current)")
         p.add_argument("--steer", action="append", default=[], help="queue a steering message")
-        p.add_argument("--follow-up", action="append", default=[],
-                       help="queue a follow-up message")
+        p.add_argument("--follow-up", action="append", default=[], help="queue a follow-up message")
     if name in ("recover", "resume"):
-        p.add_argument("--policy", choices=POLICIES, default="ask",
-                       help="in-doubt tool calls: ask (wait for a decision), retry-safe "
-                       "(never wait; fail what cannot be re-run or reconciled), fail-in-doubt")
+        p.add_argument(
+            "--policy",
+            choices=POLICIES,
+            default="ask",
+            help="in-doubt tool calls: ask (wait for a decision), retry-safe "
+            "(never wait; fail what cannot be re-run or reconciled), fail-in-doubt",
+        )
     if name == "resume":
-        p.add_argument("--decide", action="append", default=[], metavar="ID=DECISION",
-                       help="TOOL_CALL_ID=retry|fail|result:TEXT (repeatable)")
+        p.add_argument(
+            "--decide",
+            action="append",
+            default=[],
+            metavar="ID=DECISION",
+            help="TOOL_CALL_ID=retry|fail|result:TEXT (repeatable)",
+        )
         p.add_argument("--json", action="store_true", help="print JSON")
     if name == "crash-test":
         from durable_harness.crashtest import configure_parser
@@ -73,8 +90,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace, *, write: bool = False, durability: str = "sync") -> Session:
-    return open_session(args.session, store_of(args), write=write,
-                        durability=durability)  # type: ignore[arg-type]
+    return open_session(args.session, store_of(args), write=write, durability=durability)  # type: ignore[arg-type]
 
 
 @command("sessions", "List sessions, most recent first.")
@@ -111,9 +127,17 @@ def _tree_lines(nodes: list[Any], depth: int, lines: list[str], leaves: dict[str
 def cmd_show(args: argparse.Namespace) -> int:
     with _open(args) as s:
         lanes = {k: vars(v) for k, v in s.store.lanes().items()}
-        info = {"session_id": s.id, "cwd": s.cwd, "location": s.store.location,
-                "name": s.name, "entries": s.store.entry_count(), "lanes": lanes,
-                "labels": s.labels(), "damage": s.damage, "header": s.store.header}
+        info = {
+            "session_id": s.id,
+            "cwd": s.cwd,
+            "location": s.store.location,
+            "name": s.name,
+            "entries": s.store.entry_count(),
+            "lanes": lanes,
+            "labels": s.labels(),
+            "damage": s.damage,
+            "header": s.store.header,
+        }
         if args.json:
             if args.tree:
                 info["tree"] = [e for e in s.store.iter_entries()]
@@ -134,8 +158,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("context", "Print the provider context built from a leaf: exactly what the next "
-         "request would carry.")
+@command(
+    "context",
+    "Print the provider context built from a leaf: exactly what the next request would carry.",
+)
 def cmd_context(args: argparse.Namespace) -> int:
     with _open(args) as s:
         ctx = s.context(args.leaf, lane=args.lane)
@@ -143,8 +169,10 @@ def cmd_context(args: argparse.Namespace) -> int:
             out(ctx.messages)
         else:
             model = ctx.model or {}
-            print(f"# model {model.get('provider')}/{model.get('modelId')} thinking "
-                  f"{ctx.thinking_level}")
+            print(
+                f"# model {model.get('provider')}/{model.get('modelId')} thinking "
+                f"{ctx.thinking_level}"
+            )
             print(context_text(ctx.messages))
     return 0
 
@@ -155,8 +183,10 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if args.json:
         out(result)
     else:
-        print(f"{args.path}: {'ok' if result['ok'] else 'DAMAGED'} ({result['format']}, "
-              f"{result['entries']} entries, {result['records']} records)")
+        print(
+            f"{args.path}: {'ok' if result['ok'] else 'DAMAGED'} ({result['format']}, "
+            f"{result['entries']} entries, {result['records']} records)"
+        )
         for d in result["damage"]:
             where = f"offset {d['offset']}" if "offset" in d else f"line {d.get('line')}"
             print(f"  {d['kind']} at {where}: {d['detail']}")
@@ -211,8 +241,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = HarnessOptions(provider_spec=provider_spec(args.provider))
 
     async def go() -> str:
-        async with Harness(session, provider, builtin_tools(), cwd=session.cwd or cwd,
-                           options=opts) as h:
+        async with Harness(
+            session, provider, builtin_tools(), cwd=session.cwd or cwd, options=opts
+        ) as h:
             h.subscribe(_printer(args.quiet))
             handle = await h.prompt(args.prompt, lane=args.lane)
             for text in args.steer:
@@ -237,8 +268,10 @@ def cmd_log(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         run = (r["runId"] or "")[-8:]
-        print(f"{r['seq']:>5}  {r['timestamp']}  {r['lane']:<6} {run:<8}  {r['type']:<26} "
-              f"{r['summary']}")
+        print(
+            f"{r['seq']:>5}  {r['timestamp']}  {r['lane']:<6} {run:<8}  {r['type']:<26} "
+            f"{r['summary']}"
+        )
     return 0
 
 
@@ -250,8 +283,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
         out(report)
         return 0
     for t in report["turns"]:
-        print(f"run {str(t['run_id'])[-8:]} turn {t['turn']} {t['purpose']:<14} "
-              f"{t['tokens']:>8} tokens  ${t['cost']:.6f}")
+        print(
+            f"run {str(t['run_id'])[-8:]} turn {t['turn']} {t['purpose']:<14} "
+            f"{t['tokens']:>8} tokens  ${t['cost']:.6f}"
+        )
     print(f"total {report['total']['tokens']} tokens  ${report['total']['cost']:.6f}")
     if report["unknown_cost_attempts"]:
         print(f"plus {report['unknown_cost_attempts']} attempt(s) lost in a crash: cost unknown")
@@ -265,21 +300,28 @@ def print_plan(plan: RecoveryPlan) -> None:
         print(f"  lease held by live process {plan.lease.get('pid')}: nothing will be recovered")
     for lp in plan.lanes:
         reason = f" ({lp.reason})" if lp.reason else ""
-        print(f"  lane {lp.lane}: {lp.state}{reason}  run {lp.run_id or '-'}  next: "
-              f"{lp.next_action}")
+        print(
+            f"  lane {lp.lane}: {lp.state}{reason}  run {lp.run_id or '-'}  next: {lp.next_action}"
+        )
         if lp.abort_requested:
             print("    abort requested: the run settles as aborted, it is not resumed")
         if lp.attempts:
-            print(f"    provider attempts per turn {lp.attempts} (cap {lp.attempt_cap}); "
-                  f"{lp.cost_unknown_attempts} with unknown cost")
+            print(
+                f"    provider attempts per turn {lp.attempts} (cap {lp.attempt_cap}); "
+                f"{lp.cost_unknown_attempts} with unknown cost"
+            )
         if lp.last_safe_boundary:
-            print(f"    last safe boundary: seq {lp.last_safe_boundary['seq']} "
-                  f"({lp.last_safe_boundary['type']})")
+            print(
+                f"    last safe boundary: seq {lp.last_safe_boundary['seq']} "
+                f"({lp.last_safe_boundary['type']})"
+            )
         if lp.tool_calls:
             print(f"    {'tool call':<16} {'tool':<12} {'status':<12} {'replay':<7} action")
             for c in lp.tool_calls:
-                print(f"    {c.tool_call_id:<16} {c.tool_name:<12} {c.status:<12} "
-                      f"{c.replay or '-':<7} {c.action}")
+                print(
+                    f"    {c.tool_call_id:<16} {c.tool_name:<12} {c.status:<12} "
+                    f"{c.replay or '-':<7} {c.action}"
+                )
         for q in lp.queued:
             print(f"    queued {q['queue']} {q['itemId']} (delivered exactly once on resume)")
     for d in plan.damage:
@@ -310,9 +352,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
             print_plan(plan)
 
         async def go() -> dict[str, str]:
-            return await resume_session(session, tools, provider=provider,
-                                        decisions=decisions, policy=args.policy,
-                                        lanes=[args.lane] if args.lane else None)
+            return await resume_session(
+                session,
+                tools,
+                provider=provider,
+                decisions=decisions,
+                policy=args.policy,
+                lanes=[args.lane] if args.lane else None,
+            )
 
         results: dict[str, str] = run_async(go)
         after = recover(session.store, tools, policy=args.policy)

@@ -46,17 +46,19 @@ def store_of(args: argparse.Namespace) -> Store:
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser with every registered command."""
-    from durable_harness.cli import commands  # noqa: F401  (registers the commands)
+    from durable_harness.cli import commands
 
     parser = argparse.ArgumentParser(
         prog="durable-harness",
         description="Crash-durable runs for LLM agents: a session tree plus a write-ahead lane "
-                    "operation log; recovery never blindly replays a tool.")
+        "operation log; recovery never blindly replays a tool.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _fn) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store", help="jsonl:DIR or sqlite:PATH (default: "
-                       "$DURABLE_HARNESS_HOME, JSONL)")
+        p.add_argument(
+            "--store", help="jsonl:DIR or sqlite:PATH (default: $DURABLE_HARNESS_HOME, JSONL)"
+        )
         commands.configure(name, p)
     return parser
 

@@ -14,7 +14,7 @@ from durable_harness.crashtest.scenario import load_all
 
 INVARIANTS = {
     "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
-              "(or was cancelled by an abort)",
+    "(or was cancelled by an abort)",
     "effects": "no replay-never tool took effect twice (tags in effects.log)",
     "damage": "the session opens with no damage but a quarantined torn tail",
     "results": "every stored tool call has exactly one stored result",
@@ -25,24 +25,38 @@ INVARIANTS = {
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     """Add the crash-test options."""
-    p.add_argument("--scenario", action="append", default=[], metavar="NAME",
-                   help="only this scenario (repeatable; default: all)")
-    p.add_argument("--backend", action="append", choices=("jsonl", "sqlite"), default=[],
-                   help="only this backend (repeatable; default: both)")
+    p.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this scenario (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=("jsonl", "sqlite"),
+        default=[],
+        help="only this backend (repeatable; default: both)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
     p.add_argument("--report", help="write the report to FILE (.md or .json)")
     p.add_argument("--scenarios", help="scenario folder (default: crash_scenarios/)")
-    p.add_argument("--broken-intent-order", action="store_true",
-                   help="deliberately run tool effects before their intent, to see the matrix "
-                        "catch it")
+    p.add_argument(
+        "--broken-intent-order",
+        action="store_true",
+        help="deliberately run tool effects before their intent, to see the matrix catch it",
+    )
 
 
 def _bar(cell: Cell, done: int, total: int) -> None:
     width = 30
     filled = int(width * done / total) if total else width
     mark = {"pass": ".", "fail": "F", "error": "E"}[cell.status]
-    sys.stderr.write(f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} {mark} "
-                     f"{cell.scenario} {cell.label}".ljust(100)[:100])
+    sys.stderr.write(
+        f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} {mark} "
+        f"{cell.scenario} {cell.label}".ljust(100)[:100]
+    )
     sys.stderr.flush()
     if done == total:
         sys.stderr.write("\n")
@@ -59,27 +73,44 @@ def _verdict(c: Cell) -> str:
 def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
     """The report as Markdown: what each cell proves, a scenario x crash point table per
     backend, then every failure in full."""
-    lines = ["# Crash matrix", "",
-             f"{summary['cells']} cells, {summary['passed']} passed, {summary['failed']} failed, "
-             f"{summary['errors']} errors; {summary['decisions']} needed an operator decision; "
-             f"{summary['wall_seconds']} s with {summary['jobs']} jobs.", "",
-             "Each cell runs a scenario in a real child process that SIGKILLs itself at the "
-             "named crash point (the n-th hit for `point:n`), then recovers, resumes and checks:",
-             ""]
+    lines = [
+        "# Crash matrix",
+        "",
+        f"{summary['cells']} cells, {summary['passed']} passed, {summary['failed']} failed, "
+        f"{summary['errors']} errors; {summary['decisions']} needed an operator decision; "
+        f"{summary['wall_seconds']} s with {summary['jobs']} jobs.",
+        "",
+        "Each cell runs a scenario in a real child process that SIGKILLs itself at the "
+        "named crash point (the n-th hit for `point:n`), then recovers, resumes and checks:",
+        "",
+    ]
     lines += [f"- **{k}**: {v}" for k, v in INVARIANTS.items()]
     for backend in summary["backends"]:
         mine = [c for c in cells if c.backend == backend]
         points = sorted({c.label for c in mine})
         scen = sorted({c.scenario for c in mine})
-        lines += ["", f"## {backend}", "", "| crash point | " + " | ".join(scen) + " |",
-                  "|---|" + "---|" * len(scen)]
+        lines += [
+            "",
+            f"## {backend}",
+            "",
+            "| crash point | " + " | ".join(scen) + " |",
+            "|---|" + "---|" * len(scen),
+        ]
         for point in points:
             row = []
             for s in scen:
                 hit = [c for c in mine if c.scenario == s and c.label == point]
-                row.append(("pass" if hit[0].status == "pass" and not hit[0].decisions else
-                            "decision" if hit[0].status == "pass" else hit[0].status.upper())
-                           if hit else "")
+                row.append(
+                    (
+                        "pass"
+                        if hit[0].status == "pass" and not hit[0].decisions
+                        else "decision"
+                        if hit[0].status == "pass"
+                        else hit[0].status.upper()
+                    )
+                    if hit
+                    else ""
+                )
             lines.append(f"| {point} | " + " | ".join(row) + " |")
     bad = [c for c in cells if c.status != "pass"]
     if bad:
@@ -92,23 +123,35 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run the matrix from the command line; exit 0 when every cell passed."""
     scenarios = load_all(args.scenarios, args.scenario or None)
     backends = args.backend or ["jsonl", "sqlite"]
-    cells, summary = run_matrix(scenarios, backends, jobs=args.jobs,
-                                broken=args.broken_intent_order, progress=_bar)
+    cells, summary = run_matrix(
+        scenarios, backends, jobs=args.jobs, broken=args.broken_intent_order, progress=_bar
+    )
     width = max(len(f"{c.scenario} {c.label}") for c in cells) if cells else 10
     for backend in backends:
         print(f"\n{backend}:")
-        for c in sorted((c for c in cells if c.backend == backend),
-                        key=lambda c: (c.scenario, c.label)):
+        for c in sorted(
+            (c for c in cells if c.backend == backend), key=lambda c: (c.scenario, c.label)
+        ):
             print(f"  {(c.scenario + ' ' + c.label).ljust(width)}  {_verdict(c)}")
-    print(f"\n{summary['cells']} cells: {summary['passed']} passed, {summary['failed']} failed, "
-          f"{summary['errors']} errors, {summary['decisions']} needed a decision; "
-          f"{summary['wall_seconds']} s with {summary['jobs']} jobs")
+    print(
+        f"\n{summary['cells']} cells: {summary['passed']} passed, {summary['failed']} failed, "
+        f"{summary['errors']} errors, {summary['decisions']} needed a decision; "
+        f"{summary['wall_seconds']} s with {summary['jobs']} jobs"
+    )
     print("Each passing cell proves, for that crash point: " + "; ".join(INVARIANTS.values()))
     if args.report:
         path = Path(args.report)
         if path.suffix == ".json":
-            path.write_text(json.dumps({"summary": summary, "invariants": INVARIANTS,
-                                        "cells": [vars(c) for c in cells]}, indent=2))
+            path.write_text(
+                json.dumps(
+                    {
+                        "summary": summary,
+                        "invariants": INVARIANTS,
+                        "cells": [vars(c) for c in cells],
+                    },
+                    indent=2,
+                )
+            )
         else:
             path.write_text(markdown(cells, summary))
         print(f"report written to {path}")

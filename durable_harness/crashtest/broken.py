@@ -21,11 +21,25 @@ async def _broken_run_tool(self: Any, live: Any, call: Any) -> None:
     result = await tool.execute(args, ctx)  # BROKEN: the effect starts before its intent
     crash.crash_point("after_tool_effect")
     result_id = new_id()
-    self._commit([RecordOp(record(
-        "tool_started", s.lane, s.run_id, toolCallId=call.tool_call_id,
-        toolName=call.tool_name, arguments=call.arguments, resultEntryId=result_id,
-        replay=tool.replay, idempotencyKey=ctx.idempotency_key, attempt=call.attempts + 1))],
-        live)
+    self._commit(
+        [
+            RecordOp(
+                record(
+                    "tool_started",
+                    s.lane,
+                    s.run_id,
+                    toolCallId=call.tool_call_id,
+                    toolName=call.tool_name,
+                    arguments=call.arguments,
+                    resultEntryId=result_id,
+                    replay=tool.replay,
+                    idempotencyKey=ctx.idempotency_key,
+                    attempt=call.attempts + 1,
+                )
+            )
+        ],
+        live,
+    )
     crash.crash_point("after_tool_started")
     self._settle(live, call, result, outcome="ok", result_id=result_id)
     crash.crash_point("after_tool_finished")

@@ -39,15 +39,19 @@ def _already(session: Session, harness: Harness, i: int, step: dict[str, Any]) -
     op, lane = step["op"], step.get("lane", "main")
     if op in ("prompt", "steer", "follow_up", "next_run", "set_model"):
         return harness.accepted(f"step-{i}", lane) is not None or (
-            op == "set_model" and any(e.get("modelId") == step.get("model")
-                                      for e in session.store.iter_entries(("model_change",))))
+            op == "set_model"
+            and any(
+                e.get("modelId") == step.get("model")
+                for e in session.store.iter_entries(("model_change",))
+            )
+        )
     if op == "create_lane":
-        return step["name"] in session.store.lanes()
+        return str(step["name"]) in session.store.lanes()
     if op == "navigate":
         return bool(session.store.iter_entries(("branch_summary",)))
     if op == "compact":
         return bool(session.store.iter_entries(("compaction",)))
-    return op == "abort"
+    return bool(op == "abort")
 
 
 async def play(sc: Scenario, session: Session, cont: bool) -> None:

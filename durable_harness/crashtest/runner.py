@@ -92,28 +92,50 @@ def _prepare(sc: Scenario, root: Path) -> Path:
     return work
 
 
-def _child(sc: Scenario, root: Path, work: Path, backend: str, env: dict[str, str],
-           *extra: str) -> int:
-    cmd = [sys.executable, "-m", "durable_harness.crashtest.child", sc.path,
-           _store_spec(backend, root), str(work), str(root / "sid"), *extra]
-    proc = subprocess.run(cmd, env=env, cwd=str(work), capture_output=True, text=True,
-                          timeout=CHILD_TIMEOUT, check=False)
+def _child(
+    sc: Scenario, root: Path, work: Path, backend: str, env: dict[str, str], *extra: str
+) -> int:
+    cmd = [
+        sys.executable,
+        "-m",
+        "durable_harness.crashtest.child",
+        sc.path,
+        _store_spec(backend, root),
+        str(work),
+        str(root / "sid"),
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd,
+        env=env,
+        cwd=str(work),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        check=False,
+    )
     if proc.returncode not in (0, -signal.SIGKILL):
         raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return proc.returncode
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DURABLE_HARNESS_CRASH_AT", "DURABLE_HARNESS_CRASH_TRACE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DURABLE_HARNESS_CRASH_AT", "DURABLE_HARNESS_CRASH_TRACE")
+    }
     env.update(extra)
     return env
 
 
 def _effects(work: Path) -> Counter[str]:
     log = work / "effects.log"
-    return Counter(line.strip() for line in log.read_text().splitlines()
-                   if line.strip()) if log.exists() else Counter()
+    return (
+        Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
+        if log.exists()
+        else Counter()
+    )
 
 
 def _signature(entry: dict[str, Any]) -> Any:
@@ -121,10 +143,18 @@ def _signature(entry: dict[str, Any]) -> Any:
     if etype != "message":
         return (etype, entry.get("modelId"), entry.get("thinkingLevel"), entry.get("name"))
     msg = entry.get("message") or {}
-    calls = [(b.get("name"), b.get("arguments")) for b in msg.get("content") or []
-             if isinstance(b, dict) and b.get("type") == "toolCall"]
-    return (msg.get("role"), text_of(msg.get("content")), calls, msg.get("toolName"),
-            msg.get("stopReason"))
+    calls = [
+        (b.get("name"), b.get("arguments"))
+        for b in msg.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "toolCall"
+    ]
+    return (
+        msg.get("role"),
+        text_of(msg.get("content")),
+        calls,
+        msg.get("toolName"),
+        msg.get("stopReason"),
+    )
 
 
 def conversation(session: Session) -> dict[str, list[Any]]:
@@ -155,8 +185,14 @@ def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
-        _child(sc, root, work, backend, _env(DURABLE_HARNESS_CRASH_TRACE=str(trace)),
-               *(["--broken-intent-order"] if broken else []))
+        _child(
+            sc,
+            root,
+            work,
+            backend,
+            _env(DURABLE_HARNESS_CRASH_TRACE=str(trace)),
+            *(["--broken-intent-order"] if broken else []),
+        )
         hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
         store = open_store(_store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
@@ -168,8 +204,11 @@ def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
 
 def cells_for(sc: Scenario, base: Baseline, backend: str) -> list[Cell]:
     """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)."""
-    return [Cell(sc.name, backend, point, n) for point, count in sorted(base.hits.items())
-            for n in range(1, min(count, MAX_HITS) + 1)]
+    return [
+        Cell(sc.name, backend, point, n)
+        for point, count in sorted(base.hits.items())
+        for n in range(1, min(count, MAX_HITS) + 1)
+    ]
 
 
 def _decision_for(tag: str | None, effects: Counter[str]) -> dict[str, Any]:
@@ -180,15 +219,24 @@ def _decision_for(tag: str | None, effects: Counter[str]) -> dict[str, Any]:
     return {"decision": "retry"}
 
 
-def _check(cell: Cell, sc: Scenario, base: Baseline, session: Session, work: Path,
-           location: str, unaccepted: bool) -> None:
+def _check(
+    cell: Cell,
+    sc: Scenario,
+    base: Baseline,
+    session: Session,
+    work: Path,
+    location: str,
+    unaccepted: bool,
+) -> None:
     store = session.store
     lanes = store.lanes()
     paths = {n: session.path(lane.leaf_id) for n, lane in lanes.items()}
-    all_texts = Counter(text_of((e.get("message") or {}).get("content"))
-                        for p in paths.values() for e in {id(x): x for x in p}.values()
-                        if e.get("type") == "message"
-                        and (e.get("message") or {}).get("role") == "user")
+    all_texts = Counter(
+        text_of((e.get("message") or {}).get("content"))
+        for p in paths.values()
+        for e in {id(x): x for x in p}.values()
+        if e.get("type") == "message" and (e.get("message") or {}).get("role") == "user"
+    )
     # inputs
     cancelled: set[str] = set()
     consumed: set[str] = set()
@@ -220,14 +268,22 @@ def _check(cell: Cell, sc: Scenario, base: Baseline, session: Session, work: Pat
         cell.failures.append(f"damage: {[d['kind'] for d in bad]}")
     # results
     for name, path in paths.items():
-        results = Counter(str((e.get("message") or {}).get("toolCallId")) for e in path
-                          if (e.get("message") or {}).get("role") == "toolResult")
+        results = Counter(
+            str((e.get("message") or {}).get("toolCallId"))
+            for e in path
+            if (e.get("message") or {}).get("role") == "toolResult"
+        )
         for e in path:
             for b in (e.get("message") or {}).get("content") or []:
-                if isinstance(b, dict) and b.get("type") == "toolCall" \
-                        and results[str(b.get("id"))] != 1:
-                    cell.failures.append(f"results: {b.get('id')} on lane {name} has "
-                                         f"{results[str(b.get('id'))]} results")
+                if (
+                    isinstance(b, dict)
+                    and b.get("type") == "toolCall"
+                    and results[str(b.get("id"))] != 1
+                ):
+                    cell.failures.append(
+                        f"results: {b.get('id')} on lane {name} has "
+                        f"{results[str(b.get('id'))]} results"
+                    )
     # settled
     open_lanes = [n for n, lane in lanes.items() if lane.run_id is not None]
     if open_lanes:
@@ -240,8 +296,10 @@ def _check(cell: Cell, sc: Scenario, base: Baseline, session: Session, work: Pat
         elif cell.decisions:
             cell.notes.append("conversation changed by a decision: " + "; ".join(cell.decisions))
         elif effects != base.effects:
-            cell.failures.append("conversation: differs from the crash-free run, and so do "
-                                 f"the effects ({dict(effects)} vs {dict(base.effects)})")
+            cell.failures.append(
+                "conversation: differs from the crash-free run, and so do "
+                f"the effects ({dict(effects)} vs {dict(base.effects)})"
+            )
         else:
             cell.failures.append("conversation: differs from the crash-free run")
     elif effects != base.effects and not unaccepted:
@@ -255,8 +313,14 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
     extra = ["--broken-intent-order"] if broken else []
     try:
         work = _prepare(sc, root)
-        rc = _child(sc, root, work, cell.backend,
-                    _env(DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}"), *extra)
+        rc = _child(
+            sc,
+            root,
+            work,
+            cell.backend,
+            _env(DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}"),
+            *extra,
+        )
         if rc != -signal.SIGKILL:
             cell.status, cell.failures = "error", [f"crash point not reached (exit {rc})"]
             return cell
@@ -320,22 +384,30 @@ def _lost_steps(sc: Scenario, session: Session) -> bool:
             continue
         if step["op"] in ("steer", "follow_up", "abort") or step.get("on"):
             if step["op"] == "set_model" and any(
-                    e.get("modelId") == step.get("model")
-                    for e in session.store.iter_entries(("model_change",))):
+                e.get("modelId") == step.get("model")
+                for e in session.store.iter_entries(("model_change",))
+            ):
                 continue
             return True
     return False
 
 
-async def _resume(session: Session, tools: Any, sc: Scenario,
-                  decisions: dict[str, dict[str, Any]]) -> dict[str, str]:
-    return await resume_session(session, tools, provider=make_provider(sc),
-                                decisions=decisions, options=options(sc))
+async def _resume(
+    session: Session, tools: Any, sc: Scenario, decisions: dict[str, dict[str, Any]]
+) -> dict[str, str]:
+    return await resume_session(
+        session, tools, provider=make_provider(sc), decisions=decisions, options=options(sc)
+    )
 
 
-def run_matrix(scenarios: list[Scenario], backends: list[str], *, jobs: int = 2,
-               broken: bool = False, progress: Callable[[Cell, int, int], None] | None = None,
-               ) -> tuple[list[Cell], dict[str, Any]]:
+def run_matrix(
+    scenarios: list[Scenario],
+    backends: list[str],
+    *,
+    jobs: int = 2,
+    broken: bool = False,
+    progress: Callable[[Cell, int, int], None] | None = None,
+) -> tuple[list[Cell], dict[str, Any]]:
     """Run the whole matrix; returns the cells and summary figures (counts, wall seconds)."""
     start = time.monotonic()
     bases: dict[tuple[str, str], Baseline] = {}
@@ -347,17 +419,23 @@ def run_matrix(scenarios: list[Scenario], backends: list[str], *, jobs: int = 2,
             work += [(sc, c) for c in cells_for(sc, base, backend)]
     done: list[Cell] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_cell, sc, bases[(sc.name, c.backend)], c, broken)
-                   for sc, c in work]
+        futures = [
+            pool.submit(run_cell, sc, bases[(sc.name, c.backend)], c, broken) for sc, c in work
+        ]
         for fut in futures:
             cell = fut.result()
             done.append(cell)
             if progress:
                 progress(cell, len(done), len(work))
-    summary = {"cells": len(done), "passed": sum(c.status == "pass" for c in done),
-               "failed": sum(c.status == "fail" for c in done),
-               "errors": sum(c.status == "error" for c in done),
-               "decisions": sum(bool(c.decisions) for c in done),
-               "wall_seconds": round(time.monotonic() - start, 1), "jobs": jobs,
-               "backends": backends, "scenarios": [s.name for s in scenarios]}
+    summary = {
+        "cells": len(done),
+        "passed": sum(c.status == "pass" for c in done),
+        "failed": sum(c.status == "fail" for c in done),
+        "errors": sum(c.status == "error" for c in done),
+        "decisions": sum(bool(c.decisions) for c in done),
+        "wall_seconds": round(time.monotonic() - start, 1),
+        "jobs": jobs,
+        "backends": backends,
+        "scenarios": [s.name for s in scenarios],
+    }
     return done, summary

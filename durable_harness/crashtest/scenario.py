@@ -24,8 +24,18 @@ from typing import Any
 from durable_harness.errors import FormatError
 from durable_harness.storage import codec
 
-OPS = ("prompt", "steer", "follow_up", "next_run", "wait", "abort", "set_model", "navigate",
-       "compact", "create_lane")
+OPS = (
+    "prompt",
+    "steer",
+    "follow_up",
+    "next_run",
+    "wait",
+    "abort",
+    "set_model",
+    "navigate",
+    "compact",
+    "create_lane",
+)
 
 
 @dataclass
@@ -60,10 +70,15 @@ def load(path: str | Path) -> Scenario:
     for i, step in enumerate(steps):
         if step.get("op") not in OPS:
             raise FormatError(f"scenario {path}: step {i} has unknown op {step.get('op')!r}")
-    return Scenario(name=str(data.get("name") or Path(path).stem),
-                    description=str(data.get("description", "")), steps=steps,
-                    turns=list(data.get("turns") or []), by_prompt=dict(data.get("by_prompt") or {}),
-                    files=dict(data.get("files") or {}), path=str(path))
+    return Scenario(
+        name=str(data.get("name") or Path(path).stem),
+        description=str(data.get("description", "")),
+        steps=steps,
+        turns=list(data.get("turns") or []),
+        by_prompt=dict(data.get("by_prompt") or {}),
+        files=dict(data.get("files") or {}),
+        path=str(path),
+    )
 
 
 def load_all(folder: str | Path | None = None, names: list[str] | None = None) -> list[Scenario]:

@@ -57,7 +57,9 @@ Policy = Literal["ask", "fail-in-doubt", "retry-safe"]
 POLICIES: tuple[Policy, ...] = ("ask", "fail-in-doubt", "retry-safe")
 Event = dict[str, Any]
 
-ABORTED_TOOL_TEXT = "Tool call aborted: the run was aborted while it ran; its effect may be partial."
+ABORTED_TOOL_TEXT = (
+    "Tool call aborted: the run was aborted while it ran; its effect may be partial."
+)
 NOT_RUN_TEXT = "Tool call not run: the run was aborted first."
 FAILED_BY_DECISION = (
     "Tool call interrupted by a crash; its outcome is unknown and it was not retried "
@@ -153,9 +155,15 @@ class Harness:
         options: :class:`HarnessOptions`.
     """
 
-    def __init__(self, session: Session, provider: Provider,
-                 tools: list[Tool] | dict[str, Tool] | None = None, *,
-                 cwd: str | Path | None = None, options: HarnessOptions | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        provider: Provider,
+        tools: list[Tool] | dict[str, Tool] | None = None,
+        *,
+        cwd: str | Path | None = None,
+        options: HarnessOptions | None = None,
+    ) -> None:
         self.session = session
         self.store = session.store
         self.provider = provider
@@ -206,8 +214,9 @@ class Harness:
             self._lanes[lane] = fold_lane(self.store.records(lane))
         return self._lanes[lane]
 
-    def _commit(self, ops: list[Op], live: _LiveRun | None = None,
-                assistant: dict[str, Any] | None = None) -> None:
+    def _commit(
+        self, ops: list[Op], live: _LiveRun | None = None, assistant: dict[str, Any] | None = None
+    ) -> None:
         """Commit ``ops`` durably, then fold its records into the run and lane state."""
         self.store.commit(ops)
         for op in ops:
@@ -219,8 +228,9 @@ class Harness:
                 if live is not None and rec.get("runId") == live.state.run_id:
                     live.state.apply(rec, assistant)
 
-    def _entry(self, lane: str, entry: dict[str, Any], *,
-               parent: str | None | Literal[False] = False) -> dict[str, Any]:
+    def _entry(
+        self, lane: str, entry: dict[str, Any], *, parent: str | Literal[False] | None = False
+    ) -> dict[str, Any]:
         """Prepare an entry appended under the lane's leaf (or ``parent``)."""
         leaf = self.session.leaf(lane) if parent is False else parent
         return self.session.make_entry(entry, parent_id=leaf)
@@ -228,26 +238,34 @@ class Harness:
     # -- accepting input -------------------------------------------------------------------
     def _check_idle(self, lane: str) -> None:
         if lane in self._runs:
-            raise RunInProgress(f"lane {lane!r} of session {self.session.id} already has run "
-                                f"{self._runs[lane].state.run_id}", lane=lane)
+            raise RunInProgress(
+                f"lane {lane!r} of session {self.session.id} already has run "
+                f"{self._runs[lane].state.run_id}",
+                lane=lane,
+            )
         open_run = self.session.lane(lane).run_id
         if open_run is not None:
-            raise LaneSuspended(f"lane {lane!r} of session {self.session.id} has interrupted run "
-                                f"{open_run}; run `durable-harness recover` and `resume`",
-                                lane=lane, run_id=open_run)
+            raise LaneSuspended(
+                f"lane {lane!r} of session {self.session.id} has interrupted run "
+                f"{open_run}; run `durable-harness recover` and `resume`",
+                lane=lane,
+                run_id=open_run,
+            )
 
     def accepted(self, client_key: str, lane: str = "main") -> dict[str, Any] | None:
         """Return the record that accepted input sent with ``client_key`` on ``lane`` (a
         ``run_started``, ``queue_enqueued`` or ``write_deferred``), or ``None``: lets a client
         that lost its acknowledgement in a crash retry without sending the input twice."""
-        for rec in self.store.records(lane, types=("run_started", "queue_enqueued",
-                                                   "write_deferred")):
+        for rec in self.store.records(
+            lane, types=("run_started", "queue_enqueued", "write_deferred")
+        ):
             if rec.get("clientKey") == client_key:
                 return rec
         return None
 
-    async def prompt(self, text: str | dict[str, Any], *, lane: str = "main",
-                     client_key: str | None = None) -> RunHandle:
+    async def prompt(
+        self, text: str | dict[str, Any], *, lane: str = "main", client_key: str | None = None
+    ) -> RunHandle:
         """Accept a prompt and start a run on ``lane``; returns once ``run_started`` (with the
         user entry, in the same commit) is durable. ``client_key`` is kept on the record (see
         :meth:`accepted`).
@@ -260,19 +278,41 @@ class Harness:
         message = _user_message(text)
         return self._start_run(lane, message, consumed=None, client_key=client_key)
 
-    def _start_run(self, lane: str, message: dict[str, Any], consumed: QueueItem | None,
-                   client_key: str | None = None) -> RunHandle:
+    def _start_run(
+        self,
+        lane: str,
+        message: dict[str, Any],
+        consumed: QueueItem | None,
+        client_key: str | None = None,
+    ) -> RunHandle:
         run_id = uuid7()
         entry = self._entry(lane, {"type": "message", "message": message})
-        rec = record("run_started", lane, run_id, promptEntryId=entry["id"], prompt=message,
-                     provider=self.provider.name, model=self.provider.model,
-                     providerSpec=self.options.provider_spec)
+        rec = record(
+            "run_started",
+            lane,
+            run_id,
+            promptEntryId=entry["id"],
+            prompt=message,
+            provider=self.provider.name,
+            model=self.provider.model,
+            providerSpec=self.options.provider_spec,
+        )
         if client_key is not None:
             rec["clientKey"] = client_key
         ops: list[Op] = [EntryOp(entry, lane=lane), RecordOp(rec)]
         if consumed is not None:
-            ops.append(RecordOp(record("queue_consumed", lane, run_id, queue="next_run",
-                                       itemIds=[consumed.item_id], entryIds=[entry["id"]])))
+            ops.append(
+                RecordOp(
+                    record(
+                        "queue_consumed",
+                        lane,
+                        run_id,
+                        queue="next_run",
+                        itemIds=[consumed.item_id],
+                        entryIds=[entry["id"]],
+                    )
+                )
+            )
         live = _LiveRun(RunState(run_id, lane))
         self._commit(ops, live)
         crash.crash_point("after_run_started")
@@ -285,16 +325,26 @@ class Harness:
         self._tg.start_soon(self._drive, live)
         return RunHandle(live)
 
-    async def _enqueue(self, queue: str, text: str | dict[str, Any], lane: str,
-                       client_key: str | None = None) -> str:
+    async def _enqueue(
+        self, queue: str, text: str | dict[str, Any], lane: str, client_key: str | None = None
+    ) -> str:
         message = _user_message(text)
         run = self._runs.get(lane)
         if queue != "next_run" and run is None:
-            raise NoOpenRun(f"no run is open on lane {lane!r} of session {self.session.id} to "
-                            f"take a {queue} message; use prompt()", lane=lane)
+            raise NoOpenRun(
+                f"no run is open on lane {lane!r} of session {self.session.id} to "
+                f"take a {queue} message; use prompt()",
+                lane=lane,
+            )
         item_id = new_id()
-        rec = record("queue_enqueued", lane, run.state.run_id if run else None, queue=queue,
-                     itemId=item_id, message=message)
+        rec = record(
+            "queue_enqueued",
+            lane,
+            run.state.run_id if run else None,
+            queue=queue,
+            itemId=item_id,
+            message=message,
+        )
         if client_key is not None:
             rec["clientKey"] = client_key
         self._commit([RecordOp(rec)], run)
@@ -304,8 +354,9 @@ class Harness:
             self._start_next(lane)
         return item_id
 
-    async def steer(self, text: str | dict[str, Any], *, lane: str = "main",
-                   client_key: str | None = None) -> str:
+    async def steer(
+        self, text: str | dict[str, Any], *, lane: str = "main", client_key: str | None = None
+    ) -> str:
         """Queue a steering message for the next checkpoint of the lane's run; returns its item
         id once the receipt is durable.
 
@@ -314,8 +365,9 @@ class Harness:
         """
         return await self._enqueue("steer", text, lane, client_key)
 
-    async def follow_up(self, text: str | dict[str, Any], *, lane: str = "main",
-                   client_key: str | None = None) -> str:
+    async def follow_up(
+        self, text: str | dict[str, Any], *, lane: str = "main", client_key: str | None = None
+    ) -> str:
         """Queue a follow-up, delivered when the run would otherwise stop.
 
         Raises:
@@ -323,8 +375,9 @@ class Harness:
         """
         return await self._enqueue("follow_up", text, lane, client_key)
 
-    async def next_run(self, text: str | dict[str, Any], *, lane: str = "main",
-                   client_key: str | None = None) -> str:
+    async def next_run(
+        self, text: str | dict[str, Any], *, lane: str = "main", client_key: str | None = None
+    ) -> str:
         """Queue a prompt that starts the lane's next run (at once when the lane is idle)."""
         return await self._enqueue("next_run", text, lane, client_key)
 
@@ -338,12 +391,14 @@ class Harness:
             rec["clientKey"] = client_key
         self._commit([RecordOp(rec)], run)
 
-    async def set_model(self, provider: str, model_id: str, *, lane: str = "main",
-                        client_key: str | None = None) -> None:
+    async def set_model(
+        self, provider: str, model_id: str, *, lane: str = "main", client_key: str | None = None
+    ) -> None:
         """Change the model: at once when idle, else deferred to the next save point (durable
         when this returns)."""
-        await self._set(lane, {"type": "model_change", "provider": provider,
-                               "modelId": model_id}, client_key)
+        await self._set(
+            lane, {"type": "model_change", "provider": provider, "modelId": model_id}, client_key
+        )
 
     async def set_thinking_level(self, level: str, *, lane: str = "main") -> None:
         """Change the thinking level (deferred during a run, like :meth:`set_model`)."""
@@ -386,9 +441,13 @@ class Harness:
         recs = self.store.records(lane, run_id=state.run_id, since_seq=state.run_seq - 1)
         return fold_run(state.run_id, lane, recs, self.store.get_entry)
 
-    async def resume(self, *, lane: str = "main",
-                     decisions: dict[str, dict[str, Any]] | None = None,
-                     policy: Policy | None = None) -> RunHandle | None:
+    async def resume(
+        self,
+        *,
+        lane: str = "main",
+        decisions: dict[str, dict[str, Any]] | None = None,
+        policy: Policy | None = None,
+    ) -> RunHandle | None:
         """Continue the lane's interrupted run from its last safe boundary.
 
         ``decisions`` maps a tool call id to ``{"decision": "retry" | "fail" | "result",
@@ -412,8 +471,14 @@ class Harness:
             call = state.call(call_id)
             if call is None or call.status == "completed":
                 continue
-            rec = record("decision", lane, state.run_id, toolCallId=call_id,
-                         decision=decision.get("decision"), result=decision.get("result"))
+            rec = record(
+                "decision",
+                lane,
+                state.run_id,
+                toolCallId=call_id,
+                decision=decision.get("decision"),
+                result=decision.get("result"),
+            )
             self._commit([RecordOp(rec)], live)
         return self._launch(live)
 
@@ -438,8 +503,9 @@ class Harness:
         finally:
             live.outcome = s.outcome if s.outcome else live.outcome
             self._runs.pop(s.lane, None)
-            self._emit("run_end", live, outcome=live.outcome or "suspended",
-                       awaiting=list(live.waiting))
+            self._emit(
+                "run_end", live, outcome=live.outcome or "suspended", awaiting=list(live.waiting)
+            )
             live.done.set()
         if s.outcome is not None:
             self._start_next(s.lane)
@@ -481,8 +547,18 @@ class Harness:
     def _finish(self, live: _LiveRun, outcome: str, **extra: Any) -> None:
         s = live.state
         ops, applied = self._deferred_ops(s.lane)
-        ops.append(RecordOp(record("run_finished", s.lane, s.run_id, outcome=outcome,
-                                   appliedWrites=applied, **extra)))
+        ops.append(
+            RecordOp(
+                record(
+                    "run_finished",
+                    s.lane,
+                    s.run_id,
+                    outcome=outcome,
+                    appliedWrites=applied,
+                    **extra,
+                )
+            )
+        )
         self._commit(ops, live)
         crash.crash_point("after_run_finished")
 
@@ -505,17 +581,27 @@ class Harness:
         by_queue: dict[str, list[str]] = {}
         entry_ids: list[str] = []
         for item in queued:
-            entry = self._entry(s.lane, {"type": "message", "message": item.message},
-                                parent=leaf)
+            entry = self._entry(s.lane, {"type": "message", "message": item.message}, parent=leaf)
             ops.append(EntryOp(entry, lane=s.lane))
             leaf = entry["id"]
             entry_ids.append(entry["id"])
             by_queue.setdefault(item.queue, []).append(item.item_id)
         for queue, ids in by_queue.items():
-            ops.append(RecordOp(record("queue_consumed", s.lane, s.run_id, queue=queue,
-                                       itemIds=ids)))
-        ops.append(RecordOp(record("save_point", s.lane, s.run_id, turn=s.turns,
-                                   appliedWrites=applied, deliveredEntries=entry_ids)))
+            ops.append(
+                RecordOp(record("queue_consumed", s.lane, s.run_id, queue=queue, itemIds=ids))
+            )
+        ops.append(
+            RecordOp(
+                record(
+                    "save_point",
+                    s.lane,
+                    s.run_id,
+                    turn=s.turns,
+                    appliedWrites=applied,
+                    deliveredEntries=entry_ids,
+                )
+            )
+        )
         self._commit(ops, live)
 
     # -- provider turns --------------------------------------------------------------------
@@ -526,16 +612,23 @@ class Harness:
         used = s.attempts.get(turn, 0)
         cap = self.options.attempt_cap
         if used >= cap:
-            raise AttemptCapReached(f"turn {turn} of run {s.run_id} used {used} of {cap} "
-                                    "provider attempts", attempts=used, cap=cap)
+            raise AttemptCapReached(
+                f"turn {turn} of run {s.run_id} used {used} of {cap} provider attempts",
+                attempts=used,
+                cap=cap,
+            )
         self._emit("turn_start", live, turn=turn)
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(cap - used),
-            wait=tenacity.wait_exponential(multiplier=self.options.retry_initial,
-                                           max=self.options.retry_max),
-            retry=tenacity.retry_if_exception(lambda e: isinstance(e, ProviderError)
-                                              and e.retryable),
-            sleep=anyio.sleep, reraise=True)
+            wait=tenacity.wait_exponential(
+                multiplier=self.options.retry_initial, max=self.options.retry_max
+            ),
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, ProviderError) and e.retryable
+            ),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
         async for attempt in retrying:
             with attempt:
                 await self._attempt(live, turn, response_id)
@@ -545,27 +638,77 @@ class Harness:
         attempt = s.attempts.get(turn, 0) + 1
         ctx = self.session.context(lane=s.lane)
         model = (ctx.model or {}).get("modelId") or self.provider.model
-        self._commit([RecordOp(record(
-            "provider_request_started", s.lane, s.run_id, turn=turn, attempt=attempt,
-            responseEntryId=response_id, provider=self.provider.name, model=model))], live)
+        self._commit(
+            [
+                RecordOp(
+                    record(
+                        "provider_request_started",
+                        s.lane,
+                        s.run_id,
+                        turn=turn,
+                        attempt=attempt,
+                        responseEntryId=response_id,
+                        provider=self.provider.name,
+                        model=model,
+                    )
+                )
+            ],
+            live,
+        )
         crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
-            messages=ctx.messages, tools=[t.spec() for t in self.tools.values()], model=model,
-            system_prompt=self.options.system_prompt, thinking_level=ctx.thinking_level,
-            run_id=s.run_id, turn=turn, attempt=attempt, prompt=s.prompt_text)
+            messages=ctx.messages,
+            tools=[t.spec() for t in self.tools.values()],
+            model=model,
+            system_prompt=self.options.system_prompt,
+            thinking_level=ctx.thinking_level,
+            run_id=s.run_id,
+            turn=turn,
+            attempt=attempt,
+            prompt=s.prompt_text,
+        )
         try:
             message = await self._stream(live, request)
         except ProviderError as exc:
             with anyio.CancelScope(shield=True):
-                self._commit([RecordOp(record(
-                    "provider_request_failed", s.lane, s.run_id, turn=turn, attempt=attempt,
-                    error=exc.message, status=exc.status, retryable=exc.retryable))], live)
+                self._commit(
+                    [
+                        RecordOp(
+                            record(
+                                "provider_request_failed",
+                                s.lane,
+                                s.run_id,
+                                turn=turn,
+                                attempt=attempt,
+                                error=exc.message,
+                                status=exc.status,
+                                retryable=exc.retryable,
+                            )
+                        )
+                    ],
+                    live,
+                )
             raise
         entry = self._entry(s.lane, {"type": "message", "id": response_id, "message": message})
-        self._commit([EntryOp(entry, lane=s.lane), RecordOp(record(
-            "provider_request_finished", s.lane, s.run_id, turn=turn, attempt=attempt,
-            entryId=response_id, usage=message.get("usage"),
-            stopReason=message.get("stopReason")))], live, assistant=message)
+        self._commit(
+            [
+                EntryOp(entry, lane=s.lane),
+                RecordOp(
+                    record(
+                        "provider_request_finished",
+                        s.lane,
+                        s.run_id,
+                        turn=turn,
+                        attempt=attempt,
+                        entryId=response_id,
+                        usage=message.get("usage"),
+                        stopReason=message.get("stopReason"),
+                    )
+                ),
+            ],
+            live,
+            assistant=message,
+        )
         crash.crash_point("after_assistant_entry")
 
     async def _stream(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
@@ -589,12 +732,14 @@ class Harness:
                 message = dict(event.message)
                 message.setdefault("timestamp", now_ms())
                 if _is_empty(message):
-                    raise ProviderError(f"provider {self.provider.name} returned an empty "
-                                        "message", retryable=True)
+                    raise ProviderError(
+                        f"provider {self.provider.name} returned an empty message", retryable=True
+                    )
                 self._emit("message_end", live, message=message)
                 return message
-        raise ProviderError(f"provider {self.provider.name} ended its stream without a message",
-                            retryable=True)
+        raise ProviderError(
+            f"provider {self.provider.name} ended its stream without a message", retryable=True
+        )
 
     # -- tool calls ------------------------------------------------------------------------
     def _policy(self, live: _LiveRun) -> Policy:
@@ -633,15 +778,22 @@ class Harness:
             kind = call.decision.get("decision")
             if kind == "retry":
                 return "retry"
-            text = (str(call.decision.get("result")) if kind == "result"
-                    else FAILED_BY_DECISION)
-            self._settle(live, call, ToolResult.text(text, is_error=kind != "result"),
-                         outcome=f"decided_{kind}")
+            text = str(call.decision.get("result")) if kind == "result" else FAILED_BY_DECISION
+            self._settle(
+                live,
+                call,
+                ToolResult.text(text, is_error=kind != "result"),
+                outcome=f"decided_{kind}",
+            )
             return "settled"
         policy = self._policy(live)
         if policy == "fail-in-doubt":
-            self._settle(live, call, ToolResult.text(FAILED_BY_DECISION, is_error=True),
-                         outcome="failed_by_policy")
+            self._settle(
+                live,
+                call,
+                ToolResult.text(FAILED_BY_DECISION, is_error=True),
+                outcome="failed_by_policy",
+            )
             return "settled"
         if tool is not None and call.replay == "safe" and tool.replay == "safe":
             return "retry"
@@ -655,22 +807,31 @@ class Harness:
                 self._settle(live, call, result, outcome="reconciled")
                 return "settled"
         if policy == "retry-safe":
-            self._settle(live, call, ToolResult.text(FAILED_BY_DECISION, is_error=True),
-                         outcome="failed_by_policy")
+            self._settle(
+                live,
+                call,
+                ToolResult.text(FAILED_BY_DECISION, is_error=True),
+                outcome="failed_by_policy",
+            )
             return "settled"
         return "wait"
 
     def _tool_ctx(self, s: RunState, call: ToolCallState) -> ToolContext:
         key = idempotency_key(s.run_id, call.tool_call_id)
-        return ToolContext(cwd=self.cwd, run_id=s.run_id, tool_call_id=call.tool_call_id,
-                           idempotency_key=key)
+        return ToolContext(
+            cwd=self.cwd, run_id=s.run_id, tool_call_id=call.tool_call_id, idempotency_key=key
+        )
 
     async def _run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
         s = live.state
         tool = self.tools.get(call.tool_name)
         if tool is None:
-            self._settle(live, call, ToolResult.text(f"unknown tool {call.tool_name!r}",
-                                                     is_error=True), outcome="error")
+            self._settle(
+                live,
+                call,
+                ToolResult.text(f"unknown tool {call.tool_name!r}", is_error=True),
+                outcome="error",
+            )
             return
         try:
             args = tool.parse_args(call.arguments)
@@ -679,28 +840,56 @@ class Harness:
             return
         ctx = self._tool_ctx(s, call)
         result_id = new_id()
-        self._commit([RecordOp(record(
-            "tool_started", s.lane, s.run_id, toolCallId=call.tool_call_id,
-            toolName=call.tool_name, arguments=call.arguments, resultEntryId=result_id,
-            replay=tool.replay, idempotencyKey=ctx.idempotency_key,
-            attempt=call.attempts + 1))], live)
+        self._commit(
+            [
+                RecordOp(
+                    record(
+                        "tool_started",
+                        s.lane,
+                        s.run_id,
+                        toolCallId=call.tool_call_id,
+                        toolName=call.tool_name,
+                        arguments=call.arguments,
+                        resultEntryId=result_id,
+                        replay=tool.replay,
+                        idempotencyKey=ctx.idempotency_key,
+                        attempt=call.attempts + 1,
+                    )
+                )
+            ],
+            live,
+        )
         crash.crash_point("after_tool_started")
-        self._emit("tool_execution_start", live, toolCallId=call.tool_call_id,
-                   toolName=call.tool_name, arguments=call.arguments)
+        self._emit(
+            "tool_execution_start",
+            live,
+            toolCallId=call.tool_call_id,
+            toolName=call.tool_name,
+            arguments=call.arguments,
+        )
         try:
             result = await tool.execute(args, ctx)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # a tool bug becomes an error result, not a dead run
-            result = ToolResult.text(f"tool {call.tool_name} raised {type(exc).__name__}: {exc}",
-                                     is_error=True)
+            result = ToolResult.text(
+                f"tool {call.tool_name} raised {type(exc).__name__}: {exc}", is_error=True
+            )
         crash.crash_point("after_tool_effect")
-        self._settle(live, call, result, outcome="error" if result.is_error else "ok",
-                     result_id=result_id)
+        self._settle(
+            live, call, result, outcome="error" if result.is_error else "ok", result_id=result_id
+        )
         crash.crash_point("after_tool_finished")
 
-    def _settle(self, live: _LiveRun, call: ToolCallState, result: ToolResult, *,
-                outcome: str, result_id: str | None = None) -> None:
+    def _settle(
+        self,
+        live: _LiveRun,
+        call: ToolCallState,
+        result: ToolResult,
+        *,
+        outcome: str,
+        result_id: str | None = None,
+    ) -> None:
         """Commit a tool call's result entry and its ``tool_finished`` record together."""
         s = live.state
         rid = result_id or call.result_entry_id or new_id()
@@ -709,16 +898,41 @@ class Harness:
         if self.store.get_entry(rid) is not None:
             rid = new_id()
         message: dict[str, Any] = {
-            "role": "toolResult", "toolCallId": call.tool_call_id, "toolName": call.tool_name,
-            "content": result.content, "isError": result.is_error, "timestamp": now_ms()}
+            "role": "toolResult",
+            "toolCallId": call.tool_call_id,
+            "toolName": call.tool_name,
+            "content": result.content,
+            "isError": result.is_error,
+            "timestamp": now_ms(),
+        }
         if result.details is not None:
             message["details"] = result.details
         entry = self._entry(s.lane, {"type": "message", "id": rid, "message": message})
-        self._commit([EntryOp(entry, lane=s.lane), RecordOp(record(
-            "tool_finished", s.lane, s.run_id, toolCallId=call.tool_call_id,
-            resultEntryId=rid, isError=result.is_error, outcome=outcome))], live)
-        self._emit("tool_execution_end", live, toolCallId=call.tool_call_id,
-                   toolName=call.tool_name, isError=result.is_error, outcome=outcome)
+        self._commit(
+            [
+                EntryOp(entry, lane=s.lane),
+                RecordOp(
+                    record(
+                        "tool_finished",
+                        s.lane,
+                        s.run_id,
+                        toolCallId=call.tool_call_id,
+                        resultEntryId=rid,
+                        isError=result.is_error,
+                        outcome=outcome,
+                    )
+                ),
+            ],
+            live,
+        )
+        self._emit(
+            "tool_execution_end",
+            live,
+            toolCallId=call.tool_call_id,
+            toolName=call.tool_name,
+            isError=result.is_error,
+            outcome=outcome,
+        )
 
     # -- abort -----------------------------------------------------------------------------
     def _settle_aborted(self, live: _LiveRun) -> None:
@@ -730,16 +944,34 @@ class Harness:
         if s.pending is not None:
             kept = [b for b in live.partial if b.get("type") == "text" and b.get("text")]
             if kept:
-                msg = {"role": "assistant", "content": kept, "provider": self.provider.name,
-                       "model": self.provider.model, "stopReason": "aborted",
-                       "timestamp": now_ms()}
-                entry = self._entry(s.lane, {"type": "message", "id": s.pending.response_entry_id,
-                                             "message": msg}, parent=leaf)
+                msg = {
+                    "role": "assistant",
+                    "content": kept,
+                    "provider": self.provider.name,
+                    "model": self.provider.model,
+                    "stopReason": "aborted",
+                    "timestamp": now_ms(),
+                }
+                entry = self._entry(
+                    s.lane,
+                    {"type": "message", "id": s.pending.response_entry_id, "message": msg},
+                    parent=leaf,
+                )
                 ops.append(EntryOp(entry, lane=s.lane))
                 leaf = entry["id"]
-            ops.append(RecordOp(record("provider_request_failed", s.lane, s.run_id,
-                                       turn=s.pending.turn, attempt=s.pending.attempt,
-                                       error="aborted", retryable=False)))
+            ops.append(
+                RecordOp(
+                    record(
+                        "provider_request_failed",
+                        s.lane,
+                        s.run_id,
+                        turn=s.pending.turn,
+                        attempt=s.pending.attempt,
+                        error="aborted",
+                        retryable=False,
+                    )
+                )
+            )
         for call in s.tool_calls:
             if call.status == "completed":
                 continue
@@ -747,31 +979,54 @@ class Harness:
             rid = call.result_entry_id or new_id()
             if self.store.get_entry(rid) is not None:
                 rid = new_id()
-            msg = {"role": "toolResult", "toolCallId": call.tool_call_id,
-                   "toolName": call.tool_name, "content": [{"type": "text", "text": text}],
-                   "isError": True, "timestamp": now_ms()}
-            entry = self._entry(s.lane, {"type": "message", "id": rid, "message": msg},
-                                parent=leaf)
+            msg = {
+                "role": "toolResult",
+                "toolCallId": call.tool_call_id,
+                "toolName": call.tool_name,
+                "content": [{"type": "text", "text": text}],
+                "isError": True,
+                "timestamp": now_ms(),
+            }
+            entry = self._entry(s.lane, {"type": "message", "id": rid, "message": msg}, parent=leaf)
             ops.append(EntryOp(entry, lane=s.lane))
             leaf = entry["id"]
-            ops.append(RecordOp(record("tool_finished", s.lane, s.run_id,
-                                       toolCallId=call.tool_call_id, resultEntryId=rid,
-                                       isError=True, outcome="aborted")))
+            ops.append(
+                RecordOp(
+                    record(
+                        "tool_finished",
+                        s.lane,
+                        s.run_id,
+                        toolCallId=call.tool_call_id,
+                        resultEntryId=rid,
+                        isError=True,
+                        outcome="aborted",
+                    )
+                )
+            )
         lane_log = self._lane_log(s.lane)
         cancelled = lane_log.pending("steer") + lane_log.pending("follow_up")
         if cancelled:
-            ops.append(RecordOp(record("queue_cancelled", s.lane, s.run_id,
-                                       itemIds=[q.item_id for q in cancelled])))
-            live.returned = [{"queue": q.queue, "itemId": q.item_id, "message": q.message}
-                             for q in cancelled]
+            ops.append(
+                RecordOp(
+                    record(
+                        "queue_cancelled", s.lane, s.run_id, itemIds=[q.item_id for q in cancelled]
+                    )
+                )
+            )
+            live.returned = [
+                {"queue": q.queue, "itemId": q.item_id, "message": q.message} for q in cancelled
+            ]
         applied = []
         for rec in lane_log.deferred:
             entry = self._entry(s.lane, dict(rec["write"]), parent=leaf)
             ops.append(EntryOp(entry, lane=s.lane))
             leaf = entry["id"]
             applied.append(rec["id"])
-        ops.append(RecordOp(record("run_finished", s.lane, s.run_id, outcome="aborted",
-                                   appliedWrites=applied)))
+        ops.append(
+            RecordOp(
+                record("run_finished", s.lane, s.run_id, outcome="aborted", appliedWrites=applied)
+            )
+        )
         self._commit(ops, live)
 
     # -- compaction and navigation ---------------------------------------------------------
@@ -781,21 +1036,47 @@ class Harness:
         if estimate_tokens(ctx.messages) > limit > 0:
             await self.compact(lane=live.state.lane, _live=live)
 
-    async def _summarize(self, lane: str, messages: list[dict[str, Any]], purpose: str,
-                         live: _LiveRun | None) -> tuple[str, dict[str, Any], str]:
+    async def _summarize(
+        self, lane: str, messages: list[dict[str, Any]], purpose: str, live: _LiveRun | None
+    ) -> tuple[str, dict[str, Any], str]:
         """Ask the provider for a summary under the intent/settlement rules."""
         run_id = live.state.run_id if live else None
         op_id = new_id()
-        instruction = {"role": "user", "content": [{"type": "text", "text": (
-            "Summarize the conversation above for a later continuation: goals, decisions, "
-            "files touched, open work.")}]}
+        instruction = {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": (
+                        "Summarize the conversation above for a later continuation: goals, "
+                        "decisions, files touched, open work."
+                    ),
+                }
+            ],
+        }
         ctx = self.session.context(lane=lane)
         model = (ctx.model or {}).get("modelId") or self.provider.model
-        self._commit([RecordOp(record("provider_request_started", lane, run_id, turn=0,
-                                      attempt=1, responseEntryId=op_id, purpose=purpose,
-                                      provider=self.provider.name, model=model))], live)
-        request = ProviderRequest(messages=[*messages, instruction], model=model,
-                                  run_id=run_id or "", purpose=purpose)
+        self._commit(
+            [
+                RecordOp(
+                    record(
+                        "provider_request_started",
+                        lane,
+                        run_id,
+                        turn=0,
+                        attempt=1,
+                        responseEntryId=op_id,
+                        purpose=purpose,
+                        provider=self.provider.name,
+                        model=model,
+                    )
+                )
+            ],
+            live,
+        )
+        request = ProviderRequest(
+            messages=[*messages, instruction], model=model, run_id=run_id or "", purpose=purpose
+        )
         message = await self._stream(live or _LiveRun(RunState("", lane)), request)
         return text_of(message.get("content")), message, op_id
 
@@ -814,20 +1095,42 @@ class Harness:
         first_kept = ctx.entry_ids[cut] if cut is not None else None
         summarized = ctx.messages[:cut] if cut is not None else ctx.messages
         summary, message, op_id = await self._summarize(lane, summarized, "compaction", _live)
-        entry = self._entry(lane, {"type": "compaction", "summary": summary,
-                                   "firstKeptEntryId": first_kept,
-                                   "tokensBefore": estimate_tokens(ctx.messages),
-                                   "settings": {"model": ctx.model,
-                                                "thinkingLevel": ctx.thinking_level}})
+        entry = self._entry(
+            lane,
+            {
+                "type": "compaction",
+                "summary": summary,
+                "firstKeptEntryId": first_kept,
+                "tokensBefore": estimate_tokens(ctx.messages),
+                "settings": {"model": ctx.model, "thinkingLevel": ctx.thinking_level},
+            },
+        )
         run_id = _live.state.run_id if _live else None
-        self._commit([EntryOp(entry, lane=lane), RecordOp(record(
-            "provider_request_finished", lane, run_id, turn=0, attempt=1, purpose="compaction",
-            entryId=entry["id"], responseEntryId=op_id, usage=message.get("usage"),
-            stopReason=message.get("stopReason")))], _live)
+        self._commit(
+            [
+                EntryOp(entry, lane=lane),
+                RecordOp(
+                    record(
+                        "provider_request_finished",
+                        lane,
+                        run_id,
+                        turn=0,
+                        attempt=1,
+                        purpose="compaction",
+                        entryId=entry["id"],
+                        responseEntryId=op_id,
+                        usage=message.get("usage"),
+                        stopReason=message.get("stopReason"),
+                    )
+                ),
+            ],
+            _live,
+        )
         return entry
 
-    async def navigate(self, target_id: str | None, *, lane: str = "main",
-                       summarize: bool = True) -> dict[str, Any] | None:
+    async def navigate(
+        self, target_id: str | None, *, lane: str = "main", summarize: bool = True
+    ) -> dict[str, Any] | None:
         """Move the lane to ``target_id``; with ``summarize``, append a branch summary of the
         branch being left (a provider request under the intent rules). Returns the summary
         entry, or ``None`` when not summarizing.
@@ -844,14 +1147,30 @@ class Harness:
             self.session.entry(target_id)
         ctx = self.session.context(lane=lane)
         from_id = self.session.leaf(lane)
-        summary, message, op_id = await self._summarize(lane, ctx.messages, "branch_summary",
-                                                        None)
-        entry = self.session.make_entry({"type": "branch_summary", "fromId": from_id or "",
-                                         "summary": summary}, parent_id=target_id)
-        self._commit([EntryOp(entry, lane=lane), RecordOp(record(
-            "provider_request_finished", lane, None, turn=0, attempt=1,
-            purpose="branch_summary", entryId=entry["id"], responseEntryId=op_id,
-            usage=message.get("usage"), stopReason=message.get("stopReason")))])
+        summary, message, op_id = await self._summarize(lane, ctx.messages, "branch_summary", None)
+        entry = self.session.make_entry(
+            {"type": "branch_summary", "fromId": from_id or "", "summary": summary},
+            parent_id=target_id,
+        )
+        self._commit(
+            [
+                EntryOp(entry, lane=lane),
+                RecordOp(
+                    record(
+                        "provider_request_finished",
+                        lane,
+                        None,
+                        turn=0,
+                        attempt=1,
+                        purpose="branch_summary",
+                        entryId=entry["id"],
+                        responseEntryId=op_id,
+                        usage=message.get("usage"),
+                        stopReason=message.get("stopReason"),
+                    )
+                ),
+            ]
+        )
         return entry
 
 
@@ -867,8 +1186,9 @@ def _is_empty(message: dict[str, Any]) -> bool:
     return is_empty_assistant(message.get("content"))
 
 
-def _cut_index(messages: list[dict[str, Any]], entry_ids: list[str | None],
-               keep_tokens: int) -> int | None:
+def _cut_index(
+    messages: list[dict[str, Any]], entry_ids: list[str | None], keep_tokens: int
+) -> int | None:
     """Index of the first kept message: the latest user message (with an entry id) such that
     the messages from it on fit in ``keep_tokens``. ``None``: keep nothing verbatim."""
     best = None
@@ -880,5 +1200,12 @@ def _cut_index(messages: list[dict[str, Any]], entry_ids: list[str | None],
     return best
 
 
-__all__ = ["POLICIES", "Harness", "HarnessOptions", "Policy", "RunHandle", "estimate_tokens",
-           "now_iso"]
+__all__ = [
+    "POLICIES",
+    "Harness",
+    "HarnessOptions",
+    "Policy",
+    "RunHandle",
+    "estimate_tokens",
+    "now_iso",
+]

@@ -11,10 +11,20 @@ from typing import Any
 from durable_harness.ids import new_id, now_iso
 
 RECORD_TYPES = (
-    "run_started", "provider_request_started", "provider_request_finished",
-    "provider_request_failed", "tool_started", "tool_finished", "queue_enqueued",
-    "queue_consumed", "queue_cancelled", "write_deferred", "save_point", "abort_requested",
-    "decision", "run_finished",
+    "run_started",
+    "provider_request_started",
+    "provider_request_finished",
+    "provider_request_failed",
+    "tool_started",
+    "tool_finished",
+    "queue_enqueued",
+    "queue_consumed",
+    "queue_cancelled",
+    "write_deferred",
+    "save_point",
+    "abort_requested",
+    "decision",
+    "run_finished",
 )
 
 QUEUES = ("steer", "follow_up", "next_run")

@@ -12,9 +12,16 @@ def timeline(store: SessionStore, lane: str | None = None) -> list[dict[str, Any
     type, summary}`` in seq order."""
     rows = []
     for rec in store.records(lane):
-        rows.append({"seq": rec["seq"], "timestamp": rec.get("timestamp"),
-                     "lane": rec.get("lane"), "runId": rec.get("runId"), "type": rec["type"],
-                     "summary": summarize_record(rec)})
+        rows.append(
+            {
+                "seq": rec["seq"],
+                "timestamp": rec.get("timestamp"),
+                "lane": rec.get("lane"),
+                "runId": rec.get("runId"),
+                "type": rec["type"],
+                "summary": summarize_record(rec),
+            }
+        )
     return rows
 
 
@@ -24,11 +31,15 @@ def summarize_record(rec: dict[str, Any]) -> str:
     if t == "run_started":
         return f"prompt entry {rec.get('promptEntryId')} via {rec.get('provider')}"
     if t == "provider_request_started":
-        return f"turn {rec.get('turn')} attempt {rec.get('attempt')} -> {rec.get('responseEntryId')}"
+        return (
+            f"turn {rec.get('turn')} attempt {rec.get('attempt')} -> {rec.get('responseEntryId')}"
+        )
     if t == "provider_request_finished":
         usage = rec.get("usage") or {}
-        return (f"turn {rec.get('turn')} {rec.get('stopReason')} tokens "
-                f"{usage.get('totalTokens', 0)} cost ${(usage.get('cost') or {}).get('total', 0):.6f}")
+        return (
+            f"turn {rec.get('turn')} {rec.get('stopReason')} tokens "
+            f"{usage.get('totalTokens', 0)} cost ${(usage.get('cost') or {}).get('total', 0):.6f}"
+        )
     if t == "provider_request_failed":
         return f"turn {rec.get('turn')} attempt {rec.get('attempt')}: {rec.get('error')}"
     if t == "tool_started":
@@ -73,18 +84,32 @@ def cost_report(store: SessionStore) -> dict[str, Any]:
             run["turns"] += 1
             run["tokens"] += int(usage.get("totalTokens", 0))
             run["cost"] += cost
-            turns.append({"run_id": rid, "turn": rec.get("turn"), "purpose":
-                          rec.get("purpose", "turn"), "tokens": int(usage.get("totalTokens", 0)),
-                          "cost": cost})
+            turns.append(
+                {
+                    "run_id": rid,
+                    "turn": rec.get("turn"),
+                    "purpose": rec.get("purpose", "turn"),
+                    "tokens": int(usage.get("totalTokens", 0)),
+                    "cost": cost,
+                }
+            )
     if not turns:
         for e in store.iter_entries(("message",)):
             msg = e.get("message") or {}
             if msg.get("role") == "assistant":
                 usage = msg.get("usage") or {}
-                turns.append({"run_id": None, "turn": len(turns) + 1, "purpose": "turn",
-                              "tokens": int(usage.get("totalTokens", 0) or 0),
-                              "cost": float((usage.get("cost") or {}).get("total", 0.0) or 0)})
-    return {"turns": turns, "runs": list(runs.values()),
-            "total": {"tokens": sum(t["tokens"] for t in turns),
-                      "cost": sum(t["cost"] for t in turns)},
-            "unknown_cost_attempts": len(open_attempts)}
+                turns.append(
+                    {
+                        "run_id": None,
+                        "turn": len(turns) + 1,
+                        "purpose": "turn",
+                        "tokens": int(usage.get("totalTokens", 0) or 0),
+                        "cost": float((usage.get("cost") or {}).get("total", 0.0) or 0),
+                    }
+                )
+    return {
+        "turns": turns,
+        "runs": list(runs.values()),
+        "total": {"tokens": sum(t["tokens"] for t in turns), "cost": sum(t["cost"] for t in turns)},
+        "unknown_cost_attempts": len(open_attempts),
+    }

@@ -100,9 +100,12 @@ class RunState:
             if self.pending is not None:
                 self.cost_unknown_attempts += 1
             self.attempts[turn] = self.attempts.get(turn, 0) + 1
-            self.pending = PendingRequest(turn, int(rec.get("attempt", 1)),
-                                          str(rec.get("responseEntryId")),
-                                          str(rec.get("purpose", "turn")))
+            self.pending = PendingRequest(
+                turn,
+                int(rec.get("attempt", 1)),
+                str(rec.get("responseEntryId")),
+                str(rec.get("purpose", "turn")),
+            )
         elif rtype == "provider_request_failed":
             self.pending = None
             self.failed_attempts += 1
@@ -117,8 +120,13 @@ class RunState:
             calls = []
             for block in (assistant or {}).get("content") or []:
                 if isinstance(block, dict) and block.get("type") == "toolCall":
-                    calls.append(ToolCallState(str(block.get("id")), str(block.get("name")),
-                                               dict(block.get("arguments") or {})))
+                    calls.append(
+                        ToolCallState(
+                            str(block.get("id")),
+                            str(block.get("name")),
+                            dict(block.get("arguments") or {}),
+                        )
+                    )
             self.tool_calls = calls
         elif rtype == "tool_started":
             c = self.call(str(rec.get("toolCallId")))
@@ -166,8 +174,14 @@ class LaneLog:
         """Fold one record."""
         rtype = rec.get("type")
         if rtype == "queue_enqueued":
-            self.queue.append(QueueItem(str(rec.get("queue")), str(rec.get("itemId")),
-                                        dict(rec.get("message") or {}), int(rec.get("seq", 0))))
+            self.queue.append(
+                QueueItem(
+                    str(rec.get("queue")),
+                    str(rec.get("itemId")),
+                    dict(rec.get("message") or {}),
+                    int(rec.get("seq", 0)),
+                )
+            )
         elif rtype in ("queue_consumed", "queue_cancelled"):
             gone = set(rec.get("itemIds") or [])
             self.queue = [q for q in self.queue if q.item_id not in gone]
@@ -190,8 +204,7 @@ def fold_lane(records: list[dict[str, Any]]) -> LaneLog:
     return log
 
 
-def fold_run(run_id: str, lane: str, records: list[dict[str, Any]],
-             get_entry: Any) -> RunState:
+def fold_run(run_id: str, lane: str, records: list[dict[str, Any]], get_entry: Any) -> RunState:
     """Rebuild a :class:`RunState` from the run's records (``get_entry`` fetches the assistant
     entries that ``provider_request_finished`` records point at)."""
     state = RunState(run_id, lane)

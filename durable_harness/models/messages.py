@@ -140,5 +140,7 @@ def text_of(content: Any) -> str:
     """Return the concatenated text of a string or a list of content-block dicts."""
     if isinstance(content, str):
         return content
-    parts = [b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
+    parts = [
+        b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"
+    ]
     return "".join(parts)

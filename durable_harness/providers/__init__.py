@@ -29,8 +29,10 @@ def make_provider(spec: str) -> Provider:
     """
     scheme, sep, rest = spec.partition(":")
     if not sep or not rest:
-        raise FormatError(f"provider spec {spec!r} needs the form NAME:ARG "
-                          "(scripted:FILE, openai:MODEL, anthropic:MODEL)")
+        raise FormatError(
+            f"provider spec {spec!r} needs the form NAME:ARG "
+            "(scripted:FILE, openai:MODEL, anthropic:MODEL)"
+        )
     if scheme == "scripted":
         return ScriptedProvider.from_file(os.path.abspath(rest))
     if scheme == "openai":
@@ -41,8 +43,7 @@ def make_provider(spec: str) -> Provider:
         from durable_harness.providers.anthropic_provider import AnthropicProvider
 
         return AnthropicProvider(rest)
-    raise FormatError(f"unknown provider {scheme!r} in {spec!r}: use scripted, openai or "
-                      "anthropic")
+    raise FormatError(f"unknown provider {scheme!r} in {spec!r}: use scripted, openai or anthropic")
 
 
 def provider_spec(spec: str) -> str:

@@ -14,8 +14,8 @@ A file may also give ``"by_prompt": {"<prompt text>": [turns...]}``: a run whose
 matches a key plays those turns instead (sessions with several runs or lanes).
 Optional per-turn fields: ``fail_attempts`` (the first n attempts of that turn fail with a
 retryable HTTP 503), ``delay`` (seconds to wait before each chunk: lets tests abort mid-stream),
-``chunks`` (how many text deltas to stream). Tool call ids are ``call_<last 4 of run id>_<turn>_<index>``: unique per
-run and the same across restarts. A run
+``chunks`` (how many text deltas to stream). Tool call ids are
+``call_<last 4 of run id>_<turn>_<index>``: unique per run and the same across restarts. A run
 that asks for a turn past the end gets a plain ``"(script finished)"`` answer. Compaction and
 branch-summary requests get a summary built from the context's text.
 """
@@ -117,7 +117,9 @@ class ScriptedProvider:
             yield Done(self._message([{"type": "text", "text": summary}], {}, "stop"))
             return
         turns = self.by_prompt.get(request.prompt, self.turns)
-        turn = turns[request.turn - 1] if request.turn <= len(turns) else {"text": "(script finished)"}
+        turn = (
+            turns[request.turn - 1] if request.turn <= len(turns) else {"text": "(script finished)"}
+        )
         if request.attempt <= int(turn.get("fail_attempts", 0)):
             raise ProviderError(
                 f"scripted failure of turn {request.turn} attempt {request.attempt}",

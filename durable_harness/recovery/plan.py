@@ -116,8 +116,9 @@ def take_snapshot(store: SessionStore) -> Snapshot:
         run = None
         run_records: list[dict[str, Any]] = []
         if state.run_id is not None and state.run_seq is not None:
-            run_records = [r for r in records if r["seq"] >= state.run_seq
-                           and r.get("runId") == state.run_id]
+            run_records = [
+                r for r in records if r["seq"] >= state.run_seq and r.get("runId") == state.run_id
+            ]
             run = fold_run(state.run_id, state.name, run_records, store.get_entry)
         lanes.append(LaneSnapshot(state, run, fold_lane(records), run_records))
     lease = store.lease_holder()
@@ -126,8 +127,9 @@ def take_snapshot(store: SessionStore) -> Snapshot:
     return Snapshot(store.session_id, lanes, list(store.damage), lease, store.get_entry)
 
 
-def _corruption(ls: LaneSnapshot, get_entry: Callable[[str], dict[str, Any] | None]
-                ) -> list[dict[str, Any]]:
+def _corruption(
+    ls: LaneSnapshot, get_entry: Callable[[str], dict[str, Any] | None]
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     started: set[str] = set()
     open_runs = 0
@@ -142,22 +144,49 @@ def _corruption(ls: LaneSnapshot, get_entry: Callable[[str], dict[str, Any] | No
             entry = get_entry(str(rid)) if rid else None
             msg = (entry or {}).get("message") or {}
             if entry is not None and msg.get("toolCallId") != rec.get("toolCallId"):
-                out.append({"kind": "id_conflict", "line": None, "seq": rec["seq"],
-                            "detail": f"provisioned result id {rid} holds other content",
-                            "lane": lane})
-        elif (rtype == "tool_finished" and rec.get("outcome") == "ok"
-              and str(rec.get("toolCallId")) not in started):
-            out.append({"kind": "settlement_without_intent", "seq": rec["seq"], "lane": lane,
-                        "detail": f"tool_finished for {rec.get('toolCallId')} has no tool_started"})
+                out.append(
+                    {
+                        "kind": "id_conflict",
+                        "line": None,
+                        "seq": rec["seq"],
+                        "detail": f"provisioned result id {rid} holds other content",
+                        "lane": lane,
+                    }
+                )
+        elif (
+            rtype == "tool_finished"
+            and rec.get("outcome") == "ok"
+            and str(rec.get("toolCallId")) not in started
+        ):
+            out.append(
+                {
+                    "kind": "settlement_without_intent",
+                    "seq": rec["seq"],
+                    "lane": lane,
+                    "detail": f"tool_finished for {rec.get('toolCallId')} has no tool_started",
+                }
+            )
     if open_runs > 1:
-        out.append({"kind": "two_open_runs", "seq": ls.run_records[0]["seq"], "lane": lane,
-                    "detail": f"lane {lane} has {open_runs} run_started records open"})
+        out.append(
+            {
+                "kind": "two_open_runs",
+                "seq": ls.run_records[0]["seq"],
+                "lane": lane,
+                "detail": f"lane {lane} has {open_runs} run_started records open",
+            }
+        )
     return out
 
 
-def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Policy = "ask",
-         decisions: dict[str, dict[str, Any]] | None = None,
-         attempt_cap: int = 5, reconciled: dict[str, bool] | None = None) -> RecoveryPlan:
+def plan(
+    snapshot: Snapshot,
+    tools: dict[str, ToolDeclaration],
+    *,
+    policy: Policy = "ask",
+    decisions: dict[str, dict[str, Any]] | None = None,
+    attempt_cap: int = 5,
+    reconciled: dict[str, bool] | None = None,
+) -> RecoveryPlan:
     """Compute the recovery plan (pure).
 
     Args:
@@ -182,21 +211,47 @@ def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Polic
         run = ls.run
         if run is None:
             nxt = "start_next_run" if ls.log.pending("next_run") else "none"
-            lanes.append(LanePlan(ls.lane.name, "idle", None, False, nxt, queued=queued,
-                                  deferred_writes=deferred, attempt_cap=attempt_cap))
+            lanes.append(
+                LanePlan(
+                    ls.lane.name,
+                    "idle",
+                    None,
+                    False,
+                    nxt,
+                    queued=queued,
+                    deferred_writes=deferred,
+                    attempt_cap=attempt_cap,
+                )
+            )
             continue
-        lp = LanePlan(ls.lane.name, "suspended", run.run_id, run.abort_requested, "",
-                      reason="crash", attempts={str(k): v for k, v in run.attempts.items()},
-                      attempt_cap=attempt_cap, queued=queued, deferred_writes=deferred,
-                      cost_unknown_attempts=run.cost_unknown_attempts
-                      + (1 if run.pending is not None else 0))
+        lp = LanePlan(
+            ls.lane.name,
+            "suspended",
+            run.run_id,
+            run.abort_requested,
+            "",
+            reason="crash",
+            attempts={str(k): v for k, v in run.attempts.items()},
+            attempt_cap=attempt_cap,
+            queued=queued,
+            deferred_writes=deferred,
+            cost_unknown_attempts=run.cost_unknown_attempts + (1 if run.pending is not None else 0),
+        )
         boundary = _boundary(run, ls.run_records)
         lp.last_safe_boundary = boundary
         if snapshot.lease is not None:
             lp.state, lp.reason, lp.next_action = "running", None, "none_held_by_live_process"
         for call in run.tool_calls:
-            lp.tool_calls.append(_call_plan(call, tools, policy, decisions, run.abort_requested,
-                                            reconciled.get(call.tool_call_id)))
+            lp.tool_calls.append(
+                _call_plan(
+                    call,
+                    tools,
+                    policy,
+                    decisions,
+                    run.abort_requested,
+                    reconciled.get(call.tool_call_id),
+                )
+            )
         if snapshot.lease is not None:
             lanes.append(lp)
             continue
@@ -206,8 +261,9 @@ def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Polic
             lp.next_action = "settle_aborted"
         elif run.pending is not None:
             used = run.attempts.get(run.pending.turn, 0)
-            lp.next_action = ("park_failed_attempt_cap" if used >= attempt_cap
-                              else "reissue_provider_request")
+            lp.next_action = (
+                "park_failed_attempt_cap" if used >= attempt_cap else "reissue_provider_request"
+            )
         elif open_calls:
             if waiting:
                 lp.reason, lp.next_action = "awaiting_decision", "await_decision"
@@ -222,8 +278,9 @@ def plan(snapshot: Snapshot, tools: dict[str, ToolDeclaration], *, policy: Polic
                 lp.next_action = "finish_run"
         else:
             used = run.attempts.get(run.turns + 1, 0)
-            lp.next_action = ("park_failed_attempt_cap" if used >= attempt_cap
-                              else "issue_provider_request")
+            lp.next_action = (
+                "park_failed_attempt_cap" if used >= attempt_cap else "issue_provider_request"
+            )
         lanes.append(lp)
     return RecoveryPlan(snapshot.session_id, lanes, damage, snapshot.lease)
 
@@ -236,14 +293,20 @@ def _boundary(run: RunState, records: list[dict[str, Any]]) -> dict[str, Any] | 
     return None
 
 
-def _call_plan(call: Any, tools: dict[str, ToolDeclaration], policy: Policy,
-               decisions: dict[str, dict[str, Any]], aborting: bool,
-               reconciled: bool | None) -> ToolCallPlan:
+def _call_plan(
+    call: Any,
+    tools: dict[str, ToolDeclaration],
+    policy: Policy,
+    decisions: dict[str, dict[str, Any]],
+    aborting: bool,
+    reconciled: bool | None,
+) -> ToolCallPlan:
     decl = tools.get(call.tool_name)
     declared = decl.replay if decl else None
     replay = call.replay if call.status != "not_started" else declared
-    cp = ToolCallPlan(call.tool_call_id, call.tool_name, call.status, replay, "none",
-                      call.attempts, declared)
+    cp = ToolCallPlan(
+        call.tool_call_id, call.tool_name, call.status, replay, "none", call.attempts, declared
+    )
     decision = decisions.get(call.tool_call_id) or call.decision
     if call.status == "completed":
         return cp
@@ -255,7 +318,7 @@ def _call_plan(call: Any, tools: dict[str, ToolDeclaration], policy: Policy,
         return cp
     if decision is not None:
         cp.decision = decision
-        cp.action = ("re-execute" if decision.get("decision") == "retry" else "apply_decision")
+        cp.action = "re-execute" if decision.get("decision") == "retry" else "apply_decision"
     elif policy == "fail-in-doubt":
         cp.action = "fail"
     elif call.replay == "safe" and declared == "safe":

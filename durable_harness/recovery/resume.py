@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 
 from durable_harness.errors import RecoveryError, ToolError
-from durable_harness.harness.records import idempotency_key
 from durable_harness.harness.harness import Harness, HarnessOptions, Policy
+from durable_harness.harness.records import idempotency_key
 from durable_harness.providers import make_provider
 from durable_harness.providers.base import Provider
 from durable_harness.recovery.plan import (
@@ -31,8 +31,9 @@ def declarations(tools: dict[str, Tool]) -> dict[str, ToolDeclaration]:
     return {name: ToolDeclaration(t.replay, t.can_reconcile) for name, t in tools.items()}
 
 
-async def probe_reconcile(snapshot: Snapshot, tools: dict[str, Tool],
-                          cwd: str | None = None) -> dict[str, bool]:
+async def probe_reconcile(
+    snapshot: Snapshot, tools: dict[str, Tool], cwd: str | None = None
+) -> dict[str, bool]:
     """Ask the ``reconcile`` hook of every in-doubt call whose tool has one whether it can
     establish the outcome (hooks only look; they never act). Returns ``{tool_call_id: bool}``."""
     out: dict[str, bool] = {}
@@ -44,9 +45,12 @@ async def probe_reconcile(snapshot: Snapshot, tools: dict[str, Tool],
             tool = tools.get(call.tool_name)
             if call.status != "in_doubt" or tool is None or not tool.can_reconcile:
                 continue
-            ctx = ToolContext(cwd=Path(cwd or "."), run_id=run.run_id,
-                              tool_call_id=call.tool_call_id,
-                              idempotency_key=idempotency_key(run.run_id, call.tool_call_id))
+            ctx = ToolContext(
+                cwd=Path(cwd or "."),
+                run_id=run.run_id,
+                tool_call_id=call.tool_call_id,
+                idempotency_key=idempotency_key(run.run_id, call.tool_call_id),
+            )
             try:
                 result = await tool.reconcile(tool.parse_args(call.arguments), ctx)
             except ToolError:
@@ -55,17 +59,29 @@ async def probe_reconcile(snapshot: Snapshot, tools: dict[str, Tool],
     return out
 
 
-def recover(store: SessionStore, tools: dict[str, Tool], *, policy: Policy = "ask",
-            decisions: dict[str, dict[str, Any]] | None = None,
-            attempt_cap: int = 5, cwd: str | None = None) -> RecoveryPlan:
+def recover(
+    store: SessionStore,
+    tools: dict[str, Tool],
+    *,
+    policy: Policy = "ask",
+    decisions: dict[str, dict[str, Any]] | None = None,
+    attempt_cap: int = 5,
+    cwd: str | None = None,
+) -> RecoveryPlan:
     """Compute the recovery plan of an open session (read-only or writable). No effect runs;
     reconcile hooks are asked (they only look) so the plan can say which calls need a decision.
     ``cwd`` is where tools run (default: the session's working directory)."""
     snapshot = take_snapshot(store)
     where = cwd or str(store.header.get("cwd") or ".")
     reconciled = anyio.run(probe_reconcile, snapshot, tools, where)
-    return plan(snapshot, declarations(tools), policy=policy, decisions=decisions,
-                attempt_cap=attempt_cap, reconciled=reconciled)
+    return plan(
+        snapshot,
+        declarations(tools),
+        policy=policy,
+        decisions=decisions,
+        attempt_cap=attempt_cap,
+        reconciled=reconciled,
+    )
 
 
 def recorded_provider_spec(session: Session, lane: str = "main") -> str | None:
@@ -89,15 +105,20 @@ def parse_decision(text: str) -> tuple[str, dict[str, Any]]:
     if value in ("retry", "fail"):
         return call_id, {"decision": value}
     if value.startswith("result:"):
-        return call_id, {"decision": "result", "result": value[len("result:"):]}
+        return call_id, {"decision": "result", "result": value[len("result:") :]}
     raise RecoveryError(f"decision {text!r}: the value must be retry, fail or result:TEXT")
 
 
-async def resume_session(session: Session, tools: dict[str, Tool], *,
-                         provider: Provider | None = None,
-                         decisions: dict[str, dict[str, Any]] | None = None,
-                         policy: Policy = "ask", options: HarnessOptions | None = None,
-                         lanes: list[str] | None = None) -> dict[str, str]:
+async def resume_session(
+    session: Session,
+    tools: dict[str, Tool],
+    *,
+    provider: Provider | None = None,
+    decisions: dict[str, dict[str, Any]] | None = None,
+    policy: Policy = "ask",
+    options: HarnessOptions | None = None,
+    lanes: list[str] | None = None,
+) -> dict[str, str]:
     """Resume every interrupted run (or those of ``lanes``) of a session opened for writing.
 
     Returns ``{lane: outcome}`` with outcome ``completed``, ``aborted``, ``failed`` or
@@ -119,8 +140,10 @@ async def resume_session(session: Session, tools: dict[str, Tool], *,
                 if state.run_id is None:
                     results[lane] = "idle"
                     continue
-                raise RecoveryError(f"run {state.run_id} of session {session.id} recorded no "
-                                    "provider; pass --provider")
+                raise RecoveryError(
+                    f"run {state.run_id} of session {session.id} recorded no "
+                    "provider; pass --provider"
+                )
             prov = make_provider(spec)
             opts.provider_spec = spec
         async with Harness(session, prov, tools, options=opts) as harness:

@@ -102,6 +102,10 @@ def open_pi_file(path: str) -> MemorySessionStore:
     lines, dmg = read_lines(data)
     if not lines or not is_pi_header(lines[0][2]):
         raise CorruptSession(f"{path}: line 1 is not a pi session header", path=path)
+    version = lines[0][2].get("version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise CorruptSession(f"{path}: line 1 has a version that is not a number: {version!r}",
+                             path=path)
     header = dict(lines[0][2])
     entries = migrate(header, lines[1:])
     header["version"] = CURRENT_VERSION
@@ -115,6 +119,10 @@ def open_pi_file(path: str) -> MemorySessionStore:
         if not isinstance(eid, str) or eid in seen:
             store.damage.append(damage("duplicate_id", f"entry id {eid!r} missing or repeated",
                                        id=eid))
+            continue
+        if entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str):
+            store.damage.append(damage("bad_line", f"entry {eid} has a parentId that is not a "
+                                       "string; skipped", id=eid))
             continue
         seen.add(eid)
         numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})

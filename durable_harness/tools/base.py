@@ -57,8 +57,9 @@ class ToolResult:
     details: dict[str, Any] | None = None
 
     @classmethod
-    def text(cls, text: str, *, is_error: bool = False,
-             details: dict[str, Any] | None = None) -> ToolResult:
+    def text(
+        cls, text: str, *, is_error: bool = False, details: dict[str, Any] | None = None
+    ) -> ToolResult:
         """Build a result holding one text block."""
         return cls([{"type": "text", "text": text}], is_error=is_error, details=details)
 
@@ -85,8 +86,10 @@ class Tool(abc.ABC):
             return self.Args.model_validate(arguments)
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ToolError(f"bad arguments for tool {self.name}: {first['loc']}: "
-                            f"{first['msg']}", tool=self.name) from exc
+            raise ToolError(
+                f"bad arguments for tool {self.name}: {first['loc']}: {first['msg']}",
+                tool=self.name,
+            ) from exc
 
     @property
     def can_reconcile(self) -> bool:
@@ -113,6 +116,7 @@ def resolve_path(cwd: Path, path: str) -> Path:
     root = Path(os.path.realpath(cwd))
     target = Path(os.path.realpath(root / path))
     if target != root and root not in target.parents:
-        raise PathEscape(f"path {path!r} resolves to {target}, outside the working directory "
-                         f"{root}", path=path)
+        raise PathEscape(
+            f"path {path!r} resolves to {target}, outside the working directory {root}", path=path
+        )
     return target

@@ -126,6 +126,24 @@ def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
     assert result["ok"] is False and result["format"] == "sqlite"
 
 
+def test_malformed_pi_fields_are_damage_not_exceptions(tmp_path: Path) -> None:
+    path = tmp_path / "pi.jsonl"
+    path.write_bytes(
+        PI_HEADER
+        + b'{"type":"message","id":"a","parentId":null,"message":{"role":"user","content":"x"}}\n'
+        + b'{"type":"message","id":"b","parentId":{"not":"a string"}}\n'
+    )
+    result = fsck_path(str(path))
+    assert result["ok"] is False
+    assert [(d["kind"], d["id"]) for d in result["damage"]] == [("bad_line", "b")]
+    assert result["entries"] == 1
+
+    path.write_bytes(b'{"type":"session","version":"two","id":"s","cwd":"/p"}\n')
+    result = fsck_path(str(path))
+    assert result["ok"] is False
+    assert [d["kind"] for d in result["damage"]] == ["bad_header"]
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
@@ -135,8 +153,14 @@ _json = st.recursive(
 _op_like = st.fixed_dictionaries(
     {"op": st.sampled_from(["entry", "record", "lane", "x"])},
     optional={
-        "entry": st.fixed_dictionaries({}, optional={"id": _json, "seq": _json, "parentId": _json}),
-        "record": st.fixed_dictionaries({}, optional={"id": _json, "seq": _json, "lane": _json}),
+        "entry": st.fixed_dictionaries(
+            {"id": st.text(max_size=2) | _json, "seq": st.integers(0, 9) | _json},
+            optional={"parentId": _json, "type": _json},
+        ),
+        "record": st.fixed_dictionaries(
+            {"id": st.text(max_size=2) | _json, "seq": st.integers(0, 9) | _json},
+            optional={"lane": _json, "type": _json, "runId": _json},
+        ),
         "lane": _json,
         "leafId": _json,
         "config": _json,
@@ -146,7 +170,7 @@ _op_like = st.fixed_dictionaries(
 _structured_line = st.one_of(
     st.fixed_dictionaries({"gen": _json, "ops": st.lists(_op_like, max_size=3) | _json}),
     st.fixed_dictionaries(
-        {"type": st.sampled_from(["message", "compaction", "label"]), "id": _json},
+        {"type": st.sampled_from(["message", "compaction", "label"]), "id": st.text() | _json},
         optional={"parentId": _json, "message": _json, "firstKeptEntryIndex": _json},
     ),
     _json,
