@@ -21,11 +21,15 @@ or a failure to start is recorded as ``skipped: <reason>``.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from bench.common import (
     child_main,
@@ -43,7 +47,10 @@ from bench.common import (
 from bench.workload import EchoTool
 
 N_TURNS = 200
-FLOOR_SAMPLES = 200  # raw fsyncs measured before and after each durable run
+PAIRED_TURNS = 100  # turns of the runs that pair each tool call with 2 raw fsyncs
+FLOOR_SAMPLES = 100  # raw fsyncs measured before and after each durable run
+VS_ROUNDS = 2  # rounds of (ours, LangGraph, DBOS), each in a fresh process
+STRACE_TURNS = (10, 30)  # fsyncs per turn = difference of the counts of two runs / 20
 OUR_CONFIGS = [
     ("memory", "none"),
     ("jsonl", "sync"),
@@ -155,9 +162,13 @@ def _open_session(backend: str, mode: str, work: Path) -> Any:
     )
 
 
-async def harness_run(session: Any, n: int) -> dict[str, Any]:
+async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dict[str, Any]:
     """One run of ``n`` tool turns through the Harness, instrumented from outside: each
-    ``store.commit`` and each tool call (the harness's ``_run_tool``) is timed."""
+    ``store.commit`` and each tool call (the harness's ``_run_tool``) is timed.
+
+    With ``pair_dir``, each tool call is preceded by 2 raw append + ``fdatasync`` calls of a
+    commit-sized record to a file there, timed apart: a floor taken at the same moment as the
+    call it is compared with (so the per-turn time of such a run is not reported)."""
     from durable_harness.harness.harness import Harness, HarnessOptions
     from durable_harness.providers.scripted import ScriptedProvider
     from durable_harness.storage.base import RecordOp
@@ -178,9 +189,22 @@ async def harness_run(session: Any, n: int) -> dict[str, Any]:
         session, ScriptedProvider(script(n)), [EchoTool()], options=HarnessOptions(max_turns=n + 5)
     )
     tool_times: list[float] = []
+    pair_times: list[float] = []
     real_run_tool = harness._run_tool
+    pair_fd = None
+    if pair_dir is not None:
+        from bench.bench_storage import commit_line_size
+
+        pair_fd = os.open(pair_dir / "pair.bin", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        record = b"x" * (commit_line_size() - 1) + b"\n"
 
     async def timed_run_tool(live: Any, call: Any) -> None:
+        if pair_fd is not None:
+            t0 = time.perf_counter()
+            for _ in range(2):
+                os.write(pair_fd, record)
+                os.fdatasync(pair_fd)
+            pair_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         await real_run_tool(live, call)
         tool_times.append(time.perf_counter() - t0)
@@ -196,7 +220,9 @@ async def harness_run(session: Any, n: int) -> dict[str, Any]:
         outcome = await handle.wait()
         elapsed = time.perf_counter() - t0
     store.commit = real_commit
-    gaps = [b - a for a, b in zip(turn_starts, turn_starts[1:], strict=False)]
+    if pair_fd is not None:
+        os.close(pair_fd)
+    gaps = [b - a for a, b in itertools.pairwise(turn_starts)]
     k = max(1, min(20, len(gaps) // 4))
     commits = sum(len(v) for v in commit_times.values())
     return {
@@ -212,10 +238,36 @@ async def harness_run(session: Any, n: int) -> dict[str, Any]:
         "first_turns_us": median(gaps[:k]) * 1e6 if gaps else None,
         "last_turns_us": median(gaps[-k:]) * 1e6 if gaps else None,
         "entries": store.entry_count(),
+        "tool_commits_us": round(
+            sum(
+                median(v)
+                for k2, v in commit_times.items()
+                if k2 in ("tool_started", "tool_finished")
+            )
+            * 1e6,
+            1,
+        ),
+        **(
+            {
+                "paired": {
+                    "two_fsyncs_us_median": median(pair_times) * 1e6,
+                    "tool_call_us_median": median(tool_times) * 1e6,
+                    "tool_call_vs_2_fsyncs": ratio(median(tool_times), median(pair_times)),
+                    "per_call_ratio_median": round(
+                        median([t / p for t, p in zip(tool_times, pair_times, strict=False) if p]),
+                        3,
+                    ),
+                }
+            }
+            if pair_times
+            else {}
+        ),
     }
 
 
 def ours(work: Path, n: int) -> dict[str, Any]:
+    """Every configuration of ours in this process: a plain timed run, then (durable modes) a
+    run pairing each tool call with 2 raw fsyncs."""
     import anyio
 
     from bench.bench_storage import commit_line_size
@@ -226,40 +278,73 @@ def ours(work: Path, n: int) -> dict[str, Any]:
         name = f"{backend}_{mode}" if backend != "memory" else "memory"
         sub = work / name
         sub.mkdir()
-        before = fsync_latencies(sub, size, FLOOR_SAMPLES) if backend != "memory" else []
+        durable = backend != "memory" and mode != "none"
+        before = fsync_latencies(sub, size, FLOOR_SAMPLES) if durable else []
         session = _open_session(backend, mode, sub)
         try:
             res = anyio.run(harness_run, session, n)
         finally:
             session.close()
-        after = fsync_latencies(sub, size, FLOOR_SAMPLES) if backend != "memory" else []
-        if before:
-            floor = median(before + after)
-            res["fsync_floor_us"] = floor * 1e6
+        after = fsync_latencies(sub, size, FLOOR_SAMPLES) if durable else []
+        if durable:
             res["fsync_floor_us_before_after"] = [median(before) * 1e6, median(after) * 1e6]
-            res["tool_call_vs_2_fsyncs"] = ratio(res["tool_call_us_median"], 2 * floor * 1e6)
-            commits2 = [
-                v
-                for k, v in res["commit_us_median"].items()
-                if k in ("tool_started", "tool_finished")
-            ]
-            res["tool_commits_us"] = round(sum(commits2), 1)
-            res["tool_commits_vs_2_fsyncs"] = ratio(sum(commits2), 2 * floor * 1e6)
-        out[name] = {k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}
+            (sub / "paired").mkdir()
+            session = _open_session(backend, mode, sub / "paired")
+            try:
+                paired = anyio.run(harness_run, session, PAIRED_TURNS, sub / "paired")
+            finally:
+                session.close()
+            res["paired"] = paired["paired"]
+            res["paired"]["turns"] = PAIRED_TURNS
+        out[name] = _rounded(res)
+        extra = (
+            f", tool call {res['paired']['tool_call_vs_2_fsyncs']}x 2 fsyncs"
+            if "paired" in res
+            else ""
+        )
         log(
-            f"  ours {name}: {res['us_per_turn']:,.0f} us/turn, tool call "
-            f"{res['tool_call_us_median']:,.0f} us (first turns {res['first_turns_us']:,.0f}, "
-            f"last turns {res['last_turns_us']:,.0f} us/turn)"
+            f"  ours {name}: {res['us_per_turn']:,.0f} us/turn (turns 1-20 "
+            f"{res['first_turns_us']:,.0f}, last 20 {res['last_turns_us']:,.0f}){extra}"
         )
     return out
 
 
+def _rounded(d: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _rounded(v)
+        if isinstance(v, dict)
+        else round(v, 2)
+        if isinstance(v, float)
+        else [round(x, 2) for x in v]
+        if isinstance(v, list) and v and isinstance(v[0], float)
+        else v
+        for k, v in d.items()
+    }
+
+
+def child_ours(workdir: str, n: int, backend: str, mode: str) -> dict[str, Any]:
+    """(fresh process) One timed run of ours, as the competitors are run."""
+    import anyio
+
+    session = _open_session(backend, mode, Path(workdir))
+    try:
+        res = anyio.run(harness_run, session, n)
+    finally:
+        session.close()
+    return res
+
+
 # -- competitors (each in a fresh subprocess) --------------------------------------------------
+class GraphState(TypedDict):
+    """LangGraph state: the conversation (appended to by each node) and the turn count."""
+
+    messages: Annotated[list[dict[str, Any]], operator.add]
+    turn: int
+
+
 def child_langgraph(workdir: str, n: int) -> dict[str, Any]:
     """(fresh process) A model/tool graph looping ``n`` times, checkpointed to SQLite."""
-    import operator
     import sqlite3
-    from typing import Annotated, TypedDict
 
     try:
         from langgraph.checkpoint.sqlite import SqliteSaver
@@ -270,11 +355,7 @@ def child_langgraph(workdir: str, n: int) -> dict[str, Any]:
 
     turns = script(n)
 
-    class State(TypedDict):
-        messages: Annotated[list[dict[str, Any]], operator.add]
-        turn: int
-
-    def model(state: State) -> dict[str, Any]:
+    def model(state: GraphState) -> dict[str, Any]:
         turn = state["turn"] + 1
         spec = turns[min(turn, len(turns)) - 1]
         content: list[dict[str, Any]] = [{"type": "text", "text": spec["text"]}]
@@ -296,7 +377,7 @@ def child_langgraph(workdir: str, n: int) -> dict[str, Any]:
         }
         return {"messages": [msg], "turn": turn}
 
-    def tool(state: State) -> dict[str, Any]:
+    def tool(state: GraphState) -> dict[str, Any]:
         last = state["messages"][-1]
         out = []
         for block in last["content"]:
@@ -312,11 +393,11 @@ def child_langgraph(workdir: str, n: int) -> dict[str, Any]:
                 )
         return {"messages": out}
 
-    def route(state: State) -> str:
+    def route(state: GraphState) -> str:
         last = state["messages"][-1]
         return "tool" if any(b.get("type") == "toolCall" for b in last["content"]) else END
 
-    graph = StateGraph(State)
+    graph = StateGraph(GraphState)
     graph.add_node("model", model)
     graph.add_node("tool", tool)
     graph.add_edge(START, "model")
@@ -442,19 +523,142 @@ def child_dbos(workdir: str, n: int) -> dict[str, Any]:
     }
 
 
-def competitor(name: str, work: Path, n: int) -> dict[str, Any]:
-    sub = work / name
+VS = {
+    "ours_jsonl_sync": ("child_ours", {"backend": "jsonl", "mode": "sync"}),
+    "ours_sqlite_sync": ("child_ours", {"backend": "sqlite", "mode": "sync"}),
+    "langgraph": ("child_langgraph", {}),
+    "dbos": ("child_dbos", {}),
+}
+
+
+def fresh_child(
+    name: str, work: Path, n: int, *, prefix: list[str] | None = None, tag: str = ""
+) -> dict[str, Any]:
+    """Run one of :data:`VS` in a fresh process with its own scratch directory."""
+    func, extra = VS[name]
+    sub = work / f"{name}{tag}"
     sub.mkdir()
     res = run_child(
-        "bench.bench_harness", f"child_{name}", {"workdir": str(sub), "n": n}, timeout=CHILD_TIMEOUT
+        "bench.bench_harness",
+        func,
+        {"workdir": str(sub), "n": n, **extra},
+        timeout=CHILD_TIMEOUT,
+        prefix=prefix,
     )
+    shutil.rmtree(sub, ignore_errors=True)
     if "error" in res:
         return {"skipped": f"failed: {res['error']}"[:600]}
-    if "skipped" not in res:
-        log(f"  {name}: {res['us_per_turn']:,.0f} us/turn ({res['us_per_step']:,.0f} us/step)")
-    else:
-        log(f"  {name}: {res['skipped']}")
-    return {k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}
+    return res
+
+
+def versus(work: Path, n: int) -> dict[str, Any]:
+    """``VS_ROUNDS`` rounds, each running ours (JSONL and SQLite, sync), LangGraph and DBOS
+    one after the other in fresh processes; ratios are taken within a round, then the median
+    across rounds (the disk's fsync latency drifts between rounds)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VS}
+    for r in range(VS_ROUNDS):
+        for name in VS:
+            if runs[name] and "skipped" in runs[name][-1]:
+                continue
+            res = fresh_child(name, work, n, tag=f"-r{r}")
+            runs[name].append(res)
+            log(
+                f"  round {r + 1}: {name}: "
+                + (res["skipped"] if "skipped" in res else f"{res['us_per_turn']:,.0f} us/turn")
+            )
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        if any("skipped" in x for x in rs):
+            out[name] = {"skipped": next(x["skipped"] for x in rs if "skipped" in x)}
+            continue
+        keep = {
+            k: v
+            for k, v in rs[-1].items()
+            if k
+            in (
+                "version",
+                "sqlite",
+                "steps",
+                "checkpoints",
+                "messages",
+                "outcome",
+                "commits_per_turn",
+                "first_turns_us",
+                "last_turns_us",
+            )
+        }
+        out[name] = _rounded(
+            {
+                "us_per_turn": median([x["us_per_turn"] for x in rs]),
+                "rounds_us_per_turn": [x["us_per_turn"] for x in rs],
+                **keep,
+            }
+        )
+    ratios: dict[str, Any] = {}
+    for mine in ("ours_jsonl_sync", "ours_sqlite_sync"):
+        for comp in ("langgraph", "dbos"):
+            if "skipped" in out[mine] or "skipped" in out[comp]:
+                ratios[f"{mine}_vs_{comp}"] = None
+                continue
+            per = [
+                a["us_per_turn"] / b["us_per_turn"]
+                for a, b in zip(runs[mine], runs[comp], strict=False)
+            ]
+            ratios[f"{mine}_vs_{comp}"] = round(median(per), 3)
+            ratios[f"{mine}_vs_{comp}_rounds"] = [round(x, 3) for x in per]
+    out["ratios"] = ratios
+    return out
+
+
+def fsync_counts(work: Path) -> dict[str, Any]:
+    """fsync-family system calls per turn of each contender, counted with ``strace -f -c``
+    over two fresh runs of different lengths (setup costs cancel in the difference)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return {"skipped": "strace not installed"}
+    out: dict[str, Any] = {}
+    lo, hi = STRACE_TURNS
+    for name in VS:
+        counts = []
+        for n in (lo, hi):
+            log_path = work / f"strace-{name}-{n}.txt"
+            prefix = [
+                strace,
+                "-f",
+                "-c",
+                "-o",
+                str(log_path),
+                "-e",
+                "trace=fsync,fdatasync,sync_file_range,msync",
+            ]
+            res = fresh_child(name, work, n, prefix=prefix, tag=f"-strace{n}")
+            if "skipped" in res:
+                counts = []
+                out[name] = {"skipped": res["skipped"]}
+                break
+            counts.append(_strace_calls(log_path))
+        if counts:
+            per = {
+                k: round((counts[1].get(k, 0) - counts[0].get(k, 0)) / (hi - lo), 2)
+                for k in set(counts[0]) | set(counts[1])
+            }
+            out[name] = {"per_turn": per, "total_per_turn": round(sum(per.values()), 2)}
+            log(f"  {name}: {out[name]['total_per_turn']} fsync-family calls per turn {per}")
+    return out
+
+
+def _strace_calls(path: Path) -> dict[str, int]:
+    """Parse the ``calls`` column of an ``strace -c`` summary: ``{syscall: count}``."""
+    calls: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return calls
+    for line in text.splitlines():
+        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
+        if m and m.group(2) != "total":
+            calls[m.group(2)] = int(m.group(1))
+    return calls
 
 
 # -- entry point -------------------------------------------------------------------------------
@@ -474,96 +678,95 @@ def run() -> dict[str, Any]:
         }
         log(f"harness: {n} turns, one echo tool call each")
         base = anyio.run(plain_loop, n)
-        results["baseline_plain_async"] = {
-            k: round(v, 2) if isinstance(v, float) else v for k, v in base.items()
-        }
+        results["baseline_plain_async"] = _rounded(base)
         log(f"  plain async loop: {base['us_per_turn']:,.1f} us/turn")
         results["ours"] = ours(work, n)
-        results["langgraph"] = competitor("langgraph", work, n)
-        results["dbos"] = competitor("dbos", work, n)
+        log("harness: ours vs LangGraph vs DBOS, fresh processes")
+        results["versus"] = versus(work, n)
+        log("harness: fsync-family system calls per turn (strace)")
+        results["fsyncs_per_turn"] = fsync_counts(work)
 
-    o = results["ours"]
-    lg, db = results["langgraph"], results["dbos"]
-    js = o["jsonl_sync"]
+    o, vs = results["ours"], results["versus"]
+    vr = vs["ratios"]
     ratios: dict[str, Any] = {
         f"{name}_per_turn_vs_plain": ratio(o[name]["us_per_turn"], base["us_per_turn"])
         for name in o
     }
-    ratios["jsonl_sync_tool_call_vs_2_fsyncs"] = js.get("tool_call_vs_2_fsyncs")
-    ratios["jsonl_sync_tool_commits_vs_2_fsyncs"] = js.get("tool_commits_vs_2_fsyncs")
-    ratios["sqlite_sync_tool_call_vs_2_fsyncs"] = o["sqlite_sync"].get("tool_call_vs_2_fsyncs")
-    for comp_name, comp in (("langgraph", lg), ("dbos", db)):
-        for mine in ("jsonl_sync", "sqlite_sync"):
-            ratios[f"{mine}_vs_{comp_name}_per_turn"] = (
-                None if "skipped" in comp else ratio(o[mine]["us_per_turn"], comp["us_per_turn"])
-            )
+    for name in ("jsonl_sync", "jsonl_batch", "sqlite_sync", "sqlite_batch"):
+        ratios[f"{name}_tool_call_vs_2_fsyncs"] = o[name]["paired"]["tool_call_vs_2_fsyncs"]
+    ratios.update({k: v for k, v in vr.items() if not k.endswith("_rounds")})
     results["ratios"] = ratios
     results["skipped"] = [
-        f"{k}: {v['skipped']}" for k, v in (("langgraph", lg), ("dbos", db)) if "skipped" in v
+        f"{k}: {vs[k]['skipped']}" for k in ("langgraph", "dbos") if "skipped" in vs[k]
     ]
     results["targets"] = [
         target(
-            js.get("tool_call_vs_2_fsyncs"),
+            ratios["jsonl_sync_tool_call_vs_2_fsyncs"],
             "<=",
             1.5,
             "JSONL sync: one durable tool call (2 commits + tool) vs 2 raw fsyncs",
         ),
         target(
-            ratios["jsonl_sync_vs_langgraph_per_turn"],
+            vr.get("ours_jsonl_sync_vs_langgraph"),
             "<=",
             round(1 / 3, 4),
             "JSONL sync per turn vs LangGraph (SqliteSaver, durability=sync)",
         ),
         target(
-            ratios["jsonl_sync_vs_dbos_per_turn"],
+            vr.get("ours_jsonl_sync_vs_dbos"),
             "<=",
             0.2,
             "JSONL sync per turn vs DBOS (SQLite system database)",
         ),
     ]
+    results["summary_rows"] = _rows(results, base)
+    write_results("harness", results)
+    return results
+
+
+def _rows(results: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
+    o, vs, fs = results["ours"], results["versus"], results["fsyncs_per_turn"]
+    ratios = results["ratios"]
     rows: list[tuple[str, Any, str, str]] = [
         ("plain async loop (no storage)", base["us_per_turn"], "us/turn", "baseline"),
     ]
     for name, res in o.items():
         note = (
-            f"{ratios[f'{name}_per_turn_vs_plain']}x plain; {res['commits_per_turn']} commits/turn"
-        )
-        note += (
-            f"; turns 1-20 {res['first_turns_us']:,.0f} us, last 20 {res['last_turns_us']:,.0f} us"
+            f"{ratios[f'{name}_per_turn_vs_plain']}x plain; turns 1-20 "
+            f"{res['first_turns_us']:,.0f} us, last 20 {res['last_turns_us']:,.0f} us; "
+            f"{res['commits_per_turn']} commits/turn"
         )
         rows.append((f"ours {name}", res["us_per_turn"], "us/turn", note))
-        if "tool_call_vs_2_fsyncs" in res:
+        if "paired" in res:
+            p = res["paired"]
             rows.append(
                 (
                     f"  tool call, {name}",
-                    res["tool_call_us_median"],
+                    p["tool_call_us_median"],
                     "us",
-                    f"{res['tool_call_vs_2_fsyncs']}x 2 fsyncs (fsync "
-                    f"{res['fsync_floor_us']:,.0f} us); its 2 commits "
-                    f"{res['tool_commits_us']:,.0f} us = {res['tool_commits_vs_2_fsyncs']}x",
+                    f"{p['tool_call_vs_2_fsyncs']}x 2 fsyncs taken just before "
+                    f"({p['two_fsyncs_us_median']:,.0f} us)",
                 )
             )
-    for comp_name, comp in (("LangGraph", lg), ("DBOS", db)):
-        key = comp_name.lower()
-        if "skipped" in comp:
-            rows.append((comp_name, None, "", comp["skipped"][:120]))
+    for name in VS:
+        res = vs[name]
+        if "skipped" in res:
+            rows.append((name, None, "", res["skipped"][:120]))
             continue
-        rows.append(
-            (
-                f"{comp_name} {comp.get('version')}",
-                comp["us_per_turn"],
-                "us/turn",
-                f"{comp['us_per_step']:,.0f} us/step; ours jsonl sync = "
-                f"{ratios[f'jsonl_sync_vs_{key}_per_turn']}x, sqlite sync = "
-                f"{ratios[f'sqlite_sync_vs_{key}_per_turn']}x; sqlite {comp.get('sqlite')}",
+        note = f"rounds {res['rounds_us_per_turn']}"
+        if name in ("langgraph", "dbos"):
+            note += (
+                f"; ours jsonl sync = {vs['ratios'][f'ours_jsonl_sync_vs_{name}']}x, "
+                f"sqlite sync = {vs['ratios'][f'ours_sqlite_sync_vs_{name}']}x"
             )
-        )
-    results["summary_rows"] = rows
-    write_results("harness", results)
-    return results
+            note += f"; {res.get('version')}, sqlite {res.get('sqlite')}"
+        if name in fs and "total_per_turn" in fs[name]:
+            note += f"; {fs[name]['total_per_turn']} fsyncs/turn"
+        rows.append((f"fresh process: {name}", res["us_per_turn"], "us/turn", note))
+    return rows
 
 
-CHILDREN = {"child_langgraph": child_langgraph, "child_dbos": child_dbos}
+CHILDREN = {"child_ours": child_ours, "child_langgraph": child_langgraph, "child_dbos": child_dbos}
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":

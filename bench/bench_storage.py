@@ -427,8 +427,26 @@ def child_open_jsonl(path: str) -> dict[str, Any]:
         "context_model": ctx.model,
         **mem,
     }
+    result.update(entry_read_costs(store))
     store.close()
     return result
+
+
+def entry_read_costs(store: Any, count: int = 5000) -> dict[str, Any]:
+    """Per-entry read cost of ``store.get_entry`` against a raw ``pread`` + ``orjson.loads``
+    of the same commit lines (JSONL), over ``count`` entries spread through the file."""
+    ids = store._order[:: max(1, len(store._order) // count)][:count]
+    locs = [store._meta[i][3] for i in ids]
+    fd = store._fd
+    t0 = time.perf_counter()
+    for i in ids:
+        store.get_entry(i)
+    t1 = time.perf_counter()
+    for offset, length, idx in locs:
+        orjson.loads(os.pread(fd, length, offset))["ops"][idx]["entry"]
+    t2 = time.perf_counter()
+    n = len(ids)
+    return {"get_entry_us": (t1 - t0) / n * 1e6, "raw_pread_loads_us": (t2 - t1) / n * 1e6}
 
 
 def child_open_sqlite(db: str, session_id: str, repeats: int = 5) -> dict[str, Any]:
@@ -482,6 +500,8 @@ def long_session_benchmarks(work: Path) -> dict[str, Any]:
             "total_s": round(best["total_s"], 3),
             "runs_total_s": [round(r["total_s"], 3) for r in runs],
             "context_messages": best["context_messages"],
+            "get_entry_us": round(best["get_entry_us"], 2),
+            "raw_pread_loads_us": round(best["raw_pread_loads_us"], 2),
             "damage": best["damage"],
             "peak_rss_delta_bytes": worst_peak * 1024,
             "peak_rss_delta_vs_file": round(worst_peak * 1024 / size, 3),

@@ -222,14 +222,20 @@ def log(msg: str) -> None:
 
 # -- fresh subprocesses ------------------------------------------------------------------------
 def run_child(
-    module: str, func: str, args: dict[str, Any], *, timeout: float = 120.0
+    module: str,
+    func: str,
+    args: dict[str, Any],
+    *,
+    timeout: float = 120.0,
+    prefix: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run ``func(**args)`` of ``module`` in a fresh interpreter and return its result dict.
 
-    The child is ``python -m <module> --child <func> <json args>`` (see :func:`child_main`).
-    A child that fails or times out yields ``{"error": ...}`` instead of raising.
+    The child is ``python -m <module> --child <func> <json args>`` (see :func:`child_main`),
+    run under ``prefix`` (e.g. an ``strace`` command line) when given. A child that fails or
+    times out yields ``{"error": ...}`` instead of raising.
     """
-    cmd = [sys.executable, "-m", module, "--child", func, json.dumps(args)]
+    cmd = [*(prefix or []), sys.executable, "-m", module, "--child", func, json.dumps(args)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     try:

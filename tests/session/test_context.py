@@ -14,7 +14,7 @@ class Tree:
         self.entries: dict[str, dict[str, Any]] = {}
         self.last: str | None = None
 
-    def add(self, eid: str, etype: str, *, parent: str | None | bool = True, **fields: Any) -> str:
+    def add(self, eid: str, etype: str, *, parent: str | bool | None = True, **fields: Any) -> str:
         parent_id = self.last if parent is True else parent
         self.entries[eid] = {"type": etype, "id": eid, "parentId": parent_id, **fields}
         self.last = eid

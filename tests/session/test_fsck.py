@@ -16,9 +16,7 @@ from hypothesis import strategies as st
 from durable_harness.session.fsck import fsck_path
 from durable_harness.storage import EntryOp, RecordOp, open_store
 
-OWN_HEADER = (
-    b'{"type":"session","version":3,"format":"durable-harness/1","id":"s1","cwd":"/p"}\n'
-)
+OWN_HEADER = b'{"type":"session","version":3,"format":"durable-harness/1","id":"s1","cwd":"/p"}\n'
 PI_HEADER = b'{"type":"session","version":3,"id":"s2","timestamp":"t","cwd":"/p"}\n'
 
 
@@ -146,7 +144,9 @@ def test_malformed_pi_fields_are_damage_not_exceptions(tmp_path: Path) -> None:
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 # JSON lines shaped like commits or pi entries, with fields of any type in any place.

@@ -121,7 +121,13 @@ def test_v3_branched_context_from_its_leaf(pi_dir: Path) -> None:
     raw = {e["id"]: e for e in _file_lines(pi_dir / "v3-branched.jsonl") if "id" in e}
     assert s.leaf() == "a0000011"
     ctx = s.context()
-    assert [m["role"] for m in ctx.messages] == ["user", "user", "assistant", "toolResult", "assistant"]
+    assert [m["role"] for m in ctx.messages] == [
+        "user",
+        "user",
+        "assistant",
+        "toolResult",
+        "assistant",
+    ]
     assert raw["a000000f"]["summary"] in _text(ctx.messages[0])
     assert ctx.entry_ids == ["a000000f", "a000000b", "a000000d", "a000000e", "a0000010"]
     for msg, eid in zip(ctx.messages[1:], ctx.entry_ids[1:], strict=True):

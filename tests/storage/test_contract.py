@@ -1,4 +1,4 @@
-"""The storage contract of ``storage/base.py``, checked on every backend (see ``conftest.store``)."""
+"""The storage contract of ``storage/base.py``, checked on every backend (``conftest.store``)."""
 
 from __future__ import annotations
 
@@ -327,7 +327,9 @@ def test_batch_mode_concurrent_commits(store: Store, reopen: Reopen) -> None:
             for i in range(per_thread):
                 eid = f"t{t}-e{i}"
                 got.append(
-                    s.commit([EntryOp(ent(eid, parent), lane=f"lane{t}"), RecordOp(rec(f"t{t}-r{i}"))])
+                    s.commit(
+                        [EntryOp(ent(eid, parent), lane=f"lane{t}"), RecordOp(rec(f"t{t}-r{i}"))]
+                    )
                 )
                 parent = eid
             results[t] = got
@@ -382,7 +384,6 @@ def test_file_permissions(store: Store, tmp_path: Path) -> None:
             assert {_mode(p) for p in locks.iterdir()} == {0o600}
     finally:
         s.close()
-
 
 
 def test_returned_dicts_are_copies(store: Store, reopen: Reopen) -> None:

@@ -3,6 +3,7 @@ line is quarantined to a side file (writable opens only) and earlier bytes stay 
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import tempfile
@@ -37,7 +38,7 @@ def _line_starts(data: bytes) -> list[int]:
 
 
 def _chain(jstore: Store, n: int = 3) -> tuple[str, bytes]:
-    """A closed session with ``n`` commits (entry ``e{i}`` + record ``r{i}``); its path and bytes."""
+    """A closed session of ``n`` commits (entry ``e{i}`` + record ``r{i}``): its path, bytes."""
     s = jstore.create_session("/p")
     parent = None
     for i in range(n):
@@ -274,7 +275,12 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
             for kind, text in ops:
                 n += 1
                 if kind == "entry":
-                    batch.append(EntryOp({"type": "custom", "id": f"e{n}", "parentId": leaf, "t": text}, lane="main"))
+                    batch.append(
+                        EntryOp(
+                            {"type": "custom", "id": f"e{n}", "parentId": leaf, "t": text},
+                            lane="main",
+                        )
+                    )
                     leaf = f"e{n}"
                     new_entries.add(leaf)
                 else:
@@ -288,7 +294,7 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
         starts = _line_starts(data)
         first_cut = starts[max(1, len(starts) - 3)]  # never cut into the header line
         bounds = [*starts, len(data)]
-        mid_line_cuts = {(a + b) // 2 for a, b in zip(bounds, bounds[1:], strict=False)}
+        mid_line_cuts = {(a + b) // 2 for a, b in itertools.pairwise(bounds)}
 
         for cut in range(first_cut, len(data) + 1):
             probe = os.path.join(tmp, f"cut-{cut}.jsonl")

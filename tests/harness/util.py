@@ -1,0 +1,116 @@
+"""Helpers shared by the harness tests: sessions, a deterministic test tool, record readers,
+and :func:`assert_intent_durable` (the write-ahead check made from a second reader)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from durable_harness.harness.harness import Event, Harness
+from durable_harness.session.session import Session
+from durable_harness.storage import JsonlSessionStore, SessionStore, Store, open_store
+from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
+
+
+class EchoArgs(BaseModel):
+    text: str
+
+
+class EchoTool(Tool):
+    """``echo``: returns its text at once (no await, so completion order is call order)."""
+
+    name: ClassVar[str] = "echo"
+    description: ClassVar[str] = "Echo the text back."
+    Args: ClassVar[type[BaseModel]] = EchoArgs
+    replay: ClassVar[Replay] = "safe"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        assert isinstance(args, EchoArgs)
+        self.calls.append(ctx.tool_call_id)
+        return ToolResult.text(f"echo: {args.text}")
+
+
+def new_session(store: Store, cwd: Path) -> Session:
+    """Create a fresh writable session in ``store`` for ``cwd``."""
+    return Session(store.create_session(str(cwd)))
+
+
+def records(session: Session, lane: str | None = "main") -> list[dict[str, Any]]:
+    """Every record of ``lane`` (all lanes for ``None``), in seq order."""
+    return session.store.records(lane)
+
+
+def types_of(recs: list[dict[str, Any]]) -> list[str]:
+    return [str(r["type"]) for r in recs]
+
+
+def of_type(recs: list[dict[str, Any]], rtype: str) -> list[dict[str, Any]]:
+    return [r for r in recs if r["type"] == rtype]
+
+
+def messages_on_path(session: Session, lane: str = "main") -> list[dict[str, Any]]:
+    """The ``message`` entries on the lane's path, root first."""
+    return [e for e in session.path(session.leaf(lane)) if e["type"] == "message"]
+
+
+def collect_events(harness: Harness) -> tuple[list[Event], Callable[[], None]]:
+    """Subscribe to ``harness``; return the (growing) event list and the unsubscribe function."""
+    events: list[Event] = []
+    return events, harness.subscribe(events.append)
+
+
+def one_result_per_call(messages: list[dict[str, Any]]) -> None:
+    """Assert that every tool call in ``messages`` has exactly one result, right after it."""
+    calls = [
+        b["id"]
+        for m in messages
+        if m.get("role") == "assistant"
+        for b in m.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "toolCall"
+    ]
+    results = [m["toolCallId"] for m in messages if m.get("role") == "toolResult"]
+    assert sorted(calls) == sorted(results), (calls, results)
+    assert len(set(results)) == len(results), results
+
+
+def open_reader(store_location: str) -> SessionStore:
+    """Open a second, read-only view of a session from its ``store.location`` (a JSONL file
+    path, or ``sqlite:PATH#SESSION_ID``), reading what is on disk now."""
+    if store_location.startswith("sqlite:"):
+        db_path, _, session_id = store_location[len("sqlite:") :].rpartition("#")
+        return open_store(f"sqlite:{db_path}").open_session(session_id, write=False)
+    assert os.path.isfile(store_location), store_location
+    return JsonlSessionStore.open_path(store_location, write=False)
+
+
+def assert_intent_durable(store_location: str, tool_call_id: str) -> dict[str, Any]:
+    """Assert, from a fresh read-only open of the session on disk, that a ``tool_started``
+    record for ``tool_call_id`` is already stored; return it.
+
+    Call it from inside a tool's ``execute``: it proves the intent was durable before the
+    effect began (write-ahead, design brief section 2 rule 1).
+    """
+    reader = open_reader(store_location)
+    try:
+        found = [
+            r
+            for r in reader.records(types=("tool_started",))
+            if r.get("toolCallId") == tool_call_id
+        ]
+        finished = [
+            r
+            for r in reader.records(types=("tool_finished",))
+            if r.get("toolCallId") == tool_call_id
+        ]
+    finally:
+        reader.close()
+    assert found, f"no durable tool_started for {tool_call_id} in {store_location}"
+    assert not finished, f"tool_finished for {tool_call_id} stored before the effect ran"
+    return found[-1]
