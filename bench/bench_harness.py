@@ -49,7 +49,7 @@ from bench.workload import EchoTool
 N_TURNS = 200
 PAIRED_TURNS = 100  # turns of the runs that pair each tool call with 2 raw fsyncs
 FLOOR_SAMPLES = 100  # raw fsyncs measured before and after each durable run
-VS_ROUNDS = 2  # rounds of (ours, LangGraph, DBOS), each in a fresh process
+VS_ROUNDS = 3  # rounds of (ours, LangGraph, DBOS), each in a fresh process
 STRACE_TURNS = (10, 30)  # fsyncs per turn = difference of the counts of two runs / 20
 OUR_CONFIGS = [
     ("memory", "none"),
@@ -176,6 +176,16 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
     store = session.store
     commit_times: dict[str, list[float]] = {}
     real_commit = store.commit
+    context_times: list[float] = []
+    real_context = session.context
+
+    def timed_context(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        ctx = real_context(*args, **kwargs)
+        context_times.append(time.perf_counter() - t0)
+        return ctx
+
+    session.context = timed_context
 
     def timed_commit(ops: list[Any], *args: Any, **kwargs: Any) -> int:
         kinds = [op.record["type"] for op in ops if isinstance(op, RecordOp)] or ["entry"]
@@ -220,6 +230,7 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
         outcome = await handle.wait()
         elapsed = time.perf_counter() - t0
     store.commit = real_commit
+    session.context = real_context
     if pair_fd is not None:
         os.close(pair_fd)
     gaps = [b - a for a, b in itertools.pairwise(turn_starts)]
@@ -238,6 +249,9 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
         "first_turns_us": median(gaps[:k]) * 1e6 if gaps else None,
         "last_turns_us": median(gaps[-k:]) * 1e6 if gaps else None,
         "entries": store.entry_count(),
+        "context_builds_per_turn": round(len(context_times) / n, 2),
+        "context_us_per_turn": sum(context_times) / n * 1e6,
+        "context_share_of_turn": round(sum(context_times) / elapsed, 3),
         "tool_commits_us": round(
             sum(
                 median(v)
@@ -734,7 +748,7 @@ def _rows(results: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, Any,
         note = (
             f"{ratios[f'{name}_per_turn_vs_plain']}x plain; turns 1-20 "
             f"{res['first_turns_us']:,.0f} us, last 20 {res['last_turns_us']:,.0f} us; "
-            f"{res['commits_per_turn']} commits/turn"
+            f"context builds {res['context_share_of_turn']:.0%} of the time"
         )
         rows.append((f"ours {name}", res["us_per_turn"], "us/turn", note))
         if "paired" in res:

@@ -61,6 +61,12 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     if name == "run":
         p.add_argument("prompt", help="the prompt text")
         p.add_argument("--session", help="continue this session (default: a new one)")
+        p.add_argument(
+            "--continue",
+            dest="continue_recent",
+            action="store_true",
+            help="continue the most recent session of the working directory",
+        )
         p.add_argument("--cwd", default=None, help="working directory (default: current)")
         p.add_argument("--steer", action="append", default=[], help="queue a steering message")
         p.add_argument("--follow-up", action="append", default=[], help="queue a follow-up message")
@@ -234,6 +240,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     provider = make_provider(args.provider)
     store = store_of(args)
     cwd = os.path.abspath(args.cwd or os.getcwd())
+    if args.continue_recent and not args.session:
+        recent = store.most_recent(cwd)
+        if recent is None:
+            raise SessionNotFound(f"no session to continue for {cwd} in {store.spec}", cwd=cwd)
+        args.session = recent.id
     if args.session:
         session = _open(args, write=True, durability=args.durability)
     else:

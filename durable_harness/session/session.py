@@ -96,7 +96,12 @@ class Session:
             self.entry(leaf_id)
         else:
             leaf_id = self.leaf(lane)
-        return build_context(self.store.get_entry, leaf_id)
+        ctx = build_context(self.store.get_entry, leaf_id)
+        header = self.store.header
+        if ctx.model is None and header.get("provider") and header.get("modelId"):
+            # pi v1 headers carry the initial model
+            ctx.model = {"provider": str(header["provider"]), "modelId": str(header["modelId"])}
+        return ctx
 
     @property
     def name(self) -> str | None:

@@ -114,3 +114,31 @@ def assert_intent_durable(store_location: str, tool_call_id: str) -> dict[str, A
     assert found, f"no durable tool_started for {tool_call_id} in {store_location}"
     assert not finished, f"tool_finished for {tool_call_id} stored before the effect ran"
     return found[-1]
+
+
+def commit_groups(session: Session) -> dict[int, int] | None:
+    """For a JSONL session, map every seq to the file line (commit) holding it; ``None`` for
+    other backends."""
+    location = session.store.location
+    if location.startswith("sqlite:"):
+        return None
+    import orjson
+
+    out: dict[int, int] = {}
+    with open(location, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if number == 1 or not raw.strip():
+                continue
+            for op in orjson.loads(raw)["ops"]:
+                body = op.get("entry") or op.get("record") or op
+                out[int(body["seq"])] = number
+    return out
+
+
+def assert_same_commit(session: Session, *seqs: int) -> None:
+    """Assert the seqs are consecutive and (for JSONL) stored on one line: one commit."""
+    ordered = sorted(seqs)
+    assert ordered == list(range(ordered[0], ordered[0] + len(ordered))), ordered
+    lines = commit_groups(session)
+    if lines is not None:
+        assert len({lines[s] for s in seqs}) == 1, {s: lines[s] for s in seqs}

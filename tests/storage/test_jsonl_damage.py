@@ -266,7 +266,8 @@ _commits = st.lists(st.lists(_op, min_size=1, max_size=2), min_size=1, max_size=
 def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[str, str]]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         s = open_store(f"jsonl:{tmp}").create_session("/p", durability="none")
-        ends: list[tuple[int, set[str], set[str]]] = []  # (end offset, entry ids, record ids)
+        # per commit: (end offset, its entry ids, its record ids, main's leaf after it)
+        ends: list[tuple[int, set[str], set[str], str | None]] = []
         leaf: str | None = None
         n = 0
         for ops in commits:
@@ -287,7 +288,7 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
                     batch.append(RecordOp({"type": "note", "id": f"r{n}", "t": text}))
                     new_records.add(f"r{n}")
             s.commit(batch)
-            ends.append((os.path.getsize(s.location), new_entries, new_records))
+            ends.append((os.path.getsize(s.location), new_entries, new_records, leaf))
         path = s.location
         s.close()
         data = Path(path).read_bytes()
@@ -304,10 +305,12 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
             write = not at_boundary and cut in mid_line_cuts
             store = JsonlSessionStore.open_path(probe, write=write)
             try:
-                want_e = set().union(*(e for end, e, _ in ends if end <= cut))
-                want_r = set().union(*(r for end, _, r in ends if end <= cut))
+                kept = [c for c in ends if c[0] <= cut]
+                want_e = set().union(*(c[1] for c in kept))
+                want_r = set().union(*(c[2] for c in kept))
                 assert set(ids(store.iter_entries())) == want_e, cut
                 assert set(ids(store.records())) == want_r, cut
+                assert store.lanes()["main"].leaf_id == (kept[-1][3] if kept else None), cut
                 if at_boundary:
                     assert store.damage == [], cut
                 else:
