@@ -139,7 +139,7 @@ def long_session_entries(
     parent: str | None = None
     users: list[tuple[int, str]] = []
     for i in range(n):
-        if i % compact_every == compact_every - 1:
+        if i % compact_every == compact_every // 2 - 1:
             kept = next(
                 (eid for idx, eid in reversed(users) if idx <= i - keep_back),
                 users[0][1] if users else None,

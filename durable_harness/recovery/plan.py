@@ -161,6 +161,7 @@ def _corruption(
             out.append(
                 {
                     "kind": "settlement_without_intent",
+                    "line": None,
                     "seq": rec["seq"],
                     "lane": lane,
                     "detail": f"tool_finished for {rec.get('toolCallId')} has no tool_started",
@@ -170,6 +171,7 @@ def _corruption(
         out.append(
             {
                 "kind": "two_open_runs",
+                "line": None,
                 "seq": ls.run_records[0]["seq"],
                 "lane": lane,
                 "detail": f"lane {lane} has {open_runs} run_started records open",

@@ -22,8 +22,14 @@ __all__ = [
 ]
 
 
-def open_session(ref: str, store: Store, *, write: bool = False,
-                 durability: Durability = "sync", break_lease: bool = False) -> Session:
+def open_session(
+    ref: str,
+    store: Store,
+    *,
+    write: bool = False,
+    durability: Durability = "sync",
+    break_lease: bool = False,
+) -> Session:
     """Open a session by file path (ours or pi's), id or unique id prefix.
 
     A pi file opens read-only, migrated in memory. ``write=True`` takes the writer lease.
@@ -40,9 +46,13 @@ def open_session(ref: str, store: Store, *, write: bool = False,
             raise CorruptSession(f"{ref}: line 1 is not a session header", path=ref) from exc
         if is_pi_header(header):
             return Session(open_pi_file(ref))
-        return Session(JsonlSessionStore.open_path(ref, write=write, durability=durability,
-                                                   break_lease=break_lease))
+        return Session(
+            JsonlSessionStore.open_path(
+                ref, write=write, durability=durability, break_lease=break_lease
+            )
+        )
     if os.sep in ref and not os.path.exists(ref):
         raise SessionNotFound(f"no session file at {ref}", path=ref)
-    return Session(store.open_session(ref, write=write, durability=durability,
-                                      break_lease=break_lease))
+    return Session(
+        store.open_session(ref, write=write, durability=durability, break_lease=break_lease)
+    )

@@ -76,8 +76,11 @@ def _walk(get_entry: EntryGetter, leaf_id: str | None) -> list[dict[str, Any]]:
         up.append(current)
         if compaction is None and current.get("type") == "compaction":
             compaction = current
-        if (compaction is not None and current.get("id") == compaction.get("firstKeptEntryId")
-                and isinstance(compaction.get("settings"), dict)):
+        if (
+            compaction is not None
+            and current.get("id") == compaction.get("firstKeptEntryId")
+            and isinstance(compaction.get("settings"), dict)
+        ):
             break
         parent = current.get("parentId")
         current = get_entry(parent) if parent else None
@@ -88,13 +91,16 @@ def _walk(get_entry: EntryGetter, leaf_id: str | None) -> list[dict[str, Any]]:
 def summary_message(kind: str, summary: str, timestamp: Any = None) -> dict[str, Any]:
     """Return the user-role message standing for a compaction or branch summary."""
     if kind == "compaction":
-        text = ("The conversation history before this point was compacted into the following "
-                f"summary:\n<summary>\n{summary}\n</summary>")
+        text = (
+            "The conversation history before this point was compacted into the following "
+            f"summary:\n<summary>\n{summary}\n</summary>"
+        )
     else:
-        text = ("The following is a summary of a branch that this conversation came back from:\n"
-                f"<summary>\n{summary}\n</summary>")
-    return {"role": "user", "content": [{"type": "text", "text": text}],
-            "timestamp": timestamp}
+        text = (
+            "The following is a summary of a branch that this conversation came back from:\n"
+            f"<summary>\n{summary}\n</summary>"
+        )
+    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
 
 
 def entry_message(entry: dict[str, Any]) -> dict[str, Any] | None:
@@ -106,14 +112,20 @@ def entry_message(entry: dict[str, Any]) -> dict[str, Any] | None:
         if role in ("user", "assistant", "toolResult"):
             return dict(msg)
         if role in ("custom", "hookMessage"):
-            return {"role": "user", "content": msg.get("content", ""),
-                    "timestamp": msg.get("timestamp")}
+            return {
+                "role": "user",
+                "content": msg.get("content", ""),
+                "timestamp": msg.get("timestamp"),
+            }
         if role == "bashExecution":
             text = f"Ran `{msg.get('command', '')}`\n```\n{msg.get('output', '')}\n```"
             if msg.get("exitCode") not in (None, 0, "0"):
                 text += f"\nexit code {msg.get('exitCode')}"
-            return {"role": "user", "content": [{"type": "text", "text": text}],
-                    "timestamp": msg.get("timestamp")}
+            return {
+                "role": "user",
+                "content": [{"type": "text", "text": text}],
+                "timestamp": msg.get("timestamp"),
+            }
         return None
     if etype == "custom_message":
         return {"role": "user", "content": entry.get("content", ""), "timestamp": None}
@@ -132,8 +144,10 @@ def build_context(get_entry: EntryGetter, leaf_id: str | None) -> Context:
         if etype == "thinking_level_change":
             ctx.thinking_level = str(entry.get("thinkingLevel", "off"))
         elif etype == "model_change":
-            ctx.model = {"provider": str(entry.get("provider")),
-                         "modelId": str(entry.get("modelId"))}
+            ctx.model = {
+                "provider": str(entry.get("provider")),
+                "modelId": str(entry.get("modelId")),
+            }
         elif etype == "message" and (entry.get("message") or {}).get("role") == "assistant":
             msg = entry["message"]
             if msg.get("model"):
@@ -147,15 +161,19 @@ def build_context(get_entry: EntryGetter, leaf_id: str | None) -> Context:
     pairs: list[tuple[dict[str, Any], str | None]] = []
     if compaction_idx is not None:
         comp = path[compaction_idx]
-        pairs.append((summary_message("compaction", str(comp.get("summary", "")),
-                                      comp.get("timestamp")), comp.get("id")))
+        pairs.append(
+            (
+                summary_message("compaction", str(comp.get("summary", "")), comp.get("timestamp")),
+                comp.get("id"),
+            )
+        )
         first_kept = comp.get("firstKeptEntryId")
         kept = False
         for entry in path[:compaction_idx]:
             kept = kept or entry.get("id") == first_kept
             if kept:
                 _add(pairs, entry)
-        for entry in path[compaction_idx + 1:]:
+        for entry in path[compaction_idx + 1 :]:
             _add(pairs, entry)
     else:
         for entry in path:
@@ -174,9 +192,14 @@ def _add(pairs: list[tuple[dict[str, Any], str | None]], entry: dict[str, Any]) 
 
 def interrupted_result(call: dict[str, Any]) -> dict[str, Any]:
     """Return the synthetic error result for a tool call whose outcome is unknown."""
-    return {"role": "toolResult", "toolCallId": call.get("id"), "toolName": call.get("name"),
-            "content": [{"type": "text", "text": INTERRUPTED_TEXT}], "isError": True,
-            "interrupted": True}
+    return {
+        "role": "toolResult",
+        "toolCallId": call.get("id"),
+        "toolName": call.get("name"),
+        "content": [{"type": "text", "text": INTERRUPTED_TEXT}],
+        "isError": True,
+        "interrupted": True,
+    }
 
 
 def well_formed(
@@ -218,9 +241,13 @@ def is_empty_assistant(content: Any) -> bool:
     if isinstance(content, str):
         return not content.strip()
     return not any(
-        isinstance(b, dict) and (b.get("type") in ("toolCall", "image")
-                                 or (b.get("type") == "text" and str(b.get("text", "")).strip()))
-        for b in content or [])
+        isinstance(b, dict)
+        and (
+            b.get("type") in ("toolCall", "image")
+            or (b.get("type") == "text" and str(b.get("text", "")).strip())
+        )
+        for b in content or []
+    )
 
 
 def context_text(messages: list[dict[str, Any]]) -> str:

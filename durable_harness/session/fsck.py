@@ -23,8 +23,14 @@ def fsck_path(path: str) -> dict[str, Any]:
     Returns ``{"ok", "damage", "entries", "records", "format"}``; ``ok`` is True when no
     damage was found.
     """
-    result: dict[str, Any] = {"ok": False, "damage": [], "entries": 0, "records": 0,
-                              "format": "unknown", "path": path}
+    result: dict[str, Any] = {
+        "ok": False,
+        "damage": [],
+        "entries": 0,
+        "records": 0,
+        "format": "unknown",
+        "path": path,
+    }
     if not os.path.isfile(path):
         result["damage"].append(damage("missing", f"no file at {path}"))
         return result
@@ -73,11 +79,17 @@ def _fsck_sqlite(path: str, result: dict[str, Any]) -> dict[str, Any]:
         result["entries"] = conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
         result["records"] = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         for sid, eid, parent in conn.execute(
-                "SELECT e.session_id, e.id, e.parent_id FROM entries e WHERE e.parent_id IS NOT "
-                "NULL AND NOT EXISTS (SELECT 1 FROM entries p WHERE p.session_id = e.session_id "
-                "AND p.id = e.parent_id)"):
-            result["damage"].append(damage("orphan_parent", f"entry {eid} of session {sid} "
-                                           f"names missing parent {parent}", id=eid))
+            "SELECT e.session_id, e.id, e.parent_id FROM entries e WHERE e.parent_id IS NOT "
+            "NULL AND NOT EXISTS (SELECT 1 FROM entries p WHERE p.session_id = e.session_id "
+            "AND p.id = e.parent_id)"
+        ):
+            result["damage"].append(
+                damage(
+                    "orphan_parent",
+                    f"entry {eid} of session {sid} names missing parent {parent}",
+                    id=eid,
+                )
+            )
     except sqlite3.Error as exc:
         result["damage"].append(damage("bad_database", str(exc)))
     finally:

@@ -19,8 +19,9 @@ import hashlib
 from typing import Any
 
 from durable_harness.errors import CorruptSession, SessionNotFound
+from durable_harness.session.session import copy_ops
 from durable_harness.storage import codec
-from durable_harness.storage.base import EntryOp, Op, Store, damage
+from durable_harness.storage.base import Store, damage
 from durable_harness.storage.indexed import MemorySessionStore
 
 CURRENT_VERSION = 3
@@ -40,8 +41,15 @@ def read_lines(data: bytes) -> tuple[list[tuple[int, int, Any]], list[dict[str, 
                 out.append((pos, line_no, codec.loads(raw)))
             except ValueError as exc:
                 kind = "torn_tail" if end < 0 else "bad_line"
-                dmg.append(damage(kind, f"unparseable line: {exc}"[:200], offset=pos,
-                                  line=line_no, length=len(raw)))
+                dmg.append(
+                    damage(
+                        kind,
+                        f"unparseable line: {exc}"[:200],
+                        offset=pos,
+                        line=line_no,
+                        length=len(raw),
+                    )
+                )
         if end < 0:
             break
         pos = end + 1
@@ -56,8 +64,9 @@ def migrate(header: dict[str, Any], lines: list[tuple[int, int, Any]]) -> list[d
     """Return the entries of a pi file as version 3 dicts (copies; the input is not changed)."""
     version = int(header.get("version") or 1)
     sid = str(header.get("id", ""))
-    entries = [dict(obj) for _, _, obj in lines if isinstance(obj, dict)
-               and obj.get("type") != "session"]
+    entries = [
+        dict(obj) for _, _, obj in lines if isinstance(obj, dict) and obj.get("type") != "session"
+    ]
     line_nos = [n for _, n, obj in lines if isinstance(obj, dict) and obj.get("type") != "session"]
     if version < 2:
         by_index: dict[int, str] = {}
@@ -75,8 +84,11 @@ def migrate(header: dict[str, Any], lines: list[tuple[int, int, Any]]) -> list[d
     if version < 3:
         for entry in entries:
             msg = entry.get("message")
-            if entry.get("type") == "message" and isinstance(msg, dict) \
-                    and msg.get("role") == "hookMessage":
+            if (
+                entry.get("type") == "message"
+                and isinstance(msg, dict)
+                and msg.get("role") == "hookMessage"
+            ):
                 entry["message"] = {**msg, "role": "custom"}
     return entries
 
@@ -104,8 +116,9 @@ def open_pi_file(path: str) -> MemorySessionStore:
         raise CorruptSession(f"{path}: line 1 is not a pi session header", path=path)
     version = lines[0][2].get("version")
     if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-        raise CorruptSession(f"{path}: line 1 has a version that is not a number: {version!r}",
-                             path=path)
+        raise CorruptSession(
+            f"{path}: line 1 has a version that is not a number: {version!r}", path=path
+        )
     header = dict(lines[0][2])
     entries = migrate(header, lines[1:])
     header["version"] = CURRENT_VERSION
@@ -117,12 +130,16 @@ def open_pi_file(path: str) -> MemorySessionStore:
     for seq, entry in enumerate(entries, start=1):
         eid = entry.get("id")
         if not isinstance(eid, str) or eid in seen:
-            store.damage.append(damage("duplicate_id", f"entry id {eid!r} missing or repeated",
-                                       id=eid))
+            store.damage.append(
+                damage("duplicate_id", f"entry id {eid!r} missing or repeated", id=eid)
+            )
             continue
         if entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str):
-            store.damage.append(damage("bad_line", f"entry {eid} has a parentId that is not a "
-                                       "string; skipped", id=eid))
+            store.damage.append(
+                damage(
+                    "bad_line", f"entry {eid} has a parentId that is not a string; skipped", id=eid
+                )
+            )
             continue
         seen.add(eid)
         numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})
@@ -130,9 +147,13 @@ def open_pi_file(path: str) -> MemorySessionStore:
     for e in numbered:
         parent = e["entry"].get("parentId")
         if parent is not None and parent not in seen:
-            store.damage.append(damage("orphan_parent", f"entry {e['entry']['id']} names "
-                                       f"missing parent {parent}; treated as a root",
-                                       id=e["entry"]["id"]))
+            store.damage.append(
+                damage(
+                    "orphan_parent",
+                    f"entry {e['entry']['id']} names missing parent {parent}; treated as a root",
+                    id=e["entry"]["id"],
+                )
+            )
     return store
 
 
@@ -146,18 +167,16 @@ def import_pi_file(path: str, target: Store, *, chunk: int = 500) -> str:
         SessionNotFound, CorruptSession: as :func:`open_pi_file`.
     """
     src = open_pi_file(path)
-    extra = {"importedFrom": path, "piSessionId": src.header.get("id"),
-             "piVersion": src.header.get("migratedFrom")}
+    extra = {
+        "importedFrom": path,
+        "piSessionId": src.header.get("id"),
+        "piVersion": src.header.get("migratedFrom"),
+    }
     dst = target.create_session(str(src.header.get("cwd", "")), header_extra=extra)
     try:
-        ops: list[Op] = []
-        for entry in src.iter_entries():
-            ops.append(EntryOp({k: v for k, v in entry.items() if k != "seq"}, lane="main"))
-            if len(ops) >= chunk:
-                dst.commit(ops)
-                ops = []
-        if ops:
-            dst.commit(ops)
+        ops = copy_ops(src.iter_entries())
+        for start in range(0, len(ops), chunk):
+            dst.commit(ops[start : start + chunk])
         return dst.session_id
     finally:
         dst.close()

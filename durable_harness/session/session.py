@@ -145,8 +145,9 @@ class Session:
         full = {"id": new_id(), "timestamp": now_iso(), **entry, "parentId": parent_id}
         return validate_entry(full)
 
-    def append(self, entry: dict[str, Any], *, lane: str = "main",
-               extra: list[Op] | None = None) -> dict[str, Any]:
+    def append(
+        self, entry: dict[str, Any], *, lane: str = "main", extra: list[Op] | None = None
+    ) -> dict[str, Any]:
         """Append ``entry`` under the lane's leaf, move the leaf to it, and commit ``extra`` ops
         in the same commit. Returns the stored entry (with ``id``)."""
         full = self.make_entry(entry, parent_id=self.leaf(lane))
@@ -159,8 +160,9 @@ class Session:
 
     def set_model(self, provider: str, model_id: str, *, lane: str = "main") -> dict[str, Any]:
         """Append a ``model_change`` entry."""
-        return self.append({"type": "model_change", "provider": provider, "modelId": model_id},
-                           lane=lane)
+        return self.append(
+            {"type": "model_change", "provider": provider, "modelId": model_id}, lane=lane
+        )
 
     def set_thinking_level(self, level: str, *, lane: str = "main") -> dict[str, Any]:
         """Append a ``thinking_level_change`` entry."""
@@ -170,8 +172,7 @@ class Session:
         """Append a ``session_info`` entry naming the session."""
         return self.append({"type": "session_info", "name": name}, lane=lane)
 
-    def set_label(self, target_id: str, label: str | None, *,
-                  lane: str = "main") -> dict[str, Any]:
+    def set_label(self, target_id: str, label: str | None, *, lane: str = "main") -> dict[str, Any]:
         """Label ``target_id`` (``None`` clears). Raises UnknownEntry for a missing target."""
         self.entry(target_id)
         return self.append({"type": "label", "targetId": target_id, "label": label}, lane=lane)
@@ -186,28 +187,38 @@ class Session:
             self.entry(target_id)
         self.store.commit([LaneOp(lane, leaf_id=target_id)])
 
-    def branch_with_summary(self, target_id: str | None, summary: str, *,
-                            lane: str = "main") -> dict[str, Any]:
+    def branch_with_summary(
+        self, target_id: str | None, summary: str, *, lane: str = "main"
+    ) -> dict[str, Any]:
         """Leave the current branch: append a ``branch_summary`` of it under ``target_id`` and
         move the leaf there, in one commit. Returns the summary entry."""
         if target_id is not None:
             self.entry(target_id)
         from_id = self.leaf(lane)
-        full = self.make_entry({"type": "branch_summary", "fromId": from_id or "",
-                                "summary": summary}, parent_id=target_id)
+        full = self.make_entry(
+            {"type": "branch_summary", "fromId": from_id or "", "summary": summary},
+            parent_id=target_id,
+        )
         self.store.commit([EntryOp(full, lane=lane)])
         return full
 
-    def create_lane(self, name: str, *, from_entry: str | None = None,
-                    config: dict[str, Any] | None = None) -> LaneState:
+    def create_lane(
+        self, name: str, *, from_entry: str | None = None, config: dict[str, Any] | None = None
+    ) -> LaneState:
         """Create lane ``name`` with its leaf at ``from_entry`` (durable)."""
         if from_entry is not None:
             self.entry(from_entry)
         self.store.commit([LaneOp(name, leaf_id=from_entry, config=config or {"created": True})])
         return self.lane(name)
 
-    def fork(self, target: Store, entry_id: str | None, *,
-             position: Literal["at", "before"] = "at", cwd: str | None = None) -> Session:
+    def fork(
+        self,
+        target: Store,
+        entry_id: str | None,
+        *,
+        position: Literal["at", "before"] = "at",
+        cwd: str | None = None,
+    ) -> Session:
         """Fork a new session holding the path up to ``entry_id`` (``at``: including it;
         ``before``: up to its parent), in ``target`` store, optionally under another ``cwd``.
 
@@ -222,10 +233,26 @@ class Session:
         if position == "before" and path:
             path = path[:-1]
         new = target.create_session(cwd or self.cwd, parent_session=self.id)
-        ops: list[Op] = []
-        for e in path:
-            copy = {k: v for k, v in e.items() if k != "seq"}
-            ops.append(EntryOp(copy, lane="main"))
+        ops = copy_ops(path)
         if ops:
             new.commit(ops)
         return Session(new)
+
+
+def copy_ops(entries: list[dict[str, Any]]) -> list[Op]:
+    """Ops that copy ``entries`` (in order) onto lane ``main`` of another session, ids kept.
+
+    An entry whose parent is not among the copied ones becomes a root there, with the lost parent
+    kept in ``originalParentId``: a damaged source copies without losing the entry.
+    """
+    seen: set[str] = set()
+    ops: list[Op] = []
+    for e in entries:
+        copy = {k: v for k, v in e.items() if k != "seq"}
+        parent = copy.get("parentId")
+        if parent is not None and parent not in seen:
+            copy["originalParentId"] = parent
+            copy["parentId"] = None
+        seen.add(str(copy.get("id")))
+        ops.append(EntryOp(copy, lane="main"))
+    return ops

@@ -93,8 +93,9 @@ class SessionInfo:
     parent_session: str | None = None
 
 
-def damage(kind: str, detail: str, *, offset: int | None = None, line: int | None = None,
-           **extra: Any) -> dict[str, Any]:
+def damage(
+    kind: str, detail: str, *, offset: int | None = None, line: int | None = None, **extra: Any
+) -> dict[str, Any]:
     """Build one damage item ``{kind, detail, offset?, line?, ...}``.
 
     Kinds: ``torn_tail`` (quarantined), ``bad_line``, ``bad_header``, ``orphan_parent``,
@@ -160,8 +161,14 @@ class SessionStore(abc.ABC):
         """Return every lane by name (``main`` always exists)."""
 
     @abc.abstractmethod
-    def records(self, lane: str | None = None, *, run_id: str | None = None,
-                since_seq: int = 0, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def records(
+        self,
+        lane: str | None = None,
+        *,
+        run_id: str | None = None,
+        since_seq: int = 0,
+        types: tuple[str, ...] | None = None,
+    ) -> list[dict[str, Any]]:
         """Return operation-log records in ``seq`` order, filtered by lane, run, seq and type."""
 
     @abc.abstractmethod
@@ -194,9 +201,15 @@ class Store(abc.ABC):
     spec: str
 
     @abc.abstractmethod
-    def create_session(self, cwd: str, *, session_id: str | None = None,
-                       parent_session: str | None = None, header_extra: dict[str, Any] | None = None,
-                       durability: Durability = "sync") -> SessionStore:
+    def create_session(
+        self,
+        cwd: str,
+        *,
+        session_id: str | None = None,
+        parent_session: str | None = None,
+        header_extra: dict[str, Any] | None = None,
+        durability: Durability = "sync",
+    ) -> SessionStore:
         """Create a new empty session (lane ``main``), exclusively, and open it for writing.
 
         Raises:
@@ -204,8 +217,14 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def open_session(self, ref: str, *, write: bool = True, durability: Durability = "sync",
-                     break_lease: bool = False) -> SessionStore:
+    def open_session(
+        self,
+        ref: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> SessionStore:
         """Open a session by id or unique id prefix.
 
         With ``write=True`` the writer lease is taken (generation bumped); ``break_lease=True``
@@ -238,7 +257,8 @@ class Store(abc.ABC):
         if len(matches) > 1:
             ids = sorted(i.id for i in matches)
             raise AmbiguousSessionPrefix(
-                f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids)
+                f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids
+            )
         return matches[0]
 
     def most_recent(self, cwd: str) -> SessionInfo | None:

@@ -34,8 +34,9 @@ class IndexedSessionStore(SessionStore):
     :meth:`_load_entry` (fetch an entry's content by its location).
     """
 
-    def __init__(self, header: dict[str, Any], *, read_only: bool, durability: Durability,
-                 location: str) -> None:
+    def __init__(
+        self, header: dict[str, Any], *, read_only: bool, durability: Durability, location: str
+    ) -> None:
         self.header = header
         self.session_id = str(header.get("id", ""))
         self.read_only = read_only
@@ -62,8 +63,11 @@ class IndexedSessionStore(SessionStore):
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         with self._lock:
             order = list(self._order)
-        return [self._load_entry(i, self._meta[i][3]) for i in order
-                if types is None or self._meta[i][1] in types]
+        return [
+            self._load_entry(i, self._meta[i][3])
+            for i in order
+            if types is None or self._meta[i][1] in types
+        ]
 
     def entry_count(self) -> int:
         return len(self._order)
@@ -80,11 +84,18 @@ class IndexedSessionStore(SessionStore):
                 for k, v in self._lanes.items()
             }
 
-    def records(self, lane: str | None = None, *, run_id: str | None = None,
-                since_seq: int = 0, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def records(
+        self,
+        lane: str | None = None,
+        *,
+        run_id: str | None = None,
+        since_seq: int = 0,
+        types: tuple[str, ...] | None = None,
+    ) -> list[dict[str, Any]]:
         with self._lock:
             return [
-                r for r in self._records
+                dict(r)
+                for r in self._records
                 if r["seq"] > since_seq
                 and (lane is None or r.get("lane") == lane)
                 and (run_id is None or r.get("runId") == run_id)
@@ -106,25 +117,38 @@ class IndexedSessionStore(SessionStore):
                 if not isinstance(eid, str) or not eid:
                     raise UnknownEntry("an entry needs a non-empty string id")
                 if eid in self._meta or eid in new_ids:
-                    raise IdConflict(f"entry id {eid} already exists in session {self.session_id}",
-                                     entry_id=eid)
+                    raise IdConflict(
+                        f"entry id {eid} already exists in session {self.session_id}", entry_id=eid
+                    )
                 parent = op.entry.get("parentId")
                 if parent is not None and parent not in self._meta and parent not in new_ids:
-                    raise UnknownEntry(f"parent {parent} of entry {eid} does not exist in "
-                                       f"session {self.session_id}", entry_id=parent)
+                    raise UnknownEntry(
+                        f"parent {parent} of entry {eid} does not exist in "
+                        f"session {self.session_id}",
+                        entry_id=parent,
+                    )
                 new_ids.add(eid)
             elif isinstance(op, RecordOp):
                 rid = op.record.get("id")
                 if not isinstance(rid, str) or not rid:
                     raise UnknownEntry("a record needs a non-empty string id")
                 if rid in self._record_ids or rid in new_record_ids:
-                    raise IdConflict(f"record id {rid} already exists in session "
-                                     f"{self.session_id}", record_id=rid)
+                    raise IdConflict(
+                        f"record id {rid} already exists in session {self.session_id}",
+                        record_id=rid,
+                    )
                 new_record_ids.add(rid)
-            elif (isinstance(op, LaneOp) and op.sets_leaf() and op.leaf_id is not None
-                  and op.leaf_id not in self._meta and op.leaf_id not in new_ids):
-                raise UnknownEntry(f"leaf {op.leaf_id} does not exist in session "
-                                   f"{self.session_id}", entry_id=op.leaf_id)
+            elif (
+                isinstance(op, LaneOp)
+                and op.sets_leaf()
+                and op.leaf_id is not None
+                and op.leaf_id not in self._meta
+                and op.leaf_id not in new_ids
+            ):
+                raise UnknownEntry(
+                    f"leaf {op.leaf_id} does not exist in session {self.session_id}",
+                    entry_id=op.leaf_id,
+                )
 
     def _number(self, ops: list[Op]) -> list[dict[str, Any]]:
         """Assign seqs and return the serialisable op dicts (the JSONL line's ``ops``)."""
@@ -211,8 +235,9 @@ class MemorySessionStore(IndexedSessionStore):
     """The reference backend: everything in memory, nothing durable. Used for pi files opened
     in place (read-only) and as the model in agreement tests."""
 
-    def __init__(self, header: dict[str, Any], *, read_only: bool = False,
-                 location: str = "memory") -> None:
+    def __init__(
+        self, header: dict[str, Any], *, read_only: bool = False, location: str = "memory"
+    ) -> None:
         super().__init__(header, read_only=read_only, durability="none", location=location)
 
     def _persist(self, numbered: list[dict[str, Any]]) -> list[Any]:

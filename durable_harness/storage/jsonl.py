@@ -19,12 +19,14 @@ interior line is reported with its byte offset and skipped.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import (
     CorruptSession,
+    FormatError,
     SessionExists,
     SessionNotFound,
 )
@@ -41,6 +43,7 @@ from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
 
 FORMAT = "durable-harness/1"
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -60,8 +63,9 @@ def is_own_format(header: dict[str, Any]) -> bool:
 class JsonlSessionStore(IndexedSessionStore):
     """One session file. Open with :meth:`open_path` or :meth:`create`."""
 
-    def __init__(self, path: str, header: dict[str, Any], *, read_only: bool,
-                 durability: Durability) -> None:
+    def __init__(
+        self, path: str, header: dict[str, Any], *, read_only: bool, durability: Durability
+    ) -> None:
         super().__init__(header, read_only=read_only, durability=durability, location=path)
         self.path = path
         self._fd: int | None = None
@@ -73,8 +77,9 @@ class JsonlSessionStore(IndexedSessionStore):
 
     # -- creation and opening --------------------------------------------------------------
     @classmethod
-    def create(cls, path: str, header: dict[str, Any], *,
-               durability: Durability = "sync") -> JsonlSessionStore:
+    def create(
+        cls, path: str, header: dict[str, Any], *, durability: Durability = "sync"
+    ) -> JsonlSessionStore:
         """Create ``path`` exclusively (mode 0600) with ``header`` as line 1; open for writing.
 
         Raises:
@@ -94,8 +99,14 @@ class JsonlSessionStore(IndexedSessionStore):
         return cls.open_path(path, write=True, durability=durability)
 
     @classmethod
-    def open_path(cls, path: str, *, write: bool = True, durability: Durability = "sync",
-                  break_lease: bool = False) -> JsonlSessionStore:
+    def open_path(
+        cls,
+        path: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> JsonlSessionStore:
         """Open a durable-harness session file.
 
         A writable open takes the lease first, then quarantines a torn tail. Damage never raises:
@@ -130,8 +141,9 @@ class JsonlSessionStore(IndexedSessionStore):
         return store
 
     @classmethod
-    def _from_bytes(cls, path: str, data: bytes, *, read_only: bool,
-                    durability: Durability) -> JsonlSessionStore:
+    def _from_bytes(
+        cls, path: str, data: bytes, *, read_only: bool, durability: Durability
+    ) -> JsonlSessionStore:
         first_end = data.find(b"\n")
         first = data if first_end < 0 else data[:first_end]
         try:
@@ -139,8 +151,9 @@ class JsonlSessionStore(IndexedSessionStore):
         except ValueError:
             header = None
         if not isinstance(header, dict) or not is_own_format(header):
-            raise CorruptSession(f"{path}: line 1 is not a durable-harness session header",
-                                 path=path)
+            raise CorruptSession(
+                f"{path}: line 1 is not a durable-harness session header", path=path
+            )
         store = cls(path, header, read_only=read_only, durability=durability)
         store._scan(data, first_end + 1 if first_end >= 0 else len(data))
         return store
@@ -154,9 +167,16 @@ class JsonlSessionStore(IndexedSessionStore):
             line_no += 1
             end = data.find(b"\n", pos)
             if end < 0:
-                self.damage.append(damage(
-                    "torn_tail", f"final line has no newline ({size - pos} bytes); it was never "
-                    "acknowledged", offset=pos, line=line_no, length=size - pos))
+                self.damage.append(
+                    damage(
+                        "torn_tail",
+                        f"final line has no newline ({size - pos} bytes); it was never "
+                        "acknowledged",
+                        offset=pos,
+                        line=line_no,
+                        length=size - pos,
+                    )
+                )
                 self._torn = (pos, data[pos:])
                 break
             raw = data[pos:end]
@@ -177,66 +197,106 @@ class JsonlSessionStore(IndexedSessionStore):
                 raise TypeError("ops is not a list")
             gen = int(obj.get("gen", 0))
         except (ValueError, KeyError, TypeError) as exc:
-            self.damage.append(damage("bad_line", f"unparseable commit line: {exc}"[:200],
-                                      offset=offset, line=line_no, length=length))
+            self.damage.append(
+                damage(
+                    "bad_line",
+                    f"unparseable commit line: {exc}"[:200],
+                    offset=offset,
+                    line=line_no,
+                    length=length,
+                )
+            )
             return
         if gen < max_gen:
-            self.damage.append(damage(
-                "stale_generation", f"line written by generation {gen} after generation "
-                f"{max_gen}", offset=offset, line=line_no))
+            self.damage.append(
+                damage(
+                    "stale_generation",
+                    f"line written by generation {gen} after generation {max_gen}",
+                    offset=offset,
+                    line=line_no,
+                )
+            )
         self._last_gen = max(gen, max_gen)
         for idx, op in enumerate(ops):
             if not isinstance(op, dict):
-                self.damage.append(damage("bad_line", f"op {idx} is not an object",
-                                          offset=offset, line=line_no))
+                self.damage.append(
+                    damage("bad_line", f"op {idx} is not an object", offset=offset, line=line_no)
+                )
                 continue
             self._scan_op(op, (offset, length, idx), offset, line_no)
 
-    def _scan_op(self, op: dict[str, Any], loc: tuple[int, int, int], offset: int,
-                 line_no: int) -> None:
+    def _scan_op(
+        self, op: dict[str, Any], loc: tuple[int, int, int], offset: int, line_no: int
+    ) -> None:
         kind = op.get("op")
         body = op.get("entry") if kind == "entry" else op.get("record") if kind == "record" else op
         if kind not in ("entry", "record", "lane") or not isinstance(body, dict):
-            self.damage.append(damage("bad_line", f"unknown op {kind!r}", offset=offset,
-                                      line=line_no))
+            self.damage.append(
+                damage("bad_line", f"unknown op {kind!r}", offset=offset, line=line_no)
+            )
             return
         shape = _shape_error(kind, op, body)
         if shape is not None:
-            self.damage.append(damage("bad_line", f"malformed {kind} op: {shape}",
-                                      offset=offset, line=line_no))
+            self.damage.append(
+                damage("bad_line", f"malformed {kind} op: {shape}", offset=offset, line=line_no)
+            )
             return
         seq = body.get("seq")
         if not isinstance(seq, int) or seq <= self._seq:
-            self.damage.append(damage("seq_regression", f"seq {seq!r} after {self._seq}",
-                                      offset=offset, line=line_no))
+            self.damage.append(
+                damage(
+                    "seq_regression", f"seq {seq!r} after {self._seq}", offset=offset, line=line_no
+                )
+            )
             if not isinstance(seq, int):
                 return
         if kind == "entry":
             eid = body.get("id")
             if not isinstance(eid, str):
-                self.damage.append(damage("bad_line", "entry without a string id",
-                                          offset=offset, line=line_no))
+                self.damage.append(
+                    damage("bad_line", "entry without a string id", offset=offset, line=line_no)
+                )
                 return
             if eid in self._meta:
-                self.damage.append(damage("duplicate_id", f"entry id {eid} appears again; the "
-                                          "first one is kept", offset=offset, line=line_no,
-                                          id=eid))
+                self.damage.append(
+                    damage(
+                        "duplicate_id",
+                        f"entry id {eid} appears again; the first one is kept",
+                        offset=offset,
+                        line=line_no,
+                        id=eid,
+                    )
+                )
                 return
         elif kind == "record":
             rid = body.get("id")
             if not isinstance(rid, str) or rid in self._record_ids:
-                self.damage.append(damage("duplicate_id", f"record id {rid!r} missing or "
-                                          "repeated", offset=offset, line=line_no, id=rid))
+                self.damage.append(
+                    damage(
+                        "duplicate_id",
+                        f"record id {rid!r} missing or repeated",
+                        offset=offset,
+                        line=line_no,
+                        id=rid,
+                    )
+                )
                 return
         self._apply(op, loc)
 
     def _check_orphans(self) -> None:
         for eid in self._order:
-            parent, _, seq, loc = self._meta[eid]
+            parent, _, _seq, loc = self._meta[eid]
             if parent is not None and parent not in self._meta:
-                self.damage.append(damage(
-                    "orphan_parent", f"entry {eid} names parent {parent}, which is missing; it is "
-                    "treated as a root", offset=loc[0], id=eid, parentId=parent))
+                self.damage.append(
+                    damage(
+                        "orphan_parent",
+                        f"entry {eid} names parent {parent}, which is missing; it is "
+                        "treated as a root",
+                        offset=loc[0],
+                        id=eid,
+                        parentId=parent,
+                    )
+                )
 
     def _quarantine_tail(self, data: bytes) -> None:
         """Move a torn final line to ``<path>.torn-<offset>`` and cut it off (writable opens)."""
@@ -244,7 +304,11 @@ class JsonlSessionStore(IndexedSessionStore):
             return
         offset, tail = self._torn
         side = f"{self.path}.torn-{offset}"
-        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        n = 1
+        while os.path.exists(side):  # never overwrite bytes quarantined earlier
+            n += 1
+            side = f"{self.path}.torn-{offset}.{n}"
+        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             _write_all(fd, tail)
             os.fsync(fd)
@@ -349,6 +413,7 @@ def _shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | N
 
     A single writer never produces these; they come from damage and are reported, not raised.
     """
+
     def opt_str(value: Any) -> bool:
         return value is None or isinstance(value, str)
 
@@ -398,10 +463,18 @@ class JsonlStore(Store):
     def sessions_dir(self) -> Path:
         return self.root / "sessions"
 
-    def create_session(self, cwd: str, *, session_id: str | None = None,
-                       parent_session: str | None = None, header_extra: dict[str, Any] | None = None,
-                       durability: Durability = "sync") -> SessionStore:
+    def create_session(
+        self,
+        cwd: str,
+        *,
+        session_id: str | None = None,
+        parent_session: str | None = None,
+        header_extra: dict[str, Any] | None = None,
+        durability: Durability = "sync",
+    ) -> SessionStore:
         sid = session_id or uuid7()
+        if not _SAFE_ID.fullmatch(sid):
+            raise FormatError(f"session id {sid!r} may hold only letters, digits, '.', '_', '-'")
         if session_id is not None and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
@@ -414,20 +487,27 @@ class JsonlStore(Store):
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
         return JsonlSessionStore.create(str(folder / name), header, durability=durability)
 
-    def open_session(self, ref: str, *, write: bool = True, durability: Durability = "sync",
-                     break_lease: bool = False) -> SessionStore:
-        if ref.endswith(".jsonl") and os.path.exists(ref):
-            path = ref
-        else:
-            path = self.resolve(ref).path
-        return JsonlSessionStore.open_path(path, write=write, durability=durability,
-                                           break_lease=break_lease)
+    def open_session(
+        self,
+        ref: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> SessionStore:
+        path = ref if ref.endswith(".jsonl") and os.path.exists(ref) else self.resolve(ref).path
+        return JsonlSessionStore.open_path(
+            path, write=write, durability=durability, break_lease=break_lease
+        )
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         if not self.sessions_dir.exists():
             return []
-        folders = ([self.sessions_dir / cwd_dir_name(cwd)] if cwd is not None
-                   else sorted(p for p in self.sessions_dir.iterdir() if p.is_dir()))
+        folders = (
+            [self.sessions_dir / cwd_dir_name(cwd)]
+            if cwd is not None
+            else sorted(p for p in self.sessions_dir.iterdir() if p.is_dir())
+        )
         out: list[SessionInfo] = []
         for folder in folders:
             if not folder.is_dir():
@@ -437,12 +517,16 @@ class JsonlStore(Store):
                 if header is None:
                     continue
                 st = path.stat()
-                out.append(SessionInfo(
-                    id=str(header["id"]), cwd=str(header.get("cwd", "")), path=str(path),
-                    created=str(header.get("timestamp", "")),
-                    modified=f"{st.st_mtime:.6f}",
-                    parent_session=header.get("parentSession"),
-                ))
+                out.append(
+                    SessionInfo(
+                        id=str(header["id"]),
+                        cwd=str(header.get("cwd", "")),
+                        path=str(path),
+                        created=str(header.get("timestamp", "")),
+                        modified=f"{st.st_mtime:.6f}",
+                        parent_session=header.get("parentSession"),
+                    )
+                )
         out.sort(key=lambda i: float(i.modified), reverse=True)
         return out
 

@@ -65,13 +65,20 @@ class FileLease:
                     f"{self.what} is open for writing by another live process "
                     f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, generation "
                     f"{holder.get('generation', '?')}); open it read-only or stop that process",
-                    holder_pid=holder.get("pid"), generation=holder.get("generation"),
-                )
+                    holder_pid=holder.get("pid"),
+                    generation=holder.get("generation"),
+                ) from None
         old = int(self._read(fd).get("generation", 0) or 0)
         self.generation = max(old, floor) + 1
-        body = codec.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                            "generation": self.generation, "acquiredAt": now_iso(),
-                            "broken": not locked})
+        body = codec.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "generation": self.generation,
+                "acquiredAt": now_iso(),
+                "broken": not locked,
+            }
+        )
         os.ftruncate(fd, 0)
         os.pwrite(fd, body, 0)
         os.fsync(fd)
@@ -112,7 +119,8 @@ class FileLease:
             raise StaleGeneration(
                 f"{self.what}: this writer holds generation {self.generation} but the lease is "
                 f"now at generation {current}; the append was refused",
-                generation=self.generation, current=current,
+                generation=self.generation,
+                current=current,
             )
 
     def release(self) -> None:

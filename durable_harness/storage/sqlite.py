@@ -77,8 +77,9 @@ def _connect(path: str, durability: Durability) -> sqlite3.Connection:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, "
-                 "applied TEXT NOT NULL)")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied TEXT NOT NULL)"
+    )
     done = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
     for version, script in enumerate(MIGRATIONS, start=1):
         if version <= done:
@@ -111,9 +112,16 @@ class _Pending:
 class SqliteSessionStore(SessionStore):
     """One session inside a SQLite database. Opened through :class:`SqliteStore`."""
 
-    def __init__(self, db_path: str, session_id: str, *, read_only: bool,
-                 durability: Durability, lease: FileLease | None,
-                 break_lease: bool = False) -> None:
+    def __init__(
+        self,
+        db_path: str,
+        session_id: str,
+        *,
+        read_only: bool,
+        durability: Durability,
+        lease: FileLease | None,
+        break_lease: bool = False,
+    ) -> None:
         self.db_path = db_path
         self.session_id = session_id
         self.read_only = read_only
@@ -127,17 +135,20 @@ class SqliteSessionStore(SessionStore):
         self._leader = False
         self._conn = _connect(db_path, durability)
         try:
-            row = self._conn.execute("SELECT header, generation FROM sessions WHERE id=?",
-                                     (session_id,)).fetchone()
+            row = self._conn.execute(
+                "SELECT header, generation FROM sessions WHERE id=?", (session_id,)
+            ).fetchone()
             if row is None:
-                raise SessionNotFound(f"no session {session_id} in {db_path}",
-                                      session_id=session_id)
+                raise SessionNotFound(
+                    f"no session {session_id} in {db_path}", session_id=session_id
+                )
             self.header = codec.loads(row[0])
             self.generation = 0
             if lease is not None:
                 self.generation = lease.acquire(floor=int(row[1]), break_lease=break_lease)
-                self._conn.execute("UPDATE sessions SET generation=? WHERE id=?",
-                                   (self.generation, session_id))
+                self._conn.execute(
+                    "UPDATE sessions SET generation=? WHERE id=?", (self.generation, session_id)
+                )
         except BaseException:
             # A refused open (LeaseHeld, missing session) must not leak the connection.
             self._conn.close()
@@ -147,8 +158,9 @@ class SqliteSessionStore(SessionStore):
     # -- reading ---------------------------------------------------------------------------
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
         with self._lock:
-            row = self._conn.execute("SELECT body FROM entries WHERE session_id=? AND id=?",
-                                     (self.session_id, entry_id)).fetchone()
+            row = self._conn.execute(
+                "SELECT body FROM entries WHERE session_id=? AND id=?", (self.session_id, entry_id)
+            ).fetchone()
         return None if row is None else dict(codec.loads(row[0]))
 
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
@@ -162,20 +174,30 @@ class SqliteSessionStore(SessionStore):
 
     def entry_count(self) -> int:
         with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM entries WHERE session_id=?",
-                                          (self.session_id,)).fetchone()[0])
+            return int(
+                self._conn.execute(
+                    "SELECT COUNT(*) FROM entries WHERE session_id=?", (self.session_id,)
+                ).fetchone()[0]
+            )
 
     def lanes(self) -> dict[str, LaneState]:
         with self._lock:
             rows = self._conn.execute(
                 "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?",
-                (self.session_id,)).fetchall()
+                (self.session_id,),
+            ).fetchall()
         out = {r[0]: LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4]) for r in rows}
         out.setdefault("main", LaneState("main"))
         return out
 
-    def records(self, lane: str | None = None, *, run_id: str | None = None,
-                since_seq: int = 0, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def records(
+        self,
+        lane: str | None = None,
+        *,
+        run_id: str | None = None,
+        since_seq: int = 0,
+        types: tuple[str, ...] | None = None,
+    ) -> list[dict[str, Any]]:
         sql = "SELECT body FROM records WHERE session_id=? AND seq>?"
         args: list[Any] = [self.session_id, since_seq]
         if lane is not None:
@@ -193,8 +215,9 @@ class SqliteSessionStore(SessionStore):
 
     def last_seq(self) -> int:
         with self._lock:
-            row = self._conn.execute("SELECT last_seq FROM sessions WHERE id=?",
-                                     (self.session_id,)).fetchone()
+            row = self._conn.execute(
+                "SELECT last_seq FROM sessions WHERE id=?", (self.session_id,)
+            ).fetchone()
         return int(row[0])
 
     # -- writing ---------------------------------------------------------------------------
@@ -266,7 +289,9 @@ class SqliteSessionStore(SessionStore):
             raise StaleGeneration(
                 f"session {self.location}: this writer holds generation {self.generation} but "
                 f"the lease is now at generation {row[0]}; the append was refused",
-                generation=self.generation, current=int(row[0]))
+                generation=self.generation,
+                current=int(row[0]),
+            )
         seq = int(row[1])
         for op in ops:
             seq += 1
@@ -280,8 +305,10 @@ class SqliteSessionStore(SessionStore):
         return seq
 
     def _ensure_lane(self, name: str) -> None:
-        self._conn.execute("INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES "
-                           "(?, ?, '{}')", (self.session_id, name))
+        self._conn.execute(
+            "INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')",
+            (self.session_id, name),
+        )
 
     def _insert_entry(self, op: EntryOp, seq: int) -> None:
         entry = dict(op.entry)
@@ -289,22 +316,26 @@ class SqliteSessionStore(SessionStore):
         if not isinstance(eid, str) or not eid:
             raise UnknownEntry("an entry needs a non-empty string id")
         if parent is not None and self.get_entry(parent) is None:
-            raise UnknownEntry(f"parent {parent} of entry {eid} does not exist in "
-                               f"{self.location}", entry_id=parent)
+            raise UnknownEntry(
+                f"parent {parent} of entry {eid} does not exist in {self.location}", entry_id=parent
+            )
         entry["seq"] = seq
         try:
             self._conn.execute(
                 "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
                 "VALUES (?,?,?,?,?,?)",
-                (self.session_id, eid, seq, parent, str(entry.get("type", "")),
-                 codec.dumps(entry)))
+                (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
+            )
         except sqlite3.IntegrityError as exc:
-            raise IdConflict(f"entry id {eid} already exists in {self.location}",
-                             entry_id=eid) from exc
+            raise IdConflict(
+                f"entry id {eid} already exists in {self.location}", entry_id=eid
+            ) from exc
         if op.lane is not None:
             self._ensure_lane(op.lane)
-            self._conn.execute("UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
-                               (eid, self.session_id, op.lane))
+            self._conn.execute(
+                "UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
+                (eid, self.session_id, op.lane),
+            )
 
     def _insert_record(self, op: RecordOp, seq: int) -> None:
         rec = dict(op.record)
@@ -317,34 +348,46 @@ class SqliteSessionStore(SessionStore):
             self._conn.execute(
                 "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
                 "VALUES (?,?,?,?,?,?,?)",
-                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)))
+                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
+            )
         except sqlite3.IntegrityError as exc:
-            raise IdConflict(f"record id {rid} already exists in {self.location}",
-                             record_id=rid) from exc
+            raise IdConflict(
+                f"record id {rid} already exists in {self.location}", record_id=rid
+            ) from exc
         if lane is not None:
             self._ensure_lane(lane)
             if rtype == "run_started":
-                self._conn.execute("UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND "
-                                   "name=?", (run_id, seq, self.session_id, lane))
+                self._conn.execute(
+                    "UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND name=?",
+                    (run_id, seq, self.session_id, lane),
+                )
             elif rtype == "run_finished":
-                self._conn.execute("UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE "
-                                   "session_id=? AND name=? AND run_id=?",
-                                   (self.session_id, lane, run_id))
+                self._conn.execute(
+                    "UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE "
+                    "session_id=? AND name=? AND run_id=?",
+                    (self.session_id, lane, run_id),
+                )
 
     def _update_lane(self, op: LaneOp, seq: int) -> None:
         self._ensure_lane(op.lane)
         if op.sets_leaf():
             if op.leaf_id is not None and self.get_entry(op.leaf_id) is None:
-                raise UnknownEntry(f"leaf {op.leaf_id} does not exist in {self.location}",
-                                   entry_id=op.leaf_id)
-            self._conn.execute("UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
-                               (op.leaf_id, self.session_id, op.lane))
+                raise UnknownEntry(
+                    f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
+                )
+            self._conn.execute(
+                "UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
+                (op.leaf_id, self.session_id, op.lane),
+            )
         if op.config:
-            row = self._conn.execute("SELECT config FROM lanes WHERE session_id=? AND name=?",
-                                     (self.session_id, op.lane)).fetchone()
+            row = self._conn.execute(
+                "SELECT config FROM lanes WHERE session_id=? AND name=?", (self.session_id, op.lane)
+            ).fetchone()
             config = {**codec.loads(row[0]), **op.config}
-            self._conn.execute("UPDATE lanes SET config=? WHERE session_id=? AND name=?",
-                               (codec.dumps(config), self.session_id, op.lane))
+            self._conn.execute(
+                "UPDATE lanes SET config=? WHERE session_id=? AND name=?",
+                (codec.dumps(config), self.session_id, op.lane),
+            )
 
     def lease_holder(self) -> dict[str, Any] | None:
         if self._lease is not None:
@@ -387,13 +430,25 @@ class SqliteStore(Store):
     def _lease(self, sid: str) -> FileLease:
         return FileLease(os.path.join(self._locks, f"{sid}.lock"), f"session {sid} in {self.path}")
 
-    def create_session(self, cwd: str, *, session_id: str | None = None,
-                       parent_session: str | None = None, header_extra: dict[str, Any] | None = None,
-                       durability: Durability = "sync") -> SessionStore:
+    def create_session(
+        self,
+        cwd: str,
+        *,
+        session_id: str | None = None,
+        parent_session: str | None = None,
+        header_extra: dict[str, Any] | None = None,
+        durability: Durability = "sync",
+    ) -> SessionStore:
         sid = session_id or uuid7()
         ts = now_iso()
-        header: dict[str, Any] = {"type": "session", "version": 3, "format": "durable-harness/1",
-                                  "id": sid, "timestamp": ts, "cwd": cwd}
+        header: dict[str, Any] = {
+            "type": "session",
+            "version": 3,
+            "format": "durable-harness/1",
+            "id": sid,
+            "timestamp": ts,
+            "cwd": cwd,
+        }
         if parent_session:
             header["parentSession"] = parent_session
         header.update(header_extra or {})
@@ -401,36 +456,63 @@ class SqliteStore(Store):
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("INSERT INTO sessions (id, cwd, created, modified, header, "
-                             "parent_session) VALUES (?,?,?,?,?,?)",
-                             (sid, cwd, ts, ts, codec.dumps(header), parent_session))
-                conn.execute("INSERT INTO lanes (session_id, name, config) VALUES (?, 'main', "
-                             "'{}')", (sid,))
+                conn.execute(
+                    "INSERT INTO sessions (id, cwd, created, modified, header, "
+                    "parent_session) VALUES (?,?,?,?,?,?)",
+                    (sid, cwd, ts, ts, codec.dumps(header), parent_session),
+                )
+                conn.execute(
+                    "INSERT INTO lanes (session_id, name, config) VALUES (?, 'main', '{}')", (sid,)
+                )
                 conn.execute("COMMIT")
             except sqlite3.IntegrityError as exc:
                 conn.execute("ROLLBACK")
-                raise SessionExists(f"session {sid} already exists in {self.path}",
-                                    session_id=sid) from exc
+                raise SessionExists(
+                    f"session {sid} already exists in {self.path}", session_id=sid
+                ) from exc
         finally:
             conn.close()
-        return SqliteSessionStore(self.path, sid, read_only=False, durability=durability,
-                                  lease=self._lease(sid))
+        return SqliteSessionStore(
+            self.path, sid, read_only=False, durability=durability, lease=self._lease(sid)
+        )
 
-    def open_session(self, ref: str, *, write: bool = True, durability: Durability = "sync",
-                     break_lease: bool = False) -> SessionStore:
+    def open_session(
+        self,
+        ref: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> SessionStore:
         sid = self.resolve(ref).id
-        return SqliteSessionStore(self.path, sid, read_only=not write, durability=durability,
-                                  lease=self._lease(sid) if write else None,
-                                  break_lease=break_lease)
+        return SqliteSessionStore(
+            self.path,
+            sid,
+            read_only=not write,
+            durability=durability,
+            lease=self._lease(sid) if write else None,
+            break_lease=break_lease,
+        )
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         conn = _connect(self.path, "sync")
         try:
             sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
-            rows = (conn.execute(sql + " WHERE cwd=? ORDER BY modified DESC", (cwd,)).fetchall()
-                    if cwd is not None else
-                    conn.execute(sql + " ORDER BY modified DESC").fetchall())
+            rows = (
+                conn.execute(sql + " WHERE cwd=? ORDER BY modified DESC", (cwd,)).fetchall()
+                if cwd is not None
+                else conn.execute(sql + " ORDER BY modified DESC").fetchall()
+            )
         finally:
             conn.close()
-        return [SessionInfo(id=r[0], cwd=r[1], path=f"{self.spec}#{r[0]}", created=r[2],
-                            modified=r[3], parent_session=r[4]) for r in rows]
+        return [
+            SessionInfo(
+                id=r[0],
+                cwd=r[1],
+                path=f"{self.spec}#{r[0]}",
+                created=r[2],
+                modified=r[3],
+                parent_session=r[4],
+            )
+            for r in rows
+        ]

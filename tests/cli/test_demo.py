@@ -1,0 +1,74 @@
+"""``durable-harness demo`` end to end in a child process: a real SIGKILL mid-turn, the recovery
+plan, the operator's decision, the resumed run, and the pi import."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durable_harness.storage import open_store
+
+DEPLOY_LINE = "deployed release 1.2"
+
+
+def _demo_command() -> list[str]:
+    script = Path(sys.executable).parent / "durable-harness"
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("durable-harness")
+    return [found] if found else [sys.executable, "-m", "durable_harness"]
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(180)
+def test_demo(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    proc = subprocess.run(
+        [*_demo_command(), "demo", "--dir", str(folder)],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "killed by SIGKILL" in out
+
+    # the recovery plan: read_file (replay safe) re-executed, bash (replay never) refused
+    assert re.search(r"call_\S+\s+read_file\s+in_doubt\s+safe\s+re-execute", out), out
+    assert re.search(r"call_\S+\s+bash\s+in_doubt\s+never\s+await_decision", out), out
+    assert "suspended (awaiting_decision)" in out
+
+    # the side effect happened exactly once across the crash and the resume
+    log = folder / "project" / "deploy.log"
+    assert log.read_text().splitlines() == [DEPLOY_LINE]
+    assert (folder / "project" / "NOTES.md").read_text().startswith("# Release 1.2")
+
+    # the pi import step shows the tree, with the main lane's leaf marked
+    step5 = out[out.index("5. A real pi session") :]
+    assert re.search(r"^a0000001 model_change", step5, re.M), step5
+    assert re.search(r"^\s+a0000011 session_info <main>", step5, re.M), step5
+    assert "[first-pass]" in step5
+
+    # what the library sees in the demo's store
+    store = open_store(f"jsonl:{folder / 'home'}")
+    infos = store.list_sessions()
+    assert len(infos) == 2
+    [run_info] = store.list_sessions(str(folder / "project"))
+    with store.open_session(run_info.id, write=False) as s:
+        records = s.records()
+        assert s.lanes()["main"].run_id is None
+    assert [r["outcome"] for r in records if r["type"] == "run_finished"] == ["completed"]
+    bash_ids = {r["toolCallId"] for r in records if r.get("toolName") == "bash"}
+    assert len(bash_ids) == 1
+    finished = [r for r in records if r["type"] == "tool_finished" and r["toolCallId"] in bash_ids]
+    assert len(finished) == 1
+    decisions = [r for r in records if r["type"] == "decision"]
+    assert [d["toolCallId"] for d in decisions] == sorted(bash_ids)

@@ -1,0 +1,132 @@
+"""Helpers for the recovery tests: run the ``durable-harness`` console script in a fresh process,
+write scripted-provider files, and read a session back read-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from durable_harness.session.session import Session
+from durable_harness.storage import open_store
+
+BACKENDS = ("jsonl", "sqlite")
+
+_SCRIPT = Path(sys.executable).with_name("durable-harness")
+DH: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
+
+
+def store_spec(backend: str, root: Path) -> str:
+    """A fresh store spec of ``backend`` under ``root``."""
+    return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
+
+
+def env(crash_at: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a child: no inherited crash settings, ``crash_at`` if given."""
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DURABLE_HARNESS_CRASH_AT", "DURABLE_HARNESS_CRASH_TRACE")
+    }
+    if crash_at:
+        out["DURABLE_HARNESS_CRASH_AT"] = crash_at
+    out.update(extra)
+    return out
+
+
+def dh(
+    *args: str,
+    crash_at: str | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``durable-harness ARGS`` in a fresh process and return the completed process."""
+    return subprocess.run(
+        [*DH, *args],
+        env=env(crash_at),
+        cwd=str(cwd) if cwd else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def popen(*args: str, crash_at: str | None = None) -> subprocess.Popen[str]:
+    """Start ``durable-harness ARGS`` without waiting."""
+    return subprocess.Popen(
+        [*DH, *args],
+        env=env(crash_at),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def write_script(path: Path, turns: list[dict[str, Any]]) -> Path:
+    """Write a scripted-provider file and return its absolute path."""
+    path.write_text(json.dumps({"turns": turns}))
+    return path.resolve()
+
+
+def session_id(proc: subprocess.CompletedProcess[str]) -> str:
+    """The session id ``durable-harness run`` prints on stderr (``session <id>``)."""
+    m = re.search(r"^session (\S+)$", proc.stderr, re.M)
+    assert m, f"no session id in stderr: {proc.stderr!r}"
+    return m.group(1)
+
+
+def plan_json(sid: str, spec: str, *extra: str) -> dict[str, Any]:
+    """``durable-harness recover SID --json`` in a fresh process, parsed."""
+    proc = dh("recover", sid, "--json", "--store", spec, *extra)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def main_lane(plan: dict[str, Any]) -> dict[str, Any]:
+    """The ``main`` lane of a plan's JSON."""
+    (lane,) = [lp for lp in plan["lanes"] if lp["lane"] == "main"]
+    return dict(lane)
+
+
+def effects(work: Path, name: str = "effects.log") -> Counter[str]:
+    """Tag counts in ``work/effects.log``."""
+    log = work / name
+    if not log.exists():
+        return Counter()
+    return Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
+
+
+def read_session(spec: str, sid: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """Open the session read-only: ``(records, {entry id: entry}, location)``."""
+    with Session(open_store(spec).open_session(sid, write=False)) as s:
+        records = s.store.records()
+        entries = {str(e["id"]): e for e in s.store.iter_entries()}
+        return records, entries, s.store.location
+
+
+def context_json(sid: str, spec: str) -> list[dict[str, Any]]:
+    """``durable-harness context SID --json`` in a fresh process, parsed."""
+    proc = dh("context", sid, "--json", "--store", spec)
+    assert proc.returncode == 0, proc.stderr
+    return list(json.loads(proc.stdout))
+
+
+def results_per_call(messages: list[dict[str, Any]]) -> dict[str, int]:
+    """``{tool call id: number of toolResult messages for it}`` over a context's messages."""
+    calls = [
+        str(b["id"])
+        for m in messages
+        if m.get("role") == "assistant"
+        for b in m.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "toolCall"
+    ]
+    counts = Counter(
+        str(m.get("toolCallId")) for m in messages if m.get("role") == "toolResult"
+    )
+    return {c: counts[c] for c in calls}
