@@ -20,6 +20,13 @@ BENCHMARKS = {"storage": "bench.bench_storage", "harness": "bench.bench_harness"
 
 def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:
     print(f"\n== {name} ({seconds:.1f} s) -> bench/results/{name}.json")
+    start = results.get("machine", {}).get("load_at_start", {})
+    end = results.get("load_at_end", {})
+    print(
+        f"  scratch {results.get('scratch_fs', '?')}; load {start.get('loadavg')} -> "
+        f"{end.get('loadavg')}; io pressure avg10 {start.get('io_pressure_some_avg10')}% -> "
+        f"{end.get('io_pressure_some_avg10')}%"
+    )
     rows = results.get("summary_rows", [])
     width = max((len(r[0]) for r in rows), default=10)
     for label, value, unit, note in rows:

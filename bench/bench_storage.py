@@ -32,6 +32,7 @@ from bench.common import (
     MemoryProbe,
     child_main,
     fs_type,
+    load_snapshot,
     log,
     machine_info,
     median,
@@ -597,6 +598,7 @@ def run() -> dict[str, Any]:
                 f"SQLite {n} open + lanes + context (ms, first in process)",
             )
         )
+    results["load_at_end"] = load_snapshot()
     results["targets"] = targets
     write_results("storage", results)
 

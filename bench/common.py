@@ -76,6 +76,22 @@ def fs_type(path: Path) -> str:
     return kind
 
 
+def load_snapshot() -> dict[str, Any]:
+    """Load average and I/O pressure now: other processes on the machine (tests of other work
+    running at the same time) move fsync latency and CPU time, so results carry this."""
+    snap: dict[str, Any] = {}
+    try:
+        snap["loadavg"] = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        pass
+    try:
+        line = Path("/proc/pressure/io").read_text().splitlines()[0]
+        snap["io_pressure_some_avg10"] = float(line.split("avg10=")[1].split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return snap
+
+
 def machine_info() -> dict[str, Any]:
     """Return the facts that make figures comparable: CPU count, Python, platform."""
     return {
@@ -84,6 +100,7 @@ def machine_info() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "scratch_root": str(scratch_root()),
         "scratch_fs": fs_type(scratch_root()),
+        "load_at_start": load_snapshot(),
     }
 
 

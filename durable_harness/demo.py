@@ -80,6 +80,9 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     scratch = Path(folder or tempfile.mkdtemp(prefix="durable-harness-demo-")).resolve()
     work = scratch / "project"
     work.mkdir(parents=True, exist_ok=True)
+    log = work / "deploy.log"
+    # a reused --dir may hold an earlier demo's deploy line: judge this run by what it adds
+    before = log.read_text().count("deployed release 1.2") if log.exists() else 0
     store = store or f"jsonl:{scratch / 'home'}"
     script = scratch / "script.json"
     script.write_text(json.dumps(SCRIPT, indent=1))
@@ -129,8 +132,7 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     print(f"refused, outcome unknown, replay never: {[c['tool_name'] for c in waiting]}")
 
     _say("3. The operator checks the real side effect, decides, and resumes")
-    log = work / "deploy.log"
-    deployed = log.exists() and "deployed release 1.2" in log.read_text()
+    deployed = log.exists() and log.read_text().count("deployed release 1.2") > before
     decisions = []
     for c in waiting:
         choice = "result:already deployed (seen in deploy.log)" if deployed else "retry"
@@ -140,8 +142,8 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
         )
         decisions += ["--decide", f"{c['tool_call_id']}={choice}"]
     resumed = _cli(["resume", sid, *decisions, "--quiet"], env, str(work))
-    lines = log.read_text().count("deployed release 1.2") if log.exists() else 0
-    print(f"deploy.log holds the deploy line {lines} time(s): the bash tool ran exactly once")
+    lines = (log.read_text().count("deployed release 1.2") if log.exists() else 0) - before
+    print(f"deploy.log got the deploy line {lines} time(s): the bash tool ran exactly once")
 
     _say("4. The operation log and the cost per turn")
     _cli(["log", sid], env, str(work))

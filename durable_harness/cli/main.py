@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _help, fn = COMMANDS[args.command]
     try:
-        return fn(args)
+        status = fn(args)
+        sys.stdout.flush()
+        return status
     except DurableHarnessError as exc:
         if getattr(args, "json", False):
             out({"error": exc.to_json()})
@@ -78,11 +80,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (``| head``): stop quietly, as Unix tools do; stdout goes to
+        # /dev/null so that the interpreter's final flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def run_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an async function to completion (asyncio backend)."""
-    return anyio.run(fn, *args)
+    """Run an async function to completion (asyncio backend).
+
+    A library error raised inside a task group (the harness's) arrives wrapped in an exception
+    group; it is unwrapped so that :func:`main` prints it as ``error[<code>]`` instead of a
+    traceback. A group holding anything else propagates unchanged.
+    """
+    try:
+        return anyio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        _match, rest = group.split(DurableHarnessError)
+        if rest is not None:
+            raise
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from None
 
 
 __all__ = ["COMMANDS", "DURABILITY_MODES", "crash", "main", "run_async"]

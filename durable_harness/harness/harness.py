@@ -629,9 +629,20 @@ class Harness:
             sleep=anyio.sleep,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                await self._attempt(live, turn, response_id)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._attempt(live, turn, response_id)
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            used = s.attempts.get(turn, 0)
+            raise AttemptCapReached(
+                f"turn {turn} of run {s.run_id} used {used} of {cap} provider attempts "
+                f"(attempt cap reached); last error: {exc.message}",
+                attempts=used,
+                cap=cap,
+            ) from exc
 
     async def _attempt(self, live: _LiveRun, turn: int, response_id: str) -> None:
         s = live.state
@@ -943,7 +954,7 @@ class Harness:
         leaf = self.session.leaf(s.lane)
         if s.pending is not None:
             kept = [b for b in live.partial if b.get("type") == "text" and b.get("text")]
-            if kept:
+            if kept and s.pending.purpose == "turn":  # a partial summary is no answer
                 msg = {
                     "role": "assistant",
                     "content": kept,
@@ -1099,6 +1110,7 @@ class Harness:
             lane,
             {
                 "type": "compaction",
+                "id": op_id,
                 "summary": summary,
                 "firstKeptEntryId": first_kept,
                 "tokensBefore": estimate_tokens(ctx.messages),
@@ -1149,7 +1161,7 @@ class Harness:
         from_id = self.session.leaf(lane)
         summary, message, op_id = await self._summarize(lane, ctx.messages, "branch_summary", None)
         entry = self.session.make_entry(
-            {"type": "branch_summary", "fromId": from_id or "", "summary": summary},
+            {"type": "branch_summary", "id": op_id, "fromId": from_id or "", "summary": summary},
             parent_id=target_id,
         )
         self._commit(

@@ -44,7 +44,14 @@ def run_session(
     """Run :data:`PROMPT` in a new session; return its id (the only session) and the result."""
     store_args = ["--store", store] if store else []
     res = cli(
-        "run", PROMPT, "--provider", f"scripted:{script}", "--cwd", str(project), *extra, *store_args
+        "run",
+        PROMPT,
+        "--provider",
+        f"scripted:{script}",
+        "--cwd",
+        str(project),
+        *extra,
+        *store_args,
     )
     assert res.code == 0, res.err
     listed = cli("sessions", "--json", *store_args).json()
@@ -459,3 +466,70 @@ def test_second_writer_is_refused(sh: Cli, script: Path, project: Path) -> None:
     # once the holder is gone, the same command is accepted
     res = sh("run", "hi", "--provider", f"scripted:{script}", "--session", "held-1", "--quiet")
     assert res.code == 0, res.err
+
+
+@pytest.mark.crash
+def test_run_on_a_suspended_lane_is_refused(
+    cli: Cli, sh: Cli, script: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a real SIGKILL once both tool intents of turn 1 are durable: the lane is left suspended
+    monkeypatch.setenv("DURABLE_HARNESS_CRASH_AT", "after_tool_started:2")
+    crashed = sh("run", PROMPT, "--provider", f"scripted:{script}", "--cwd", str(project))
+    assert crashed.code == -9, crashed.err
+    monkeypatch.delenv("DURABLE_HARNESS_CRASH_AT")
+    [info] = open_store().list_sessions()
+    with open_store().open_session(info.id, write=False) as s:
+        count = s.entry_count()
+        seq = s.last_seq()
+
+    # the library's error arrives as error[lane_suspended], not as an exception-group traceback
+    res = cli("run", "again", "--provider", f"scripted:{script}", "--session", info.id)
+    assert res.code == 2, res.err
+    assert "error[lane_suspended]" in res.err and "Traceback" not in res.err
+    with open_store().open_session(info.id, write=False) as s:
+        assert (s.entry_count(), s.last_seq()) == (count, seq)
+    plan = cli("recover", info.id, "--json").json()
+    [lane] = plan["lanes"]
+    assert lane["state"] == "suspended"
+    assert {c["tool_name"]: c["status"] for c in lane["tool_calls"]} == {
+        "read_file": "in_doubt",
+        "bash": "in_doubt",
+    }
+    assert not (project / "effect.log").exists()
+
+
+def test_run_on_a_pi_file_is_refused(cli: Cli, script: Path, pi_sessions: Path) -> None:
+    path = pi_sessions / "v3-branched.jsonl"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    res = cli("run", "hi", "--provider", f"scripted:{script}", "--session", str(path))
+    assert res.code == 2
+    assert "error[read_only]" in res.err and "Traceback" not in res.err
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert open_store().list_sessions() == []
+
+
+def test_run_continue_picks_the_most_recent_session_of_the_cwd(
+    cli: Cli, script: Path, project: Path, tmp_path: Path
+) -> None:
+    missing = cli(
+        "run", "hi", "--provider", f"scripted:{script}", "--cwd", str(project), "--continue"
+    )
+    assert missing.code == 2 and "error[session_not_found]" in missing.err
+    assert open_store().list_sessions() == []
+
+    sid, _ = run_session(cli, script, project)
+    other = tmp_path / "other"
+    other.mkdir()
+    res = cli("run", "hi", "--provider", f"scripted:{script}", "--cwd", str(other), "--quiet")
+    assert res.code == 0, res.err
+    res = cli(
+        "run", "Once more", "--provider", f"scripted:{script}", "--cwd", str(project), "--continue"
+    )
+    assert res.code == 0, res.err
+    assert len(open_store().list_sessions()) == 2
+    prompts = [
+        e["message"]["content"][0]["text"]
+        for e in messages(open_store(), sid)
+        if e["message"]["role"] == "user"
+    ]
+    assert prompts == [PROMPT, "Once more"]

@@ -25,18 +25,22 @@ def _demo_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "durable_harness"]
 
 
-@pytest.mark.crash
-@pytest.mark.timeout(180)
-def test_demo(tmp_path: Path) -> None:
-    folder = tmp_path / "demo"
-    proc = subprocess.run(
+def _demo(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [*_demo_command(), "demo", "--dir", str(folder)],
         env=dict(os.environ),
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=80,
         check=False,
     )
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(180)
+def test_demo(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    proc = _demo(folder)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "killed by SIGKILL" in out
@@ -72,3 +76,23 @@ def test_demo(tmp_path: Path) -> None:
     assert len(finished) == 1
     decisions = [r for r in records if r["type"] == "decision"]
     assert [d["toolCallId"] for d in decisions] == sorted(bash_ids)
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(180)
+def test_demo_again_in_the_same_folder(tmp_path: Path) -> None:
+    """A second demo in a used folder judges the deploy by the line it adds, not by the line
+    the first demo left: its bash call never ran, so the operator's decision is ``retry``."""
+    folder = tmp_path / "demo"
+    assert _demo(folder).returncode == 0
+    again = _demo(folder)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "=retry" in again.stdout
+    log = folder / "project" / "deploy.log"
+    assert log.read_text().splitlines() == [DEPLOY_LINE, DEPLOY_LINE]
+    store = open_store(f"jsonl:{folder / 'home'}")
+    for info in store.list_sessions(str(folder / "project")):
+        with store.open_session(info.id, write=False) as s:
+            records = s.records()
+        outcomes = [r.get("outcome") for r in records if r["type"] == "tool_finished"]
+        assert outcomes.count("decided_result") == 0, outcomes

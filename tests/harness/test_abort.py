@@ -178,7 +178,7 @@ async def test_abort_returns_steers_and_keeps_next_run_and_deferred_writes(
     assert second["runId"] != handle.run_id and second["outcome"] == "completed"
     consumed = [r for r in of_type(recs, "queue_consumed") if r["queue"] == "next_run"]
     assert len(consumed) == 1 and consumed[0]["itemIds"] == [next_id]
-    started2 = [r for r in of_type(recs, "run_started") if r["runId"] == second["runId"]][0]
+    started2 = next(r for r in of_type(recs, "run_started") if r["runId"] == second["runId"])
     assert started2["seq"] > finished["seq"]
     assert_same_commit(session, started2["seq"] - 1, started2["seq"], consumed[0]["seq"])
     assert started2["prompt"]["content"][0]["text"] == "later please"
@@ -195,7 +195,10 @@ async def test_abort_returns_steers_and_keeps_next_run_and_deferred_writes(
 async def test_abort_kills_a_running_bash_tool(store: Store, workdir: Path) -> None:
     command = "echo $$ > pid; sleep 30 & echo $! > child; wait"
     turns = [
-        {"text": "Running it.", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+        {
+            "text": "Running it.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": command}}],
+        },
         {"text": "never reached"},
     ]
     session = new_session(store, workdir)

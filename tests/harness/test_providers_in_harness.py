@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from providers.servers import FakeLLMServer, StatusError, ToolCallSpec, Turn
 
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.providers.anthropic_provider import AnthropicProvider
@@ -16,7 +17,6 @@ from durable_harness.providers.base import Provider
 from durable_harness.providers.openai_compat import OpenAIProvider
 from durable_harness.storage import Store
 
-from providers.servers import FakeLLMServer, StatusError, ToolCallSpec, Turn
 from .util import EchoTool, collect_events, messages_on_path, new_session, of_type
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

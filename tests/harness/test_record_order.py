@@ -7,6 +7,7 @@ answer) with a steering message accepted right after the prompt.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,7 @@ async def test_record_sequence_matches_the_run_loop(store: Store, workdir: Path)
             assert rec.get("runId") == run_id, (i, rtype)
         assert rec.get("id") and rec.get("timestamp")
     seqs = [r["seq"] for r in recs]
-    assert all(a < b for a, b in zip(seqs, seqs[1:], strict=False)), seqs
+    assert all(a < b for a, b in itertools.pairwise(seqs)), seqs
     assert len({r["id"] for r in recs}) == len(recs)
 
     # The steer receipt carries the full payload; its consumption names the same item.
@@ -121,7 +122,7 @@ async def test_record_sequence_matches_the_run_loop(store: Store, workdir: Path)
 async def test_provisioned_ids_are_used_and_settlements_share_a_commit(
     store: Store, workdir: Path
 ) -> None:
-    session, _, _, _, run_id = await _run(store, workdir)
+    session, _, _, _, _run_id = await _run(store, workdir)
     recs = session.store.records("main")
     get = session.store.get_entry
 
@@ -175,10 +176,7 @@ async def test_provisioned_ids_are_used_and_settlements_share_a_commit(
 async def test_tree_and_context_shape(store: Store, workdir: Path) -> None:
     session, _, _, _, _ = await _run(store, workdir)
     path = messages_on_path(session)
-    shape = [
-        (e["message"]["role"], e["message"].get("toolName"))
-        for e in path
-    ]
+    shape = [(e["message"]["role"], e["message"].get("toolName")) for e in path]
     assert shape == [
         ("user", None),
         ("assistant", None),

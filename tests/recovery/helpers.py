@@ -126,7 +126,5 @@ def results_per_call(messages: list[dict[str, Any]]) -> dict[str, int]:
         for b in m.get("content") or []
         if isinstance(b, dict) and b.get("type") == "toolCall"
     ]
-    counts = Counter(
-        str(m.get("toolCallId")) for m in messages if m.get("role") == "toolResult"
-    )
+    counts = Counter(str(m.get("toolCallId")) for m in messages if m.get("role") == "toolResult")
     return {c: counts[c] for c in calls}

@@ -375,12 +375,14 @@ ROWS = [
     ),
     Row(
         "mixed_batch",
-        lambda: Log()
-        .start()
-        .answer(("c1", "read_file"), ("c2", "bash"), ("c3", "append_file"))
-        .started("c1", "read_file", "safe")
-        .finished("c1")
-        .started("c2", "bash", "never"),
+        lambda: (
+            Log()
+            .start()
+            .answer(("c1", "read_file"), ("c2", "bash"), ("c3", "append_file"))
+            .started("c1", "read_file", "safe")
+            .finished("c1")
+            .started("c2", "bash", "never")
+        ),
         "suspended",
         "await_decision",
         [
@@ -408,11 +410,7 @@ ROWS = [
     ),
     Row(
         "completed_calls_no_save_point",
-        lambda: Log()
-        .start()
-        .answer(("c1", "bash"))
-        .started("c1", "bash", "never")
-        .finished("c1"),
+        lambda: Log().start().answer(("c1", "bash")).started("c1", "bash", "never").finished("c1"),
         "suspended",
         "save_point",
         [("c1", "completed", "none")],
