@@ -72,6 +72,8 @@ class JsonlSessionStore(IndexedSessionStore):
         self._lease: FileLease | None = None
         self._sync_cond = threading.Condition()
         self._written = 0
+        self._end: int | None = None
+        self._single_op: dict[int, bool] = {}
         self._synced = 0
         self._syncing = False
 
@@ -327,8 +329,11 @@ class JsonlSessionStore(IndexedSessionStore):
         assert self._fd is not None and self._lease is not None
         self._lease.check()
         line = codec.dumps({"gen": self.generation, "ops": numbered}) + b"\n"
-        offset = os.lseek(self._fd, 0, os.SEEK_END)
+        if self._end is None:
+            self._end = os.lseek(self._fd, 0, os.SEEK_END)
+        offset = self._end
         _write_all(self._fd, line)
+        self._end = offset + len(line)
         if self.durability == "sync":
             os.fdatasync(self._fd)
         self._written += 1
@@ -384,6 +389,13 @@ class JsonlSessionStore(IndexedSessionStore):
         fd = self._fd
         if fd is None:
             raise CorruptSession(f"session file {self.path} is closed")
+        if idx == 0 and self._single_op.get(offset, True):
+            ops = codec.loads(os.pread(fd, length, offset))["ops"]
+            if len(ops) == 1:  # the common case: a fresh parse is already a private copy
+                single: dict[str, Any] = ops[0]["entry"]
+                return single
+            self._single_op[offset] = False
+            self._line_cache = (offset, ops)
         cached = self._line_cache
         if cached is not None and cached[0] == offset:
             ops = cached[1]

@@ -83,7 +83,13 @@ class FileLease:
         os.pwrite(fd, body, 0)
         os.fsync(fd)
         self._fd = fd
+        self._stamp = self._stat(fd)
         return self.generation
+
+    @staticmethod
+    def _stat(fd: int) -> tuple[int, int, int]:
+        st = os.fstat(fd)
+        return st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
     def probe(self) -> dict[str, Any] | None:
         """Return the live holder's lock-file content, or ``None`` when nobody holds the lease.
@@ -112,8 +118,16 @@ class FileLease:
             return 0
         return int(self._read(self._fd).get("generation", 0) or 0)
 
+    _stamp: tuple[int, int, int] | None = None
+
     def check(self) -> None:
-        """Raise :class:`StaleGeneration` if another writer took the lease since we did."""
+        """Raise :class:`StaleGeneration` if another writer took the lease since we did.
+
+        Cheap on the hot path: the lock file is re-read only when its ``fstat`` stamp (mtime,
+        ctime, size) changed since we wrote it; a breaker always rewrites it.
+        """
+        if self._fd is not None and self._stat(self._fd) == self._stamp:
+            return
         current = self.current_generation()
         if current != self.generation:
             raise StaleGeneration(

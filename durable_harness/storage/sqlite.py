@@ -26,7 +26,6 @@ from durable_harness.errors import (
     SessionExists,
     SessionNotFound,
     StaleGeneration,
-    StorageError,
     UnknownEntry,
 )
 from durable_harness.ids import now_iso, uuid7
@@ -265,7 +264,7 @@ class SqliteSessionStore(SessionStore):
                     try:
                         item.seq = self._apply(item.ops)
                         self._conn.execute(f"RELEASE c{i}")
-                    except (StorageError, sqlite3.Error) as exc:
+                    except Exception as exc:  # one bad commit fails alone
                         self._conn.execute(f"ROLLBACK TO c{i}")
                         self._conn.execute(f"RELEASE c{i}")
                         item.error = exc
@@ -304,6 +303,12 @@ class SqliteSessionStore(SessionStore):
         c.execute("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", (seq, now_iso(), sid))
         return seq
 
+    def _exists(self, entry_id: str) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM entries WHERE session_id=? AND id=?", (self.session_id, entry_id)
+        ).fetchone()
+        return row is not None
+
     def _ensure_lane(self, name: str) -> None:
         self._conn.execute(
             "INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')",
@@ -315,7 +320,7 @@ class SqliteSessionStore(SessionStore):
         eid, parent = entry.get("id"), entry.get("parentId")
         if not isinstance(eid, str) or not eid:
             raise UnknownEntry("an entry needs a non-empty string id")
-        if parent is not None and self.get_entry(parent) is None:
+        if parent is not None and not self._exists(parent):
             raise UnknownEntry(
                 f"parent {parent} of entry {eid} does not exist in {self.location}", entry_id=parent
             )
@@ -371,7 +376,7 @@ class SqliteSessionStore(SessionStore):
     def _update_lane(self, op: LaneOp, seq: int) -> None:
         self._ensure_lane(op.lane)
         if op.sets_leaf():
-            if op.leaf_id is not None and self.get_entry(op.leaf_id) is None:
+            if op.leaf_id is not None and not self._exists(op.leaf_id):
                 raise UnknownEntry(
                     f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
                 )

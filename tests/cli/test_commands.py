@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 
 from durable_harness.crash import CRASH_POINTS
+from durable_harness.session import Session
 from durable_harness.storage import Store, open_store
 
 from .conftest import SCRIPT, SCRIPT_TOTAL_COST, SCRIPT_TOTAL_TOKENS, Result
@@ -190,15 +194,13 @@ def test_context_json_is_well_formed(cli: Cli, script: Path, project: Path) -> N
     assert res.code == 0
     ctx = res.json()
     assert_well_formed(ctx)
-    assert ctx[0] == {**ctx[0], "role": "user"}
+    assert ctx[0]["role"] == "user"
     assert ctx[0]["content"][0]["text"] == PROMPT
     assert [m["role"] for m in ctx].count("toolResult") == 3
     assert ctx[-1]["role"] == "assistant"
     assert ctx[-1]["content"][0]["text"] == SCRIPT["turns"][-1]["text"]
     # exactly the library's context from the lane's leaf
     with open_store().open_session(sid, write=False) as store:
-        from durable_harness.session import Session
-
         assert ctx == json.loads(json.dumps(Session(store).context().messages))
     text = cli("context", sid)
     assert text.code == 0 and PROMPT in text.out
@@ -533,3 +535,19 @@ def test_run_continue_picks_the_most_recent_session_of_the_cwd(
         if e["message"]["role"] == "user"
     ]
     assert prompts == [PROMPT, "Once more"]
+
+
+def test_output_into_a_closed_pipe_is_quiet(home: Path) -> None:
+    """``durable-harness crash-points | head -0``: the reader is gone before the first write;
+    the command stops with status 141 and no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_harness", "crash-points"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
