@@ -12,7 +12,6 @@ continues exactly where the crashed one stopped.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from durable_harness.harness.state import (
     fold_run,
 )
 from durable_harness.ids import new_id, now_iso, now_ms, uuid7
+from durable_harness.models.entries import validate_message
 from durable_harness.models.messages import text_of
 from durable_harness.providers.base import (
     Done,
@@ -49,6 +49,7 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
 )
+from durable_harness.session.context import estimate_tokens
 from durable_harness.session.session import Session
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import Tool, ToolContext, ToolResult
@@ -133,17 +134,6 @@ class _Suspend(Exception):
     pass
 
 
-def estimate_tokens(messages: list[dict[str, Any]]) -> int:
-    """Estimate the tokens of context messages: characters / 4, rounded up."""
-    chars = 0
-    for m in messages:
-        chars += len(text_of(m.get("content")))
-        for b in m.get("content") or []:
-            if isinstance(b, dict) and b.get("type") == "toolCall":
-                chars += len(str(b.get("arguments"))) + len(str(b.get("name")))
-    return math.ceil(chars / 4)
-
-
 class Harness:
     """Drives the runs of one :class:`Session` (use as ``async with Harness(...) as h``).
 
@@ -169,6 +159,7 @@ class Harness:
         self.provider = provider
         tool_list = list(tools.values()) if isinstance(tools, dict) else list(tools or [])
         self.tools: dict[str, Tool] = {t.name: t for t in tool_list}
+        self._specs = [t.spec() for t in tool_list]
         self.cwd = Path(cwd or session.cwd or ".")
         self.options = options or HarnessOptions()
         self._runs: dict[str, _LiveRun] = {}
@@ -233,7 +224,7 @@ class Harness:
     ) -> dict[str, Any]:
         """Prepare an entry appended under the lane's leaf (or ``parent``)."""
         leaf = self.session.leaf(lane) if parent is False else parent
-        return self.session.make_entry(entry, parent_id=leaf)
+        return self.session.make_entry(entry, parent_id=leaf, validate=False)
 
     # -- accepting input -------------------------------------------------------------------
     def _check_idle(self, lane: str) -> None:
@@ -669,7 +660,7 @@ class Harness:
         crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
             messages=ctx.messages,
-            tools=[t.spec() for t in self.tools.values()],
+            tools=self._specs,
             model=model,
             system_prompt=self.options.system_prompt,
             thinking_level=ctx.thinking_level,
@@ -1044,7 +1035,8 @@ class Harness:
     async def _maybe_compact(self, live: _LiveRun) -> None:
         ctx = self.session.context(lane=live.state.lane)
         limit = self.provider.context_window - self.options.compact_reserve
-        if estimate_tokens(ctx.messages) > limit > 0:
+        tokens = ctx.state.tokens if ctx.state else estimate_tokens(ctx.messages)
+        if tokens > limit > 0:
             await self.compact(lane=live.state.lane, _live=live)
 
     async def _summarize(
@@ -1187,8 +1179,13 @@ class Harness:
 
 
 def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
+    """A user-role message from text, or a caller's message dict validated at acceptance.
+
+    Raises:
+        FormatError: the dict is not a valid message (nothing is written).
+    """
     if isinstance(text, dict):
-        return {"timestamp": now_ms(), **text}
+        return validate_message({"timestamp": now_ms(), **text})
     return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": now_ms()}
 
 

@@ -135,6 +135,9 @@ class RunState:
                 c.replay = rec.get("replay")
                 c.result_entry_id = rec.get("resultEntryId")
                 c.attempts += 1
+                # a decision covers the intent it was given for: a new intent (the retry it
+                # allowed) that is in doubt again needs a new decision
+                c.decision = None
         elif rtype == "tool_finished":
             c = self.call(str(rec.get("toolCallId")))
             if c is not None:

@@ -49,6 +49,7 @@ class Context:
     model: dict[str, str] | None = None
     thinking_level: str = "off"
     entry_ids: list[str | None] = field(default_factory=list)
+    state: ContextState | None = None
 
 
 def path_to(get_entry: EntryGetter, leaf_id: str | None) -> list[dict[str, Any]]:
@@ -134,39 +135,78 @@ def entry_message(entry: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def build_context(get_entry: EntryGetter, leaf_id: str | None) -> Context:
-    """Build the provider context from ``leaf_id`` (see the module docstring for the rules)."""
+@dataclass
+class ContextState:
+    """What :func:`build_context` needs to extend a context built for ``leaf_id`` to a leaf
+    below it without walking the whole path again: the messages before rule 5, the settings."""
+
+    leaf_id: str | None
+    pairs: list[tuple[dict[str, Any], str | None]]
+    model: dict[str, str] | None
+    thinking_level: str
+    tokens: int = 0
+    formed: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    formed_upto: int = 0
+
+
+def _settings(
+    entry: dict[str, Any], model: dict[str, str] | None, thinking: str
+) -> tuple[dict[str, str] | None, str]:
+    etype = entry.get("type")
+    if etype == "thinking_level_change":
+        thinking = str(entry.get("thinkingLevel", "off"))
+    elif etype == "model_change":
+        model = {"provider": str(entry.get("provider")), "modelId": str(entry.get("modelId"))}
+    elif etype == "message" and (entry.get("message") or {}).get("role") == "assistant":
+        msg = entry["message"]
+        if msg.get("model"):
+            model = {"provider": str(msg.get("provider")), "modelId": str(msg["model"])}
+    elif etype == "compaction" and isinstance(entry.get("settings"), dict):
+        model = entry["settings"].get("model", model)
+        thinking = entry["settings"].get("thinkingLevel", thinking)
+    return model, thinking
+
+
+def _extend(
+    get_entry: EntryGetter, leaf_id: str | None, previous: ContextState, max_steps: int = 64
+) -> ContextState | None:
+    """Extend ``previous`` to ``leaf_id`` when the leaf descends from ``previous.leaf_id``
+    through at most ``max_steps`` entries and no compaction; else ``None``."""
+    new: list[dict[str, Any]] = []
+    current = get_entry(leaf_id) if leaf_id else None
+    while current is not None and current.get("id") != previous.leaf_id:
+        if len(new) >= max_steps or current.get("type") == "compaction":
+            return None
+        new.append(current)
+        parent = current.get("parentId")
+        current = get_entry(parent) if parent else None
+    if current is None and previous.leaf_id is not None:
+        return None
+    pairs = list(previous.pairs)
+    model, thinking = previous.model, previous.thinking_level
+    for entry in reversed(new):
+        model, thinking = _settings(entry, model, thinking)
+        _add(pairs, entry)
+    tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[len(previous.pairs) :]])
+    return ContextState(
+        leaf_id, pairs, model, thinking, tokens, previous.formed, previous.formed_upto
+    )
+
+
+def _full(get_entry: EntryGetter, leaf_id: str | None) -> ContextState:
     path = _walk(get_entry, leaf_id)
-    ctx = Context()
+    model: dict[str, str] | None = None
+    thinking = "off"
     compaction_idx = None
     for i, entry in enumerate(path):
-        etype = entry.get("type")
-        if etype == "thinking_level_change":
-            ctx.thinking_level = str(entry.get("thinkingLevel", "off"))
-        elif etype == "model_change":
-            ctx.model = {
-                "provider": str(entry.get("provider")),
-                "modelId": str(entry.get("modelId")),
-            }
-        elif etype == "message" and (entry.get("message") or {}).get("role") == "assistant":
-            msg = entry["message"]
-            if msg.get("model"):
-                ctx.model = {"provider": str(msg.get("provider")), "modelId": str(msg["model"])}
-        elif etype == "compaction":
+        model, thinking = _settings(entry, model, thinking)
+        if entry.get("type") == "compaction":
             compaction_idx = i
-            settings = entry.get("settings")
-            if isinstance(settings, dict):
-                ctx.model = settings.get("model", ctx.model)
-                ctx.thinking_level = settings.get("thinkingLevel", ctx.thinking_level)
     pairs: list[tuple[dict[str, Any], str | None]] = []
     if compaction_idx is not None:
         comp = path[compaction_idx]
-        pairs.append(
-            (
-                summary_message("compaction", str(comp.get("summary", "")), comp.get("timestamp")),
-                comp.get("id"),
-            )
-        )
+        summary = summary_message("compaction", str(comp.get("summary", "")), comp.get("timestamp"))
+        pairs.append((summary, comp.get("id")))
         first_kept = comp.get("firstKeptEntryId")
         kept = False
         for entry in path[:compaction_idx]:
@@ -178,10 +218,56 @@ def build_context(get_entry: EntryGetter, leaf_id: str | None) -> Context:
     else:
         for entry in path:
             _add(pairs, entry)
-    msgs = well_formed(pairs)
-    ctx.messages = [m for m, _ in msgs]
-    ctx.entry_ids = [eid for _, eid in msgs]
-    return ctx
+    return ContextState(leaf_id, pairs, model, thinking, estimate_tokens([m for m, _ in pairs]))
+
+
+def _form(state: ContextState) -> list[tuple[dict[str, Any], str | None]]:
+    """Apply rule 5 to ``state.pairs``, reusing the part already formed: rule 5 works block by
+    block, and a block ends where the next assistant or user message starts, so everything
+    before the last such message is final."""
+    pairs = state.pairs
+    cut = state.formed_upto
+    for j in range(len(pairs) - 1, state.formed_upto - 1, -1):
+        if pairs[j][0].get("role") in ("assistant", "user"):
+            cut = j
+            break
+    if cut > state.formed_upto:
+        state.formed = state.formed + well_formed(pairs[state.formed_upto : cut])
+        state.formed_upto = cut
+    return state.formed + well_formed(pairs[state.formed_upto :])
+
+
+def estimate_tokens(messages: list[dict[str, Any]]) -> int:
+    """Estimate the tokens of context messages: characters / 4, rounded up."""
+    chars = 0
+    for m in messages:
+        chars += len(text_of(m.get("content")))
+        for b in m.get("content") or []:
+            if isinstance(b, dict) and b.get("type") == "toolCall":
+                chars += len(str(b.get("arguments"))) + len(str(b.get("name")))
+    return -(-chars // 4)
+
+
+def build_context(
+    get_entry: EntryGetter, leaf_id: str | None, previous: ContextState | None = None
+) -> Context:
+    """Build the provider context from ``leaf_id`` (see the module docstring for the rules).
+
+    With ``previous`` (the ``state`` of a context built for an ancestor of ``leaf_id``), only the
+    entries below that ancestor are read: a run's context grows by a turn at a time instead of
+    being rebuilt from the root. The result is the same either way.
+    """
+    state = _extend(get_entry, leaf_id, previous) if previous is not None else None
+    if state is None:
+        state = _full(get_entry, leaf_id)
+    msgs = _form(state)
+    return Context(
+        messages=[m for m, _ in msgs],
+        model=state.model,
+        thinking_level=state.thinking_level,
+        entry_ids=[eid for _, eid in msgs],
+        state=state,
+    )
 
 
 def _add(pairs: list[tuple[dict[str, Any], str | None]], entry: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from durable_harness.errors import UnknownEntry
 from durable_harness.ids import new_id, now_iso
 from durable_harness.models.entries import validate_entry
-from durable_harness.session.context import Context, build_context, path_to
+from durable_harness.session.context import Context, ContextState, build_context, path_to
 from durable_harness.storage.base import EntryOp, LaneOp, LaneState, Op, SessionStore, Store
 
 
@@ -35,6 +35,7 @@ class Session:
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
+        self._contexts: dict[str, ContextState] = {}
 
     # -- identity --------------------------------------------------------------------------
     @property
@@ -92,11 +93,15 @@ class Session:
         Raises:
             UnknownEntry: ``leaf_id`` is given and does not exist.
         """
+        explicit = leaf_id
         if leaf_id is not None:
             self.entry(leaf_id)
         else:
             leaf_id = self.leaf(lane)
-        ctx = build_context(self.store.get_entry, leaf_id)
+        previous = self._contexts.get(lane) if explicit is None else None
+        ctx = build_context(self.store.get_entry, leaf_id, previous)
+        if explicit is None and ctx.state is not None:
+            self._contexts[lane] = ctx.state
         header = self.store.header
         if ctx.model is None and header.get("provider") and header.get("modelId"):
             # pi v1 headers carry the initial model
@@ -135,15 +140,18 @@ class Session:
         return roots
 
     # -- writing ---------------------------------------------------------------------------
-    def make_entry(self, entry: dict[str, Any], *, parent_id: str | None) -> dict[str, Any]:
+    def make_entry(
+        self, entry: dict[str, Any], *, parent_id: str | None, validate: bool = True
+    ) -> dict[str, Any]:
         """Return ``entry`` with ``id`` (provisioned if absent), ``parentId`` and ``timestamp``,
-        validated.
+        validated unless ``validate=False`` (for entries the library built itself from input it
+        already validated).
 
         Raises:
             FormatError: the entry does not match its type's model.
         """
         full = {"id": new_id(), "timestamp": now_iso(), **entry, "parentId": parent_id}
-        return validate_entry(full)
+        return validate_entry(full) if validate else full
 
     def append(
         self, entry: dict[str, Any], *, lane: str = "main", extra: list[Op] | None = None
