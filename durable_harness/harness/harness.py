@@ -208,8 +208,14 @@ class Harness:
     def _commit(
         self, ops: list[Op], live: _LiveRun | None = None, assistant: dict[str, Any] | None = None
     ) -> None:
-        """Commit ``ops`` durably, then fold its records into the run and lane state."""
-        self.store.commit(ops)
+        """Commit ``ops``, then fold its records into the run and lane state.
+
+        In ``sync`` mode the commit is durable when this returns. In ``batch`` mode it is
+        written but its fsync is shared: :meth:`_barrier` waits for it, and the harness calls
+        it before every effect (a provider request, a tool) and before a verb that accepted
+        input returns, so write-ahead holds with one fsync per boundary instead of per commit.
+        """
+        self.store.commit(ops, wait=self.store.durability != "batch")
         for op in ops:
             if isinstance(op, RecordOp):
                 rec = op.record
@@ -218,6 +224,11 @@ class Harness:
                     self._lane_log(str(lane)).apply(rec)
                 if live is not None and rec.get("runId") == live.state.run_id:
                     live.state.apply(rec, assistant)
+
+    async def _barrier(self) -> None:
+        """Wait until every commit so far is durable (``batch`` mode; otherwise a no-op)."""
+        if self.store.durability == "batch":
+            await anyio.to_thread.run_sync(self.store.wait_durable)
 
     def _entry(
         self, lane: str, entry: dict[str, Any], *, parent: str | Literal[False] | None = False
@@ -267,7 +278,9 @@ class Harness:
         """
         self._check_idle(lane)
         message = _user_message(text)
-        return self._start_run(lane, message, consumed=None, client_key=client_key)
+        handle = self._start_run(lane, message, consumed=None, client_key=client_key)
+        await self._barrier()
+        return handle
 
     def _start_run(
         self,
@@ -339,6 +352,7 @@ class Harness:
         if client_key is not None:
             rec["clientKey"] = client_key
         self._commit([RecordOp(rec)], run)
+        await self._barrier()
         crash.crash_point("after_queue_enqueued")
         self._emit("queue_update", run, lane=lane, queue=queue, itemId=item_id)
         if queue == "next_run" and run is None and self.session.lane(lane).run_id is None:
@@ -376,11 +390,12 @@ class Harness:
         run = self._runs.get(lane)
         if run is None:
             self._commit([EntryOp(self._entry(lane, write), lane=lane)])
-            return
-        rec = record("write_deferred", lane, run.state.run_id, write=write)
-        if client_key is not None:
-            rec["clientKey"] = client_key
-        self._commit([RecordOp(rec)], run)
+        else:
+            rec = record("write_deferred", lane, run.state.run_id, write=write)
+            if client_key is not None:
+                rec["clientKey"] = client_key
+            self._commit([RecordOp(rec)], run)
+        await self._barrier()
 
     async def set_model(
         self, provider: str, model_id: str, *, lane: str = "main", client_key: str | None = None
@@ -417,6 +432,7 @@ class Harness:
             raise NoOpenRun(f"no live run on lane {lane!r} of session {self.session.id}")
         if not live.state.abort_requested:
             self._commit([RecordOp(record("abort_requested", lane, live.state.run_id))], live)
+            await self._barrier()
             crash.crash_point("after_abort_requested")
         if live.scope is not None:
             live.scope.cancel()
@@ -492,6 +508,8 @@ class Harness:
         except ProviderError as exc:
             self._finish(live, "failed", reason=exc.message)
         finally:
+            with anyio.CancelScope(shield=True):
+                await self._barrier()
             live.outcome = s.outcome if s.outcome else live.outcome
             self._runs.pop(s.lane, None)
             self._emit(
@@ -657,6 +675,7 @@ class Harness:
             ],
             live,
         )
+        await self._barrier()
         crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
             messages=ctx.messages,
@@ -861,6 +880,7 @@ class Harness:
             ],
             live,
         )
+        await self._barrier()
         crash.crash_point("after_tool_started")
         self._emit(
             "tool_execution_start",

@@ -133,8 +133,12 @@ class SessionStore(abc.ABC):
     location: str
 
     @abc.abstractmethod
-    def commit(self, ops: list[Op]) -> int:
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Apply ``ops`` atomically and durably (per :attr:`durability`); return the last seq.
+
+        In ``batch`` mode ``wait=False`` returns once the commit is written, before its group
+        fsync; :meth:`wait_durable` waits for it. Backends whose commit is its own durability
+        point (SQLite) ignore ``wait``.
 
         Raises:
             ReadOnlySession: opened read-only.
@@ -174,6 +178,10 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     def last_seq(self) -> int:
         """Return the highest committed seq (0 for an empty session)."""
+
+    def wait_durable(self) -> None:
+        """Block until every commit made so far is durable (a no-op unless ``batch``)."""
+        return None
 
     def lease_holder(self) -> dict[str, Any] | None:
         """Return ``{"pid", "host", "generation"}`` of the live process holding the writer lease

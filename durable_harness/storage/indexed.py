@@ -207,7 +207,7 @@ class IndexedSessionStore(SessionStore):
                 lane.config.update(op["config"])
             self._seq = max(self._seq, int(op.get("seq", 0)))
 
-    def commit(self, ops: list[Op]) -> int:
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         if self.read_only:
             raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
         if not ops:

@@ -192,29 +192,37 @@ async def test_abort_returns_steers_and_keeps_next_run_and_deferred_writes(
     assert session.context().model == {"provider": "scripted", "modelId": "scripted-1"}
 
 
-async def test_abort_kills_a_running_bash_tool(store: Store, workdir: Path) -> None:
-    command = "echo $$ > pid; sleep 30 & echo $! > child; wait"
-    turns = [
-        {
-            "text": "Running it.",
-            "tool_calls": [{"name": "bash", "arguments": {"command": command}}],
-        },
-        {"text": "never reached"},
-    ]
-    session = new_session(store, workdir)
+BASH_COMMAND = "echo $$ > pid; sleep 30 & echo $! > child; wait"
+BASH_TURNS = [
+    {
+        "text": "Running it.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": BASH_COMMAND}}],
+    },
+    {"text": "never reached"},
+]
+
+
+async def bash_pids(workdir: Path) -> tuple[int, int]:
+    """Wait until the command wrote the shell's pid and its background ``sleep``'s pid."""
     pid_file = workdir / "pid"
     child_file = workdir / "child"
-    async with Harness(session, ScriptedProvider(turns), builtin_tools(), cwd=workdir) as h:
+    with anyio.fail_after(10):
+        while not (pid_file.exists() and child_file.exists()):
+            await anyio.sleep(0.01)
+        while not (pid_file.read_text().strip() and child_file.read_text().strip()):
+            await anyio.sleep(0.01)
+    return int(pid_file.read_text()), int(child_file.read_text())
+
+
+async def test_abort_kills_a_running_bash_tool(store: Store, workdir: Path) -> None:
+    session = new_session(store, workdir)
+    async with Harness(session, ScriptedProvider(BASH_TURNS), builtin_tools(), cwd=workdir) as h:
         handle = await h.prompt("run the slow command")
         await h.set_model("other", "model-y")
-        with anyio.fail_after(10):
-            while not (pid_file.exists() and child_file.exists()):
-                await anyio.sleep(0.02)
-            while not (pid_file.read_text().strip() and child_file.read_text().strip()):
-                await anyio.sleep(0.02)
-        pid = int(pid_file.read_text())
-        child = int(child_file.read_text())
-        assert not process_gone(pid)
+        pid, child = await bash_pids(workdir)
+        # Step past the spawn window (see test_abort_racing_the_bash_spawn_leaves_no_process).
+        await anyio.sleep(0.3)
+        assert not process_gone(pid) and not process_gone(child)
         returned, took = await timed_abort(h)
         assert took < 1.0
         assert returned == []
@@ -254,3 +262,37 @@ async def test_abort_without_a_run_raises(store: Store, workdir: Path) -> None:
         with pytest.raises(NoOpenRun):
             await h.abort()
     assert session.store.records() == []
+
+
+SPAWN_RACE = pytest.mark.xfail(
+    reason="known bug in tools/builtin.py BashTool: on asyncio, a cancel that lands while "
+    "anyio.open_process is still connecting pipes makes asyncio SIGKILL the shell alone; its "
+    "background children survive (the process-group kill in execute's finally never runs)",
+    strict=False,
+)
+
+
+async def test_abort_racing_the_bash_spawn_leaves_no_process(
+    anyio_backend: str, tmp_path: Path, store: Store, request: pytest.FixtureRequest
+) -> None:
+    if anyio_backend == "asyncio":
+        request.applymarker(SPAWN_RACE)
+    for attempt in range(8):
+        workdir = tmp_path / f"race{attempt}"
+        workdir.mkdir()
+        session = new_session(store, workdir)
+        provider = ScriptedProvider(BASH_TURNS)
+        async with Harness(session, provider, builtin_tools(), cwd=workdir) as h:
+            handle = await h.prompt("run the slow command")
+            pid, child = await bash_pids(workdir)
+            await h.abort()  # at once: the tool may still be inside open_process
+            assert await handle.wait() == "aborted"
+            gone = await wait_gone(pid, 1.0) and await wait_gone(child, 1.0)
+            if not gone:
+                for leftover in (pid, child):
+                    try:
+                        os.kill(leftover, 9)
+                    except ProcessLookupError:
+                        pass
+            assert gone, f"attempt {attempt}: a process of the aborted command outlived it"
+        session.close()

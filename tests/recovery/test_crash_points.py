@@ -251,3 +251,42 @@ def test_crash_after_abort_requested(backend: str, tmp_path: Path) -> None:
     assert result["isError"] is True
     assert "abort" in json.dumps(result["content"]).lower()
     assert "unreachable" not in json.dumps(messages)
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(120)
+def test_retry_killed_again_waits_for_a_new_decision(tmp_path: Path) -> None:
+    """A ``retry`` decision covers one re-execution: when that one is killed too, the call is
+    in doubt again and recovery asks again instead of running the tool a third time."""
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = store_spec("jsonl", tmp_path)
+    script = write_script(tmp_path / "script.json", [TURNS[0], TURNS[1]])
+    provider = f"scripted:{script}"
+    first = dh(
+        "run", PROMPT, "--provider", provider, "--store", spec, "--cwd", str(work),
+        crash_at="after_tool_effect",
+    )  # fmt: skip
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    sid = session_id(first)
+    lane = main_lane(plan_json(sid, spec))
+    retry = [
+        arg
+        for c in lane["tool_calls"]
+        if c["action"] == "await_decision"
+        for arg in ("--decide", f"{c['tool_call_id']}=retry")
+    ]
+    assert retry
+    # the operator says retry, and the resume dies at the same point again
+    again = dh("resume", sid, "--store", spec, *retry, crash_at="after_tool_effect")
+    assert again.returncode == -signal.SIGKILL, again.stderr
+    lane = main_lane(plan_json(sid, spec))
+    assert lane["next_action"] == "await_decision"
+    waiting = [c for c in lane["tool_calls"] if c["action"] == "await_decision"]
+    assert waiting
+    assert all(c["attempts"] == 2 for c in waiting)
+    applied = effects(work)
+    # a plain resume (no new decision) must not run them a third time
+    plain = dh("resume", sid, "--store", spec)
+    assert plain.returncode == 5, plain.stdout + plain.stderr  # EXIT["suspended"]
+    assert effects(work) == applied

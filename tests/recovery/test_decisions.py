@@ -268,6 +268,40 @@ def test_ask_without_decision_suspends_and_runs_nothing(store: Store, work: Path
     assert text(result) == "ok"
 
 
+def test_retry_interrupted_again_needs_a_new_decision(store: Store, work: Path) -> None:
+    sid, run_id = craft(store, work, "bash", BASH, "never")
+    # what a resume with ``retry`` leaves when it is killed after the retry's intent
+    with Session(store.open_session(sid)) as s:
+        s.store.commit(
+            [RecordOp(record("decision", "main", run_id, toolCallId=CALL, decision="retry"))]
+        )
+        s.store.commit(
+            [
+                RecordOp(
+                    record(
+                        "tool_started",
+                        "main",
+                        run_id,
+                        toolCallId=CALL,
+                        toolName="bash",
+                        arguments=BASH,
+                        resultEntryId=new_id(),
+                        replay="never",
+                        idempotencyKey=idempotency_key(run_id, CALL),
+                        attempt=2,
+                    )
+                )
+            ]
+        )
+        (c,) = recover(s.store, builtin_tools(), cwd=str(work)).lane("main").tool_calls
+    assert (c.status, c.attempts, c.action) == ("in_doubt", 2, "await_decision")
+    got, awaiting = resume(store, sid, work)
+    assert (got, awaiting) == ("suspended", [CALL])
+    records, _messages = snapshot(store, sid)
+    assert len(of_type(records, "tool_started")) == 2  # no third execution
+    assert not (work / "effects.log").exists()
+
+
 @pytest.mark.parametrize("policy", ["fail-in-doubt", "retry-safe"])
 def test_policy_fails_replay_never_call(store: Store, work: Path, policy: str) -> None:
     sid, _run = craft(store, work, "bash", BASH, "never")

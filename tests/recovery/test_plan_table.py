@@ -318,6 +318,21 @@ ROWS = [
         extra=_decision_kept,
     ),
     Row(
+        # the retry a decision allowed was itself interrupted: a new intent in doubt needs a
+        # new decision, the old one does not authorise a third execution
+        "decision_retry_then_new_intent_in_doubt",
+        lambda: _rec(
+            Log().start().answer(("c1", "bash")).started("c1", "bash", "never"),
+            "decision",
+            toolCallId="c1",
+            decision="retry",
+        ).started("c1", "bash", "never"),
+        "suspended",
+        "await_decision",
+        [("c1", "in_doubt", "await_decision")],
+        reason="awaiting_decision",
+    ),
+    Row(
         "given_decision_fail",
         lambda: Log().start().answer(("c1", "bash")).started("c1", "bash", "never"),
         "suspended",
