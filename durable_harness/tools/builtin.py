@@ -737,15 +737,18 @@ class BashTool(Tool):
             "DURABLE_HARNESS_TOOL_CALL_ID": ctx.tool_call_id,
         }
         try:
-            process = await anyio.open_process(
-                ["bash", "-c", args.command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                cwd=ctx.cwd,
-                env=env,
-                start_new_session=True,
-            )
+            # Shielded: a cancel landing mid-spawn would make asyncio kill the shell alone and
+            # leave its children running; unshielded, it lands below, where the group is killed.
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    ["bash", "-c", args.command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    cwd=ctx.cwd,
+                    env=env,
+                    start_new_session=True,
+                )
         except OSError as exc:
             return ToolResult.text(
                 f"cannot start bash in {ctx.cwd}: {exc.strerror or exc}",
