@@ -26,12 +26,13 @@ def _demo_command() -> list[str]:
 
 
 def _demo(folder: Path) -> subprocess.CompletedProcess[str]:
+    # about 6 s on an idle machine; 40 s seen on 2 busy cores
     return subprocess.run(
         [*_demo_command(), "demo", "--dir", str(folder)],
         env=dict(os.environ),
         capture_output=True,
         text=True,
-        timeout=80,
+        timeout=170,
         check=False,
     )
 
@@ -79,12 +80,13 @@ def test_demo(tmp_path: Path) -> None:
 
 
 @pytest.mark.crash
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 def test_demo_again_in_the_same_folder(tmp_path: Path) -> None:
     """A second demo in a used folder judges the deploy by the line it adds, not by the line
     the first demo left: its bash call never ran, so the operator's decision is ``retry``."""
     folder = tmp_path / "demo"
-    assert _demo(folder).returncode == 0
+    first = _demo(folder)
+    assert first.returncode == 0, first.stdout + first.stderr
     again = _demo(folder)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "=retry" in again.stdout

@@ -12,8 +12,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from durable_harness.recovery.resume import recover
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
+from durable_harness.tools.builtin import builtin_tools
 
 BACKENDS = ("jsonl", "sqlite")
 
@@ -108,6 +110,12 @@ def read_session(spec: str, sid: str) -> tuple[list[dict[str, Any]], dict[str, A
         records = s.store.records()
         entries = {str(e["id"]): e for e in s.store.iter_entries()}
         return records, entries, s.store.location
+
+
+def plan_in_process(spec: str, sid: str) -> dict[str, Any]:
+    """The recovery plan computed in this process over a read-only open, as JSON."""
+    with Session(open_store(spec).open_session(sid, write=False)) as s:
+        return recover(s.store, builtin_tools()).to_json()
 
 
 def context_json(sid: str, spec: str) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from .helpers import (
     effects,
     env,
     main_lane,
+    plan_in_process,
     plan_json,
     read_session,
     results_per_call,
@@ -152,8 +153,8 @@ def _common_checks(spec: str, sid: str, outcome: str, prompt: str) -> list[dict[
             assert INTERRUPTED_TEXT not in json.dumps(m["content"])
         if m["role"] == "assistant":
             assert m["content"], "an empty assistant message reached the context"
-    # no lane left with an open run: a fresh plan says idle
-    assert main_lane(plan_json(sid, spec))["state"] == "idle"
+    # no lane left with an open run: the plan says idle
+    assert main_lane(plan_in_process(spec, sid))["state"] == "idle"
     if location.endswith(".jsonl"):
         _fsck_ok(location)
     return messages
@@ -195,7 +196,7 @@ def test_crash_point_recovers(point: str, backend: str, tmp_path: Path) -> None:
         assert lane["cost_unknown_attempts"] == 1
     # recover only looks: nothing ran, the plan is the same a second time
     before = effects(work)
-    assert main_lane(plan_json(sid, spec)) == lane
+    assert main_lane(plan_in_process(spec, sid)) == lane
     assert effects(work) == before
 
     decide = _decide(lane, work)
@@ -290,3 +291,40 @@ def test_retry_killed_again_waits_for_a_new_decision(tmp_path: Path) -> None:
     plain = dh("resume", sid, "--store", spec)
     assert plain.returncode == 5, plain.stdout + plain.stderr  # EXIT["suspended"]
     assert effects(work) == applied
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["fail-in-doubt", "retry-safe"])
+def test_resume_with_policy_needs_no_decision(policy: str, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = store_spec("sqlite", tmp_path)
+    script = write_script(tmp_path / "script.json", TURNS)
+    provider = f"scripted:{script}"
+    first = dh(
+        "run", PROMPT, "--provider", provider, "--store", spec, "--cwd", str(work),
+        crash_at="after_tool_started",
+    )  # fmt: skip
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    sid = session_id(first)
+    lane = main_lane(plan_json(sid, spec, "--policy", policy))
+    actions = {c["tool_name"]: (c["status"], c["action"]) for c in lane["tool_calls"]}
+    assert actions == {"bash": ("in_doubt", "fail"), "append_file": ("not_started", "execute")}
+    assert lane["next_action"] == "resume_tool_calls"
+
+    resumed = dh("resume", sid, "--store", spec, "--policy", policy)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # the in-doubt bash (its effect never began) is failed, not run; the other call runs once
+    assert effects(work) == {"a1": 1}
+    messages = _common_checks(spec, sid, "completed", PROMPT)
+    (bash_call,) = [
+        b["id"]
+        for m in messages
+        if m["role"] == "assistant"
+        for b in m["content"]
+        if b.get("type") == "toolCall" and b["name"] == "bash"
+    ]
+    (result,) = [m for m in messages if m.get("toolCallId") == bash_call]
+    assert result["isError"] is True
+    assert "not retried" in json.dumps(result["content"])

@@ -22,12 +22,12 @@ from .helpers import (
     write_script,
 )
 
-# the resumed provider turn streams 3 chunks, 0.8 s apart: the resume holds the lease ~2.4 s
-SLOW = [{"text": "A slow answer, streamed.", "delay": 0.8, "chunks": 3}]
+# the resumed provider turn streams 3 chunks, 1 s apart: the resume holds the lease ~3 s
+SLOW = [{"text": "A slow answer, streamed.", "delay": 1.0, "chunks": 3}]
 
 
-# long enough for several fresh processes to look at the session while it runs (~4.5 s)
-SLOWER = [{"text": "A slower answer, streamed.", "delay": 1.5, "chunks": 3}]
+# long enough for several fresh processes to look at the session while it runs (~6 s)
+SLOWER = [{"text": "A slower answer, streamed.", "delay": 2.0, "chunks": 3}]
 
 
 def _crashed(tmp_path: Path, backend: str, turns: list[dict[str, object]]) -> tuple[str, str]:
