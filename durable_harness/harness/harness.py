@@ -736,7 +736,8 @@ class Harness:
         live.partial = []
         text: list[str] = []
         first = True
-        self._emit("message_start", live, role="assistant")
+        purpose = request.purpose
+        self._emit("message_start", live, role="assistant", purpose=purpose)
         async for event in self.provider.stream(request):
             if first:
                 crash.crash_point("mid_provider_stream")
@@ -744,7 +745,7 @@ class Harness:
             if isinstance(event, TextDelta):
                 text.append(event.text)
                 live.partial = [{"type": "text", "text": "".join(text)}]
-                self._emit("message_update", live, delta=event.text)
+                self._emit("message_update", live, delta=event.text, purpose=purpose)
             elif isinstance(event, ThinkingDelta):
                 self._emit("message_update", live, thinking=event.text)
             elif isinstance(event, ToolCallEvent):
@@ -756,7 +757,7 @@ class Harness:
                     raise ProviderError(
                         f"provider {self.provider.name} returned an empty message", retryable=True
                     )
-                self._emit("message_end", live, message=message)
+                self._emit("message_end", live, message=message, purpose=purpose)
                 return message
         raise ProviderError(
             f"provider {self.provider.name} ended its stream without a message", retryable=True
@@ -991,6 +992,8 @@ class Harness:
                         attempt=s.pending.attempt,
                         error="aborted",
                         retryable=False,
+                        purpose=s.pending.purpose,
+                        costUnknown=True,
                     )
                 )
             )

@@ -64,7 +64,8 @@ def cost_report(store: SessionStore) -> dict[str, Any]:
     """Return cost per turn, per run and for the session (USD; tokens).
 
     ``unknown_cost_attempts`` counts provider attempts that started and never settled (lost in
-    a crash): their cost is unknown, never counted as zero. Sessions without an operation log
+    a crash) or were cut off by an abort (``costUnknown``): their cost is unknown, never counted
+    as zero. Sessions without an operation log
     (pi imports) are costed from their assistant entries.
     """
     runs: dict[str, dict[str, Any]] = {}
@@ -75,7 +76,9 @@ def cost_report(store: SessionStore) -> dict[str, Any]:
         t = rec.get("type")
         if t == "provider_request_started":
             open_attempts[(rid, rec.get("turn"), rec.get("attempt"))] = True
-        elif t in ("provider_request_finished", "provider_request_failed"):
+        elif t == "provider_request_finished" or (
+            t == "provider_request_failed" and not rec.get("costUnknown")
+        ):
             open_attempts.pop((rid, rec.get("turn"), rec.get("attempt")), None)
         if t == "provider_request_finished":
             usage = rec.get("usage") or {}
