@@ -90,7 +90,10 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     env["DURABLE_HARNESS_STORE"] = store
     print(f"scratch folder {scratch}\nstore {store}")
 
-    _say("1. Run the agent; the process SIGKILLs itself in turn 2, both tool intents durable")
+    _say(
+        "1. Run the agent; in turn 2 the process SIGKILLs itself once both tool intents "
+        "(read_file, bash) are durable and before bash starts"
+    )
     crash_env = {**env, "DURABLE_HARNESS_CRASH_AT": "after_tool_started:3"}
     first = _cli(
         [
@@ -157,4 +160,9 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     _cli(["context", pi_sid], env, str(work))
     ok = resumed.returncode == 0 and lines == 1 and shown.returncode == 0
     _say("demo " + ("finished: the run completed after the crash" if ok else "FAILED"))
+    print(
+        f"The demo's sessions live in its own store; to look further:\n"
+        f"  durable-harness sessions --store {store}\n"
+        f"  durable-harness log {sid} --store {store}"
+    )
     return 0 if ok else 1

@@ -46,7 +46,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--tree", action="store_true", help="print the whole tree")
     if name == "context":
         p.add_argument("--leaf", help="entry id to build from (default: the lane's leaf)")
-        p.add_argument("--lane", default="main")
+        p.add_argument("--lane", default="main", help="lane whose leaf to use (default main)")
     if name == "fsck":
         p.add_argument("path", help="a session file (ours or pi's) or a SQLite store")
     if name == "import":
@@ -55,8 +55,17 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--lane", help="only this lane")
     if name in ("run", "resume"):
         p.add_argument("--provider", help="scripted:FILE, openai:MODEL or anthropic:MODEL")
-        p.add_argument("--durability", choices=DURABILITY_MODES, default="sync")
-        p.add_argument("--lane", default=None if name == "resume" else "main")
+        p.add_argument(
+            "--durability",
+            choices=DURABILITY_MODES,
+            default="sync",
+            help="sync: fsync each commit; batch: share fsyncs; none: never fsync",
+        )
+        p.add_argument(
+            "--lane",
+            default=None if name == "resume" else "main",
+            help="lane to run on" if name == "run" else "only this lane",
+        )
         p.add_argument("--quiet", action="store_true", help="print only the outcome")
     if name == "run":
         p.add_argument("prompt", help="the prompt text")
@@ -101,6 +110,7 @@ def _open(args: argparse.Namespace, *, write: bool = False, durability: str = "s
 
 @command("sessions", "List sessions, most recent first.")
 def cmd_sessions(args: argparse.Namespace) -> int:
+    """List the sessions of the store (``--cwd`` narrows to one directory)."""
     infos = store_of(args).list_sessions(args.cwd)
     if args.json:
         out([vars(i) for i in infos])
@@ -120,7 +130,14 @@ def _tree_lines(nodes: list[Any], depth: int, lines: list[str], leaves: dict[str
             msg = e.get("message") or {}
             from durable_harness.models.messages import text_of
 
+            calls = [
+                b.get("name")
+                for b in msg.get("content") or []
+                if isinstance(b, dict) and b.get("type") == "toolCall"
+            ]
             desc = f"{msg.get('role')}: {text_of(msg.get('content'))[:60]!r}"
+            if calls:
+                desc += f" -> {', '.join(str(c) for c in calls)}"
         else:
             desc = str(kind)
         marks = "".join(f" <{lane}>" for lane, leaf in leaves.items() if leaf == e["id"])
@@ -131,6 +148,7 @@ def _tree_lines(nodes: list[Any], depth: int, lines: list[str], leaves: dict[str
 
 @command("show", "Show a session: header, lanes, facts, damage (and the tree with --tree).")
 def cmd_show(args: argparse.Namespace) -> int:
+    """Print a session's header, lanes, facts and damage, and with ``--tree`` its tree."""
     with _open(args) as s:
         lanes = {k: vars(v) for k, v in s.store.lanes().items()}
         info = {
@@ -169,6 +187,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     "Print the provider context built from a leaf: exactly what the next request would carry.",
 )
 def cmd_context(args: argparse.Namespace) -> int:
+    """Print the provider context built from a leaf (the lane's by default)."""
     with _open(args) as s:
         ctx = s.context(args.leaf, lane=args.lane)
         if args.json:
@@ -185,6 +204,7 @@ def cmd_context(args: argparse.Namespace) -> int:
 
 @command("fsck", "Check a session file or store; report damage with byte offsets.")
 def cmd_fsck(args: argparse.Namespace) -> int:
+    """Check a session file or store read-only; exit 1 when damage is found."""
     result = fsck_path(args.path)
     if args.json:
         out(result)
@@ -201,6 +221,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 @command("import", "Import a pi session file as a new session (the file is not modified).")
 def cmd_import(args: argparse.Namespace) -> int:
+    """Import a pi session file as a new session of the store."""
     if not os.path.isfile(args.file):
         raise SessionNotFound(f"no file at {args.file}", path=args.file)
     store = store_of(args)
@@ -235,6 +256,7 @@ def _printer(quiet: bool) -> Any:
 
 @command("run", "Run a prompt to its end, streaming to the terminal.")
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run one prompt to its end, streaming events; the exit status reflects the outcome."""
     if not args.provider:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     provider = make_provider(args.provider)
@@ -266,12 +288,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     with session:
         print(f"session {session.id}", file=sys.stderr)
         outcome: str = run_async(go)
+        if outcome == "failed":
+            done = session.store.records(args.lane, types=("run_finished",))
+            reason = done[-1].get("reason") if done else None
+            print(f"run failed: {reason or 'see durable-harness log'}", file=sys.stderr)
     print(f"run {outcome}", file=sys.stderr)
     return EXIT.get(outcome, 1)
 
 
 @command("log", "Print the lane operation log as a timeline.")
 def cmd_log(args: argparse.Namespace) -> int:
+    """Print a session's operation log as a timeline."""
     with _open(args) as s:
         rows = timeline(s.store, args.lane)
     if args.json:
@@ -288,6 +315,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 @command("cost", "Print cost per turn, per run and for the session (USD).")
 def cmd_cost(args: argparse.Namespace) -> int:
+    """Print cost per turn, per run and for the session (USD, tokens)."""
     with _open(args) as s:
         report = cost_report(s.store)
     if args.json:
@@ -342,6 +370,7 @@ def print_plan(plan: RecoveryPlan) -> None:
 
 @command("recover", "Print the recovery plan of a session (runs nothing).")
 def cmd_recover(args: argparse.Namespace) -> int:
+    """Print the recovery plan; nothing runs."""
     with _open(args) as s:
         plan = recover(s.store, builtin_tools(), policy=args.policy)
     if args.json:
@@ -353,6 +382,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 @command("resume", "Apply the recovery plan and continue interrupted runs to their end.")
 def cmd_resume(args: argparse.Namespace) -> int:
+    """Apply decisions, resume interrupted runs, and print each lane's outcome."""
     decisions = dict(parse_decision(d) for d in args.decide)
     provider = make_provider(args.provider) if args.provider else None
     session = _open(args, write=True, durability=args.durability)
@@ -385,6 +415,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 @command("crash-points", "List the named crash points (DURABLE_HARNESS_CRASH_AT=POINT[:N]).")
 def cmd_crash_points(args: argparse.Namespace) -> int:
+    """List the named crash points with one line each."""
     if args.json:
         out(crash.CRASH_POINTS)
         return 0
@@ -395,6 +426,7 @@ def cmd_crash_points(args: argparse.Namespace) -> int:
 
 @command("demo", "The main job: a run killed mid-tool, recovered, resumed; then a pi import.")
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo (see :mod:`durable_harness.demo`)."""
     from durable_harness.demo import run_demo
 
     return run_demo(args.dir, getattr(args, "store", None))
@@ -402,6 +434,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 @command("crash-test", "Run the crash matrix: every scenario at every crash point it reaches.")
 def cmd_crash_test(args: argparse.Namespace) -> int:
+    """Run the crash matrix (see :mod:`durable_harness.crashtest`)."""
     from durable_harness.crashtest import run_cli
 
     return run_cli(args)

@@ -173,10 +173,16 @@ class Harness:
         await self._tg.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         assert self._tg is not None
         try:
-            return await self._tg.__aexit__(*exc)
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # An error raised in the body of `async with Harness(...)` (e.g. LaneSuspended from
+            # prompt()) comes back wrapped by the task group: hand the caller the error itself.
+            if exc is not None and len(group.exceptions) == 1 and group.exceptions[0] is exc:
+                raise exc from None
+            raise
         finally:
             self._tg = None
 

@@ -129,6 +129,22 @@ async def resume_session(
     """
     results: dict[str, str] = {}
     names = lanes or sorted(session.store.lanes())
+    if decisions:
+        open_calls = {
+            c.tool_call_id
+            for ls in take_snapshot(session.store).lanes
+            if ls.run is not None
+            for c in ls.run.tool_calls
+            if c.status != "completed"
+        }
+        unknown = sorted(set(decisions) - open_calls)
+        if unknown:
+            raise RecoveryError(
+                f"no open tool call {', '.join(unknown)} in session {session.id}; open calls: "
+                f"{', '.join(sorted(open_calls)) or 'none'} (see `durable-harness recover`)",
+                unknown=unknown,
+                open_calls=sorted(open_calls),
+            )
     opts = options or HarnessOptions()
     opts.policy = policy
     for lane in names:

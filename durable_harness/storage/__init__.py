@@ -63,6 +63,8 @@ def open_store(spec: str | None = None) -> Store:
     if not spec:
         return JsonlStore(default_home())
     scheme, sep, rest = spec.partition(":")
+    if sep and not rest.strip():
+        raise FormatError(f"store spec {spec!r} names no path: use jsonl:DIR or sqlite:PATH")
     if sep and scheme == "sqlite":
         return SqliteStore(rest)
     if sep and scheme == "jsonl":
