@@ -233,8 +233,7 @@ class Harness:
 
     async def _barrier(self) -> None:
         """Wait until every commit so far is durable (``batch`` mode; otherwise a no-op)."""
-        if self.store.durability == "batch":
-            await anyio.to_thread.run_sync(self.store.wait_durable)
+        await self.store.wait_durable_async()
 
     def _entry(
         self, lane: str, entry: dict[str, Any], *, parent: str | Literal[False] | None = False

@@ -21,6 +21,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import anyio
+import anyio.to_thread
+
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
 
@@ -182,6 +185,18 @@ class SessionStore(abc.ABC):
     def wait_durable(self) -> None:
         """Block until every commit made so far is durable (a no-op unless ``batch``)."""
         return None
+
+    async def wait_durable_async(self) -> None:
+        """Await :meth:`wait_durable` without blocking the event loop."""
+        if self.durability == "batch":
+            await anyio.to_thread.run_sync(self.wait_durable)
+
+    async def commit_async(self, ops: list[Op]) -> int:
+        """Commit and await durability without blocking the event loop: in ``batch`` mode,
+        concurrent tasks share fsyncs (group commit)."""
+        seq = self.commit(ops, wait=self.durability != "batch")
+        await self.wait_durable_async()
+        return seq
 
     def lease_holder(self) -> dict[str, Any] | None:
         """Return ``{"pid", "host", "generation"}`` of the live process holding the writer lease

@@ -24,6 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from durable_harness.errors import (
     CorruptSession,
     FormatError,
@@ -376,6 +379,33 @@ class JsonlSessionStore(IndexedSessionStore):
                     self._syncing = False
                     self._sync_cond.notify_all()
                 self._synced = max(self._synced, covered)
+
+    async def wait_durable_async(self) -> None:
+        """Await an fsync covering every commit written so far (``batch`` mode).
+
+        The async form of group commit: the first waiter runs ``fdatasync`` in a worker thread
+        while the event loop keeps accepting commits; later waiters await its event instead of
+        a thread each, so many tasks share one fsync without a thread switch per commit.
+        """
+        if self.durability != "batch" or self._fd is None:
+            return
+        target = self._written
+        while self._synced < target:
+            leader = self._async_flush
+            if leader is not None:
+                await leader.wait()
+                continue
+            event = self._async_flush = anyio.Event()
+            covered = self._written
+            try:
+                await anyio.to_thread.run_sync(os.fdatasync, self._fd)
+                with self._sync_cond:
+                    self._synced = max(self._synced, covered)
+            finally:
+                self._async_flush = None
+                event.set()
+
+    _async_flush: anyio.Event | None = None
 
     def lease_holder(self) -> dict[str, Any] | None:
         return (self._lease or FileLease(self.path + ".lock", self.path)).probe()
