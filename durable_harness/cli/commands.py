@@ -344,6 +344,13 @@ def print_plan(plan: RecoveryPlan) -> None:
         )
         if lp.abort_requested:
             print("    abort requested: the run settles as aborted, it is not resumed")
+        if lp.last_run and lp.state == "idle":
+            last = lp.last_run
+            reason = f" ({last['reason']})" if last.get("reason") else ""
+            print(
+                f"    last run {last['run_id']}: {last['outcome']}{reason}; provider attempts "
+                f"per turn {last['attempts']}"
+            )
         if lp.attempts:
             print(
                 f"    provider attempts per turn {lp.attempts} (cap {lp.attempt_cap}); "

@@ -35,6 +35,7 @@ class LaneSnapshot:
     run: RunState | None
     log: LaneLog
     run_records: list[dict[str, Any]]
+    last_run: dict[str, Any] | None = None
 
 
 @dataclass
@@ -84,6 +85,7 @@ class LanePlan:
     cost_unknown_attempts: int = 0
     queued: list[dict[str, Any]] = field(default_factory=list)
     deferred_writes: list[str] = field(default_factory=list)
+    last_run: dict[str, Any] | None = None
 
 
 @dataclass
@@ -120,11 +122,31 @@ def take_snapshot(store: SessionStore) -> Snapshot:
                 r for r in records if r["seq"] >= state.run_seq and r.get("runId") == state.run_id
             ]
             run = fold_run(state.run_id, state.name, run_records, store.get_entry)
-        lanes.append(LaneSnapshot(state, run, fold_lane(records), run_records))
+        lanes.append(LaneSnapshot(state, run, fold_lane(records), run_records, _last_run(records)))
     lease = store.lease_holder()
     if lease is not None and lease.get("self"):
         lease = None
     return Snapshot(store.session_id, lanes, list(store.damage), lease, store.get_entry)
+
+
+def _last_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The lane's latest settled run: ``{run_id, outcome, reason, attempts}`` (attempts per turn),
+    so a run parked at the attempt cap still shows its count."""
+    finished = [r for r in records if r.get("type") == "run_finished"]
+    if not finished:
+        return None
+    last = finished[-1]
+    attempts: dict[str, int] = {}
+    for r in records:
+        if r.get("type") == "provider_request_started" and r.get("runId") == last.get("runId"):
+            key = str(r.get("turn"))
+            attempts[key] = attempts.get(key, 0) + 1
+    return {
+        "run_id": last.get("runId"),
+        "outcome": last.get("outcome"),
+        "reason": last.get("reason"),
+        "attempts": attempts,
+    }
 
 
 def _corruption(
@@ -223,6 +245,7 @@ def plan(
                     queued=queued,
                     deferred_writes=deferred,
                     attempt_cap=attempt_cap,
+                    last_run=ls.last_run,
                 )
             )
             continue

@@ -59,7 +59,7 @@ async def probe_reconcile(
     return out
 
 
-def recover(
+async def recover_async(
     store: SessionStore,
     tools: dict[str, Tool],
     *,
@@ -73,7 +73,7 @@ def recover(
     ``cwd`` is where tools run (default: the session's working directory)."""
     snapshot = take_snapshot(store)
     where = cwd or str(store.header.get("cwd") or ".")
-    reconciled = anyio.run(probe_reconcile, snapshot, tools, where)
+    reconciled = await probe_reconcile(snapshot, tools, where)
     return plan(
         snapshot,
         declarations(tools),
@@ -81,6 +81,24 @@ def recover(
         decisions=decisions,
         attempt_cap=attempt_cap,
         reconciled=reconciled,
+    )
+
+
+def recover(
+    store: SessionStore,
+    tools: dict[str, Tool],
+    *,
+    policy: Policy = "ask",
+    decisions: dict[str, dict[str, Any]] | None = None,
+    attempt_cap: int = 5,
+    cwd: str | None = None,
+) -> RecoveryPlan:
+    """:func:`recover_async` for synchronous callers (runs its own event loop: not callable
+    from inside one)."""
+    return anyio.run(
+        lambda: recover_async(
+            store, tools, policy=policy, decisions=decisions, attempt_cap=attempt_cap, cwd=cwd
+        )
     )
 
 
