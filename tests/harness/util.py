@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from durable_harness.harness.harness import Event, Harness
+from durable_harness.harness.core import Event
+from durable_harness.harness.harness import Harness
 from durable_harness.session.session import Session
 from durable_harness.storage import JsonlSessionStore, SessionStore, Store, open_store
 from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult

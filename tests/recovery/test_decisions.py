@@ -16,8 +16,9 @@ import anyio
 import pytest
 
 from durable_harness.errors import RecoveryError
-from durable_harness.harness.harness import FAILED_BY_DECISION, Harness
+from durable_harness.harness.harness import Harness
 from durable_harness.harness.records import idempotency_key, record
+from durable_harness.harness.tool_calls import FAILED_BY_DECISION
 from durable_harness.ids import new_id, uuid7
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.recovery.resume import parse_decision, recover

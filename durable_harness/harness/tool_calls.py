@@ -1,0 +1,328 @@
+"""Tool calls of a turn: write-ahead intents, execution, settlement, in-doubt calls and
+the settlement of an aborted run (``design/run-loop.md``, ``design/recovery.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from durable_harness import crash
+from durable_harness.errors import (
+    ToolError,
+)
+from durable_harness.harness.core import POLICIES, HarnessCore, Policy, _LiveRun, _Suspend
+from durable_harness.harness.records import idempotency_key, record
+from durable_harness.harness.state import (
+    RunState,
+    ToolCallState,
+)
+from durable_harness.ids import new_id, now_ms
+from durable_harness.storage.base import EntryOp, Op, RecordOp
+from durable_harness.tools.base import ToolContext, ToolResult
+
+ABORTED_TOOL_TEXT = (
+    "Tool call aborted: the run was aborted while it ran; its effect may be partial."
+)
+NOT_RUN_TEXT = "Tool call not run: the run was aborted first."
+FAILED_BY_DECISION = (
+    "Tool call interrupted by a crash; its outcome is unknown and it was not retried "
+    "(decision: fail)."
+)
+
+
+class ToolCallsMixin(HarnessCore):
+    """Running a turn's tool calls and settling aborted runs."""
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def _policy(self, live: _LiveRun) -> Policy:
+        chosen = live.decisions.get("__policy__", {}).get("policy")
+        for policy in POLICIES:
+            if chosen == policy:
+                return policy
+        return self.options.policy
+
+    async def _tool_batch(self, live: _LiveRun, calls: list[ToolCallState]) -> None:
+        s = live.state
+        to_run: list[ToolCallState] = []
+        live.waiting = []
+        for call in calls:
+            if call.status == "not_started":
+                to_run.append(call)
+                continue
+            action = await self._in_doubt(live, call)
+            if action == "retry":
+                to_run.append(call)
+            elif action == "wait":
+                live.waiting.append(call.tool_call_id)
+        if to_run:
+            async with anyio.create_task_group() as tg:
+                for call in to_run:
+                    tg.start_soon(self._run_tool, live, call)
+        if live.waiting and all(c.status != "not_started" for c in s.tool_calls):
+            self._emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
+            raise _Suspend()
+
+    async def _in_doubt(self, live: _LiveRun, call: ToolCallState) -> str:
+        """Decide what to do with an in-doubt call: ``retry``, ``settled`` or ``wait``."""
+        s = live.state
+        tool = self.tools.get(call.tool_name)
+        if call.decision is not None:
+            kind = call.decision.get("decision")
+            if kind == "retry":
+                return "retry"
+            text = str(call.decision.get("result")) if kind == "result" else FAILED_BY_DECISION
+            self._settle(
+                live,
+                call,
+                ToolResult.text(text, is_error=kind != "result"),
+                outcome=f"decided_{kind}",
+            )
+            return "settled"
+        policy = self._policy(live)
+        if policy == "fail-in-doubt":
+            self._settle(
+                live,
+                call,
+                ToolResult.text(FAILED_BY_DECISION, is_error=True),
+                outcome="failed_by_policy",
+            )
+            return "settled"
+        if tool is not None and call.replay == "safe" and tool.replay == "safe":
+            return "retry"
+        if tool is not None and tool.can_reconcile:
+            try:
+                args = tool.parse_args(call.arguments)
+                result = await tool.reconcile(args, self._tool_ctx(s, call))
+            except ToolError:
+                result = None
+            if result is not None:
+                self._settle(live, call, result, outcome="reconciled")
+                return "settled"
+        if policy == "retry-safe":
+            self._settle(
+                live,
+                call,
+                ToolResult.text(FAILED_BY_DECISION, is_error=True),
+                outcome="failed_by_policy",
+            )
+            return "settled"
+        return "wait"
+
+    def _tool_ctx(self, s: RunState, call: ToolCallState) -> ToolContext:
+        key = idempotency_key(s.run_id, call.tool_call_id)
+        return ToolContext(
+            cwd=self.cwd, run_id=s.run_id, tool_call_id=call.tool_call_id, idempotency_key=key
+        )
+
+    async def _run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
+        s = live.state
+        tool = self.tools.get(call.tool_name)
+        if tool is None:
+            self._settle(
+                live,
+                call,
+                ToolResult.text(f"unknown tool {call.tool_name!r}", is_error=True),
+                outcome="error",
+            )
+            return
+        try:
+            args = tool.parse_args(call.arguments)
+        except ToolError as exc:
+            self._settle(live, call, ToolResult.text(exc.message, is_error=True), outcome="error")
+            return
+        ctx = self._tool_ctx(s, call)
+        result_id = new_id()
+        self._commit(
+            [
+                RecordOp(
+                    record(
+                        "tool_started",
+                        s.lane,
+                        s.run_id,
+                        toolCallId=call.tool_call_id,
+                        toolName=call.tool_name,
+                        arguments=call.arguments,
+                        resultEntryId=result_id,
+                        replay=tool.replay,
+                        idempotencyKey=ctx.idempotency_key,
+                        attempt=call.attempts + 1,
+                    )
+                )
+            ],
+            live,
+        )
+        await self._barrier()
+        crash.crash_point("after_tool_started")
+        self._emit(
+            "tool_execution_start",
+            live,
+            toolCallId=call.tool_call_id,
+            toolName=call.tool_name,
+            arguments=call.arguments,
+        )
+        try:
+            result = await tool.execute(args, ctx)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # a tool bug becomes an error result, not a dead run
+            result = ToolResult.text(
+                f"tool {call.tool_name} raised {type(exc).__name__}: {exc}", is_error=True
+            )
+        crash.crash_point("after_tool_effect")
+        self._settle(
+            live, call, result, outcome="error" if result.is_error else "ok", result_id=result_id
+        )
+        crash.crash_point("after_tool_finished")
+
+    def _settle(
+        self,
+        live: _LiveRun,
+        call: ToolCallState,
+        result: ToolResult,
+        *,
+        outcome: str,
+        result_id: str | None = None,
+    ) -> None:
+        """Commit a tool call's result entry and its ``tool_finished`` record together."""
+        s = live.state
+        rid = result_id or call.result_entry_id or new_id()
+        if call.result_entry_id and self.store.get_entry(call.result_entry_id) is None:
+            rid = call.result_entry_id if result_id is None else rid
+        if self.store.get_entry(rid) is not None:
+            rid = new_id()
+        message: dict[str, Any] = {
+            "role": "toolResult",
+            "toolCallId": call.tool_call_id,
+            "toolName": call.tool_name,
+            "content": result.content,
+            "isError": result.is_error,
+            "timestamp": now_ms(),
+        }
+        if result.details is not None:
+            message["details"] = result.details
+        entry = self._entry(s.lane, {"type": "message", "id": rid, "message": message})
+        self._commit(
+            [
+                EntryOp(entry, lane=s.lane),
+                RecordOp(
+                    record(
+                        "tool_finished",
+                        s.lane,
+                        s.run_id,
+                        toolCallId=call.tool_call_id,
+                        resultEntryId=rid,
+                        isError=result.is_error,
+                        outcome=outcome,
+                    )
+                ),
+            ],
+            live,
+        )
+        self._emit(
+            "tool_execution_end",
+            live,
+            toolCallId=call.tool_call_id,
+            toolName=call.tool_name,
+            isError=result.is_error,
+            outcome=outcome,
+        )
+
+    # -- abort -----------------------------------------------------------------------------
+
+    def _settle_aborted(self, live: _LiveRun) -> None:
+        """Settle an aborted run in one commit: keep complete parts of a partial answer, give
+        every open tool call a result, cancel steer/follow-up items, apply deferred writes."""
+        s = live.state
+        ops: list[Op] = []
+        leaf = self.session.leaf(s.lane)
+        if s.pending is not None:
+            kept = [b for b in live.partial if b.get("type") == "text" and b.get("text")]
+            if kept and s.pending.purpose == "turn":  # a partial summary is no answer
+                msg = {
+                    "role": "assistant",
+                    "content": kept,
+                    "provider": self.provider.name,
+                    "model": self.provider.model,
+                    "stopReason": "aborted",
+                    "timestamp": now_ms(),
+                }
+                entry = self._entry(
+                    s.lane,
+                    {"type": "message", "id": s.pending.response_entry_id, "message": msg},
+                    parent=leaf,
+                )
+                ops.append(EntryOp(entry, lane=s.lane))
+                leaf = entry["id"]
+            ops.append(
+                RecordOp(
+                    record(
+                        "provider_request_failed",
+                        s.lane,
+                        s.run_id,
+                        turn=s.pending.turn,
+                        attempt=s.pending.attempt,
+                        error="aborted",
+                        retryable=False,
+                        purpose=s.pending.purpose,
+                        costUnknown=True,
+                    )
+                )
+            )
+        for call in s.tool_calls:
+            if call.status == "completed":
+                continue
+            text = ABORTED_TOOL_TEXT if call.status == "in_doubt" else NOT_RUN_TEXT
+            rid = call.result_entry_id or new_id()
+            if self.store.get_entry(rid) is not None:
+                rid = new_id()
+            msg = {
+                "role": "toolResult",
+                "toolCallId": call.tool_call_id,
+                "toolName": call.tool_name,
+                "content": [{"type": "text", "text": text}],
+                "isError": True,
+                "timestamp": now_ms(),
+            }
+            entry = self._entry(s.lane, {"type": "message", "id": rid, "message": msg}, parent=leaf)
+            ops.append(EntryOp(entry, lane=s.lane))
+            leaf = entry["id"]
+            ops.append(
+                RecordOp(
+                    record(
+                        "tool_finished",
+                        s.lane,
+                        s.run_id,
+                        toolCallId=call.tool_call_id,
+                        resultEntryId=rid,
+                        isError=True,
+                        outcome="aborted",
+                    )
+                )
+            )
+        lane_log = self._lane_log(s.lane)
+        cancelled = lane_log.pending("steer") + lane_log.pending("follow_up")
+        if cancelled:
+            ops.append(
+                RecordOp(
+                    record(
+                        "queue_cancelled", s.lane, s.run_id, itemIds=[q.item_id for q in cancelled]
+                    )
+                )
+            )
+            live.returned = [
+                {"queue": q.queue, "itemId": q.item_id, "message": q.message} for q in cancelled
+            ]
+        applied = []
+        for rec in lane_log.deferred:
+            entry = self._entry(s.lane, dict(rec["write"]), parent=leaf)
+            ops.append(EntryOp(entry, lane=s.lane))
+            leaf = entry["id"]
+            applied.append(rec["id"])
+        ops.append(
+            RecordOp(
+                record("run_finished", s.lane, s.run_id, outcome="aborted", appliedWrites=applied)
+            )
+        )
+        self._commit(ops, live)

@@ -1,0 +1,354 @@
+"""Provider turns (attempts, retries, streaming) and the operations beside runs that also
+ask the provider: compaction and branch summaries (``design/run-loop.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import tenacity
+
+from durable_harness import crash
+from durable_harness.errors import (
+    AttemptCapReached,
+    ProviderError,
+    RunInProgress,
+)
+from durable_harness.harness.core import HarnessCore, _LiveRun
+from durable_harness.harness.records import record
+from durable_harness.harness.state import (
+    RunState,
+)
+from durable_harness.ids import new_id, now_ms
+from durable_harness.models.messages import text_of
+from durable_harness.providers.base import (
+    Done,
+    ProviderRequest,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+)
+from durable_harness.session.context import estimate_tokens
+from durable_harness.storage.base import EntryOp, RecordOp
+
+
+class TurnsMixin(HarnessCore):
+    """Provider requests under the intent and settlement rules."""
+
+    # -- provider turns --------------------------------------------------------------------
+
+    async def _provider_turn(self, live: _LiveRun) -> None:
+        s = live.state
+        turn = s.turns + 1
+        response_id = s.pending.response_entry_id if s.pending else new_id()
+        used = s.attempts.get(turn, 0)
+        cap = self.options.attempt_cap
+        if used >= cap:
+            raise AttemptCapReached(
+                f"turn {turn} of run {s.run_id} used {used} of {cap} provider attempts",
+                attempts=used,
+                cap=cap,
+            )
+        self._emit("turn_start", live, turn=turn)
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(cap - used),
+            wait=tenacity.wait_exponential(
+                multiplier=self.options.retry_initial, max=self.options.retry_max
+            ),
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, ProviderError) and e.retryable
+            ),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._attempt(live, turn, response_id)
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            used = s.attempts.get(turn, 0)
+            raise AttemptCapReached(
+                f"turn {turn} of run {s.run_id} used {used} of {cap} provider attempts "
+                f"(attempt cap reached); last error: {exc.message}",
+                attempts=used,
+                cap=cap,
+            ) from exc
+
+    async def _attempt(self, live: _LiveRun, turn: int, response_id: str) -> None:
+        s = live.state
+        attempt = s.attempts.get(turn, 0) + 1
+        ctx = self.session.context(lane=s.lane)
+        model = (ctx.model or {}).get("modelId") or self.provider.model
+        self._commit(
+            [
+                RecordOp(
+                    record(
+                        "provider_request_started",
+                        s.lane,
+                        s.run_id,
+                        turn=turn,
+                        attempt=attempt,
+                        responseEntryId=response_id,
+                        provider=self.provider.name,
+                        model=model,
+                    )
+                )
+            ],
+            live,
+        )
+        await self._barrier()
+        crash.crash_point("after_provider_request_started")
+        request = ProviderRequest(
+            messages=ctx.messages,
+            tools=self._specs,
+            model=model,
+            system_prompt=self.options.system_prompt,
+            thinking_level=ctx.thinking_level,
+            run_id=s.run_id,
+            turn=turn,
+            attempt=attempt,
+            prompt=s.prompt_text,
+        )
+        try:
+            message = await self._stream(live, request)
+        except ProviderError as exc:
+            with anyio.CancelScope(shield=True):
+                self._commit(
+                    [
+                        RecordOp(
+                            record(
+                                "provider_request_failed",
+                                s.lane,
+                                s.run_id,
+                                turn=turn,
+                                attempt=attempt,
+                                error=exc.message,
+                                status=exc.status,
+                                retryable=exc.retryable,
+                            )
+                        )
+                    ],
+                    live,
+                )
+            raise
+        entry = self._entry(s.lane, {"type": "message", "id": response_id, "message": message})
+        self._commit(
+            [
+                EntryOp(entry, lane=s.lane),
+                RecordOp(
+                    record(
+                        "provider_request_finished",
+                        s.lane,
+                        s.run_id,
+                        turn=turn,
+                        attempt=attempt,
+                        entryId=response_id,
+                        usage=message.get("usage"),
+                        stopReason=message.get("stopReason"),
+                    )
+                ),
+            ],
+            live,
+            assistant=message,
+        )
+        crash.crash_point("after_assistant_entry")
+
+    async def _stream(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
+        live.partial = []
+        text: list[str] = []
+        first = True
+        purpose = request.purpose
+        self._emit("message_start", live, role="assistant", purpose=purpose)
+        async for event in self.provider.stream(request):
+            if first:
+                crash.crash_point("mid_provider_stream")
+                first = False
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+                live.partial = [{"type": "text", "text": "".join(text)}]
+                self._emit("message_update", live, delta=event.text, purpose=purpose)
+            elif isinstance(event, ThinkingDelta):
+                self._emit("message_update", live, thinking=event.text)
+            elif isinstance(event, ToolCallEvent):
+                self._emit("message_update", live, toolCall={"id": event.id, "name": event.name})
+            elif isinstance(event, Done):
+                message = dict(event.message)
+                message.setdefault("timestamp", now_ms())
+                if _is_empty(message):
+                    raise ProviderError(
+                        f"provider {self.provider.name} returned an empty message", retryable=True
+                    )
+                self._emit("message_end", live, message=message, purpose=purpose)
+                return message
+        raise ProviderError(
+            f"provider {self.provider.name} ended its stream without a message", retryable=True
+        )
+
+    # -- compaction and navigation ---------------------------------------------------------
+
+    async def _maybe_compact(self, live: _LiveRun) -> None:
+        ctx = self.session.context(lane=live.state.lane)
+        limit = self.provider.context_window - self.options.compact_reserve
+        tokens = ctx.state.tokens if ctx.state else estimate_tokens(ctx.messages)
+        if tokens > limit > 0:
+            await self.compact(lane=live.state.lane, _live=live)
+
+    async def _summarize(
+        self, lane: str, messages: list[dict[str, Any]], purpose: str, live: _LiveRun | None
+    ) -> tuple[str, dict[str, Any], str]:
+        """Ask the provider for a summary under the intent/settlement rules."""
+        run_id = live.state.run_id if live else None
+        op_id = new_id()
+        instruction = {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": (
+                        "Summarize the conversation above for a later continuation: goals, "
+                        "decisions, files touched, open work."
+                    ),
+                }
+            ],
+        }
+        ctx = self.session.context(lane=lane)
+        model = (ctx.model or {}).get("modelId") or self.provider.model
+        self._commit(
+            [
+                RecordOp(
+                    record(
+                        "provider_request_started",
+                        lane,
+                        run_id,
+                        turn=0,
+                        attempt=1,
+                        responseEntryId=op_id,
+                        purpose=purpose,
+                        provider=self.provider.name,
+                        model=model,
+                    )
+                )
+            ],
+            live,
+        )
+        request = ProviderRequest(
+            messages=[*messages, instruction], model=model, run_id=run_id or "", purpose=purpose
+        )
+        message = await self._stream(live or _LiveRun(RunState("", lane)), request)
+        return text_of(message.get("content")), message, op_id
+
+    async def compact(self, *, lane: str = "main", _live: _LiveRun | None = None) -> dict[str, Any]:
+        """Compact the lane's context: summarize what comes before a cut that keeps about
+        ``keep_recent_tokens`` of recent context, never inside a tool call's exchange (the cut
+        is always at a user message). Returns the compaction entry.
+
+        Raises:
+            RunInProgress: called by hand while a run is live on the lane.
+        """
+        if _live is None and lane in self._runs:
+            raise RunInProgress(f"lane {lane!r} has a live run; compaction runs between turns")
+        ctx = self.session.context(lane=lane)
+        cut = _cut_index(ctx.messages, ctx.entry_ids, self.options.keep_recent_tokens)
+        first_kept = ctx.entry_ids[cut] if cut is not None else None
+        summarized = ctx.messages[:cut] if cut is not None else ctx.messages
+        summary, message, op_id = await self._summarize(lane, summarized, "compaction", _live)
+        entry = self._entry(
+            lane,
+            {
+                "type": "compaction",
+                "id": op_id,
+                "summary": summary,
+                "firstKeptEntryId": first_kept,
+                "tokensBefore": estimate_tokens(ctx.messages),
+                "settings": {"model": ctx.model, "thinkingLevel": ctx.thinking_level},
+            },
+        )
+        run_id = _live.state.run_id if _live else None
+        self._commit(
+            [
+                EntryOp(entry, lane=lane),
+                RecordOp(
+                    record(
+                        "provider_request_finished",
+                        lane,
+                        run_id,
+                        turn=0,
+                        attempt=1,
+                        purpose="compaction",
+                        entryId=entry["id"],
+                        responseEntryId=op_id,
+                        usage=message.get("usage"),
+                        stopReason=message.get("stopReason"),
+                    )
+                ),
+            ],
+            _live,
+        )
+        return entry
+
+    async def navigate(
+        self, target_id: str | None, *, lane: str = "main", summarize: bool = True
+    ) -> dict[str, Any] | None:
+        """Move the lane to ``target_id``; with ``summarize``, append a branch summary of the
+        branch being left (a provider request under the intent rules). Returns the summary
+        entry, or ``None`` when not summarizing.
+
+        Raises:
+            RunInProgress: a run is live on the lane.
+            UnknownEntry: the target does not exist.
+        """
+        self._check_idle(lane)
+        if not summarize:
+            self.session.navigate(target_id, lane=lane)
+            return None
+        if target_id is not None:
+            self.session.entry(target_id)
+        ctx = self.session.context(lane=lane)
+        from_id = self.session.leaf(lane)
+        summary, message, op_id = await self._summarize(lane, ctx.messages, "branch_summary", None)
+        entry = self.session.make_entry(
+            {"type": "branch_summary", "id": op_id, "fromId": from_id or "", "summary": summary},
+            parent_id=target_id,
+        )
+        self._commit(
+            [
+                EntryOp(entry, lane=lane),
+                RecordOp(
+                    record(
+                        "provider_request_finished",
+                        lane,
+                        None,
+                        turn=0,
+                        attempt=1,
+                        purpose="branch_summary",
+                        entryId=entry["id"],
+                        responseEntryId=op_id,
+                        usage=message.get("usage"),
+                        stopReason=message.get("stopReason"),
+                    )
+                ),
+            ]
+        )
+        return entry
+
+
+def _is_empty(message: dict[str, Any]) -> bool:
+    from durable_harness.session.context import is_empty_assistant
+
+    return is_empty_assistant(message.get("content"))
+
+
+def _cut_index(
+    messages: list[dict[str, Any]], entry_ids: list[str | None], keep_tokens: int
+) -> int | None:
+    """Index of the first kept message: the latest user message (with an entry id) such that
+    the messages from it on fit in ``keep_tokens``. ``None``: keep nothing verbatim."""
+    best = None
+    for i in range(len(messages) - 1, 0, -1):
+        if estimate_tokens(messages[i:]) > keep_tokens:
+            break
+        if messages[i].get("role") == "user" and entry_ids[i] is not None:
+            best = i
+    return best
