@@ -26,7 +26,6 @@ Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -37,7 +36,13 @@ from typing import Any, cast
 import anthropic
 import anyio
 
-from durable_harness.errors import ProviderError, redact
+from durable_harness.errors import ProviderError
+from durable_harness.providers._wire import (
+    TRANSPORT_ERRORS,
+    close_stream,
+    scrub,
+    transport_error,
+)
 from durable_harness.providers.base import (
     Done,
     ProviderEvent,
@@ -221,11 +226,11 @@ class AnthropicProvider:
                         _merge_usage(wire_usage, event.get("usage"))
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _close_stream(stream, items)
+                    await close_stream(stream, items)
         except anthropic.AnthropicError as exc:
             raise _map_error(exc, self.name, self._api_key) from None
-        except _TRANSPORT_ERRORS as exc:
-            raise _transport_error(exc, self.name, self._api_key) from None
+        except TRANSPORT_ERRORS as exc:
+            raise transport_error(exc, self.name, self._api_key) from None
 
         content = [blocks[i] for i in sorted(blocks)]
         stop = _STOP_REASONS.get(stop_reason or "", "stop")
@@ -480,12 +485,6 @@ def _body_error(body: object) -> tuple[str, str]:
     return "", "" if body is None else str(body)[:500]
 
 
-def _scrub(text: str, secret: str | None) -> str:
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return redact(text)
-
-
 def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None) -> ProviderError:
     """Translate an ``anthropic`` SDK error into :class:`ProviderError` (message redacted)."""
     details: dict[str, Any] = {"provider": provider}
@@ -524,35 +523,4 @@ def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None)
     else:
         retryable, where, detail = False, type(exc).__name__, str(exc)
     message = f"{provider}: {where}: {detail}" if detail else f"{provider}: {where}"
-    return ProviderError(_scrub(message, secret), retryable=retryable, status=status, **details)
-
-
-def _load_transport_errors() -> tuple[type[BaseException], ...]:
-    """``TransportError`` of ``httpx`` and ``httpx2``: the SDK does not wrap failures that
-    happen while the response body streams (connection dropped, read timeout)."""
-    found: list[type[BaseException]] = []
-    for module_name in ("httpx2", "httpx"):
-        try:
-            module: Any = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found.append(module.TransportError)
-    return tuple(found)
-
-
-_TRANSPORT_ERRORS = _load_transport_errors()
-
-
-def _transport_error(exc: BaseException, provider: str, secret: str | None) -> ProviderError:
-    """Map a mid-stream ``httpx``/``httpx2`` transport failure: always ``retryable=True``."""
-    kind = "timed out" if "Timeout" in type(exc).__name__ else "connection lost"
-    message = f"{provider}: {kind} while streaming ({type(exc).__name__})"
-    return ProviderError(_scrub(message, secret), retryable=True, status=None, provider=provider)
-
-
-async def _close_stream(stream: Any, items: Any) -> None:
-    """Close the SDK's event iterator (an async generator) and then its HTTP response."""
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
-    await stream.close()
+    return ProviderError(scrub(message, secret), retryable=retryable, status=status, **details)

@@ -23,7 +23,6 @@ after the stream ends; then :class:`Done`.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import time
@@ -35,7 +34,13 @@ from typing import Any, cast
 import anyio
 import openai
 
-from durable_harness.errors import ProviderError, redact
+from durable_harness.errors import ProviderError
+from durable_harness.providers._wire import (
+    TRANSPORT_ERRORS,
+    close_stream,
+    scrub,
+    transport_error,
+)
 from durable_harness.providers.base import (
     Done,
     ProviderEvent,
@@ -202,11 +207,11 @@ class OpenAIProvider:
                             finish_reason = str(choice["finish_reason"])
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _close_stream(stream, items)
+                    await close_stream(stream, items)
         except openai.OpenAIError as exc:
             raise _map_error(exc, self.name, self._api_key) from None
-        except _TRANSPORT_ERRORS as exc:
-            raise _transport_error(exc, self.name, self._api_key) from None
+        except TRANSPORT_ERRORS as exc:
+            raise transport_error(exc, self.name, self._api_key) from None
 
         blocks: list[dict[str, Any]] = []
         thinking = "".join(thinking_parts)
@@ -439,12 +444,6 @@ def _body_message(body: object) -> str:
     return str(body)[:500]
 
 
-def _scrub(text: str, secret: str | None) -> str:
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return redact(text)
-
-
 def _retry_after(response: Any) -> float | None:
     try:
         value = response.headers.get("retry-after")
@@ -487,36 +486,5 @@ def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> Pr
     where = f"HTTP {info.status}" if info.status is not None else type(exc).__name__
     message = f"{provider}: {where}: {info.detail}" if info.detail else f"{provider}: {where}"
     return ProviderError(
-        _scrub(message, secret), retryable=info.retryable, status=info.status, **details
+        scrub(message, secret), retryable=info.retryable, status=info.status, **details
     )
-
-
-def _load_transport_errors() -> tuple[type[BaseException], ...]:
-    """``TransportError`` of ``httpx`` and ``httpx2``: the SDK does not wrap failures that
-    happen while the response body streams (connection dropped, read timeout)."""
-    found: list[type[BaseException]] = []
-    for module_name in ("httpx2", "httpx"):
-        try:
-            module: Any = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found.append(module.TransportError)
-    return tuple(found)
-
-
-_TRANSPORT_ERRORS = _load_transport_errors()
-
-
-def _transport_error(exc: BaseException, provider: str, secret: str | None) -> ProviderError:
-    """Map a mid-stream ``httpx``/``httpx2`` transport failure: always ``retryable=True``."""
-    kind = "timed out" if "Timeout" in type(exc).__name__ else "connection lost"
-    message = f"{provider}: {kind} while streaming ({type(exc).__name__})"
-    return ProviderError(_scrub(message, secret), retryable=True, status=None, provider=provider)
-
-
-async def _close_stream(stream: Any, items: Any) -> None:
-    """Close the SDK's event iterator (an async generator) and then its HTTP response."""
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
-    await stream.close()

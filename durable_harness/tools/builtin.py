@@ -30,6 +30,7 @@ import os
 import secrets
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -246,14 +247,7 @@ class ReadFileTool(Tool):
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Read ``args.path`` and return its text (see the class docstring)."""
         assert isinstance(args, ReadFileArgs)
-        try:
-            target = resolve_path(ctx.cwd, args.path)
-        except PathEscape as exc:
-            return _escape_result(exc)
-        try:
-            return await anyio.to_thread.run_sync(self._read, target, args)
-        except OSError as exc:
-            return _os_error_result("cannot read", args.path, exc)
+        return await _file_op(ctx, args.path, "cannot read", lambda t: self._read(t, args))
 
     @staticmethod
     def _read(target: Path, args: ReadFileArgs) -> ToolResult:
@@ -352,16 +346,13 @@ class WriteFileTool(Tool):
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Write ``args.content`` to ``args.path`` (see the class docstring)."""
         assert isinstance(args, WriteFileArgs)
-        try:
-            target = resolve_path(ctx.cwd, args.path)
-        except PathEscape as exc:
-            return _escape_result(exc)
         data = args.content.encode("utf-8")
-        try:
-            await anyio.to_thread.run_sync(_atomic_write, target, data)
-        except OSError as exc:
-            return _os_error_result("cannot write", args.path, exc)
-        return self._success(args.path, target, data, reconciled=False)
+
+        def write(target: Path) -> ToolResult:
+            _atomic_write(target, data)
+            return self._success(args.path, target, data, reconciled=False)
+
+        return await _file_op(ctx, args.path, "cannot write", write)
 
     async def reconcile(self, args: Any, ctx: ToolContext) -> ToolResult | None:
         """Decide an in-doubt ``write_file`` from the file.
@@ -432,14 +423,7 @@ class EditFileTool(Tool):
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Apply the edit (see the class docstring)."""
         assert isinstance(args, EditFileArgs)
-        try:
-            target = resolve_path(ctx.cwd, args.path)
-        except PathEscape as exc:
-            return _escape_result(exc)
-        try:
-            return await anyio.to_thread.run_sync(self._edit, target, args)
-        except OSError as exc:
-            return _os_error_result("cannot edit", args.path, exc)
+        return await _file_op(ctx, args.path, "cannot edit", lambda t: self._edit(t, args))
 
     @classmethod
     def _edit(cls, target: Path, args: EditFileArgs) -> ToolResult:
@@ -538,19 +522,16 @@ class AppendFileTool(Tool):
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Append ``args.content`` to ``args.path`` (see the class docstring)."""
         assert isinstance(args, AppendFileArgs)
-        try:
-            target = resolve_path(ctx.cwd, args.path)
-        except PathEscape as exc:
-            return _escape_result(exc)
         data = args.content.encode("utf-8")
-        try:
-            await anyio.to_thread.run_sync(self._append, target, data)
-        except OSError as exc:
-            return _os_error_result("cannot append to", args.path, exc)
-        return ToolResult.text(
-            f"appended {len(data)} bytes to {args.path}",
-            details={"path": str(target), "bytes": len(data)},
-        )
+
+        def append(target: Path) -> ToolResult:
+            self._append(target, data)
+            return ToolResult.text(
+                f"appended {len(data)} bytes to {args.path}",
+                details={"path": str(target), "bytes": len(data)},
+            )
+
+        return await _file_op(ctx, args.path, "cannot append to", append)
 
     @staticmethod
     def _append(target: Path, data: bytes) -> None:
@@ -829,6 +810,21 @@ class BashTool(Tool):
 
 
 # --------------------------------------------------------------------------------------------
+
+
+async def _file_op(
+    ctx: ToolContext, path: str, verb: str, body: Callable[[Path], ToolResult]
+) -> ToolResult:
+    """Resolve ``path`` inside ``ctx.cwd`` and run the blocking ``body(target)`` in a worker
+    thread; a path escape or an :class:`OSError` becomes an error result naming the path."""
+    try:
+        target = resolve_path(ctx.cwd, path)
+    except PathEscape as exc:
+        return _escape_result(exc)
+    try:
+        return await anyio.to_thread.run_sync(body, target)
+    except OSError as exc:
+        return _os_error_result(verb, path, exc)
 
 
 def builtin_tools() -> dict[str, Tool]:
