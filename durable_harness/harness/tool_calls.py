@@ -82,13 +82,7 @@ class ToolCallsMixin(HarnessCore):
             return "settled"
         policy = self._policy(live)
         if policy == "fail-in-doubt":
-            self._settle(
-                live,
-                call,
-                ToolResult.text(FAILED_BY_DECISION, is_error=True),
-                outcome="failed_by_policy",
-            )
-            return "settled"
+            return self._fail_by_policy(live, call)
         if tool is not None and call.replay == "safe" and tool.replay == "safe":
             return "retry"
         if tool is not None and tool.can_reconcile:
@@ -101,14 +95,14 @@ class ToolCallsMixin(HarnessCore):
                 self._settle(live, call, result, outcome="reconciled")
                 return "settled"
         if policy == "retry-safe":
-            self._settle(
-                live,
-                call,
-                ToolResult.text(FAILED_BY_DECISION, is_error=True),
-                outcome="failed_by_policy",
-            )
-            return "settled"
+            return self._fail_by_policy(live, call)
         return "wait"
+
+    def _fail_by_policy(self, live: _LiveRun, call: ToolCallState) -> str:
+        """Settle an in-doubt call as failed (outcome unknown, not retried) under a policy."""
+        result = ToolResult.text(FAILED_BY_DECISION, is_error=True)
+        self._settle(live, call, result, outcome="failed_by_policy")
+        return "settled"
 
     def _tool_ctx(self, s: RunState, call: ToolCallState) -> ToolContext:
         key = idempotency_key(s.run_id, call.tool_call_id)

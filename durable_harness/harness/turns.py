@@ -239,6 +239,31 @@ class TurnsMixin(HarnessCore):
         message = await self._stream(live or _LiveRun(RunState("", lane)), request)
         return text_of(message.get("content")), message, op_id
 
+    def _settle_summary(
+        self,
+        lane: str,
+        entry: dict[str, Any],
+        message: dict[str, Any],
+        op_id: str,
+        purpose: str,
+        live: _LiveRun | None,
+    ) -> None:
+        """Commit a compaction or branch-summary entry with the record settling its request."""
+        run_id = live.state.run_id if live else None
+        finished = record(
+            "provider_request_finished",
+            lane,
+            run_id,
+            turn=0,
+            attempt=1,
+            purpose=purpose,
+            entryId=entry["id"],
+            responseEntryId=op_id,
+            usage=message.get("usage"),
+            stopReason=message.get("stopReason"),
+        )
+        self._commit([EntryOp(entry, lane=lane), RecordOp(finished)], live)
+
     async def compact(self, *, lane: str = "main", _live: _LiveRun | None = None) -> dict[str, Any]:
         """Compact the lane's context: summarize what comes before a cut that keeps about
         ``keep_recent_tokens`` of recent context, never inside a tool call's exchange (the cut
@@ -265,27 +290,7 @@ class TurnsMixin(HarnessCore):
                 "settings": {"model": ctx.model, "thinkingLevel": ctx.thinking_level},
             },
         )
-        run_id = _live.state.run_id if _live else None
-        self._commit(
-            [
-                EntryOp(entry, lane=lane),
-                RecordOp(
-                    record(
-                        "provider_request_finished",
-                        lane,
-                        run_id,
-                        turn=0,
-                        attempt=1,
-                        purpose="compaction",
-                        entryId=entry["id"],
-                        responseEntryId=op_id,
-                        usage=message.get("usage"),
-                        stopReason=message.get("stopReason"),
-                    )
-                ),
-            ],
-            _live,
-        )
+        self._settle_summary(lane, entry, message, op_id, "compaction", _live)
         return entry
 
     async def navigate(
@@ -312,25 +317,7 @@ class TurnsMixin(HarnessCore):
             {"type": "branch_summary", "id": op_id, "fromId": from_id or "", "summary": summary},
             parent_id=target_id,
         )
-        self._commit(
-            [
-                EntryOp(entry, lane=lane),
-                RecordOp(
-                    record(
-                        "provider_request_finished",
-                        lane,
-                        None,
-                        turn=0,
-                        attempt=1,
-                        purpose="branch_summary",
-                        entryId=entry["id"],
-                        responseEntryId=op_id,
-                        usage=message.get("usage"),
-                        stopReason=message.get("stopReason"),
-                    )
-                ),
-            ]
-        )
+        self._settle_summary(lane, entry, message, op_id, "branch_summary", None)
         return entry
 
 
