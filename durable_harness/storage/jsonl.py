@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from durable_harness.errors import (
@@ -396,8 +397,11 @@ class JsonlSessionStore(IndexedSessionStore):
                 await leader.wait()
                 continue
             event = self._async_flush = anyio.Event()
-            covered = self._written
             try:
+                # Let every task that is ready to commit write its line first: the fsync
+                # below then covers all of them instead of the leader alone.
+                await anyio.lowlevel.checkpoint()
+                covered = self._written
                 await anyio.to_thread.run_sync(os.fdatasync, self._fd)
                 with self._sync_cond:
                     self._synced = max(self._synced, covered)
