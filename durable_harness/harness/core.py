@@ -175,12 +175,13 @@ class HarnessCore:
     ) -> None:
         """Commit ``ops``, then fold its records into the run and lane state.
 
-        In ``sync`` mode the commit is durable when this returns. In ``batch`` mode it is
-        written but its fsync is shared: :meth:`_barrier` waits for it, and the harness calls
-        it before every effect (a provider request, a tool) and before a verb that accepted
-        input returns, so write-ahead holds with one fsync per boundary instead of per commit.
+        The commit is written, not yet fsynced: :meth:`_barrier` makes it durable, and the
+        harness calls it before every effect (a provider request, a tool) and before a verb
+        that accepted input returns (or a run settles). Write-ahead therefore holds with one
+        fsync per boundary: a settlement rides on the fsync of the next intent. ``sync`` mode
+        fsyncs at each barrier; ``batch`` shares one fsync among concurrent barriers.
         """
-        self.store.commit(ops, wait=self.store.durability != "batch")
+        self.store.commit(ops, wait=False)
         for op in ops:
             if isinstance(op, RecordOp):
                 rec = op.record
@@ -191,7 +192,7 @@ class HarnessCore:
                     live.state.apply(rec, assistant)
 
     async def _barrier(self) -> None:
-        """Wait until every commit so far is durable (``batch`` mode; otherwise a no-op)."""
+        """Wait until every commit so far is durable (a no-op in ``none`` mode)."""
         await self.store.wait_durable_async()
 
     def _entry(

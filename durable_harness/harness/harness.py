@@ -293,6 +293,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
                 result=decision.get("result"),
             )
             self._commit([RecordOp(rec)], live)
+        await self._barrier()  # every decision is durable before it acts
         return self._launch(live)
 
     # -- the driver ------------------------------------------------------------------------

@@ -233,6 +233,7 @@ class TurnsMixin(HarnessCore):
             ],
             live,
         )
+        await self._barrier()
         request = ProviderRequest(
             messages=[*messages, instruction], model=model, run_id=run_id or "", purpose=purpose
         )
@@ -291,6 +292,7 @@ class TurnsMixin(HarnessCore):
             },
         )
         self._settle_summary(lane, entry, message, op_id, "compaction", _live)
+        await self._barrier()
         return entry
 
     async def navigate(
@@ -318,6 +320,7 @@ class TurnsMixin(HarnessCore):
             parent_id=target_id,
         )
         self._settle_summary(lane, entry, message, op_id, "branch_summary", None)
+        await self._barrier()
         return entry
 
 

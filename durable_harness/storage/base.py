@@ -139,9 +139,9 @@ class SessionStore(abc.ABC):
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Apply ``ops`` atomically and durably (per :attr:`durability`); return the last seq.
 
-        In ``batch`` mode ``wait=False`` returns once the commit is written, before its group
-        fsync; :meth:`wait_durable` waits for it. Backends whose commit is its own durability
-        point (SQLite) ignore ``wait``.
+        With ``wait=False`` (``sync`` or ``batch``) the call may return once the commit is
+        written, before its fsync; :meth:`wait_durable` makes every earlier commit durable.
+        Backends whose commit is its own durability point (SQLite) ignore ``wait``.
 
         Raises:
             ReadOnlySession: opened read-only.
@@ -187,9 +187,11 @@ class SessionStore(abc.ABC):
         return None
 
     async def wait_durable_async(self) -> None:
-        """Await :meth:`wait_durable` without blocking the event loop."""
+        """Await :meth:`wait_durable`: in ``batch`` mode without blocking the event loop."""
         if self.durability == "batch":
             await anyio.to_thread.run_sync(self.wait_durable)
+        else:
+            self.wait_durable()
 
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit and await durability without blocking the event loop: in ``batch`` mode,

@@ -338,23 +338,30 @@ class JsonlSessionStore(IndexedSessionStore):
         offset = self._end
         _write_all(self._fd, line)
         self._end = offset + len(line)
-        if self.durability == "sync":
-            os.fdatasync(self._fd)
         self._written += 1
+        if self.durability == "sync" and self._sync_each:
+            os.fdatasync(self._fd)
+            self._synced = self._written
         self._pending_ticket = self._written
         return [(offset, len(line) - 1, i) for i in range(len(numbered))]
 
     _pending_ticket = 0
+    _sync_each = True
 
     def commit(self, ops: list[Any], *, wait: bool = True) -> int:
         """Commit ``ops`` as one line (see :meth:`SessionStore.commit`).
 
         In ``batch`` mode the line is written under the lock and the fsync is shared with every
-        other commit written meanwhile; with ``wait=False`` the call returns before that fsync
-        (call :meth:`wait_durable` later).
+        other commit written meanwhile. With ``wait=False`` (``sync`` or ``batch``) the call
+        returns before any fsync; :meth:`wait_durable` makes it durable later. The harness uses
+        that for settlements, which the next intent's fsync covers (``design/run-loop.md``).
         """
         with self._lock:
-            seq = super().commit(ops)
+            self._sync_each = wait
+            try:
+                seq = super().commit(ops)
+            finally:
+                self._sync_each = True
             ticket = self._pending_ticket
         if self.durability == "batch" and wait:
             self.wait_durable(ticket)
@@ -362,7 +369,7 @@ class JsonlSessionStore(IndexedSessionStore):
 
     def wait_durable(self, ticket: int | None = None) -> None:
         """Block until commit number ``ticket`` (default: every commit so far) is fsynced."""
-        if self.durability != "batch" or self._fd is None:
+        if self.durability == "none" or self._fd is None:
             return
         target_ticket = self._written if ticket is None else ticket
         with self._sync_cond:
@@ -388,6 +395,9 @@ class JsonlSessionStore(IndexedSessionStore):
         while the event loop keeps accepting commits; later waiters await its event instead of
         a thread each, so many tasks share one fsync without a thread switch per commit.
         """
+        if self.durability == "sync":
+            self.wait_durable()  # sync mode: fsync now, in the caller's thread
+            return
         if self.durability != "batch" or self._fd is None:
             return
         target = self._written

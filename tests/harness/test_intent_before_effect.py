@@ -96,3 +96,64 @@ async def test_helper_fails_once_the_call_is_settled(store: Store, workdir: Path
     (call_id,) = probe.seen
     with pytest.raises(AssertionError, match="tool_finished"):
         assert_intent_durable(session.store.location, call_id)
+
+
+class FsyncProbe(Tool):
+    """A tool whose effect records how many bytes of the session file the last fsync covered."""
+
+    name: ClassVar[str] = "fsync_probe"
+    description: ClassVar[str] = "Records the fsync horizon when its effect begins."
+    Args: ClassVar[type[BaseModel]] = EchoArgs
+    replay: ClassVar[Replay] = "never"
+
+    def __init__(self, horizon: list[int]) -> None:
+        self.horizon = horizon
+        self.at_effect: list[int] = []
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        self.at_effect.append(self.horizon[-1] if self.horizon else -1)
+        return ToolResult.text("ok")
+
+
+@pytest.mark.parametrize("durability", ["sync", "batch"])
+async def test_intent_line_is_fsynced_before_the_effect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
+) -> None:
+    """Not only written: the fsync that covers the tool_started line has returned before the
+    tool's effect starts (sync and batch modes; settlements may ride on a later fsync)."""
+    import os
+
+    from durable_harness.storage import open_store
+
+    horizon: list[int] = []
+    real = os.fdatasync
+
+    def recording(fd: int) -> None:
+        real(fd)
+        horizon.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fdatasync", recording)
+    store = open_store(f"jsonl:{tmp_path / 'home'}")
+    session_store = store.create_session(str(tmp_path), durability=durability)  # type: ignore[arg-type]
+    path = session_store.location
+    from durable_harness.session import Session
+
+    session = Session(session_store)
+    probe = FsyncProbe(horizon)
+    turns = [
+        {"text": "t1", "tool_calls": [{"name": "fsync_probe", "arguments": {"text": "a"}}]},
+        {"text": "t2", "tool_calls": [{"name": "fsync_probe", "arguments": {"text": "b"}}]},
+        {"text": "done"},
+    ]
+    async with Harness(session, ScriptedProvider(turns), [probe], cwd=tmp_path) as h:
+        run = await h.prompt("go")
+        assert await run.wait() == "completed"
+    data = Path(path).read_bytes()
+    started = [r for r in session.store.records("main") if r["type"] == "tool_started"]
+    assert len(started) == 2 and len(probe.at_effect) == 2
+    for rec, covered in zip(started, probe.at_effect, strict=True):
+        line_end = data.index(b"\n", data.index(rec["id"].encode())) + 1
+        assert covered >= line_end, f"intent {rec['id']} not fsynced before its effect"
+    # and everything is durable once the run has settled
+    assert horizon[-1] == len(data)
+    session.close()
