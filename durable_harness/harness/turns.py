@@ -50,6 +50,21 @@ class TurnsMixin(HarnessCore):
                 cap=cap,
             )
         self._emit("turn_start", live, turn=turn)
+        try:  # the common case: the first attempt succeeds, no retry machinery needed
+            await self._attempt(live, turn, response_id)
+            return
+        except ProviderError as exc:
+            if not exc.retryable or used + 1 >= cap:
+                if not exc.retryable:
+                    raise
+                raise AttemptCapReached(
+                    f"turn {turn} of run {s.run_id} used {used + 1} of {cap} provider attempts "
+                    f"(attempt cap reached); last error: {exc.message}",
+                    attempts=used + 1,
+                    cap=cap,
+                ) from exc
+        await anyio.sleep(self.options.retry_initial)
+        used = s.attempts.get(turn, 0)
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(cap - used),
             wait=tenacity.wait_exponential(

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from durable_harness.errors import UnknownEntry
 from durable_harness.ids import new_id, now_iso
 from durable_harness.models.entries import validate_entry
-from durable_harness.session.context import Context, ContextState, build_context, path_to
+from durable_harness.session.context import Context, build_context, path_to
 from durable_harness.storage.base import EntryOp, LaneOp, LaneState, Op, SessionStore, Store
 
 
@@ -35,7 +35,7 @@ class Session:
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
-        self._contexts: dict[str, ContextState] = {}
+        self._contexts: dict[str, Context] = {}
 
     # -- identity --------------------------------------------------------------------------
     @property
@@ -90,6 +90,9 @@ class Session:
     def context(self, leaf_id: str | None = None, *, lane: str = "main") -> Context:
         """Build the provider context from ``leaf_id`` (default: the lane's leaf).
 
+        A lane's context is extended from the one built last time (entries never change), and
+        returned as is while the leaf has not moved: treat it as read-only.
+
         Raises:
             UnknownEntry: ``leaf_id`` is given and does not exist.
         """
@@ -98,10 +101,13 @@ class Session:
             self.entry(leaf_id)
         else:
             leaf_id = self.leaf(lane)
-        previous = self._contexts.get(lane) if explicit is None else None
+        cached = self._contexts.get(lane) if explicit is None else None
+        if cached is not None and cached.state is not None and cached.state.leaf_id == leaf_id:
+            return cached
+        previous = cached.state if cached is not None else None
         ctx = build_context(self.store.get_entry, leaf_id, previous)
         if explicit is None and ctx.state is not None:
-            self._contexts[lane] = ctx.state
+            self._contexts[lane] = ctx
         header = self.store.header
         if ctx.model is None and header.get("provider") and header.get("modelId"):
             # pi v1 headers carry the initial model

@@ -175,6 +175,12 @@ class IndexedSessionStore(SessionStore):
             out.append(d)
         return out
 
+    def _lane_state(self, name: str) -> LaneState:
+        state = self._lanes.get(name)
+        if state is None:
+            state = self._lanes[name] = LaneState(name)
+        return state
+
     def _apply(self, op: dict[str, Any], location: Any) -> None:
         """Apply one numbered op dict to the index (on open and after a commit)."""
         kind = op.get("op")
@@ -186,7 +192,7 @@ class IndexedSessionStore(SessionStore):
             self._seq = max(self._seq, entry["seq"])
             lane = op.get("lane")
             if lane is not None:
-                self._lanes.setdefault(lane, LaneState(lane)).leaf_id = eid
+                self._lane_state(lane).leaf_id = eid
         elif kind == "record":
             rec = op["record"]
             self._records.append(rec)
@@ -194,13 +200,13 @@ class IndexedSessionStore(SessionStore):
             self._seq = max(self._seq, rec["seq"])
             lane_name = rec.get("lane")
             if lane_name is not None:
-                lane = self._lanes.setdefault(lane_name, LaneState(lane_name))
+                lane = self._lane_state(lane_name)
                 if rec.get("type") == "run_started":
                     lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
                 elif rec.get("type") == "run_finished" and lane.run_id == rec.get("runId"):
                     lane.run_id, lane.run_seq = None, None
         elif kind == "lane":
-            lane = self._lanes.setdefault(op["lane"], LaneState(op["lane"]))
+            lane = self._lane_state(op["lane"])
             if "leafId" in op:
                 lane.leaf_id = op["leafId"]
             if op.get("config"):
