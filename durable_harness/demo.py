@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,7 @@ def _say(text: str) -> None:
 
 def _cli(args: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "durable_harness", *args]
-    print("$ durable-harness " + " ".join(args), flush=True)
+    print("$ durable-harness " + shlex.join(args), flush=True)
     proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, check=False)
     sys.stdout.write(proc.stdout)
     sys.stdout.write(proc.stderr)
@@ -140,8 +141,8 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     for c in waiting:
         choice = "result:already deployed (seen in deploy.log)" if deployed else "retry"
         print(
-            f"deploy.log {'has' if deployed else 'does not have'} the line: "
-            f"{c['tool_call_id']}={choice.split(':')[0]}"
+            f"deploy.log {'has' if deployed else 'does not have'} the deploy line, so the "
+            f"operator decides {c['tool_call_id']}={choice.split(':')[0]}"
         )
         decisions += ["--decide", f"{c['tool_call_id']}={choice}"]
     resumed = _cli(["resume", sid, *decisions, "--quiet"], env, str(work))

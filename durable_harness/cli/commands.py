@@ -85,7 +85,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             choices=POLICIES,
             default="ask",
             help="in-doubt tool calls: ask (wait for a decision), retry-safe "
-            "(never wait; fail what cannot be re-run or reconciled), fail-in-doubt",
+            "(never wait; fail what cannot be re-run or reconciled), fail-in-doubt (fail every "
+            "in-doubt call, re-running nothing)",
         )
     if name == "resume":
         p.add_argument(
@@ -168,7 +169,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             out(info)
             return 0
         print(f"session {s.id}  ({s.store.location})")
-        print(f"cwd {s.cwd}  name {s.name!r}  entries {info['entries']}")
+        print(f"cwd {s.cwd}  name {s.name or '-'}  entries {info['entries']}")
         for lane, st in lanes.items():
             run = f" run {st['run_id']} open" if st["run_id"] else ""
             print(f"lane {lane}: leaf {st['leaf_id']}{run}")
@@ -216,6 +217,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         for d in result["damage"]:
             where = f"offset {d['offset']}" if "offset" in d else f"line {d.get('line')}"
             print(f"  {d['kind']} at {where}: {d['detail']}")
+        for f in result.get("files", []):
+            print(f"  {f['path']}: {'ok' if f['ok'] else 'DAMAGED'}")
     return 0 if result["ok"] else 1
 
 
@@ -321,12 +324,15 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         out(report)
         return 0
+    print(f"{'run':<10} {'turn':>4}  {'purpose':<14} {'tokens':>8}  cost (USD)")
     for t in report["turns"]:
         print(
-            f"run {str(t['run_id'])[-8:]} turn {t['turn']} {t['purpose']:<14} "
-            f"{t['tokens']:>8} tokens  ${t['cost']:.6f}"
+            f"{str(t['run_id'])[-8:]:<10} {t['turn']!s:>4}  {t['purpose']:<14} "
+            f"{t['tokens']:>8}  ${t['cost']:.6f}"
         )
-    print(f"total {report['total']['tokens']} tokens  ${report['total']['cost']:.6f}")
+    for r in report["runs"]:
+        print(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, ${r['cost']:.6f}")
+    print(f"session total: {report['total']['tokens']} tokens, ${report['total']['cost']:.6f}")
     if report["unknown_cost_attempts"]:
         print(f"plus {report['unknown_cost_attempts']} attempt(s) lost in a crash: cost unknown")
     return 0
@@ -367,6 +373,13 @@ def print_plan(plan: RecoveryPlan) -> None:
                 print(
                     f"    {c.tool_call_id:<16} {c.tool_name:<12} {c.status:<12} "
                     f"{c.replay or '-':<7} {c.action}"
+                )
+            waiting = [c for c in lp.tool_calls if c.action == "await_decision"]
+            for c in waiting:
+                print(f"    {c.tool_call_id} ran with {c.arguments}: check its effect, then")
+                print(
+                    f"      durable-harness resume {plan.session_id} --decide "
+                    f"{c.tool_call_id}=retry|fail|result:TEXT"
                 )
         for q in lp.queued:
             print(f"    queued {q['queue']} {q['itemId']} (delivered exactly once on resume)")

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from durable_harness import crash
+from durable_harness import __version__, crash
 from durable_harness.errors import DurableHarnessError
 from durable_harness.storage import DURABILITY_MODES, Store, open_store
 
@@ -53,11 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Crash-durable runs for LLM agents: a session tree plus a write-ahead lane "
         "operation log; recovery never blindly replays a tool.",
     )
+    parser.add_argument("--version", action="version", version=f"durable-harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _fn) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument(
-            "--store", help="jsonl:DIR or sqlite:PATH (default: $DURABLE_HARNESS_HOME, JSONL)"
+            "--store",
+            help="jsonl:DIR or sqlite:PATH (default: JSONL under $DURABLE_HARNESS_HOME, "
+            "else ~/.durable-harness)",
         )
         commands.configure(name, p)
     return parser

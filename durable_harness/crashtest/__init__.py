@@ -16,7 +16,7 @@ INVARIANTS = {
     "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
     "(or was cancelled by an abort)",
     "effects": "no replay-never tool took effect twice (tags in effects.log)",
-    "damage": "the session opens with no damage but a quarantined torn tail",
+    "damage": "the session opens with no damage other than a quarantined torn tail",
     "results": "every stored tool call has exactly one stored result",
     "settled": "no lane is left with an open run",
     "conversation": "the final conversation equals the crash-free run's",
@@ -40,7 +40,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="only this backend (repeatable; default: both)",
     )
     p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
-    p.add_argument("--report", help="write the report to FILE (.md or .json)")
+    p.add_argument("--report", metavar="FILE", help="write the report to FILE (.md or .json)")
     p.add_argument("--scenarios", help="scenario folder (default: crash_scenarios/)")
     p.add_argument(
         "--broken-intent-order",
@@ -104,7 +104,7 @@ def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
                     (
                         "pass"
                         if hit[0].status == "pass" and not hit[0].decisions
-                        else "decision"
+                        else "pass (decision)"
                         if hit[0].status == "pass"
                         else hit[0].status.upper()
                     )
@@ -138,7 +138,12 @@ def run_cli(args: argparse.Namespace) -> int:
         f"{summary['errors']} errors, {summary['decisions']} needed a decision; "
         f"{summary['wall_seconds']} s with {summary['jobs']} jobs"
     )
-    print("Each passing cell proves, for that crash point: " + "; ".join(INVARIANTS.values()))
+    print(
+        "Each passing cell proves, for that crash point: "
+        + "; ".join(INVARIANTS.values())
+        + ". 'decision needed' means an in-doubt replay-never call waited for an operator, who "
+        "supplied the result when its effect was visible (result) or re-ran it (retry)."
+    )
     if args.report:
         path = Path(args.report)
         if path.suffix == ".json":

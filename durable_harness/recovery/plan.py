@@ -53,7 +53,8 @@ class Snapshot:
 class ToolCallPlan:
     """Contract fields ``tool_call_id``, ``tool_name``, ``status``, ``replay`` plus ``action``:
     ``none``, ``execute``, ``re-execute``, ``reconcile``, ``await_decision``, ``fail``,
-    ``apply_decision`` or ``abort``; ``declared_replay`` is the tool's declaration today."""
+    ``apply_decision`` or ``abort``; ``declared_replay`` is the tool's declaration today;
+    ``arguments`` are the call's arguments (what an operator checks before deciding)."""
 
     tool_call_id: str
     tool_name: str
@@ -63,6 +64,7 @@ class ToolCallPlan:
     attempts: int = 0
     declared_replay: str | None = None
     decision: dict[str, Any] | None = None
+    arguments: dict[str, Any] | None = None
 
 
 @dataclass
@@ -330,7 +332,14 @@ def _call_plan(
     declared = decl.replay if decl else None
     replay = call.replay if call.status != "not_started" else declared
     cp = ToolCallPlan(
-        call.tool_call_id, call.tool_name, call.status, replay, "none", call.attempts, declared
+        call.tool_call_id,
+        call.tool_name,
+        call.status,
+        replay,
+        "none",
+        call.attempts,
+        declared,
+        arguments=dict(call.arguments),
     )
     decision = decisions.get(call.tool_call_id) or call.decision
     if call.status == "completed":

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import CorruptSession, DurableHarnessError
+from durable_harness.errors import CorruptSession, DurableHarnessError, SessionNotFound
 from durable_harness.session.pi import is_pi_header, open_pi_file
 from durable_harness.storage import codec
 from durable_harness.storage.base import damage
@@ -18,11 +19,23 @@ from durable_harness.storage.jsonl import JsonlSessionStore
 
 
 def fsck_path(path: str) -> dict[str, Any]:
-    """Check ``path`` (a durable-harness JSONL file, a pi file, or a SQLite store).
+    """Check ``path``: a durable-harness JSONL file, a pi file, a SQLite store (``PATH`` or
+    ``sqlite:PATH``), or a JSONL store folder (every session file below it).
 
-    Returns ``{"ok", "damage", "entries", "records", "format"}``; ``ok`` is True when no
-    damage was found.
+    Returns ``{"ok", "damage", "entries", "records", "format"}`` (a folder adds ``files``, one
+    result per session file); ``ok`` is True when no damage was found.
+
+    Raises:
+        SessionNotFound: nothing exists at ``path``.
     """
+    if path.startswith("sqlite:"):
+        path = path[len("sqlite:") :]
+    elif path.startswith("jsonl:"):
+        path = path[len("jsonl:") :]
+    if os.path.isdir(path):
+        return _fsck_folder(path)
+    if not os.path.exists(path):
+        raise SessionNotFound(f"nothing to check at {path}", path=path)
     result: dict[str, Any] = {
         "ok": False,
         "damage": [],
@@ -96,3 +109,18 @@ def _fsck_sqlite(path: str, result: dict[str, Any]) -> dict[str, Any]:
         conn.close()
     result["ok"] = not result["damage"]
     return result
+
+
+def _fsck_folder(folder: str) -> dict[str, Any]:
+    """Check every session file (``*.jsonl``) below a JSONL store folder."""
+    files = [fsck_path(str(p)) for p in sorted(Path(folder).rglob("*.jsonl"))]
+    damage_items = [{**d, "path": f["path"]} for f in files for d in f["damage"]]
+    return {
+        "ok": not damage_items,
+        "damage": damage_items,
+        "entries": sum(f["entries"] for f in files),
+        "records": sum(f["records"] for f in files),
+        "format": "jsonl-store",
+        "path": folder,
+        "files": files,
+    }

@@ -331,8 +331,8 @@ def test_fsck_clean_then_damaged(cli: Cli, sh: Cli, script: Path, project: Path)
 
 def test_fsck_missing_file(cli: Cli, tmp_path: Path) -> None:
     res = cli("fsck", str(tmp_path / "nope.jsonl"), "--json")
-    assert res.code == 1
-    assert res.json()["ok"] is False
+    assert res.code == 2  # nothing to check is an error, not damage
+    assert res.json()["error"]["code"] == "session_not_found"
 
 
 # -- crash points ------------------------------------------------------------------------------

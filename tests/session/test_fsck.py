@@ -10,9 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from durable_harness.errors import SessionNotFound
 from durable_harness.session.fsck import fsck_path
 from durable_harness.storage import EntryOp, RecordOp, open_store
 
@@ -103,10 +105,8 @@ def test_sqlite_database(tmp_path: Path) -> None:
 
 
 def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
-    result = fsck_path(str(tmp_path / "nope.jsonl"))
-    assert result["ok"] is False
-    assert [d["kind"] for d in result["damage"]] == ["missing"]
-    assert fsck_path(str(tmp_path))["ok"] is False  # a directory is not a session file
+    with pytest.raises(SessionNotFound):
+        fsck_path(str(tmp_path / "nope.jsonl"))
 
     other = tmp_path / "other.jsonl"
     other.write_bytes(b'{"hello": "world"}\n')
@@ -195,3 +195,35 @@ def test_never_raises_on_random_content(header: bytes, body: bytes) -> None:
         json.dumps(result)
         assert Path(path).read_bytes() == header + body
         assert os.listdir(tmp) == ["random.jsonl"]
+
+
+def test_a_store_folder_is_checked_file_by_file(tmp_path: Path) -> None:
+    from durable_harness.storage import open_store
+    from durable_harness.storage.base import EntryOp
+
+    store = open_store(f"jsonl:{tmp_path / 'home'}")
+    paths = []
+    for _ in range(2):
+        s = store.create_session("/work")
+        s.commit(
+            [
+                EntryOp(
+                    {
+                        "type": "custom",
+                        "id": "e1",
+                        "parentId": None,
+                        "timestamp": "2026-01-01T00:00:00.000Z",
+                        "customType": "x",
+                    }
+                )
+            ]
+        )
+        paths.append(s.location)
+        s.close()
+    clean = fsck_path(f"jsonl:{tmp_path / 'home'}")
+    assert clean["ok"] is True and clean["entries"] == 2 and len(clean["files"]) == 2
+    with open(paths[1], "ab") as fh:
+        fh.write(b"garbage without newline")
+    damaged = fsck_path(str(tmp_path / "home"))
+    assert damaged["ok"] is False
+    assert [d["path"] for d in damaged["damage"]] == [paths[1]]
