@@ -375,6 +375,12 @@ def print_plan(plan: RecoveryPlan) -> None:
                     f"{c.replay or '-':<7} {c.action}"
                 )
             waiting = [c for c in lp.tool_calls if c.action == "await_decision"]
+            for c in lp.tool_calls:
+                if c.process and c.process.get("alive"):
+                    print(
+                        f"    {c.tool_call_id}: its process group {c.process['pgid']} is still "
+                        "running (left by the crashed process); resume kills it first"
+                    )
             for c in waiting:
                 print(f"    {c.tool_call_id} ran with {c.arguments}: check its effect, then")
                 print(

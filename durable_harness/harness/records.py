@@ -17,6 +17,7 @@ RECORD_TYPES = (
     "provider_request_failed",
     "tool_started",
     "tool_finished",
+    "tool_process",
     "queue_enqueued",
     "queue_consumed",
     "queue_cancelled",

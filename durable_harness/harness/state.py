@@ -32,6 +32,7 @@ class ToolCallState:
     result_entry_id: str | None = None
     attempts: int = 0
     decision: dict[str, Any] | None = None
+    process: dict[str, Any] | None = None
 
 
 @dataclass
@@ -138,6 +139,11 @@ class RunState:
                 # a decision covers the intent it was given for: a new intent (the retry it
                 # allowed) that is in doubt again needs a new decision
                 c.decision = None
+                c.process = None
+        elif rtype == "tool_process":
+            c = self.call(str(rec.get("toolCallId")))
+            if c is not None and c.status == "in_doubt":
+                c.process = {"pgid": rec.get("pgid"), "startTime": rec.get("startTime")}
         elif rtype == "tool_finished":
             c = self.call(str(rec.get("toolCallId")))
             if c is not None:

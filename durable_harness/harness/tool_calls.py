@@ -20,6 +20,7 @@ from durable_harness.harness.state import (
 from durable_harness.ids import new_id, now_ms
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ToolContext, ToolResult
+from durable_harness.tools.processes import kill_group, process_start_time
 
 ABORTED_TOOL_TEXT = (
     "Tool call aborted: the run was aborted while it ran; its effect may be partial."
@@ -65,9 +66,24 @@ class ToolCallsMixin(HarnessCore):
             raise _Suspend()
 
     async def _in_doubt(self, live: _LiveRun, call: ToolCallState) -> str:
-        """Decide what to do with an in-doubt call: ``retry``, ``settled`` or ``wait``."""
+        """Decide what to do with an in-doubt call: ``retry``, ``settled`` or ``wait``.
+
+        First, a process group the crashed harness left running for this call is killed: the
+        lease proves its harness is dead, and nothing may be decided while the effect may still
+        be under way.
+        """
         s = live.state
         tool = self.tools.get(call.tool_name)
+        if call.process and isinstance(call.process.get("pgid"), int):
+            start = call.process.get("startTime")
+            if kill_group(call.process["pgid"], start if isinstance(start, int) else None):
+                self._emit(
+                    "tool_process_killed",
+                    live,
+                    toolCallId=call.tool_call_id,
+                    pgid=call.process["pgid"],
+                )
+            call.process = None
         if call.decision is not None:
             kind = call.decision.get("decision")
             if kind == "retry":
@@ -104,10 +120,30 @@ class ToolCallsMixin(HarnessCore):
         self._settle(live, call, result, outcome="failed_by_policy")
         return "settled"
 
-    def _tool_ctx(self, s: RunState, call: ToolCallState) -> ToolContext:
+    def _tool_ctx(
+        self, s: RunState, call: ToolCallState, live: _LiveRun | None = None
+    ) -> ToolContext:
         key = idempotency_key(s.run_id, call.tool_call_id)
+
+        def on_process(pgid: int) -> None:
+            # Written without its own fsync: a process crash keeps it (page cache); it only
+            # serves to find a process group the crashed harness left behind.
+            rec = record(
+                "tool_process",
+                s.lane,
+                s.run_id,
+                toolCallId=call.tool_call_id,
+                pgid=pgid,
+                startTime=process_start_time(pgid),
+            )
+            self._commit([RecordOp(rec)], live)
+
         return ToolContext(
-            cwd=self.cwd, run_id=s.run_id, tool_call_id=call.tool_call_id, idempotency_key=key
+            cwd=self.cwd,
+            run_id=s.run_id,
+            tool_call_id=call.tool_call_id,
+            idempotency_key=key,
+            on_process=on_process if live is not None else None,
         )
 
     async def _run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
@@ -126,7 +162,7 @@ class ToolCallsMixin(HarnessCore):
         except ToolError as exc:
             self._settle(live, call, ToolResult.text(exc.message, is_error=True), outcome="error")
             return
-        ctx = self._tool_ctx(s, call)
+        ctx = self._tool_ctx(s, call, live)
         result_id = new_id()
         self._commit(
             [

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from durable_harness.harness.state import LaneLog, RunState, fold_lane, fold_run
 from durable_harness.storage.base import LaneState, SessionStore
+from durable_harness.tools.processes import group_alive
 
 Policy = Literal["ask", "fail-in-doubt", "retry-safe"]
 
@@ -65,6 +66,7 @@ class ToolCallPlan:
     declared_replay: str | None = None
     decision: dict[str, Any] | None = None
     arguments: dict[str, Any] | None = None
+    process: dict[str, Any] | None = None
 
 
 @dataclass
@@ -124,6 +126,13 @@ def take_snapshot(store: SessionStore) -> Snapshot:
                 r for r in records if r["seq"] >= state.run_seq and r.get("runId") == state.run_id
             ]
             run = fold_run(state.run_id, state.name, run_records, store.get_entry)
+            for call in run.tool_calls:
+                if call.process and isinstance(call.process.get("pgid"), int):
+                    start = call.process.get("startTime")
+                    alive = group_alive(
+                        call.process["pgid"], start if isinstance(start, int) else None
+                    )
+                    call.process = {**call.process, "alive": alive}
         lanes.append(LaneSnapshot(state, run, fold_lane(records), run_records, _last_run(records)))
     lease = store.lease_holder()
     if lease is not None and lease.get("self"):
@@ -340,6 +349,7 @@ def _call_plan(
         call.attempts,
         declared,
         arguments=dict(call.arguments),
+        process=call.process,
     )
     decision = decisions.get(call.tool_call_id) or call.decision
     if call.status == "completed":

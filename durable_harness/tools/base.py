@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -38,6 +39,9 @@ class ToolContext:
         idempotency_key: ``"<run_id>:<tool_call_id>"``, stable across restarts, for tools that
             call external services able to deduplicate a retry.
         env: extra environment for subprocesses.
+        on_process: called with a started subprocess's process-group id, so the harness can
+            record it: after a crash, recovery kills a group the dead harness left running
+            before it decides anything about the call.
     """
 
     cwd: Path
@@ -45,6 +49,7 @@ class ToolContext:
     tool_call_id: str
     idempotency_key: str
     env: dict[str, str] = field(default_factory=dict)
+    on_process: Callable[[int], None] | None = None
 
 
 @dataclass

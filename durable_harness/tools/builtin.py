@@ -737,6 +737,8 @@ class BashTool(Tool):
                 details={"error": "spawn_failed"},
             )
         pgid = process.pid  # start_new_session: the shell leads its own group
+        if ctx.on_process is not None:
+            ctx.on_process(pgid)
         tail = _Tail(OUTPUT_CAP_BYTES)
         finished = False
         try:
