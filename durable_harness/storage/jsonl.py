@@ -45,6 +45,7 @@ from durable_harness.storage.base import (
 )
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 FORMAT = "durable-harness/1"
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -223,71 +224,78 @@ class JsonlSessionStore(IndexedSessionStore):
                 )
             )
         self._last_gen = max(gen, max_gen)
+        # A line is one commit: it is applied whole or not at all.
+        problem: tuple[str, str, dict[str, Any]] | None = None
+        seqs: list[int] = []
+        new_ids: set[tuple[str, str]] = set()
         for idx, op in enumerate(ops):
-            if not isinstance(op, dict):
-                self.damage.append(
-                    damage("bad_line", f"op {idx} is not an object", offset=offset, line=line_no)
+            problem = (
+                ("bad_line", f"op {idx} is not an object", {})
+                if not isinstance(op, dict)
+                else self._op_problem(op, new_ids)
+            )
+            if problem is not None:
+                break
+            body = op.get("entry") or op.get("record") or op
+            seqs.append(body["seq"])
+        if problem is not None:
+            kind, detail, extra = problem
+            self.damage.append(
+                damage(
+                    kind,
+                    f"{detail}; the whole commit line is left out",
+                    offset=offset,
+                    line=line_no,
+                    length=length,
+                    **extra,
                 )
-                continue
-            self._scan_op(op, (offset, length, idx), offset, line_no)
+            )
+            return
+        if seqs and seqs[0] > self._seq + 1:
+            self.damage.append(
+                damage(
+                    "seq_gap",
+                    f"seq jumps from {self._seq} to {seqs[0]}: commits are missing "
+                    "before this line",
+                    offset=offset,
+                    line=line_no,
+                )
+            )
+        for idx, op in enumerate(ops):
+            self._apply(op, (offset, length, idx))
 
-    def _scan_op(
-        self, op: dict[str, Any], loc: tuple[int, int, int], offset: int, line_no: int
-    ) -> None:
+    def _op_problem(
+        self, op: dict[str, Any], new_ids: set[tuple[str, str]]
+    ) -> tuple[str, str, dict[str, Any]] | None:
+        """Why one op of a line cannot be applied, as ``(damage kind, detail, extra)``, or
+        ``None``."""
         kind = op.get("op")
         body = op.get("entry") if kind == "entry" else op.get("record") if kind == "record" else op
         if kind not in ("entry", "record", "lane") or not isinstance(body, dict):
-            self.damage.append(
-                damage("bad_line", f"unknown op {kind!r}", offset=offset, line=line_no)
-            )
-            return
-        shape = _shape_error(kind, op, body)
+            return ("bad_line", f"unknown op {kind!r}", {})
+        shape = _shape_error(kind, op, body) or (
+            entry_shape_error(body)
+            if kind == "entry"
+            else record_shape_error(body)
+            if kind == "record"
+            else None
+        )
         if shape is not None:
-            self.damage.append(
-                damage("bad_line", f"malformed {kind} op: {shape}", offset=offset, line=line_no)
-            )
-            return
+            return ("bad_line", f"malformed {kind} op: {shape}", {})
         seq = body.get("seq")
         if not isinstance(seq, int) or seq <= self._seq:
-            self.damage.append(
-                damage(
-                    "seq_regression", f"seq {seq!r} after {self._seq}", offset=offset, line=line_no
+            return ("seq_regression", f"seq {seq!r} after {self._seq}", {})
+        if kind in ("entry", "record"):
+            oid = body["id"]
+            seen = self._meta if kind == "entry" else self._record_ids
+            if oid in seen or (kind, oid) in new_ids:
+                return (
+                    "duplicate_id",
+                    f"{kind} id {oid} appears again; the first is kept",
+                    {"id": oid},
                 )
-            )
-            if not isinstance(seq, int):
-                return
-        if kind == "entry":
-            eid = body.get("id")
-            if not isinstance(eid, str):
-                self.damage.append(
-                    damage("bad_line", "entry without a string id", offset=offset, line=line_no)
-                )
-                return
-            if eid in self._meta:
-                self.damage.append(
-                    damage(
-                        "duplicate_id",
-                        f"entry id {eid} appears again; the first one is kept",
-                        offset=offset,
-                        line=line_no,
-                        id=eid,
-                    )
-                )
-                return
-        elif kind == "record":
-            rid = body.get("id")
-            if not isinstance(rid, str) or rid in self._record_ids:
-                self.damage.append(
-                    damage(
-                        "duplicate_id",
-                        f"record id {rid!r} missing or repeated",
-                        offset=offset,
-                        line=line_no,
-                        id=rid,
-                    )
-                )
-                return
-        self._apply(op, loc)
+            new_ids.add((kind, oid))
+        return None
 
     def _check_orphans(self) -> None:
         for eid in self._order:

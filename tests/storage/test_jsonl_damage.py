@@ -149,8 +149,10 @@ def test_orphan_parent_is_reported_and_entry_readable(jstore: Store) -> None:
     Path(path).write_bytes(damaged)
     s = JsonlSessionStore.open_path(path, write=False)
     try:
-        (item,) = s.damage
-        assert item["kind"] == "orphan_parent"
+        # the missing line shows twice: as a gap in seq, and as e2's missing parent
+        assert _kinds(s.damage) == ["seq_gap", "orphan_parent"]
+        assert s.damage[0]["offset"] == starts[2]
+        item = s.damage[1]
         assert item["id"] == "e2"
         assert item["parentId"] == "e1"
         assert item["offset"] == starts[2]  # e2's line moved up to where e1's line was

@@ -1,0 +1,102 @@
+"""Shape checks for stored entries and records, applied when reading what a file or database
+holds. A single writer never produces a wrong shape; damage or a hand edit can. A value that
+fails is reported as damage and left out, never allowed to raise later in a reader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_RECORD_STR = (
+    "toolCallId",
+    "toolName",
+    "resultEntryId",
+    "responseEntryId",
+    "entryId",
+    "queue",
+    "itemId",
+    "decision",
+    "outcome",
+    "replay",
+    "promptEntryId",
+    "purpose",
+    "idempotencyKey",
+    "providerSpec",
+    "clientKey",
+)
+_RECORD_INT = ("turn", "attempt", "pgid", "startTime")
+_RECORD_DICT = ("prompt", "usage", "write", "message", "arguments")
+_RECORD_LIST = ("itemIds", "appliedWrites", "deliveredEntries", "entryIds")
+
+
+def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return value is None or isinstance(value, kind)
+
+
+def record_shape_error(rec: dict[str, Any]) -> str | None:
+    """Why ``rec`` is not a well-formed operation-log record, or ``None``."""
+    if not isinstance(rec.get("type"), str) or not isinstance(rec.get("id"), str):
+        return "type and id must be strings"
+    if not (_opt(rec.get("lane"), str) and _opt(rec.get("runId"), str)):
+        return "lane and runId must be strings or null"
+    for key in _RECORD_STR:
+        if not _opt(rec.get(key), str):
+            return f"{key} must be a string"
+    for key in _RECORD_INT:
+        if not _opt(rec.get(key), int) or isinstance(rec.get(key), bool):
+            return f"{key} must be an integer"
+    for key in _RECORD_DICT:
+        if not _opt(rec.get(key), dict):
+            return f"{key} must be an object"
+    for key in _RECORD_LIST:
+        value = rec.get(key)
+        if not _opt(value, list) or (value and not all(isinstance(v, str) for v in value)):
+            return f"{key} must be a list of strings"
+    return None
+
+
+def _content_error(content: Any) -> str | None:
+    if isinstance(content, str):
+        return None
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        return "content must be a string or a list of blocks"
+    for b in content:
+        if b.get("type") == "toolCall" and not (
+            isinstance(b.get("id"), str)
+            and isinstance(b.get("name"), str)
+            and _opt(b.get("arguments"), dict)
+        ):
+            return "a toolCall block needs string id and name and object arguments"
+    return None
+
+
+def entry_shape_error(entry: dict[str, Any]) -> str | None:
+    """Why ``entry`` is not a well-formed tree entry, or ``None`` (unknown types only need
+    ``type``, ``id`` and ``parentId``)."""
+    if not isinstance(entry.get("type"), str) or not isinstance(entry.get("id"), str):
+        return "type and id must be strings"
+    if not _opt(entry.get("parentId"), str):
+        return "parentId must be a string or null"
+    etype = entry["type"]
+    if etype == "message":
+        msg = entry.get("message")
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            return "message must be an object with a string role"
+        if "content" in msg or msg["role"] in ("user", "assistant", "toolResult"):
+            err = _content_error(msg.get("content"))
+            if err:
+                return err
+        if msg["role"] == "toolResult" and not isinstance(msg.get("toolCallId"), str):
+            return "a toolResult needs a string toolCallId"
+        if not _opt(msg.get("usage"), dict):
+            return "usage must be an object"
+    elif etype == "label" and not isinstance(entry.get("targetId"), str):
+        return "a label needs a string targetId"
+    elif etype in ("compaction", "branch_summary") and not _opt(entry.get("summary"), str):
+        return "summary must be a string"
+    elif etype == "compaction" and not _opt(entry.get("firstKeptEntryId"), str):
+        return "firstKeptEntryId must be a string or null"
+    elif etype in ("model_change",) and not (
+        _opt(entry.get("provider"), str) and _opt(entry.get("modelId"), str)
+    ):
+        return "provider and modelId must be strings"
+    return None
