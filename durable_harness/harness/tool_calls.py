@@ -45,11 +45,16 @@ class ToolCallsMixin(HarnessCore):
         return self.options.policy
 
     async def _tool_batch(self, live: _LiveRun, calls: list[ToolCallState]) -> None:
-        s = live.state
         to_run: list[ToolCallState] = []
         live.waiting = []
+        # With damage in the session file, a call with no intent found may still have run
+        # (its intent could sit in a lost line): only replay-safe tools start without a decision.
+        damaged = any(d.get("kind") != "torn_tail" for d in self.store.damage)
         for call in calls:
-            if call.status == "not_started":
+            tool = self.tools.get(call.tool_name)
+            if call.status == "not_started" and (
+                not damaged or tool is None or tool.replay == "safe"
+            ):
                 to_run.append(call)
                 continue
             action = await self._in_doubt(live, call)
@@ -61,7 +66,7 @@ class ToolCallsMixin(HarnessCore):
             async with anyio.create_task_group() as tg:
                 for call in to_run:
                     tg.start_soon(self._run_tool, live, call)
-        if live.waiting and all(c.status != "not_started" for c in s.tool_calls):
+        if live.waiting:  # everything that could run has run; the rest waits for decisions
             self._emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
             raise _Suspend()
 

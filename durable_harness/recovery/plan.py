@@ -239,6 +239,9 @@ def plan(
     reconciled = reconciled or {}
     lanes: list[LanePlan] = []
     damage = list(snapshot.damage)
+    # With damage in the file, "no intent found" no longer proves "never started": the intent
+    # may be in a line that was lost or left out.
+    damaged = any(d.get("kind") != "torn_tail" for d in damage)
     for ls in sorted(snapshot.lanes, key=lambda x: x.lane.name):
         damage.extend(_corruption(ls, snapshot.get_entry))
         queued = [{"queue": q.queue, "itemId": q.item_id} for q in ls.log.queue]
@@ -286,6 +289,7 @@ def plan(
                     decisions,
                     run.abort_requested,
                     reconciled.get(call.tool_call_id),
+                    damaged,
                 )
             )
         if snapshot.lease is not None:
@@ -336,6 +340,7 @@ def _call_plan(
     decisions: dict[str, dict[str, Any]],
     aborting: bool,
     reconciled: bool | None,
+    damaged: bool = False,
 ) -> ToolCallPlan:
     decl = tools.get(call.tool_name)
     declared = decl.replay if decl else None
@@ -357,9 +362,10 @@ def _call_plan(
     if aborting:
         cp.action = "abort"
         return cp
-    if call.status == "not_started":
+    if call.status == "not_started" and (not damaged or declared == "safe"):
         cp.action = "execute"
         return cp
+    # in doubt, or not started as far as a damaged log can tell (treated the same way)
     if decision is not None:
         cp.decision = decision
         cp.action = "re-execute" if decision.get("decision") == "retry" else "apply_decision"

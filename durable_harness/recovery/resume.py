@@ -148,17 +148,18 @@ async def resume_session(
     results: dict[str, str] = {}
     names = lanes or sorted(session.store.lanes())
     if decisions:
+        current = plan(take_snapshot(session.store), declarations(tools), policy=policy)
         open_calls = {
             c.tool_call_id
-            for ls in take_snapshot(session.store).lanes
-            if ls.run is not None
-            for c in ls.run.tool_calls
-            if c.status != "completed"
+            for lp in current.lanes
+            for c in lp.tool_calls
+            if c.action not in ("execute", "none", "abort")
         }
         unknown = sorted(set(decisions) - open_calls)
         if unknown:
             raise RecoveryError(
-                f"no open tool call {', '.join(unknown)} in session {session.id}; open calls: "
+                f"no tool call awaiting a decision is named {', '.join(unknown)} in session "
+                f"{session.id} (a call not yet started needs none); in doubt: "
                 f"{', '.join(sorted(open_calls)) or 'none'} (see `durable-harness recover`)",
                 unknown=unknown,
                 open_calls=sorted(open_calls),

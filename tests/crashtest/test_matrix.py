@@ -144,8 +144,8 @@ def test_crash_test_cli_markdown_report(tmp_path: Path) -> None:
         cells = [c.strip() for c in line.strip("|").split("|")]
         rows[cells[0]] = cells[1]
     assert set(rows) >= RUN_POINTS
-    assert rows["after_tool_effect"] == "decision"
+    assert rows["after_tool_effect"] == "pass (decision)"
     assert rows["after_run_started"] == "pass"
-    assert set(rows.values()) <= {"pass", "decision"}
+    assert set(rows.values()) <= {"pass", "pass (decision)"}
     assert "## Failures" not in md
     assert "sqlite" in proc.stdout
