@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 CRASH_POINTS: dict[str, str] = {
     "after_run_started": "the run_started record is durable; no provider request yet",
@@ -38,7 +39,24 @@ def _parse(value: str | None) -> tuple[str, int] | None:
     return name, int(count) if count else 1
 
 
-_target = _parse(os.environ.get(ENV_VAR))
+def _from_env() -> tuple[str, int] | None:
+    """The target named by the environment; a malformed one is reported and ignored (a typo in
+    a test setting must not break every command)."""
+    value = os.environ.get(ENV_VAR)
+    try:
+        target = _parse(value)
+    except ValueError:
+        target = None
+    if value and (target is None or target[0] not in CRASH_POINTS or target[1] < 1):
+        sys.stderr.write(
+            f"durable-harness: ignoring {ENV_VAR}={value!r}: expected POINT[:N] "
+            "with a point from `durable-harness crash-points`\n"
+        )
+        return None
+    return target
+
+
+_target = _from_env()
 _trace = os.environ.get(TRACE_VAR)
 _hits: dict[str, int] = {}
 

@@ -88,6 +88,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # /dev/null so that the interpreter's final flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:  # never a raw traceback: most likely damaged data
+        message = (
+            f"{type(exc).__name__}: {exc}"[:500] + "; the session or store may be "
+            "damaged: run `durable-harness fsck PATH` (please report this if it is not)"
+        )
+        if getattr(args, "json", False):
+            out({"error": {"code": "internal", "message": message}})
+        else:
+            print(f"error[internal]: {message}", file=sys.stderr)
+        return 3
 
 
 def run_async(fn: Callable[..., Any], *args: Any) -> Any:

@@ -143,7 +143,7 @@ class JsonlSessionStore(IndexedSessionStore):
         store._fd = fd
         store._lease = lease
         if lease is not None:
-            store.generation = lease.generation
+            store.generation = lease.raise_floor(store._last_gen)
             store._quarantine_tail(data)
         return store
 

@@ -20,7 +20,7 @@ import os
 import socket
 from typing import Any
 
-from durable_harness.errors import LeaseHeld, StaleGeneration
+from durable_harness.errors import LeaseHeld, StaleGeneration, StorageError
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec
 
@@ -52,7 +52,13 @@ class FileLease:
         Raises:
             LeaseHeld: a live process holds it and ``break_lease`` is False.
         """
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.what}: cannot open its lock file {self.lock_path}: {exc.strerror}",
+                path=self.lock_path,
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True
@@ -68,28 +74,41 @@ class FileLease:
                     holder_pid=holder.get("pid"),
                     generation=holder.get("generation"),
                 ) from None
-        old = int(self._read(fd).get("generation", 0) or 0)
-        self.generation = max(old, floor) + 1
+        old = self._read(fd).get("generation", 0)
+        old = old if isinstance(old, int) and not isinstance(old, bool) and old > 0 else 0
+        self._fd = fd
+        self._write(max(old, floor) + 1, broken=not locked)
+        return self.generation
+
+    def raise_floor(self, floor: int) -> int:
+        """Make the held generation exceed ``floor`` (the highest generation found in the data:
+        a lost or reset lock file must not hand out a generation already used)."""
+        if self._fd is not None and self.generation <= floor:
+            self._write(floor + 1, broken=False)
+        return self.generation
+
+    def _write(self, generation: int, *, broken: bool) -> None:
+        fd = self._fd
+        assert fd is not None
+        self.generation = generation
         body = codec.dumps(
             {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "generation": self.generation,
                 "acquiredAt": now_iso(),
-                "broken": not locked,
+                "broken": broken,
             }
         )
         os.ftruncate(fd, 0)
         os.pwrite(fd, body, 0)
         os.fsync(fd)
-        self._fd = fd
         self._stamp = self._stat(fd)
-        return self.generation
 
     @staticmethod
-    def _stat(fd: int) -> tuple[int, int, int]:
+    def _stat(fd: int) -> tuple[int, int, int, int]:
         st = os.fstat(fd)
-        return st.st_mtime_ns, st.st_ctime_ns, st.st_size
+        return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
     def probe(self) -> dict[str, Any] | None:
         """Return the live holder's lock-file content, or ``None`` when nobody holds the lease.
@@ -116,17 +135,31 @@ class FileLease:
         """Return the generation recorded in the lock file now."""
         if self._fd is None:
             return 0
-        return int(self._read(self._fd).get("generation", 0) or 0)
+        value = self._read(self._fd).get("generation", 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
-    _stamp: tuple[int, int, int] | None = None
+    _stamp: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def check(self) -> None:
         """Raise :class:`StaleGeneration` if another writer took the lease since we did.
 
-        Cheap on the hot path: the lock file is re-read only when its ``fstat`` stamp (mtime,
-        ctime, size) changed since we wrote it; a breaker always rewrites it.
+        Cheap on the hot path: the lock path must still name the file we locked (a removed or
+        replaced lock file fences this writer out), and the file is re-read only when its
+        ``fstat`` stamp (mtime, ctime, size) changed since we wrote it; a breaker rewrites it.
         """
-        if self._fd is not None and self._stat(self._fd) == self._stamp:
+        if self._fd is None:
+            return
+        try:
+            inode = os.stat(self.lock_path).st_ino
+        except OSError:
+            inode = None
+        if inode != self._stamp[3]:
+            raise StaleGeneration(
+                f"{self.what}: the lock file {self.lock_path} was removed or replaced while this "
+                "writer held it; another writer may have started, so the append was refused",
+                generation=self.generation,
+            )
+        if self._stat(self._fd) == self._stamp:
             return
         current = self.current_generation()
         if current != self.generation:

@@ -155,3 +155,45 @@ def test_stale_writer_is_fenced_after_break_lease(store: Store, reopen: Reopen) 
     finally:
         a.close()
         b.close()
+
+
+def test_a_removed_lock_file_fences_its_writer(tmp_path: os.PathLike[str]) -> None:
+    """Deleting the JSONL lock file while a writer holds it lets a second writer in; the
+    first writer's next append is refused instead of interleaving."""
+    from durable_harness.storage import open_store
+
+    store = open_store(f"jsonl:{tmp_path}")
+    first = store.create_session("/w")
+    first.commit([EntryOp(ent("e0", None), lane="main")])
+    os.unlink(first.location + ".lock")
+    second = store.open_session(first.session_id)  # the flock is on a new file now
+    with pytest.raises(StaleGeneration):
+        first.commit([EntryOp(ent("e1", "e0"), lane="main")])
+    second.commit([EntryOp(ent("e1", "e0"), lane="main")])
+    second.close()
+    first.close()
+    reopened = store.open_session(first.session_id, write=False)
+    assert ids(reopened.iter_entries()) == ["e0", "e1"] and reopened.damage == []
+    reopened.close()
+
+
+def test_a_reset_lock_file_never_reuses_a_generation(tmp_path: os.PathLike[str]) -> None:
+    from durable_harness.storage import open_store
+
+    store = open_store(f"jsonl:{tmp_path}")
+    s = store.create_session("/w")
+    sid, path = s.session_id, s.location
+    s.close()
+    for i in range(3):
+        s = store.open_session(sid)
+        s.commit([RecordOp(rec(f"r{i}"))])
+        s.close()
+    used = s.generation
+    os.unlink(path + ".lock")
+    s = store.open_session(sid)
+    assert s.generation > used
+    s.commit([RecordOp(rec("r9"))])
+    s.close()
+    reopened = store.open_session(sid, write=False)
+    assert reopened.damage == []  # no stale_generation on the new writer's lines
+    reopened.close()
