@@ -64,6 +64,16 @@ class ScriptedProvider:
         for i, turn in enumerate([*turns, *extra]):
             if not isinstance(turn, dict):
                 raise FormatError(f"scripted turn {i + 1} is not an object")
+            for call in turn.get("tool_calls") or []:
+                if not (
+                    isinstance(call, dict)
+                    and isinstance(call.get("name"), str)
+                    and isinstance(call.get("arguments", {}), dict)
+                ):
+                    raise FormatError(
+                        f"scripted turn {i + 1}: each tool call needs a string "
+                        "name and an object of arguments"
+                    )
         self.turns = turns
         self.by_prompt = by_prompt or {}
         self.model = model

@@ -23,6 +23,7 @@ from durable_harness.session.session import copy_ops
 from durable_harness.storage import codec
 from durable_harness.storage.base import Store, damage
 from durable_harness.storage.indexed import MemorySessionStore
+from durable_harness.storage.shapes import entry_shape_error
 
 CURRENT_VERSION = 3
 
@@ -133,6 +134,12 @@ def open_pi_file(path: str) -> MemorySessionStore:
             store.damage.append(
                 damage("duplicate_id", f"entry id {eid!r} missing or repeated", id=eid)
             )
+            continue
+        shape = entry_shape_error(entry)
+        if shape is not None and not (
+            entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str)
+        ):
+            store.damage.append(damage("bad_line", f"entry {eid}: {shape}; skipped", id=eid))
             continue
         if entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str):
             store.damage.append(

@@ -40,8 +40,10 @@ from durable_harness.storage.base import (
     SessionInfo,
     SessionStore,
     Store,
+    damage,
 )
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 MIGRATIONS: list[str] = [
     """
@@ -160,7 +162,7 @@ class SqliteSessionStore(SessionStore):
             row = self._conn.execute(
                 "SELECT body FROM entries WHERE session_id=? AND id=?", (self.session_id, entry_id)
             ).fetchone()
-        return None if row is None else dict(codec.loads(row[0]))
+        return None if row is None else self._decode(row[0], "entry", entry_id)
 
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         sql, args = "SELECT body FROM entries WHERE session_id=?", [self.session_id]
@@ -169,7 +171,7 @@ class SqliteSessionStore(SessionStore):
             args.extend(types)
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
-        return [codec.loads(r[0]) for r in rows]
+        return [d for r in rows if (d := self._decode(r[0], "entry")) is not None]
 
     def entry_count(self) -> int:
         with self._lock:
@@ -210,7 +212,7 @@ class SqliteSessionStore(SessionStore):
             args.extend(types)
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
-        return [codec.loads(r[0]) for r in rows]
+        return [d for r in rows if (d := self._decode(r[0], "record")) is not None]
 
     def last_seq(self) -> int:
         with self._lock:
@@ -302,6 +304,27 @@ class SqliteSessionStore(SessionStore):
                 self._update_lane(op, seq)
         c.execute("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", (seq, now_iso(), sid))
         return seq
+
+    def _decode(self, body: bytes, what: str, ident: str | None = None) -> dict[str, Any] | None:
+        """Decode a stored entry or record body; a damaged one is reported in ``damage`` (kind
+        ``bad_row``) and left out, never raised."""
+        problem: str | None
+        try:
+            value = codec.loads(body)
+        except ValueError as exc:
+            value, problem = None, f"not JSON: {exc}"
+        else:
+            problem = None if isinstance(value, dict) else "not an object"
+            if problem is None:
+                problem = entry_shape_error(value) if what == "entry" else record_shape_error(value)
+        if problem is not None:
+            item = damage(
+                "bad_row", f"{what} {ident or '?'} of {self.location}: {problem}", id=ident
+            )
+            if item not in self.damage:
+                self.damage.append(item)
+            return None
+        return dict(value) if isinstance(value, dict) else None
 
     def _exists(self, entry_id: str) -> bool:
         row = self._conn.execute(

@@ -227,3 +227,48 @@ def test_a_store_folder_is_checked_file_by_file(tmp_path: Path) -> None:
     damaged = fsck_path(str(tmp_path / "home"))
     assert damaged["ok"] is False
     assert [d["path"] for d in damaged["damage"]] == [paths[1]]
+
+
+def test_sqlite_rows_that_are_not_json_are_reported_not_raised(tmp_path: Path) -> None:
+    import sqlite3
+
+    from durable_harness.storage import open_store
+    from durable_harness.storage.base import EntryOp, RecordOp
+
+    db = tmp_path / "s.db"
+    store = open_store(f"sqlite:{db}")
+    s = store.create_session("/w")
+    sid = s.session_id
+    s.commit(
+        [
+            EntryOp(
+                {"type": "custom", "id": "e0", "parentId": None, "customType": "x"}, lane="main"
+            ),
+            RecordOp({"type": "note", "id": "r0", "lane": "main"}),
+        ]
+    )
+    s.commit([RecordOp({"type": "note", "id": "r1", "lane": "main"})])
+    s.close()
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE records SET body=? WHERE id='r0'", (b'{"garbage',))
+    conn.commit()
+    conn.close()
+    reopened = store.open_session(sid, write=False)
+    assert [r["id"] for r in reopened.records()] == ["r1"]
+    assert [d["kind"] for d in reopened.damage] == ["bad_row"]
+    reopened.close()
+
+
+def test_a_pi_entry_of_the_wrong_shape_is_reported_and_skipped(tmp_path: Path) -> None:
+    from durable_harness.session.pi import open_pi_file
+
+    f = tmp_path / "pi.jsonl"
+    f.write_text(
+        '{"type":"session","version":3,"id":"s","timestamp":"t","cwd":"/w"}\n'
+        '{"type":"message","id":"a1","parentId":null,"timestamp":"t",'
+        '"message":{"role":"user","content":"hi"}}\n'
+        '{"type":"label","id":"a2","parentId":"a1","timestamp":"t","targetIc":"a1"}\n'
+    )
+    store = open_pi_file(str(f))
+    assert [e["id"] for e in store.iter_entries()] == ["a1"]
+    assert [d["kind"] for d in store.damage] == ["bad_line"]
