@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from durable_harness.errors import CorruptSession, SessionNotFound
+from durable_harness.errors import SessionNotFound
 from durable_harness.session.context import Context, build_context
 from durable_harness.session.pi import import_pi_file, is_pi_header, open_pi_file
 from durable_harness.session.session import Session, TreeNode
@@ -42,9 +42,12 @@ def open_session(
             first = fh.readline(1 << 20)
         try:
             header = codec.loads(first)
-        except ValueError as exc:
-            raise CorruptSession(f"{ref}: line 1 is not a session header", path=ref) from exc
-        if is_pi_header(header):
+        except ValueError:
+            header = None  # a damaged line 1: JsonlSessionStore may still recognise the file
+        with open(ref, "rb") as fh:
+            fh.readline(1 << 20)
+            second = fh.readline(1 << 20)
+        if is_pi_header(header) and b'"ops"' not in second:
             return Session(open_pi_file(ref))
         return Session(
             JsonlSessionStore.open_path(

@@ -58,7 +58,10 @@ def fsck_path(path: str) -> dict[str, Any]:
     except ValueError:
         header = None
     try:
-        if is_pi_header(header):
+        with open(path, "rb") as fh:
+            fh.readline(1 << 20)
+            second = fh.readline(1 << 20)
+        if is_pi_header(header) and b'"ops"' not in second:
             result["format"] = "pi"
             store: Any = open_pi_file(path)
         else:

@@ -157,11 +157,28 @@ class JsonlSessionStore(IndexedSessionStore):
             header = codec.loads(first)
         except ValueError:
             header = None
-        if not isinstance(header, dict) or not is_own_format(header):
-            raise CorruptSession(
-                f"{path}: line 1 is not a durable-harness session header", path=path
+        bad_header = not isinstance(header, dict) or not is_own_format(header)
+        if bad_header:
+            recovered = recover_header(
+                path, header, data[first_end + 1 :] if first_end >= 0 else b""
             )
+            if recovered is None:
+                raise CorruptSession(
+                    f"{path}: line 1 is not a durable-harness session header", path=path
+                )
+            header = recovered
+        assert isinstance(header, dict)
         store = cls(path, header, read_only=read_only, durability=durability)
+        if bad_header:
+            store.damage.append(
+                damage(
+                    "bad_header",
+                    "line 1 is damaged; the session id comes from the file name and "
+                    "the commit lines that follow are read as usual",
+                    offset=0,
+                    line=1,
+                )
+            )
         store._scan(data, first_end + 1 if first_end >= 0 else len(data))
         return store
 
@@ -599,7 +616,41 @@ def _read_header(path: Path) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as fh:
             first = fh.readline(1 << 20)
-        header = codec.loads(first)
-    except (OSError, ValueError):
+            second = fh.readline(1 << 20)
+    except OSError:
         return None
-    return header if isinstance(header, dict) and is_own_format(header) else None
+    try:
+        header = codec.loads(first)
+    except ValueError:
+        header = None
+    if isinstance(header, dict) and is_own_format(header):
+        return header
+    return recover_header(str(path), header, second)
+
+
+_NAME_ID = re.compile(r"_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$")
+
+
+def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None:
+    """A stand-in header for a session file whose line 1 is damaged, when the file is still
+    recognisably ours (the next line is a commit line and the name ends ``_<id>.jsonl``):
+    losing one header byte must not make a session, and an in-doubt run in it, disappear."""
+    match = _NAME_ID.search(os.path.basename(path))
+    line = rest.split(b"\n", 1)[0]
+    try:
+        commit = codec.loads(line) if line.strip() else None
+    except ValueError:
+        commit = None
+    if match is None or not (isinstance(commit, dict) and "ops" in commit):
+        return None
+    old = header if isinstance(header, dict) else {}
+    cwd = old.get("cwd") if isinstance(old.get("cwd"), str) else ""
+    return {
+        "type": "session",
+        "version": 3,
+        "format": FORMAT,
+        "id": match.group(1),
+        "timestamp": str(old.get("timestamp", "")),
+        "cwd": cwd,
+        "headerDamaged": True,
+    }

@@ -326,3 +326,17 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
             finally:
                 store.close()
             os.unlink(probe)
+
+
+def test_a_damaged_header_keeps_the_session_listed_and_openable(jstore: Store) -> None:
+    path, good = _chain(jstore)
+    first_end = good.index(b"\n")
+    Path(path).write_bytes(b'{"type":"sess\x00' + good[first_end:])
+    (info,) = jstore.list_sessions()
+    assert path.endswith(f"_{info.id}.jsonl")
+    s = jstore.open_session(info.id, write=False)
+    try:
+        assert _kinds(s.damage) == ["bad_header"]
+        assert ids(s.iter_entries()) == ["e0", "e1", "e2"]
+    finally:
+        s.close()
