@@ -143,12 +143,13 @@ class FileLease:
     def check(self) -> None:
         """Raise :class:`StaleGeneration` if another writer took the lease since we did.
 
-        Cheap on the hot path: the lock path must still name the file we locked (a removed or
-        replaced lock file fences this writer out), and the file is re-read only when its
-        ``fstat`` stamp (mtime, ctime, size) changed since we wrote it; a breaker rewrites it.
+        Cheap on the hot path: one ``fstat`` of the held lock file. Only when its stamp (mtime,
+        ctime, size) changed since we wrote it (a breaker rewrote it, or it was unlinked or
+        replaced, which changes its ctime) is the lock path checked to still name the file we
+        locked, and the generation re-read.
         """
-        if self._fd is None:
-            return
+        if self._fd is None or self._stat(self._fd) == self._stamp:
+            return  # unlinking or replacing the lock file changes its ctime: never missed here
         try:
             inode = os.stat(self.lock_path).st_ino
         except OSError:
@@ -159,8 +160,6 @@ class FileLease:
                 "writer held it; another writer may have started, so the append was refused",
                 generation=self.generation,
             )
-        if self._stat(self._fd) == self._stamp:
-            return
         current = self.current_generation()
         if current != self.generation:
             raise StaleGeneration(
