@@ -3,7 +3,7 @@ the settlement of an aborted run (``design/run-loop.md``, ``design/recovery.md``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -221,10 +221,28 @@ class ToolCallsMixin(HarnessCore):
         result_id: str | None = None,
     ) -> None:
         """Commit a tool call's result entry and its ``tool_finished`` record together."""
-        s = live.state
+        self._commit(self._settlement_ops(live.state, call, result, outcome, result_id), live)
+        self._emit(
+            "tool_execution_end",
+            live,
+            toolCallId=call.tool_call_id,
+            toolName=call.tool_name,
+            isError=result.is_error,
+            outcome=outcome,
+        )
+
+    def _settlement_ops(
+        self,
+        s: RunState,
+        call: ToolCallState,
+        result: ToolResult,
+        outcome: str,
+        result_id: str | None = None,
+        parent: str | Literal[False] | None = False,
+    ) -> list[Op]:
+        """The result entry (under the lane's leaf, or ``parent``) and its ``tool_finished``
+        record. The id is the one provisioned by the intent, unless it is taken already."""
         rid = result_id or call.result_entry_id or new_id()
-        if call.result_entry_id and self.store.get_entry(call.result_entry_id) is None:
-            rid = call.result_entry_id if result_id is None else rid
         if self.store.get_entry(rid) is not None:
             rid = new_id()
         message: dict[str, Any] = {
@@ -237,32 +255,19 @@ class ToolCallsMixin(HarnessCore):
         }
         if result.details is not None:
             message["details"] = result.details
-        entry = self._entry(s.lane, {"type": "message", "id": rid, "message": message})
-        self._commit(
-            [
-                EntryOp(entry, lane=s.lane),
-                RecordOp(
-                    record(
-                        "tool_finished",
-                        s.lane,
-                        s.run_id,
-                        toolCallId=call.tool_call_id,
-                        resultEntryId=rid,
-                        isError=result.is_error,
-                        outcome=outcome,
-                    )
-                ),
-            ],
-            live,
+        entry = self._entry(
+            s.lane, {"type": "message", "id": rid, "message": message}, parent=parent
         )
-        self._emit(
-            "tool_execution_end",
-            live,
+        finished = record(
+            "tool_finished",
+            s.lane,
+            s.run_id,
             toolCallId=call.tool_call_id,
-            toolName=call.tool_name,
+            resultEntryId=rid,
             isError=result.is_error,
             outcome=outcome,
         )
+        return [EntryOp(entry, lane=s.lane), RecordOp(finished)]
 
     # -- abort -----------------------------------------------------------------------------
 
@@ -309,33 +314,11 @@ class ToolCallsMixin(HarnessCore):
             if call.status == "completed":
                 continue
             text = ABORTED_TOOL_TEXT if call.status == "in_doubt" else NOT_RUN_TEXT
-            rid = call.result_entry_id or new_id()
-            if self.store.get_entry(rid) is not None:
-                rid = new_id()
-            msg = {
-                "role": "toolResult",
-                "toolCallId": call.tool_call_id,
-                "toolName": call.tool_name,
-                "content": [{"type": "text", "text": text}],
-                "isError": True,
-                "timestamp": now_ms(),
-            }
-            entry = self._entry(s.lane, {"type": "message", "id": rid, "message": msg}, parent=leaf)
-            ops.append(EntryOp(entry, lane=s.lane))
-            leaf = entry["id"]
-            ops.append(
-                RecordOp(
-                    record(
-                        "tool_finished",
-                        s.lane,
-                        s.run_id,
-                        toolCallId=call.tool_call_id,
-                        resultEntryId=rid,
-                        isError=True,
-                        outcome="aborted",
-                    )
-                )
+            settled = self._settlement_ops(
+                s, call, ToolResult.text(text, is_error=True), "aborted", parent=leaf
             )
+            ops += settled
+            leaf = settled[0].entry["id"]  # type: ignore[union-attr]
         lane_log = self._lane_log(s.lane)
         cancelled = lane_log.pending("steer") + lane_log.pending("follow_up")
         if cancelled:
