@@ -66,7 +66,7 @@ class Session:
     # -- reading ---------------------------------------------------------------------------
     def lane(self, name: str = "main") -> LaneState:
         """Return a lane's state (``main`` always exists; an unknown lane is empty)."""
-        return self.store.lanes().get(name) or LaneState(name)
+        return self.store.lane(name)
 
     def leaf(self, lane: str = "main") -> str | None:
         """Return the lane's leaf entry id (``None`` before the first entry)."""

@@ -167,6 +167,11 @@ class SessionStore(abc.ABC):
     def lanes(self) -> dict[str, LaneState]:
         """Return every lane by name (``main`` always exists)."""
 
+    def lane(self, name: str) -> LaneState:
+        """Return one lane (an unknown lane is empty). Backends answer it without reading
+        every lane: it is on the hot path (each append reads its lane's leaf)."""
+        return self.lanes().get(name) or LaneState(name)
+
     @abc.abstractmethod
     def records(
         self,

@@ -84,6 +84,13 @@ class IndexedSessionStore(SessionStore):
                 for k, v in self._lanes.items()
             }
 
+    def lane(self, name: str) -> LaneState:
+        with self._lock:
+            v = self._lanes.get(name)
+            if v is None:
+                return LaneState(name)
+            return LaneState(v.name, v.leaf_id, dict(v.config), v.run_id, v.run_seq)
+
     def records(
         self,
         lane: str | None = None,

@@ -191,6 +191,17 @@ class SqliteSessionStore(SessionStore):
         out.setdefault("main", LaneState("main"))
         return out
 
+    def lane(self, name: str) -> LaneState:
+        with self._lock:
+            r = self._conn.execute(
+                "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=? "
+                "AND name=?",
+                (self.session_id, name),
+            ).fetchone()
+        return (
+            LaneState(name) if r is None else LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4])
+        )
+
     def records(
         self,
         lane: str | None = None,
