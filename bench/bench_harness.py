@@ -22,6 +22,7 @@ or a failure to start is recorded as ``skipped: <reason>``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import os
@@ -164,9 +165,13 @@ def _open_session(backend: str, mode: str, work: Path) -> Any:
     )
 
 
-async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dict[str, Any]:
+async def harness_run(
+    session: Any, n: int, pair_dir: Path | None = None, *, instrument: bool = True
+) -> dict[str, Any]:
     """One run of ``n`` tool turns through the Harness, instrumented from outside: each
-    ``store.commit`` and each tool call (the harness's ``_run_tool``) is timed.
+    ``store.commit`` and each tool call (the harness's ``_run_tool``) is timed. With
+    ``instrument=False`` only the run is timed, as the competitors are (no wrapper adds its
+    own cost to the per-turn figure).
 
     With ``pair_dir``, each tool call is preceded by 2 raw append + ``fdatasync`` calls of a
     commit-sized record to a file there, timed apart: a floor taken at the same moment as the
@@ -187,8 +192,6 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
         context_times.append(time.perf_counter() - t0)
         return ctx
 
-    session.context = timed_context
-
     def timed_commit(ops: list[Any], *args: Any, **kwargs: Any) -> int:
         kinds = [op.record["type"] for op in ops if isinstance(op, RecordOp)] or ["entry"]
         t0 = time.perf_counter()
@@ -196,7 +199,9 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
         commit_times.setdefault("+".join(kinds), []).append(time.perf_counter() - t0)
         return seq
 
-    store.commit = timed_commit
+    if instrument:
+        store.commit = timed_commit
+        session.context = timed_context
     harness = Harness(
         session, ScriptedProvider(script(n)), [EchoTool()], options=HarnessOptions(max_turns=n + 5)
     )
@@ -221,7 +226,8 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
         await real_run_tool(live, call)
         tool_times.append(time.perf_counter() - t0)
 
-    harness._run_tool = timed_run_tool  # type: ignore[method-assign]
+    if instrument:
+        harness._run_tool = timed_run_tool  # type: ignore[method-assign]
     turn_starts: list[float] = []
     harness.subscribe(
         lambda e: turn_starts.append(time.perf_counter()) if e["type"] == "turn_start" else None
@@ -237,6 +243,16 @@ async def harness_run(session: Any, n: int, pair_dir: Path | None = None) -> dic
         os.close(pair_fd)
     gaps = [b - a for a, b in itertools.pairwise(turn_starts)]
     k = max(1, min(20, len(gaps) // 4))
+    if not instrument:
+        return {
+            "outcome": outcome,
+            "turns": len(turn_starts),
+            "seconds": elapsed,
+            "us_per_turn": elapsed / n * 1e6,
+            "first_turns_us": median(gaps[:k]) * 1e6 if gaps else None,
+            "last_turns_us": median(gaps[-k:]) * 1e6 if gaps else None,
+            "entries": store.entry_count(),
+        }
     commits = sum(len(v) for v in commit_times.values())
     tool_commits = sum(
         median(v) for kind, v in commit_times.items() if kind in ("tool_started", "tool_finished")
@@ -334,7 +350,7 @@ def child_ours(workdir: str, n: int, backend: str, mode: str) -> dict[str, Any]:
 
     session = _open_session(backend, mode, Path(workdir))
     try:
-        res = anyio.run(harness_run, session, n)
+        res = anyio.run(functools.partial(harness_run, session, n, instrument=False))
     finally:
         session.close()
     return res

@@ -62,7 +62,9 @@ class ToolCallsMixin(HarnessCore):
                 to_run.append(call)
             elif action == "wait":
                 live.waiting.append(call.tool_call_id)
-        if to_run:
+        if len(to_run) == 1:  # the common batch: no task group needed to run it
+            await self._run_tool(live, to_run[0])
+        elif to_run:
             async with anyio.create_task_group() as tg:
                 for call in to_run:
                     tg.start_soon(self._run_tool, live, call)

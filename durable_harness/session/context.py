@@ -145,7 +145,8 @@ class ContextState:
     model: dict[str, str] | None
     thinking_level: str
     tokens: int = 0
-    formed: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    formed_messages: list[dict[str, Any]] = field(default_factory=list)
+    formed_ids: list[str | None] = field(default_factory=list)
     formed_upto: int = 0
 
 
@@ -173,15 +174,17 @@ def _extend(
     """Extend ``previous`` to ``leaf_id`` when the leaf descends from ``previous.leaf_id``
     through at most ``max_steps`` entries and no compaction; else ``None``."""
     new: list[dict[str, Any]] = []
-    current = get_entry(leaf_id) if leaf_id else None
-    while current is not None and current.get("id") != previous.leaf_id:
+    cursor = leaf_id
+    while cursor != previous.leaf_id:  # compare ids first: the old leaf itself is not read
+        current = get_entry(cursor) if cursor else None
+        if current is None:
+            if previous.leaf_id is not None:
+                return None  # not a descendant (or a missing parent): rebuild in full
+            break
         if len(new) >= max_steps or current.get("type") == "compaction":
             return None
         new.append(current)
-        parent = current.get("parentId")
-        current = get_entry(parent) if parent else None
-    if current is None and previous.leaf_id is not None:
-        return None
+        cursor = current.get("parentId")
     pairs = list(previous.pairs)
     model, thinking = previous.model, previous.thinking_level
     for entry in reversed(new):
@@ -189,7 +192,14 @@ def _extend(
         _add(pairs, entry)
     tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[len(previous.pairs) :]])
     return ContextState(
-        leaf_id, pairs, model, thinking, tokens, previous.formed, previous.formed_upto
+        leaf_id,
+        pairs,
+        model,
+        thinking,
+        tokens,
+        previous.formed_messages,
+        previous.formed_ids,
+        previous.formed_upto,
     )
 
 
@@ -221,10 +231,10 @@ def _full(get_entry: EntryGetter, leaf_id: str | None) -> ContextState:
     return ContextState(leaf_id, pairs, model, thinking, estimate_tokens([m for m, _ in pairs]))
 
 
-def _form(state: ContextState) -> list[tuple[dict[str, Any], str | None]]:
+def _form(state: ContextState) -> tuple[list[dict[str, Any]], list[str | None]]:
     """Apply rule 5 to ``state.pairs``, reusing the part already formed: rule 5 works block by
     block, and a block ends where the next assistant or user message starts, so everything
-    before the last such message is final."""
+    before the last such message is final. Returns the messages and their entry ids."""
     pairs = state.pairs
     cut = state.formed_upto
     for j in range(len(pairs) - 1, state.formed_upto - 1, -1):
@@ -232,9 +242,16 @@ def _form(state: ContextState) -> list[tuple[dict[str, Any], str | None]]:
             cut = j
             break
     if cut > state.formed_upto:
-        state.formed = state.formed + well_formed(pairs[state.formed_upto : cut])
+        done = well_formed(pairs[state.formed_upto : cut])
+        # New lists, never appended in place: an earlier state may share the old ones.
+        state.formed_messages = state.formed_messages + [m for m, _ in done]
+        state.formed_ids = state.formed_ids + [eid for _, eid in done]
         state.formed_upto = cut
-    return state.formed + well_formed(pairs[state.formed_upto :])
+    tail = well_formed(pairs[state.formed_upto :])
+    return (
+        state.formed_messages + [m for m, _ in tail],
+        state.formed_ids + [eid for _, eid in tail],
+    )
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
@@ -260,12 +277,12 @@ def build_context(
     state = _extend(get_entry, leaf_id, previous) if previous is not None else None
     if state is None:
         state = _full(get_entry, leaf_id)
-    msgs = _form(state)
+    messages, entry_ids = _form(state)
     return Context(
-        messages=[m for m, _ in msgs],
+        messages=messages,
         model=state.model,
         thinking_level=state.thinking_level,
-        entry_ids=[eid for _, eid in msgs],
+        entry_ids=entry_ids,
         state=state,
     )
 

@@ -40,6 +40,14 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(_scrub(value))
 
 
+def dumps_line(value: Any) -> bytes:
+    """:func:`dumps` plus a trailing ``\\n``: one JSONL line, encoded in one pass."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return dumps(value) + b"\n"
+
+
 def loads(data: bytes | str) -> Any:
     """Decode JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``) on bad input."""
     return orjson.loads(data)

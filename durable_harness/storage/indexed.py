@@ -228,13 +228,14 @@ class IndexedSessionStore(SessionStore):
         with self._lock:
             self._check_ops(ops)
             numbered = self._number(ops)
-            locations = self._persist(numbered)
+            locations = self._persist(numbered, wait)
             for op, loc in zip(numbered, locations, strict=True):
                 self._apply(op, loc)
             return self._seq
 
-    def _persist(self, numbered: list[dict[str, Any]]) -> list[Any]:
-        """Make one commit durable; return a content location per op. Called under the lock."""
+    def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
+        """Write one commit (and with ``sync``, make it durable per the durability mode);
+        return a content location per op. Called under the lock."""
         raise NotImplementedError
 
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
@@ -253,7 +254,7 @@ class MemorySessionStore(IndexedSessionStore):
     ) -> None:
         super().__init__(header, read_only=read_only, durability="none", location=location)
 
-    def _persist(self, numbered: list[dict[str, Any]]) -> list[Any]:
+    def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
         return [op.get("entry") for op in numbered]
 
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
