@@ -34,6 +34,7 @@ from durable_harness.errors import (
     FormatError,
     SessionExists,
     SessionNotFound,
+    StaleGeneration,
 )
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
@@ -49,6 +50,15 @@ from durable_harness.storage.lease import FileLease
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 FORMAT = "durable-harness/1"
+PAD = b"\n"
+PAD_MIN = 64 * 1024
+PAD_MAX = 1024 * 1024
+"""Preallocation (``sync`` and ``batch``): the file is grown ahead of the data by a run of
+empty lines, ``PAD_MIN`` to ``PAD_MAX`` bytes (as much as the data, within those bounds), and
+each commit line overwrites the start of that run. An ``fdatasync`` that does not change the
+file's size has no metadata to journal: measured 73 µs against 118 µs for an append of the
+same 600-byte line on the development machine. Readers skip empty lines; ``close`` cuts the
+padding off. See ``design/storage.md``."""
 INLINE_FSYNC_S = 0.002
 """Async group commit runs ``fdatasync`` on the event loop's thread while its moving average
 stays under this many seconds, and in a worker thread above it (see ``wait_durable_async``)."""
@@ -81,7 +91,8 @@ class JsonlSessionStore(IndexedSessionStore):
         self._lease: FileLease | None = None
         self._sync_cond = threading.Condition()
         self._written = 0
-        self._end: int | None = None
+        self._end = 0  # where the next commit line goes: the end of the data
+        self._size = 0  # the file's size: the data plus any preallocated padding after it
         self._single_op: dict[int, bool] = {}
         self._synced = 0
         self._syncing = False
@@ -136,7 +147,7 @@ class JsonlSessionStore(IndexedSessionStore):
             lease = FileLease(path + ".lock", f"session file {path}")
             lease.acquire(break_lease=break_lease)
         try:
-            flags = os.O_RDWR | os.O_APPEND if write else os.O_RDONLY
+            flags = os.O_RDWR if write else os.O_RDONLY
             fd = os.open(path, flags)
             data = _read_all(fd)
             store = cls._from_bytes(path, data, read_only=not write, durability=durability)
@@ -149,6 +160,7 @@ class JsonlSessionStore(IndexedSessionStore):
         if lease is not None:
             store.generation = lease.raise_floor(store._last_gen)
             store._quarantine_tail(data)
+            store._size = os.fstat(fd).st_size
         return store
 
     @classmethod
@@ -191,6 +203,8 @@ class JsonlSessionStore(IndexedSessionStore):
         line_no = 1
         max_gen = 0
         size = len(data)
+        padding_from = len(data.rstrip(PAD))  # preallocated padding: trailing empty lines
+        self._end = pos
         while pos < size:
             line_no += 1
             end = data.find(b"\n", pos)
@@ -209,8 +223,28 @@ class JsonlSessionStore(IndexedSessionStore):
                 break
             raw = data[pos:end]
             if raw.strip():
+                found = len(self.damage)
                 self._scan_line(raw, pos, end - pos, line_no, max_gen)
+                if (
+                    end >= padding_from
+                    and end + 1 < size
+                    and len(self.damage) > found
+                    and self.damage[-1]["kind"] == "bad_line"
+                ):
+                    # The last line, unparseable, with only padding after it: a write cut
+                    # short (power loss mid-write). It is a torn tail, not interior damage.
+                    self.damage[-1] = damage(
+                        "torn_tail",
+                        "final line is unparseable and only preallocated padding follows; "
+                        "it was never acknowledged",
+                        offset=pos,
+                        line=line_no,
+                        length=end - pos,
+                    )
+                    self._torn = (pos, raw)
+                    break
                 max_gen = max(max_gen, self._last_gen)
+                self._end = end + 1
             pos = end + 1
         self._check_orphans()
 
@@ -364,12 +398,15 @@ class JsonlSessionStore(IndexedSessionStore):
         self._lease.check()
         line = codec.dumps_line({"gen": self.generation, "ops": numbered})
         offset = self._end
-        if offset is None:
-            offset = os.lseek(fd, 0, os.SEEK_END)
-        written = os.write(fd, line)
-        if written < len(line):
-            _write_all(fd, line[written:])
-        self._end = offset + len(line)
+        end = offset + len(line)
+        if end <= self._size or self.durability == "none":
+            _pwrite_all(fd, line, offset)
+            self._size = max(self._size, end)
+        else:  # grow: the line plus fresh padding in one write
+            pad = min(PAD_MAX, max(PAD_MIN, end))
+            _pwrite_all(fd, line + PAD * pad, offset)
+            self._size = end + pad
+        self._end = end
         self._written += 1
         if sync and self.durability == "sync":
             os.fdatasync(fd)
@@ -417,16 +454,17 @@ class JsonlSessionStore(IndexedSessionStore):
     async def wait_durable_async(self) -> None:
         """Await an fsync covering every commit written so far (``batch`` mode).
 
-        The async form of group commit: the first waiter leads. It yields once so that every
-        task ready to commit writes its line, then runs one ``fdatasync`` covering all of them;
-        the other waiters await its event instead of an fsync each.
+        The async form of group commit. The caller yields once, so that every task ready to
+        commit writes its line; the first task to resume then runs one ``fdatasync`` covering
+        all of them, and the others find their line durable when they resume: one yield and
+        one wakeup per commit, one fsync per batch.
 
-        The leader calls ``fdatasync`` on the event loop's thread while fsyncs are fast (a
-        moving average under :data:`INLINE_FSYNC_S`) and in a worker thread once they are slow.
-        Why: a worker-thread round trip costs about as much as a fast fsync (measured 120 µs
-        against 200 µs on the development machine), and a thread that finished its fsync waits
-        for the GIL until the loop goes idle, so offloading a fast fsync only adds latency. A
-        slow disk would instead stall every task on the loop, and there the thread is worth it.
+        That fsync runs on the event loop's thread while fsyncs are fast (a moving average
+        under :data:`INLINE_FSYNC_S`). Why: a worker-thread round trip costs about as much as
+        a fast fsync (measured 120 µs against 160-200 µs on the development machine), and a
+        thread that finished its fsync then waits for the GIL until the loop goes idle. Once
+        fsyncs are slow, a leader runs them in a worker thread instead and the other tasks
+        await its event, so a slow disk does not stall every task on the loop.
         """
         if self.durability == "sync":
             self.wait_durable()  # sync mode: fsync now, in the caller's thread
@@ -434,6 +472,15 @@ class JsonlSessionStore(IndexedSessionStore):
         if self.durability != "batch" or self._fd is None:
             return
         target = self._written
+        if self._synced >= target:
+            return
+        if self._fsync_avg_s < INLINE_FSYNC_S:
+            await anyio.lowlevel.checkpoint()
+            if self._synced < target and self._async_flush is None:
+                covered = self._written
+                self._timed_fdatasync()
+                with self._sync_cond:
+                    self._synced = max(self._synced, covered)
         while self._synced < target:
             leader = self._async_flush
             if leader is not None:
@@ -441,14 +488,9 @@ class JsonlSessionStore(IndexedSessionStore):
                 continue
             event = self._async_flush = anyio.Event()
             try:
-                # Let every task that is ready to commit write its line first: the fsync
-                # below then covers all of them instead of the leader alone.
-                await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()  # let the tasks ready to commit write first
                 covered = self._written
-                if self._fsync_avg_s < INLINE_FSYNC_S:
-                    self._timed_fdatasync()
-                else:
-                    await anyio.to_thread.run_sync(self._timed_fdatasync)
+                await anyio.to_thread.run_sync(self._timed_fdatasync)
                 with self._sync_cond:
                     self._synced = max(self._synced, covered)
             finally:
@@ -493,6 +535,24 @@ class JsonlSessionStore(IndexedSessionStore):
         entry: dict[str, Any] = codec.loads(codec.dumps(ops[idx]["entry"]))
         return entry
 
+    def _trim_padding(self) -> None:
+        """Cut the preallocated padding off at close (the file is valid with or without it).
+
+        Only while this writer still holds the lease and the padding is intact: a stale writer
+        must never cut into lines a newer writer wrote over its padding.
+        """
+        fd = self._fd
+        if fd is None or self.read_only or self._lease is None or self._size <= self._end:
+            return
+        try:
+            self._lease.check()
+        except StaleGeneration:
+            return
+        if os.fstat(fd).st_size == self._size and not os.pread(
+            fd, self._size - self._end, self._end
+        ).strip(PAD):
+            os.ftruncate(fd, self._end)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -500,6 +560,7 @@ class JsonlSessionStore(IndexedSessionStore):
         if self._fd is not None:
             if not self.read_only and self.durability == "batch":
                 self.wait_durable()
+            self._trim_padding()
             os.close(self._fd)
             self._fd = None
         if self._lease is not None:
@@ -528,6 +589,12 @@ def _shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | N
         if op.get("config") is not None and not isinstance(op.get("config"), dict):
             return "config must be an object"
     return None
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    written = os.pwrite(fd, data, offset)
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], offset + written)
 
 
 def _write_all(fd: int, data: bytes) -> None:

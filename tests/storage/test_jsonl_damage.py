@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from durable_harness.storage import EntryOp, JsonlSessionStore, RecordOp, Store, open_store
+from durable_harness.storage.jsonl import PAD_MIN as JSONL_PAD_MIN
 
 from .conftest import Reopen
 from .util import ent, ids, rec
@@ -223,7 +224,8 @@ def test_unicode_line_separators_round_trip(store: Store, reopen: Reopen) -> Non
     if store.spec.startswith("jsonl:"):
         data = Path(s.location).read_bytes()
         assert "\u2028".encode() in data and "\u0085".encode() in data  # written raw
-        assert data.count(b"\n") == 3  # header + two commits: nothing split
+        # header + two commits, nothing split (the open writer's padding aside)
+        assert data.rstrip(b"\n").count(b"\n") == 2
     s = reopen(store, s, write=False)
     try:
         assert s.damage == []
@@ -340,3 +342,84 @@ def test_a_damaged_header_keeps_the_session_listed_and_openable(jstore: Store) -
         assert ids(s.iter_entries()) == ["e0", "e1", "e2"]
     finally:
         s.close()
+
+
+# -- preallocated padding --------------------------------------------------------------------
+
+
+def test_padding_is_kept_ahead_of_the_data_and_cut_off_at_close(jstore: Store) -> None:
+    s = jstore.create_session("/p", durability="sync")
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    path = s.location
+    data = Path(path).read_bytes()
+    content = data.rstrip(b"\n") + b"\n"
+    assert len(data) - len(content) >= JSONL_PAD_MIN  # the next lines overwrite padding
+    s.commit([EntryOp(ent("e2", "e1"), lane="main")])
+    assert os.path.getsize(path) == len(data)  # written inside the padding: size unchanged
+    s.close()
+    closed = Path(path).read_bytes()
+    assert closed.startswith(content) and not closed.endswith(b"\n\n")
+    ro = jstore.open_session(s.session_id, write=False)
+    assert ids(ro.iter_entries()) == ["e1", "e2"] and ro.damage == []
+    ro.close()
+
+
+def test_a_writer_killed_with_padding_reopens_and_writes_over_it(jstore: Store) -> None:
+    s = jstore.create_session("/p", durability="sync")
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    path = s.location
+    crashed = Path(path).read_bytes()  # what a SIGKILLed writer leaves: data, then padding
+    s.close()
+    Path(path).write_bytes(crashed)
+    s = jstore.open_session(s.session_id)
+    assert s.damage == []
+    s.commit([EntryOp(ent("e2", "e1"), lane="main")])
+    s.close()
+    data = Path(path).read_bytes()
+    assert data.startswith(crashed.rstrip(b"\n") + b"\n")  # earlier bytes identical
+    assert data.count(b"\n\n") == 0  # the new line went where the data ended
+    ro = jstore.open_session(s.session_id, write=False)
+    assert ids(ro.iter_entries()) == ["e1", "e2"] and ro.damage == []
+    ro.close()
+
+
+def test_power_loss_inside_the_padding_at_every_offset_of_the_last_lines(
+    jstore: Store,
+) -> None:
+    """A write cut short over the padding leaves a partial line followed by padding (the
+    padding was durable before the line was written). At every cut inside the last three
+    lines: no exception, every commit before the cut kept, the partial line a torn tail."""
+    s = jstore.create_session("/p", durability="sync")
+    parent = None
+    for i in range(3):
+        s.commit([EntryOp(ent(f"e{i}", parent), lane="main"), RecordOp(rec(f"r{i}"))])
+        parent = f"e{i}"
+    path = s.location
+    data = Path(path).read_bytes()
+    s.close()
+    content = data.rstrip(b"\n") + b"\n"
+    starts = _line_starts(content)
+    ends = [b - 1 for b in [*starts[1:], len(content)]]  # offset of each line's newline
+    for cut in range(starts[-3], len(content)):
+        probe = Path(path).with_name(f"cut-{cut}.jsonl")
+        probe.write_bytes(content[:cut] + b"\n" * (len(data) - cut))
+        # A line cut just before its newline is whole: the padding supplies that byte.
+        at_boundary = b"\n" in content[cut - 1 : cut + 1]
+        write = not at_boundary and cut in {(a + b) // 2 for a, b in itertools.pairwise(starts)}
+        store = JsonlSessionStore.open_path(str(probe), write=write)
+        try:
+            whole = [i for i, end in enumerate(ends[1:]) if end <= cut]
+            assert ids(store.iter_entries()) == [f"e{i}" for i in whole], cut
+            if at_boundary:
+                assert store.damage == [], cut
+                continue
+            torn_at = max(o for o in starts if o < cut)
+            assert [(d["kind"], d["offset"]) for d in store.damage] == [("torn_tail", torn_at)]
+            if write:
+                assert probe.read_bytes() == content[:torn_at]
+                assert Path(f"{probe}.torn-{torn_at}").read_bytes() == content[torn_at:cut]
+                leaf = f"e{whole[-1]}" if whole else None
+                store.commit([EntryOp(ent("after", leaf), lane="main")])
+                assert store.lanes()["main"].leaf_id == "after"
+        finally:
+            store.close()
