@@ -32,9 +32,11 @@ import anyio.to_thread
 from durable_harness.errors import (
     CorruptSession,
     FormatError,
+    ReadOnlySession,
     SessionExists,
     SessionNotFound,
     StaleGeneration,
+    StorageError,
 )
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
@@ -79,6 +81,18 @@ def is_own_format(header: dict[str, Any]) -> bool:
     return header.get("type") == "session" and header.get("format") == FORMAT
 
 
+class _Queued:
+    """One :meth:`JsonlSessionStore.commit_async` call waiting for its group commit."""
+
+    __slots__ = ("done", "error", "ops", "seq")
+
+    def __init__(self, ops: list[Any]) -> None:
+        self.ops = ops
+        self.done = False
+        self.seq = 0
+        self.error: BaseException | None = None
+
+
 class JsonlSessionStore(IndexedSessionStore):
     """One session file. Open with :meth:`open_path` or :meth:`create`."""
 
@@ -96,6 +110,7 @@ class JsonlSessionStore(IndexedSessionStore):
         self._single_op: dict[int, bool] = {}
         self._synced = 0
         self._syncing = False
+        self._queue: list[_Queued] = []  # commit_async calls waiting for the next group commit
 
     # -- creation and opening --------------------------------------------------------------
     @classmethod
@@ -393,26 +408,45 @@ class JsonlSessionStore(IndexedSessionStore):
 
     # -- the write path --------------------------------------------------------------------
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
-        fd = self._fd
-        assert fd is not None and self._lease is not None
+        assert self._fd is not None and self._lease is not None
         self._lease.check()
         line = codec.dumps_line({"gen": self.generation, "ops": numbered})
         offset = self._end
-        end = offset + len(line)
-        if end <= self._size or self.durability == "none":
-            _pwrite_all(fd, line, offset)
-            self._size = max(self._size, end)
-        else:  # grow: the line plus fresh padding in one write
-            pad = min(PAD_MAX, max(PAD_MIN, end))
-            _pwrite_all(fd, line + PAD * pad, offset)
-            self._size = end + pad
-        self._end = end
-        self._written += 1
+        self._append(line, 1)
         if sync and self.durability == "sync":
-            os.fdatasync(fd)
+            os.fdatasync(self._fd)
             self._synced = self._written
         length = len(line) - 1
         return [(offset, length, i) for i in range(len(numbered))]
+
+    def _append(self, data: bytes, lines: int) -> None:
+        """Write ``lines`` whole commit lines at the end of the data (inside the padding, or
+        growing it). Raises the ``OSError`` of a failed write, after which the file and the
+        index may disagree: the store then refuses every later commit."""
+        fd = self._fd
+        assert fd is not None
+        if self._write_error is not None:
+            raise self._write_error
+        offset = self._end
+        end = offset + len(data)
+        try:
+            if end <= self._size or self.durability == "none":
+                _pwrite_all(fd, data, offset)
+                self._size = max(self._size, end)
+            else:  # grow: the lines plus fresh padding in one write
+                pad = min(PAD_MAX, max(PAD_MIN, end))
+                _pwrite_all(fd, data + PAD * pad, offset)
+                self._size = end + pad
+        except OSError as exc:
+            self._write_error = StorageError(
+                f"session file {self.path}: a write failed ({exc}); reopen the session to "
+                "continue from what reached the file"
+            )
+            raise
+        self._end = end
+        self._written += lines
+
+    _write_error: StorageError | None = None
 
     def commit(self, ops: list[Any], *, wait: bool = True) -> int:
         """Commit ``ops`` as one line (see :meth:`SessionStore.commit`).
@@ -429,6 +463,77 @@ class JsonlSessionStore(IndexedSessionStore):
             ticket = self._written
         self.wait_durable(ticket)
         return seq
+
+    async def commit_async(self, ops: list[Any]) -> int:
+        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
+
+        In ``batch`` mode this is group commit proper: the call queues its ops and yields once;
+        the first queued task to resume then commits the whole queue, each call's ops as its
+        own line (validated, numbered and indexed in queue order, a failing one failing alone),
+        with one lease check, one write and one ``fdatasync`` for all of them. The others find
+        their commit done when they resume. A call cancelled before its ops were taken is not
+        committed; one cancelled later may have been. With slow fsyncs (see
+        :meth:`wait_durable_async`) each call commits and then awaits the shared fsync.
+
+        Raises:
+            ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
+        """
+        if self.durability != "batch" or self._fsync_avg_s >= INLINE_FSYNC_S:
+            return await super().commit_async(ops)
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
+        if not ops:
+            return self._seq
+        item = _Queued(ops)
+        self._queue.append(item)
+        try:
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            if not item.done:
+                self._queue.remove(item)
+            raise
+        if not item.done:
+            self._commit_queue()
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
+    def _commit_queue(self) -> None:
+        """Commit every queued :meth:`commit_async` call: one line each, one write, one fsync."""
+        batch, self._queue = self._queue, []
+        with self._lock:
+            try:
+                assert self._lease is not None
+                self._lease.check()  # before anything is indexed: a stale writer fails them all
+                lines: list[bytes] = []
+                offset = self._end
+                for item in batch:
+                    try:
+                        self._check_ops(item.ops)
+                        numbered = self._number(item.ops)
+                        line = codec.dumps_line({"gen": self.generation, "ops": numbered})
+                    except (StorageError, TypeError) as exc:
+                        item.error = exc
+                        continue
+                    for i, op in enumerate(numbered):
+                        self._apply(op, (offset, len(line) - 1, i))
+                    item.seq = self._seq
+                    lines.append(line)
+                    offset += len(line)
+                if lines:
+                    self._append(b"".join(lines), len(lines))
+                    covered = self._written
+                    self._timed_fdatasync()
+                    with self._sync_cond:
+                        self._synced = max(self._synced, covered)
+            except BaseException as exc:
+                for item in batch:
+                    item.error = item.error or exc
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                for item in batch:
+                    item.done = True
 
     def wait_durable(self, ticket: int | None = None) -> None:
         """Block until commit number ``ticket`` (default: every commit so far) is fsynced."""

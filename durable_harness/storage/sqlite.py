@@ -20,6 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+
 from durable_harness.errors import (
     IdConflict,
     ReadOnlySession,
@@ -133,6 +136,7 @@ class SqliteSessionStore(SessionStore):
         self._lock = threading.RLock()
         self._cond = threading.Condition()
         self._queue: list[_Pending] = []
+        self._async_queue: list[_Pending] = []  # commit_async calls waiting for their group
         self._leader = False
         self._conn = _connect(db_path, durability)
         try:
@@ -242,7 +246,8 @@ class SqliteSessionStore(SessionStore):
             with self._lock:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    seq = self._apply(ops)
+                    seq = self._apply(ops, self._fence())
+                    self._set_last_seq(seq)
                     self._conn.execute("COMMIT")
                 except BaseException:
                     self._conn.execute("ROLLBACK")
@@ -268,19 +273,55 @@ class SqliteSessionStore(SessionStore):
             raise item.error
         return item.seq
 
+    async def commit_async(self, ops: list[Op]) -> int:
+        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
+
+        In ``batch`` mode: group commit in one transaction. The call queues its ops and yields
+        once; the first queued task to resume runs the whole queue as one transaction, each
+        call's ops in its own savepoint (a failing call fails alone), with one fencing check,
+        one ``last_seq`` update and one WAL fsync for all. A call cancelled before its ops were
+        taken is not committed; one cancelled later may have been. The transaction runs on the
+        event loop's thread, as a ``sync`` commit does.
+
+        Raises:
+            ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
+        """
+        if self.durability != "batch":
+            return await super().commit_async(ops)
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if not ops:
+            return self.last_seq()
+        item = _Pending(ops)
+        self._async_queue.append(item)
+        try:
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            if not item.done:
+                self._async_queue.remove(item)
+            raise
+        if not item.done:
+            batch, self._async_queue = self._async_queue, []
+            self._run_batch(batch)
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
     def _run_batch(self, batch: list[_Pending]) -> None:
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
+                seq = self._fence()  # a stale writer fails the whole group, before any insert
                 for i, item in enumerate(batch):
                     self._conn.execute(f"SAVEPOINT c{i}")
                     try:
-                        item.seq = self._apply(item.ops)
+                        item.seq = seq = self._apply(item.ops, seq)
                         self._conn.execute(f"RELEASE c{i}")
                     except Exception as exc:  # one bad commit fails alone
                         self._conn.execute(f"ROLLBACK TO c{i}")
                         self._conn.execute(f"RELEASE c{i}")
                         item.error = exc
+                self._set_last_seq(seq)
                 self._conn.execute("COMMIT")
             except BaseException as exc:
                 try:
@@ -292,11 +333,15 @@ class SqliteSessionStore(SessionStore):
             for item in batch:
                 item.done = True
 
-    def _apply(self, ops: list[Op]) -> int:
-        """Apply ``ops`` inside the open transaction; return the last seq."""
-        c = self._conn
-        sid = self.session_id
-        row = c.execute("SELECT generation, last_seq FROM sessions WHERE id=?", (sid,)).fetchone()
+    def _fence(self) -> int:
+        """Inside the open transaction: check this writer's generation, return ``last_seq``.
+
+        Raises:
+            StaleGeneration: another writer took the session since this one opened it.
+        """
+        row = self._conn.execute(
+            "SELECT generation, last_seq FROM sessions WHERE id=?", (self.session_id,)
+        ).fetchone()
         if int(row[0]) != self.generation:
             raise StaleGeneration(
                 f"session {self.location}: this writer holds generation {self.generation} but "
@@ -304,7 +349,16 @@ class SqliteSessionStore(SessionStore):
                 generation=self.generation,
                 current=int(row[0]),
             )
-        seq = int(row[1])
+        return int(row[1])
+
+    def _set_last_seq(self, seq: int) -> None:
+        self._conn.execute(
+            "UPDATE sessions SET last_seq=?, modified=? WHERE id=?",
+            (seq, now_iso(), self.session_id),
+        )
+
+    def _apply(self, ops: list[Op], seq: int) -> int:
+        """Insert ``ops`` after ``seq`` inside the open transaction; return the last seq."""
         for op in ops:
             seq += 1
             if isinstance(op, EntryOp):
@@ -313,7 +367,6 @@ class SqliteSessionStore(SessionStore):
                 self._insert_record(op, seq)
             else:
                 self._update_lane(op, seq)
-        c.execute("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", (seq, now_iso(), sid))
         return seq
 
     def _decode(self, body: bytes, what: str, ident: str | None = None) -> dict[str, Any] | None:
