@@ -199,8 +199,15 @@ class SessionStore(abc.ABC):
             self.wait_durable()
 
     async def commit_async(self, ops: list[Op]) -> int:
-        """Commit and await durability without blocking the event loop: in ``batch`` mode,
-        concurrent tasks share fsyncs (group commit)."""
+        """Commit ``ops`` and await its durability; return the commit's last seq.
+
+        In ``batch`` mode concurrent tasks share fsyncs (group commit); the JSONL and SQLite
+        backends go further and share one write or one transaction per group (see theirs).
+        A fast fsync may run on the event loop's thread, as a ``sync`` commit's does.
+
+        Raises:
+            ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
+        """
         seq = self.commit(ops, wait=self.durability != "batch")
         await self.wait_durable_async()
         return seq

@@ -290,11 +290,11 @@ class SqliteSessionStore(SessionStore):
         """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
 
         In ``batch`` mode: group commit in one transaction. The call queues its ops and yields
-        once; the first queued task to resume runs the whole queue as one transaction, each
-        call's ops in its own savepoint (a failing call fails alone), with one fencing check,
-        one ``last_seq`` update and one WAL fsync for all. A call cancelled before its ops were
-        taken is not committed; one cancelled later may have been. The transaction runs on the
-        event loop's thread, as a ``sync`` commit does.
+        once; the first queued task to resume runs the whole queue as one transaction, with one
+        fencing check, one ``last_seq`` update and one WAL fsync for all (a failing call fails
+        alone: see :meth:`_run_group`). A call cancelled before its ops were taken is not
+        committed; one cancelled later may have been. The transaction runs on the event loop's
+        thread, as a ``sync`` commit does.
 
         Raises:
             ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
