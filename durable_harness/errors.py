@@ -103,6 +103,12 @@ class CorruptSession(StorageError):
     code = "corrupt_session"
 
 
+class InvalidOp(StorageError):
+    """A commit op with a field of the wrong type: stored, it would read back as damage."""
+
+    code = "invalid_op"
+
+
 class IdConflict(CorruptSession):
     """A provisioned id already holds different content."""
 

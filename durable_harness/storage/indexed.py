@@ -13,6 +13,7 @@ from typing import Any
 
 from durable_harness.errors import (
     IdConflict,
+    InvalidOp,
     ReadOnlySession,
     UnknownEntry,
 )
@@ -25,6 +26,7 @@ from durable_harness.storage.base import (
     RecordOp,
     SessionStore,
 )
+from durable_harness.storage.shapes import op_shape_error
 
 
 class IndexedSessionStore(SessionStore):
@@ -119,6 +121,9 @@ class IndexedSessionStore(SessionStore):
         new_ids: set[str] = set()
         new_record_ids: set[str] = set()
         for op in ops:
+            problem = op_shape_error(op)
+            if problem is not None:
+                raise InvalidOp(f"session {self.session_id}: {problem}", op=type(op).__name__)
             if isinstance(op, EntryOp):
                 eid = op.entry.get("id")
                 if not isinstance(eid, str) or not eid:

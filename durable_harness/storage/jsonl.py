@@ -512,7 +512,7 @@ class JsonlSessionStore(IndexedSessionStore):
                         self._check_ops(item.ops)
                         numbered = self._number(item.ops)
                         line = codec.dumps_line({"gen": self.generation, "ops": numbered})
-                    except (StorageError, TypeError) as exc:
+                    except Exception as exc:  # nothing of this call is indexed yet
                         item.error = exc
                         continue
                     for i, op in enumerate(numbered):

@@ -1,6 +1,7 @@
-"""Shape checks for stored entries and records, applied when reading what a file or database
-holds. A single writer never produces a wrong shape; damage or a hand edit can. A value that
-fails is reported as damage and left out, never allowed to raise later in a reader."""
+"""Shape checks for stored entries and records. Reading applies them to what a file or database
+holds: a value that fails is reported as damage and left out, never allowed to raise later in a
+reader. Committing applies the same checks first (:func:`op_shape_error`), so a commit that
+returned never reads back as damage."""
 
 from __future__ import annotations
 
@@ -100,3 +101,29 @@ def entry_shape_error(entry: dict[str, Any]) -> str | None:
     ):
         return "provider and modelId must be strings"
     return None
+
+
+def op_shape_error(op: Any) -> str | None:
+    """Why a commit op (``EntryOp``, ``RecordOp`` or ``LaneOp``) would read back as damage, or
+    ``None``: the checks above, plus the types of the op's own fields."""
+    from durable_harness.storage.base import EntryOp, LaneOp, RecordOp
+
+    if isinstance(op, EntryOp):
+        if not isinstance(op.entry, dict):
+            return "an entry must be an object"
+        if not _opt(op.lane, str):
+            return "lane must be a string or null"
+        return entry_shape_error(op.entry)
+    if isinstance(op, RecordOp):
+        if not isinstance(op.record, dict):
+            return "a record must be an object"
+        return record_shape_error(op.record)
+    if isinstance(op, LaneOp):
+        if not isinstance(op.lane, str):
+            return "lane must be a string"
+        if op.sets_leaf() and not _opt(op.leaf_id, str):
+            return "leafId must be a string or null"
+        if not _opt(op.config, dict):
+            return "config must be an object"
+        return None
+    return f"not a commit op: {type(op).__name__}"

@@ -25,6 +25,7 @@ import anyio.lowlevel
 
 from durable_harness.errors import (
     IdConflict,
+    InvalidOp,
     ReadOnlySession,
     SessionExists,
     SessionNotFound,
@@ -46,7 +47,7 @@ from durable_harness.storage.base import (
     damage,
 )
 from durable_harness.storage.lease import FileLease
-from durable_harness.storage.shapes import entry_shape_error, record_shape_error
+from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
 
 MIGRATIONS: list[str] = [
     """
@@ -463,7 +464,15 @@ class SqliteSessionStore(SessionStore):
         )
 
     def _apply(self, ops: list[Op], seq: int) -> int:
-        """Insert ``ops`` after ``seq`` inside the open transaction; return the last seq."""
+        """Insert ``ops`` after ``seq`` inside the open transaction; return the last seq.
+
+        Raises:
+            InvalidOp: an op would read back as damage (checked before anything is inserted).
+        """
+        for op in ops:
+            problem = op_shape_error(op)
+            if problem is not None:
+                raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
         for op in ops:
             seq += 1
             if isinstance(op, EntryOp):

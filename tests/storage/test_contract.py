@@ -6,12 +6,14 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durable_harness.errors import (
     AmbiguousSessionPrefix,
     IdConflict,
+    InvalidOp,
     ReadOnlySession,
     SessionExists,
     SessionNotFound,
@@ -189,6 +191,37 @@ def test_id_conflict_for_entries_and_records(store: Store, reopen: Reopen) -> No
     try:
         assert snapshot(s) == before
         assert s.get_entry("e1") == before["entries"][0]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [EntryOp(["not", "an", "object"])],  # type: ignore[arg-type]
+        [EntryOp({**ent("e2", "e1"), "type": "message", "message": {"role": 3}})],
+        [EntryOp(ent("e2", "e1"), lane=7)],  # type: ignore[arg-type]
+        [EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r2", turn="3"))],
+        [RecordOp(rec("r2", arguments=["not", "an", "object"]))],
+        [LaneOp("side", config="not an object")],  # type: ignore[arg-type]
+    ],
+    ids=["entry-not-object", "bad-role", "lane-int", "turn-str", "args-list", "config-str"],
+)
+def test_an_op_that_would_read_back_as_damage_is_refused(
+    store: Store, reopen: Reopen, bad: list[Any]
+) -> None:
+    """A commit runs the shape checks reading runs: what it accepts never reads back as
+    damage, and what it refuses leaves nothing behind."""
+    s = store.create_session("/p")
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    before = snapshot(s)
+    with pytest.raises(InvalidOp) as info:
+        s.commit(bad)
+    assert info.value.code == "invalid_op"
+    assert snapshot(s) == before
+    s = reopen(store, s, write=False)
+    try:
+        assert s.damage == []
     finally:
         s.close()
 

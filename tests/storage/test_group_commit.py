@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from durable_harness.errors import IdConflict, StaleGeneration
+from durable_harness.errors import IdConflict, InvalidOp, StaleGeneration
 from durable_harness.storage import EntryOp, RecordOp, Store
 
 from .conftest import Reopen
@@ -170,5 +170,36 @@ def test_unwaited_commits_ride_on_the_next_fsync(
         assert len(calls) == 2
         s = reopen(store, s, write=False)
         assert ids(s.iter_entries()) == ["e1", "e2"] and ids(s.records()) == ["r1"]
+    finally:
+        s.close()
+
+
+async def test_a_malformed_call_fails_alone(store: Store, reopen: Reopen) -> None:
+    """A call whose op would read back as damage (a record field of the wrong type, an entry
+    that is not an object) fails with InvalidOp before anything of it is indexed; the rest
+    of its group commits."""
+    s = store.create_session("/p", durability="batch")
+    outcomes: dict[str, Any] = {}
+
+    async def commit(name: str, ops: list[Any]) -> None:
+        try:
+            outcomes[name] = await s.commit_async(ops)
+        except InvalidOp as exc:
+            outcomes[name] = exc
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(commit, "a", [EntryOp(ent("a1"), lane="main")])
+            tg.start_soon(commit, "not-a-dict", [EntryOp(["not", "a", "dict"], lane="x")])  # type: ignore[arg-type]
+            tg.start_soon(commit, "bad-turn", [RecordOp(rec("r-bad", turn="3"))])
+            tg.start_soon(commit, "b", [EntryOp(ent("b1"), lane="side")])  # trio: any order
+        assert isinstance(outcomes["not-a-dict"], InvalidOp)
+        assert isinstance(outcomes["bad-turn"], InvalidOp)
+        assert outcomes["not-a-dict"].code == "invalid_op"
+        assert isinstance(outcomes["a"], int) and isinstance(outcomes["b"], int)
+        assert sorted(ids(s.iter_entries())) == ["a1", "b1"]
+        s = reopen(store, s, write=False)
+        assert sorted(ids(s.iter_entries())) == ["a1", "b1"] and s.records() == []
+        assert s.damage == []
     finally:
         s.close()
