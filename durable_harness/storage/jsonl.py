@@ -175,8 +175,36 @@ class JsonlSessionStore(IndexedSessionStore):
         if lease is not None:
             store.generation = lease.raise_floor(store._last_gen)
             store._quarantine_tail(data)
-            store._size = os.fstat(fd).st_size
+            store._size = os.fstat(store._fd).st_size
+            if lease.contested:
+                store._detach_old_writer(data[: store._end])
         return store
+
+    def _detach_old_writer(self, content: bytes) -> None:
+        """Move the session to a new inode holding ``content`` (the data, without padding).
+
+        Called when the lease was taken from a writer that may still be alive (a broken lease,
+        a removed or reset lock file). That writer checks the lease before each write, but a
+        write can still slip in between its check and our takeover; its file descriptor now
+        points at the old inode, so such a write, and a trim at its close, land there and can
+        never overwrite or cut a line of ours. Costs one copy of the file, once per takeover.
+        """
+        tmp = f"{self.path}.takeover-{os.getpid()}-{time.monotonic_ns()}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, content)
+            os.fsync(fd)
+            os.rename(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(os.path.dirname(self.path) or ".")
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = fd
+        self._size = len(content)
 
     @classmethod
     def _from_bytes(
@@ -218,7 +246,7 @@ class JsonlSessionStore(IndexedSessionStore):
         line_no = 1
         max_gen = 0
         size = len(data)
-        padding_from = len(data.rstrip(PAD))  # preallocated padding: trailing empty lines
+        padding_from = len(data.rstrip(b" \t\r\n"))  # the padding: trailing blank lines
         self._end = pos
         while pos < size:
             line_no += 1

@@ -36,6 +36,7 @@ class FileLease:
         self.lock_path = lock_path
         self.what = what
         self.generation = 0
+        self.contested = False  # True when another writer may still be alive (see acquire)
         self._fd: int | None = None
 
     def _read(self, fd: int) -> dict[str, Any]:
@@ -48,6 +49,9 @@ class FileLease:
 
     def acquire(self, *, break_lease: bool = False, floor: int = 0) -> int:
         """Take the lease and return the new generation (``max(old, floor) + 1``).
+
+        Sets :attr:`contested` when a live holder was displaced (``break_lease``); see also
+        :meth:`raise_floor`.
 
         Raises:
             LeaseHeld: a live process holds it and ``break_lease`` is False.
@@ -77,13 +81,19 @@ class FileLease:
         old = self._read(fd).get("generation", 0)
         old = old if isinstance(old, int) and not isinstance(old, bool) and old > 0 else 0
         self._fd = fd
+        self.contested = not locked
         self._write(max(old, floor) + 1, broken=not locked)
         return self.generation
 
     def raise_floor(self, floor: int) -> int:
         """Make the held generation exceed ``floor`` (the highest generation found in the data:
-        a lost or reset lock file must not hand out a generation already used)."""
+        a lost or reset lock file must not hand out a generation already used).
+
+        Having to raise it means the lock file was removed or reset while the data was written
+        under a lease: the writer that held it may still be alive, so :attr:`contested` is set.
+        """
         if self._fd is not None and self.generation <= floor:
+            self.contested = True
             self._write(floor + 1, broken=False)
         return self.generation
 

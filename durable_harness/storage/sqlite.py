@@ -1,11 +1,11 @@
 """The SQLite backend: many sessions in one database file (stdlib ``sqlite3``, WAL mode).
 
 A commit is one ``BEGIN IMMEDIATE`` transaction that first checks the session's fencing
-generation, then inserts entries and records, updates lanes and ``last_seq``. Durability maps to
-``PRAGMA synchronous``: ``sync`` and ``batch`` use ``FULL`` (the WAL is fsynced at each commit),
-``none`` uses ``OFF``. ``batch`` is group commit: commits that arrive while a transaction runs
-are applied together in the next one, each inside its own savepoint, so one bad commit does not
-sink the others.
+generation, then inserts entries and records, updates lanes and ``last_seq``. A session's
+connection runs ``PRAGMA synchronous=NORMAL`` (``OFF`` for ``none``) and the store fsyncs the WAL
+itself: at once for a waited commit, at the next barrier for ``commit(wait=False)``. ``batch`` is
+group commit: commits that arrive while a transaction runs are applied together in the next one;
+a call that fails is rolled back alone (the group is rerun with a savepoint per call).
 
 Schema changes are an ordered list, :data:`MIGRATIONS`, applied past the highest version in
 the ``migrations`` table, each in the same transaction as its version row. An old entry is never

@@ -197,3 +197,59 @@ def test_a_reset_lock_file_never_reuses_a_generation(tmp_path: os.PathLike[str])
     reopened = store.open_session(sid, write=False)
     assert reopened.damage == []  # no stale_generation on the new writer's lines
     reopened.close()
+
+
+def _stale_check_passed(session: object) -> None:
+    """Make ``session``'s lease checks pass, as a check that ran just before another writer
+    took over would: the window between a writer's check and its write or trim."""
+    session._lease.check = lambda: None  # type: ignore[attr-defined]
+
+
+def test_a_write_slipping_past_the_fence_never_lands_on_the_new_writers_lines(
+    tmp_path: os.PathLike[str],
+) -> None:
+    from durable_harness.storage import open_store
+
+    store = open_store(f"jsonl:{tmp_path}")
+    a = store.create_session("/w", durability="sync")
+    a.commit([EntryOp(ent("e1", None), lane="main")])
+    b = store.open_session(a.session_id, break_lease=True)
+    b.commit([EntryOp(ent("e2", "e1"), lane="main")])
+    _stale_check_passed(a)
+    a.commit([EntryOp(ent("late", "e1"), lane="main"), RecordOp(rec("late-r"))])
+    a.close()  # and its close, past the fence too, must not cut b's lines
+    b.commit([EntryOp(ent("e3", "e2"), lane="main")])
+    b.close()
+    reopened = store.open_session(a.session_id, write=False)
+    assert ids(reopened.iter_entries()) == ["e1", "e2", "e3"]
+    assert reopened.records() == [] and reopened.damage == []
+    reopened.close()
+
+
+def test_a_close_slipping_past_the_fence_never_cuts_the_new_writers_lines(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old writer's trim checks the lease and its padding, then truncates: a new writer's
+    commit landing in between (forced here) must survive."""
+    from durable_harness.storage import open_store
+
+    store = open_store(f"jsonl:{tmp_path}")
+    a = store.create_session("/w", durability="sync")
+    a.commit([EntryOp(ent("e1", None), lane="main")])
+    os.unlink(a.location + ".lock")  # the other way in for a second writer
+    b = store.open_session(a.session_id)
+    _stale_check_passed(a)
+    real_truncate = os.ftruncate
+
+    def truncate_after_b_commits(fd: int, length: int) -> None:
+        b.commit([EntryOp(ent("e2", "e1"), lane="main")])
+        real_truncate(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", truncate_after_b_commits)
+    a.close()
+    monkeypatch.setattr(os, "ftruncate", real_truncate)
+    assert b.get_entry("e2") is not None  # b did commit while a was closing
+    b.close()
+    reopened = store.open_session(a.session_id, write=False)
+    assert ids(reopened.iter_entries()) == ["e1", "e2"] and reopened.damage == []
+    reopened.close()
