@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from durable_harness.storage.base import EntryOp, LaneOp, RecordOp
+
 _RECORD_STR = (
     "toolCallId",
     "toolName",
@@ -106,8 +108,6 @@ def entry_shape_error(entry: dict[str, Any]) -> str | None:
 def op_shape_error(op: Any) -> str | None:
     """Why a commit op (``EntryOp``, ``RecordOp`` or ``LaneOp``) would read back as damage, or
     ``None``: the checks above, plus the types of the op's own fields."""
-    from durable_harness.storage.base import EntryOp, LaneOp, RecordOp
-
     if isinstance(op, EntryOp):
         if not isinstance(op.entry, dict):
             return "an entry must be an object"
