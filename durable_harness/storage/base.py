@@ -18,10 +18,12 @@ Guarantees a caller can check at the call site:
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 Durability = Literal["sync", "batch", "none"]
@@ -112,6 +114,48 @@ def damage(
         item["line"] = line
     item.update(extra)
     return item
+
+
+class PendingCommit:
+    """One commit waiting in a group-commit queue: its ops, then its outcome (``seq`` or
+    ``error``) once ``done``."""
+
+    __slots__ = ("done", "error", "ops", "seq")
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.done = False
+        self.seq = 0
+        self.error: BaseException | None = None
+
+
+async def queued_commit(
+    queue: list[PendingCommit], ops: list[Op], run: Callable[[list[PendingCommit]], None]
+) -> int:
+    """Group commit for tasks on one event loop: queue ``ops`` and yield once; the first queued
+    task to resume hands the whole queue to ``run`` (which commits it and marks every item
+    done), and the others find their outcome when they resume.
+
+    A call cancelled before its ops were taken leaves the queue and is not committed.
+
+    Raises:
+        whatever ``run`` recorded as this call's error.
+    """
+    item = PendingCommit(ops)
+    queue.append(item)
+    try:
+        await anyio.lowlevel.checkpoint()
+    except BaseException:
+        if not item.done:
+            queue.remove(item)
+        raise
+    if not item.done:
+        batch = queue[:]
+        queue.clear()
+        run(batch)
+    if item.error is not None:
+        raise item.error
+    return item.seq
 
 
 class SessionStore(abc.ABC):

@@ -42,10 +42,12 @@ from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
     Durability,
+    PendingCommit,
     SessionInfo,
     SessionStore,
     Store,
     damage,
+    queued_commit,
 )
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
@@ -81,18 +83,6 @@ def is_own_format(header: dict[str, Any]) -> bool:
     return header.get("type") == "session" and header.get("format") == FORMAT
 
 
-class _Queued:
-    """One :meth:`JsonlSessionStore.commit_async` call waiting for its group commit."""
-
-    __slots__ = ("done", "error", "ops", "seq")
-
-    def __init__(self, ops: list[Any]) -> None:
-        self.ops = ops
-        self.done = False
-        self.seq = 0
-        self.error: BaseException | None = None
-
-
 class JsonlSessionStore(IndexedSessionStore):
     """One session file. Open with :meth:`open_path` or :meth:`create`."""
 
@@ -110,7 +100,7 @@ class JsonlSessionStore(IndexedSessionStore):
         self._single_op: dict[int, bool] = {}
         self._synced = 0
         self._syncing = False
-        self._queue: list[_Queued] = []  # commit_async calls waiting for the next group commit
+        self._queue: list[PendingCommit] = []  # commit_async calls waiting for their group
 
     # -- creation and opening --------------------------------------------------------------
     @classmethod
@@ -512,23 +502,10 @@ class JsonlSessionStore(IndexedSessionStore):
             raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
         if not ops:
             return self._seq
-        item = _Queued(ops)
-        self._queue.append(item)
-        try:
-            await anyio.lowlevel.checkpoint()
-        except BaseException:
-            if not item.done:
-                self._queue.remove(item)
-            raise
-        if not item.done:
-            self._commit_queue()
-        if item.error is not None:
-            raise item.error
-        return item.seq
+        return await queued_commit(self._queue, ops, self._commit_group)
 
-    def _commit_queue(self) -> None:
-        """Commit every queued :meth:`commit_async` call: one line each, one write, one fsync."""
-        batch, self._queue = self._queue, []
+    def _commit_group(self, batch: list[PendingCommit]) -> None:
+        """Commit queued :meth:`commit_async` calls: one line each, one write, one fsync."""
         with self._lock:
             try:
                 assert self._lease is not None

@@ -20,9 +20,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.lowlevel
-
 from durable_harness.errors import (
     IdConflict,
     InvalidOp,
@@ -40,11 +37,13 @@ from durable_harness.storage.base import (
     LaneOp,
     LaneState,
     Op,
+    PendingCommit,
     RecordOp,
     SessionInfo,
     SessionStore,
     Store,
     damage,
+    queued_commit,
 )
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
@@ -107,16 +106,6 @@ def _migrate(conn: sqlite3.Connection) -> None:
             raise
 
 
-class _Pending:
-    __slots__ = ("done", "error", "ops", "seq")
-
-    def __init__(self, ops: list[Op]) -> None:
-        self.ops = ops
-        self.done = False
-        self.seq = 0
-        self.error: BaseException | None = None
-
-
 class SqliteSessionStore(SessionStore):
     """One session inside a SQLite database. Opened through :class:`SqliteStore`."""
 
@@ -139,8 +128,8 @@ class SqliteSessionStore(SessionStore):
         self._lease = lease
         self._lock = threading.RLock()
         self._cond = threading.Condition()
-        self._queue: list[_Pending] = []
-        self._async_queue: list[_Pending] = []  # commit_async calls waiting for their group
+        self._queue: list[PendingCommit] = []
+        self._async_queue: list[PendingCommit] = []  # commit_async calls waiting for their group
         # Entry ids known to exist (entries are never deleted): made by the open transaction,
         # and by recent committed ones. A parent found here is not looked up.
         self._txn_entries: set[str] = set()
@@ -267,7 +256,7 @@ class SqliteSessionStore(SessionStore):
                     raise
                 self._after_commit(wait)
                 return seq
-        item = _Pending(ops)
+        item = PendingCommit(ops)
         with self._cond:
             self._queue.append(item)
             while not item.done:
@@ -306,22 +295,9 @@ class SqliteSessionStore(SessionStore):
             raise ReadOnlySession(f"session {self.location} is open read-only")
         if not ops:
             return self.last_seq()
-        item = _Pending(ops)
-        self._async_queue.append(item)
-        try:
-            await anyio.lowlevel.checkpoint()
-        except BaseException:
-            if not item.done:
-                self._async_queue.remove(item)
-            raise
-        if not item.done:
-            batch, self._async_queue = self._async_queue, []
-            self._run_batch(batch)
-        if item.error is not None:
-            raise item.error
-        return item.seq
+        return await queued_commit(self._async_queue, ops, self._run_batch)
 
-    def _run_batch(self, batch: list[_Pending]) -> None:
+    def _run_batch(self, batch: list[PendingCommit]) -> None:
         with self._lock:
             if len(batch) > 1 and self._run_group(batch):
                 return
@@ -351,7 +327,7 @@ class SqliteSessionStore(SessionStore):
             for item in batch:
                 item.done = True
 
-    def _run_group(self, batch: list[_Pending]) -> bool:
+    def _run_group(self, batch: list[PendingCommit]) -> bool:
         """The optimistic form of :meth:`_run_batch`: the whole group in one transaction with no
         savepoints (two statements fewer per call). Returns ``False``, having rolled back, when
         a call failed; the caller then runs the group again with a savepoint per call."""

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from durable_harness.errors import IdConflict, InvalidOp, StaleGeneration
+from durable_harness.errors import IdConflict, InvalidOp, StaleGeneration, StorageError
 from durable_harness.storage import EntryOp, RecordOp, Store
 
 from .conftest import Reopen
@@ -48,6 +48,23 @@ async def _writers(s: Any, tasks: int = TASKS, per_task: int = PER_TASK) -> list
     return seqs
 
 
+async def _one_group(s: Any, calls: dict[str, list[Any]]) -> dict[str, Any]:
+    """Run each named call's ``commit_async`` concurrently; map each name to its seq or to the
+    StorageError it raised."""
+    outcomes: dict[str, Any] = {}
+
+    async def commit(name: str, ops: list[Any]) -> None:
+        try:
+            outcomes[name] = await s.commit_async(ops)
+        except StorageError as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        for name, ops in calls.items():
+            tg.start_soon(commit, name, ops)
+    return outcomes
+
+
 async def test_concurrent_commits_all_land_in_order(store: Store, reopen: Reopen) -> None:
     s = store.create_session("/p", durability="batch")
     try:
@@ -83,19 +100,15 @@ async def test_a_group_shares_one_fsync(store: Store, monkeypatch: pytest.Monkey
 async def test_a_failing_call_fails_alone(store: Store, reopen: Reopen) -> None:
     s = store.create_session("/p", durability="batch")
     s.commit([EntryOp(ent("taken"), lane="main")])
-    outcomes: dict[str, Any] = {}
-
-    async def commit(name: str, ops: list[Any]) -> None:
-        try:
-            outcomes[name] = await s.commit_async(ops)
-        except IdConflict as exc:
-            outcomes[name] = exc
-
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(commit, "a", [EntryOp(ent("a1", "taken"), lane="main")])
-            tg.start_soon(commit, "dup", [EntryOp(ent("taken"), lane="side"), RecordOp(rec("x"))])
-            tg.start_soon(commit, "b", [RecordOp(rec("b1"))])
+        outcomes = await _one_group(
+            s,
+            {
+                "a": [EntryOp(ent("a1", "taken"), lane="main")],
+                "dup": [EntryOp(ent("taken"), lane="side"), RecordOp(rec("x"))],
+                "b": [RecordOp(rec("b1"))],
+            },
+        )
         assert isinstance(outcomes["dup"], IdConflict)
         assert isinstance(outcomes["a"], int) and isinstance(outcomes["b"], int)
         s = reopen(store, s, write=False)
@@ -179,20 +192,16 @@ async def test_a_malformed_call_fails_alone(store: Store, reopen: Reopen) -> Non
     that is not an object) fails with InvalidOp before anything of it is indexed; the rest
     of its group commits."""
     s = store.create_session("/p", durability="batch")
-    outcomes: dict[str, Any] = {}
-
-    async def commit(name: str, ops: list[Any]) -> None:
-        try:
-            outcomes[name] = await s.commit_async(ops)
-        except InvalidOp as exc:
-            outcomes[name] = exc
-
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(commit, "a", [EntryOp(ent("a1"), lane="main")])
-            tg.start_soon(commit, "not-a-dict", [EntryOp(["not", "a", "dict"], lane="x")])  # type: ignore[arg-type]
-            tg.start_soon(commit, "bad-turn", [RecordOp(rec("r-bad", turn="3"))])
-            tg.start_soon(commit, "b", [EntryOp(ent("b1"), lane="side")])  # trio: any order
+        outcomes = await _one_group(
+            s,
+            {
+                "a": [EntryOp(ent("a1"), lane="main")],
+                "not-a-dict": [EntryOp(["not", "a", "dict"], lane="x")],  # type: ignore[arg-type]
+                "bad-turn": [RecordOp(rec("r-bad", turn="3"))],
+                "b": [EntryOp(ent("b1"), lane="side")],  # no parent: trio runs tasks in any order
+            },
+        )
         assert isinstance(outcomes["not-a-dict"], InvalidOp)
         assert isinstance(outcomes["bad-turn"], InvalidOp)
         assert outcomes["not-a-dict"].code == "invalid_op"
