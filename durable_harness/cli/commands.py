@@ -10,11 +10,16 @@ from typing import Any
 from durable_harness import crash
 from durable_harness.cli.main import command, out, run_async, store_of
 from durable_harness.errors import FormatError, SessionNotFound
-from durable_harness.harness.harness import POLICIES, Harness, HarnessOptions
+from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.harness.report import cost_report, timeline
 from durable_harness.providers import make_provider, provider_spec
-from durable_harness.recovery.plan import RecoveryPlan
-from durable_harness.recovery.resume import parse_decision, recover, resume_session
+from durable_harness.recovery.decide import POLICIES, RecoveryPlan
+from durable_harness.recovery.resume import (
+    parse_decision,
+    plan_recovery,
+    recover,
+    resume_session,
+)
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
 from durable_harness.session.fsck import fsck_path
@@ -414,11 +419,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     session = _open(args, write=True, durability=args.durability)
     with session:
         tools = builtin_tools()
-        plan = recover(session.store, tools, policy=args.policy, decisions=decisions)
-        if not args.quiet and not args.json:
-            print_plan(plan)
 
         async def go() -> dict[str, str]:
+            rec = await plan_recovery(session.store, tools, args.policy, decisions, session.cwd)
+            if not args.quiet and not args.json:
+                print_plan(rec.plan)
             return await resume_session(
                 session,
                 tools,
@@ -426,6 +431,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 decisions=decisions,
                 policy=args.policy,
                 lanes=[args.lane] if args.lane else None,
+                recovery=rec,
             )
 
         results: dict[str, str] = run_async(go)

@@ -19,18 +19,18 @@ from durable_harness.errors import (
 )
 from durable_harness.harness.state import (
     LaneLog,
+    RunLimits,
     RunState,
     fold_lane,
 )
+from durable_harness.harness.steps import Step
 from durable_harness.providers.base import (
     Provider,
 )
 from durable_harness.session.session import Session
 from durable_harness.storage.base import Op, RecordOp
-from durable_harness.tools.base import Tool
+from durable_harness.tools.base import Tool, ToolResult
 
-Policy = Literal["ask", "fail-in-doubt", "retry-safe"]
-POLICIES: tuple[Policy, ...] = ("ask", "fail-in-doubt", "retry-safe")
 Event = dict[str, Any]
 
 
@@ -40,10 +40,13 @@ class HarnessOptions:
 
     Attributes:
         system_prompt: system text sent with every request.
-        attempt_cap: provider attempts per turn, counted durably across restarts.
+        attempt_cap: provider attempts per turn (and per summary), counted durably across
+            restarts.
         retry_initial, retry_max: exponential backoff between attempts, in seconds.
         max_turns: turns per run before the run fails (a runaway guard).
-        policy: what to do with in-doubt tool calls (see ``design/recovery.md``).
+        max_tool_calls: tool calls per run before the run fails (a runaway guard).
+            ``attempt_cap``, ``max_turns`` and ``max_tool_calls`` are recorded in each run's
+            ``run_started`` and a resumed run keeps the values it started with.
         compact_reserve: tokens kept free in the context window; auto-compaction triggers at
             a checkpoint when the estimated context exceeds ``context_window - compact_reserve``.
         keep_recent_tokens: tokens of recent context a compaction keeps verbatim.
@@ -54,10 +57,15 @@ class HarnessOptions:
     retry_initial: float = 0.2
     retry_max: float = 5.0
     max_turns: int = 50
-    policy: Policy = "ask"
+    max_tool_calls: int = 500
     compact_reserve: int = 16_384
     keep_recent_tokens: int = 20_000
     provider_spec: str | None = None
+
+    @property
+    def limits(self) -> RunLimits:
+        """The bounds a new run records (:class:`RunLimits`)."""
+        return RunLimits(self.attempt_cap, self.max_turns, self.max_tool_calls)
 
 
 @dataclass
@@ -69,7 +77,10 @@ class _LiveRun:
     returned: list[dict[str, Any]] = field(default_factory=list)
     outcome: str | None = None
     waiting: list[str] = field(default_factory=list)
-    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the recovery step to execute first (``None`` for a new run), and the results its
+    #: ``reconcile`` actions settle with, by call key
+    first: Step | None = None
+    results: dict[str, ToolResult] = field(default_factory=dict)
 
 
 class RunHandle:

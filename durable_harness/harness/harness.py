@@ -12,6 +12,7 @@ continues exactly where the crashed one stopped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -21,13 +22,12 @@ from durable_harness.errors import (
     AttemptCapReached,
     NoOpenRun,
     ProviderError,
+    RecoveryError,
     RunInProgress,
 )
 from durable_harness.harness.core import (
-    POLICIES,
     HarnessCore,
     HarnessOptions,
-    Policy,
     RunHandle,
     _LiveRun,
     _Suspend,
@@ -38,12 +38,14 @@ from durable_harness.harness.state import (
     RunState,
     fold_run,
 )
+from durable_harness.harness.steps import Step, next_step
 from durable_harness.harness.tool_calls import ToolCallsMixin
 from durable_harness.harness.turns import TurnsMixin
 from durable_harness.ids import new_id, now_ms, uuid7
 from durable_harness.models.entries import validate_message
 from durable_harness.session.context import estimate_tokens
 from durable_harness.storage.base import EntryOp, Op, RecordOp
+from durable_harness.tools.base import ToolResult
 
 
 class Harness(ToolCallsMixin, TurnsMixin):
@@ -105,6 +107,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
             provider=self.provider.name,
             model=self.provider.model,
             providerSpec=self.options.provider_spec,
+            limits=self.options.limits.to_record(),
         )
         if client_key is not None:
             rec["clientKey"] = client_key
@@ -122,7 +125,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
                     )
                 )
             )
-        live = _LiveRun(RunState(run_id, lane))
+        live = _LiveRun(RunState(run_id, lane, limits=self.options.limits))
         self._commit(ops, live)
         crash.crash_point("after_run_started")
         return self._launch(live)
@@ -256,39 +259,57 @@ class Harness(ToolCallsMixin, TurnsMixin):
 
     async def resume(
         self,
+        step: Step,
         *,
         lane: str = "main",
-        decisions: dict[str, dict[str, Any]] | None = None,
-        policy: Policy | None = None,
+        decisions: Mapping[str, Mapping[str, Any]] | None = None,
+        results: Mapping[str, ToolResult] | None = None,
     ) -> RunHandle | None:
-        """Continue the lane's interrupted run from its last safe boundary.
+        """Continue the lane's interrupted run by executing ``step``, the step the recovery
+        plan decided for it (:meth:`durable_harness.recovery.decide.LanePlan.step`), then
+        carry on as a live run.
 
-        ``decisions`` maps a tool call id to ``{"decision": "retry" | "fail" | "result",
-        "result": text}``; each is written as a durable ``decision`` record before it acts.
-        Returns ``None`` when the lane has no open run (a queued next-run item is started).
+        Args:
+            step: the lane's planned step; for an idle lane, ``start_next_run`` starts the
+                queued next-run item and ``none`` does nothing.
+            decisions: ``{call key: {"decision": "retry"|"fail"|"result", "result": text}}``
+                the plan was computed with; each is written as a durable ``decision`` record
+                before anything acts on it.
+            results: ``{call key: result}`` for the calls the plan settles by ``reconcile``
+                (what the hook established when the plan was made).
+
+        Returns:
+            The run's handle, or ``None`` when nothing was started.
 
         Raises:
             RunInProgress: the lane already has a live run in this harness.
+            RecoveryError: the step is for a run the lane does not have open.
         """
         if lane in self._runs:
             raise RunInProgress(f"lane {lane!r} already has a live run", lane=lane)
         state = self.load_run(lane)
         if state is None:
-            self._start_next(lane)
+            if step.action == "start_next_run":
+                self._start_next(lane)
             live_next = self._runs.get(lane)
             return RunHandle(live_next) if live_next else None
-        live = _LiveRun(state)
-        if policy is not None:
-            live.decisions["__policy__"] = {"policy": policy}
-        for call_id, decision in (decisions or {}).items():
-            call = state.call(call_id)
+        if step.action in ("none", "start_next_run"):
+            raise RecoveryError(
+                f"lane {lane!r} of session {self.session.id} has open run {state.run_id}, "
+                f"but the plan's step is {step.action!r}: plan again",
+                lane=lane,
+            )
+        live = _LiveRun(state, first=step, results=dict(results or {}))
+        for key, decision in (decisions or {}).items():
+            call = state.call(key)
             if call is None or call.status == "completed":
                 continue
             rec = record(
                 "decision",
                 lane,
                 state.run_id,
-                toolCallId=call_id,
+                toolCallId=call.tool_call_id,
+                callKey=call.key,
                 decision=decision.get("decision"),
                 result=decision.get("result"),
             )
@@ -335,31 +356,53 @@ class Harness(ToolCallsMixin, TurnsMixin):
             self._start_run(lane, pending[0].message, consumed=pending[0])
 
     async def _steps(self, live: _LiveRun) -> None:
+        """Take steps until the run settles or suspends: first the recovery step (when
+        resuming), then whatever :func:`~durable_harness.harness.steps.next_step` says."""
         s = live.state
         while s.outcome is None and not s.abort_requested:
-            open_calls = [c for c in s.tool_calls if c.status != "completed"]
-            if s.last_assistant_id and open_calls:
-                await self._tool_batch(live, open_calls)
-            elif s.last_assistant_id and not s.save_point_after:
-                lane_log = self._lane_log(s.lane)
-                queued = lane_log.pending("steer")
-                if not s.tool_calls:
-                    queued += lane_log.pending("follow_up")
-                if s.tool_calls or queued:
-                    crash.crash_point("before_save_point")
-                    self._save_point(live, queued)
-                    crash.crash_point("after_save_point")
-                    self._emit("turn_end", live, turn=s.turns)
-                else:
-                    self._emit("turn_end", live, turn=s.turns)
-                    crash.crash_point("before_run_finished")
-                    outcome = "failed" if s.last_stop_reason == "error" else "completed"
-                    self._finish(live, outcome)
-            elif s.turns >= self.options.max_turns:
-                self._finish(live, "failed", reason=f"max_turns {self.options.max_turns} reached")
+            step, live.first = live.first, None
+            if step is None:
+                step = next_step(s, self._lane_log(s.lane), {})
+            await self._take(live, step)
+
+    async def _take(self, live: _LiveRun, step: Step) -> None:
+        """Execute one step (the actions of :data:`~durable_harness.harness.steps.LaneAction`)."""
+        s = live.state
+        action = step.action
+        if action in ("resume_tool_calls", "await_decision"):
+            await self._tool_batch(live, step)
+        elif action in ("save_point", "deliver_queued"):
+            lane_log = self._lane_log(s.lane)
+            queued = lane_log.pending("steer")
+            if not s.tool_calls:
+                queued += lane_log.pending("follow_up")
+            crash.crash_point("before_save_point")
+            self._save_point(live, queued)
+            crash.crash_point("after_save_point")
+            self._emit("turn_end", live, turn=s.turns)
+        elif action == "finish_run":
+            self._emit("turn_end", live, turn=s.turns)
+            crash.crash_point("before_run_finished")
+            self._finish(live, "failed" if s.last_stop_reason == "error" else "completed")
+        elif action == "fail_run_limit":
+            self._settle_not_run(live, step.reason or "the run reached its limit")
+            self._finish(live, "failed", reason=step.reason)
+        elif action == "park_failed_attempt_cap":
+            self._finish(live, "failed", reason=step.reason)
+        elif action in ("issue_provider_request", "reissue_provider_request"):
+            if step.purpose == "compaction":
+                await self.compact(lane=s.lane, _live=live)
             else:
                 await self._maybe_compact(live)
                 await self._provider_turn(live)
+        elif action == "settle_aborted":
+            return  # the driver settles an aborted run once the loop ends
+        else:
+            raise RecoveryError(
+                f"run {s.run_id} of session {self.session.id}: step {action!r} cannot be "
+                "taken inside a run",
+                lane=s.lane,
+            )
 
     def _finish(self, live: _LiveRun, outcome: str, **extra: Any) -> None:
         s = live.state
@@ -434,11 +477,9 @@ def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "POLICIES",
     "Harness",
     "HarnessCore",
     "HarnessOptions",
-    "Policy",
     "RunHandle",
     "estimate_tokens",
 ]

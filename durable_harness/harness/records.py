@@ -40,7 +40,9 @@ def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> dict[str
     return rec
 
 
-def idempotency_key(run_id: str, tool_call_id: str) -> str:
-    """The idempotency key handed to a tool: ``"<run id>:<tool call id>"``, stable across
-    restarts because both parts are durable before the tool starts."""
-    return f"{run_id}:{tool_call_id}"
+def idempotency_key(run_id: str, call_key: str) -> str:
+    """The idempotency key handed to a tool: ``"<run id>:<call key>"`` (the call key is
+    ``"<assistant entry id>/<index>"``, :func:`~durable_harness.harness.state.call_key`):
+    unique per call even when a provider repeats tool-call ids, and stable across restarts
+    because both parts are durable before the tool starts."""
+    return f"{run_id}:{call_key}"

@@ -14,16 +14,78 @@ from durable_harness.models.messages import text_of
 
 ToolStatus = Literal["not_started", "in_doubt", "completed"]
 
+#: What a provider request is for: a run's turn, or a summary the run loop asks for.
+Purpose = Literal["turn", "compaction", "branch_summary"]
+PURPOSES: tuple[Purpose, ...] = ("turn", "compaction", "branch_summary")
+
+
+def call_key(entry_id: str, index: int) -> str:
+    """The identity of a tool call inside its run: ``"<assistant entry id>/<index>"``, the
+    entry that asked for it and the call's position among its tool calls. Unique in the run
+    whatever ids the provider gave (providers do repeat ids)."""
+    return f"{entry_id}/{index}"
+
+
+def attempt_key(purpose: str, turn: int) -> str:
+    """The counter a provider attempt counts against: ``"turn 3"``, ``"compaction 3"`` (the
+    compaction before turn 3), ``"branch_summary 0"``. The attempt cap applies per key."""
+    return f"{purpose} {turn}"
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """The bounds a run was started with, recorded in its ``run_started`` (``limits``) so a
+    resumed run is held to the same ones (``design/run-loop.md``).
+
+    Attributes:
+        attempt_cap: provider attempts per turn (and per summary), across restarts.
+        max_turns: assistant turns per run; the run fails when it would take one more.
+        max_tool_calls: tool calls per run; a turn that asks for more fails the run before
+            any of its calls starts.
+    """
+
+    attempt_cap: int = 5
+    max_turns: int = 50
+    max_tool_calls: int = 500
+
+    def to_record(self) -> dict[str, int]:
+        """The ``limits`` field of ``run_started``."""
+        return {
+            "attemptCap": self.attempt_cap,
+            "maxTurns": self.max_turns,
+            "maxToolCalls": self.max_tool_calls,
+        }
+
+    @classmethod
+    def from_record(cls, value: Any, default: RunLimits | None = None) -> RunLimits:
+        """Read ``limits`` back; a field missing (older logs) or not a positive integer
+        takes the value of ``default``."""
+        base = default or cls()
+        data = value if isinstance(value, dict) else {}
+
+        def pick(name: str, fallback: int) -> int:
+            v = data.get(name)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else fallback
+
+        return cls(
+            pick("attemptCap", base.attempt_cap),
+            pick("maxTurns", base.max_turns),
+            pick("maxToolCalls", base.max_tool_calls),
+        )
+
 
 @dataclass
 class ToolCallState:
     """One tool call of the current turn.
 
-    ``status``: ``not_started`` (no intent), ``in_doubt`` (intent without settlement) or
-    ``completed`` (settled). ``replay`` is the intent's recorded declaration (``None`` before
-    the intent). ``attempts`` counts ``tool_started`` intents for this call.
+    ``key`` is the call's identity in the run (:func:`call_key`); ``tool_call_id`` the id the
+    provider sees (made unique within its message before it is stored). ``status``:
+    ``not_started`` (no intent), ``in_doubt`` (intent without settlement) or ``completed``
+    (settled). ``replay`` is the intent's recorded declaration (``None`` before the intent).
+    ``attempts`` counts ``tool_started`` intents for this call.
     """
 
+    key: str
     tool_call_id: str
     tool_name: str
     arguments: dict[str, Any]
@@ -44,6 +106,11 @@ class PendingRequest:
     response_entry_id: str
     purpose: str = "turn"
 
+    @property
+    def key(self) -> str:
+        """The attempt counter it counts against (:func:`attempt_key`)."""
+        return attempt_key(self.purpose, self.turn)
+
 
 @dataclass
 class RunState:
@@ -53,7 +120,12 @@ class RunState:
         run_id, lane: identity.
         prompt_entry_id: the user entry the run started from.
         turns: number of assistant entries settled in this run.
-        attempts: provider attempts per turn (counts ``provider_request_started``).
+        attempts: provider attempts per :func:`attempt_key` (counts
+            ``provider_request_started``).
+        limits: the bounds recorded in ``run_started``.
+        tool_calls_total: tool calls asked for by every turn of the run so far.
+        unknown_refs: records of the run that name a tool call the run does not have
+            (``{"seq", "type", "toolCallId"}``): damage, reported by recovery.
         pending: the in-flight provider attempt, if any.
         last_assistant_id: the latest assistant entry of the run.
         last_stop_reason: its ``stopReason``.
@@ -68,7 +140,10 @@ class RunState:
     lane: str
     prompt_entry_id: str | None = None
     turns: int = 0
-    attempts: dict[int, int] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    limits: RunLimits = field(default_factory=RunLimits)
+    tool_calls_total: int = 0
+    unknown_refs: list[dict[str, Any]] = field(default_factory=list)
     pending: PendingRequest | None = None
     last_assistant_id: str | None = None
     last_stop_reason: str | None = None
@@ -81,12 +156,31 @@ class RunState:
     last_seq: int = 0
     prompt_text: str = ""
 
-    def call(self, tool_call_id: str) -> ToolCallState | None:
-        """Return the state of one tool call of the current turn."""
+    def call(self, key: str) -> ToolCallState | None:
+        """Return one tool call of the current turn by its key, or by its provider id when
+        that id names exactly one call."""
         for c in self.tool_calls:
-            if c.tool_call_id == tool_call_id:
+            if c.key == key:
                 return c
-        return None
+        same = [c for c in self.tool_calls if c.tool_call_id == key]
+        return same[0] if len(same) == 1 else None
+
+    def _target(self, rec: dict[str, Any], statuses: tuple[str, ...]) -> ToolCallState | None:
+        """The call a tool record is about: by ``callKey``; for records written before call
+        keys existed, the first call with the record's ``toolCallId`` in one of ``statuses``.
+        A record naming no call of the turn is kept in :attr:`unknown_refs`."""
+        key = rec.get("callKey")
+        found: ToolCallState | None = None
+        if isinstance(key, str):
+            found = next((c for c in self.tool_calls if c.key == key), None)
+        else:
+            cid = str(rec.get("toolCallId"))
+            same = [c for c in self.tool_calls if c.tool_call_id == cid]
+            found = next((c for c in same if c.status in statuses), same[0] if same else None)
+        if found is None:
+            ref = {"seq": rec.get("seq"), "type": rec.get("type")}
+            self.unknown_refs.append({**ref, "toolCallId": rec.get("toolCallId")})
+        return found
 
     def apply(self, rec: dict[str, Any], assistant: dict[str, Any] | None = None) -> None:
         """Fold one record into the state. ``assistant`` is the assistant message a
@@ -94,19 +188,21 @@ class RunState:
         rtype = rec.get("type")
         self.last_seq = max(self.last_seq, int(rec.get("seq", 0) or 0))
         if rtype == "run_started":
+            self.limits = RunLimits.from_record(rec.get("limits"), self.limits)
             self.prompt_entry_id = rec.get("promptEntryId")
             self.prompt_text = text_of((rec.get("prompt") or {}).get("content"))
         elif rtype == "provider_request_started":
             turn = int(rec.get("turn", self.turns + 1))
             if self.pending is not None:
                 self.cost_unknown_attempts += 1
-            self.attempts[turn] = self.attempts.get(turn, 0) + 1
-            self.pending = PendingRequest(
+            pending = PendingRequest(
                 turn,
                 int(rec.get("attempt", 1)),
                 str(rec.get("responseEntryId")),
                 str(rec.get("purpose", "turn")),
             )
+            self.attempts[pending.key] = self.attempts.get(pending.key, 0) + 1
+            self.pending = pending
         elif rtype == "provider_request_failed":
             self.pending = None
             self.failed_attempts += 1
@@ -118,19 +214,24 @@ class RunState:
             self.last_assistant_id = rec.get("entryId")
             self.last_stop_reason = rec.get("stopReason")
             self.save_point_after = False
-            calls = []
-            for block in (assistant or {}).get("content") or []:
-                if isinstance(block, dict) and block.get("type") == "toolCall":
-                    calls.append(
-                        ToolCallState(
-                            str(block.get("id")),
-                            str(block.get("name")),
-                            dict(block.get("arguments") or {}),
-                        )
-                    )
-            self.tool_calls = calls
+            entry_id = str(rec.get("entryId"))
+            blocks = [
+                b
+                for b in (assistant or {}).get("content") or []
+                if isinstance(b, dict) and b.get("type") == "toolCall"
+            ]
+            self.tool_calls = [
+                ToolCallState(
+                    call_key(entry_id, i),
+                    str(b.get("id")),
+                    str(b.get("name")),
+                    dict(b.get("arguments") or {}),
+                )
+                for i, b in enumerate(blocks)
+            ]
+            self.tool_calls_total += len(blocks)
         elif rtype == "tool_started":
-            c = self.call(str(rec.get("toolCallId")))
+            c = self._target(rec, ("not_started", "in_doubt"))
             if c is not None and c.status != "completed":
                 c.status = "in_doubt"
                 c.replay = rec.get("replay")
@@ -141,16 +242,16 @@ class RunState:
                 c.decision = None
                 c.process = None
         elif rtype == "tool_process":
-            c = self.call(str(rec.get("toolCallId")))
+            c = self._target(rec, ("in_doubt",))
             if c is not None and c.status == "in_doubt":
                 c.process = {"pgid": rec.get("pgid"), "startTime": rec.get("startTime")}
         elif rtype == "tool_finished":
-            c = self.call(str(rec.get("toolCallId")))
+            c = self._target(rec, ("in_doubt", "not_started"))
             if c is not None:
                 c.status = "completed"
                 c.result_entry_id = rec.get("resultEntryId")
         elif rtype == "decision":
-            c = self.call(str(rec.get("toolCallId")))
+            c = self._target(rec, ("in_doubt", "not_started"))
             if c is not None:
                 c.decision = {"decision": rec.get("decision"), "result": rec.get("result")}
         elif rtype == "save_point":
@@ -174,15 +275,29 @@ class QueueItem:
 
 @dataclass
 class LaneLog:
-    """Lane-wide pending state: queue items and deferred writes not yet settled."""
+    """Lane-wide pending state: queue items and deferred writes not yet settled, and the
+    attempts of summaries asked for outside any run (``summary_attempts``: attempts per purpose
+    since that purpose's last finished request; a crash loop counts up to the cap)."""
 
     queue: list[QueueItem] = field(default_factory=list)
     deferred: list[dict[str, Any]] = field(default_factory=list)
+    summary_attempts: dict[str, int] = field(default_factory=dict)
 
     def apply(self, rec: dict[str, Any]) -> None:
         """Fold one record."""
         rtype = rec.get("type")
-        if rtype == "queue_enqueued":
+        if rec.get("runId") is None and rtype in (
+            "provider_request_started",
+            "provider_request_finished",
+            "provider_request_failed",
+        ):
+            purpose = str(rec.get("purpose", "turn"))
+            used = self.summary_attempts.get(purpose, 0)
+            if rtype == "provider_request_started":
+                self.summary_attempts[purpose] = used + 1
+            elif rtype == "provider_request_finished":
+                self.summary_attempts[purpose] = 0
+        elif rtype == "queue_enqueued":
             self.queue.append(
                 QueueItem(
                     str(rec.get("queue")),

@@ -8,15 +8,14 @@ from typing import Any, Literal
 import anyio
 
 from durable_harness import crash
-from durable_harness.errors import (
-    ToolError,
-)
-from durable_harness.harness.core import POLICIES, HarnessCore, Policy, _LiveRun, _Suspend
+from durable_harness.errors import ToolError
+from durable_harness.harness.core import HarnessCore, _LiveRun, _Suspend
 from durable_harness.harness.records import idempotency_key, record
 from durable_harness.harness.state import (
     RunState,
     ToolCallState,
 )
+from durable_harness.harness.steps import RUNS_TOOL, Step
 from durable_harness.ids import new_id, now_ms
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ToolContext, ToolResult
@@ -37,31 +36,28 @@ class ToolCallsMixin(HarnessCore):
 
     # -- tool calls ------------------------------------------------------------------------
 
-    def _policy(self, live: _LiveRun) -> Policy:
-        chosen = live.decisions.get("__policy__", {}).get("policy")
-        for policy in POLICIES:
-            if chosen == policy:
-                return policy
-        return self.options.policy
-
-    async def _tool_batch(self, live: _LiveRun, calls: list[ToolCallState]) -> None:
+    async def _tool_batch(self, live: _LiveRun, step: Step) -> None:
+        """Execute a step's call actions (``design/recovery.md``): the calls to run run (in
+        parallel), the others are settled as decided; then, if any call waits for a
+        decision, the run suspends."""
+        s = live.state
         to_run: list[ToolCallState] = []
         live.waiting = []
-        # With damage in the session file, a call with no intent found may still have run
-        # (its intent could sit in a lost line): only replay-safe tools start without a decision.
-        damaged = any(d.get("kind") != "torn_tail" for d in self.store.damage)
-        for call in calls:
-            tool = self.tools.get(call.tool_name)
-            if call.status == "not_started" and (
-                not damaged or tool is None or tool.replay == "safe"
-            ):
+        for call in [c for c in s.tool_calls if c.status != "completed"]:
+            action = step.calls.get(call.key, "execute")
+            if call.status == "in_doubt":
+                self._kill_leftover(live, call)
+            if action in RUNS_TOOL:
                 to_run.append(call)
-                continue
-            action = await self._in_doubt(live, call)
-            if action == "retry":
-                to_run.append(call)
-            elif action == "wait":
+            elif action == "await_decision":
                 live.waiting.append(call.tool_call_id)
+            elif action == "reconcile":
+                self._settle(live, call, live.results[call.key], outcome="reconciled")
+            elif action == "fail":
+                result = ToolResult.text(FAILED_BY_DECISION, is_error=True)
+                self._settle(live, call, result, outcome="failed_by_policy")
+            elif action == "apply_decision":
+                self._apply_decision(live, call)
         if len(to_run) == 1:  # the common batch: no task group needed to run it
             await self._run_tool(live, to_run[0])
         elif to_run:
@@ -72,15 +68,10 @@ class ToolCallsMixin(HarnessCore):
             self._emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
             raise _Suspend()
 
-    async def _in_doubt(self, live: _LiveRun, call: ToolCallState) -> str:
-        """Decide what to do with an in-doubt call: ``retry``, ``settled`` or ``wait``.
-
-        First, a process group the crashed harness left running for this call is killed: the
-        lease proves its harness is dead, and nothing may be decided while the effect may still
-        be under way.
-        """
-        s = live.state
-        tool = self.tools.get(call.tool_name)
+    def _kill_leftover(self, live: _LiveRun, call: ToolCallState) -> None:
+        """Kill a process group the crashed harness left running for an in-doubt call: the
+        lease proves its harness is dead, and nothing may be settled or re-run while the
+        effect may still be under way."""
         if call.process and isinstance(call.process.get("pgid"), int):
             start = call.process.get("startTime")
             if kill_group(call.process["pgid"], start if isinstance(start, int) else None):
@@ -91,46 +82,27 @@ class ToolCallsMixin(HarnessCore):
                     pgid=call.process["pgid"],
                 )
             call.process = None
-        if call.decision is not None:
-            kind = call.decision.get("decision")
-            if kind == "retry":
-                return "retry"
-            text = str(call.decision.get("result")) if kind == "result" else FAILED_BY_DECISION
-            self._settle(
-                live,
-                call,
-                ToolResult.text(text, is_error=kind != "result"),
-                outcome=f"decided_{kind}",
-            )
-            return "settled"
-        policy = self._policy(live)
-        if policy == "fail-in-doubt":
-            return self._fail_by_policy(live, call)
-        if tool is not None and call.replay == "safe" and tool.replay == "safe":
-            return "retry"
-        if tool is not None and tool.can_reconcile:
-            try:
-                args = tool.parse_args(call.arguments)
-                result = await tool.reconcile(args, self._tool_ctx(s, call))
-            except ToolError:
-                result = None
-            if result is not None:
-                self._settle(live, call, result, outcome="reconciled")
-                return "settled"
-        if policy == "retry-safe":
-            return self._fail_by_policy(live, call)
-        return "wait"
 
-    def _fail_by_policy(self, live: _LiveRun, call: ToolCallState) -> str:
-        """Settle an in-doubt call as failed (outcome unknown, not retried) under a policy."""
-        result = ToolResult.text(FAILED_BY_DECISION, is_error=True)
-        self._settle(live, call, result, outcome="failed_by_policy")
-        return "settled"
+    def _apply_decision(self, live: _LiveRun, call: ToolCallState) -> None:
+        """Settle a call by its recorded ``fail`` or ``result`` decision."""
+        decision = call.decision or {}
+        kind = decision.get("decision")
+        text = str(decision.get("result")) if kind == "result" else FAILED_BY_DECISION
+        result = ToolResult.text(text, is_error=kind != "result")
+        self._settle(live, call, result, outcome=f"decided_{kind}")
+
+    def _settle_not_run(self, live: _LiveRun, reason: str) -> None:
+        """Give every unstarted call of the turn a "not run" result (a run that fails at its
+        limit keeps a well-formed transcript)."""
+        for call in live.state.tool_calls:
+            if call.status == "not_started":
+                text = f"Tool call not run: {reason}."
+                self._settle(live, call, ToolResult.text(text, is_error=True), outcome="not_run")
 
     def _tool_ctx(
         self, s: RunState, call: ToolCallState, live: _LiveRun | None = None
     ) -> ToolContext:
-        key = idempotency_key(s.run_id, call.tool_call_id)
+        key = idempotency_key(s.run_id, call.key)
 
         def on_process(pgid: int) -> None:
             # Written without its own fsync: a process crash keeps it (page cache); it only
@@ -140,6 +112,7 @@ class ToolCallsMixin(HarnessCore):
                 s.lane,
                 s.run_id,
                 toolCallId=call.tool_call_id,
+                callKey=call.key,
                 pgid=pgid,
                 startTime=process_start_time(pgid),
             )
@@ -179,6 +152,7 @@ class ToolCallsMixin(HarnessCore):
                         s.lane,
                         s.run_id,
                         toolCallId=call.tool_call_id,
+                        callKey=call.key,
                         toolName=call.tool_name,
                         arguments=call.arguments,
                         resultEntryId=result_id,
@@ -265,6 +239,7 @@ class ToolCallsMixin(HarnessCore):
             s.lane,
             s.run_id,
             toolCallId=call.tool_call_id,
+            callKey=call.key,
             resultEntryId=rid,
             isError=result.is_error,
             outcome=outcome,

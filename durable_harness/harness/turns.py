@@ -3,7 +3,8 @@ ask the provider: compaction and branch summaries (``design/run-loop.md``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import tenacity
@@ -18,9 +19,10 @@ from durable_harness.harness.core import HarnessCore, _LiveRun
 from durable_harness.harness.records import record
 from durable_harness.harness.state import (
     RunState,
+    attempt_key,
 )
 from durable_harness.ids import new_id, now_ms
-from durable_harness.models.messages import text_of
+from durable_harness.models.messages import text_of, unique_tool_call_ids
 from durable_harness.providers.base import (
     Done,
     ProviderRequest,
@@ -31,6 +33,8 @@ from durable_harness.providers.base import (
 from durable_harness.session.context import estimate_tokens
 from durable_harness.storage.base import EntryOp, RecordOp
 
+_T = TypeVar("_T")
+
 
 class TurnsMixin(HarnessCore):
     """Provider requests under the intent and settlement rules."""
@@ -40,33 +44,47 @@ class TurnsMixin(HarnessCore):
     async def _provider_turn(self, live: _LiveRun) -> None:
         s = live.state
         turn = s.turns + 1
+        key = attempt_key("turn", turn)
         response_id = s.pending.response_entry_id if s.pending else new_id()
-        used = s.attempts.get(turn, 0)
-        cap = self.options.attempt_cap
-        if used >= cap:
+        self._emit("turn_start", live, turn=turn)
+        await self._with_attempts(
+            f"{key} of run {s.run_id}",
+            lambda: s.attempts.get(key, 0),
+            s.limits.attempt_cap,
+            lambda: self._attempt(live, turn, response_id),
+        )
+
+    async def _with_attempts(
+        self,
+        what: str,
+        used: Callable[[], int],
+        cap: int,
+        attempt: Callable[[], Awaitable[_T]],
+    ) -> _T:
+        """Run ``attempt`` until it succeeds, retrying retryable provider errors with
+        exponential backoff, never past ``cap`` attempts as counted by ``used()`` (the durable
+        count: attempts lost in crashes count too).
+
+        Raises:
+            AttemptCapReached: the cap is reached (before an attempt, or after a failed one).
+            ProviderError: a non-retryable failure.
+        """
+        if used() >= cap:
             raise AttemptCapReached(
-                f"turn {turn} of run {s.run_id} used {used} of {cap} provider attempts",
-                attempts=used,
+                f"{what} used {used()} of {cap} provider attempts (attempt cap reached)",
+                attempts=used(),
                 cap=cap,
             )
-        self._emit("turn_start", live, turn=turn)
         try:  # the common case: the first attempt succeeds, no retry machinery needed
-            await self._attempt(live, turn, response_id)
-            return
+            return await attempt()
         except ProviderError as exc:
-            if not exc.retryable or used + 1 >= cap:
-                if not exc.retryable:
-                    raise
-                raise AttemptCapReached(
-                    f"turn {turn} of run {s.run_id} used {used + 1} of {cap} provider attempts "
-                    f"(attempt cap reached); last error: {exc.message}",
-                    attempts=used + 1,
-                    cap=cap,
-                ) from exc
+            if not exc.retryable:
+                raise
+            if used() >= cap:
+                raise _cap_reached(what, used(), cap, exc) from exc
         await anyio.sleep(self.options.retry_initial)
-        used = s.attempts.get(turn, 0)
         retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(cap - used),
+            stop=tenacity.stop_after_attempt(cap - used()),
             wait=tenacity.wait_exponential(
                 multiplier=self.options.retry_initial, max=self.options.retry_max
             ),
@@ -76,24 +94,20 @@ class TurnsMixin(HarnessCore):
             sleep=anyio.sleep,
             reraise=True,
         )
+
+        async def again() -> _T:  # a coroutine function, so tenacity awaits it
+            return await attempt()
+
         try:
-            async for attempt in retrying:
-                with attempt:
-                    await self._attempt(live, turn, response_id)
+            return await retrying(again)
         except ProviderError as exc:
             if not exc.retryable:
                 raise
-            used = s.attempts.get(turn, 0)
-            raise AttemptCapReached(
-                f"turn {turn} of run {s.run_id} used {used} of {cap} provider attempts "
-                f"(attempt cap reached); last error: {exc.message}",
-                attempts=used,
-                cap=cap,
-            ) from exc
+            raise _cap_reached(what, used(), cap, exc) from exc
 
     async def _attempt(self, live: _LiveRun, turn: int, response_id: str) -> None:
         s = live.state
-        attempt = s.attempts.get(turn, 0) + 1
+        attempt = s.attempts.get(attempt_key("turn", turn), 0) + 1
         ctx = self.session.context(lane=s.lane)
         model = (ctx.model or {}).get("modelId") or self.provider.model
         self._commit(
@@ -148,26 +162,21 @@ class TurnsMixin(HarnessCore):
                     live,
                 )
             raise
+        message, renamed = unique_tool_call_ids(message)
         entry = self._entry(s.lane, {"type": "message", "id": response_id, "message": message})
-        self._commit(
-            [
-                EntryOp(entry, lane=s.lane),
-                RecordOp(
-                    record(
-                        "provider_request_finished",
-                        s.lane,
-                        s.run_id,
-                        turn=turn,
-                        attempt=attempt,
-                        entryId=response_id,
-                        usage=message.get("usage"),
-                        stopReason=message.get("stopReason"),
-                    )
-                ),
-            ],
-            live,
-            assistant=message,
+        finished = record(
+            "provider_request_finished",
+            s.lane,
+            s.run_id,
+            turn=turn,
+            attempt=attempt,
+            entryId=response_id,
+            usage=message.get("usage"),
+            stopReason=message.get("stopReason"),
         )
+        if renamed:
+            finished["renamedToolCallIds"] = renamed
+        self._commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
         crash.crash_point("after_assistant_entry")
 
     async def _stream(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
@@ -212,10 +221,60 @@ class TurnsMixin(HarnessCore):
 
     async def _summarize(
         self, lane: str, messages: list[dict[str, Any]], purpose: str, live: _LiveRun | None
-    ) -> tuple[str, dict[str, Any], str]:
-        """Ask the provider for a summary under the intent/settlement rules."""
+    ) -> tuple[dict[str, Any], str, int]:
+        """Ask the provider for a summary: a provider attempt like a turn's, under the same
+        intent/settlement rules, numbered and counted against the attempt cap across restarts
+        (in a run: per run and purpose, before turn n; outside runs: per lane and purpose since
+        the last finished one). Returns ``(message, response id, attempt)``.
+
+        Raises:
+            AttemptCapReached: the cap is reached.
+            ProviderError: a non-retryable failure.
+        """
+        if live is not None:
+            s = live.state
+            turn = s.turns + 1
+            key = attempt_key(purpose, turn)
+            cap = s.limits.attempt_cap
+            reuse = s.pending is not None and s.pending.key == key
+            op_id = s.pending.response_entry_id if s.pending and reuse else new_id()
+
+            def used() -> int:
+                return s.attempts.get(key, 0)
+
+            what = f"{key} of run {s.run_id}"
+        else:
+            turn, cap, op_id = 0, self.options.attempt_cap, new_id()
+            lane_log = self._lane_log(lane)
+
+            def used() -> int:
+                return lane_log.summary_attempts.get(purpose, 0)
+
+            what = f"{purpose} on lane {lane!r}"
+        settled: list[int] = []
+
+        async def attempt() -> dict[str, Any]:
+            number = used() + 1
+            message = await self._summary_attempt(
+                lane, messages, purpose, live, turn, number, op_id
+            )
+            settled.append(number)
+            return message
+
+        message = await self._with_attempts(what, used, cap, attempt)
+        return message, op_id, settled[-1]
+
+    async def _summary_attempt(
+        self,
+        lane: str,
+        messages: list[dict[str, Any]],
+        purpose: str,
+        live: _LiveRun | None,
+        turn: int,
+        attempt: int,
+        op_id: str,
+    ) -> dict[str, Any]:
         run_id = live.state.run_id if live else None
-        op_id = new_id()
         instruction = {
             "role": "user",
             "content": [
@@ -230,6 +289,7 @@ class TurnsMixin(HarnessCore):
         }
         ctx = self.session.context(lane=lane)
         model = (ctx.model or {}).get("modelId") or self.provider.model
+        started = dict(turn=turn, attempt=attempt, purpose=purpose)
         self._commit(
             [
                 RecordOp(
@@ -237,10 +297,8 @@ class TurnsMixin(HarnessCore):
                         "provider_request_started",
                         lane,
                         run_id,
-                        turn=0,
-                        attempt=1,
+                        **started,
                         responseEntryId=op_id,
-                        purpose=purpose,
                         provider=self.provider.name,
                         model=model,
                     )
@@ -249,18 +307,37 @@ class TurnsMixin(HarnessCore):
             live,
         )
         await self._barrier()
+        crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
-            messages=[*messages, instruction], model=model, run_id=run_id or "", purpose=purpose
+            messages=[*messages, instruction],
+            model=model,
+            run_id=run_id or "",
+            purpose=purpose,
+            turn=turn,
+            attempt=attempt,
         )
-        message = await self._stream(live or _LiveRun(RunState("", lane)), request)
-        return text_of(message.get("content")), message, op_id
+        try:
+            return await self._stream(live or _LiveRun(RunState("", lane)), request)
+        except ProviderError as exc:
+            with anyio.CancelScope(shield=True):
+                failed = record(
+                    "provider_request_failed",
+                    lane,
+                    run_id,
+                    **started,
+                    error=exc.message,
+                    status=exc.status,
+                    retryable=exc.retryable,
+                )
+                self._commit([RecordOp(failed)], live)
+            raise
 
     def _settle_summary(
         self,
         lane: str,
         entry: dict[str, Any],
         message: dict[str, Any],
-        op_id: str,
+        attempt: int,
         purpose: str,
         live: _LiveRun | None,
     ) -> None:
@@ -270,11 +347,11 @@ class TurnsMixin(HarnessCore):
             "provider_request_finished",
             lane,
             run_id,
-            turn=0,
-            attempt=1,
+            turn=live.state.turns + 1 if live else 0,
+            attempt=attempt,
             purpose=purpose,
             entryId=entry["id"],
-            responseEntryId=op_id,
+            responseEntryId=entry["id"],
             usage=message.get("usage"),
             stopReason=message.get("stopReason"),
         )
@@ -294,19 +371,19 @@ class TurnsMixin(HarnessCore):
         cut = _cut_index(ctx.messages, ctx.entry_ids, self.options.keep_recent_tokens)
         first_kept = ctx.entry_ids[cut] if cut is not None else None
         summarized = ctx.messages[:cut] if cut is not None else ctx.messages
-        summary, message, op_id = await self._summarize(lane, summarized, "compaction", _live)
+        message, op_id, attempt = await self._summarize(lane, summarized, "compaction", _live)
         entry = self._entry(
             lane,
             {
                 "type": "compaction",
                 "id": op_id,
-                "summary": summary,
+                "summary": text_of(message.get("content")),
                 "firstKeptEntryId": first_kept,
                 "tokensBefore": estimate_tokens(ctx.messages),
                 "settings": {"model": ctx.model, "thinkingLevel": ctx.thinking_level},
             },
         )
-        self._settle_summary(lane, entry, message, op_id, "compaction", _live)
+        self._settle_summary(lane, entry, message, attempt, "compaction", _live)
         await self._barrier()
         return entry
 
@@ -329,14 +406,24 @@ class TurnsMixin(HarnessCore):
             self.session.entry(target_id)
         ctx = self.session.context(lane=lane)
         from_id = self.session.leaf(lane)
-        summary, message, op_id = await self._summarize(lane, ctx.messages, "branch_summary", None)
+        message, op_id, attempt = await self._summarize(lane, ctx.messages, "branch_summary", None)
+        summary = text_of(message.get("content"))
         entry = self.session.make_entry(
             {"type": "branch_summary", "id": op_id, "fromId": from_id or "", "summary": summary},
             parent_id=target_id,
         )
-        self._settle_summary(lane, entry, message, op_id, "branch_summary", None)
+        self._settle_summary(lane, entry, message, attempt, "branch_summary", None)
         await self._barrier()
         return entry
+
+
+def _cap_reached(what: str, used: int, cap: int, exc: ProviderError) -> AttemptCapReached:
+    return AttemptCapReached(
+        f"{what} used {used} of {cap} provider attempts (attempt cap reached); "
+        f"last error: {exc.message}",
+        attempts=used,
+        cap=cap,
+    )
 
 
 def _is_empty(message: dict[str, Any]) -> bool:

@@ -144,3 +144,45 @@ def text_of(content: Any) -> str:
         b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"
     ]
     return "".join(parts)
+
+
+def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Make the tool-call ids of one assistant message unique before it is stored.
+
+    Providers do repeat ids within one message (and some leave them empty). A repeated or empty
+    id gets the first free ``<id>_<n>`` (``n`` from 2; ``call`` for an empty id), which keeps
+    to ``[A-Za-z0-9_-]`` when the original does (Anthropic's tool-use id pattern). Returns the
+    message (a copy when something changed) and the renames ``[{"index", "from", "to"}]``
+    (``index``: the call's position among the message's tool calls), recorded beside the entry.
+    """
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message, []
+    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+    taken = {str(b.get("id")) for b in calls if b.get("id")}
+    seen: set[str] = set()
+    renames: list[dict[str, Any]] = []
+    out: list[Any] = []
+    index = 0
+    for block in content:
+        if not (isinstance(block, dict) and block.get("type") == "toolCall"):
+            out.append(block)
+            continue
+        original = block.get("id")
+        cid = str(original) if original else ""
+        if cid and cid not in seen:
+            seen.add(cid)
+            out.append(block)
+        else:
+            base, n = cid or "call", 2
+            while f"{base}_{n}" in taken:
+                n += 1
+            new = f"{base}_{n}"
+            taken.add(new)
+            seen.add(new)
+            renames.append({"index": index, "from": original, "to": new})
+            out.append({**block, "id": new})
+        index += 1
+    if not renames:
+        return message, []
+    return {**message, "content": out}, renames

@@ -11,7 +11,8 @@ File format (design brief, section 4)::
 
 The k-th assistant message of a run gets turn k, so a restarted run continues where it was.
 A file may also give ``"by_prompt": {"<prompt text>": [turns...]}``: a run whose prompt text
-matches a key plays those turns instead (sessions with several runs or lanes).
+matches a key plays those turns instead (sessions with several runs or lanes), and
+``"context_window": tokens`` sets the window the harness compacts against.
 Optional per-turn fields: ``fail_attempts`` (the first n attempts of that turn fail with a
 retryable HTTP 503), ``delay`` (seconds to wait before each chunk: lets tests abort mid-stream),
 ``chunks`` (how many text deltas to stream). Tool call ids are
@@ -95,6 +96,13 @@ class ScriptedProvider:
         by_prompt = data.get("by_prompt") or {}
         if not isinstance(by_prompt, dict):
             raise FormatError(f"scripted provider file {path}: by_prompt must be an object")
+        window = data.get("context_window")
+        if window is not None:
+            if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+                raise FormatError(
+                    f"scripted provider file {path}: context_window must be a positive integer"
+                )
+            kwargs.setdefault("context_window", window)
         return cls(data["turns"], by_prompt=by_prompt, **kwargs)
 
     def _usage(self, turn: dict[str, Any]) -> dict[str, Any]:

@@ -1,104 +1,147 @@
-"""Applying a recovery plan: open the session as its single writer and continue each
-interrupted run from its last safe boundary (the library form of ``durable-harness resume``).
+"""Recovery for callers: compute the plan (``recover``) and execute it (``resume``).
+
+``recover`` takes a :mod:`~durable_harness.recovery.snapshot`, asks the tools' ``reconcile``
+hooks (they only look) and calls the one decision function,
+:func:`durable_harness.recovery.decide.plan`. ``resume`` does the same as the session's single
+writer and hands each lane's planned step to the harness, which executes exactly that step
+(``design/recovery.md``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from durable_harness.errors import RecoveryError, ToolError
-from durable_harness.harness.harness import Harness, HarnessOptions, Policy
+from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
 from durable_harness.harness.records import idempotency_key
 from durable_harness.providers import make_provider
 from durable_harness.providers.base import Provider
-from durable_harness.recovery.plan import (
+from durable_harness.recovery.decide import (
+    Policy,
     RecoveryPlan,
-    Snapshot,
     ToolDeclaration,
+    log_damaged,
     plan,
-    take_snapshot,
+    resolve_decisions,
 )
+from durable_harness.recovery.snapshot import Snapshot, take_snapshot
 from durable_harness.session.session import Session
 from durable_harness.storage.base import SessionStore
-from durable_harness.tools.base import Tool, ToolContext
+from durable_harness.tools.base import Tool, ToolContext, ToolResult
 
 
-def declarations(tools: dict[str, Tool]) -> dict[str, ToolDeclaration]:
+def declarations(tools: Mapping[str, Tool]) -> dict[str, ToolDeclaration]:
     """Return today's declarations (replay, reconcile hook) of ``tools``."""
     return {name: ToolDeclaration(t.replay, t.can_reconcile) for name, t in tools.items()}
 
 
 async def probe_reconcile(
-    snapshot: Snapshot, tools: dict[str, Tool], cwd: str | None = None
-) -> dict[str, bool]:
-    """Ask the ``reconcile`` hook of every in-doubt call whose tool has one whether it can
-    establish the outcome (hooks only look; they never act). Returns ``{tool_call_id: bool}``."""
-    out: dict[str, bool] = {}
+    snapshot: Snapshot, tools: Mapping[str, Tool], cwd: str | None = None
+) -> dict[str, ToolResult | None]:
+    """Ask the ``reconcile`` hook of every open call whose tool has one (in a run that is not
+    being aborted) what it can establish; hooks only look, they never act. Returns
+    ``{call key: result, or None when the hook cannot tell}``; a hook that raises
+    :class:`ToolError` cannot tell."""
+    out: dict[str, ToolResult | None] = {}
+    damaged = log_damaged(snapshot.all_damage())
     for ls in snapshot.lanes:
         run = ls.run
-        if run is None:
+        if run is None or run.abort_requested:
             continue
         for call in run.tool_calls:
             tool = tools.get(call.tool_name)
-            if call.status != "in_doubt" or tool is None or not tool.can_reconcile:
+            unsure = call.status == "in_doubt" or (call.status == "not_started" and damaged)
+            if not unsure or tool is None or not tool.can_reconcile:
                 continue
             ctx = ToolContext(
                 cwd=Path(cwd or "."),
                 run_id=run.run_id,
                 tool_call_id=call.tool_call_id,
-                idempotency_key=idempotency_key(run.run_id, call.tool_call_id),
+                idempotency_key=idempotency_key(run.run_id, call.key),
             )
             try:
                 result = await tool.reconcile(tool.parse_args(call.arguments), ctx)
             except ToolError:
                 result = None
-            out[call.tool_call_id] = result is not None
+            out[call.key] = result
     return out
 
 
-async def recover_async(
+@dataclass
+class Recovery:
+    """A plan and what it was computed from: the reconcile results its ``reconcile`` actions
+    settle with (by call key) and the decisions it was given (by call key)."""
+
+    plan: RecoveryPlan
+    results: dict[str, ToolResult] = field(default_factory=dict)
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+async def plan_recovery(
     store: SessionStore,
-    tools: dict[str, Tool],
-    *,
+    tools: Mapping[str, Tool],
     policy: Policy = "ask",
-    decisions: dict[str, dict[str, Any]] | None = None,
-    attempt_cap: int = 5,
+    decisions: Mapping[str, Mapping[str, Any]] | None = None,
     cwd: str | None = None,
-) -> RecoveryPlan:
-    """Compute the recovery plan of an open session (read-only or writable). No effect runs;
-    reconcile hooks are asked (they only look) so the plan can say which calls need a decision.
-    ``cwd`` is where tools run (default: the session's working directory)."""
+) -> Recovery:
+    """Snapshot the store, ask the reconcile hooks, and plan: the :class:`Recovery` that
+    :func:`resume_session` executes (pass it there so what was printed is what runs).
+
+    Raises:
+        RecoveryError: a decision names no call, or an ambiguous tool call id.
+        StorageError: the store cannot be read.
+    """
     snapshot = take_snapshot(store)
     where = cwd or str(store.header.get("cwd") or ".")
-    reconciled = await probe_reconcile(snapshot, tools, where)
-    return plan(
+    probed = await probe_reconcile(snapshot, tools, where)
+    the_plan = plan(
         snapshot,
         declarations(tools),
         policy=policy,
         decisions=decisions,
-        attempt_cap=attempt_cap,
-        reconciled=reconciled,
+        reconciled={k: v is not None for k, v in probed.items()},
     )
+    given = resolve_decisions(snapshot, decisions or {})
+    results = {k: v for k, v in probed.items() if v is not None}
+    return Recovery(the_plan, results, given)
+
+
+async def recover_async(
+    store: SessionStore,
+    tools: Mapping[str, Tool],
+    *,
+    policy: Policy = "ask",
+    decisions: Mapping[str, Mapping[str, Any]] | None = None,
+    cwd: str | None = None,
+) -> RecoveryPlan:
+    """Compute the recovery plan of an open session (read-only or writable): what ``resume``
+    would do, before anything runs. Reconcile hooks are asked (they only look). ``cwd`` is
+    where tools run (default: the session's working directory).
+
+    Raises:
+        RecoveryError: a decision names no call, or an ambiguous tool call id.
+        StorageError: the store cannot be read.
+    """
+    return (await plan_recovery(store, tools, policy, decisions, cwd)).plan
 
 
 def recover(
     store: SessionStore,
-    tools: dict[str, Tool],
+    tools: Mapping[str, Tool],
     *,
     policy: Policy = "ask",
-    decisions: dict[str, dict[str, Any]] | None = None,
-    attempt_cap: int = 5,
+    decisions: Mapping[str, Mapping[str, Any]] | None = None,
     cwd: str | None = None,
 ) -> RecoveryPlan:
     """:func:`recover_async` for synchronous callers (runs its own event loop: not callable
     from inside one)."""
     return anyio.run(
-        lambda: recover_async(
-            store, tools, policy=policy, decisions=decisions, attempt_cap=attempt_cap, cwd=cwd
-        )
+        lambda: recover_async(store, tools, policy=policy, decisions=decisions, cwd=cwd)
     )
 
 
@@ -129,59 +172,84 @@ def parse_decision(text: str) -> tuple[str, dict[str, Any]]:
 
 async def resume_session(
     session: Session,
-    tools: dict[str, Tool],
+    tools: Mapping[str, Tool],
     *,
     provider: Provider | None = None,
-    decisions: dict[str, dict[str, Any]] | None = None,
+    decisions: Mapping[str, Mapping[str, Any]] | None = None,
     policy: Policy = "ask",
     options: HarnessOptions | None = None,
     lanes: list[str] | None = None,
+    recovery: Recovery | None = None,
 ) -> dict[str, str]:
-    """Resume every interrupted run (or those of ``lanes``) of a session opened for writing.
+    """Resume every interrupted run (or those of ``lanes``) of a session opened for writing:
+    plan once (or take ``recovery``, from :func:`plan_recovery` on this open session, with
+    the same decisions), then execute each lane's planned step through the harness.
+
+    ``decisions``: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
+    "result": text}}``; each becomes a durable ``decision`` record before it acts.
 
     Returns ``{lane: outcome}`` with outcome ``completed``, ``aborted``, ``failed`` or
     ``suspended`` (still awaiting a decision), or ``idle`` for a lane with nothing to do.
 
     Raises:
-        RecoveryError: no provider was given and none is recorded in the run.
+        RecoveryError: a decision names no call in doubt, or no provider was given and none is
+            recorded in the run.
     """
     results: dict[str, str] = {}
     names = lanes or sorted(session.store.lanes())
-    if decisions:
-        current = plan(take_snapshot(session.store), declarations(tools), policy=policy)
-        open_calls = {
-            c.tool_call_id
-            for lp in current.lanes
-            for c in lp.tool_calls
-            if c.action not in ("execute", "none", "abort")
-        }
-        unknown = sorted(set(decisions) - open_calls)
-        if unknown:
-            raise RecoveryError(
-                f"no tool call awaiting a decision is named {', '.join(unknown)} in session "
-                f"{session.id} (a call not yet started needs none); in doubt: "
-                f"{', '.join(sorted(open_calls)) or 'none'} (see `durable-harness recover`)",
-                unknown=unknown,
-                open_calls=sorted(open_calls),
-            )
+    cwd = str(session.cwd) if session.cwd else None
+    rec = recovery or await plan_recovery(session.store, tools, policy, decisions, cwd)
+    named = {c.call_key: c.tool_call_id for c in rec.plan.open_calls()}
+    unknown = sorted(k for k in rec.decisions if k not in named)
+    if unknown:
+        raise RecoveryError(
+            f"no tool call awaiting a decision is named {', '.join(unknown)} in session "
+            f"{session.id} (a call not yet started needs none); in doubt: "
+            f"{', '.join(f'{v} ({k})' for k, v in sorted(named.items())) or 'none'} "
+            "(see `durable-harness recover`)",
+            unknown=unknown,
+            open_calls=sorted(named),
+        )
     opts = options or HarnessOptions()
-    opts.policy = policy
     for lane in names:
-        state = session.lane(lane)
+        lane_plan = rec.plan.lane(lane)
+        step = lane_plan.step()
+        if step.action == "none":
+            results[lane] = "idle"
+            continue
         prov = provider
         if prov is None:
             spec = recorded_provider_spec(session, lane)
             if spec is None:
-                if state.run_id is None:
+                if lane_plan.run_id is None:
                     results[lane] = "idle"
                     continue
                 raise RecoveryError(
-                    f"run {state.run_id} of session {session.id} recorded no "
+                    f"run {lane_plan.run_id} of session {session.id} recorded no "
                     "provider; pass --provider"
                 )
             prov = make_provider(spec)
             opts.provider_spec = spec
-        async with Harness(session, prov, tools, options=opts) as harness:
-            handle = await harness.resume(lane=lane, decisions=decisions, policy=policy)
+        async with Harness(session, prov, dict(tools), options=opts) as harness:
+            handle = await resume_lane(harness, rec, lane)
             results[lane] = await handle.wait() if handle is not None else "idle"
     return results
+
+
+async def resume_lane(harness: Harness, recovery: Recovery, lane: str = "main") -> RunHandle | None:
+    """Hand one lane's planned step, with the decisions and reconcile results it was planned
+    with, to ``harness`` (whose session is the one ``recovery`` was planned on, open for
+    writing). Returns the run's handle, or ``None`` when nothing was started.
+
+    Raises:
+        KeyError: the plan has no such lane.
+        RecoveryError: the plan no longer matches the stored run.
+    """
+    lane_plan = recovery.plan.lane(lane)
+    keys = {c.call_key for c in lane_plan.tool_calls}
+    return await harness.resume(
+        lane_plan.step(),
+        lane=lane,
+        decisions={k: v for k, v in recovery.decisions.items() if k in keys},
+        results={k: v for k, v in recovery.results.items() if k in keys},
+    )

@@ -36,8 +36,8 @@ class ToolContext:
         cwd: the session's working directory; tool paths resolve inside it.
         run_id: the run's id.
         tool_call_id: the provider's id for this call.
-        idempotency_key: ``"<run_id>:<tool_call_id>"``, stable across restarts, for tools that
-            call external services able to deduplicate a retry.
+        idempotency_key: ``"<run_id>:<call key>"`` (unique per call in the run), stable across
+            restarts, for tools that call external services able to deduplicate a retry.
         env: extra environment for subprocesses.
         on_process: called with a started subprocess's process-group id, so the harness can
             record it: after a crash, recovery kills a group the dead harness left running

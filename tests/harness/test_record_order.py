@@ -116,7 +116,7 @@ async def test_record_sequence_matches_the_run_loop(store: Store, workdir: Path)
     call_ids = [b["id"] for b in assistant1["content"] if b["type"] == "toolCall"]
     assert {turn1_tools[0]["toolCallId"], turn1_tools[2]["toolCallId"]} == set(call_ids)
     for started in of_type(recs, "tool_started"):
-        assert started["idempotencyKey"] == f"{run_id}:{started['toolCallId']}"
+        assert started["idempotencyKey"] == f"{run_id}:{started['callKey']}"
 
 
 async def test_provisioned_ids_are_used_and_settlements_share_a_commit(

@@ -70,9 +70,10 @@ def popen(*args: str, crash_at: str | None = None) -> subprocess.Popen[str]:
     )
 
 
-def write_script(path: Path, turns: list[dict[str, Any]]) -> Path:
-    """Write a scripted-provider file and return its absolute path."""
-    path.write_text(json.dumps({"turns": turns}))
+def write_script(path: Path, turns: list[dict[str, Any]], **extra: Any) -> Path:
+    """Write a scripted-provider file (``extra``: other top-level fields, e.g.
+    ``context_window``) and return its absolute path."""
+    path.write_text(json.dumps({"turns": turns, **extra}))
     return path.resolve()
 
 

@@ -192,7 +192,7 @@ def test_crash_point_recovers(point: str, backend: str, tmp_path: Path) -> None:
         elif c["status"] == "not_started":
             assert c["action"] == "execute"
     if point in ("after_provider_request_started", "mid_provider_stream"):
-        assert lane["attempts"] == {"1": 1}
+        assert lane["attempts"] == {"turn 1": 1}
         assert lane["cost_unknown_attempts"] == 1
     # recover only looks: nothing ran, the plan is the same a second time
     before = effects(work)

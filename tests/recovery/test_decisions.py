@@ -21,7 +21,7 @@ from durable_harness.harness.records import idempotency_key, record
 from durable_harness.harness.tool_calls import FAILED_BY_DECISION
 from durable_harness.ids import new_id, uuid7
 from durable_harness.providers.scripted import ScriptedProvider
-from durable_harness.recovery.resume import parse_decision, recover
+from durable_harness.recovery.resume import parse_decision, plan_recovery, recover, resume_lane
 from durable_harness.session.context import INTERRUPTED_TEXT
 from durable_harness.session.session import Session
 from durable_harness.storage import EntryOp, RecordOp, Store, open_store
@@ -151,8 +151,10 @@ def resume(
 
     async def go() -> tuple[str, list[str]]:
         with Session(store.open_session(sid)) as s:
-            async with Harness(s, provider, builtin_tools(), cwd=work) as h:
-                handle = await h.resume(decisions=decisions, policy=policy)
+            tools = builtin_tools()
+            rec = await plan_recovery(s.store, tools, policy or "ask", decisions, str(work))
+            async with Harness(s, provider, tools, cwd=work) as h:
+                handle = await resume_lane(h, rec)
                 assert handle is not None
                 return await handle.wait(), handle.awaiting
 

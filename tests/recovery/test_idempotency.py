@@ -1,4 +1,4 @@
-"""``bash`` sees ``DURABLE_HARNESS_IDEMPOTENCY_KEY`` = ``<run_id>:<tool_call_id>``, and the key
+"""``bash`` sees ``DURABLE_HARNESS_IDEMPOTENCY_KEY`` = ``<run_id>:<call key>``, and the key
 is the same when the call is executed again after a crash (decision ``retry``), so an external
 service can deduplicate the retry."""
 
@@ -53,7 +53,7 @@ def test_idempotency_key_stable_across_retry(point: str, executions: int, tmp_pa
 
     keys = (work / "keys.log").read_text().splitlines()
     assert len(keys) == executions
-    expected = f"{lane['run_id']}:{call['tool_call_id']}"
+    expected = f"{lane['run_id']}:{call['call_key']}"
     assert set(keys) == {expected}
 
     records, _entries, _loc = read_session(spec, sid)

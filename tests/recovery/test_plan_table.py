@@ -15,14 +15,12 @@ from typing import Any
 
 import pytest
 
-from durable_harness.harness.state import fold_lane, fold_run
-from durable_harness.recovery.plan import (
-    LaneSnapshot,
+from durable_harness.recovery.decide import (
     RecoveryPlan,
-    Snapshot,
     ToolDeclaration,
     plan,
 )
+from durable_harness.recovery.snapshot import Snapshot, build_snapshot
 from durable_harness.storage.base import LaneState
 
 RUN = "run-0001"
@@ -70,10 +68,11 @@ class Log:
         return e
 
     # -- building blocks ---------------------------------------------------------------
-    def start(self, run_id: str = RUN) -> Log:
+    def start(self, run_id: str = RUN, **limits: int) -> Log:
         prompt = {"role": "user", "content": [{"type": "text", "text": "go"}]}
         self.entry(f"u-{run_id}", prompt)
-        self.rec("run_started", run_id, promptEntryId=f"u-{run_id}", prompt=prompt)
+        extra = {"limits": limits} if limits else {}
+        self.rec("run_started", run_id, promptEntryId=f"u-{run_id}", prompt=prompt, **extra)
         return self
 
     def request(self, turn: int = 1, attempt: int = 1) -> Log:
@@ -120,19 +119,18 @@ class Log:
         self.rec("tool_finished", toolCallId=cid, resultEntryId=f"res-{cid}", outcome=outcome)
         return self
 
-    def snapshot(self, lease: dict[str, Any] | None = None) -> Snapshot:
+    def snapshot(
+        self, lease: dict[str, Any] | None = None, damage: list[dict[str, Any]] | None = None
+    ) -> Snapshot:
         state = LaneState(self.lane, self.leaf, {}, self.run_id, self.run_seq)
-        run = None
-        run_records: list[dict[str, Any]] = []
-        if self.run_id is not None and self.run_seq is not None:
-            run_records = [
-                r
-                for r in self.records
-                if r["seq"] >= self.run_seq and r.get("runId") == self.run_id
-            ]
-            run = fold_run(self.run_id, self.lane, run_records, self.entries.get)
-        ls = LaneSnapshot(state, run, fold_lane(self.records), run_records)
-        return Snapshot("sess-1", [ls], [], lease, self.entries.get)
+        return build_snapshot(
+            "sess-1",
+            [state],
+            {self.lane: self.records},
+            self.entries.get,
+            damage=damage,
+            lease=lease,
+        )
 
 
 @dataclass
@@ -160,13 +158,13 @@ def _no_queue(p: RecoveryPlan) -> None:
 
 def _lost_attempt(p: RecoveryPlan) -> None:
     lp = p.lane("main")
-    assert lp.attempts == {"1": 1}
+    assert lp.attempts == {"turn 1": 1}
     assert lp.cost_unknown_attempts == 1
 
 
 def _at_cap(p: RecoveryPlan) -> None:
     lp = p.lane("main")
-    assert lp.attempts == {"1": 5}
+    assert lp.attempts == {"turn 1": 5}
     assert lp.attempt_cap == 5
 
 
@@ -215,17 +213,15 @@ ROWS = [
     ),
     Row(
         "below_custom_cap",
-        lambda: _attempts(Log().start(), 1).request(attempt=2),
+        lambda: _attempts(Log().start(attemptCap=3), 1).request(attempt=2),
         "suspended",
         "reissue_provider_request",
-        kwargs={"attempt_cap": 3},
     ),
     Row(
         "at_custom_cap",
-        lambda: _attempts(Log().start(), 2).request(attempt=3),
+        lambda: _attempts(Log().start(attemptCap=3), 2).request(attempt=3),
         "suspended",
         "park_failed_attempt_cap",
-        kwargs={"attempt_cap": 3},
     ),
     Row(
         "no_intent",
@@ -257,7 +253,7 @@ ROWS = [
         "suspended",
         "resume_tool_calls",
         [("c1", "in_doubt", "reconcile")],
-        kwargs={"reconciled": {"c1": True}},
+        kwargs={"reconciled": {"a1/0": True}},
     ),
     Row(
         "in_doubt_never_reconcile_cannot_tell",
@@ -386,7 +382,7 @@ ROWS = [
         "suspended",
         "resume_tool_calls",
         [("c1", "in_doubt", "reconcile")],
-        kwargs={"policy": "retry-safe", "reconciled": {"c1": True}},
+        kwargs={"policy": "retry-safe", "reconciled": {"a1/0": True}},
     ),
     Row(
         "mixed_batch",
@@ -622,8 +618,7 @@ def test_settled_error_without_intent_is_not_corruption() -> None:
 
 def test_storage_damage_passes_through() -> None:
     log = Log().start()
-    snap = log.snapshot()
-    snap.damage = [{"kind": "torn_tail", "offset": 123, "detail": "cut"}]
+    snap = log.snapshot(damage=[{"kind": "torn_tail", "offset": 123, "detail": "cut"}])
     assert plan(snap, TOOLS).damage == [{"kind": "torn_tail", "offset": 123, "detail": "cut"}]
 
 
@@ -658,8 +653,7 @@ def test_json_contract_damage_items_have_kind_and_offset_or_line(
 ) -> None:
     # brief section 4: "Each damage item has `kind` and `offset` or `line`" -- the planner's
     # corruption items too (their exact position is the record's ``seq``)
-    snap = build().snapshot()
-    snap.damage = [{"kind": "bad_line", "line": 7, "detail": "not JSON"}]
+    snap = build().snapshot(damage=[{"kind": "bad_line", "line": 7, "detail": "not JSON"}])
     data = plan(snap, TOOLS).to_json()
     assert len(data["damage"]) >= 2
     for d in data["damage"]:

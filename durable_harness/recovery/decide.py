@@ -1,0 +1,333 @@
+"""The one decision function: from a snapshot of storage, today's tool declarations and the
+policy, decide every lane and every open tool call of a session after a crash.
+
+:func:`plan` is pure (no I/O, no clock): it reads only the :class:`Snapshot`. ``recover``
+prints its result; ``resume`` hands each lane's step to the harness, which executes exactly
+that step and nothing else (``design/recovery.md``). The lane-level order of steps is the run
+loop's own :func:`durable_harness.harness.steps.next_step`; this module adds what only
+recovery knows: calls in doubt, damage, decisions, policies and reconcile hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
+
+from durable_harness.errors import RecoveryError
+from durable_harness.harness.state import RunLimits, ToolCallState
+from durable_harness.harness.steps import CallAction, LaneAction, Step, next_step
+from durable_harness.recovery.snapshot import LaneSnapshot, Snapshot
+
+#: How in-doubt calls without a decision are settled (``design/recovery.md``, Policies).
+Policy = Literal["ask", "fail-in-doubt", "retry-safe"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+
+#: A lane's state in the plan.
+LaneStatus = Literal["idle", "suspended", "running"]
+
+#: A call's status in the plan: ``in_doubt`` covers an intent without settlement and, on a
+#: damaged log, a call whose intent may have been lost (``doubt`` says which).
+CallStatus = Literal["not_started", "in_doubt", "completed"]
+
+#: Damage kinds that do not make the log untrustworthy: a torn tail is the expected shape of
+#: a crash mid-write (its line was never acknowledged); a replaced lone surrogate changes text,
+#: not the record sequence.
+BENIGN_DAMAGE: frozenset[str] = frozenset({"torn_tail", "replaced_surrogate"})
+
+DecisionKind = Literal["retry", "fail", "result"]
+
+
+def log_damaged(damage: Iterable[Mapping[str, Any]]) -> bool:
+    """True when some damage means a missing record proves nothing: "no ``tool_started``
+    found" may then be an intent that was lost, so a call that is not replay-safe counts as in
+    doubt. The one definition, used by the plan, ``fsck`` and the CLI."""
+    return any(d.get("kind") not in BENIGN_DAMAGE for d in damage)
+
+
+@dataclass(frozen=True)
+class ToolDeclaration:
+    """What the planner needs to know of a tool today: ``replay`` (``safe`` or ``never``) and
+    whether it has a ``reconcile`` hook."""
+
+    replay: str
+    can_reconcile: bool = False
+
+
+@dataclass
+class ToolCallPlan:
+    """One open or settled tool call of a run's latest turn.
+
+    Contract fields ``tool_call_id``, ``tool_name``, ``status``, ``replay``, ``action``; plus
+    ``call_key`` (the call's identity in the run, ``"<entry id>/<index>"``: decisions may name
+    it or an unambiguous ``tool_call_id``), ``doubt`` (``intent_unsettled`` or ``damaged_log``
+    for a call in doubt), ``attempts`` (intents so far), ``declared_replay`` (today's
+    declaration), ``decision`` (recorded or given), ``arguments``, ``process`` (a recorded
+    process group and whether it is alive).
+    """
+
+    tool_call_id: str
+    tool_name: str
+    status: CallStatus
+    replay: str | None
+    action: CallAction
+    call_key: str = ""
+    doubt: str | None = None
+    attempts: int = 0
+    declared_replay: str | None = None
+    decision: dict[str, Any] | None = None
+    arguments: dict[str, Any] | None = None
+    process: dict[str, Any] | None = None
+
+
+@dataclass
+class LanePlan:
+    """One lane's plan.
+
+    Contract fields ``lane``, ``state``, ``run_id``, ``abort_requested``, ``next_action``,
+    ``tool_calls``; plus ``reason``, ``purpose`` (of a provider request step), the provider
+    attempts per counter (``"turn 2"``, ``"compaction 2"``) and their cap, the run's limits,
+    the last safe boundary, the number of attempts whose cost is unknown (never counted as
+    zero), queued items, deferred writes and the lane's last settled run.
+    """
+
+    lane: str
+    state: LaneStatus
+    run_id: str | None
+    abort_requested: bool
+    next_action: LaneAction
+    tool_calls: list[ToolCallPlan] = field(default_factory=list)
+    reason: str | None = None
+    purpose: str = "turn"
+    attempts: dict[str, int] = field(default_factory=dict)
+    attempt_cap: int = RunLimits().attempt_cap
+    limits: dict[str, int] = field(default_factory=dict)
+    last_safe_boundary: dict[str, Any] | None = None
+    cost_unknown_attempts: int = 0
+    queued: list[dict[str, Any]] = field(default_factory=list)
+    deferred_writes: list[str] = field(default_factory=list)
+    last_run: dict[str, Any] | None = None
+
+    def step(self) -> Step:
+        """The harness step this lane plan orders (what ``resume`` executes)."""
+        calls = {c.call_key: c.action for c in self.tool_calls if c.status != "completed"}
+        return Step(self.next_action, calls, self.reason, self.purpose)
+
+    def waiting(self) -> list[ToolCallPlan]:
+        """The calls that wait for a decision."""
+        return [c for c in self.tool_calls if c.action == "await_decision"]
+
+
+@dataclass
+class RecoveryPlan:
+    """The plan: ``session_id``, ``lanes``, ``damage`` (contract: storage damage and states a
+    single writer cannot produce, each with ``kind`` and a location), ``damaged`` (whether the
+    damage makes missing records meaningless), plus ``lease`` (the live holder, if any)."""
+
+    session_id: str
+    lanes: list[LanePlan]
+    damage: list[dict[str, Any]]
+    lease: dict[str, Any] | None = None
+    damaged: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form printed by ``durable-harness recover --json``."""
+        return asdict(self)
+
+    def lane(self, name: str) -> LanePlan:
+        """Return one lane's plan.
+
+        Raises:
+            KeyError: no such lane.
+        """
+        for lp in self.lanes:
+            if lp.lane == name:
+                return lp
+        raise KeyError(name)
+
+    def open_calls(self) -> list[ToolCallPlan]:
+        """Every call of every lane that a decision could apply to (not settled, not plainly
+        unstarted, not aborted)."""
+        return [
+            c
+            for lp in self.lanes
+            for c in lp.tool_calls
+            if c.status == "in_doubt" and c.action != "abort"
+        ]
+
+
+def resolve_decisions(
+    snapshot: Snapshot, decisions: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Key decisions by call key. A decision may name a call key, or a tool call id that
+    names exactly one open call of the session.
+
+    Raises:
+        RecoveryError: a name matches no open call, or a tool call id matches several (the
+            error lists the call keys to use instead).
+    """
+    calls = [c for ls in snapshot.lanes if ls.run for c in ls.run.tool_calls]
+    out: dict[str, dict[str, Any]] = {}
+    for name, decision in decisions.items():
+        by_key = [c for c in calls if c.key == name]
+        matches = by_key or [c for c in calls if c.tool_call_id == name]
+        if len(matches) > 1:
+            raise RecoveryError(
+                f"tool call id {name!r} names {len(matches)} calls in session "
+                f"{snapshot.session_id}; decide by call key: " + ", ".join(c.key for c in matches),
+                ambiguous=name,
+                call_keys=[c.key for c in matches],
+            )
+        out[matches[0].key if matches else name] = dict(decision)
+    return out
+
+
+def plan(
+    snapshot: Snapshot,
+    tools: Mapping[str, ToolDeclaration],
+    *,
+    policy: Policy = "ask",
+    decisions: Mapping[str, Mapping[str, Any]] | None = None,
+    reconciled: Mapping[str, bool] | None = None,
+) -> RecoveryPlan:
+    """Decide every lane and open tool call of the session (pure).
+
+    Args:
+        snapshot: from :func:`durable_harness.recovery.snapshot.take_snapshot`.
+        tools: today's tool declarations by name.
+        policy: ``ask`` (wait for decisions), ``retry-safe`` (never wait: fail what cannot be
+            re-run or reconciled), ``fail-in-doubt`` (fail every in-doubt call).
+        decisions: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
+            "result": text}}`` about to be given (recorded decisions come from the log).
+        reconciled: ``{call key: could the reconcile hook tell?}``, from asking the hooks;
+            a call whose hook could not tell needs a decision.
+
+    Raises:
+        RecoveryError: a decision names no call or an ambiguous tool call id.
+    """
+    given = resolve_decisions(snapshot, decisions or {})
+    reconciled = reconciled or {}
+    damage = snapshot.all_damage()
+    damaged = log_damaged(damage)
+    lanes = [
+        _lane_plan(ls, snapshot, tools, policy, given, reconciled, damaged) for ls in snapshot.lanes
+    ]
+    return RecoveryPlan(snapshot.session_id, lanes, damage, snapshot.lease, damaged)
+
+
+def _lane_plan(
+    ls: LaneSnapshot,
+    snapshot: Snapshot,
+    tools: Mapping[str, ToolDeclaration],
+    policy: Policy,
+    given: Mapping[str, Mapping[str, Any]],
+    reconciled: Mapping[str, bool],
+    damaged: bool,
+) -> LanePlan:
+    queued = [{"queue": q.queue, "itemId": q.item_id} for q in ls.log.queue]
+    deferred = [str(d["id"]) for d in ls.log.deferred]
+    run = ls.run
+    if run is None:
+        nxt: LaneAction = "start_next_run" if ls.log.pending("next_run") else "none"
+        return LanePlan(
+            ls.lane.name,
+            "idle",
+            None,
+            False,
+            nxt,
+            queued=queued,
+            deferred_writes=deferred,
+            last_run=ls.last_run,
+        )
+    calls = [
+        _call_plan(
+            c,
+            tools.get(c.tool_name),
+            policy,
+            given.get(c.key),
+            run.abort_requested,
+            reconciled.get(c.key),
+            damaged,
+        )
+        for c in run.tool_calls
+    ]
+    step = next_step(run, ls.log, {c.call_key: c.action for c in calls})
+    lp = LanePlan(
+        ls.lane.name,
+        "suspended",
+        run.run_id,
+        run.abort_requested,
+        step.action,
+        calls,
+        reason=step.reason or ("awaiting_decision" if step.action == "await_decision" else "crash"),
+        purpose=step.purpose,
+        attempts=dict(run.attempts),
+        attempt_cap=run.limits.attempt_cap,
+        limits=run.limits.to_record(),
+        last_safe_boundary=_boundary(ls.run_records),
+        cost_unknown_attempts=run.cost_unknown_attempts + (1 if run.pending is not None else 0),
+        queued=queued,
+        deferred_writes=deferred,
+    )
+    if snapshot.lease is not None:
+        lp.state, lp.reason, lp.next_action = "running", None, "none_held_by_live_process"
+    return lp
+
+
+def _boundary(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    safe = ("run_started", "save_point", "provider_request_finished", "tool_finished")
+    for rec in reversed(list(records)):
+        if rec.get("type") in safe:
+            return {"seq": rec["seq"], "type": rec["type"]}
+    return None
+
+
+def _call_plan(
+    call: ToolCallState,
+    decl: ToolDeclaration | None,
+    policy: Policy,
+    decision: Mapping[str, Any] | None,
+    aborting: bool,
+    reconciled: bool | None,
+    damaged: bool,
+) -> ToolCallPlan:
+    declared = decl.replay if decl else None
+    status: CallStatus = call.status
+    doubt = "intent_unsettled" if status == "in_doubt" else None
+    if status == "not_started" and damaged and declared != "safe":
+        # the intent may sit in a lost record: as far as anyone can tell, it may have run
+        status, doubt = "in_doubt", "damaged_log"
+    cp = ToolCallPlan(
+        call.tool_call_id,
+        call.tool_name,
+        status,
+        call.replay if call.status != "not_started" else declared,
+        "none",
+        call.key,
+        doubt,
+        call.attempts,
+        declared,
+        arguments=dict(call.arguments),
+        process=call.process,
+    )
+    decision = decision or call.decision
+    if status == "completed":
+        return cp
+    if aborting:
+        cp.action = "abort"
+    elif status == "not_started":
+        cp.action = "execute"
+    elif decision is not None:
+        cp.decision = dict(decision)
+        cp.action = "re-execute" if decision.get("decision") == "retry" else "apply_decision"
+    elif policy == "fail-in-doubt":
+        cp.action = "fail"
+    elif call.status == "in_doubt" and call.replay == "safe" and declared == "safe":
+        cp.action = "re-execute"
+    elif decl is not None and decl.can_reconcile and reconciled is True:
+        cp.action = "reconcile"
+    elif policy == "retry-safe":
+        cp.action = "fail"
+    else:
+        cp.action = "await_decision"
+    return cp
