@@ -9,6 +9,8 @@ one), lets the client re-send what it never got acknowledged, and checks the inv
 * ``damage``: the session opens with no damage but a quarantined torn tail;
 * ``results``: every stored tool call has exactly one stored result on its path;
 * ``settled``: no lane is left with an open run;
+* ``plan``: the resume did exactly what the recovery plan printed before it said (checked from
+  the records it wrote, :func:`durable_harness.recovery.audit.plan_followed`);
 * ``conversation``: the final conversation equals the crash-free run's, except where an
   in-doubt decision changed a result (the cell records it) or an input the crash prevented
   from being accepted was never sent (``n/a``).
@@ -35,7 +37,9 @@ import anyio
 from durable_harness.crashtest.child import make_provider, options
 from durable_harness.crashtest.scenario import Scenario, effect_tag
 from durable_harness.models.messages import text_of
-from durable_harness.recovery.resume import recover, resume_session
+from durable_harness.recovery.audit import plan_followed
+from durable_harness.recovery.decide import RecoveryPlan
+from durable_harness.recovery.resume import plan_recovery, recover, resume_session
 from durable_harness.session.fsck import fsck_path
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
@@ -333,13 +337,15 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
             decisions = {}
             for lp in plan.lanes:
                 cell.plan.append(f"{lp.lane}:{lp.state}/{lp.next_action}")
-                for c in lp.tool_calls:
-                    if c.action == "await_decision":
-                        tag = effect_tag(c.tool_name, _args(session, lp, c))
-                        d = _decision_for(tag, _effects(work))
-                        decisions[c.tool_call_id] = d
-                        cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
-            results = anyio.run(_resume, session, tools, sc, decisions)
+                for c in lp.waiting():
+                    tag = effect_tag(c.tool_name, c.arguments or {})
+                    d = _decision_for(tag, _effects(work))
+                    decisions[c.call_key] = d
+                    cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
+            before = session.store.last_seq()
+            results, planned = anyio.run(_resume, session, tools, sc, decisions, str(work))
+            after = session.store.records(since_seq=before)
+            cell.failures += [f"plan: {p}" for p in plan_followed(planned, after)]
             if any(r == "suspended" for r in results.values()):
                 cell.failures.append(f"settled: still suspended after decisions: {results}")
             accepted_before = _accepted_keys(session)
@@ -359,16 +365,6 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
     if cell.failures and cell.status == "pass":
         cell.status = "fail"
     return cell
-
-
-def _args(session: Session, lp: Any, call: Any) -> dict[str, Any]:
-    run = session.store.records(lp.lane, run_id=lp.run_id, types=("provider_request_finished",))
-    for rec in reversed(run):
-        entry = session.store.get_entry(str(rec.get("entryId"))) or {}
-        for b in (entry.get("message") or {}).get("content") or []:
-            if isinstance(b, dict) and b.get("id") == call.tool_call_id:
-                return dict(b.get("arguments") or {})
-    return {}
 
 
 def _accepted_keys(session: Session) -> set[str]:
@@ -393,11 +389,20 @@ def _lost_steps(sc: Scenario, session: Session) -> bool:
 
 
 async def _resume(
-    session: Session, tools: Any, sc: Scenario, decisions: dict[str, dict[str, Any]]
-) -> dict[str, str]:
-    return await resume_session(
-        session, tools, provider=make_provider(sc), decisions=decisions, options=options(sc)
+    session: Session, tools: Any, sc: Scenario, decisions: dict[str, dict[str, Any]], cwd: str
+) -> tuple[dict[str, str], RecoveryPlan]:
+    """Plan with the decisions, then resume by exactly that plan; returns the outcomes and
+    the plan (what the audit compares the log with)."""
+    rec = await plan_recovery(session.store, tools, decisions=decisions, cwd=cwd)
+    results = await resume_session(
+        session,
+        tools,
+        provider=make_provider(sc),
+        decisions=decisions,
+        options=options(sc),
+        recovery=rec,
     )
+    return results, rec.plan
 
 
 def run_matrix(

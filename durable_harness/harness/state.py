@@ -167,7 +167,8 @@ class RunState:
 
     def _target(self, rec: dict[str, Any], statuses: tuple[str, ...]) -> ToolCallState | None:
         """The call a tool record is about: by ``callKey``; for records written before call
-        keys existed, the first call with the record's ``toolCallId`` in one of ``statuses``.
+        keys existed, the first call with the record's ``toolCallId`` in the first of
+        ``statuses`` (in order of preference) that has one.
         A record naming no call of the turn is kept in :attr:`unknown_refs`."""
         key = rec.get("callKey")
         found: ToolCallState | None = None
@@ -176,7 +177,8 @@ class RunState:
         else:
             cid = str(rec.get("toolCallId"))
             same = [c for c in self.tool_calls if c.tool_call_id == cid]
-            found = next((c for c in same if c.status in statuses), same[0] if same else None)
+            ranked = [c for status in statuses for c in same if c.status == status]
+            found = (ranked or same or [None])[0]
         if found is None:
             ref = {"seq": rec.get("seq"), "type": rec.get("type")}
             self.unknown_refs.append({**ref, "toolCallId": rec.get("toolCallId")})

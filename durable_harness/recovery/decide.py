@@ -85,7 +85,8 @@ class LanePlan:
     """One lane's plan.
 
     Contract fields ``lane``, ``state``, ``run_id``, ``abort_requested``, ``next_action``,
-    ``tool_calls``; plus ``reason``, ``purpose`` (of a provider request step), the provider
+    ``tool_calls``; plus ``reason``, ``purpose`` (of a provider request step),
+    ``request_key`` (the attempt counter of the request in flight, if any), the provider
     attempts per counter (``"turn 2"``, ``"compaction 2"``) and their cap, the run's limits,
     the last safe boundary, the number of attempts whose cost is unknown (never counted as
     zero), queued items, deferred writes and the lane's last settled run.
@@ -99,6 +100,7 @@ class LanePlan:
     tool_calls: list[ToolCallPlan] = field(default_factory=list)
     reason: str | None = None
     purpose: str = "turn"
+    request_key: str | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     attempt_cap: int = RunLimits().attempt_cap
     limits: dict[str, int] = field(default_factory=dict)
@@ -261,6 +263,7 @@ def _lane_plan(
         calls,
         reason=step.reason or ("awaiting_decision" if step.action == "await_decision" else "crash"),
         purpose=step.purpose,
+        request_key=run.pending.key if run.pending else None,
         attempts=dict(run.attempts),
         attempt_cap=run.limits.attempt_cap,
         limits=run.limits.to_record(),

@@ -1,0 +1,133 @@
+"""Check that a resume did what its plan said, from the records it wrote.
+
+``recover`` prints a plan; ``resume`` must take exactly the planned step and nothing else
+(``design/recovery.md``). :func:`plan_followed` reads the records written after the plan was
+made and names every place where what happened differs from what was planned. It reads only
+the log (never the harness), so it is an independent witness: the crash matrix runs it on every
+cell, and the property tests on generated and damaged logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from durable_harness.recovery.decide import LanePlan, RecoveryPlan
+
+#: Records that belong to one tool call rather than to the lane.
+_CALL_RECORDS = ("tool_started", "tool_finished", "tool_process", "decision")
+#: Records that accept input or come from outside the run loop: never a step of the plan.
+_NOT_STEPS = ("queue_enqueued", "write_deferred", "abort_requested")
+
+#: What each call action leaves as the call's first record after the plan (``None``: nothing).
+_CALL_EVIDENCE: Mapping[str, tuple[str | None, ...]] = {
+    "execute": ("tool_started",),
+    "re-execute": ("tool_started",),
+    "reconcile": ("tool_finished:reconciled",),
+    "fail": ("tool_finished:failed_by_policy",),
+    "apply_decision": ("tool_finished:decided_fail", "tool_finished:decided_result"),
+    "abort": ("tool_finished:aborted",),
+    "await_decision": (None,),
+    "none": (None,),
+}
+
+
+def _evidence(rec: dict[str, Any] | None) -> str | None:
+    if rec is None:
+        return None
+    if rec.get("type") == "tool_finished":
+        return f"tool_finished:{rec.get('outcome')}"
+    return str(rec.get("type"))
+
+
+def plan_followed(plan: RecoveryPlan, after: Iterable[dict[str, Any]]) -> list[str]:
+    """Compare ``plan`` with ``after``, the records written once it was made (every lane, in
+    seq order). Returns one line per difference; an empty list means the plan was followed.
+
+    Only the planned run's records count for a lane with an open run (a run started after it
+    settles, e.g. from the next-run queue, is the live loop's business). A call's evidence is
+    its first record after the plan (``decision`` records excepted); a lane's is its first
+    record that is neither about a call nor accepted input. Lanes held by a live process are
+    not checked (nothing may be done to them).
+    """
+    recs = list(after)
+    problems: list[str] = []
+    for lp in plan.lanes:
+        if lp.next_action == "none_held_by_live_process":
+            continue
+        mine = [
+            r
+            for r in recs
+            if r.get("lane") == lp.lane and (lp.run_id is None or r.get("runId") == lp.run_id)
+        ]
+        problems += _lane_followed(lp, mine)
+        limit_failed = lp.next_action == "fail_run_limit"
+        for call in lp.tool_calls:
+            if call.status == "completed":
+                continue
+            first = next(
+                (
+                    r
+                    for r in mine
+                    if r.get("type") in _CALL_RECORDS
+                    and r.get("type") != "decision"
+                    and (r.get("callKey") or r.get("toolCallId")) in (call.call_key,)
+                ),
+                None,
+            )
+            seen = _evidence(first)
+            expected = ("tool_finished:not_run",) if limit_failed else _CALL_EVIDENCE[call.action]
+            if seen not in expected:
+                problems.append(
+                    f"lane {lp.lane} call {call.tool_call_id} ({call.call_key}): planned "
+                    f"{call.action}, log shows {seen or 'nothing'}"
+                )
+    return problems
+
+
+def _lane_followed(lp: LanePlan, recs: list[dict[str, Any]]) -> list[str]:
+    steps = [r for r in recs if r.get("type") not in _CALL_RECORDS + _NOT_STEPS]
+    first = next((r for r in steps if r.get("type") != "queue_consumed"), None)
+    finished = next((r for r in steps if r.get("type") == "run_finished"), None)
+    action = lp.next_action
+    ok: bool
+    if action == "none":
+        ok = first is None
+    elif action == "start_next_run":
+        ok = first is not None and first.get("type") == "run_started"
+    elif action == "issue_provider_request":
+        ok = first is not None and first.get("type") == "provider_request_started"
+    elif action == "reissue_provider_request":
+        used = lp.attempts.get(lp.request_key or "", 0)
+        ok = (
+            first is not None
+            and first.get("type") == "provider_request_started"
+            and first.get("purpose", "turn") == lp.purpose
+            and first.get("attempt") == used + 1
+        )
+    elif action in ("save_point", "deliver_queued"):
+        ok = first is not None and first.get("type") == "save_point"
+    elif action == "resume_tool_calls":
+        ok = first is None or first.get("type") in ("save_point", "run_finished")
+    elif action == "await_decision":
+        ok = first is None
+    elif action == "settle_aborted":
+        ok = (
+            finished is not None
+            and finished.get("outcome") == "aborted"
+            and not any(r.get("type") in ("provider_request_started", "tool_started") for r in recs)
+        )
+    elif action == "finish_run":
+        ok = first is not None and first.get("type") == "run_finished"
+        ok = ok and first is not None and first.get("outcome") in ("completed", "failed")
+    else:  # park_failed_attempt_cap, fail_run_limit
+        ok = (
+            first is not None
+            and first.get("type") == "run_finished"
+            and first.get("outcome") == "failed"
+            and first.get("reason") == lp.reason
+        )
+    if ok:
+        return []
+    shown = _evidence(first) or "nothing"
+    return [f"lane {lp.lane}: planned {action}, log shows {shown} first"]
