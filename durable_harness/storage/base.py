@@ -143,7 +143,8 @@ class CwdMatcher:
     the same directory: both sides resolved with :func:`os.path.realpath` (symlinks, ``..``,
     repeated slashes), so a project reached through a symlink, or moved behind one after the
     session started, is found under either spelling. Where the recorded directory no longer
-    exists, its literal (normalised) spelling is compared as well. A recorded cwd that is not an
+    exists, ``realpath`` resolves the part that still exists and keeps the rest as spelled, so
+    the literal recorded spelling still finds the session. A recorded cwd that is not an
     absolute path matches only the query spelled the same way; an empty one matches nothing.
 
     The JSONL folder name (pi's encoding, ``--a-b-c--``) is never consulted: it maps
@@ -172,9 +173,7 @@ class CwdMatcher:
             return False
         if not os.path.isabs(recorded):
             return recorded == self.query
-        if os.path.realpath(recorded) == self.real:
-            return True
-        return not os.path.exists(recorded) and os.path.normpath(recorded) in self.spellings
+        return os.path.realpath(recorded) == self.real
 
 
 def damage(
