@@ -174,11 +174,8 @@ def test_a_project_moved_behind_a_symlink_is_continued(
     listed = _child(["sessions", "--json", "--store", store_spec, "--cwd", "."], new)
     assert listed.returncode == 0, listed.stderr
     assert [r["id"] for r in json.loads(listed.stdout)] == [row["id"]]
-    res = _child(
-        ["run", "after the move", "--provider", f"scripted:{bash_script}", "--store", store_spec]
-        + ["--continue", "--quiet"],
-        new,
-    )
+    run = ["run", "after the move", "--provider", f"scripted:{bash_script}", "--continue"]
+    res = _child([*run, "--store", store_spec, "--quiet"], new)
     assert res.returncode == 0, res.stderr
     assert [r["id"] for r in _sessions(cli, store_spec)] == [row["id"]]
     assert _prompts(open_store(store_spec), row["id"]) == ["before the move", "after the move"]
