@@ -811,10 +811,9 @@ class JsonlStore(Store):
         match = CwdMatcher(cwd) if cwd is not None else None
         hinted = {cwd_dir_name(s) for s in match.spellings} if match is not None else set()
         out: list[SessionInfo] = []
-        for path in _session_files(self.sessions_dir, out):
+        for path in _session_files(str(self.sessions_dir), out):
             try:
-                header = _read_header(path)
-                mtime = f"{path.stat().st_mtime:.6f}"
+                header, mtime = _read_header(path)
             except OSError as exc:
                 out.append(_unreadable(path, exc))
                 continue
@@ -824,24 +823,25 @@ class JsonlStore(Store):
                 SessionInfo(
                     id=str(header["id"]),
                     cwd=str(header.get("cwd") or ""),
-                    path=str(path),
+                    path=path,
                     created=str(header.get("timestamp", "")),
-                    modified=mtime,
+                    modified=f"{mtime:.6f}",
                     parent_session=header.get("parentSession"),
                 )
             )
         if match is not None:
             # a row whose cwd is unknown (unreadable, or a damaged header that lost it) is
             # shown where its folder name points; every other row by its recorded cwd alone
-            out = [i for i in out if match(i.cwd) or (not i.cwd and _folder(i).name in hinted)]
+            out = [i for i in out if match(i.cwd) or (not i.cwd and _folder(i) in hinted)]
         out.sort(key=_recent_first)
         return out
 
 
-def _folder(info: SessionInfo) -> Path:
-    """The cwd folder a catalogue row lies in (an unreadable folder's row is the folder)."""
-    path = Path(info.path)
-    return path if info.error is not None and not info.id else path.parent
+def _folder(info: SessionInfo) -> str:
+    """The name of the cwd folder a catalogue row lies in (an unreadable folder's row is the
+    folder itself)."""
+    folder = info.path if info.error is not None and not info.id else os.path.dirname(info.path)
+    return os.path.basename(folder)
 
 
 def _recent_first(info: SessionInfo) -> float:
@@ -852,63 +852,65 @@ def _recent_first(info: SessionInfo) -> float:
         return -math.inf
 
 
-def _session_files(sessions_dir: Path, out: list[SessionInfo]) -> list[Path]:
-    """The ``*.jsonl`` entries of every cwd folder under ``sessions_dir``, sorted; a folder
-    that cannot be listed is appended to ``out`` as an unreadable row (id ``""``).
+def _session_files(sessions_dir: str, out: list[SessionInfo]) -> list[str]:
+    """The paths of the ``*.jsonl`` entries of every cwd folder under ``sessions_dir``,
+    sorted; a folder that cannot be listed is appended to ``out`` as an unreadable row (id
+    ``""``).
 
     Raises:
         SessionUnreadable: ``sessions_dir`` itself cannot be listed.
     """
     try:
-        names = sorted(os.listdir(sessions_dir))
+        with os.scandir(sessions_dir) as it:
+            folders = sorted(e.path for e in it if e.is_dir())
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise unreadable_error(str(sessions_dir), exc) from exc
-    found: list[Path] = []
-    for name in names:
-        folder = sessions_dir / name
-        if not folder.is_dir():
-            continue
+        raise unreadable_error(sessions_dir, exc) from exc
+    found: list[str] = []
+    for folder in folders:
         try:
-            found += sorted(folder / f for f in os.listdir(folder) if f.endswith(".jsonl"))
+            with os.scandir(folder) as it:
+                found += sorted(e.path for e in it if e.name.endswith(".jsonl"))
         except OSError as exc:
-            out.append(SessionInfo.unreadable(str(folder), exc))
+            out.append(SessionInfo.unreadable(folder, exc))
     return found
 
 
-def _unreadable(path: Path, exc: OSError) -> SessionInfo:
+def _unreadable(path: str, exc: OSError) -> SessionInfo:
     """The row of a session file that raised ``exc``: id from its name, mtime if stat works."""
-    match = _NAME_ID.search(path.name)
+    match = _NAME_ID.search(os.path.basename(path))
     try:
-        modified = f"{path.stat().st_mtime:.6f}"
+        modified = f"{os.stat(path).st_mtime:.6f}"
     except OSError:
         modified = ""
     return SessionInfo.unreadable(
-        str(path),
+        path,
         exc,
-        session_id=match.group(1) if match else path.stem,
+        session_id=match.group(1) if match else os.path.basename(path).removesuffix(".jsonl"),
         modified=modified,
     )
 
 
-def _read_header(path: Path) -> dict[str, Any] | None:
+def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
     """The header of the session file at ``path`` (a stand-in for a damaged line 1, see
-    :func:`recover_header`), or ``None`` when the file is not a durable-harness session.
+    :func:`recover_header`; ``None`` when the file is not a durable-harness session) and the
+    file's modification time (seconds since the epoch).
 
     Raises:
         OSError: the file cannot be opened or read (permissions, I/O error, a directory).
     """
     with open(path, "rb") as fh:
+        mtime = os.fstat(fh.fileno()).st_mtime
         first = fh.readline(1 << 20)
         try:
             header = codec.loads(first)
         except ValueError:
             header = None
         if isinstance(header, dict) and is_own_format(header):
-            return header
+            return header, mtime
         second = fh.readline(1 << 20)
-    return recover_header(str(path), header, second)
+    return recover_header(path, header, second), mtime
 
 
 _NAME_ID = re.compile(r"_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$")
