@@ -148,6 +148,28 @@ def test_a_jsonl_entry_that_cannot_be_read_is_listed_with_its_error(tmp_path: Pa
     store.open_session(sid, write=False).close()  # the readable one still opens
 
 
+def test_a_session_file_that_fails_with_eio_is_listed_with_eio(tmp_path: Path) -> None:
+    """A read that fails with a real EIO: the "file" is a symlink to ``/proc/self/mem``, whose
+    offset 0 is never mapped, so reading it fails with EIO in whichever process reads it."""
+    mem = Path("/proc/self/mem")
+    if not mem.exists():
+        pytest.skip("no /proc/self/mem on this system: no source of a real EIO")
+    store = JsonlStore(tmp_path / "home")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    sid = _new(store, proj)
+    eio = store.sessions_dir / cwd_dir_name(str(proj)) / "2026-01-01T00-00-00-000Z_e10e10.jsonl"
+    eio.symlink_to(mem)
+    by_id = {i.id: i for i in store.list_sessions(str(proj))}
+    assert set(by_id) == {sid, "e10e10"}
+    assert by_id["e10e10"].error is not None
+    assert by_id["e10e10"].error["errno"] == "EIO"
+    assert by_id["e10e10"].path == str(eio)
+    with pytest.raises(SessionUnreadable) as info:
+        store.open_session("e10e10", write=False)
+    assert info.value.details["errno"] == "EIO"
+
+
 def test_a_damaged_header_without_cwd_is_not_continued(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "home")
     proj = tmp_path / "proj"
