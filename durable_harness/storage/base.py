@@ -28,7 +28,12 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from durable_harness.errors import SessionUnreadable
+from durable_harness.errors import (
+    AmbiguousSessionPrefix,
+    CorruptSession,
+    SessionNotFound,
+    SessionUnreadable,
+)
 
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
@@ -411,8 +416,6 @@ class Store(abc.ABC):
             AmbiguousSessionPrefix: several match; ``details['candidates']`` lists their ids.
             SessionUnreadable: the one match is a session file that cannot be read.
         """
-        from durable_harness.errors import AmbiguousSessionPrefix, SessionNotFound
-
         infos = self.list_sessions()
         exact = [i for i in infos if i.id == ref]
         if exact:
@@ -436,8 +439,6 @@ class Store(abc.ABC):
                 directory's latest session is unknown (it is never skipped silently).
             CorruptSession: the most recent candidate's header is damaged and names no cwd.
         """
-        from durable_harness.errors import CorruptSession
-
         infos = self.list_sessions(cwd)
         if not infos:
             return None
@@ -453,15 +454,15 @@ class Store(abc.ABC):
         return latest
 
 
-def unreadable_error(path: str, exc: OSError) -> SessionUnreadable:
+_HINT = "check its permissions and the disk, or move it out of the store"
+
+
+def unreadable_error(path: str, exc: OSError, *, what: str = "cannot be read") -> SessionUnreadable:
     """The :class:`~durable_harness.errors.SessionUnreadable` for ``path``, which raised ``exc``
-    when opened or read (returned, for the caller to raise ``from exc``)."""
+    when opened or read (returned, for the caller to raise ``from exc``); ``what`` says which."""
     name = errno_name(exc)
     return SessionUnreadable(
-        f"{path}: cannot be read: {exc.strerror or exc} ({name}); fix its permissions or move "
-        "it out of the store",
-        path=path,
-        errno=name,
+        f"{path}: {what}: {exc.strerror or exc} ({name}); {_HINT}", path=path, errno=name
     )
 
 
@@ -469,8 +470,7 @@ def _readable(info: SessionInfo) -> SessionInfo:
     """``info`` itself, or :class:`~durable_harness.errors.SessionUnreadable` for an error row."""
     if info.error is not None:
         raise SessionUnreadable(
-            f"{info.error['message']}; fix its permissions or move it out of the store, or "
-            "pick another session with --session",
+            f"{info.error['message']}; {_HINT}, or pick another session with --session",
             path=info.path,
             errno=info.error["errno"],
         )

@@ -724,7 +724,8 @@ def _open_and_read(path: str, flags: int) -> tuple[int, bytes]:
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        raise unreadable_error(path, exc) from exc
+        what = "cannot be opened for writing" if flags & os.O_RDWR else "cannot be read"
+        raise unreadable_error(path, exc, what=what) from exc
     try:
         return fd, _read_all(fd)
     except OSError as exc:
