@@ -816,6 +816,8 @@ class JsonlStore(Store):
             try:
                 header, mtime = _read_header(path)
             except OSError as exc:
+                if not os.path.lexists(path):
+                    continue  # removed since the folder was listed: no longer a session
                 out.append(_unreadable(path, exc))
                 continue
             if header is None:

@@ -170,6 +170,19 @@ def test_a_session_file_that_fails_with_eio_is_listed_with_eio(tmp_path: Path) -
     assert info.value.details["errno"] == "EIO"
 
 
+def test_a_dangling_session_symlink_is_listed_with_enoent(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path / "home")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    sid = _new(store, proj)
+    folder = store.sessions_dir / cwd_dir_name(str(proj))
+    dangling = folder / "2026-01-01T00-00-00-000Z_dangl1ng.jsonl"
+    dangling.symlink_to(tmp_path / "moved-away.jsonl")
+    rows = {i.id: i for i in store.list_sessions(str(proj))}
+    assert set(rows) == {sid, "dangl1ng"}
+    assert rows["dangl1ng"].error is not None and rows["dangl1ng"].error["errno"] == "ENOENT"
+
+
 def test_a_damaged_header_without_cwd_is_not_continued(tmp_path: Path) -> None:
     store = JsonlStore(tmp_path / "home")
     proj = tmp_path / "proj"
