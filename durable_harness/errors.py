@@ -6,6 +6,7 @@ The tree::
     ├── StorageError                    storage
     │   ├── SessionNotFound             session_not_found
     │   ├── AmbiguousSessionPrefix      ambiguous_session_prefix
+    │   ├── SessionUnreadable           session_unreadable
     │   ├── SessionExists               session_exists
     │   ├── LeaseHeld                   lease_held
     │   ├── StaleGeneration             stale_generation
@@ -71,6 +72,14 @@ class AmbiguousSessionPrefix(StorageError):
     """A session id prefix matches more than one session; ``details['candidates']`` lists them."""
 
     code = "ambiguous_session_prefix"
+
+
+class SessionUnreadable(StorageError):
+    """A session file, a folder of them or a store's database exists but cannot be read
+    (permissions, an I/O error, a directory where a file should be). ``details`` has ``path``
+    and ``errno`` (the symbolic name, e.g. ``EACCES``)."""
+
+    code = "session_unreadable"
 
 
 class SessionExists(StorageError):

@@ -24,3 +24,33 @@ def pi_dir() -> Path:
     if not PI_DIR.is_dir():
         pytest.skip(f"shared pi session files not found at {PI_DIR}: the tests read them in place")
     return PI_DIR
+
+
+@pytest.fixture(scope="session")
+def unprivileged(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """An argv prefix that runs a command without the override of file permissions.
+
+    CI runs as root, and root reads a mode-000 file: a test of an unreadable file must run its
+    reader through this prefix (``setpriv`` dropping ``CAP_DAC_OVERRIDE`` and
+    ``CAP_DAC_READ_SEARCH`` from the inheritable and bounding sets). Empty when not root. The
+    prefix is checked once against a real mode-000 file, so a test using it cannot pass vacuously.
+    """
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv (util-linux): cannot drop CAP_DAC_OVERRIDE")
+    caps = "-dac_override,-dac_read_search"
+    prefix = [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
+    probe = tmp_path_factory.mktemp("unprivileged") / "probe"
+    probe.write_text("secret")
+    probe.chmod(0)
+    proc = subprocess.run([*prefix, "cat", str(probe)], capture_output=True, text=True)
+    assert proc.returncode != 0 and "secret" not in proc.stdout, (
+        f"setpriv did not drop CAP_DAC_OVERRIDE: {proc.stderr}"
+    )
+    return prefix

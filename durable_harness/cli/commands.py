@@ -79,7 +79,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             "--continue",
             dest="continue_recent",
             action="store_true",
-            help="continue the most recent session of the working directory",
+            help="continue the most recent session of the working directory (a new one if it "
+            "has none)",
         )
         p.add_argument("--cwd", default=None, help="working directory (default: current)")
         p.add_argument("--steer", action="append", default=[], help="queue a steering message")
@@ -116,16 +117,24 @@ def _open(args: argparse.Namespace, *, write: bool = False, durability: str = "s
 
 @command("sessions", "List sessions, most recent first.")
 def cmd_sessions(args: argparse.Namespace) -> int:
-    """List the sessions of the store (``--cwd`` narrows to one directory)."""
+    """List the sessions of the store (``--cwd`` narrows to one directory: the cwd recorded in
+    each session, compared as real paths). A session file that cannot be read is listed with its
+    error, and the exit status is then 1."""
     infos = store_of(args).list_sessions(args.cwd)
+    broken = [i for i in infos if i.error is not None]
     if args.json:
         out([vars(i) for i in infos])
-        return 0
+        return 1 if broken else 0
     for i in infos:
-        print(f"{i.id}  {i.created}  {i.cwd}")
+        if i.error is not None:
+            print(f"{i.id or '-'}  UNREADABLE  {i.error['message']}")
+        else:
+            print(f"{i.id}  {i.created}  {i.cwd}")
     if not infos:
         print("no sessions", file=sys.stderr)
-    return 0
+    if broken:
+        print(f"{len(broken)} session file(s) cannot be read", file=sys.stderr)
+    return 1 if broken else 0
 
 
 def _tree_lines(nodes: list[Any], depth: int, lines: list[str], leaves: dict[str, str]) -> None:
@@ -270,21 +279,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     provider = make_provider(args.provider)
     store = store_of(args)
     cwd = os.path.abspath(args.cwd or os.getcwd())
+    tool_cwd: str | None = None
     if args.continue_recent and not args.session:
+        # the directory's own latest session (by its recorded cwd as a real path); none: a
+        # new session here, as pi does, never another directory's
         recent = store.most_recent(cwd)
-        if recent is None:
-            raise SessionNotFound(f"no session to continue for {cwd} in {store.spec}", cwd=cwd)
-        args.session = recent.id
+        if recent is not None:
+            args.session = recent.id
+            tool_cwd = cwd  # the same directory as the recorded one, as the user spells it
+        elif not args.quiet:
+            print(f"no session of {cwd} to continue: starting a new one", file=sys.stderr)
     if args.session:
         session = _open(args, write=True, durability=args.durability)
     else:
         session = Session(store.create_session(cwd, durability=args.durability))
     opts = HarnessOptions(provider_spec=provider_spec(args.provider))
+    tool_cwd = tool_cwd or session.cwd or cwd
 
     async def go() -> str:
-        async with Harness(
-            session, provider, builtin_tools(), cwd=session.cwd or cwd, options=opts
-        ) as h:
+        async with Harness(session, provider, builtin_tools(), cwd=tool_cwd, options=opts) as h:
             h.subscribe(_printer(args.quiet))
             handle = await h.prompt(args.prompt, lane=args.lane)
             for text in args.steer:

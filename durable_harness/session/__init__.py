@@ -9,7 +9,7 @@ from durable_harness.session.context import Context, build_context
 from durable_harness.session.pi import import_pi_file, is_pi_header, open_pi_file
 from durable_harness.session.session import Session, TreeNode
 from durable_harness.storage import codec
-from durable_harness.storage.base import Durability, Store
+from durable_harness.storage.base import Durability, Store, unreadable_error
 from durable_harness.storage.jsonl import JsonlSessionStore
 
 __all__ = [
@@ -35,18 +35,19 @@ def open_session(
     A pi file opens read-only, migrated in memory. ``write=True`` takes the writer lease.
 
     Raises:
-        SessionNotFound, AmbiguousSessionPrefix, LeaseHeld, CorruptSession.
+        SessionNotFound, AmbiguousSessionPrefix, LeaseHeld, CorruptSession, SessionUnreadable.
     """
     if os.path.isfile(ref):
-        with open(ref, "rb") as fh:
-            first = fh.readline(1 << 20)
+        try:
+            with open(ref, "rb") as fh:
+                first = fh.readline(1 << 20)
+                second = fh.readline(1 << 20)
+        except OSError as exc:
+            raise unreadable_error(ref, exc) from exc
         try:
             header = codec.loads(first)
         except ValueError:
             header = None  # a damaged line 1: JsonlSessionStore may still recognise the file
-        with open(ref, "rb") as fh:
-            fh.readline(1 << 20)
-            second = fh.readline(1 << 20)
         if is_pi_header(header) and b'"ops"' not in second:
             return Session(open_pi_file(ref))
         return Session(

@@ -18,6 +18,8 @@ Guarantees a caller can check at the call site:
 from __future__ import annotations
 
 import abc
+import errno
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +27,13 @@ from typing import Any, Literal
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+
+from durable_harness.errors import (
+    AmbiguousSessionPrefix,
+    CorruptSession,
+    SessionNotFound,
+    SessionUnreadable,
+)
 
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
@@ -86,8 +95,15 @@ class LaneState:
 
 @dataclass
 class SessionInfo:
-    """A catalogue row: ``id``, ``cwd``, ``path`` (file or ``sqlite:PATH#id``), ``created`` and
-    ``modified`` (ISO 8601), ``name`` if set, and ``entries`` when cheaply known."""
+    """A catalogue row: ``id``, ``cwd`` (as recorded in the session's header), ``path`` (file or
+    ``sqlite:PATH#id``), ``created`` and ``modified`` (ISO 8601 for SQLite, seconds since the
+    epoch for JSONL), ``name`` if set, ``parent_session``.
+
+    ``error`` is ``None`` for a readable session. A session file (or folder of them) that exists
+    but cannot be read is still listed, never left out: ``error`` is then
+    ``{"code": "session_unreadable", "errno": "EACCES", "message": ...}``, ``path`` names the
+    file, ``id`` comes from the file name (``""`` for a folder) and ``cwd`` is ``""`` (unknown).
+    """
 
     id: str
     cwd: str
@@ -96,6 +112,73 @@ class SessionInfo:
     modified: str
     name: str | None = None
     parent_session: str | None = None
+    error: dict[str, Any] | None = None
+
+    @classmethod
+    def unreadable(
+        cls, path: str, exc: OSError, *, session_id: str = "", modified: str = ""
+    ) -> SessionInfo:
+        """The row of a session file or folder at ``path`` that raised ``exc`` when read."""
+        code = errno_name(exc)
+        reason = exc.strerror or str(exc)
+        return cls(
+            id=session_id,
+            cwd="",
+            path=path,
+            created="",
+            modified=modified,
+            error={
+                "code": "session_unreadable",
+                "errno": code,
+                "message": f"{path}: cannot be read: {reason} ({code})",
+            },
+        )
+
+
+def errno_name(exc: OSError) -> str:
+    """The symbolic name of ``exc``'s errno (``EACCES``, ``EIO``...); ``EIO`` when it has none."""
+    return errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"
+
+
+class CwdMatcher:
+    """The one rule of session lookup by working directory (``sessions --cwd``,
+    ``run --continue``, :meth:`Store.list_sessions` and :meth:`Store.most_recent`).
+
+    A session belongs to the directory ``query`` when the ``cwd`` recorded in its header names
+    the same directory: both sides resolved with :func:`os.path.realpath` (symlinks, ``..``,
+    repeated slashes), so a project reached through a symlink, or moved behind one after the
+    session started, is found under either spelling. Where the recorded directory no longer
+    exists, ``realpath`` resolves the part that still exists and keeps the rest as spelled, so
+    the literal recorded spelling still finds the session. A recorded cwd that is not an
+    absolute path matches only the query spelled the same way; an empty one matches nothing.
+
+    The JSONL folder name (pi's encoding, ``--a-b-c--``) is never consulted: it maps
+    ``/r/x/y`` and ``/r/x-y`` to one folder. Each recorded spelling is resolved once per matcher.
+
+    Args:
+        query: the working directory asked about (relative to the process's cwd if relative).
+    """
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+        absolute = os.path.abspath(query)
+        self.real = os.path.realpath(absolute)
+        self.spellings = frozenset({absolute, self.real})
+        self._decided: dict[str, bool] = {}
+
+    def __call__(self, recorded: str) -> bool:
+        """True when a session whose header records ``recorded`` belongs to the query."""
+        hit = self._decided.get(recorded)
+        if hit is None:
+            hit = self._decided[recorded] = self._decide(recorded)
+        return hit
+
+    def _decide(self, recorded: str) -> bool:
+        if not recorded:
+            return False
+        if not os.path.isabs(recorded):
+            return recorded == self.query
+        return os.path.realpath(recorded) == self.real
 
 
 def damage(
@@ -317,7 +400,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        """Return sessions (of one working directory, or all), most recently modified first."""
+        """Return sessions (of one working directory, or all), most recently modified first.
+
+        With ``cwd``, a session belongs to it by :class:`CwdMatcher` (the recorded cwd, as real
+        paths), never by the JSONL folder name. Sessions that cannot be read are listed with
+        their ``error`` (see :class:`SessionInfo`); a cwd listing includes those whose folder
+        name is the encoding of ``cwd``, since their recorded cwd is unknown.
+        """
 
     def resolve(self, ref: str) -> SessionInfo:
         """Find one session by exact id or unique prefix.
@@ -325,13 +414,12 @@ class Store(abc.ABC):
         Raises:
             SessionNotFound: nothing matches.
             AmbiguousSessionPrefix: several match; ``details['candidates']`` lists their ids.
+            SessionUnreadable: the one match is a session file that cannot be read.
         """
-        from durable_harness.errors import AmbiguousSessionPrefix, SessionNotFound
-
         infos = self.list_sessions()
         exact = [i for i in infos if i.id == ref]
         if exact:
-            return exact[0]
+            return _readable(exact[0])
         matches = [i for i in infos if i.id.startswith(ref)] if ref else []
         if not matches:
             raise SessionNotFound(f"no session matches {ref!r} in {self.spec}", ref=ref)
@@ -340,9 +428,50 @@ class Store(abc.ABC):
             raise AmbiguousSessionPrefix(
                 f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids
             )
-        return matches[0]
+        return _readable(matches[0])
 
     def most_recent(self, cwd: str) -> SessionInfo | None:
-        """Return the most recently modified session of ``cwd``, or ``None``."""
+        """Return the most recently modified session of ``cwd`` (see :class:`CwdMatcher`), or
+        ``None`` when the directory has none of its own.
+
+        Raises:
+            SessionUnreadable: the most recent candidate cannot be read, so whether it is this
+                directory's latest session is unknown (it is never skipped silently).
+            CorruptSession: the most recent candidate's header is damaged and names no cwd.
+        """
         infos = self.list_sessions(cwd)
-        return infos[0] if infos else None
+        if not infos:
+            return None
+        latest = _readable(infos[0])
+        if not latest.cwd:
+            raise CorruptSession(
+                f"the most recent session file for {cwd}, {latest.path}, has a damaged header "
+                f"that names no working directory: pick a session with --session, or run "
+                f"`durable-harness fsck {latest.path}`",
+                path=latest.path,
+                cwd=cwd,
+            )
+        return latest
+
+
+_HINT = "check its permissions and the disk, or move it out of the store"
+
+
+def unreadable_error(path: str, exc: OSError, *, what: str = "cannot be read") -> SessionUnreadable:
+    """The :class:`~durable_harness.errors.SessionUnreadable` for ``path``, which raised ``exc``
+    when opened or read (returned, for the caller to raise ``from exc``); ``what`` says which."""
+    name = errno_name(exc)
+    return SessionUnreadable(
+        f"{path}: {what}: {exc.strerror or exc} ({name}); {_HINT}", path=path, errno=name
+    )
+
+
+def _readable(info: SessionInfo) -> SessionInfo:
+    """``info`` itself, or :class:`~durable_harness.errors.SessionUnreadable` for an error row."""
+    if info.error is not None:
+        raise SessionUnreadable(
+            f"{info.error['message']}; {_HINT}, or pick another session with --session",
+            path=info.path,
+            errno=info.error["errno"],
+        )
+    return info

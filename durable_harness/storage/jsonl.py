@@ -18,6 +18,7 @@ interior line is reported with its byte offset and skipped.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -41,6 +42,7 @@ from durable_harness.errors import (
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
+    CwdMatcher,
     Durability,
     PendingCommit,
     SessionInfo,
@@ -48,6 +50,7 @@ from durable_harness.storage.base import (
     Store,
     damage,
     queued_commit,
+    unreadable_error,
 )
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
@@ -152,9 +155,7 @@ class JsonlSessionStore(IndexedSessionStore):
             lease = FileLease(path + ".lock", f"session file {path}")
             lease.acquire(break_lease=break_lease)
         try:
-            flags = os.O_RDWR if write else os.O_RDONLY
-            fd = os.open(path, flags)
-            data = _read_all(fd)
+            fd, data = _open_and_read(path, os.O_RDWR if write else os.O_RDONLY)
             store = cls._from_bytes(path, data, read_only=not write, durability=durability)
         except BaseException:
             if lease is not None:
@@ -714,6 +715,27 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _open_and_read(path: str, flags: int) -> tuple[int, bytes]:
+    """Open ``path`` with ``flags`` and read it whole; return the open fd and the bytes.
+
+    Raises:
+        SessionUnreadable: the file cannot be opened or read (permissions, I/O error...).
+    """
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        what = "cannot be opened for writing" if flags & os.O_RDWR else "cannot be read"
+        raise unreadable_error(path, exc, what=what) from exc
+    try:
+        return fd, _read_all(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise unreadable_error(path, exc) from exc
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_all(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
@@ -777,50 +799,121 @@ class JsonlStore(Store):
         )
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        if not self.sessions_dir.exists():
-            return []
-        folders = (
-            [self.sessions_dir / cwd_dir_name(cwd)]
-            if cwd is not None
-            else sorted(p for p in self.sessions_dir.iterdir() if p.is_dir())
-        )
+        """Every session file under ``sessions/`` (of one cwd by :class:`CwdMatcher`: the
+        header's cwd, never the folder name), most recently modified first.
+
+        A file or folder that cannot be read is listed with its ``error``; in a cwd listing only
+        when its folder name encodes ``cwd`` (its recorded cwd is unknown). A file that is not a
+        durable-harness session (a pi file, a stray ``.jsonl``) is not a session of the store.
+
+        Raises:
+            SessionUnreadable: the ``sessions`` folder itself cannot be read.
+        """
+        match = CwdMatcher(cwd) if cwd is not None else None
+        hinted = {cwd_dir_name(s) for s in match.spellings} if match is not None else set()
         out: list[SessionInfo] = []
-        for folder in folders:
-            if not folder.is_dir():
+        for path in _session_files(str(self.sessions_dir), out):
+            try:
+                header, mtime = _read_header(path)
+            except OSError as exc:
+                if not os.path.lexists(path):
+                    continue  # removed since the folder was listed: no longer a session
+                out.append(_unreadable(path, exc))
                 continue
-            for path in folder.glob("*.jsonl"):
-                header = _read_header(path)
-                if header is None:
-                    continue
-                st = path.stat()
-                out.append(
-                    SessionInfo(
-                        id=str(header["id"]),
-                        cwd=str(header.get("cwd", "")),
-                        path=str(path),
-                        created=str(header.get("timestamp", "")),
-                        modified=f"{st.st_mtime:.6f}",
-                        parent_session=header.get("parentSession"),
-                    )
+            if header is None:
+                continue
+            out.append(
+                SessionInfo(
+                    id=str(header["id"]),
+                    cwd=str(header.get("cwd") or ""),
+                    path=path,
+                    created=str(header.get("timestamp", "")),
+                    modified=f"{mtime:.6f}",
+                    parent_session=header.get("parentSession"),
                 )
-        out.sort(key=lambda i: float(i.modified), reverse=True)
+            )
+        if match is not None:
+            # a row whose cwd is unknown (unreadable, or a damaged header that lost it) is
+            # shown where its folder name points; every other row by its recorded cwd alone
+            out = [i for i in out if match(i.cwd) or (not i.cwd and _folder(i) in hinted)]
+        out.sort(key=_recent_first)
         return out
 
 
-def _read_header(path: Path) -> dict[str, Any] | None:
+def _folder(info: SessionInfo) -> str:
+    """The name of the cwd folder a catalogue row lies in (an unreadable folder's row is the
+    folder itself)."""
+    folder = info.path if info.error is not None and not info.id else os.path.dirname(info.path)
+    return os.path.basename(folder)
+
+
+def _recent_first(info: SessionInfo) -> float:
+    """Sort key, most recent first; a row whose mtime is unknown sorts before every other."""
     try:
-        with open(path, "rb") as fh:
-            first = fh.readline(1 << 20)
-            second = fh.readline(1 << 20)
-    except OSError:
-        return None
-    try:
-        header = codec.loads(first)
+        return -float(info.modified)
     except ValueError:
-        header = None
-    if isinstance(header, dict) and is_own_format(header):
-        return header
-    return recover_header(str(path), header, second)
+        return -math.inf
+
+
+def _session_files(sessions_dir: str, out: list[SessionInfo]) -> list[str]:
+    """The paths of the ``*.jsonl`` entries of every cwd folder under ``sessions_dir``,
+    sorted; a folder that cannot be listed is appended to ``out`` as an unreadable row (id
+    ``""``).
+
+    Raises:
+        SessionUnreadable: ``sessions_dir`` itself cannot be listed.
+    """
+    try:
+        with os.scandir(sessions_dir) as it:
+            folders = sorted(e.path for e in it if e.is_dir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise unreadable_error(sessions_dir, exc) from exc
+    found: list[str] = []
+    for folder in folders:
+        try:
+            with os.scandir(folder) as it:
+                found += sorted(e.path for e in it if e.name.endswith(".jsonl"))
+        except OSError as exc:
+            out.append(SessionInfo.unreadable(folder, exc))
+    return found
+
+
+def _unreadable(path: str, exc: OSError) -> SessionInfo:
+    """The row of a session file that raised ``exc``: id from its name, mtime if stat works."""
+    match = _NAME_ID.search(os.path.basename(path))
+    try:
+        modified = f"{os.stat(path).st_mtime:.6f}"
+    except OSError:
+        modified = ""
+    return SessionInfo.unreadable(
+        path,
+        exc,
+        session_id=match.group(1) if match else os.path.basename(path).removesuffix(".jsonl"),
+        modified=modified,
+    )
+
+
+def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
+    """The header of the session file at ``path`` (a stand-in for a damaged line 1, see
+    :func:`recover_header`; ``None`` when the file is not a durable-harness session) and the
+    file's modification time (seconds since the epoch).
+
+    Raises:
+        OSError: the file cannot be opened or read (permissions, I/O error, a directory).
+    """
+    with open(path, "rb") as fh:
+        mtime = os.fstat(fh.fileno()).st_mtime
+        first = fh.readline(1 << 20)
+        try:
+            header = codec.loads(first)
+        except ValueError:
+            header = None
+        if isinstance(header, dict) and is_own_format(header):
+            return header, mtime
+        second = fh.readline(1 << 20)
+    return recover_header(path, header, second), mtime
 
 
 _NAME_ID = re.compile(r"_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$")

@@ -32,6 +32,7 @@ from durable_harness.errors import (
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
+    CwdMatcher,
     Durability,
     EntryOp,
     LaneOp,
@@ -44,6 +45,7 @@ from durable_harness.storage.base import (
     Store,
     damage,
     queued_commit,
+    unreadable_error,
 )
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
@@ -602,7 +604,11 @@ class SqliteSessionStore(SessionStore):
 
 
 class SqliteStore(Store):
-    """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``)."""
+    """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
+
+    Raises:
+        SessionUnreadable: the database file exists but cannot be read.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(Path(path).expanduser())
@@ -614,6 +620,10 @@ class SqliteStore(Store):
                 os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
                 pass
+        try:  # SQLite would say only "unable to open database file"
+            os.close(os.open(self.path, os.O_RDONLY))
+        except OSError as exc:
+            raise unreadable_error(self.path, exc) from exc
         self._locks = self.path + ".locks"
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
         conn = _connect(self.path)
@@ -690,14 +700,25 @@ class SqliteStore(Store):
         )
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
+        """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
+        as real paths), most recently modified first. Each distinct recorded cwd is resolved
+        once; the rows are then read through the ``(cwd, modified)`` index."""
         conn = _connect(self.path)
         try:
             sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
-            rows = (
-                conn.execute(sql + " WHERE cwd=? ORDER BY modified DESC", (cwd,)).fetchall()
-                if cwd is not None
-                else conn.execute(sql + " ORDER BY modified DESC").fetchall()
-            )
+            if cwd is None:
+                rows = conn.execute(sql + " ORDER BY modified DESC").fetchall()
+            else:
+                match = CwdMatcher(cwd)
+                spellings = [
+                    r[0] for r in conn.execute("SELECT DISTINCT cwd FROM sessions") if match(r[0])
+                ]
+                rows = []
+                for i in range(0, len(spellings), 500):  # under SQLite's bound-parameter limit
+                    part = spellings[i : i + 500]
+                    marks = ",".join("?" * len(part))
+                    rows += conn.execute(sql + f" WHERE cwd IN ({marks})", part).fetchall()
+                rows.sort(key=lambda r: r[3], reverse=True)
         finally:
             conn.close()
         return [
