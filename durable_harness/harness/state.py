@@ -178,7 +178,7 @@ class RunState:
             cid = str(rec.get("toolCallId"))
             same = [c for c in self.tool_calls if c.tool_call_id == cid]
             ranked = [c for status in statuses for c in same if c.status == status]
-            found = (ranked or same or [None])[0]
+            found = next(iter(ranked or same), None)
         if found is None:
             ref = {"seq": rec.get("seq"), "type": rec.get("type")}
             self.unknown_refs.append({**ref, "toolCallId": rec.get("toolCallId")})

@@ -195,7 +195,7 @@ def test_tool_call_bound_fails_the_run_before_the_extra_calls(backend: str, tmp_
     assert outcome == "failed"
     # turns 1 and 2 ran their 4 calls; turn 3 would make 6 > 5: none of its calls ran
     assert set(effects(work)) == {"t1a", "t1b", "t2a", "t2b"}
-    records, entries, _ = read_session(spec, sid)
+    records, _entries, _ = read_session(spec, sid)
     (started,) = [r for r in records if r["type"] == "run_started"]
     assert started["limits"]["maxToolCalls"] == 5
     (finished,) = [r for r in records if r["type"] == "run_finished"]
