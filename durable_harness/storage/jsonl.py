@@ -48,6 +48,7 @@ from durable_harness.storage.base import (
     Store,
     damage,
     queued_commit,
+    surrogate_warnings,
 )
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
@@ -286,7 +287,7 @@ class JsonlSessionStore(IndexedSessionStore):
 
     def _scan_line(self, raw: bytes, offset: int, length: int, line_no: int, max_gen: int) -> None:
         try:
-            obj = codec.loads(raw)
+            obj, replaced = codec.loads_counted(raw)
             ops = obj["ops"]
             if not isinstance(ops, list):
                 raise TypeError("ops is not a list")
@@ -349,6 +350,8 @@ class JsonlSessionStore(IndexedSessionStore):
                     line=line_no,
                 )
             )
+        if replaced:
+            self.damage.extend(surrogate_warnings(raw, ops, offset=offset, line=line_no))
         for idx, op in enumerate(ops):
             self._apply(op, (offset, length, idx))
 
