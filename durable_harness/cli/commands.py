@@ -67,6 +67,14 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             help="lane to run on" if name == "run" else "only this lane",
         )
         p.add_argument("--quiet", action="store_true", help="print only the outcome")
+        p.add_argument(
+            "--allow-env",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="let bash inherit this credential-like variable (*_KEY, *_TOKEN, *_SECRET, "
+            "*PASSWORD*; removed by default); a name or shell pattern, repeatable",
+        )
     if name == "run":
         p.add_argument("prompt", help="the prompt text")
         p.add_argument("--session", help="continue this session (default: a new one)")
@@ -278,7 +286,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def go() -> str:
         async with Harness(
-            session, provider, builtin_tools(), cwd=session.cwd or cwd, options=opts
+            session,
+            provider,
+            builtin_tools(allow_env=args.allow_env),
+            cwd=session.cwd or cwd,
+            options=opts,
         ) as h:
             h.subscribe(_printer(args.quiet))
             handle = await h.prompt(args.prompt, lane=args.lane)
@@ -413,7 +425,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     provider = make_provider(args.provider) if args.provider else None
     session = _open(args, write=True, durability=args.durability)
     with session:
-        tools = builtin_tools()
+        tools = builtin_tools(allow_env=args.allow_env)
         plan = recover(session.store, tools, policy=args.policy, decisions=decisions)
         if not args.quiet and not args.json:
             print_plan(plan)

@@ -52,6 +52,7 @@ from durable_harness.storage.base import (
 )
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.private import make_private_dirs, private_fd, tighten_fd
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 FORMAT = "durable-harness/1"
@@ -119,6 +120,7 @@ class JsonlSessionStore(IndexedSessionStore):
         except FileExistsError as exc:
             raise SessionExists(f"session file {path} already exists", path=path) from exc
         try:
+            private_fd(fd)
             _write_all(fd, codec.dumps(header) + b"\n")
             os.fsync(fd)
         finally:
@@ -155,6 +157,8 @@ class JsonlSessionStore(IndexedSessionStore):
         try:
             flags = os.O_RDWR if write else os.O_RDONLY
             fd = os.open(path, flags)
+            if write:
+                tighten_fd(fd)
             data = _read_all(fd)
             store = cls._from_bytes(path, data, read_only=not write, durability=durability)
         except BaseException:
@@ -183,6 +187,7 @@ class JsonlSessionStore(IndexedSessionStore):
         tmp = f"{self.path}.takeover-{os.getpid()}-{time.monotonic_ns()}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            private_fd(fd)
             _write_all(fd, content)
             os.fsync(fd)
             os.rename(tmp, self.path)
@@ -415,6 +420,7 @@ class JsonlSessionStore(IndexedSessionStore):
             side = f"{self.path}.torn-{offset}.{n}"
         fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            private_fd(fd)
             _write_all(fd, tail)
             os.fsync(fd)
         finally:
@@ -757,7 +763,7 @@ class JsonlStore(Store):
         if session_id is not None and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(folder)
         ts = now_iso()
         header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
         if parent_session:
