@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,3 +127,44 @@ def check_image(block: Mapping[str, Any], limits: ImageLimits) -> tuple[str, str
             f"{limits.max_bytes / (1024 * 1024):.0f} MB limit per image]"
         )
     return mime, data
+
+
+class WireIds:
+    """Tool-call ids of one request, reduced to what a provider accepts and kept unique.
+
+    ``reduce`` maps a stored id to an acceptable one (at most ``max_len`` characters); ids that
+    collide once reduced get ``_2``, ``_3``... A call's wire id is fixed when its call block is
+    converted (:meth:`call`), and its result looks it up (:meth:`result`), so the two always
+    agree. Stored ids are unique within a context (``design/context.md`` rule 6).
+    """
+
+    def __init__(self, reduce: Callable[[str], str], max_len: int) -> None:
+        self.reduce = reduce
+        self.max_len = max_len
+        self.by_id: dict[str, str] = {}
+        self.used: set[str] = set()
+
+    def call(self, call_id: str) -> str:
+        """The wire id for the call block with stored id ``call_id``."""
+        base = self.reduce(call_id)
+        wire, n = base, 1
+        while wire in self.used:
+            n += 1
+            suffix = f"_{n}"
+            wire = base[: self.max_len - len(suffix)] + suffix
+        self.used.add(wire)
+        self.by_id[call_id] = wire
+        return wire
+
+    def result(self, call_id: str) -> str:
+        """The wire id for a result naming ``call_id`` (its call's, else ``reduce(call_id)``)."""
+        return self.by_id.get(call_id) or self.reduce(call_id)
+
+
+def shorten_id(call_id: str, max_len: int) -> str:
+    """``call_id`` itself when it fits ``max_len`` characters, else a prefix plus 8 hex digits
+    of its SHA-256 (stable: the same id always shortens the same way)."""
+    if 0 < len(call_id) <= max_len:
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{call_id[: max_len - 9]}_{digest}" if call_id else f"call_{digest}"

@@ -49,6 +49,7 @@ from durable_harness.errors import ProviderError
 from durable_harness.providers._wire import (
     ANTHROPIC_IMAGES,
     TRANSPORT_ERRORS,
+    WireIds,
     check_image,
     close_stream,
     scrub,
@@ -412,7 +413,7 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant_blocks(content: Any, ids: _WireIds, own: bool) -> list[dict[str, Any]]:
+def _assistant_blocks(content: Any, ids: WireIds, own: bool) -> list[dict[str, Any]]:
     """Wire blocks of one assistant message; ``own``: its thinking signatures were issued for
     the request's provider and model (else every thinking block is left out)."""
     out: list[dict[str, Any]] = []
@@ -448,30 +449,7 @@ def _assistant_blocks(content: Any, ids: _WireIds, own: bool) -> list[dict[str, 
     return out
 
 
-class _WireIds:
-    """Tool-call ids of one request, reduced by :func:`wire_tool_id` and kept unique: a call's
-    id is fixed when its ``tool_use`` is written, and its ``tool_result`` looks it up."""
-
-    def __init__(self) -> None:
-        self.by_id: dict[str, str] = {}
-        self.used: set[str] = set()
-
-    def call(self, call_id: str) -> str:
-        base = wire_tool_id(call_id)
-        wire, n = base, 1
-        while wire in self.used:
-            n += 1
-            suffix = f"_{n}"
-            wire = base[: 64 - len(suffix)] + suffix
-        self.used.add(wire)
-        self.by_id[call_id] = wire
-        return wire
-
-    def result(self, call_id: str) -> str:
-        return self.by_id.get(call_id) or wire_tool_id(call_id)
-
-
-def _tool_result(msg: Mapping[str, Any], ids: _WireIds) -> dict[str, Any]:
+def _tool_result(msg: Mapping[str, Any], ids: WireIds) -> dict[str, Any]:
     content = msg.get("content")
     if isinstance(content, str):
         wire_content: str | list[dict[str, Any]] = content
@@ -503,7 +481,7 @@ def to_anthropic_messages(
     ``user``, ``assistant`` and ``toolResult`` are ignored.
     """
     out: list[dict[str, Any]] = []
-    ids = _WireIds()
+    ids = WireIds(wire_tool_id, 64)
     results: list[dict[str, Any]] | None = None
     for msg in messages:
         role = msg.get("role")
