@@ -12,7 +12,7 @@ from durable_harness.cli.main import command, out, run_async, store_of
 from durable_harness.errors import FormatError, SessionNotFound
 from durable_harness.harness.harness import POLICIES, Harness, HarnessOptions
 from durable_harness.harness.report import cost_report, timeline
-from durable_harness.providers import make_provider, provider_spec
+from durable_harness.providers import WIRE_FORMATS, make_provider, provider_spec, wire_messages
 from durable_harness.recovery.plan import RecoveryPlan
 from durable_harness.recovery.resume import parse_decision, recover, resume_session
 from durable_harness.session import Session, import_pi_file, open_session
@@ -47,6 +47,19 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     if name == "context":
         p.add_argument("--leaf", help="entry id to build from (default: the lane's leaf)")
         p.add_argument("--lane", default="main", help="lane whose leaf to use (default main)")
+        p.add_argument(
+            "--format",
+            choices=WIRE_FORMATS,
+            default=None,
+            help="print the messages as that provider's request carries them (JSON; default: "
+            "the stored form)",
+        )
+        p.add_argument(
+            "--model",
+            default=None,
+            help="with --format anthropic: the model the request is for, which decides whose "
+            "thinking signatures are sent (default: the session's current model)",
+        )
     if name == "fsck":
         p.add_argument("path", help="a session file (ours or pi's) or a SQLite store")
     if name == "import":
@@ -199,7 +212,13 @@ def cmd_context(args: argparse.Namespace) -> int:
     """Print the provider context built from a leaf (the lane's by default)."""
     with _open(args) as s:
         ctx = s.context(args.leaf, lane=args.lane)
-        if args.json:
+        if args.format:
+            current = ctx.model or {}
+            model = args.model or (
+                current.get("modelId") if current.get("provider") == args.format else None
+            )
+            out(wire_messages(args.format, ctx.messages, model=model))
+        elif args.json:
             out(ctx.messages)
         else:
             model = ctx.model or {}

@@ -35,7 +35,7 @@ LONG_ID = "call_9f8e7d6c5b4a3f2e1d0c|fc_0123456789abcdef0123456789abcdef"  # pi 
 TOOLS = [ToolSpec("bash", "Run a command", {"type": "object", "properties": {}})]
 
 
-def _entries() -> dict[str, dict[str, Any]]:
+def every_kind_entries() -> dict[str, dict[str, Any]]:
     """A chain of entries with every content kind; leaf is the last one."""
     items: list[dict[str, Any]] = []
 
@@ -116,7 +116,7 @@ def _entries() -> dict[str, dict[str, Any]]:
 
 
 def _messages() -> list[dict[str, Any]]:
-    entries = _entries()
+    entries = every_kind_entries()
     return build_context(entries.get, max(entries)).messages
 
 
