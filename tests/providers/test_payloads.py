@@ -261,6 +261,27 @@ def test_anthropic_thinking_is_off_when_the_open_tool_turn_has_no_own_thinking()
     )
     assert fresh["thinking"]["type"] == "enabled"
     _validate(TypeAdapter(AnthropicParams), fresh)
+    own_turn = [
+        foreign_turn[0],
+        {
+            **foreign_turn[1],
+            "provider": "anthropic",
+            "model": "claude-test",
+            "content": [
+                {"type": "thinking", "thinking": "x", "thinkingSignature": "sig"},
+                foreign_turn[1]["content"][1],
+            ],
+        },
+        foreign_turn[2],
+    ]
+    own = provider.build_params(ProviderRequest(own_turn, thinking_level="high"))
+    assert own["thinking"]["type"] == "enabled"
+    assert own["messages"][1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "x",
+        "signature": "sig",
+    }
+    _validate(TypeAdapter(AnthropicParams), own)
 
 
 # -- OpenAI ----------------------------------------------------------------------------------
