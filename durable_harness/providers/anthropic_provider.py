@@ -396,8 +396,10 @@ def _thinking_allowed(messages: list[dict[str, Any]]) -> bool:
     if not (isinstance(last, list) and last and last[0].get("type") == "tool_result"):
         return True
     assistant = messages[-2]
-    first = assistant["content"][0] if assistant["content"] else {}
-    return first.get("type") in ("thinking", "redacted_thinking")
+    content = assistant["content"]
+    if assistant["role"] != "assistant" or not isinstance(content, list) or not content:
+        return True
+    return content[0].get("type") in ("thinking", "redacted_thinking")
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
