@@ -12,7 +12,7 @@ from durable_harness.cli.main import command, out, run_async, store_of
 from durable_harness.errors import FormatError, SessionNotFound
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.harness.report import cost_report, timeline
-from durable_harness.providers import make_provider, provider_spec
+from durable_harness.providers import WIRE_FORMATS, make_provider, provider_spec, wire_messages
 from durable_harness.recovery.decide import POLICIES, RecoveryPlan
 from durable_harness.recovery.resume import (
     parse_decision,
@@ -52,6 +52,19 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     if name == "context":
         p.add_argument("--leaf", help="entry id to build from (default: the lane's leaf)")
         p.add_argument("--lane", default="main", help="lane whose leaf to use (default main)")
+        p.add_argument(
+            "--format",
+            choices=WIRE_FORMATS,
+            default=None,
+            help="print the messages as that provider's request carries them (JSON; default: "
+            "the stored form)",
+        )
+        p.add_argument(
+            "--model",
+            default=None,
+            help="with --format anthropic: the model the request is for, which decides whose "
+            "thinking signatures are sent (default: the session's current model)",
+        )
     if name == "fsck":
         p.add_argument("path", help="a session file (ours or pi's) or a SQLite store")
     if name == "import":
@@ -72,6 +85,14 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             help="lane to run on" if name == "run" else "only this lane",
         )
         p.add_argument("--quiet", action="store_true", help="print only the outcome")
+        p.add_argument(
+            "--allow-env",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="let bash inherit this credential-like variable (*_KEY, *_TOKEN, *_SECRET, "
+            "*PASSWORD*; removed by default); a name or shell pattern, repeatable",
+        )
     if name == "run":
         p.add_argument("prompt", help="the prompt text")
         p.add_argument("--session", help="continue this session (default: a new one)")
@@ -205,7 +226,13 @@ def cmd_context(args: argparse.Namespace) -> int:
     """Print the provider context built from a leaf (the lane's by default)."""
     with _open(args) as s:
         ctx = s.context(args.leaf, lane=args.lane)
-        if args.json:
+        if args.format:
+            current = ctx.model or {}
+            model = args.model or (
+                current.get("modelId") if current.get("provider") == args.format else None
+            )
+            out(wire_messages(args.format, ctx.messages, model=model))
+        elif args.json:
             out(ctx.messages)
         else:
             model = ctx.model or {}
@@ -297,7 +324,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     tool_cwd = tool_cwd or session.cwd or cwd
 
     async def go() -> str:
-        async with Harness(session, provider, builtin_tools(), cwd=tool_cwd, options=opts) as h:
+        async with Harness(
+            session,
+            provider,
+            builtin_tools(allow_env=args.allow_env),
+            cwd=tool_cwd,
+            options=opts,
+        ) as h:
             h.subscribe(_printer(args.quiet))
             handle = await h.prompt(args.prompt, lane=args.lane)
             for text in args.steer:
@@ -431,7 +464,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     provider = make_provider(args.provider) if args.provider else None
     session = _open(args, write=True, durability=args.durability)
     with session:
-        tools = builtin_tools()
+        tools = builtin_tools(allow_env=args.allow_env)
 
         async def go() -> dict[str, str]:
             rec = await plan_recovery(session.store, tools, args.policy, decisions, session.cwd)

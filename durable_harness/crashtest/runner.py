@@ -38,7 +38,7 @@ from durable_harness.crashtest.child import make_provider, options
 from durable_harness.crashtest.scenario import Scenario, effect_tag
 from durable_harness.models.messages import text_of
 from durable_harness.recovery.audit import plan_followed
-from durable_harness.recovery.decide import RecoveryPlan
+from durable_harness.recovery.decide import BENIGN_DAMAGE, RecoveryPlan
 from durable_harness.recovery.resume import plan_recovery, recover, resume_session
 from durable_harness.session.fsck import fsck_path
 from durable_harness.session.session import Session
@@ -265,9 +265,9 @@ def _check(
         cell.failures.append(f"effects: applied twice: {', '.join(sorted(twice))}")
     # damage
     if location.endswith(".jsonl"):
-        bad = [d for d in fsck_path(location)["damage"] if d["kind"] != "torn_tail"]
+        bad = [d for d in fsck_path(location)["damage"] if d["kind"] not in BENIGN_DAMAGE]
     else:
-        bad = list(session.damage)
+        bad = [d for d in session.damage if d["kind"] not in BENIGN_DAMAGE]
     if bad:
         cell.failures.append(f"damage: {[d['kind'] for d in bad]}")
     # results

@@ -8,12 +8,13 @@ carries a credential: keys come from the environment.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from durable_harness.errors import FormatError
 from durable_harness.providers.base import Provider
 from durable_harness.providers.scripted import ScriptedProvider
 
-__all__ = ["Provider", "ScriptedProvider", "make_provider"]
+__all__ = ["WIRE_FORMATS", "Provider", "ScriptedProvider", "make_provider", "wire_messages"]
 
 
 def make_provider(spec: str) -> Provider:
@@ -50,3 +51,31 @@ def provider_spec(spec: str) -> str:
     """Normalise a spec for recording (a scripted file path made absolute)."""
     scheme, _, rest = spec.partition(":")
     return f"scripted:{os.path.abspath(rest)}" if scheme == "scripted" else spec
+
+
+WIRE_FORMATS = ("anthropic", "openai")
+"""The request formats :func:`wire_messages` converts to."""
+
+
+def wire_messages(
+    wire_format: str, messages: list[dict[str, Any]], *, model: str | None = None
+) -> list[dict[str, Any]]:
+    """Context messages as the ``messages`` of a request in ``wire_format`` would carry them:
+    the provider's own converter (``anthropic``: :func:`to_anthropic_messages` with provider
+    ``anthropic`` and ``model``, which decides whose thinking signatures are re-sent;
+    ``openai``: :func:`to_openai_messages`, no system prompt).
+
+    Raises:
+        FormatError: an unknown ``wire_format``.
+    """
+    if wire_format == "anthropic":
+        from durable_harness.providers.anthropic_provider import to_anthropic_messages
+
+        return to_anthropic_messages(messages, provider="anthropic", model=model or "")
+    if wire_format == "openai":
+        from durable_harness.providers.openai_compat import to_openai_messages
+
+        return to_openai_messages(messages)
+    raise FormatError(
+        f"unknown request format {wire_format!r}: use one of {', '.join(WIRE_FORMATS)}"
+    )

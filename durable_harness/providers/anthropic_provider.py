@@ -9,14 +9,23 @@ Wire mapping (pi message shapes -> Messages API):
 * The system prompt goes to the top-level ``system`` field.
 * ``user``: a string stays a string; text/image blocks become ``{"type": "text"}`` /
   ``{"type": "image", "source": {"type": "base64", "media_type", "data"}}`` blocks.
-* ``assistant``: text blocks (non-empty) stay text; ``thinking`` blocks are re-sent only when
-  they carry a signature (``thinkingSignature``, pi's field, or ``signature``) - as
-  ``redacted_thinking`` when marked ``redacted``; ``toolCall`` blocks become ``tool_use`` with
-  ``input=arguments``.
+* ``assistant``: text blocks (non-empty) stay text; ``toolCall`` blocks become ``tool_use`` with
+  ``input=arguments``. A ``thinking`` block is re-sent only when its signature
+  (``thinkingSignature``, pi's field, or ``signature``) was issued for this provider and model:
+  the message's ``provider`` and ``model`` are the request's. Then it goes out as ``thinking``
+  (or ``redacted_thinking`` when marked ``redacted``), unmodified, as the extended-thinking
+  guide requires. Any other thinking (another provider's or model's, or unsigned) is left out:
+  a foreign signature fails Anthropic's check, and the API drops earlier turns' thinking from
+  what the model sees anyway. With thinking enabled, a request whose open tool-use turn (the
+  last assistant message, answered by tool results) does not start with a kept thinking block
+  is sent with thinking off, since the API requires that turn to start with one.
+* Images (user content and tool results) are checked against :data:`ANTHROPIC_IMAGES` (JPEG,
+  PNG, GIF, WebP, 5 MB): one the API would refuse becomes a short text note
+  (:func:`~durable_harness.providers._wire.check_image`).
 * Consecutive ``toolResult`` messages become one user message of ``tool_result`` blocks
   (``tool_use_id``, ``content`` text - or text and image blocks -, ``is_error``).
-* Tool-call ids are reduced to ``[A-Za-z0-9_-]{1,64}`` the same way on both sides, so ids made
-  by other providers stay paired.
+* Tool-call ids are reduced to ``[A-Za-z0-9_-]{1,64}``; ids that would collide once reduced get
+  a ``_2``... suffix, the same on the ``tool_use`` and its ``tool_result``.
 
 Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 :class:`ThinkingDelta`, ``input_json_delta`` accumulated per block and yielded as one
@@ -38,7 +47,10 @@ import anyio
 
 from durable_harness.errors import ProviderError
 from durable_harness.providers._wire import (
+    ANTHROPIC_IMAGES,
     TRANSPORT_ERRORS,
+    WireIds,
+    check_image,
     close_stream,
     scrub,
     transport_error,
@@ -54,7 +66,13 @@ from durable_harness.providers.base import (
     empty_usage,
 )
 
-__all__ = ["AnthropicProvider", "to_anthropic_messages", "to_anthropic_tools", "wire_tool_id"]
+__all__ = [
+    "ANTHROPIC_IMAGES",
+    "AnthropicProvider",
+    "to_anthropic_messages",
+    "to_anthropic_tools",
+    "wire_tool_id",
+]
 
 _STOP_REASONS = {
     "end_turn": "stop",
@@ -139,10 +157,12 @@ class AnthropicProvider:
         ["thinking"]}``.
         """
         max_tokens = request.max_tokens or self.max_tokens
+        model = request.model or self.model
+        messages = to_anthropic_messages(request.messages, provider=self.name, model=model)
         params: dict[str, Any] = {
-            "model": request.model or self.model,
+            "model": model,
             "max_tokens": max_tokens,
-            "messages": to_anthropic_messages(request.messages),
+            "messages": messages,
             "stream": True,
         }
         if request.system_prompt:
@@ -150,7 +170,7 @@ class AnthropicProvider:
         if request.tools:
             params["tools"] = to_anthropic_tools(request.tools)
         budget = _THINKING_BUDGETS.get(request.thinking_level)
-        if self.reasoning and budget:
+        if self.reasoning and budget and _thinking_allowed(messages):
             params["thinking"] = {"type": "enabled", "budget_tokens": budget}
             params["max_tokens"] = max_tokens + budget
         return params
@@ -358,14 +378,28 @@ def wire_tool_id(tool_call_id: str) -> str:
 
 
 def _image_block(block: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "image",
-        "source": {
-            "type": "base64",
-            "media_type": block.get("mimeType") or "image/png",
-            "data": block.get("data"),
-        },
-    }
+    """An image block, or a text note when the API would refuse the image."""
+    checked = check_image(block, ANTHROPIC_IMAGES)
+    if isinstance(checked, str):
+        return {"type": "text", "text": checked}
+    media_type, data = checked
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def _thinking_allowed(messages: list[dict[str, Any]]) -> bool:
+    """False when the request ends in an open tool-use turn (tool results answering the last
+    assistant message) whose assistant message does not start with a thinking block: the API
+    refuses extended thinking for such a request."""
+    if len(messages) < 2 or messages[-1]["role"] != "user":
+        return True
+    last = messages[-1]["content"]
+    if not (isinstance(last, list) and last and last[0].get("type") == "tool_result"):
+        return True
+    assistant = messages[-2]
+    content = assistant["content"]
+    if assistant["role"] != "assistant" or not isinstance(content, list) or not content:
+        return True
+    return content[0].get("type") in ("thinking", "redacted_thinking")
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
@@ -381,7 +415,9 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
+def _assistant_blocks(content: Any, ids: WireIds, own: bool) -> list[dict[str, Any]]:
+    """Wire blocks of one assistant message; ``own``: its thinking signatures were issued for
+    the request's provider and model (else every thinking block is left out)."""
     out: list[dict[str, Any]] = []
     for block in content or []:
         if not isinstance(block, dict):
@@ -391,7 +427,7 @@ def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
             out.append({"type": "text", "text": str(block["text"])})
         elif btype == "thinking":
             signature = block.get("thinkingSignature") or block.get("signature")
-            if not signature:
+            if not signature or not own:
                 continue
             if block.get("redacted"):
                 out.append({"type": "redacted_thinking", "data": str(signature)})
@@ -407,7 +443,7 @@ def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
             out.append(
                 {
                     "type": "tool_use",
-                    "id": wire_tool_id(str(block.get("id", ""))),
+                    "id": ids.call(str(block.get("id", ""))),
                     "name": str(block.get("name", "")),
                     "input": block.get("arguments") or {},
                 }
@@ -415,7 +451,7 @@ def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_result(msg: Mapping[str, Any]) -> dict[str, Any]:
+def _tool_result(msg: Mapping[str, Any], ids: WireIds) -> dict[str, Any]:
     content = msg.get("content")
     if isinstance(content, str):
         wire_content: str | list[dict[str, Any]] = content
@@ -427,7 +463,7 @@ def _tool_result(msg: Mapping[str, Any]) -> dict[str, Any]:
             wire_content = "".join(p["text"] for p in parts)
     result: dict[str, Any] = {
         "type": "tool_result",
-        "tool_use_id": wire_tool_id(str(msg.get("toolCallId", ""))),
+        "tool_use_id": ids.result(str(msg.get("toolCallId", ""))),
         "content": wire_content,
     }
     if msg.get("isError"):
@@ -435,14 +471,19 @@ def _tool_result(msg: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def to_anthropic_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_anthropic_messages(
+    messages: list[dict[str, Any]], *, provider: str = "anthropic", model: str | None = None
+) -> list[dict[str, Any]]:
     """Convert context messages (pi shapes) to Messages API ``messages``.
 
-    See the module docstring for the mapping. Assistant messages left with no blocks are
-    dropped (the API rejects empty content); roles other than ``user``, ``assistant`` and
-    ``toolResult`` are ignored.
+    See the module docstring for the mapping. ``provider`` and ``model`` name the request's
+    target: thinking signatures are re-sent only from assistant messages with that
+    ``provider`` and ``model`` (``model=None``: any model of ``provider``). Assistant messages
+    left with no blocks are dropped (the API rejects empty content); roles other than
+    ``user``, ``assistant`` and ``toolResult`` are ignored.
     """
     out: list[dict[str, Any]] = []
+    ids = WireIds(wire_tool_id, 64)
     results: list[dict[str, Any]] | None = None
     for msg in messages:
         role = msg.get("role")
@@ -450,7 +491,7 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
             if results is None:
                 results = []
                 out.append({"role": "user", "content": results})
-            results.append(_tool_result(msg))
+            results.append(_tool_result(msg, ids))
             continue
         results = None
         if role == "user":
@@ -462,7 +503,8 @@ def to_anthropic_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]
                 }
             )
         elif role == "assistant":
-            blocks = _assistant_blocks(msg.get("content"))
+            own = msg.get("provider") == provider and (model is None or msg.get("model") == model)
+            blocks = _assistant_blocks(msg.get("content"), ids, own)
             if blocks:
                 out.append({"role": "assistant", "content": blocks})
     return out

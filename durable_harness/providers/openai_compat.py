@@ -7,9 +7,16 @@ writing one ``provider_request_started`` record per attempt.
 Wire mapping (pi message shapes -> chat completions):
 
 * ``user``: a string stays a string; text/image blocks become ``{"type": "text"}`` /
-  ``{"type": "image_url", "image_url": {"url": "data:<mime>;base64,<data>"}}`` parts.
+  ``{"type": "image_url", "image_url": {"url": "data:<mime>;base64,<data>"}}`` parts. Images are
+  checked against :data:`OPENAI_IMAGES` (PNG, JPEG, WEBP, GIF; 20 MB): one the API would refuse
+  becomes a short text part instead (:func:`~durable_harness.providers._wire.check_image`).
 * ``assistant``: text blocks are joined into ``content``; ``toolCall`` blocks become
-  ``tool_calls`` with JSON-string ``arguments``; thinking blocks are dropped.
+  ``tool_calls`` with JSON-string ``arguments``. Thinking blocks are never sent, whoever made
+  them: chat completions has no input field for earlier reasoning (OpenAI keeps a reasoning
+  model's reasoning server-side, and compatible servers such as DeepSeek document that a
+  ``reasoning_content`` field in input messages is an error), so no signature leaves either.
+* Tool-call ids longer than :data:`MAX_TOOL_ID` are shortened (prefix + hash), the same on the
+  call and its ``tool`` message; collisions get ``_2``...
 * ``toolResult``: ``{"role": "tool", "tool_call_id", "content": text}``. Images in tool results
   (the tool role carries text only) follow the run of tool messages as one user message.
 * The system prompt is the first ``{"role": "system"}`` message.
@@ -36,9 +43,13 @@ import openai
 
 from durable_harness.errors import ProviderError
 from durable_harness.providers._wire import (
+    OPENAI_IMAGES,
     TRANSPORT_ERRORS,
+    WireIds,
+    check_image,
     close_stream,
     scrub,
+    shorten_id,
     transport_error,
 )
 from durable_harness.providers.base import (
@@ -52,7 +63,7 @@ from durable_harness.providers.base import (
     empty_usage,
 )
 
-__all__ = ["OpenAIProvider", "to_openai_messages", "to_openai_tools"]
+__all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
 
 _STOP_REASONS = {
     "stop": "stop",
@@ -309,6 +320,15 @@ def _cost(usage: Mapping[str, Any], pricing: Mapping[str, float] | None) -> dict
     return {**cost, "total": sum(cost.values())}
 
 
+MAX_TOOL_ID = 40
+"""OpenAI refuses a ``tool_calls[].id`` longer than 40 characters (pi's Responses-API ids,
+``call_...|fc_...``, are longer); longer ids are shortened stably."""
+
+
+def _wire_id(call_id: str) -> str:
+    return shorten_id(call_id, MAX_TOOL_ID)
+
+
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -326,8 +346,12 @@ def _images(content: Any) -> list[dict[str, Any]]:
 
 
 def _image_part(block: Mapping[str, Any]) -> dict[str, Any]:
-    mime = block.get("mimeType") or "image/png"
-    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{block.get('data')}"}}
+    """An ``image_url`` part with a data URL, or a text part when the API would refuse it."""
+    checked = check_image(block, OPENAI_IMAGES)
+    if isinstance(checked, str):
+        return {"type": "text", "text": checked}
+    mime, data = checked
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
 
 
 def _user_content(content: Any) -> str | list[dict[str, Any]]:
@@ -354,6 +378,7 @@ def to_openai_messages(
     ``toolResult`` are ignored.
     """
     out: list[dict[str, Any]] = []
+    ids = WireIds(_wire_id, MAX_TOOL_ID)
     if system_prompt:
         out.append({"role": "system", "content": system_prompt})
     pending_images: list[dict[str, Any]] = []
@@ -382,7 +407,7 @@ def to_openai_messages(
             text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
             tool_calls = [
                 {
-                    "id": str(b.get("id", "")),
+                    "id": ids.call(str(b.get("id", ""))),
                     "type": "function",
                     "function": {
                         "name": str(b.get("name", "")),
@@ -403,7 +428,7 @@ def to_openai_messages(
             out.append(
                 {
                     "role": "tool",
-                    "tool_call_id": str(msg.get("toolCallId", "")),
+                    "tool_call_id": ids.result(str(msg.get("toolCallId", ""))),
                     "content": _text(content),
                 }
             )

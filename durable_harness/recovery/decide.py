@@ -18,6 +18,7 @@ from durable_harness.errors import RecoveryError
 from durable_harness.harness.state import RunLimits, ToolCallState
 from durable_harness.harness.steps import CallAction, LaneAction, Step, next_step
 from durable_harness.recovery.snapshot import LaneSnapshot, Snapshot
+from durable_harness.storage.base import WARNING_KINDS
 
 #: How in-doubt calls without a decision are settled (``design/recovery.md``, Policies).
 Policy = Literal["ask", "fail-in-doubt", "retry-safe"]
@@ -33,7 +34,7 @@ CallStatus = Literal["not_started", "in_doubt", "completed"]
 #: Damage kinds that do not make the log untrustworthy: a torn tail is the expected shape of
 #: a crash mid-write (its line was never acknowledged); a replaced lone surrogate changes text,
 #: not the record sequence.
-BENIGN_DAMAGE: frozenset[str] = frozenset({"torn_tail", "replaced_surrogate"})
+BENIGN_DAMAGE: frozenset[str] = WARNING_KINDS | {"torn_tail"}
 
 DecisionKind = Literal["retry", "fail", "result"]
 

@@ -13,9 +13,14 @@ Rules (pi's ``buildSessionContext``, plus the brief's guarantees):
 4. Settings (model, thinking level) come from the whole path; a compaction that carries a
    ``settings`` snapshot lets the walk stop at the cut.
 5. Well-formed for providers: an assistant message with empty content is dropped; every tool
-   call gets exactly one result (the first stored one); a call without a stored result gets a
-   synthetic error result marked *interrupted, outcome unknown*; a result without its call is
-   dropped.
+   call gets exactly one result; a call without a stored result gets a synthetic error result
+   marked *interrupted, outcome unknown*; a result without its call is dropped. When a call
+   has more stored results than it can take, placeholders (pi's "No result provided", our
+   interrupted marker) give way to a real result; then the first is kept.
+6. One identity per call: results pair with calls by order of occurrence among equal ids (two
+   calls sharing ``call_0`` take the first and second ``call_0`` results). The ids the provider
+   sees are unique over the whole context: a repeated id becomes ``<id>_2`` (``_3``...), on the
+   call block and its result alike; ids are otherwise left as stored.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ INTERRUPTED_TEXT = (
     "Tool call interrupted: the process stopped while this tool was running and its outcome is "
     "unknown. It has not been retried."
 )
+PLACEHOLDER_TEXTS = frozenset({INTERRUPTED_TEXT, "No result provided"})
+"""Result texts that stand in for a missing result (ours, and pi's synthetic one): a real result
+for the same call wins over them."""
 
 EntryGetter = Callable[[str], dict[str, Any] | None]
 
@@ -148,6 +156,7 @@ class ContextState:
     formed_messages: list[dict[str, Any]] = field(default_factory=list)
     formed_ids: list[str | None] = field(default_factory=list)
     formed_upto: int = 0
+    formed_call_ids: frozenset[str] = frozenset()
 
 
 def _settings(
@@ -200,6 +209,7 @@ def _extend(
         previous.formed_messages,
         previous.formed_ids,
         previous.formed_upto,
+        previous.formed_call_ids,
     )
 
 
@@ -242,12 +252,14 @@ def _form(state: ContextState) -> tuple[list[dict[str, Any]], list[str | None]]:
             cut = j
             break
     if cut > state.formed_upto:
-        done = well_formed(pairs[state.formed_upto : cut])
+        used = set(state.formed_call_ids)
+        done = well_formed(pairs[state.formed_upto : cut], used)
         # New lists, never appended in place: an earlier state may share the old ones.
         state.formed_messages = state.formed_messages + [m for m, _ in done]
         state.formed_ids = state.formed_ids + [eid for _, eid in done]
         state.formed_upto = cut
-    tail = well_formed(pairs[state.formed_upto :])
+        state.formed_call_ids = frozenset(used)
+    tail = well_formed(pairs[state.formed_upto :], set(state.formed_call_ids))
     return (
         state.formed_messages + [m for m, _ in tail],
         state.formed_ids + [eid for _, eid in tail],
@@ -305,10 +317,66 @@ def interrupted_result(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def is_placeholder_result(msg: dict[str, Any]) -> bool:
+    """True for a stored result that only stands in for a missing one (see
+    :data:`PLACEHOLDER_TEXTS`, or our ``interrupted`` flag)."""
+    if msg.get("interrupted") is True:
+        return True
+    return text_of(msg.get("content")).strip() in PLACEHOLDER_TEXTS
+
+
+def _unique_id(call_id: str, used: set[str]) -> str:
+    """``call_id`` if unused, else ``<call_id>_2``, ``_3``... (``call`` for an empty id); the id
+    returned is added to ``used``."""
+    base = call_id or "call"
+    new, n = call_id, 1
+    while not new or new in used:
+        n += 1
+        new = f"{base}_{n}"
+    used.add(new)
+    return new
+
+
+def _pair_results(
+    calls: list[dict[str, Any]], results: list[tuple[dict[str, Any], str | None]]
+) -> list[tuple[dict[str, Any], str | None] | None]:
+    """Pair the results that follow an assistant message with its calls (rule 5 and 6):
+    per stored id, by order of occurrence; surplus placeholders go first, then later results."""
+    by_id: dict[str, list[tuple[dict[str, Any], str | None]]] = {}
+    for pair in results:
+        by_id.setdefault(str(pair[0].get("toolCallId")), []).append(pair)
+    wanted: dict[str, int] = {}
+    for call in calls:
+        key = str(call.get("id"))
+        wanted[key] = wanted.get(key, 0) + 1
+    for key, found in by_id.items():
+        surplus = len(found) - wanted.get(key, 0)
+        if surplus > 0:
+            kept = list(found)
+            for pair in found:
+                if surplus and is_placeholder_result(pair[0]):
+                    kept.remove(pair)
+                    surplus -= 1
+            by_id[key] = kept
+    taken: dict[str, int] = {}
+    out: list[tuple[dict[str, Any], str | None] | None] = []
+    for call in calls:
+        key = str(call.get("id"))
+        index = taken.get(key, 0)
+        taken[key] = index + 1
+        found = by_id.get(key, [])
+        out.append(found[index] if index < len(found) else None)
+    return out
+
+
 def well_formed(
-    pairs: list[tuple[dict[str, Any], str | None]],
+    pairs: list[tuple[dict[str, Any], str | None]], used: set[str] | None = None
 ) -> list[tuple[dict[str, Any], str | None]]:
-    """Enforce rule 5: no empty assistant message, exactly one result per tool call."""
+    """Enforce rules 5 and 6: no empty assistant message, exactly one result per tool call,
+    call ids unique. ``used`` holds the call ids already sent earlier in the context; the ids
+    given out here are added to it. Messages whose ids change are copies (entries are never
+    modified)."""
+    used = set() if used is None else used
     out: list[tuple[dict[str, Any], str | None]] = []
     i = 0
     while i < len(pairs):
@@ -322,16 +390,31 @@ def well_formed(
             if is_empty_assistant(content):
                 i += 1
                 continue
-            out.append((msg, eid))
             calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
             j = i + 1
-            results: dict[str, tuple[dict[str, Any], str | None]] = {}
             while j < len(pairs) and pairs[j][0].get("role") == "toolResult":
-                rid = str(pairs[j][0].get("toolCallId"))
-                results.setdefault(rid, pairs[j])
                 j += 1
-            for call in calls:
-                out.append(results.get(str(call.get("id")), (interrupted_result(call), None)))
+            paired = _pair_results(calls, pairs[i + 1 : j])
+            new_ids = [_unique_id(str(c.get("id") or ""), used) for c in calls]
+            if any(new != c.get("id") for new, c in zip(new_ids, calls, strict=True)):
+                renamed = iter(new_ids)
+                msg = {
+                    **msg,
+                    "content": [
+                        {**b, "id": next(renamed)}
+                        if isinstance(b, dict) and b.get("type") == "toolCall"
+                        else b
+                        for b in content
+                    ],
+                }
+            out.append((msg, eid))
+            for call, new_id, pair in zip(calls, new_ids, paired, strict=True):
+                if pair is None:
+                    out.append((interrupted_result({**call, "id": new_id}), None))
+                elif pair[0].get("toolCallId") != new_id:
+                    out.append(({**pair[0], "toolCallId": new_id}, pair[1]))
+                else:
+                    out.append(pair)
             i = j
             continue
         out.append((msg, eid))

@@ -29,7 +29,12 @@ CURRENT_VERSION = 3
 
 
 def read_lines(data: bytes) -> tuple[list[tuple[int, int, Any]], list[dict[str, Any]]]:
-    """Split on ``\\n`` only and parse each line; return ``([(offset, line_no, obj)], damage)``."""
+    """Split on ``\\n`` only and parse each line; return ``([(offset, line_no, obj)], damage)``.
+
+    A line holding a lone UTF-16 surrogate escape loads with U+FFFD in its place and adds a
+    ``replaced_surrogate`` warning (``line``, ``offset``, ``paths``: where in the line);
+    :func:`open_pi_file` names the entry.
+    """
     out: list[tuple[int, int, Any]] = []
     dmg: list[dict[str, Any]] = []
     pos, line_no = 0, 0
@@ -39,7 +44,20 @@ def read_lines(data: bytes) -> tuple[list[tuple[int, int, Any]], list[dict[str, 
         raw = data[pos:] if end < 0 else data[pos:end]
         if raw.strip():
             try:
-                out.append((pos, line_no, codec.loads(raw)))
+                obj, replaced = codec.loads_counted(raw)
+                out.append((pos, line_no, obj))
+                if replaced:
+                    where = [codec.format_path(p) for p in codec.lone_surrogate_paths(raw)]
+                    dmg.append(
+                        damage(
+                            "replaced_surrogate",
+                            f"line {line_no}: lone UTF-16 surrogate in {', '.join(where)} read "
+                            "as U+FFFD; the file is unchanged",
+                            offset=pos,
+                            line=line_no,
+                            paths=where,
+                        )
+                    )
             except ValueError as exc:
                 kind = "torn_tail" if end < 0 else "bad_line"
                 dmg.append(
@@ -125,6 +143,7 @@ def open_pi_file(path: str) -> MemorySessionStore:
     header["version"] = CURRENT_VERSION
     header["migratedFrom"] = int(lines[0][2].get("version") or 1)
     store = MemorySessionStore(header, read_only=True, location=path)
+    _name_surrogate_entries(dmg, lines)
     store.damage = dmg
     numbered: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -162,6 +181,29 @@ def open_pi_file(path: str) -> MemorySessionStore:
                 )
             )
     return store
+
+
+def _name_surrogate_entries(dmg: list[dict[str, Any]], lines: list[tuple[int, int, Any]]) -> None:
+    """Name the entry in each ``replaced_surrogate`` warning of :func:`read_lines` (the id after
+    migration: v1 ids are derived from the line number, as :func:`migrate` derives them)."""
+    if not any(d["kind"] == "replaced_surrogate" for d in dmg):
+        return
+    header = lines[0][2] if lines else {}
+    v1 = int(header.get("version") or 1) < 2
+    ids: dict[int, Any] = {}
+    for _, line_no, obj in lines[1:]:
+        if isinstance(obj, dict):
+            ids[line_no] = _short_id(str(header.get("id", "")), line_no) if v1 else obj.get("id")
+    for item in dmg:
+        if item["kind"] == "replaced_surrogate":
+            line_no = item["line"]
+            eid = ids.get(line_no)
+            label = "session header" if line_no == lines[0][1] else f"entry {eid}"
+            item["id"] = eid
+            item["detail"] = (
+                f"{label} (line {line_no}): lone UTF-16 surrogate in {', '.join(item['paths'])} "
+                "read as U+FFFD; the file is unchanged"
+            )
 
 
 def import_pi_file(path: str, target: Store, *, chunk: int = 500) -> str:

@@ -34,6 +34,7 @@ from durable_harness.errors import (
     SessionNotFound,
     SessionUnreadable,
 )
+from durable_harness.storage import codec
 
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
@@ -187,8 +188,9 @@ def damage(
     """Build one damage item ``{kind, detail, offset?, line?, ...}``.
 
     Kinds: ``torn_tail`` (quarantined), ``bad_line``, ``bad_header``, ``orphan_parent``,
-    ``duplicate_id``, ``seq_regression``, ``unknown_lane_leaf``. ``offset`` is a byte offset
-    into the file; ``line`` is 1-based.
+    ``duplicate_id``, ``seq_regression``, ``unknown_lane_leaf``; and the warnings in
+    :data:`WARNING_KINDS`, which lose nothing. ``offset`` is a byte offset into the file;
+    ``line`` is 1-based.
     """
     item: dict[str, Any] = {"kind": kind, "detail": detail}
     if offset is not None:
@@ -197,6 +199,48 @@ def damage(
         item["line"] = line
     item.update(extra)
     return item
+
+
+WARNING_KINDS = frozenset({"replaced_surrogate"})
+"""Damage kinds that are warnings: the entry loaded whole (a lone UTF-16 surrogate read as
+U+FFFD), no commit is missing, so they never make a log "damaged" for recovery or fsck. With
+``torn_tail`` (never acknowledged, quarantined) these are the kinds a "damaged" test skips."""
+
+
+def surrogate_warnings(
+    raw: bytes, ops: list[Any], *, offset: int | None = None, line: int | None = None
+) -> list[dict[str, Any]]:
+    """One ``replaced_surrogate`` warning per op of the commit line ``raw`` (already decoded into
+    ``ops``) that held a lone UTF-16 surrogate, naming the entry (or record, or lane) and where
+    in it the text was; see :func:`durable_harness.storage.codec.loads`."""
+    by_op: dict[int, list[str]] = {}
+    for path in codec.lone_surrogate_paths(raw):
+        if len(path) >= 2 and path[0] == "ops" and isinstance(path[1], int):
+            by_op.setdefault(path[1], []).append(codec.format_path(path[3:] or path[2:]))
+        else:
+            by_op.setdefault(-1, []).append(codec.format_path(path))
+    out: list[dict[str, Any]] = []
+    for idx, where in sorted(by_op.items()):
+        op = ops[idx] if 0 <= idx < len(ops) and isinstance(ops[idx], dict) else {}
+        body = op.get("entry") or op.get("record")
+        what, oid = (
+            (op.get("op"), body.get("id"))
+            if isinstance(body, dict)
+            else ("lane", op.get("lane"))
+            if op
+            else ("commit line", None)
+        )
+        out.append(
+            damage(
+                "replaced_surrogate",
+                f"{what}{'' if oid is None else ' ' + str(oid)}: lone UTF-16 surrogate in "
+                f"{', '.join(where)} read as U+FFFD; the file is unchanged",
+                offset=offset,
+                line=line,
+                id=oid,
+            )
+        )
+    return out
 
 
 class PendingCommit:

@@ -4,10 +4,18 @@ orjson refuses ``str`` values holding lone UTF-16 surrogates (which Python strin
 e.g. from ``surrogateescape`` decoding). Such text is rewritten with U+FFFD before encoding so a
 write never fails halfway and the file stays valid UTF-8. U+2028, U+2029 and U+0085 are written
 raw: lines are split on ``\\n`` only.
+
+Reading is lenient the same way: other agents write escaped lone halves (``"\\ud83d"`` with no
+low half) when they cut text by UTF-16 units. RFC 8259 section 8.2 leaves such strings'
+behaviour undefined; orjson rejects the whole document. :func:`loads` then retries that one
+document with each lone ``\\uD800``-``\\uDFFF`` escape rewritten as ``\\uFFFD`` (a valid pair
+is kept), so the text loads with U+FFFD where the half was. The happy path costs nothing: the
+retry runs only on a document orjson refused for a surrogate.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -48,6 +56,109 @@ def dumps_line(value: Any) -> bytes:
         return dumps(value) + b"\n"
 
 
+# One JSON escape per match, left to right, so an escaped backslash (``\\``) is consumed whole
+# and never read as the start of a ``\u`` escape. ``high`` is a high half, ``low`` the low half
+# right after it (a valid pair); ``lone`` is a low half with no high half before it; any other
+# escape matches the last branch and is kept as is.
+_ESCAPE = re.compile(
+    rb"\\(?:u(?P<high>[dD][89abAB][0-9a-fA-F]{2})(?P<low>\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
+    rb"|(?P<lone>u[dD][c-fC-F][0-9a-fA-F]{2})|.)",
+    re.S,
+)
+_REPLACEMENT = rb"\ufffd"
+
+
+def repair_surrogates(data: bytes) -> tuple[bytes, int]:
+    """Rewrite every lone surrogate escape in the JSON text ``data`` as ``\\ufffd``.
+
+    Returns ``(bytes, count)``: the repaired text and how many lone halves were replaced (0: the
+    input is returned unchanged). A high half directly followed by a low half is a valid pair
+    and is kept. Only escapes are looked at: raw surrogate bytes are invalid UTF-8 and stay so.
+    """
+    if b"\\u" not in data:
+        return data, 0
+    count = 0
+
+    def fix(m: re.Match[bytes]) -> bytes:
+        nonlocal count
+        if m["lone"] is None and (m["high"] is None or m["low"] is not None):
+            return m[0]  # a valid pair or any other escape
+        count += 1
+        return _REPLACEMENT
+
+    fixed = _ESCAPE.sub(fix, data)
+    return (fixed, count) if count else (data, 0)
+
+
+def loads_counted(data: bytes | str) -> tuple[Any, int]:
+    """Decode JSON like :func:`loads`; also return how many lone surrogates became U+FFFD.
+
+    Raises:
+        orjson.JSONDecodeError: ``data`` is not JSON, or is bad for another reason than a lone
+            surrogate (a ``ValueError``).
+    """
+    try:
+        return orjson.loads(data), 0
+    except orjson.JSONDecodeError as exc:
+        if "surrogate" not in str(exc):
+            raise
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+        fixed, count = repair_surrogates(raw)
+        if not count:
+            raise
+        return orjson.loads(fixed), count
+
+
 def loads(data: bytes | str) -> Any:
-    """Decode JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``) on bad input."""
-    return orjson.loads(data)
+    """Decode JSON, reading a lone surrogate escape as U+FFFD (see the module docstring).
+
+    Raises:
+        orjson.JSONDecodeError: (a ``ValueError``) ``data`` is not JSON.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return loads_counted(data)[0]
+
+
+def lone_surrogate_paths(data: bytes) -> list[tuple[str | int, ...]]:
+    """Where the JSON text ``data`` holds strings (or keys) with a lone surrogate half.
+
+    Each path is the keys and list indexes from the root to the string, e.g.
+    ``("ops", 0, "entry", "message", "content", 0, "text")``. Used only to name what
+    :func:`loads` repaired, so it may use the slower standard-library decoder (which keeps lone
+    halves). Returns ``[]`` when ``data`` does not decode.
+    """
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return []
+    found: list[tuple[str | int, ...]] = []
+
+    def walk(node: Any, path: tuple[str | int, ...]) -> None:
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                found.append(path)
+        elif isinstance(node, dict):
+            for key, item in node.items():
+                if _SURROGATE.search(key):
+                    found.append((*path, key))
+                walk(item, (*path, key))
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, (*path, i))
+
+    walk(value, ())
+    return found
+
+
+def format_path(path: tuple[str | int, ...]) -> str:
+    """A path from :func:`lone_surrogate_paths` as ``message.content[0].text`` (lone halves in
+    keys shown as U+FFFD)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + _SURROGATE.sub("\ufffd", part)
+    return out or "(the value)"

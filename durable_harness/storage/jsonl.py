@@ -50,10 +50,12 @@ from durable_harness.storage.base import (
     Store,
     damage,
     queued_commit,
+    surrogate_warnings,
     unreadable_error,
 )
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.private import make_private_dirs, private_fd, tighten_fd
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 FORMAT = "durable-harness/1"
@@ -121,6 +123,7 @@ class JsonlSessionStore(IndexedSessionStore):
         except FileExistsError as exc:
             raise SessionExists(f"session file {path} already exists", path=path) from exc
         try:
+            private_fd(fd)
             _write_all(fd, codec.dumps(header) + b"\n")
             os.fsync(fd)
         finally:
@@ -156,6 +159,8 @@ class JsonlSessionStore(IndexedSessionStore):
             lease.acquire(break_lease=break_lease)
         try:
             fd, data = _open_and_read(path, os.O_RDWR if write else os.O_RDONLY)
+            if write:
+                tighten_fd(fd)
             store = cls._from_bytes(path, data, read_only=not write, durability=durability)
         except BaseException:
             if lease is not None:
@@ -183,6 +188,7 @@ class JsonlSessionStore(IndexedSessionStore):
         tmp = f"{self.path}.takeover-{os.getpid()}-{time.monotonic_ns()}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            private_fd(fd)
             _write_all(fd, content)
             os.fsync(fd)
             os.rename(tmp, self.path)
@@ -287,7 +293,7 @@ class JsonlSessionStore(IndexedSessionStore):
 
     def _scan_line(self, raw: bytes, offset: int, length: int, line_no: int, max_gen: int) -> None:
         try:
-            obj = codec.loads(raw)
+            obj, replaced = codec.loads_counted(raw)
             ops = obj["ops"]
             if not isinstance(ops, list):
                 raise TypeError("ops is not a list")
@@ -350,6 +356,8 @@ class JsonlSessionStore(IndexedSessionStore):
                     line=line_no,
                 )
             )
+        if replaced:
+            self.damage.extend(surrogate_warnings(raw, ops, offset=offset, line=line_no))
         for idx, op in enumerate(ops):
             self._apply(op, (offset, length, idx))
 
@@ -413,6 +421,7 @@ class JsonlSessionStore(IndexedSessionStore):
             side = f"{self.path}.torn-{offset}.{n}"
         fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            private_fd(fd)
             _write_all(fd, tail)
             os.fsync(fd)
         finally:
@@ -776,7 +785,7 @@ class JsonlStore(Store):
         if session_id is not None and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(folder)
         ts = now_iso()
         header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
         if parent_session:

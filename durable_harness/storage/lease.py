@@ -23,6 +23,7 @@ from typing import Any
 from durable_harness.errors import LeaseHeld, StaleGeneration, StorageError
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec
+from durable_harness.storage.private import private_fd
 
 
 class FileLease:
@@ -63,6 +64,11 @@ class FileLease:
                 f"{self.what}: cannot open its lock file {self.lock_path}: {exc.strerror}",
                 path=self.lock_path,
             ) from exc
+        try:
+            private_fd(fd)
+        except OSError:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True

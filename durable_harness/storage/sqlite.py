@@ -48,6 +48,7 @@ from durable_harness.storage.base import (
     unreadable_error,
 )
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.private import make_private_dirs, private_fd, tighten_path
 from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
 
 MIGRATIONS: list[str] = [
@@ -614,18 +615,22 @@ class SqliteStore(Store):
         self.path = str(Path(path).expanduser())
         self.spec = f"sqlite:{self.path}"
         parent = os.path.dirname(self.path) or "."
-        os.makedirs(parent, exist_ok=True)
+        make_private_dirs(parent)
         if not os.path.exists(self.path):
             try:
-                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                private_fd(fd)
+                os.close(fd)
             except FileExistsError:
                 pass
         try:  # SQLite would say only "unable to open database file"
             os.close(os.open(self.path, os.O_RDONLY))
         except OSError as exc:
             raise unreadable_error(self.path, exc) from exc
+        for name in (self.path, self.path + "-wal", self.path + "-shm"):
+            tighten_path(name)  # SQLite gives -wal and -shm the database file's mode
         self._locks = self.path + ".locks"
-        os.makedirs(self._locks, exist_ok=True, mode=0o700)
+        make_private_dirs(self._locks)
         conn = _connect(self.path)
         try:
             _migrate(conn)

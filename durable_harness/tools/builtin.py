@@ -25,12 +25,13 @@ asyncio and trio.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import os
 import secrets
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -668,14 +669,47 @@ async def _pump(stream: anyio.abc.ByteReceiveStream, tail: _Tail, done: anyio.Ev
         done.set()
 
 
+SECRET_NAME_PATTERNS: tuple[str, ...] = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
+"""Environment variable names (shell-style, matched upper-cased) that look like credentials.
+Provider keys (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``) match ``*_KEY``."""
+
+
+def is_secret_name(name: str) -> bool:
+    """True when the environment variable ``name`` looks like a credential
+    (:data:`SECRET_NAME_PATTERNS`, case-insensitive)."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
+
+
+def tool_environment(base: Mapping[str, str], allow: Iterable[str] = ()) -> dict[str, str]:
+    """The environment a tool process inherits from ``base`` (normally ``os.environ``): every
+    variable except those that look like credentials (:func:`is_secret_name`), unless a name
+    or shell-style pattern in ``allow`` (matched exactly, case-sensitive) lets it through.
+
+    ``design/providers-and-tools.md`` ("Credentials") explains the rule.
+    """
+    allowed = tuple(allow)
+    return {
+        name: value
+        for name, value in base.items()
+        if not is_secret_name(name) or any(fnmatch.fnmatchcase(name, a) for a in allowed)
+    }
+
+
 class BashTool(Tool):
     """``bash``: run a command line with ``bash -c`` in the working directory.
 
     Args model: :class:`BashArgs` (``command``, ``timeout`` seconds, default 120).
 
+    Args:
+        allow_env: names or shell-style patterns of variables that look like credentials but
+            may still reach the command (default none; see :func:`tool_environment`).
+
     The command runs in a new session and process group, with stdin from ``/dev/null`` and
-    the environment ``os.environ`` + ``ctx.env`` + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``,
-    ``DURABLE_HARNESS_RUN_ID`` and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are
+    the environment ``os.environ`` without credentials (:func:`tool_environment`: ``*_KEY``,
+    ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*`` are removed unless allowed) + ``ctx.env`` (given
+    explicitly, kept whole) + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``, ``DURABLE_HARNESS_RUN_ID``
+    and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are
     combined; the result keeps the last :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit
     appends ``"exit code N"`` and sets ``is_error`` (N is negative when a signal killed the
     shell). ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated"}``.
@@ -701,6 +735,9 @@ class BashTool(Tool):
     default_timeout: ClassVar[float] = 120.0
     """Seconds allowed when ``args.timeout`` is not given."""
 
+    def __init__(self, *, allow_env: Iterable[str] = ()) -> None:
+        self.allow_env: tuple[str, ...] = tuple(allow_env)
+
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Run ``args.command`` (see the class docstring).
 
@@ -711,7 +748,7 @@ class BashTool(Tool):
         assert isinstance(args, BashArgs)
         timeout = args.timeout if args.timeout is not None else self.default_timeout
         env = {
-            **os.environ,
+            **tool_environment(os.environ, self.allow_env),
             **ctx.env,
             "DURABLE_HARNESS_IDEMPOTENCY_KEY": ctx.idempotency_key,
             "DURABLE_HARNESS_RUN_ID": ctx.run_id,
@@ -829,14 +866,17 @@ async def _file_op(
         return _os_error_result(verb, path, exc)
 
 
-def builtin_tools() -> dict[str, Tool]:
+def builtin_tools(*, allow_env: Iterable[str] = ()) -> dict[str, Tool]:
     """Return one fresh instance of each built-in tool, keyed by tool name:
-    ``read_file``, ``write_file``, ``edit_file``, ``append_file``, ``bash``."""
+    ``read_file``, ``write_file``, ``edit_file``, ``append_file``, ``bash``.
+
+    ``allow_env``: credential-like environment variables ``bash`` may still pass on
+    (:class:`BashTool`)."""
     tools: list[Tool] = [
         ReadFileTool(),
         WriteFileTool(),
         EditFileTool(),
         AppendFileTool(),
-        BashTool(),
+        BashTool(allow_env=allow_env),
     ]
     return {tool.name: tool for tool in tools}

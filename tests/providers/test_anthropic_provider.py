@@ -21,6 +21,7 @@ from durable_harness.providers.base import (
     ToolSpec,
 )
 
+from .images import JPEG_B64, PNG_B64
 from .servers import FakeLLMServer, StatusError, ToolCallSpec, Turn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -170,7 +171,7 @@ async def test_conversation_with_tool_results_is_converted(llm_server: FakeLLMSe
             "role": "user",
             "content": [
                 {"type": "text", "text": "look at this"},
-                {"type": "image", "data": "QUJD", "mimeType": "image/png"},
+                {"type": "image", "data": PNG_B64, "mimeType": "image/png"},
             ],
             "timestamp": 1,
         },
@@ -224,7 +225,7 @@ async def test_conversation_with_tool_results_is_converted(llm_server: FakeLLMSe
                 {"type": "text", "text": "look at this"},
                 {
                     "type": "image",
-                    "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"},
+                    "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64},
                 },
             ],
         },
@@ -265,7 +266,7 @@ async def test_tool_result_with_image_keeps_blocks(llm_server: FakeLLMServer) ->
             "toolName": "shot",
             "content": [
                 {"type": "text", "text": "png"},
-                {"type": "image", "data": "AAAA", "mimeType": "image/jpeg"},
+                {"type": "image", "data": JPEG_B64, "mimeType": "image/jpeg"},
             ],
         },
     ]
@@ -277,7 +278,10 @@ async def test_tool_result_with_image_keeps_blocks(llm_server: FakeLLMServer) ->
     }
     assert sent[2]["content"][0]["content"] == [
         {"type": "text", "text": "png"},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "AAAA"}},
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/jpeg", "data": JPEG_B64},
+        },
     ]
 
 

@@ -21,6 +21,7 @@ from durable_harness.providers.base import (
 )
 from durable_harness.providers.openai_compat import OpenAIProvider
 
+from .images import JPEG_B64, PNG_B64
 from .servers import FakeLLMServer, StatusError, ToolCallSpec, Turn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -157,7 +158,7 @@ async def test_conversation_with_tool_result_is_converted(llm_server: FakeLLMSer
             "role": "user",
             "content": [
                 {"type": "text", "text": "look at this"},
-                {"type": "image", "data": "QUJD", "mimeType": "image/png"},
+                {"type": "image", "data": PNG_B64, "mimeType": "image/png"},
             ],
             "timestamp": 1,
         },
@@ -190,7 +191,7 @@ async def test_conversation_with_tool_result_is_converted(llm_server: FakeLLMSer
             "role": "user",
             "content": [
                 {"type": "text", "text": "look at this"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_B64}"}},
             ],
         },
         {
@@ -220,7 +221,7 @@ async def test_tool_result_images_follow_as_user_message(llm_server: FakeLLMServ
             "toolName": "shot",
             "content": [
                 {"type": "text", "text": "png"},
-                {"type": "image", "data": "AAAA", "mimeType": "image/jpeg"},
+                {"type": "image", "data": JPEG_B64, "mimeType": "image/jpeg"},
             ],
         },
     ]
@@ -237,7 +238,7 @@ async def test_tool_result_images_follow_as_user_message(llm_server: FakeLLMServ
     assert sent[3]["role"] == "user"
     assert sent[3]["content"][-1] == {
         "type": "image_url",
-        "image_url": {"url": "data:image/jpeg;base64,AAAA"},
+        "image_url": {"url": f"data:image/jpeg;base64,{JPEG_B64}"},
     }
 
 
