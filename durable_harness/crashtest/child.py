@@ -26,7 +26,9 @@ from durable_harness.tools.builtin import builtin_tools
 
 
 def make_provider(sc: Scenario) -> ScriptedProvider:
-    """The scenario's scripted provider."""
+    """The scenario's scripted provider (with the scenario's context window, if it sets one)."""
+    if sc.context_window is not None:
+        return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt, context_window=sc.context_window)
     return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt)
 
 

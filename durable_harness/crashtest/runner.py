@@ -336,7 +336,8 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
             plan = recover(session.store, tools, cwd=str(work))
             decisions = {}
             for lp in plan.lanes:
-                cell.plan.append(f"{lp.lane}:{lp.state}/{lp.next_action}")
+                purpose = "" if lp.purpose == "turn" else f" ({lp.purpose})"
+                cell.plan.append(f"{lp.lane}:{lp.state}/{lp.next_action}{purpose}")
                 for c in lp.waiting():
                     tag = effect_tag(c.tool_name, c.arguments or {})
                     d = _decision_for(tag, _effects(work))

@@ -5,6 +5,7 @@ A scenario file::
     {"name": str, "description": str,
      "files": {"relative/path": "content"},          # laid out in the fresh working dir
      "turns": [...], "by_prompt": {...},             # the scripted provider's script
+     "context_window": tokens,                       # optional: the provider's window
      "steps": [{"op": "prompt" | "steer" | "follow_up" | "next_run" | "wait" | "abort" |
                       "set_model" | "navigate" | "compact" | "create_lane",
                 "lane": "main", "text": ..., "on": "<event type>"...}]}
@@ -49,6 +50,7 @@ class Scenario:
     by_prompt: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     path: str = ""
+    context_window: int | None = None
 
 
 def default_dir() -> Path:
@@ -67,6 +69,9 @@ def load(path: str | Path) -> Scenario:
     except (OSError, ValueError) as exc:
         raise FormatError(f"cannot read scenario {path}: {exc}") from exc
     steps = data.get("steps") or []
+    window = data.get("context_window")
+    if window is not None and (not isinstance(window, int) or window <= 0):
+        raise FormatError(f"scenario {path}: context_window must be a positive integer")
     for i, step in enumerate(steps):
         if step.get("op") not in OPS:
             raise FormatError(f"scenario {path}: step {i} has unknown op {step.get('op')!r}")
@@ -78,6 +83,7 @@ def load(path: str | Path) -> Scenario:
         by_prompt=dict(data.get("by_prompt") or {}),
         files=dict(data.get("files") or {}),
         path=str(path),
+        context_window=window if isinstance(window, int) else None,
     )
 
 

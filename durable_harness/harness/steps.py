@@ -33,10 +33,12 @@ LaneAction = Literal[
     "fail_run_limit",
 ]
 
-#: What happens to one tool call of the open turn.
+#: What happens to one tool call of the open turn. ``reject``: a call not started whose tool is
+#: not registered is answered with an error result, nothing runs.
 CallAction = Literal[
     "none",
     "execute",
+    "reject",
     "re-execute",
     "reconcile",
     "await_decision",

@@ -58,6 +58,8 @@ class ToolCallsMixin(HarnessCore):
                 self._settle(live, call, result, outcome="failed_by_policy")
             elif action == "apply_decision":
                 self._apply_decision(live, call)
+            elif action == "reject":
+                self._reject_unknown(live, call)
         if len(to_run) == 1:  # the common batch: no task group needed to run it
             await self._run_tool(live, to_run[0])
         elif to_run:
@@ -126,16 +128,17 @@ class ToolCallsMixin(HarnessCore):
             on_process=on_process if live is not None else None,
         )
 
+    def _reject_unknown(self, live: _LiveRun, call: ToolCallState) -> None:
+        """Answer a call of a tool that is not registered with an error result (no intent:
+        nothing runs)."""
+        result = ToolResult.text(f"unknown tool {call.tool_name!r}", is_error=True)
+        self._settle(live, call, result, outcome="error")
+
     async def _run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
         s = live.state
         tool = self.tools.get(call.tool_name)
         if tool is None:
-            self._settle(
-                live,
-                call,
-                ToolResult.text(f"unknown tool {call.tool_name!r}", is_error=True),
-                outcome="error",
-            )
+            self._reject_unknown(live, call)
             return
         try:
             args = tool.parse_args(call.arguments)

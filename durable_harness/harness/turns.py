@@ -45,7 +45,7 @@ class TurnsMixin(HarnessCore):
         s = live.state
         turn = s.turns + 1
         key = attempt_key("turn", turn)
-        response_id = s.pending.response_entry_id if s.pending else new_id()
+        response_id = self._provisioned(s.pending.response_entry_id if s.pending else None)
         self._emit("turn_start", live, turn=turn)
         await self._with_attempts(
             f"{key} of run {s.run_id}",
@@ -53,6 +53,14 @@ class TurnsMixin(HarnessCore):
             s.limits.attempt_cap,
             lambda: self._attempt(live, turn, response_id),
         )
+
+    def _provisioned(self, entry_id: str | None) -> str:
+        """The entry id a re-issued request's answer is stored under: the one its first
+        attempt provisioned, unless that id is taken already (a damaged log that lost the
+        settlement but kept the entry): then a fresh one, never an overwrite."""
+        if entry_id is None or self.store.get_entry(entry_id) is not None:
+            return new_id()
+        return entry_id
 
     async def _with_attempts(
         self,
@@ -237,7 +245,7 @@ class TurnsMixin(HarnessCore):
             key = attempt_key(purpose, turn)
             cap = s.limits.attempt_cap
             reuse = s.pending is not None and s.pending.key == key
-            op_id = s.pending.response_entry_id if s.pending and reuse else new_id()
+            op_id = self._provisioned(s.pending.response_entry_id if s.pending and reuse else None)
 
             def used() -> int:
                 return s.attempts.get(key, 0)

@@ -21,7 +21,9 @@ _NOT_STEPS = ("queue_enqueued", "write_deferred", "abort_requested")
 
 #: What each call action leaves as the call's first record after the plan (``None``: nothing).
 _CALL_EVIDENCE: Mapping[str, tuple[str | None, ...]] = {
-    "execute": ("tool_started",),
+    # an execution can be refused before its intent (arguments that do not validate)
+    "execute": ("tool_started", "tool_finished:error"),
+    "reject": ("tool_finished:error",),
     "re-execute": ("tool_started",),
     "reconcile": ("tool_finished:reconciled",),
     "fail": ("tool_finished:failed_by_policy",),

@@ -320,10 +320,11 @@ def _call_plan(
     if aborting:
         cp.action = "abort"
     elif status == "not_started":
-        cp.action = "execute"
+        cp.action = "execute" if decl is not None else "reject"
     elif decision is not None:
         cp.decision = dict(decision)
-        cp.action = "re-execute" if decision.get("decision") == "retry" else "apply_decision"
+        retry = decision.get("decision") == "retry"
+        cp.action = ("re-execute" if decl is not None else "reject") if retry else "apply_decision"
     elif policy == "fail-in-doubt":
         cp.action = "fail"
     elif call.status == "in_doubt" and call.replay == "safe" and declared == "safe":
