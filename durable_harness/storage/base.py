@@ -26,6 +26,8 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from durable_harness.storage.oserrors import guard_class
+
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
 
@@ -179,6 +181,12 @@ class SessionStore(abc.ABC):
     damage: list[dict[str, Any]]
     location: str
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every backend's public methods raise typed errors, never a bare ``OSError`` or
+        ``sqlite3.Error`` (the one boundary: :mod:`durable_harness.storage.oserrors`)."""
+        super().__init_subclass__(**kwargs)
+        guard_class(cls)
+
     @abc.abstractmethod
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Apply ``ops`` atomically and durably (per :attr:`durability`); return the last seq.
@@ -280,6 +288,11 @@ class Store(abc.ABC):
     """
 
     spec: str
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """As :meth:`SessionStore.__init_subclass__`: OS and database errors leave typed."""
+        super().__init_subclass__(**kwargs)
+        guard_class(cls)
 
     @abc.abstractmethod
     def create_session(

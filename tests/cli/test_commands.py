@@ -237,7 +237,10 @@ def test_log_json_rows(cli: Cli, script: Path, project: Path) -> None:
     types = [r["type"] for r in rows]
     assert types[0] == "run_started" and types[-1] == "run_finished"
     assert {"provider_request_started", "tool_started", "save_point"} <= set(types)
-    assert cli("log", sid, "--json", "--lane", "other").json() == []
+    unknown = cli("log", sid, "--json", "--lane", "other")  # an unknown lane is an error
+    assert unknown.code == 2
+    assert unknown.json()["error"]["code"] == "unknown_lane"
+    assert unknown.json()["error"]["lanes"] == ["main"]
     assert "run_finished" in cli("log", sid).out
 
 
