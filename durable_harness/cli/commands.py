@@ -203,18 +203,45 @@ def _describe(e: dict[str, Any]) -> str:
     return desc
 
 
+MAX_INDENT = 32
+"""Branch levels drawn in ``show --tree``; deeper ones print their level as a number instead
+(``[40] ├─ id ...``), so that no line grows with the depth of the tree."""
+
+
 def _tree_lines(roots: list[Any], leaves: dict[str, str]) -> list[str]:
-    """The tree as indented lines, depth first, children in ``seq`` order. Iterative (an
-    explicit stack): a 100,000-entry chain is as deep as it is long."""
+    """The tree as lines, depth first, children in ``seq`` order.
+
+    An only child stays at its parent's indentation (a conversation is a chain: indenting every
+    entry would make line length grow with its length); each child of a branch point starts
+    with ``├─`` (``└─`` for the last), and the lines of its branch keep a ``│`` under it.
+    Iterative, with an explicit stack: a 100,000-entry chain is as deep as it is long, and
+    Python's recursion limit is about 1,000.
+    """
     lines: list[str] = []
-    stack: list[tuple[Any, int]] = [(n, 0) for n in reversed(roots)]
+    # (node, prefix of its own line, prefix of the lines below it, branch level)
+    stack: list[tuple[Any, str, str, int]] = []
+
+    def push_children(children: list[Any], rest: str, level: int) -> None:
+        if len(children) == 1:
+            stack.append((children[0], rest, rest, level))
+            return
+        if level >= MAX_INDENT:  # too deep to draw: number the level instead
+            marker = f"[{level + 1}] "
+            stack.extend((c, marker, marker, level + 1) for c in reversed(children))
+            return
+        for i in reversed(range(len(children))):
+            last = i == len(children) - 1
+            first = rest + ("└─ " if last else "├─ ")
+            stack.append((children[i], first, rest + ("   " if last else "│  "), level + 1))
+
+    push_children(roots, "", -1 if len(roots) > 1 else 0)
     while stack:
-        n, depth = stack.pop()
+        n, first, rest, level = stack.pop()
         e = n.entry
         marks = "".join(f" <{lane}>" for lane, leaf in leaves.items() if leaf == e["id"])
         label = f" [{n.label}]" if n.label else ""
-        lines.append(f"{'  ' * depth}{e['id']} {_describe(e)}{label}{marks}")
-        stack.extend((child, depth + 1) for child in reversed(n.children))
+        lines.append(f"{first}{e['id']} {_describe(e)}{label}{marks}")
+        push_children(n.children, rest, level)
     return lines
 
 

@@ -11,6 +11,7 @@ from durable_harness.session.session import Session, TreeNode
 from durable_harness.storage import codec
 from durable_harness.storage.base import Durability, Store
 from durable_harness.storage.jsonl import JsonlSessionStore
+from durable_harness.storage.oserrors import storage_boundary
 
 __all__ = [
     "Context",
@@ -35,20 +36,20 @@ def open_session(
     A pi file opens read-only, migrated in memory. ``write=True`` takes the writer lease.
 
     Raises:
-        SessionNotFound, AmbiguousSessionPrefix, LeaseHeld, CorruptSession.
+        SessionNotFound, AmbiguousSessionPrefix, LeaseHeld, CorruptSession; StorageIOError
+        (unreadable file, full disk...) and DatabaseLocked from the storage boundary.
     """
     if os.path.isfile(ref):
-        with open(ref, "rb") as fh:
-            first = fh.readline(1 << 20)
-        try:
-            header = codec.loads(first)
-        except ValueError:
-            header = None  # a damaged line 1: JsonlSessionStore may still recognise the file
-        with open(ref, "rb") as fh:
-            fh.readline(1 << 20)
-            second = fh.readline(1 << 20)
-        if is_pi_header(header) and b'"ops"' not in second:
-            return Session(open_pi_file(ref))
+        with storage_boundary(ref):  # an unreadable file is named, as inside a store
+            with open(ref, "rb") as fh:
+                first = fh.readline(1 << 20)
+                second = fh.readline(1 << 20)
+            try:
+                header = codec.loads(first)
+            except ValueError:
+                header = None  # a damaged line 1: JsonlSessionStore may still recognise the file
+            if is_pi_header(header) and b'"ops"' not in second:
+                return Session(open_pi_file(ref))
         return Session(
             JsonlSessionStore.open_path(
                 ref, write=write, durability=durability, break_lease=break_lease

@@ -38,7 +38,7 @@ from durable_harness.errors import (
     StaleGeneration,
     StorageError,
 )
-from durable_harness.ids import now_iso, uuid7
+from durable_harness.ids import iso_from_ns, now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
     Durability,
@@ -784,7 +784,7 @@ class JsonlStore(Store):
             if cwd is not None
             else sorted(p for p in self.sessions_dir.iterdir() if p.is_dir())
         )
-        out: list[SessionInfo] = []
+        found: list[tuple[int, SessionInfo]] = []
         for folder in folders:
             if not folder.is_dir():
                 continue
@@ -792,19 +792,18 @@ class JsonlStore(Store):
                 header = _read_header(path)
                 if header is None:
                     continue
-                st = path.stat()
-                out.append(
-                    SessionInfo(
-                        id=str(header["id"]),
-                        cwd=str(header.get("cwd", "")),
-                        path=str(path),
-                        created=str(header.get("timestamp", "")),
-                        modified=f"{st.st_mtime:.6f}",
-                        parent_session=header.get("parentSession"),
-                    )
+                mtime_ns = path.stat().st_mtime_ns
+                info = SessionInfo(
+                    id=str(header["id"]),
+                    cwd=str(header.get("cwd", "")),
+                    path=str(path),
+                    created=str(header.get("timestamp", "")),
+                    modified=iso_from_ns(mtime_ns),  # ISO 8601, as the SQLite backend's
+                    parent_session=header.get("parentSession"),
                 )
-        out.sort(key=lambda i: float(i.modified), reverse=True)
-        return out
+                found.append((mtime_ns, info))
+        found.sort(key=lambda pair: pair[0], reverse=True)  # the file times, to the nanosecond
+        return [info for _mtime, info in found]
 
 
 def _read_header(path: Path) -> dict[str, Any] | None:

@@ -109,6 +109,10 @@ def translate(exc: BaseException, where: str | None = None) -> BaseException:
             )
         if primary in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
             return CorruptSession(f"{path}: {text}", path=path, sqlite_error=code or None)
+        if primary == "SQLITE_CANTOPEN" and where:
+            reason = _open_error(where)
+            if reason is not None:  # SQLite does not say why; the OS does
+                return translate(reason, where)
         if primary in _SQLITE_AS_OS:
             name, cause = _SQLITE_AS_OS[primary]
             return StorageIOError(
@@ -118,6 +122,16 @@ def translate(exc: BaseException, where: str | None = None) -> BaseException:
             f"{path}: database error: {text}", path=path, errno=code or None, cause=text
         )
     return exc
+
+
+def _open_error(path: str) -> OSError | None:
+    """Why the OS refuses to open ``path`` for reading (or its folder), or ``None``."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    return None
 
 
 def _path_of(exc: OSError) -> str | None:
