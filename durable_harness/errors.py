@@ -250,9 +250,10 @@ def root_cause(exc: BaseException) -> BaseException:
     """Reduce an exception group (a task group's wrapper) to the exception that caused it.
 
     Groups nest; of their leaves, the first :class:`DurableHarnessError` wins, then the first
-    ``OSError`` or database error (anything but a cancellation), then the first leaf. Any other
-    exception is returned as is. Used by every front, so that a storage error raised inside the
-    harness's task group prints as itself rather than as "unhandled errors in a TaskGroup".
+    ``OSError`` or ``sqlite3.Error``, then the first other ``Exception`` (a cancellation never
+    wins over an error), then the first leaf. Any other exception is returned as is. Used by
+    every front, so that a storage error raised inside the harness's task group prints as
+    itself rather than as "unhandled errors in a TaskGroup".
     """
     if not isinstance(exc, BaseExceptionGroup):
         return exc
@@ -264,7 +265,9 @@ def root_cause(exc: BaseException) -> BaseException:
             stack.extend(reversed(item.exceptions))
         else:
             leaves.append(item)
-    for wanted in (DurableHarnessError, Exception):
+    import sqlite3
+
+    for wanted in (DurableHarnessError, (OSError, sqlite3.Error), Exception):
         for leaf in leaves:
             if isinstance(leaf, wanted):
                 return leaf

@@ -109,6 +109,15 @@ def translate(exc: BaseException, where: str | None = None) -> BaseException:
             )
         if primary in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
             return CorruptSession(f"{path}: {text}", path=path, sqlite_error=code or None)
+        if code == "SQLITE_READONLY_DIRECTORY":
+            folder = os.path.dirname(path) or "."
+            cause = (
+                f"Read-only: the folder {folder} cannot be written, and SQLite must create its "
+                "-wal and -shm files beside the database even to read it"
+            )
+            return StorageIOError(
+                f"{path}: {cause}", path=path, errno="EROFS", cause=cause, sqlite_error=code
+            )
         if primary == "SQLITE_CANTOPEN" and where:
             reason = _open_error(where)
             if reason is not None:  # SQLite does not say why; the OS does

@@ -632,7 +632,8 @@ class SqliteStore(Store):
         self.spec = f"sqlite:{self.path}"
         self._locks = self.path + ".locks"
         if not create:
-            self._check_exists()
+            if self._check_exists() >= len(MIGRATIONS):
+                return  # up to date: a reader writes nothing (and may lack the right to)
         else:
             parent = os.path.dirname(self.path) or "."
             os.makedirs(parent, exist_ok=True)
@@ -648,8 +649,9 @@ class SqliteStore(Store):
         finally:
             conn.close()
 
-    def _check_exists(self) -> None:
-        """For ``create=False``: the database must exist and hold our ``migrations`` table."""
+    def _check_exists(self) -> int:
+        """For ``create=False``: the database must exist and hold our ``migrations`` table;
+        return its schema version."""
         if not os.path.isfile(self.path):
             raise StoreNotFound(
                 f"no such store: {self.path} does not exist (nothing was created)",
@@ -660,12 +662,15 @@ class SqliteStore(Store):
             found = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='migrations'"
             ).fetchone()
+            if found is None:
+                raise StoreNotFound(
+                    f"no such store: {self.path} is not a durable-harness store", path=self.path
+                )
+            return int(
+                conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
+            )
         finally:
             conn.close()
-        if found is None:
-            raise StoreNotFound(
-                f"no such store: {self.path} is not a durable-harness store", path=self.path
-            )
 
     def _lease(self, sid: str) -> FileLease:
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
