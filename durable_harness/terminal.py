@@ -109,6 +109,10 @@ class MatrixProgress:
 
     def __enter__(self) -> MatrixProgress:
         self._progress.start()
+        # elapsed time counts from here; the total is known at the first finished cell
+        self._task = self._progress.add_task(
+            "matrix", total=None, failed=Text("0 failed", style="green"), cell="starting"
+        )
         return self
 
     def __exit__(
@@ -127,7 +131,7 @@ class MatrixProgress:
             f"{self.failures} failed", style="bold red" if self.failures else "green"
         )
         where = f"{cell.backend} {cell.scenario} {cell.label}"
-        if self._task is None:
+        if self._task is None:  # used without ``with``
             self._task = self._progress.add_task("matrix", total=total, failed=failed, cell=where)
         self._progress.update(self._task, completed=done, total=total, failed=failed, cell=where)
         if cell.status != "pass" and self.enabled:

@@ -181,11 +181,11 @@ def test_show_json_and_tree(cli: Cli, script: Path, project: Path) -> None:
         assert e["id"] in tree.out
     leaf_line = next(line for line in tree.out.splitlines() if line.strip().startswith(leaf))
     assert "<main>" in leaf_line
-    # one branch: each entry one level deeper than its parent, in seq order
+    # one branch, in seq order: a chain is not indented (only branch points are drawn)
     ids = [e["id"] for e in entries]
     rows = [line for line in tree.out.splitlines() if line.strip().split(" ")[0] in ids]
     assert [line.strip().split(" ")[0] for line in rows] == ids
-    assert [len(line) - len(line.lstrip()) for line in rows] == [2 * i for i in range(len(ids))]
+    assert [len(line) - len(line.lstrip()) for line in rows] == [0] * len(ids)
 
 
 def test_context_json_is_well_formed(cli: Cli, script: Path, project: Path) -> None:

@@ -131,3 +131,12 @@ def test_no_recursive_function_walks_the_tree() -> None:
         for hit in _self_recursive(path)
     ]
     assert found == [], f"recursive functions (use an explicit stack): {found}"
+
+
+def test_show_tree_draws_branch_points(cli: Cli, pi_sessions: Path) -> None:
+    res = cli("show", str(pi_sessions / "v3-branched.jsonl"), "--tree")
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    assert any(line.startswith("├─ a0000006 ") for line in lines), res.out
+    assert "│  a0000007 " in res.out and any(line.startswith("└─ a000000a ") for line in lines)
+    assert "   a0000011 session_info <main>" in res.out
