@@ -505,7 +505,10 @@ def print_plan(plan: RecoveryPlan) -> None:
     """Print a recovery plan as a readable table."""
     print(f"session {plan.session_id}")
     if plan.lease:
-        print(f"  lease held by live process {plan.lease.get('pid')}: nothing will be recovered")
+        print(
+            f"  lease held by live process {_or_dash(plan.lease.get('pid'))}: "
+            "nothing will be recovered"
+        )
     for lp in plan.lanes:
         reason = f" ({lp.reason})" if lp.reason else ""
         print(
