@@ -40,6 +40,13 @@ from .conftest import REPO, Result
 
 Cli = Callable[..., Result]
 
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs without ``--cwd`` use the test's folder: their tools never write into the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 # One turn whose bash call prints ~300 KB: its result alone overflows a 128 KiB tmpfs.
 BIG_OUTPUT = {
     "turns": [

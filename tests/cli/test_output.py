@@ -28,6 +28,14 @@ from durable_harness.terminal import MatrixProgress
 from .conftest import REPO, Result
 
 Cli = Callable[..., Result]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs without ``--cwd`` use the test's folder: their tools never write into the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 COLOUR = re.compile(r"\x1b\[(?:[0-9]+;)*(?:3[0-8]|9[0-7]|4[0-8])(?:;[0-9]+)*m")  # SGR colours
 REPR = re.compile(r"\{'|\['|\bNone\b")
