@@ -140,17 +140,11 @@ class MatrixProgress:
             )
 
 
-def stdout_is_terminal() -> bool:
-    """True when stdout is a terminal (as ``rich`` sees it)."""
-    return console().is_terminal
-
-
 __all__ = [
     "MatrixProgress",
     "console",
     "error_line",
     "say",
     "say_parts",
-    "stdout_is_terminal",
     "styled",
 ]
