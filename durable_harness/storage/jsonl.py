@@ -811,8 +811,13 @@ def _read_header(path: Path) -> dict[str, Any] | None:
         with open(path, "rb") as fh:
             first = fh.readline(1 << 20)
             second = fh.readline(1 << 20)
-    except OSError:
-        return None
+    except OSError as exc:
+        # An unreadable session file stays listed (its id comes from its name), so that opening
+        # it reports the OS's reason instead of "no session matches".
+        match = _NAME_ID.search(path.name)
+        if match is None:
+            return None
+        return {"type": "session", "id": match.group(1), "cwd": "", "unreadable": exc.strerror}
     try:
         header = codec.loads(first)
     except ValueError:

@@ -260,10 +260,11 @@ def test_unreadable_session_file_names_the_path(
         "--store", f"jsonl:{root}", "--quiet")  # fmt: skip
     (path,) = root.rglob("*.jsonl")
     path.chmod(0)
-    proc = unprivileged(dh("show", str(path)), env=child_env())
-    assert_named(
-        Result(proc.returncode, proc.stdout, proc.stderr), "storage", f"{path}: Permission denied"
-    )
+    sid = path.name.rsplit("_", 1)[1].removesuffix(".jsonl")
+    for ref in (str(path), sid):  # by path, and by id (the file stays listed)
+        proc = unprivileged(dh("show", ref, "--store", f"jsonl:{root}"), env=child_env())
+        res = Result(proc.returncode, proc.stdout, proc.stderr)
+        assert_named(res, "storage", f"{path}: Permission denied")
 
 
 @pytest.mark.usefixtures("modes_apply")
