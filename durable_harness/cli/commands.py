@@ -16,7 +16,12 @@ from durable_harness.harness.harness import POLICIES, Harness, HarnessOptions
 from durable_harness.harness.report import cost_report, timeline
 from durable_harness.providers import make_provider, provider_spec, require_credentials
 from durable_harness.recovery.plan import RecoveryPlan
-from durable_harness.recovery.resume import parse_decision, recover, resume_session
+from durable_harness.recovery.resume import (
+    parse_decision,
+    recorded_provider_spec,
+    recover,
+    resume_session,
+)
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
 from durable_harness.session.fsck import fsck_path
@@ -601,6 +606,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with session:
         if args.lane is not None:
             _require_lane(session, args.lane)
+        if not args.provider:  # the runs resume with their recorded provider: its key is needed
+            for lane in [args.lane] if args.lane else sorted(session.store.lanes()):
+                spec = recorded_provider_spec(session, lane)
+                if session.lane(lane).run_id is not None and spec is not None:
+                    require_credentials(spec)
         tools = builtin_tools()
         plan = recover(session.store, tools, policy=args.policy, decisions=decisions)
         if not args.quiet and not args.json:

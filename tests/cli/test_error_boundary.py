@@ -492,3 +492,22 @@ def test_network_provider_without_key_is_refused_before_a_session_exists(
     monkeypatch.setenv(env, "  ")  # blank is missing too
     assert cli("run", "hi", "--provider", spec).code == 2
     assert not home.exists()
+
+
+def test_resume_of_a_run_recorded_with_a_network_provider_needs_its_key_first(
+    cli: Cli, sh: Callable[..., Result], project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started with ``openai:`` (killed right after ``run_started``, before any request)
+    resumes with its recorded provider: without the key, ``resume`` refuses before writing."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # never reached
+    monkeypatch.setenv("DURABLE_HARNESS_CRASH_AT", "after_run_started")
+    crashed = sh("run", "hi", "--provider", "openai:gpt-test", "--cwd", str(project))
+    assert crashed.code == -9, crashed.err
+    monkeypatch.delenv("DURABLE_HARNESS_CRASH_AT")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    sid = cli("sessions", "--json").json()[0]["id"]
+    before = cli("log", sid, "--json").json()
+    res = cli("resume", sid)
+    assert_named(res, "missing_credential", "OPENAI_API_KEY")
+    assert cli("log", sid, "--json").json() == before  # nothing was written
