@@ -53,7 +53,10 @@ SCRIPT = {
 
 
 def _say(text: str) -> None:
-    print(f"\n\033[1m== {text}\033[0m", flush=True)
+    from durable_harness.terminal import say
+
+    print(flush=True)
+    say(f"== {text}", "bold")
 
 
 def _cli(args: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
@@ -132,8 +135,11 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     calls = plan["lanes"][0]["tool_calls"]
     waiting = [c for c in calls if c["action"] == "await_decision"]
     rerun = [c for c in calls if c["action"] == "re-execute"]
-    print(f"re-run because replay is safe: {[c['tool_name'] for c in rerun]}")
-    print(f"refused, outcome unknown, replay never: {[c['tool_name'] for c in waiting]}")
+    print(f"re-run because replay is safe: {', '.join(c['tool_name'] for c in rerun) or '-'}")
+    print(
+        "refused (started, outcome unknown; replay never): "
+        f"{', '.join(c['tool_name'] for c in waiting) or '-'}"
+    )
 
     _say("3. The operator checks the real side effect, decides, and resumes")
     deployed = log.exists() and log.read_text().count("deployed release 1.2") > before

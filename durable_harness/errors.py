@@ -4,6 +4,9 @@ The tree::
 
     DurableHarnessError                 code
     ├── StorageError                    storage
+    │   ├── StorageIOError              storage (an OS or database error: path, errno, cause)
+    │   ├── DatabaseLocked              database_locked
+    │   ├── StoreNotFound               store_not_found
     │   ├── SessionNotFound             session_not_found
     │   ├── AmbiguousSessionPrefix      ambiguous_session_prefix
     │   ├── SessionUnreadable           session_unreadable
@@ -13,7 +16,8 @@ The tree::
     │   ├── ReadOnlySession             read_only
     │   ├── CorruptSession              corrupt_session
     │   ├── IdConflict                  id_conflict
-    │   └── UnknownEntry                unknown_entry
+    │   ├── UnknownEntry                unknown_entry
+    │   └── UnknownLane                 unknown_lane
     ├── FormatError                     format_error
     ├── RunError                        run_error
     │   ├── RunInProgress               run_in_progress
@@ -21,6 +25,7 @@ The tree::
     │   ├── LaneSuspended               lane_suspended
     │   └── AttemptCapReached           attempt_cap_reached
     ├── ProviderError                   provider_error
+    │   └── MissingCredential           missing_credential
     ├── ToolError                       tool_error
     │   └── PathEscape                  path_escape
     └── RecoveryError                   recovery_error
@@ -28,6 +33,12 @@ The tree::
 
 Messages name the file, session or id involved and never carry a credential: the provider
 modules pass only status codes and the server's error text through :func:`redact`.
+
+Operating-system and database errors (``OSError``, ``sqlite3.Error``) cross one boundary in
+:mod:`durable_harness.storage.oserrors` and come out as :class:`StorageIOError`,
+:class:`DatabaseLocked` or :class:`CorruptSession`, naming the path and the cause. A front
+(the CLI) reduces an exception group from a task group to its root cause with
+:func:`root_cause` (see ``design/cli.md``).
 """
 
 from __future__ import annotations
@@ -62,6 +73,31 @@ class StorageError(DurableHarnessError):
     code = "storage"
 
 
+class StorageIOError(StorageError):
+    """The operating system or the database refused a read or write of a store: a full disk,
+    a read-only or unreadable file or folder, an I/O error.
+
+    It keeps the parent's code ``storage``; ``details`` hold ``path`` (the file, or the store's
+    location), ``errno`` (the symbolic name, e.g. ``ENOSPC``; the SQLite result code's name for
+    a database error) and ``cause`` (the system's text, e.g. ``No space left on device``).
+    """
+
+    code = "storage"
+
+
+class DatabaseLocked(StorageError):
+    """Another connection held a SQLite database's lock for longer than the busy timeout
+    (``details``: ``path``, ``timeout_s``)."""
+
+    code = "database_locked"
+
+
+class StoreNotFound(StorageError):
+    """A command that only reads named a store that does not exist (nothing is created)."""
+
+    code = "store_not_found"
+
+
 class SessionNotFound(StorageError):
     """No session has this id, id prefix or path."""
 
@@ -74,7 +110,7 @@ class AmbiguousSessionPrefix(StorageError):
     code = "ambiguous_session_prefix"
 
 
-class SessionUnreadable(StorageError):
+class SessionUnreadable(StorageIOError):
     """A session file, a folder of them or a store's database exists but cannot be read
     (permissions, an I/O error, a directory where a file should be). ``details`` has ``path``
     and ``errno`` (the symbolic name, e.g. ``EACCES``)."""
@@ -130,6 +166,12 @@ class UnknownEntry(StorageError):
     code = "unknown_entry"
 
 
+class UnknownLane(StorageError):
+    """A session has no lane of this name; ``details['lanes']`` lists the lanes it has."""
+
+    code = "unknown_lane"
+
+
 class FormatError(DurableHarnessError):
     """Input that does not follow a documented format (scripted provider file, pi file...)."""
 
@@ -179,6 +221,16 @@ class ProviderError(DurableHarnessError):
         self.status = status
 
 
+class MissingCredential(ProviderError):
+    """A provider needs an API key and its environment variable (``details['env']``) is unset
+    or empty. Raised before anything is written."""
+
+    code = "missing_credential"
+
+    def __init__(self, message: str, *, env: str, **details: Any) -> None:
+        super().__init__(message, retryable=False, env=env, **details)
+
+
 class ToolError(DurableHarnessError):
     """A tool was misused (bad arguments, unknown tool)."""
 
@@ -201,6 +253,34 @@ class DecisionRequired(RecoveryError):
     """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
 
     code = "decision_required"
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """Reduce an exception group (a task group's wrapper) to the exception that caused it.
+
+    Groups nest; of their leaves, the first :class:`DurableHarnessError` wins, then the first
+    ``OSError`` or ``sqlite3.Error``, then the first other ``Exception`` (a cancellation never
+    wins over an error), then the first leaf. Any other exception is returned as is. Used by
+    every front, so that a storage error raised inside the harness's task group prints as
+    itself rather than as "unhandled errors in a TaskGroup".
+    """
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [exc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, BaseExceptionGroup):
+            stack.extend(reversed(item.exceptions))
+        else:
+            leaves.append(item)
+    import sqlite3
+
+    for wanted in (DurableHarnessError, (OSError, sqlite3.Error), Exception):
+        for leaf in leaves:
+            if isinstance(leaf, wanted):
+                return leaf
+    return leaves[0] if leaves else exc
 
 
 _SECRET = re.compile(

@@ -50,6 +50,13 @@ def now_iso() -> str:
     return f"{cached[1]}.{millis:03d}Z"
 
 
+def iso_from_ns(ns: int) -> str:
+    """Return a Unix time in nanoseconds (a file's ``st_mtime_ns``) as ISO 8601 UTC with
+    milliseconds and ``Z``: the format of :func:`now_iso`."""
+    seconds, millis = divmod(ns // 1_000_000, 1000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{millis:03d}Z"
+
+
 def now_ms() -> int:
     """Return the current Unix time in milliseconds."""
     return time.time_ns() // 1_000_000

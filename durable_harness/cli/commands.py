@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
 
 from durable_harness import crash
+from durable_harness import terminal as ui
 from durable_harness.cli.main import command, out, run_async, store_of
-from durable_harness.errors import FormatError, SessionNotFound
+from durable_harness.errors import FormatError, SessionNotFound, UnknownEntry, UnknownLane
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.harness.report import cost_report, timeline
-from durable_harness.providers import WIRE_FORMATS, make_provider, provider_spec, wire_messages
+from durable_harness.providers import (
+    WIRE_FORMATS,
+    make_provider,
+    provider_spec,
+    require_credentials,
+    wire_messages,
+)
 from durable_harness.recovery.decide import POLICIES, RecoveryPlan
 from durable_harness.recovery.resume import (
     parse_decision,
     plan_recovery,
+    recorded_provider_spec,
     recover,
     resume_session,
 )
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
 from durable_harness.session.fsck import fsck_path
-from durable_harness.storage import DURABILITY_MODES
+from durable_harness.storage import DURABILITY_MODES, open_store
 from durable_harness.tools.builtin import builtin_tools
 
 EXIT = {"completed": 0, "failed": 1, "aborted": 3, "declined": 4, "suspended": 5, "idle": 0}
@@ -31,7 +40,7 @@ EXIT = {"completed": 0, "failed": 1, "aborted": 3, "declined": 4, "suspended": 5
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
     """Add the options of command ``name``."""
-    if name in ("show", "context", "log", "cost", "recover", "resume"):
+    if name in ("show", "context", "log", "cost", "recover", "resume", "fork"):
         p.add_argument("session", help="session id, unique id prefix, or session file path")
     if name in (
         "sessions",
@@ -43,6 +52,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         "recover",
         "import",
         "crash-points",
+        "fork",
     ):
         p.add_argument("--json", action="store_true", help="print JSON")
     if name == "sessions":
@@ -51,7 +61,9 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--tree", action="store_true", help="print the whole tree")
     if name == "context":
         p.add_argument("--leaf", help="entry id to build from (default: the lane's leaf)")
-        p.add_argument("--lane", default="main", help="lane whose leaf to use (default main)")
+        p.add_argument(
+            "--lane", default="main", help="lane whose leaf to use (default main; must exist)"
+        )
         p.add_argument(
             "--format",
             choices=WIRE_FORMATS,
@@ -70,7 +82,19 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     if name == "import":
         p.add_argument("file", help="a pi session file (format version 1, 2 or 3)")
     if name == "log":
-        p.add_argument("--lane", help="only this lane")
+        p.add_argument("--lane", help="only this lane (must exist)")
+    if name == "fork":
+        p.add_argument(
+            "--entry",
+            help="the entry to fork at (default: the leaf of --lane); its id from `show --tree`",
+        )
+        p.add_argument("--lane", default="main", help="lane whose leaf is the default entry")
+        p.add_argument(
+            "--before",
+            action="store_true",
+            help="fork just before the entry (keep its parent, not the entry itself)",
+        )
+        p.add_argument("--cwd", help="working directory of the new session (default: the same)")
     if name in ("run", "resume"):
         p.add_argument("--provider", help="scripted:FILE, openai:MODEL or anthropic:MODEL")
         p.add_argument(
@@ -133,10 +157,54 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace, *, write: bool = False, durability: str = "sync") -> Session:
-    return open_session(args.session, store_of(args), write=write, durability=durability)  # type: ignore[arg-type]
+    """Open the session named on the command line; a session file path needs no store (the
+    default one stands in, and nothing is created)."""
+    ref = args.session
+    store = open_store(None, create=False) if os.path.isfile(ref) else store_of(args)
+    return open_session(ref, store, write=write, durability=durability)  # type: ignore[arg-type]
 
 
-@command("sessions", "List sessions, most recent first.")
+def _require_lane(session: Session, lane: str) -> None:
+    """Refuse a lane the session does not have, naming the lanes it has.
+
+    Raises:
+        UnknownLane: ``lane`` is not among ``session``'s lanes.
+    """
+    lanes = sorted(session.store.lanes())
+    if lane not in lanes:
+        raise UnknownLane(
+            f"session {session.id} has no lane {lane!r}; its lanes: {', '.join(lanes)}",
+            lane=lane,
+            lanes=lanes,
+        )
+
+
+def _json_text(value: Any) -> str:
+    """A value as compact JSON for human output (never a Python repr)."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _or_dash(value: Any) -> str:
+    """``-`` for a missing value, else its text."""
+    return "-" if value is None or value == "" else str(value)
+
+
+TOOL_STATUS_TEXT = {
+    "not_started": "not started",
+    "in_doubt": "started, outcome unknown",
+    "completed": "completed",
+}
+"""How a tool call's recovery status reads for a person: an intent that is durable with no
+settlement is *started, outcome unknown*, never "ran"."""
+
+
+@command(
+    "sessions",
+    "List sessions, most recent first.",
+    "  durable-harness sessions\n"
+    "  durable-harness sessions --json --store sqlite:agent.db\n"
+    "  durable-harness sessions --cwd ~/project",
+)
 def cmd_sessions(args: argparse.Namespace) -> int:
     """List the sessions of the store (``--cwd`` narrows to one directory: the cwd recorded in
     each session, compared as real paths). A session file that cannot be read is listed with its
@@ -158,31 +226,74 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
-def _tree_lines(nodes: list[Any], depth: int, lines: list[str], leaves: dict[str, str]) -> None:
-    for n in nodes:
-        e = n.entry
-        kind = e.get("type")
-        if kind == "message":
-            msg = e.get("message") or {}
-            from durable_harness.models.messages import text_of
+def _describe(e: dict[str, Any]) -> str:
+    """One entry as a short human line: role, start of its text, tools it calls."""
+    from durable_harness.models.messages import text_of
 
-            calls = [
-                b.get("name")
-                for b in msg.get("content") or []
-                if isinstance(b, dict) and b.get("type") == "toolCall"
-            ]
-            desc = f"{msg.get('role')}: {text_of(msg.get('content'))[:60]!r}"
-            if calls:
-                desc += f" -> {', '.join(str(c) for c in calls)}"
-        else:
-            desc = str(kind)
+    kind = e.get("type")
+    if kind != "message":
+        return str(kind)
+    msg = e.get("message") or {}
+    calls = [
+        b.get("name")
+        for b in msg.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "toolCall"
+    ]
+    desc = f"{msg.get('role')}: {_json_text(text_of(msg.get('content'))[:60])}"
+    if calls:
+        desc += f" -> {', '.join(str(c) for c in calls)}"
+    return desc
+
+
+MAX_INDENT = 32
+"""Branch levels drawn in ``show --tree``; deeper ones print their level as a number instead
+(``[40] ├─ id ...``), so that no line grows with the depth of the tree."""
+
+
+def _tree_lines(roots: list[Any], leaves: dict[str, str]) -> list[str]:
+    """The tree as lines, depth first, children in ``seq`` order.
+
+    An only child stays at its parent's indentation (a conversation is a chain: indenting every
+    entry would make line length grow with its length); each child of a branch point starts
+    with ``├─`` (``└─`` for the last), and the lines of its branch keep a ``│`` under it.
+    Iterative, with an explicit stack: a 100,000-entry chain is as deep as it is long, and
+    Python's recursion limit is about 1,000.
+    """
+    lines: list[str] = []
+    # (node, prefix of its own line, prefix of the lines below it, branch level)
+    stack: list[tuple[Any, str, str, int]] = []
+
+    def push_children(children: list[Any], rest: str, level: int) -> None:
+        if len(children) == 1:
+            stack.append((children[0], rest, rest, level))
+            return
+        if level >= MAX_INDENT:  # too deep to draw: number the level instead
+            marker = f"[{level + 1}] "
+            stack.extend((c, marker, marker, level + 1) for c in reversed(children))
+            return
+        for i in reversed(range(len(children))):
+            last = i == len(children) - 1
+            first = rest + ("└─ " if last else "├─ ")
+            stack.append((children[i], first, rest + ("   " if last else "│  "), level + 1))
+
+    push_children(roots, "", -1 if len(roots) > 1 else 0)
+    while stack:
+        n, first, rest, level = stack.pop()
+        e = n.entry
         marks = "".join(f" <{lane}>" for lane, leaf in leaves.items() if leaf == e["id"])
         label = f" [{n.label}]" if n.label else ""
-        lines.append(f"{'  ' * depth}{e['id']} {desc}{label}{marks}")
-        _tree_lines(n.children, depth + 1, lines, leaves)
+        lines.append(f"{first}{e['id']} {_describe(e)}{label}{marks}")
+        push_children(n.children, rest, level)
+    return lines
 
 
-@command("show", "Show a session: header, lanes, facts, damage (and the tree with --tree).")
+@command(
+    "show",
+    "Show a session: header, lanes, facts, damage (and the tree with --tree).",
+    "  durable-harness show 01a2f   # a unique prefix of the session id is enough\n"
+    "  durable-harness show SESSION --tree\n"
+    "  durable-harness show ~/.pi/agent/sessions/x.jsonl --json",
+)
 def cmd_show(args: argparse.Namespace) -> int:
     """Print a session's header, lanes, facts and damage, and with ``--tree`` its tree."""
     with _open(args) as s:
@@ -207,24 +318,30 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"cwd {s.cwd}  name {s.name or '-'}  entries {info['entries']}")
         for lane, st in lanes.items():
             run = f" run {st['run_id']} open" if st["run_id"] else ""
-            print(f"lane {lane}: leaf {st['leaf_id']}{run}")
+            print(f"lane {lane}: leaf {_or_dash(st['leaf_id'])}{run}")
         for d in s.damage:
-            print(f"damage: {d['kind']} at offset {d.get('offset')}: {d['detail']}")
+            where = f"offset {d['offset']}" if "offset" in d else f"id {_or_dash(d.get('id'))}"
+            ui.say_parts((f"damage: {d['kind']}", "bold red"), f" at {where}: {d['detail']}")
         if args.tree:
-            lines: list[str] = []
             leaves = {k: v["leaf_id"] for k, v in lanes.items()}
-            _tree_lines(s.tree(), 0, lines, leaves)
-            print("\n".join(lines))
+            lines = _tree_lines(s.tree(), leaves)
+            if lines:
+                print("\n".join(lines))
     return 0
 
 
 @command(
     "context",
     "Print the provider context built from a leaf: exactly what the next request would carry.",
+    "  durable-harness context SESSION\n"
+    "  durable-harness context SESSION --json --lane side\n"
+    "  durable-harness context SESSION --leaf ENTRY_ID   # as it was at an earlier entry",
 )
 def cmd_context(args: argparse.Namespace) -> int:
     """Print the provider context built from a leaf (the lane's by default)."""
     with _open(args) as s:
+        if args.leaf is None:
+            _require_lane(s, args.lane)
         ctx = s.context(args.leaf, lane=args.lane)
         if args.format:
             current = ctx.model or {}
@@ -236,39 +353,56 @@ def cmd_context(args: argparse.Namespace) -> int:
             out(ctx.messages)
         else:
             model = ctx.model or {}
-            print(
-                f"# model {model.get('provider')}/{model.get('modelId')} thinking "
-                f"{ctx.thinking_level}"
-            )
+            name = f"{model.get('provider')}/{model.get('modelId')}" if model else "(none recorded)"
+            print(f"# model {name} thinking {ctx.thinking_level}")
             print(context_text(ctx.messages))
     return 0
 
 
-@command("fsck", "Check a session file or store; report damage with byte offsets.")
+@command(
+    "fsck",
+    "Check a session file or store; report damage with byte offsets.",
+    "  durable-harness fsck ~/.durable-harness/sessions/--home-me-project--/x.jsonl\n"
+    "  durable-harness fsck sqlite:agent.db --json",
+)
 def cmd_fsck(args: argparse.Namespace) -> int:
     """Check a session file or store read-only; exit 1 when damage is found."""
     result = fsck_path(args.path)
     if args.json:
         out(result)
     else:
-        print(
-            f"{args.path}: {'ok' if result['ok'] else 'DAMAGED'} ({result['format']}, "
-            f"{result['entries']} entries, {result['records']} records)"
+        ui.say_parts(
+            f"{args.path}: ",
+            ("ok", "green") if result["ok"] else ("DAMAGED", "bold red"),
+            f" ({result['format']}, {result['entries']} entries, {result['records']} records)",
         )
         for d in result["damage"]:
-            where = f"offset {d['offset']}" if "offset" in d else f"line {d.get('line')}"
+            where = (
+                f"offset {d['offset']}"
+                if "offset" in d
+                else f"line {d['line']}"
+                if "line" in d
+                else f"id {_or_dash(d.get('id'))}"
+            )
             print(f"  {d['kind']} at {where}: {d['detail']}")
         for f in result.get("files", []):
-            print(f"  {f['path']}: {'ok' if f['ok'] else 'DAMAGED'}")
+            ui.say_parts(
+                f"  {f['path']}: ", ("ok", "green") if f["ok"] else ("DAMAGED", "bold red")
+            )
     return 0 if result["ok"] else 1
 
 
-@command("import", "Import a pi session file as a new session (the file is not modified).")
+@command(
+    "import",
+    "Import a pi session file as a new session (the file is not modified).",
+    "  durable-harness import ~/.pi/agent/sessions/--home-me-project--/x.jsonl\n"
+    "  durable-harness import x.jsonl --store sqlite:agent.db --json",
+)
 def cmd_import(args: argparse.Namespace) -> int:
     """Import a pi session file as a new session of the store."""
     if not os.path.isfile(args.file):
         raise SessionNotFound(f"no file at {args.file}", path=args.file)
-    store = store_of(args)
+    store = store_of(args, create=True)
     sid = import_pi_file(args.file, store)
     if args.json:
         out({"session_id": sid, "store": store.spec})
@@ -283,28 +417,47 @@ def _printer(quiet: bool) -> Any:
             return
         t = e["type"]
         if t == "turn_start":
-            print(f"\n--- turn {e['turn']} ---", flush=True)
+            print(flush=True)
+            ui.say(f"--- turn {e['turn']} ---", "bold")
         elif t == "message_update" and "delta" in e:
             print(e["delta"], end="", flush=True)
         elif t == "message_end":
             print(flush=True)
         elif t == "tool_execution_start":
-            print(f"  [tool] {e['toolName']} {e['arguments']}", flush=True)
+            ui.say_parts(("  [tool] ", "cyan"), f"{e['toolName']} {_json_text(e['arguments'])}")
         elif t == "tool_execution_end":
-            print(f"  [tool] {e['toolName']} -> {e['outcome']}", flush=True)
+            outcome = str(e["outcome"])
+            ui.say_parts(
+                ("  [tool] ", "cyan"),
+                f"{e['toolName']} -> ",
+                (outcome, "green" if outcome == "completed" else "yellow"),
+            )
         elif t == "suspended":
-            print(f"  [suspended] awaiting a decision on {', '.join(e['awaiting'])}", flush=True)
+            ui.say_parts(
+                ("  [suspended]", "bold yellow"),
+                f" awaiting a decision on {', '.join(e['awaiting'])}",
+            )
 
     return on_event
 
 
-@command("run", "Run a prompt to its end, streaming to the terminal.")
+@command(
+    "run",
+    "Run a prompt to its end, streaming to the terminal.",
+    "  durable-harness run 'fix the failing test' --provider anthropic:claude-sonnet-4-5\n"
+    "  OPENAI_BASE_URL=http://localhost:11434/v1 durable-harness run 'hi' --provider openai:qwen3\n"
+    "  durable-harness run 'and now the docs' --session 01a2f --provider scripted:script.json",
+)
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run one prompt to its end, streaming events; the exit status reflects the outcome."""
+    """Run one prompt to its end, streaming events; the exit status reflects the outcome.
+
+    Everything that can be refused before a session exists (the provider spec, its API key)
+    is checked before one is created."""
     if not args.provider:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
+    require_credentials(args.provider)
     provider = make_provider(args.provider)
-    store = store_of(args)
+    store = store_of(args, create=True)
     cwd = os.path.abspath(args.cwd or os.getcwd())
     tool_cwd: str | None = None
     if args.continue_recent and not args.session:
@@ -345,29 +498,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         if outcome == "failed":
             done = session.store.records(args.lane, types=("run_finished",))
             reason = done[-1].get("reason") if done else None
-            print(f"run failed: {reason or 'see durable-harness log'}", file=sys.stderr)
-    print(f"run {outcome}", file=sys.stderr)
+            ui.say(f"run failed: {reason or 'see durable-harness log'}", "red", stderr=True)
+    ui.say(f"run {outcome}", "green" if outcome == "completed" else "yellow", stderr=True)
     return EXIT.get(outcome, 1)
 
 
-@command("log", "Print the lane operation log as a timeline.")
+@command(
+    "log",
+    "Print the lane operation log as a timeline.",
+    "  durable-harness log SESSION\n  durable-harness log SESSION --lane main --json",
+)
 def cmd_log(args: argparse.Namespace) -> int:
     """Print a session's operation log as a timeline."""
     with _open(args) as s:
+        if args.lane is not None:
+            _require_lane(s, args.lane)
         rows = timeline(s.store, args.lane)
     if args.json:
         out(rows)
         return 0
     for r in rows:
-        run = (r["runId"] or "")[-8:]
+        run = (r["runId"] or "-")[-8:]
         print(
-            f"{r['seq']:>5}  {r['timestamp']}  {r['lane']:<6} {run:<8}  {r['type']:<26} "
-            f"{r['summary']}"
+            f"{r['seq']:>5}  {_or_dash(r['timestamp'])}  {_or_dash(r['lane']):<6} {run:<8}  "
+            f"{r['type']:<26} {r['summary']}".rstrip()
         )
     return 0
 
 
-@command("cost", "Print cost per turn, per run and for the session (USD).")
+@command(
+    "cost",
+    "Print cost per turn, per run and for the session (USD).",
+    "  durable-harness cost SESSION\n  durable-harness cost SESSION --json",
+)
 def cmd_cost(args: argparse.Namespace) -> int:
     """Print cost per turn, per run and for the session (USD, tokens)."""
     with _open(args) as s:
@@ -378,7 +541,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     print(f"{'run':<10} {'turn':>4}  {'purpose':<14} {'tokens':>8}  cost (USD)")
     for t in report["turns"]:
         print(
-            f"{str(t['run_id'])[-8:]:<10} {t['turn']!s:>4}  {t['purpose']:<14} "
+            f"{_or_dash(t['run_id'])[-8:]:<10} {_or_dash(t['turn']):>4}  {t['purpose']:<14} "
             f"{t['tokens']:>8}  ${t['cost']:.6f}"
         )
     for r in report["runs"]:
@@ -389,11 +552,22 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attempts_text(attempts: Any) -> str:
+    """Provider attempts per counter (``{"turn 1": 2, "compaction 2": 1}``) as
+    ``turn 1: 2, compaction 2: 1``."""
+    if not isinstance(attempts, dict) or not attempts:
+        return "none"
+    return ", ".join(f"{key}: {n}" for key, n in attempts.items())
+
+
 def print_plan(plan: RecoveryPlan) -> None:
     """Print a recovery plan as a readable table."""
     print(f"session {plan.session_id}")
     if plan.lease:
-        print(f"  lease held by live process {plan.lease.get('pid')}: nothing will be recovered")
+        print(
+            f"  lease held by live process {_or_dash(plan.lease.get('pid'))}: "
+            "nothing will be recovered"
+        )
     for lp in plan.lanes:
         reason = f" ({lp.reason})" if lp.reason else ""
         print(
@@ -406,12 +580,12 @@ def print_plan(plan: RecoveryPlan) -> None:
             reason = f" ({last['reason']})" if last.get("reason") else ""
             print(
                 f"    last run {last['run_id']}: {last['outcome']}{reason}; provider attempts "
-                f"per turn {last['attempts']}"
+                f"{_attempts_text(last.get('attempts'))}"
             )
         if lp.attempts:
             print(
-                f"    provider attempts per turn {lp.attempts} (cap {lp.attempt_cap}); "
-                f"{lp.cost_unknown_attempts} with unknown cost"
+                f"    provider attempts {_attempts_text(lp.attempts)} (cap {lp.attempt_cap} "
+                f"per turn); {lp.cost_unknown_attempts} with unknown cost"
             )
         if lp.last_safe_boundary:
             print(
@@ -433,19 +607,31 @@ def print_plan(plan: RecoveryPlan) -> None:
                         "running (left by the crashed process); resume kills it first"
                     )
             for c in waiting:
-                print(f"    {c.tool_call_id} ran with {c.arguments}: check its effect, then")
+                print(
+                    f"    {c.tool_call_id} {c.tool_name} "
+                    f"{TOOL_STATUS_TEXT.get(c.status, c.status)}, with arguments "
+                    f"{_json_text(c.arguments or {})}: check its effect, then"
+                )
                 print(
                     f"      durable-harness resume {plan.session_id} --decide "
                     f"{c.tool_call_id}=retry|fail|result:TEXT"
                 )
         for q in lp.queued:
-            print(f"    queued {q['queue']} {q['itemId']} (delivered exactly once on resume)")
+            print(
+                f"    queued {q.get('queue')} {_or_dash(q.get('itemId'))} "
+                "(delivered exactly once on resume)"
+            )
     for d in plan.damage:
-        where = f"offset {d['offset']}" if "offset" in d else f"seq {d.get('seq')}"
+        where = f"offset {d['offset']}" if "offset" in d else f"seq {_or_dash(d.get('seq'))}"
         print(f"  damage: {d['kind']} at {where}: {d['detail']}")
 
 
-@command("recover", "Print the recovery plan of a session (runs nothing).")
+@command(
+    "recover",
+    "Print the recovery plan of a session (runs nothing).",
+    "  durable-harness recover SESSION\n"
+    "  durable-harness recover SESSION --policy retry-safe --json",
+)
 def cmd_recover(args: argparse.Namespace) -> int:
     """Print the recovery plan; nothing runs."""
     with _open(args) as s:
@@ -457,13 +643,28 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("resume", "Apply the recovery plan and continue interrupted runs to their end.")
+@command(
+    "resume",
+    "Apply the recovery plan and continue interrupted runs to their end.",
+    "  durable-harness resume SESSION\n"
+    "  durable-harness resume SESSION --decide call_ab12_2_1=fail\n"
+    "  durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'",
+)
 def cmd_resume(args: argparse.Namespace) -> int:
     """Apply decisions, resume interrupted runs, and print each lane's outcome."""
     decisions = dict(parse_decision(d) for d in args.decide)
+    if args.provider:
+        require_credentials(args.provider)
     provider = make_provider(args.provider) if args.provider else None
     session = _open(args, write=True, durability=args.durability)
     with session:
+        if args.lane is not None:
+            _require_lane(session, args.lane)
+        if not args.provider:  # the runs resume with their recorded provider: its key is needed
+            for lane in [args.lane] if args.lane else sorted(session.store.lanes()):
+                spec = recorded_provider_spec(session, lane)
+                if session.lane(lane).run_id is not None and spec is not None:
+                    require_credentials(spec)
         tools = builtin_tools(allow_env=args.allow_env)
 
         async def go() -> dict[str, str]:
@@ -491,7 +692,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return worst
 
 
-@command("crash-points", "List the named crash points (DURABLE_HARNESS_CRASH_AT=POINT[:N]).")
+@command(
+    "crash-points",
+    "List the named crash points (DURABLE_HARNESS_CRASH_AT=POINT[:N]).",
+    "  durable-harness crash-points\n"
+    "  DURABLE_HARNESS_CRASH_AT=after_tool_started durable-harness run 'deploy' "
+    "--provider scripted:script.json",
+)
 def cmd_crash_points(args: argparse.Namespace) -> int:
     """List the named crash points with one line each."""
     if args.json:
@@ -502,7 +709,11 @@ def cmd_crash_points(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("demo", "The main job: a run killed mid-tool, recovered, resumed; then a pi import.")
+@command(
+    "demo",
+    "The main job: a run killed mid-tool, recovered, resumed; then a pi import.",
+    "  durable-harness demo\n  durable-harness demo --dir /tmp/dh-demo --store sqlite:demo.db",
+)
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo (see :mod:`durable_harness.demo`)."""
     from durable_harness.demo import run_demo
@@ -510,9 +721,58 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.dir, getattr(args, "store", None))
 
 
-@command("crash-test", "Run the crash matrix: every scenario at every crash point it reaches.")
+@command(
+    "crash-test",
+    "Run the crash matrix: every scenario at every crash point it reaches.",
+    "  durable-harness crash-test --jobs 2\n"
+    "  durable-harness crash-test --backend sqlite --scenario single_tool --report matrix.md",
+)
 def cmd_crash_test(args: argparse.Namespace) -> int:
     """Run the crash matrix (see :mod:`durable_harness.crashtest`)."""
     from durable_harness.crashtest import run_cli
 
     return run_cli(args)
+
+
+@command(
+    "fork",
+    "Fork a new session holding the path up to an entry (ids kept; the original is untouched).",
+    "  durable-harness fork SESSION                        # the whole current branch of main\n"
+    "  durable-harness fork SESSION --entry 9f2c1a0b --before   # try that turn again\n"
+    "  durable-harness fork ~/.pi/agent/sessions/x.jsonl --cwd ~/other-project",
+)
+def cmd_fork(args: argparse.Namespace) -> int:
+    """Fork a session at an entry (default: the lane's leaf) into a new session of the store;
+    print the new session's id."""
+    with _open(args) as s:
+        entry = args.entry
+        if entry is None:
+            _require_lane(s, args.lane)
+            entry = s.leaf(args.lane)
+            if entry is None:
+                raise UnknownEntry(
+                    f"lane {args.lane} of session {s.id} has no entries: nothing to fork",
+                    lane=args.lane,
+                )
+        target = store_of(args, create=True)
+        new = s.fork(
+            target,
+            entry,
+            position="before" if args.before else "at",
+            cwd=os.path.abspath(args.cwd) if args.cwd else None,
+        )
+        with new:
+            info = {
+                "session_id": new.id,
+                "parent_session": s.id,
+                "entry": entry,
+                "position": "before" if args.before else "at",
+                "entries": new.store.entry_count(),
+                "location": new.store.location,
+            }
+    if args.json:
+        out(info)
+    else:
+        at = f"{'before' if args.before else 'at'} entry {_or_dash(entry)}"
+        print(f"forked session {s.id} {at} as session {new.id} ({info['entries']} entries)")
+    return 0

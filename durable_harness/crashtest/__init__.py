@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +46,6 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="deliberately run tool effects before their intent, to see the matrix catch it",
     )
-
-
-def _bar(cell: Cell, done: int, total: int) -> None:
-    width = 30
-    filled = int(width * done / total) if total else width
-    mark = {"pass": ".", "fail": "F", "error": "E"}[cell.status]
-    sys.stderr.write(
-        f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} {mark} "
-        f"{cell.scenario} {cell.label}".ljust(100)[:100]
-    )
-    sys.stderr.flush()
-    if done == total:
-        sys.stderr.write("\n")
 
 
 def _verdict(c: Cell) -> str:
@@ -123,9 +109,12 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run the matrix from the command line; exit 0 when every cell passed."""
     scenarios = load_all(args.scenarios, args.scenario or None)
     backends = args.backend or ["jsonl", "sqlite"]
-    cells, summary = run_matrix(
-        scenarios, backends, jobs=args.jobs, broken=args.broken_intent_order, progress=_bar
-    )
+    from durable_harness.terminal import MatrixProgress
+
+    with MatrixProgress() as progress:  # drawn only when stderr is a terminal
+        cells, summary = run_matrix(
+            scenarios, backends, jobs=args.jobs, broken=args.broken_intent_order, progress=progress
+        )
     width = max(len(f"{c.scenario} {c.label}") for c in cells) if cells else 10
     for backend in backends:
         print(f"\n{backend}:")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from durable_harness.storage.base import SessionStore
@@ -25,38 +26,59 @@ def timeline(store: SessionStore, lane: str | None = None) -> list[dict[str, Any
     return rows
 
 
+def _text(value: Any) -> str:
+    """A record field for humans: ``-`` when absent, a list joined by commas, an object as
+    JSON; never a Python repr."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    shown = [
+        json.dumps(v, ensure_ascii=False, default=str)
+        if isinstance(v, dict | list | tuple)
+        else str(v)
+        for v in items
+        if v is not None and v != ""
+    ]
+    return ", ".join(shown) or "-"
+
+
 def summarize_record(rec: dict[str, Any]) -> str:
-    """One line describing a record for humans."""
+    """One line describing a record for humans (no Python reprs: see ``design/cli.md``)."""
+    return _summary(rec)
+
+
+def _summary(rec: dict[str, Any]) -> str:
+    def f(key: str) -> str:
+        return _text(rec.get(key))
+
     t = rec.get("type")
     if t == "run_started":
-        return f"prompt entry {rec.get('promptEntryId')} via {rec.get('provider')}"
+        return f"prompt entry {f('promptEntryId')} via {f('provider')}"
     if t == "provider_request_started":
-        return (
-            f"turn {rec.get('turn')} attempt {rec.get('attempt')} -> {rec.get('responseEntryId')}"
-        )
+        return f"turn {f('turn')} attempt {f('attempt')} -> {f('responseEntryId')}"
     if t == "provider_request_finished":
         usage = rec.get("usage") or {}
         return (
-            f"turn {rec.get('turn')} {rec.get('stopReason')} tokens "
+            f"turn {f('turn')} {f('stopReason')} tokens "
             f"{usage.get('totalTokens', 0)} cost ${(usage.get('cost') or {}).get('total', 0):.6f}"
         )
     if t == "provider_request_failed":
-        return f"turn {rec.get('turn')} attempt {rec.get('attempt')}: {rec.get('error')}"
+        return f"turn {f('turn')} attempt {f('attempt')}: {f('error')}"
     if t == "tool_started":
-        return f"{rec.get('toolName')} {rec.get('toolCallId')} replay={rec.get('replay')}"
+        return f"{f('toolName')} {f('toolCallId')} replay={f('replay')}"
     if t == "tool_finished":
-        return f"{rec.get('toolCallId')} {rec.get('outcome')}"
+        return f"{f('toolCallId')} {f('outcome')}"
     if t in ("queue_enqueued", "queue_consumed", "queue_cancelled"):
-        return f"{rec.get('queue', '')} {rec.get('itemId') or rec.get('itemIds')}"
+        return f"{f('queue')} {_text(rec.get('itemId') or rec.get('itemIds'))}"
     if t == "write_deferred":
-        return str((rec.get("write") or {}).get("type"))
+        return _text((rec.get("write") or {}).get("type"))
     if t == "decision":
-        return f"{rec.get('toolCallId')} {rec.get('decision')}"
+        return f"{f('toolCallId')} {f('decision')}"
     if t == "run_finished":
-        reason = f" ({rec['reason']})" if rec.get("reason") else ""
-        return f"{rec.get('outcome')}{reason}"
+        reason = f" ({f('reason')})" if rec.get("reason") else ""
+        return f"{f('outcome')}{reason}"
     if t == "save_point":
-        return f"after turn {rec.get('turn')}"
+        return f"after turn {f('turn')}"
+    if t == "tool_process":
+        return f"{f('toolCallId')} process group {f('pgid')}"
     return ""
 
 

@@ -10,11 +10,44 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from durable_harness.errors import FormatError
+from durable_harness.errors import FormatError, MissingCredential
 from durable_harness.providers.base import Provider
 from durable_harness.providers.scripted import ScriptedProvider
 
-__all__ = ["WIRE_FORMATS", "Provider", "ScriptedProvider", "make_provider", "wire_messages"]
+__all__ = [
+    "CREDENTIAL_ENV",
+    "WIRE_FORMATS",
+    "Provider",
+    "ScriptedProvider",
+    "make_provider",
+    "require_credentials",
+    "wire_messages",
+]
+
+CREDENTIAL_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+"""The environment variable holding each network provider's API key (one place)."""
+
+
+def require_credentials(spec: str) -> None:
+    """Check, before anything is written, that the provider named by ``spec`` has its API key.
+
+    A scripted provider needs none. Call it where a missing key should stop a command before it
+    creates a session (the CLI's ``run`` and ``resume``); the providers themselves still refuse a
+    request without a key.
+
+    Raises:
+        MissingCredential: the provider's environment variable (``details['env']``) is unset
+            or empty.
+    """
+    scheme = spec.partition(":")[0]
+    env = CREDENTIAL_ENV.get(scheme)
+    if env is not None and not os.environ.get(env, "").strip():
+        raise MissingCredential(
+            f"provider {spec!r} needs an API key: set the environment variable {env} "
+            "(nothing was created)",
+            env=env,
+            provider=scheme,
+        )
 
 
 def make_provider(spec: str) -> Provider:

@@ -28,6 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    StrictStr,
+    ValidationError,
+)
 
 from durable_harness.errors import FormatError, ProviderError
 from durable_harness.ids import now_ms
@@ -41,6 +51,66 @@ from durable_harness.providers.base import (
     empty_usage,
 )
 from durable_harness.storage import codec
+
+
+class _Cost(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    input: float = 0.0
+    output: float = 0.0
+    cacheRead: float = 0.0
+    cacheWrite: float = 0.0
+    total: float | None = None
+
+
+class _Usage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    input: NonNegativeInt = 0
+    output: NonNegativeInt = 0
+    cacheRead: NonNegativeInt = 0
+    cacheWrite: NonNegativeInt = 0
+    totalTokens: NonNegativeInt | None = None
+    cost: _Cost | None = None
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: StrictStr
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    id: StrictStr | None = None
+
+
+class _Turn(BaseModel):
+    """One scripted turn, as the module docstring describes it (unknown keys are allowed)."""
+
+    model_config = ConfigDict(extra="allow")
+    text: StrictStr = ""
+    tool_calls: list[_ToolCall] | None = None
+    usage: _Usage | None = None
+    fail_attempts: NonNegativeInt = 0
+    delay: NonNegativeFloat = 0.0
+    chunks: PositiveInt = 2
+    stop_reason: StrictStr = "stop"
+
+
+def check_turn(turn: Any, where: str) -> None:
+    """Check one scripted turn against the file format.
+
+    Raises:
+        FormatError: naming ``where``, the field (``usage.input``, ``tool_calls[0].name``) and
+            the value found.
+    """
+    if not isinstance(turn, dict):
+        raise FormatError(f"{where} is not an object")
+    try:
+        _Turn.model_validate(turn)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors()[:3]:
+            field = "".join(
+                f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]
+            ).lstrip(".")
+            problems.append(f"{field}: {err['msg'].lower()} (got {err.get('input')!r})")
+        raise FormatError(f"{where}: {'; '.join(problems)}", fields=problems) from None
 
 
 class ScriptedProvider:
@@ -60,21 +130,22 @@ class ScriptedProvider:
         model: str = "scripted-1",
         context_window: int = 200_000,
         by_prompt: dict[str, list[dict[str, Any]]] | None = None,
+        source: str = "scripted provider",
     ) -> None:
-        extra = [t for ts in (by_prompt or {}).values() for t in ts]
-        for i, turn in enumerate([*turns, *extra]):
-            if not isinstance(turn, dict):
-                raise FormatError(f"scripted turn {i + 1} is not an object")
-            for call in turn.get("tool_calls") or []:
-                if not (
-                    isinstance(call, dict)
-                    and isinstance(call.get("name"), str)
-                    and isinstance(call.get("arguments", {}), dict)
-                ):
-                    raise FormatError(
-                        f"scripted turn {i + 1}: each tool call needs a string "
-                        "name and an object of arguments"
-                    )
+        """Check every turn (``turns`` and ``by_prompt``'s) against the file format.
+
+        Raises:
+            FormatError: a turn is not an object, a tool call lacks a string name or object
+                arguments, or a field holds the wrong kind of value (``usage.input`` not a
+                whole number...); the message names ``source``, the turn and the field.
+        """
+        numbered = [(f"turn {i + 1}", t) for i, t in enumerate(turns)] + [
+            (f"by_prompt[{key!r}] turn {i + 1}", t)
+            for key, ts in (by_prompt or {}).items()
+            for i, t in enumerate(ts if isinstance(ts, list) else [ts])
+        ]
+        for where, turn in numbered:
+            check_turn(turn, f"{source}: {where}")
         self.turns = turns
         self.by_prompt = by_prompt or {}
         self.model = model
@@ -103,6 +174,7 @@ class ScriptedProvider:
                     f"scripted provider file {path}: context_window must be a positive integer"
                 )
             kwargs.setdefault("context_window", window)
+        kwargs.setdefault("source", f"scripted provider file {path}")
         return cls(data["turns"], by_prompt=by_prompt, **kwargs)
 
     def _usage(self, turn: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ Rules (pi's ``buildSessionContext``, plus the brief's guarantees):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -444,7 +445,8 @@ def context_text(messages: list[dict[str, Any]]) -> str:
         body = text_of(m.get("content"))
         for b in m.get("content") or []:
             if isinstance(b, dict) and b.get("type") == "toolCall":
-                body += f"\n  -> {b.get('name')}({b.get('arguments')}) [{b.get('id')}]"
+                args = json.dumps(b.get("arguments"), ensure_ascii=False, default=str)
+                body += f"\n  -> {b.get('name')}({args}) [{b.get('id')}]"
         if role == "toolResult":
             role = f"toolResult[{m.get('toolCallId')}]"
         lines.append(f"{role}: {body.strip()}")

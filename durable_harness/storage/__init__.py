@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from durable_harness.errors import FormatError
+from durable_harness.errors import FormatError, StoreNotFound
 from durable_harness.storage.base import (
     DURABILITY_MODES,
     Durability,
@@ -54,11 +54,15 @@ def default_home() -> str:
     return os.environ.get("DURABLE_HARNESS_HOME") or os.path.expanduser("~/.durable-harness")
 
 
-def open_store(spec: str | None = None) -> Store:
+def open_store(spec: str | None = None, *, create: bool = True) -> Store:
     """Open the store named by ``spec`` (see the module docstring).
+
+    With ``create=False`` (commands that only read) nothing is created: a named store that does
+    not exist is an error, and the default store, when missing, reads as empty.
 
     Raises:
         FormatError: the spec's scheme is neither ``jsonl`` nor ``sqlite``.
+        StoreNotFound: ``create=False`` and the named store does not exist.
     """
     if not spec:
         return JsonlStore(default_home())
@@ -66,7 +70,12 @@ def open_store(spec: str | None = None) -> Store:
     if sep and not rest.strip():
         raise FormatError(f"store spec {spec!r} names no path: use jsonl:DIR or sqlite:PATH")
     if sep and scheme == "sqlite":
-        return SqliteStore(rest)
+        return SqliteStore(rest, create=create)
     if sep and scheme == "jsonl":
+        root = os.path.expanduser(rest)
+        if not create and not os.path.isdir(root):
+            raise StoreNotFound(
+                f"no such store: {root} is not a folder (nothing was created)", path=root
+            )
         return JsonlStore(rest)
     raise FormatError(f"unknown store spec {spec!r}: use jsonl:DIR or sqlite:PATH")

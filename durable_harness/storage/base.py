@@ -35,6 +35,7 @@ from durable_harness.errors import (
     SessionUnreadable,
 )
 from durable_harness.storage import codec
+from durable_harness.storage.oserrors import guard_class
 
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
@@ -306,6 +307,12 @@ class SessionStore(abc.ABC):
     damage: list[dict[str, Any]]
     location: str
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every backend's public methods raise typed errors, never a bare ``OSError`` or
+        ``sqlite3.Error`` (the one boundary: :mod:`durable_harness.storage.oserrors`)."""
+        super().__init_subclass__(**kwargs)
+        guard_class(cls)
+
     @abc.abstractmethod
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Apply ``ops`` atomically and durably (per :attr:`durability`); return the last seq.
@@ -407,6 +414,11 @@ class Store(abc.ABC):
     """
 
     spec: str
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """As :meth:`SessionStore.__init_subclass__`: OS and database errors leave typed."""
+        super().__init_subclass__(**kwargs)
+        guard_class(cls)
 
     @abc.abstractmethod
     def create_session(

@@ -18,6 +18,7 @@ interior line is reported with its byte offset and skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -39,7 +40,7 @@ from durable_harness.errors import (
     StaleGeneration,
     StorageError,
 )
-from durable_harness.ids import now_iso, uuid7
+from durable_harness.ids import iso_from_ns, now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
     CwdMatcher,
@@ -846,7 +847,7 @@ class JsonlStore(Store):
             # shown where its folder name points; every other row by its recorded cwd alone
             out = [i for i in out if match(i.cwd) or (not i.cwd and _folder(i) in hinted)]
         out.sort(key=_recent_first)
-        return out
+        return [_iso_modified(i) for i in out]
 
 
 def _folder(info: SessionInfo) -> str:
@@ -854,6 +855,16 @@ def _folder(info: SessionInfo) -> str:
     folder itself)."""
     folder = info.path if info.error is not None and not info.id else os.path.dirname(info.path)
     return os.path.basename(folder)
+
+
+def _iso_modified(info: SessionInfo) -> SessionInfo:
+    """``info`` with ``modified`` (seconds since the epoch while sorting) as ISO 8601, the
+    format of the SQLite backend's."""
+    try:
+        seconds = float(info.modified)
+    except ValueError:
+        return info
+    return dataclasses.replace(info, modified=iso_from_ns(int(seconds * 1e9)))
 
 
 def _recent_first(info: SessionInfo) -> float:

@@ -27,6 +27,7 @@ from durable_harness.errors import (
     SessionExists,
     SessionNotFound,
     StaleGeneration,
+    StoreNotFound,
     UnknownEntry,
 )
 from durable_harness.ids import now_iso, uuid7
@@ -48,6 +49,7 @@ from durable_harness.storage.base import (
     unreadable_error,
 )
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.oserrors import busy_timeout_s
 from durable_harness.storage.private import make_private_dirs, private_fd, tighten_path
 from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
 
@@ -79,11 +81,24 @@ RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then 
 
 
 def _connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s()
+    )
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction while an error is being handled. SQLite may already have
+    rolled it back (it does on a full disk or an I/O error): then there is nothing to do, and a
+    failing ROLLBACK must never replace the error that caused it."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -105,7 +120,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO migrations VALUES (?, ?)", (version, now_iso()))
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
 
@@ -255,7 +270,7 @@ class SqliteSessionStore(SessionStore):
                     self._set_last_seq(seq)
                     self._commit_txn()
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    _rollback(self._conn)
                     raise
                 self._after_commit(wait)
                 return seq
@@ -345,7 +360,7 @@ class SqliteSessionStore(SessionStore):
             self._set_last_seq(seq)
             self._commit_txn()
         except StaleGeneration as exc:
-            c.execute("ROLLBACK")
+            _rollback(c)
             for item in batch:
                 item.error, item.done = exc, True
             return True
@@ -611,33 +626,69 @@ class SqliteStore(Store):
         SessionUnreadable: the database file exists but cannot be read.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        """Open the store at ``path``; with ``create`` (the default) make the database, its
+        folder and its lock folder if missing. ``create=False`` (read-only commands) touches
+        nothing on disk that is not already there.
+
+        Raises:
+            StoreNotFound: ``create=False`` and no database is at ``path``, or the file there
+                is not a durable-harness store.
+        """
         self.path = str(Path(path).expanduser())
         self.spec = f"sqlite:{self.path}"
-        parent = os.path.dirname(self.path) or "."
-        make_private_dirs(parent)
-        if not os.path.exists(self.path):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                private_fd(fd)
-                os.close(fd)
-            except FileExistsError:
-                pass
-        try:  # SQLite would say only "unable to open database file"
-            os.close(os.open(self.path, os.O_RDONLY))
-        except OSError as exc:
-            raise unreadable_error(self.path, exc) from exc
-        for name in (self.path, self.path + "-wal", self.path + "-shm"):
-            tighten_path(name)  # SQLite gives -wal and -shm the database file's mode
         self._locks = self.path + ".locks"
-        make_private_dirs(self._locks)
+        if os.path.exists(self.path):
+            try:  # SQLite would say only "unable to open database file"
+                os.close(os.open(self.path, os.O_RDONLY))
+            except OSError as exc:
+                raise unreadable_error(self.path, exc) from exc
+        if not create:
+            if self._check_exists() >= len(MIGRATIONS):
+                return  # up to date: a reader writes nothing (and may lack the right to)
+        else:
+            make_private_dirs(os.path.dirname(self.path) or ".")
+            if not os.path.exists(self.path):
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                    private_fd(fd)
+                    os.close(fd)
+                except FileExistsError:
+                    pass
+            for name in (self.path, self.path + "-wal", self.path + "-shm"):
+                tighten_path(name)  # SQLite gives -wal and -shm the database file's mode
+            make_private_dirs(self._locks)
         conn = _connect(self.path)
         try:
             _migrate(conn)
         finally:
             conn.close()
 
+    def _check_exists(self) -> int:
+        """For ``create=False``: the database must exist and hold our ``migrations`` table;
+        return its schema version."""
+        if not os.path.isfile(self.path):
+            raise StoreNotFound(
+                f"no such store: {self.path} does not exist (nothing was created)",
+                path=self.path,
+            )
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=busy_timeout_s())
+        try:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='migrations'"
+            ).fetchone()
+            if found is None:
+                raise StoreNotFound(
+                    f"no such store: {self.path} is not a durable-harness store", path=self.path
+                )
+            return int(
+                conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
+            )
+        finally:
+            conn.close()
+
     def _lease(self, sid: str) -> FileLease:
+        os.makedirs(self._locks, exist_ok=True, mode=0o700)
         return FileLease(os.path.join(self._locks, f"{sid}.lock"), f"session {sid} in {self.path}")
 
     def create_session(

@@ -181,11 +181,11 @@ def test_show_json_and_tree(cli: Cli, script: Path, project: Path) -> None:
         assert e["id"] in tree.out
     leaf_line = next(line for line in tree.out.splitlines() if line.strip().startswith(leaf))
     assert "<main>" in leaf_line
-    # one branch: each entry one level deeper than its parent, in seq order
+    # one branch, in seq order: a chain is not indented (only branch points are drawn)
     ids = [e["id"] for e in entries]
     rows = [line for line in tree.out.splitlines() if line.strip().split(" ")[0] in ids]
     assert [line.strip().split(" ")[0] for line in rows] == ids
-    assert [len(line) - len(line.lstrip()) for line in rows] == [2 * i for i in range(len(ids))]
+    assert [len(line) - len(line.lstrip()) for line in rows] == [0] * len(ids)
 
 
 def test_context_json_is_well_formed(cli: Cli, script: Path, project: Path) -> None:
@@ -237,7 +237,10 @@ def test_log_json_rows(cli: Cli, script: Path, project: Path) -> None:
     types = [r["type"] for r in rows]
     assert types[0] == "run_started" and types[-1] == "run_finished"
     assert {"provider_request_started", "tool_started", "save_point"} <= set(types)
-    assert cli("log", sid, "--json", "--lane", "other").json() == []
+    unknown = cli("log", sid, "--json", "--lane", "other")  # an unknown lane is an error
+    assert unknown.code == 2
+    assert unknown.json()["error"]["code"] == "unknown_lane"
+    assert unknown.json()["error"]["lanes"] == ["main"]
     assert "run_finished" in cli("log", sid).out
 
 

@@ -1,0 +1,218 @@
+"""The one boundary where operating-system and database errors become typed errors.
+
+Backends call ``os`` and ``sqlite3`` directly; what those raise (a full disk, a read-only or
+unreadable file, a locked database, an I/O error) leaves a store only through :func:`translate`,
+applied to every public method of every :class:`~durable_harness.storage.base.SessionStore`
+and :class:`~durable_harness.storage.base.Store` subclass (see ``__init_subclass__`` there) and
+by :func:`storage_boundary` around the few storage reads made outside a store (opening a file by
+path). The result names the path and the cause::
+
+    StorageIOError   /home/me/.durable-harness/sessions/.../x.jsonl: No space left on device
+    DatabaseLocked   /data/agent.db: database is locked by another connection (waited 5 s)
+
+A :class:`~durable_harness.errors.DurableHarnessError` passes through unchanged. See
+``design/cli.md`` for how the CLI prints them and which exit status it returns.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import inspect
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from durable_harness.errors import (
+    CorruptSession,
+    DatabaseLocked,
+    DurableHarnessError,
+    StorageError,
+    StorageIOError,
+)
+
+BUSY_TIMEOUT_ENV = "DURABLE_HARNESS_SQLITE_BUSY_TIMEOUT"
+DEFAULT_BUSY_TIMEOUT_S = 10.0
+"""How long a SQLite connection waits for another connection's lock before the operation fails
+with :class:`~durable_harness.errors.DatabaseLocked` (seconds; ``$DURABLE_HARNESS_SQLITE_BUSY_
+TIMEOUT`` overrides it). Bounded so that a stuck holder is reported instead of hanging a run."""
+
+# SQLite primary result codes (https://www.sqlite.org/rescode.html) that are OS conditions,
+# with the errno name and wording a user knows them by.
+_SQLITE_AS_OS: dict[str, tuple[str, str]] = {
+    "SQLITE_FULL": ("ENOSPC", "No space left on device (database or disk is full)"),
+    "SQLITE_IOERR": ("EIO", "Input/output error (disk I/O error)"),
+    "SQLITE_READONLY": ("EROFS", "Read-only: the database file or its folder cannot be written"),
+    "SQLITE_CANTOPEN": ("EACCES", "Cannot open the database file (missing or not permitted)"),
+    "SQLITE_PERM": ("EACCES", "Permission denied"),
+    "SQLITE_AUTH": ("EACCES", "Permission denied"),
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def busy_timeout_s() -> float:
+    """The SQLite busy timeout in seconds (see :data:`DEFAULT_BUSY_TIMEOUT_S`).
+
+    Raises:
+        StorageError: the environment variable is not a non-negative number.
+    """
+    raw = os.environ.get(BUSY_TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_BUSY_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise StorageError(
+            f"{BUSY_TIMEOUT_ENV}={raw!r} is not a number of seconds", env=BUSY_TIMEOUT_ENV
+        )
+    return value
+
+
+def translate(exc: BaseException, where: str | None = None) -> BaseException:
+    """Return the typed error for ``exc``, or ``exc`` itself when it is not an OS or database
+    error (a :class:`DurableHarnessError` included).
+
+    Args:
+        exc: the exception caught.
+        where: the store or file the operation was about (used when ``exc`` names no file).
+    """
+    if isinstance(exc, DurableHarnessError):
+        return exc
+    if isinstance(exc, OSError):
+        path = _path_of(exc) or where
+        name = errno.errorcode.get(exc.errno or -1, "") if exc.errno else ""
+        cause = exc.strerror or str(exc) or type(exc).__name__
+        return StorageIOError(
+            f"{path}: {cause}" if path else cause, path=path, errno=name or None, cause=cause
+        )
+    if isinstance(exc, sqlite3.Error):
+        path = where or "SQLite database"
+        code = getattr(exc, "sqlite_errorname", "") or ""
+        text = str(exc)
+        primary = "_".join(code.split("_")[:2])
+        if primary in ("SQLITE_BUSY", "SQLITE_LOCKED") or "database is locked" in text:
+            try:
+                timeout = busy_timeout_s()
+            except StorageError:
+                timeout = DEFAULT_BUSY_TIMEOUT_S
+            return DatabaseLocked(
+                f"{path}: database is locked by another connection (waited {timeout:g} s); "
+                "retry once the other process has finished",
+                path=path,
+                timeout_s=timeout,
+                sqlite_error=code or None,
+            )
+        if primary in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+            return CorruptSession(f"{path}: {text}", path=path, sqlite_error=code or None)
+        if code == "SQLITE_READONLY_DIRECTORY":
+            folder = os.path.dirname(path) or "."
+            cause = (
+                f"Read-only: the folder {folder} cannot be written, and SQLite must create its "
+                "-wal and -shm files beside the database even to read it"
+            )
+            return StorageIOError(
+                f"{path}: {cause}", path=path, errno="EROFS", cause=cause, sqlite_error=code
+            )
+        if primary == "SQLITE_CANTOPEN" and where:
+            reason = _open_error(where)
+            if reason is not None:  # SQLite does not say why; the OS does
+                return translate(reason, where)
+        if primary in _SQLITE_AS_OS:
+            name, cause = _SQLITE_AS_OS[primary]
+            return StorageIOError(
+                f"{path}: {cause}", path=path, errno=name, cause=cause, sqlite_error=code
+            )
+        return StorageIOError(
+            f"{path}: database error: {text}", path=path, errno=code or None, cause=text
+        )
+    return exc
+
+
+def _open_error(path: str) -> OSError | None:
+    """Why the OS refuses to open ``path`` for reading (or its folder), or ``None``."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    return None
+
+
+def _path_of(exc: OSError) -> str | None:
+    if exc.filename is None:
+        return None
+    name = os.fsdecode(exc.filename)
+    if exc.filename2 is not None:
+        name += f" -> {os.fsdecode(exc.filename2)}"
+    return name
+
+
+@contextmanager
+def storage_boundary(where: str | None = None) -> Iterator[None]:
+    """Translate OS and database errors raised in the block (see :func:`translate`).
+
+    Raises:
+        StorageIOError, DatabaseLocked, CorruptSession: from an ``OSError`` or ``sqlite3.Error``.
+    """
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        raise translate(exc, where) from exc
+
+
+def _where(obj: Any, args: tuple[Any, ...]) -> str | None:
+    """The location a store method is about: the store's own, else a path argument."""
+    if not isinstance(obj, type):  # a class method's ``cls`` has no location yet
+        for attr in ("db_path", "location", "path", "spec"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, str) and value:
+                return value
+    for arg in args:
+        if isinstance(arg, str | os.PathLike):
+            return os.fsdecode(arg)
+    return None
+
+
+def guarded(fn: F) -> F:
+    """Wrap a store method (sync or async, plain or class method) so that OS and database
+    errors leave it typed (see :func:`translate`)."""
+    if getattr(fn, "__storage_guarded__", False):
+        return fn
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(self, *args, **kwargs)
+            except (OSError, sqlite3.Error) as exc:
+                raise translate(exc, _where(self, args)) from exc
+
+        wrapper: Any = async_wrapper
+    else:
+
+        @functools.wraps(fn)
+        def sync_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except (OSError, sqlite3.Error) as exc:
+                raise translate(exc, _where(self, args)) from exc
+
+        wrapper = sync_wrapper
+    wrapper.__storage_guarded__ = True
+    return wrapper  # type: ignore[no-any-return]
+
+
+def guard_class(cls: type) -> None:
+    """Guard every public method, ``__init__`` and class method defined on ``cls`` itself."""
+    for name, value in list(vars(cls).items()):
+        if name.startswith("_") and name != "__init__":
+            continue
+        if isinstance(value, classmethod):
+            setattr(cls, name, classmethod(guarded(value.__func__)))
+        elif inspect.isfunction(value):
+            setattr(cls, name, guarded(value))

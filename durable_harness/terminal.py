@@ -1,0 +1,150 @@
+"""Terminal output (CLI, demo, crash matrix) through ``rich``: colour and progress on a tty only.
+
+Rules (``design/cli.md``):
+
+* Colour and live progress appear only when the stream is a terminal; ``NO_COLOR`` (any
+  non-empty value, https://no-color.org) turns colour off, and ``FORCE_COLOR`` /
+  ``TTY_COMPATIBLE`` are honoured as ``rich`` documents them. Piped output is plain text.
+* Data lines (listings, trees, timelines) are printed as plain text and never wrapped, so that
+  scripts and ``grep`` see exactly one record per line.
+* No escape code is written by hand: styles go through :class:`rich.text.Text`.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr) as it is now: colour detection runs at each call, so a
+    redirected stream (tests, pipes) is seen as it is."""
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def say(text: str, style: str | None = None, *, stderr: bool = False, end: str = "\n") -> None:
+    """Print one line of ``text`` in ``style`` (a ``rich`` style name) when colour is on; plain
+    otherwise. Never wraps, never interprets markup."""
+    console(stderr=stderr).print(Text(text, style=style or ""), end=end)
+
+
+def styled(*parts: tuple[str, str | None] | str) -> Text:
+    """Build a line from ``text`` or ``(text, style)`` parts."""
+    line = Text()
+    for part in parts:
+        if isinstance(part, str):
+            line.append(part)
+        else:
+            line.append(part[0], style=part[1] or "")
+    return line
+
+
+def say_parts(*parts: tuple[str, str | None] | str, stderr: bool = False) -> None:
+    """Print one line made of :func:`styled` parts."""
+    console(stderr=stderr).print(styled(*parts))
+
+
+def error_line(code: str, message: str) -> None:
+    """Print ``error[CODE]: message`` on stderr (the code in red on a terminal)."""
+    say_parts((f"error[{code}]:", "bold red"), f" {message}", stderr=True)
+
+
+class _Cell(Protocol):
+    """What progress needs of a crash-matrix cell."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def scenario(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+
+
+class MatrixProgress:
+    """Live progress of the crash matrix on stderr: cells done of total, failures so far, time
+    elapsed and left, and the cell just finished. Shows nothing unless stderr is a terminal.
+
+    Use as a context manager; pass the instance as ``run_matrix(progress=...)``.
+    """
+
+    def __init__(self, out: Console | None = None) -> None:
+        self.console = out or console(stderr=True)
+        self.failures = 0
+        self.started = time.monotonic()
+        self._progress = Progress(
+            TextColumn("crash matrix"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("cells"),
+            TextColumn("{task.fields[failed]}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[cell]}"),
+            console=self.console,
+            disable=not self.console.is_terminal,
+            transient=False,
+        )
+        self._task: TaskID | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when progress is drawn (stderr is a terminal)."""
+        return self.console.is_terminal
+
+    def __enter__(self) -> MatrixProgress:
+        self._progress.start()
+        # elapsed time counts from here; the total is known at the first finished cell
+        self._task = self._progress.add_task(
+            "matrix", total=None, failed=Text("0 failed", style="green"), cell="starting"
+        )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.stop()
+
+    def __call__(self, cell: _Cell, done: int, total: int) -> None:
+        """Record that ``cell`` finished, ``done`` of ``total`` cells."""
+        if cell.status != "pass":
+            self.failures += 1
+        failed: Any = Text(
+            f"{self.failures} failed", style="bold red" if self.failures else "green"
+        )
+        where = f"{cell.backend} {cell.scenario} {cell.label}"
+        if self._task is None:  # used without ``with``
+            self._task = self._progress.add_task("matrix", total=total, failed=failed, cell=where)
+        self._progress.update(self._task, completed=done, total=total, failed=failed, cell=where)
+        if cell.status != "pass" and self.enabled:
+            self._progress.console.print(
+                styled((f"{cell.status.upper()}", "bold red"), f" {where}")
+            )
+
+
+__all__ = [
+    "MatrixProgress",
+    "console",
+    "error_line",
+    "say",
+    "say_parts",
+    "styled",
+]
