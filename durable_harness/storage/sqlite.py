@@ -23,10 +23,10 @@ from typing import Any
 from durable_harness.errors import (
     IdConflict,
     InvalidOp,
+    NotAStore,
     ReadOnlySession,
     SessionExists,
     SessionNotFound,
-    NotAStore,
     StaleGeneration,
     UnknownEntry,
 )
@@ -527,7 +527,7 @@ class SqliteSessionStore(SessionStore):
         return value
 
     @property
-    def damage(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def damage(self) -> list[dict[str, Any]]:
         """Damage in this session (see :func:`~durable_harness.storage.base.damage`), from one
         full :meth:`scan` run on first use (so opening stays one row read), plus any damaged
         row met by a later read. ``fsck`` and recovery both read this: one scan, one answer."""
