@@ -17,7 +17,7 @@ from durable_harness.recovery.plan import RecoveryPlan
 from durable_harness.recovery.resume import parse_decision, recover, resume_session
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
-from durable_harness.session.fsck import fsck_path
+from durable_harness.session.fsck import damage_location, fsck_path, fsck_session
 from durable_harness.storage import DURABILITY_MODES
 from durable_harness.tools.builtin import builtin_tools
 
@@ -48,7 +48,11 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--leaf", help="entry id to build from (default: the lane's leaf)")
         p.add_argument("--lane", default="main", help="lane whose leaf to use (default main)")
     if name == "fsck":
-        p.add_argument("path", help="a session file (ours or pi's) or a SQLite store")
+        p.add_argument(
+            "path",
+            help="a session id or unique id prefix (looked up in --store), a session file "
+            "(ours or pi's), a JSONL store folder, or a SQLite store (PATH or sqlite:PATH)",
+        )
     if name == "import":
         p.add_argument("file", help="a pi session file (format version 1, 2 or 3)")
     if name == "log":
@@ -205,8 +209,15 @@ def cmd_context(args: argparse.Namespace) -> int:
 
 @command("fsck", "Check a session file or store; report damage with byte offsets.")
 def cmd_fsck(args: argparse.Namespace) -> int:
-    """Check a session file or store read-only; exit 1 when damage is found."""
-    result = fsck_path(args.path)
+    """Check a session (by id, or its file), a file or a store read-only; exit 1 when damage
+    is found. A path that exists (or a ``jsonl:``/``sqlite:`` spec) is checked as given;
+    anything else is a session id looked up in the store, as the other commands do."""
+    target = str(args.path)
+    spec = target.startswith(("jsonl:", "sqlite:"))
+    if spec or os.path.exists(target):
+        result = fsck_path(target)
+    else:
+        result = fsck_session(target, store_of(args))
     if args.json:
         out(result)
     else:
@@ -215,8 +226,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             f"{result['entries']} entries, {result['records']} records)"
         )
         for d in result["damage"]:
-            where = f"offset {d['offset']}" if "offset" in d else f"line {d.get('line')}"
-            print(f"  {d['kind']} at {where}: {d['detail']}")
+            print(f"  {d['kind']} at {damage_location(d)}: {d['detail']}")
         for f in result.get("files", []):
             print(f"  {f['path']}: {'ok' if f['ok'] else 'DAMAGED'}")
     return 0 if result["ok"] else 1

@@ -101,22 +101,20 @@ def connect_read_only(path: str) -> sqlite3.Connection:
     journal-mode change, nothing created.
 
     Raises:
-        NotAStore: ``path`` is not a SQLite database holding a ``sessions`` table.
+        NotAStore: ``path`` is a readable SQLite database without the durable-harness tables.
+        sqlite3.Error: ``path`` cannot be read as a SQLite database (damaged, or not one).
     """
-    try:
-        conn = sqlite3.connect(
-            f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
-        )
-    except sqlite3.Error as exc:
-        raise NotAStore(f"{path}: cannot be opened as a SQLite store ({exc})", path=path) from exc
+    conn = sqlite3.connect(
+        f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+    )
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.Error as exc:
+    except BaseException:
         conn.close()
-        raise NotAStore(f"{path}: not a readable SQLite database ({exc})", path=path) from exc
+        raise
     if not {"sessions", "entries", "records", "lanes"} <= tables:
         conn.close()
-        raise NotAStore(f"{path}: a SQLite database, but not a durable-harness store", path=path)
+        raise NotAStore(f"{path} is a SQLite database, but not a durable-harness store", path=path)
     return conn
 
 

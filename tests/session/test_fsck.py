@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from durable_harness.errors import SessionNotFound
+from durable_harness.errors import NotASession, NotAStore, SessionNotFound
 from durable_harness.session.fsck import fsck_path
 from durable_harness.storage import EntryOp, RecordOp, open_store
 
@@ -93,15 +93,19 @@ def test_sqlite_database(tmp_path: Path) -> None:
     # An orphan can only come from outside the store: inject one directly.
     conn = sqlite3.connect(db)
     sid = conn.execute("SELECT id FROM sessions LIMIT 1").fetchone()[0]
+    body = json.dumps({**_entry("orphan", "ghost"), "seq": 3}).encode()
     conn.execute(
         "INSERT INTO entries (session_id, id, seq, parent_id, type, body) VALUES (?,?,?,?,?,?)",
-        (sid, "orphan", 99, "ghost", "custom", b"{}"),
+        (sid, "orphan", 3, "ghost", "custom", body),
     )
+    conn.execute("UPDATE sessions SET last_seq=3 WHERE id=?", (sid,))
     conn.commit()
     conn.close()
     result = fsck_path(str(db))
     assert result["ok"] is False
-    assert [(d["kind"], d["id"]) for d in result["damage"]] == [("orphan_parent", "orphan")]
+    assert [
+        (d["kind"], d["table"], d["id"], d["seq"], d["session_id"]) for d in result["damage"]
+    ] == [("orphan_parent", "entries", "orphan", 3, sid)]
 
 
 def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
@@ -110,13 +114,13 @@ def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
 
     other = tmp_path / "other.jsonl"
     other.write_bytes(b'{"hello": "world"}\n')
-    result = fsck_path(str(other))
-    assert result["ok"] is False
-    assert [(d["kind"], d["offset"]) for d in result["damage"]] == [("bad_header", 0)]
+    with pytest.raises(NotASession, match="other.jsonl is not a session file"):
+        fsck_path(str(other))
 
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
-    assert fsck_path(str(empty))["ok"] is False
+    with pytest.raises(NotASession):
+        fsck_path(str(empty))
 
     fake_db = tmp_path / "fake.db"
     fake_db.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
