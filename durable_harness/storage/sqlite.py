@@ -700,10 +700,11 @@ class SqliteSessionStore(SessionStore):
             body["leafId"] = op.leaf_id
         if op.config:
             body["config"] = op.config
-        self._conn.execute(
-            "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
-            (self.session_id, seq, op.lane, codec.dumps(body)),
-        )
+        if self._schema >= 2:
+            self._conn.execute(
+                "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
+                (self.session_id, seq, op.lane, codec.dumps(body)),
+            )
         if op.sets_leaf():
             if op.leaf_id is not None and not self._exists(op.leaf_id):
                 raise UnknownEntry(

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from durable_harness.errors import NotASession, NotAStore, SessionNotFound
+from durable_harness.errors import NotASession, SessionNotFound
 from durable_harness.session.fsck import fsck_path
 from durable_harness.storage import EntryOp, RecordOp, open_store
 
