@@ -428,6 +428,74 @@ def commit_benchmarks(work: Path) -> dict[str, Any]:
     return out
 
 
+MARK_ROUNDS = 8
+
+
+def mark_cost(work: Path, rounds: int = MARK_ROUNDS) -> dict[str, Any]:
+    """What the JSONL high-water mark (``design/storage.md``) costs per commit: JSONL ``sync``
+    single-writer commits and ``batch`` commits of 32 tasks, each with the mark and with it
+    switched off (the store's private ``_mark_at`` cleared: no ``pwrite`` into line 1), in
+    alternating rounds of the same run, compared by their medians. ``none`` (no fsync, the
+    mark written after every commit) isolates the mark's CPU and ``pwrite`` cost from the
+    disk's fsync latency."""
+    from durable_harness.storage import JsonlStore
+
+    jsonl = JsonlStore(work / "mark")
+    cwd = "/bench/mark"
+    stores = {
+        "sync_mark": jsonl.create_session(cwd, durability="sync"),
+        "sync_nomark": jsonl.create_session(cwd, durability="sync"),
+        "batch_mark": jsonl.create_session(cwd, durability="batch"),
+        "batch_nomark": jsonl.create_session(cwd, durability="batch"),
+        "none_mark": jsonl.create_session(cwd, durability="none"),
+        "none_nomark": jsonl.create_session(cwd, durability="none"),
+    }
+    for name, store in stores.items():
+        if name.endswith("nomark"):
+            store._mark_at = None
+    runs: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for name, store in stores.items():  # warm-up
+            if name.startswith("batch"):
+                async_writers(store, THREADS, 5, "warm")
+            else:
+                single_writer(store, 50, 0)
+        for r in range(rounds):
+            order = list(stores) if r % 2 == 0 else list(reversed(stores))
+            for name in order:
+                store = stores[name]
+                if name.startswith("batch"):
+                    res = async_writers(store, THREADS, PER_THREAD, f"m{r}")
+                else:
+                    res = single_writer(store, SINGLE_COMMITS, (r + 1) * 10_000)
+                runs.setdefault(name, []).append(res)
+            log(
+                f"  mark round {r + 1}/{rounds}: sync {_us(runs['sync_mark'][-1])} us with, "
+                f"{_us(runs['sync_nomark'][-1])} us without; batch x{THREADS} "
+                f"{_us(runs['batch_mark'][-1])} us with, {_us(runs['batch_nomark'][-1])} us "
+                f"without; none {_us(runs['none_mark'][-1])} us with, "
+                f"{_us(runs['none_nomark'][-1])} us without (per commit)"
+            )
+    finally:
+        for store in stores.values():
+            store.close()
+    out: dict[str, Any] = {"rounds": rounds}
+    for mode in ("sync", "batch", "none"):
+        with_us = median([1e6 / _rate(x) for x in runs[f"{mode}_mark"]])
+        without_us = median([1e6 / _rate(x) for x in runs[f"{mode}_nomark"]])
+        per = [
+            _rate(b) / _rate(a)
+            for a, b in zip(runs[f"{mode}_mark"], runs[f"{mode}_nomark"], strict=True)
+        ]
+        out[mode] = {
+            "us_per_commit_with_mark": round(with_us, 1),
+            "us_per_commit_without_mark": round(without_us, 1),
+            "cost_ratio_median": round(median(per), 3),
+            "cost_ratio_rounds": [round(p, 3) for p in per],
+        }
+    return out
+
+
 def _rate(run: dict[str, Any]) -> float:
     return rate(run["commits"], run["seconds"])
 
@@ -607,6 +675,8 @@ def run() -> dict[str, Any]:
         log("storage: commit rates")
         c = commit_benchmarks(work)
         results["commits"] = c
+        log("storage: high-water mark cost")
+        results["mark_cost"] = mark_cost(work)
         log("storage: long sessions")
         results["long_sessions"] = long_session_benchmarks(work)
 
@@ -784,5 +854,8 @@ CHILDREN = {"child_open_jsonl": child_open_jsonl, "child_open_sqlite": child_ope
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child_main(CHILDREN)
+    elif len(sys.argv) > 1 and sys.argv[1] == "mark":  # only the mark's cost
+        with scratch_dir("storage-mark") as work:
+            print(orjson.dumps(mark_cost(work), option=orjson.OPT_INDENT_2).decode())
     else:
         run()
