@@ -178,7 +178,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             run = f" run {st['run_id']} open" if st["run_id"] else ""
             print(f"lane {lane}: leaf {st['leaf_id']}{run}")
         for d in s.damage:
-            print(f"damage: {d['kind']} at offset {d.get('offset')}: {d['detail']}")
+            print(f"damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
         if args.tree:
             lines: list[str] = []
             leaves = {k: v["leaf_id"] for k, v in lanes.items()}
@@ -400,8 +400,7 @@ def print_plan(plan: RecoveryPlan) -> None:
         for q in lp.queued:
             print(f"    queued {q['queue']} {q['itemId']} (delivered exactly once on resume)")
     for d in plan.damage:
-        where = f"offset {d['offset']}" if "offset" in d else f"seq {d.get('seq')}"
-        print(f"  damage: {d['kind']} at {where}: {d['detail']}")
+        print(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
 
 
 @command("recover", "Print the recovery plan of a session (runs nothing).")
