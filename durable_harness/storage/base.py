@@ -222,7 +222,9 @@ class SessionStore(abc.ABC):
         read_only: True when opened without the writer lease.
         generation: the lease's fencing generation (0 when read-only).
         durability: the :data:`Durability` mode of commits.
-        damage: damage found on open (see :func:`damage`), never raised.
+        damage: damage in the stored session (see :func:`damage`), never raised: found on
+            open (JSONL), or by a full scan the first time it is read (SQLite). ``fsck`` and
+            recovery both read this list.
         location: a human-readable location (file path or ``sqlite:PATH#id``).
     """
 

@@ -13,7 +13,9 @@ commits that arrive while another fsync runs (group commit); ``none`` never fsyn
 
 On open, damage is reported, never raised: a final line without ``\\n`` is torn (never
 acknowledged) and, on a writable open, moved to ``<file>.torn-<offset>`` and cut off; a bad
-interior line is reported with its byte offset and skipped.
+interior line is reported with its byte offset and skipped; a hole in the seqs is ``seq_gap``; a
+deleted header line is ``missing_header``. Line 1 carries the durable high-water mark
+(:data:`MARK_KEY`), moved after each fsync: data ending below it is ``truncated``.
 """
 
 from __future__ import annotations

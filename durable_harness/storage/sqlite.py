@@ -7,6 +7,10 @@ itself: at once for a waited commit, at the next barrier for ``commit(wait=False
 group commit: commits that arrive while a transaction runs are applied together in the next one;
 a call that fails is rolled back alone (the group is rerun with a savepoint per call).
 
+Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
+high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
+scan runs the first time ``damage`` is read (``design/storage.md``, "Every damage kind").
+
 Schema changes are an ordered list, :data:`MIGRATIONS`, applied past the highest version in
 the ``migrations`` table, each in the same transaction as its version row. An old entry is never
 edited.
