@@ -429,6 +429,45 @@ def commit_benchmarks(work: Path) -> dict[str, Any]:
 
 
 MARK_ROUNDS = 8
+MARK_FLOOR_COMMITS = 2000
+
+
+def mark_floor(directory: Path, size: int, count: int = MARK_FLOOR_COMMITS) -> dict[str, Any]:
+    """The mark's marginal cost at the syscall level, interleaved commit by commit so disk
+    drift hits both alike: ``pwrite`` of a line + ``fdatasync`` (what a ``sync`` commit does
+    without the mark), against the same plus the mark's work (format + CRC + a 29-byte
+    ``pwrite`` into line 1, whose page the same ``fdatasync`` then flushes: the store writes the
+    mark after the fsync and the next commit's fsync flushes it, the same work per commit)."""
+    from durable_harness.storage.jsonl import mark_text
+
+    path = directory / f"markfloor-{time.monotonic_ns()}.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    record = b"x" * (size - 1) + b"\n"
+    header = b"h" * 200 + b"\n"
+    try:
+        os.write(fd, header + b"\n" * (size * (count + 10)))  # preallocated, as the store does
+        os.fdatasync(fd)
+        lat: dict[str, list[float]] = {"without": [], "with": []}
+        offset = len(header)
+        for i in range(count):
+            variant = "with" if i % 2 else "without"
+            s = time.perf_counter()
+            os.pwrite(fd, record, offset)
+            if variant == "with":  # before the fsync here, so its page is flushed in this
+                os.pwrite(fd, mark_text(i).encode(), 100)  # commit's time, not the next's
+            os.fdatasync(fd)
+            lat[variant].append(time.perf_counter() - s)
+            offset += size
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {
+        "commits_each": count // 2,
+        "us_median_without_mark": round(median(lat["without"]) * 1e6, 1),
+        "us_median_with_mark": round(median(lat["with"]) * 1e6, 1),
+        "us_p90_without_mark": round(percentile(lat["without"], 90) * 1e6, 1),
+        "us_p90_with_mark": round(percentile(lat["with"], 90) * 1e6, 1),
+    }
 
 
 def mark_cost(work: Path, rounds: int = MARK_ROUNDS) -> dict[str, Any]:
@@ -479,7 +518,7 @@ def mark_cost(work: Path, rounds: int = MARK_ROUNDS) -> dict[str, Any]:
     finally:
         for store in stores.values():
             store.close()
-    out: dict[str, Any] = {"rounds": rounds}
+    out: dict[str, Any] = {"rounds": rounds, "floor": mark_floor(work, commit_line_size())}
     for mode in ("sync", "batch", "none"):
         with_us = median([1e6 / _rate(x) for x in runs[f"{mode}_mark"]])
         without_us = median([1e6 / _rate(x) for x in runs[f"{mode}_nomark"]])
