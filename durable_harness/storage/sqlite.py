@@ -567,14 +567,24 @@ class SqliteSessionStore(SessionStore):
             last_seq = int(head[0])
             start = int(head[1]) if self._schema >= 2 else last_seq
             stored: list[tuple[int, str, str]] = []
-            for table in ("entries", "records"):
-                for rid, seq, body in c.execute(
-                    f"SELECT id, seq, body FROM {table} WHERE session_id=?", (sid,)
-                ):
-                    stored.append((seq, table, rid))
-                    problem = _row_problem(table, rid, seq, body)[1]
-                    if problem is not None:
-                        out.append(_bad_row(self.location, table, rid, seq, problem))
+            parents: list[tuple[int, str, str]] = []
+            for rid, seq, parent, body in c.execute(
+                "SELECT id, seq, parent_id, body FROM entries WHERE session_id=?", (sid,)
+            ):
+                stored.append((seq, "entries", rid))
+                if parent is not None:
+                    parents.append((seq, rid, parent))
+                problem = _row_problem("entries", rid, seq, body)[1]
+                if problem is not None:
+                    out.append(_bad_row(self.location, "entries", rid, seq, problem))
+            entry_ids = {rid for _seq, _table, rid in stored}
+            for rid, seq, body in c.execute(
+                "SELECT id, seq, body FROM records WHERE session_id=?", (sid,)
+            ):
+                stored.append((seq, "records", rid))
+                problem = _row_problem("records", rid, seq, body)[1]
+                if problem is not None:
+                    out.append(_bad_row(self.location, "records", rid, seq, problem))
             if self._schema >= 2:
                 stored.extend(
                     (seq, "lane_ops", lane)
@@ -582,12 +592,9 @@ class SqliteSessionStore(SessionStore):
                         "SELECT seq, lane FROM lane_ops WHERE session_id=?", (sid,)
                     )
                 )
-            for eid, seq, parent in c.execute(
-                "SELECT e.id, e.seq, e.parent_id FROM entries e WHERE e.session_id=? AND "
-                "e.parent_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM entries p WHERE "
-                "p.session_id=e.session_id AND p.id=e.parent_id) ORDER BY e.seq",
-                (sid,),
-            ):
+            for seq, eid, parent in sorted(parents):
+                if parent in entry_ids:
+                    continue
                 out.append(
                     damage(
                         "orphan_parent",
