@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -557,7 +559,7 @@ class SqliteSessionStore(SessionStore):
         """
         c, sid = self._conn, self.session_id
         out: list[dict[str, Any]] = []
-        with self._lock:
+        with self._lock, _read_snapshot(c):  # one snapshot: a writer's commit cannot split it
             head = c.execute(
                 "SELECT last_seq"
                 + (", checked_from" if self._schema >= 2 else "")
@@ -757,6 +759,20 @@ class SqliteSessionStore(SessionStore):
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+
+
+@contextmanager
+def _read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """Run the reads inside one read transaction (WAL: one consistent snapshot); inside a
+    transaction already open, in that one."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
 
 
 def _row_problem(
