@@ -428,6 +428,113 @@ def commit_benchmarks(work: Path) -> dict[str, Any]:
     return out
 
 
+MARK_ROUNDS = 8
+MARK_FLOOR_COMMITS = 2000
+
+
+def mark_floor(directory: Path, size: int, count: int = MARK_FLOOR_COMMITS) -> dict[str, Any]:
+    """The mark's marginal cost at the syscall level, interleaved commit by commit so disk
+    drift hits both alike: ``pwrite`` of a line + ``fdatasync`` (what a ``sync`` commit does
+    without the mark), against the same plus the mark's work (format + CRC + a 29-byte
+    ``pwrite`` into line 1, whose page the same ``fdatasync`` then flushes: the store writes the
+    mark after the fsync and the next commit's fsync flushes it, the same work per commit)."""
+    from durable_harness.storage.jsonl import mark_text
+
+    path = directory / f"markfloor-{time.monotonic_ns()}.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    record = b"x" * (size - 1) + b"\n"
+    header = b"h" * 200 + b"\n"
+    try:
+        os.write(fd, header + b"\n" * (size * (count + 10)))  # preallocated, as the store does
+        os.fdatasync(fd)
+        lat: dict[str, list[float]] = {"without": [], "with": []}
+        offset = len(header)
+        for i in range(count):
+            variant = "with" if i % 2 else "without"
+            s = time.perf_counter()
+            os.pwrite(fd, record, offset)
+            if variant == "with":  # before the fsync here, so its page is flushed in this
+                os.pwrite(fd, mark_text(i).encode(), 100)  # commit's time, not the next's
+            os.fdatasync(fd)
+            lat[variant].append(time.perf_counter() - s)
+            offset += size
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {
+        "commits_each": count // 2,
+        "us_median_without_mark": round(median(lat["without"]) * 1e6, 1),
+        "us_median_with_mark": round(median(lat["with"]) * 1e6, 1),
+        "us_p90_without_mark": round(percentile(lat["without"], 90) * 1e6, 1),
+        "us_p90_with_mark": round(percentile(lat["with"], 90) * 1e6, 1),
+    }
+
+
+def mark_cost(work: Path, rounds: int = MARK_ROUNDS) -> dict[str, Any]:
+    """What the JSONL high-water mark (``design/storage.md``) costs per commit: JSONL ``sync``
+    single-writer commits and ``batch`` commits of 32 tasks, each with the mark and with it
+    switched off (the store's private ``_mark_at`` cleared: no ``pwrite`` into line 1), in
+    alternating rounds of the same run, compared by their medians. ``none`` (no fsync, the
+    mark written after every commit) isolates the mark's CPU and ``pwrite`` cost from the
+    disk's fsync latency."""
+    from durable_harness.storage import JsonlStore
+
+    jsonl = JsonlStore(work / "mark")
+    cwd = "/bench/mark"
+    stores = {
+        "sync_mark": jsonl.create_session(cwd, durability="sync"),
+        "sync_nomark": jsonl.create_session(cwd, durability="sync"),
+        "batch_mark": jsonl.create_session(cwd, durability="batch"),
+        "batch_nomark": jsonl.create_session(cwd, durability="batch"),
+        "none_mark": jsonl.create_session(cwd, durability="none"),
+        "none_nomark": jsonl.create_session(cwd, durability="none"),
+    }
+    for name, store in stores.items():
+        if name.endswith("nomark"):
+            store._mark_at = None
+    runs: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for name, store in stores.items():  # warm-up
+            if name.startswith("batch"):
+                async_writers(store, THREADS, 5, "warm")
+            else:
+                single_writer(store, 50, 0)
+        for r in range(rounds):
+            order = list(stores) if r % 2 == 0 else list(reversed(stores))
+            for name in order:
+                store = stores[name]
+                if name.startswith("batch"):
+                    res = async_writers(store, THREADS, PER_THREAD, f"m{r}")
+                else:
+                    res = single_writer(store, SINGLE_COMMITS, (r + 1) * 10_000)
+                runs.setdefault(name, []).append(res)
+            log(
+                f"  mark round {r + 1}/{rounds}: sync {_us(runs['sync_mark'][-1])} us with, "
+                f"{_us(runs['sync_nomark'][-1])} us without; batch x{THREADS} "
+                f"{_us(runs['batch_mark'][-1])} us with, {_us(runs['batch_nomark'][-1])} us "
+                f"without; none {_us(runs['none_mark'][-1])} us with, "
+                f"{_us(runs['none_nomark'][-1])} us without (per commit)"
+            )
+    finally:
+        for store in stores.values():
+            store.close()
+    out: dict[str, Any] = {"rounds": rounds, "floor": mark_floor(work, commit_line_size())}
+    for mode in ("sync", "batch", "none"):
+        with_us = median([1e6 / _rate(x) for x in runs[f"{mode}_mark"]])
+        without_us = median([1e6 / _rate(x) for x in runs[f"{mode}_nomark"]])
+        per = [
+            _rate(b) / _rate(a)
+            for a, b in zip(runs[f"{mode}_mark"], runs[f"{mode}_nomark"], strict=True)
+        ]
+        out[mode] = {
+            "us_per_commit_with_mark": round(with_us, 1),
+            "us_per_commit_without_mark": round(without_us, 1),
+            "cost_ratio_median": round(median(per), 3),
+            "cost_ratio_rounds": [round(p, 3) for p in per],
+        }
+    return out
+
+
 def _rate(run: dict[str, Any]) -> float:
     return rate(run["commits"], run["seconds"])
 
@@ -607,6 +714,8 @@ def run() -> dict[str, Any]:
         log("storage: commit rates")
         c = commit_benchmarks(work)
         results["commits"] = c
+        log("storage: high-water mark cost")
+        results["mark_cost"] = mark_cost(work)
         log("storage: long sessions")
         results["long_sessions"] = long_session_benchmarks(work)
 
@@ -784,5 +893,8 @@ CHILDREN = {"child_open_jsonl": child_open_jsonl, "child_open_sqlite": child_ope
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child_main(CHILDREN)
+    elif len(sys.argv) > 1 and sys.argv[1] == "mark":  # only the mark's cost
+        with scratch_dir("storage-mark") as work:
+            print(orjson.dumps(mark_cost(work), option=orjson.OPT_INDENT_2).decode())
     else:
         run()

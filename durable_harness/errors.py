@@ -17,6 +17,8 @@ The tree::
     │   ├── CorruptSession              corrupt_session
     │   ├── IdConflict                  id_conflict
     │   ├── UnknownEntry                unknown_entry
+    │   ├── NotASession                 not_a_session
+    │   ├── NotAStore                   not_a_store
     │   └── UnknownLane                 unknown_lane
     ├── FormatError                     format_error
     ├── RunError                        run_error
@@ -152,6 +154,20 @@ class InvalidOp(StorageError):
     """A commit op with a field of the wrong type: stored, it would read back as damage."""
 
     code = "invalid_op"
+
+
+class NotASession(StorageError):
+    """A file given as a session is not one: neither a durable-harness session file (its first
+    line a session header or a commit line) nor a pi session file."""
+
+    code = "not_a_session"
+
+
+class NotAStore(StorageError):
+    """A folder or database given as a store is not one: no ``sessions/`` folder and no session
+    file below it, or a SQLite database without the ``sessions`` table."""
+
+    code = "not_a_store"
 
 
 class IdConflict(CorruptSession):

@@ -31,7 +31,7 @@ from durable_harness.recovery.resume import (
 )
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
-from durable_harness.session.fsck import fsck_path
+from durable_harness.session.fsck import damage_location, fsck_path, fsck_session
 from durable_harness.storage import DURABILITY_MODES, open_store
 from durable_harness.tools.builtin import builtin_tools
 
@@ -78,7 +78,11 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             "thinking signatures are sent (default: the session's current model)",
         )
     if name == "fsck":
-        p.add_argument("path", help="a session file (ours or pi's) or a SQLite store")
+        p.add_argument(
+            "path",
+            help="a session id or unique id prefix (looked up in --store), a session file "
+            "(ours or pi's), a JSONL store folder, or a SQLite store (PATH or sqlite:PATH)",
+        )
     if name == "import":
         p.add_argument("file", help="a pi session file (format version 1, 2 or 3)")
     if name == "log":
@@ -320,8 +324,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             run = f" run {st['run_id']} open" if st["run_id"] else ""
             print(f"lane {lane}: leaf {_or_dash(st['leaf_id'])}{run}")
         for d in s.damage:
-            where = f"offset {d['offset']}" if "offset" in d else f"id {_or_dash(d.get('id'))}"
-            ui.say_parts((f"damage: {d['kind']}", "bold red"), f" at {where}: {d['detail']}")
+            ui.say_parts(
+                (f"damage: {d['kind']}", "bold red"), f" at {damage_location(d)}: {d['detail']}"
+            )
         if args.tree:
             leaves = {k: v["leaf_id"] for k, v in lanes.items()}
             lines = _tree_lines(s.tree(), leaves)
@@ -366,8 +371,15 @@ def cmd_context(args: argparse.Namespace) -> int:
     "  durable-harness fsck sqlite:agent.db --json",
 )
 def cmd_fsck(args: argparse.Namespace) -> int:
-    """Check a session file or store read-only; exit 1 when damage is found."""
-    result = fsck_path(args.path)
+    """Check a session (by id, or its file), a file or a store read-only; exit 1 when damage
+    is found. A path that exists (or a ``jsonl:``/``sqlite:`` spec) is checked as given;
+    anything else is a session id looked up in the store, as the other commands do."""
+    target = str(args.path)
+    spec = target.startswith(("jsonl:", "sqlite:"))
+    if spec or os.path.exists(target):
+        result = fsck_path(target)
+    else:
+        result = fsck_session(target, store_of(args))
     if args.json:
         out(result)
     else:
@@ -377,14 +389,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             f" ({result['format']}, {result['entries']} entries, {result['records']} records)",
         )
         for d in result["damage"]:
-            where = (
-                f"offset {d['offset']}"
-                if "offset" in d
-                else f"line {d['line']}"
-                if "line" in d
-                else f"id {_or_dash(d.get('id'))}"
-            )
-            print(f"  {d['kind']} at {where}: {d['detail']}")
+            print(f"  {d['kind']} at {damage_location(d)}: {d['detail']}")
         for f in result.get("files", []):
             ui.say_parts(
                 f"  {f['path']}: ", ("ok", "green") if f["ok"] else ("DAMAGED", "bold red")
@@ -622,8 +627,7 @@ def print_plan(plan: RecoveryPlan) -> None:
                 "(delivered exactly once on resume)"
             )
     for d in plan.damage:
-        where = f"offset {d['offset']}" if "offset" in d else f"seq {_or_dash(d.get('seq'))}"
-        print(f"  damage: {d['kind']} at {where}: {d['detail']}")
+        print(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
 
 
 @command(

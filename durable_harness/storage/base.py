@@ -188,10 +188,12 @@ def damage(
 ) -> dict[str, Any]:
     """Build one damage item ``{kind, detail, offset?, line?, ...}``.
 
-    Kinds: ``torn_tail`` (quarantined), ``bad_line``, ``bad_header``, ``orphan_parent``,
-    ``duplicate_id``, ``seq_regression``, ``unknown_lane_leaf``; and the warnings in
-    :data:`WARNING_KINDS`, which lose nothing. ``offset`` is a byte offset into the file;
-    ``line`` is 1-based.
+    Kinds (the table with each backend's detection and location fields is in
+    ``design/storage.md``): ``torn_tail`` (quarantined), ``bad_line``, ``bad_header``,
+    ``missing_header``, ``bad_mark``, ``bad_row``, ``orphan_parent``, ``duplicate_id``,
+    ``seq_regression``, ``seq_gap``, ``truncated``, ``stale_generation``; and the warnings in
+    :data:`WARNING_KINDS`, which lose nothing. ``offset`` is a byte
+    offset into the file; ``line`` is 1-based; SQLite damage names ``table``, ``id``, ``seq``.
     """
     item: dict[str, Any] = {"kind": kind, "detail": detail}
     if offset is not None:
@@ -241,6 +243,59 @@ def surrogate_warnings(
                 id=oid,
             )
         )
+    return out
+
+
+def seq_gap_damage(after: int, seq: int, **location: Any) -> dict[str, Any]:
+    """A ``seq_gap`` item: the op numbered ``seq`` follows ``after`` with numbers missing between
+    (a deleted line or row). ``location`` names where the op after the gap is stored."""
+    return damage(
+        "seq_gap",
+        f"seq jumps from {after} to {seq}: {seq - after - 1} op(s) are missing before it",
+        after=after,
+        seq=seq,
+        missing=seq - after - 1,
+        **location,
+    )
+
+
+def truncated_damage(expected: int, found: int, **location: Any) -> dict[str, Any]:
+    """A ``truncated`` item: the durable high-water mark says seq ``expected`` was committed
+    but the stored ops end at ``found`` (the last commits are gone). ``location`` names where
+    the data ends."""
+    return damage(
+        "truncated",
+        f"the high-water mark says seq {expected} was committed but the stored ops end at "
+        f"seq {found}: the last {expected - found} op(s) are missing",
+        expected=expected,
+        found=found,
+        **location,
+    )
+
+
+def continuity_damage(
+    ops: list[tuple[int, dict[str, Any]]],
+    start: int,
+    mark: int | None,
+    end: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Check that stored seqs run on without a gap: ``ops`` are ``(seq, location)`` pairs in
+    the order stored, ``start`` is the seq known to precede the first (0 for a whole session),
+    ``mark`` the durable high-water mark (``None`` when the backend keeps none), ``end`` the
+    location where the stored data ends (for a ``truncated`` item).
+
+    Returns ``seq_gap`` items (a seq more than one past the one before it; a repeated or falling
+    seq is another backend check's ``seq_regression``) and a ``truncated`` item when the last
+    seq is below ``mark``. The one continuity rule of every backend.
+    """
+    out: list[dict[str, Any]] = []
+    prev = start
+    for seq, location in ops:
+        if seq > prev + 1:
+            out.append(seq_gap_damage(prev, seq, **location))
+        prev = max(prev, seq)
+    if mark is not None and prev < mark:
+        out.append(truncated_damage(mark, prev, **(end or {})))
     return out
 
 
@@ -295,7 +350,9 @@ class SessionStore(abc.ABC):
         read_only: True when opened without the writer lease.
         generation: the lease's fencing generation (0 when read-only).
         durability: the :data:`Durability` mode of commits.
-        damage: damage found on open (see :func:`damage`), never raised.
+        damage: damage in the stored session (see :func:`damage`), never raised: found on
+            open (JSONL), or by a full scan the first time it is read (SQLite). ``fsck`` and
+            recovery both read this list.
         location: a human-readable location (file path or ``sqlite:PATH#id``).
     """
 

@@ -13,7 +13,9 @@ commits that arrive while another fsync runs (group commit); ``none`` never fsyn
 
 On open, damage is reported, never raised: a final line without ``\\n`` is torn (never
 acknowledged) and, on a writable open, moved to ``<file>.torn-<offset>`` and cut off; a bad
-interior line is reported with its byte offset and skipped.
+interior line is reported with its byte offset and skipped; a hole in the seqs is ``seq_gap``; a
+deleted header line is ``missing_header``. Line 1 carries the durable high-water mark
+(:data:`MARK_KEY`), moved after each fsync: data ending below it is ``truncated``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import re
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,9 @@ from durable_harness.storage.base import (
     Store,
     damage,
     queued_commit,
+    seq_gap_damage,
     surrogate_warnings,
+    truncated_damage,
     unreadable_error,
 )
 from durable_harness.storage.indexed import IndexedSessionStore
@@ -73,6 +78,33 @@ INLINE_FSYNC_S = 0.002
 """Async group commit runs ``fdatasync`` on the event loop's thread while its moving average
 stays under this many seconds, and in a worker thread above it (see ``wait_durable_async``)."""
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MARK_KEY = "durableSeq"
+"""The header field holding the durable high-water mark: the highest seq known durable, kept
+in line 1 so that cutting lines off the end of the file cannot erase it (``design/storage.md``,
+"The high-water mark"). Fixed width, rewritten in place with one ``pwrite``."""
+_MARK_FIELD = b'"' + MARK_KEY.encode() + b'":"'
+_MARK_TEXT = re.compile(rb"(\d{20})\.([0-9a-f]{8})")
+MARK_LEN = 29
+
+
+def mark_text(seq: int) -> str:
+    """The mark's fixed-width text: 20 decimal digits, ``.``, their CRC-32 in 8 hex digits (a
+    write torn by a power cut leaves digits that fail the CRC instead of a wrong number)."""
+    digits = f"{seq:020d}"
+    return f"{digits}.{zlib.crc32(digits.encode()):08x}"
+
+
+def parse_mark(first_line: bytes) -> tuple[int | None, int | None]:
+    """Find the mark in a header line: ``(byte offset of its text or None, seq or None)``;
+    the seq is ``None`` when the field is absent or its text fails the check."""
+    at = first_line.find(_MARK_FIELD)
+    if at < 0:
+        return None, None
+    at += len(_MARK_FIELD)
+    match = _MARK_TEXT.fullmatch(first_line[at : at + MARK_LEN])
+    if match is None or int(match.group(2), 16) != zlib.crc32(match.group(1)):
+        return at, None
+    return at, int(match.group(1))
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -107,6 +139,13 @@ class JsonlSessionStore(IndexedSessionStore):
         self._synced = 0
         self._syncing = False
         self._queue: list[PendingCommit] = []  # commit_async calls waiting for their group
+        # The high-water mark (see MARK_KEY): where its text sits in line 1 (None: this file
+        # has none), the seq it holds, the seq last fsynced with it, and the last seq written.
+        self._mark_at: int | None = None
+        self._marked = 0
+        self._mark_synced = 0
+        self._mark_lock = threading.Lock()
+        self._written_seq = 0
 
     # -- creation and opening --------------------------------------------------------------
     @classmethod
@@ -119,6 +158,7 @@ class JsonlSessionStore(IndexedSessionStore):
             SessionExists: the file already exists (it is never overwritten).
         """
         header = {"type": "session", "version": 3, "format": FORMAT, **header}
+        header[MARK_KEY] = mark_text(0)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         except FileExistsError as exc:
@@ -162,7 +202,12 @@ class JsonlSessionStore(IndexedSessionStore):
             fd, data = _open_and_read(path, os.O_RDWR if write else os.O_RDONLY)
             if write:
                 tighten_fd(fd)
-            store = cls._from_bytes(path, data, read_only=not write, durability=durability)
+            for attempt in range(3):  # a mark read while a writer rewrites it may fail its check
+                store = cls._from_bytes(path, data, read_only=not write, durability=durability)
+                if attempt == 2 or not any(d["kind"] == "bad_mark" for d in store.damage):
+                    break
+                os.lseek(fd, 0, os.SEEK_SET)
+                data = _read_all(fd)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -171,6 +216,10 @@ class JsonlSessionStore(IndexedSessionStore):
         store._lease = lease
         if lease is not None:
             store.generation = lease.raise_floor(store._last_gen)
+            # Lost commits keep their numbers: the next commit is numbered past the mark, so
+            # the hole stays visible (seq_gap) after the mark has moved on.
+            store._seq = max(store._seq, store._marked)
+            store._written_seq = store._mark_synced = store._marked = store._seq
             store._quarantine_tail(data)
             store._size = os.fstat(store._fd).st_size
             if lease.contested:
@@ -214,19 +263,34 @@ class JsonlSessionStore(IndexedSessionStore):
             header = codec.loads(first)
         except ValueError:
             header = None
+        # Line 1 deleted: the first line is a commit. It is read as one, never taken for a
+        # damaged header (which would drop the commit).
+        missing = isinstance(header, dict) and is_commit_line(header)
         bad_header = not isinstance(header, dict) or not is_own_format(header)
         if bad_header:
-            recovered = recover_header(
-                path, header, data[first_end + 1 :] if first_end >= 0 else b""
-            )
+            rest = data if missing else data[first_end + 1 :] if first_end >= 0 else b""
+            recovered = recover_header(path, None if missing else header, rest)
             if recovered is None:
                 raise CorruptSession(
                     f"{path}: line 1 is not a durable-harness session header", path=path
                 )
             header = recovered
         assert isinstance(header, dict)
+        mark_at, mark = (None, None) if bad_header else parse_mark(first)
+        header.pop(MARK_KEY, None)
         store = cls(path, header, read_only=read_only, durability=durability)
-        if bad_header:
+        if missing:
+            store.damage.append(
+                damage(
+                    "missing_header",
+                    "line 1 is a commit line, not the session header: the header was removed; "
+                    "the session id comes from the file name and every line is read as a "
+                    "commit",
+                    offset=0,
+                    line=1,
+                )
+            )
+        elif bad_header:
             store.damage.append(
                 damage(
                     "bad_header",
@@ -236,12 +300,32 @@ class JsonlSessionStore(IndexedSessionStore):
                     line=1,
                 )
             )
-        store._scan(data, first_end + 1 if first_end >= 0 else len(data))
+        if mark_at is not None and mark is None:
+            store.damage.append(
+                damage(
+                    "bad_mark",
+                    f"the {MARK_KEY} high-water mark in line 1 does not verify; a cut at the "
+                    "end of the file cannot be detected",
+                    offset=mark_at,
+                    line=1,
+                )
+            )
+        store._mark_at = mark_at
+        if missing:
+            store._scan(data, 0, line_no=0)
+        else:
+            store._scan(data, first_end + 1 if first_end >= 0 else len(data))
+        if mark is not None:
+            if store._seq < mark:
+                store.damage.append(
+                    truncated_damage(mark, store._seq, offset=store._end, line=store._lines + 1)
+                )
+            store._marked = mark
         return store
 
-    def _scan(self, data: bytes, pos: int) -> None:
-        """Index every commit line from byte ``pos``; report damage instead of raising."""
-        line_no = 1
+    def _scan(self, data: bytes, pos: int, line_no: int = 1) -> None:
+        """Index every commit line from byte ``pos`` (after line ``line_no``); report damage
+        instead of raising."""
         max_gen = 0
         size = len(data)
         padding_from = len(data.rstrip(b" \t\r\n"))  # the padding: trailing blank lines
@@ -286,11 +370,13 @@ class JsonlSessionStore(IndexedSessionStore):
                     break
                 max_gen = max(max_gen, self._last_gen)
                 self._end = end + 1
+                self._lines = line_no
             pos = end + 1
         self._check_orphans()
 
     _torn: tuple[int, bytes] | None = None
     _last_gen = 0
+    _lines = 1  # the number of the last line read (header included)
 
     def _scan_line(self, raw: bytes, offset: int, length: int, line_no: int, max_gen: int) -> None:
         try:
@@ -348,15 +434,7 @@ class JsonlSessionStore(IndexedSessionStore):
             )
             return
         if seqs and seqs[0] > self._seq + 1:
-            self.damage.append(
-                damage(
-                    "seq_gap",
-                    f"seq jumps from {self._seq} to {seqs[0]}: commits are missing "
-                    "before this line",
-                    offset=offset,
-                    line=line_no,
-                )
-            )
+            self.damage.append(seq_gap_damage(self._seq, seqs[0], offset=offset, line=line_no))
         if replaced:
             self.damage.extend(surrogate_warnings(raw, ops, offset=offset, line=line_no))
         for idx, op in enumerate(ops):
@@ -441,14 +519,35 @@ class JsonlSessionStore(IndexedSessionStore):
         self._lease.check()
         line = codec.dumps_line({"gen": self.generation, "ops": numbered})
         offset = self._end
-        self._append(line, 1)
+        self._append(line, 1, _op_seq(numbered[-1]))
         if sync and self.durability == "sync":
             os.fdatasync(self._fd)
             self._synced = self._written
+            self._set_mark(self._written_seq)
         length = len(line) - 1
         return [(offset, length, i) for i in range(len(numbered))]
 
-    def _append(self, data: bytes, lines: int) -> None:
+    def _set_mark(self, seq: int) -> None:
+        """Move the high-water mark to ``seq``, which the caller has just made durable.
+
+        Written after the fsync that made ``seq`` durable, never before, so the mark never
+        claims a commit that is not on disk; it reaches the disk itself with the next fsync of
+        the file (the next barrier, or :meth:`close`). One ``pwrite`` of 29 bytes into line 1;
+        no fsync of its own (``design/storage.md`` has the argument and the cost).
+        """
+        at, fd = self._mark_at, self._fd
+        if at is None or fd is None or seq <= self._marked:
+            return
+        with self._mark_lock:
+            if seq <= self._marked:
+                return
+            try:
+                os.pwrite(fd, mark_text(seq).encode(), at)
+            except OSError:  # the commit is durable; a lagging mark only claims less
+                return
+            self._marked = seq
+
+    def _append(self, data: bytes, lines: int, last_seq: int) -> None:
         """Write ``lines`` whole commit lines at the end of the data (inside the padding, or
         growing it). Raises the ``OSError`` of a failed write, after which the file and the
         index may disagree: the store then refuses every later commit."""
@@ -474,6 +573,7 @@ class JsonlSessionStore(IndexedSessionStore):
             raise
         self._end = end
         self._written += lines
+        self._written_seq = last_seq
 
     _write_error: StorageError | None = None
 
@@ -537,11 +637,12 @@ class JsonlSessionStore(IndexedSessionStore):
                     lines.append(line)
                     offset += len(line)
                 if lines:
-                    self._append(b"".join(lines), len(lines))
-                    covered = self._written
+                    self._append(b"".join(lines), len(lines), self._seq)
+                    covered, covered_seq = self._written, self._written_seq
                     self._timed_fdatasync()
                     with self._sync_cond:
                         self._synced = max(self._synced, covered)
+                    self._set_mark(covered_seq)
             except BaseException as exc:
                 for item in batch:
                     item.error = item.error or exc
@@ -562,10 +663,11 @@ class JsonlSessionStore(IndexedSessionStore):
                     self._sync_cond.wait()
                     continue
                 self._syncing = True
-                covered = self._written
+                covered, covered_seq = self._written, self._written_seq
                 self._sync_cond.release()
                 try:
                     os.fdatasync(self._fd)
+                    self._set_mark(covered_seq)
                 finally:
                     self._sync_cond.acquire()
                     self._syncing = False
@@ -598,10 +700,11 @@ class JsonlSessionStore(IndexedSessionStore):
         if self._fsync_avg_s < INLINE_FSYNC_S:
             await anyio.lowlevel.checkpoint()
             if self._synced < target and self._async_flush is None:
-                covered = self._written
+                covered, covered_seq = self._written, self._written_seq
                 self._timed_fdatasync()
                 with self._sync_cond:
                     self._synced = max(self._synced, covered)
+                self._set_mark(covered_seq)
         while self._synced < target:
             leader = self._async_flush
             if leader is not None:
@@ -610,10 +713,11 @@ class JsonlSessionStore(IndexedSessionStore):
             event = self._async_flush = anyio.Event()
             try:
                 await anyio.lowlevel.checkpoint()  # let the tasks ready to commit write first
-                covered = self._written
+                covered, covered_seq = self._written, self._written_seq
                 await anyio.to_thread.run_sync(self._timed_fdatasync)
                 with self._sync_cond:
                     self._synced = max(self._synced, covered)
+                self._set_mark(covered_seq)
             finally:
                 self._async_flush = None
                 event.set()
@@ -674,6 +778,25 @@ class JsonlSessionStore(IndexedSessionStore):
         ).strip(PAD):
             os.ftruncate(fd, self._end)
 
+    def _sync_mark(self) -> None:
+        """At close: make the mark's last move durable (one fsync, only when it moved since the
+        last fsync of the file), so a closed session's mark is exact on disk. In ``none`` mode
+        (no fsync ever) the mark moves here only, to the last seq written: a ``pwrite`` per
+        commit would cost a quarter of such a commit (``bench/``)."""
+        fd = self._fd
+        if fd is None or self.read_only or self._write_error is not None:
+            return
+        try:
+            if self._lease is not None:
+                self._lease.check()  # a fenced writer must not touch the file
+            if self.durability == "none":
+                self._set_mark(self._written_seq)
+            elif self._marked > self._mark_synced:
+                os.fdatasync(fd)
+                self._mark_synced = self._marked
+        except (OSError, StaleGeneration):
+            return
+
     def close(self) -> None:
         if self._closed:
             return
@@ -681,12 +804,23 @@ class JsonlSessionStore(IndexedSessionStore):
         if self._fd is not None:
             if not self.read_only and self.durability == "batch":
                 self.wait_durable()
+            self._sync_mark()
             self._trim_padding()
             os.close(self._fd)
             self._fd = None
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+
+
+def _op_seq(op: dict[str, Any]) -> int:
+    body = op.get("entry") or op.get("record") or op
+    return int(body["seq"])
+
+
+def is_commit_line(obj: dict[str, Any]) -> bool:
+    """True when a parsed line is a commit line (``{"gen", "ops": [...]}``), not a header."""
+    return isinstance(obj.get("ops"), list) and obj.get("type") is None
 
 
 def _shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | None:
@@ -931,7 +1065,10 @@ def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
         except ValueError:
             header = None
         if isinstance(header, dict) and is_own_format(header):
+            header.pop(MARK_KEY, None)
             return header, mtime
+        if isinstance(header, dict) and is_commit_line(header):  # line 1 deleted
+            return recover_header(path, None, first), mtime
         second = fh.readline(1 << 20)
     return recover_header(path, header, second), mtime
 
@@ -949,7 +1086,7 @@ def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None
         commit = codec.loads(line) if line.strip() else None
     except ValueError:
         commit = None
-    if match is None or not (isinstance(commit, dict) and "ops" in commit):
+    if match is None or not (isinstance(commit, dict) and is_commit_line(commit)):
         return None
     old = header if isinstance(header, dict) else {}
     cwd = old.get("cwd") if isinstance(old.get("cwd"), str) else ""

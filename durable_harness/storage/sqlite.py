@@ -7,6 +7,10 @@ itself: at once for a waited commit, at the next barrier for ``commit(wait=False
 group commit: commits that arrive while a transaction runs are applied together in the next one;
 a call that fails is rolled back alone (the group is rerun with a savepoint per call).
 
+Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
+high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
+scan runs the first time ``damage`` is read (``design/storage.md``, "Every damage kind").
+
 Schema changes are an ordered list, :data:`MIGRATIONS`, applied past the highest version in
 the ``migrations`` table, each in the same transaction as its version row. An old entry is never
 edited.
@@ -17,12 +21,15 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import (
     IdConflict,
     InvalidOp,
+    NotAStore,
     ReadOnlySession,
     SessionExists,
     SessionNotFound,
@@ -44,6 +51,7 @@ from durable_harness.storage.base import (
     SessionInfo,
     SessionStore,
     Store,
+    continuity_damage,
     damage,
     queued_commit,
     unreadable_error,
@@ -74,6 +82,17 @@ MIGRATIONS: list[str] = [
         session_id TEXT NOT NULL, name TEXT NOT NULL, leaf_id TEXT, config BLOB NOT NULL,
         run_id TEXT, run_seq INTEGER, PRIMARY KEY (session_id, name)) WITHOUT ROWID;
     """,
+    # 2: every seq is stored in a row, so a deleted row shows as a gap below ``last_seq`` (the
+    # durable high-water mark): a lane op gets a row of its own. Seqs a session used before
+    # this migration cannot be checked (its lane ops have no rows): ``checked_from`` says where
+    # continuity checking starts.
+    """
+    CREATE TABLE lane_ops (
+        session_id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT NOT NULL, body BLOB NOT NULL,
+        PRIMARY KEY (session_id, seq)) WITHOUT ROWID;
+    ALTER TABLE sessions ADD COLUMN checked_from INTEGER NOT NULL DEFAULT 0;
+    UPDATE sessions SET checked_from = last_seq;
+    """,
 ]
 
 
@@ -99,6 +118,36 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+
+
+def connect_read_only(path: str) -> sqlite3.Connection:
+    """A connection that can change nothing (``mode=ro``), for ``fsck``: no migration, no
+    journal-mode change, nothing created.
+
+    Raises:
+        NotAStore: ``path`` is a readable SQLite database without the durable-harness tables.
+        sqlite3.Error: ``path`` cannot be read as a SQLite database (damaged, or not one).
+    """
+    conn = sqlite3.connect(
+        f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+    )
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except BaseException:
+        conn.close()
+        raise
+    if not {"sessions", "entries", "records", "lanes"} <= tables:
+        conn.close()
+        raise NotAStore(f"{path} is a SQLite database, but not a durable-harness store", path=path)
+    return conn
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The highest migration applied to the database (0 before the first)."""
+    try:
+        return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -136,13 +185,21 @@ class SqliteSessionStore(SessionStore):
         durability: Durability,
         lease: FileLease | None,
         break_lease: bool = False,
+        conn: sqlite3.Connection | None = None,
     ) -> None:
+        """Open session ``session_id`` of the database at ``db_path``; ``conn`` (a read-only
+        connection from :func:`connect_read_only`) replaces the store's own connection.
+
+        Raises:
+            SessionNotFound: no such session in the database.
+            LeaseHeld: ``lease`` is held by another live process.
+        """
         self.db_path = db_path
         self.session_id = session_id
         self.read_only = read_only
         self.durability = durability
         self.location = f"sqlite:{db_path}#{session_id}"
-        self.damage = []
+        self._damage: list[dict[str, Any]] | None = None
         self._lease = lease
         self._lock = threading.RLock()
         self._cond = threading.Condition()
@@ -156,7 +213,8 @@ class SqliteSessionStore(SessionStore):
         # Session commits do not let SQLite fsync (NORMAL: no WAL sync at commit); this store
         # fsyncs the WAL itself, at once for a waited commit and at the next barrier for
         # commit(wait=False), as the JSONL backend does (see _sync_wal).
-        self._conn = _connect(db_path, "OFF" if durability == "none" else "NORMAL")
+        self._conn = conn or _connect(db_path, "OFF" if durability == "none" else "NORMAL")
+        self._schema = schema_version(self._conn)
         self._wal_fd: int | None = None
         self._unsynced = False
         try:
@@ -184,18 +242,19 @@ class SqliteSessionStore(SessionStore):
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._conn.execute(
-                "SELECT body FROM entries WHERE session_id=? AND id=?", (self.session_id, entry_id)
+                "SELECT id, seq, body FROM entries WHERE session_id=? AND id=?",
+                (self.session_id, entry_id),
             ).fetchone()
-        return None if row is None else self._decode(row[0], "entry", entry_id)
+        return None if row is None else self._decode("entries", *row)
 
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        sql, args = "SELECT body FROM entries WHERE session_id=?", [self.session_id]
+        sql, args = "SELECT id, seq, body FROM entries WHERE session_id=?", [self.session_id]
         if types is not None:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(types)
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
-        return [d for r in rows if (d := self._decode(r[0], "entry")) is not None]
+        return [d for r in rows if (d := self._decode("entries", *r)) is not None]
 
     def entry_count(self) -> int:
         with self._lock:
@@ -234,7 +293,7 @@ class SqliteSessionStore(SessionStore):
         since_seq: int = 0,
         types: tuple[str, ...] | None = None,
     ) -> list[dict[str, Any]]:
-        sql = "SELECT body FROM records WHERE session_id=? AND seq>?"
+        sql = "SELECT id, seq, body FROM records WHERE session_id=? AND seq>?"
         args: list[Any] = [self.session_id, since_seq]
         if lane is not None:
             sql += " AND lane=?"
@@ -247,7 +306,7 @@ class SqliteSessionStore(SessionStore):
             args.extend(types)
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
-        return [d for r in rows if (d := self._decode(r[0], "record")) is not None]
+        return [d for r in rows if (d := self._decode("records", *r)) is not None]
 
     def last_seq(self) -> int:
         with self._lock:
@@ -477,26 +536,117 @@ class SqliteSessionStore(SessionStore):
                 self._update_lane(op, seq)
         return seq
 
-    def _decode(self, body: bytes, what: str, ident: str | None = None) -> dict[str, Any] | None:
+    def _decode(self, table: str, ident: str, seq: int, body: bytes) -> dict[str, Any] | None:
         """Decode a stored entry or record body; a damaged one is reported in ``damage`` (kind
-        ``bad_row``) and left out, never raised."""
-        problem: str | None
-        try:
-            value = codec.loads(body)
-        except ValueError as exc:
-            value, problem = None, f"not JSON: {exc}"
-        else:
-            problem = None if isinstance(value, dict) else "not an object"
-            if problem is None:
-                problem = entry_shape_error(value) if what == "entry" else record_shape_error(value)
+        ``bad_row``, with its table, id and seq) and left out, never raised."""
+        value, problem = _row_problem(table, ident, seq, body)
         if problem is not None:
-            item = damage(
-                "bad_row", f"{what} {ident or '?'} of {self.location}: {problem}", id=ident
-            )
-            if item not in self.damage:
-                self.damage.append(item)
+            item = _bad_row(self.location, table, ident, seq, problem)
+            with self._lock:
+                if item not in self.damage:
+                    self.damage.append(item)
             return None
-        return dict(value) if isinstance(value, dict) else None
+        return value
+
+    @property
+    def damage(self) -> list[dict[str, Any]]:
+        """Damage in this session (see :func:`~durable_harness.storage.base.damage`), from one
+        full :meth:`scan` run on first use (so opening stays one row read), plus any damaged
+        row met by a later read. ``fsck`` and recovery both read this: one scan, one answer."""
+        with self._lock:
+            if self._damage is None:
+                self._damage = self.scan()
+            return self._damage
+
+    @damage.setter
+    def damage(self, value: list[dict[str, Any]]) -> None:
+        self._damage = value
+
+    def scan(self) -> list[dict[str, Any]]:
+        """Check the whole session; return its damage, raising nothing on stored content.
+
+        * every entry and record row is decoded and shape-checked (``storage/shapes.py``), and
+          its body must name the row's own id and seq: else ``bad_row`` (``table``, ``id``,
+          ``seq``);
+        * every seq from ``checked_from`` + 1 to the session row's ``last_seq`` (the durable
+          high-water mark, updated in the commit's own transaction) must be stored in exactly
+          one row of ``entries``, ``records`` or ``lane_ops``: a hole is ``seq_gap`` (naming
+          the row after it), missing last seqs are ``truncated`` (``expected``, ``found``), a
+          seq in two rows is ``seq_regression``;
+        * an entry whose parent is missing is ``orphan_parent``.
+        """
+        c, sid = self._conn, self.session_id
+        out: list[dict[str, Any]] = []
+        with self._lock, _read_snapshot(c):  # one snapshot: a writer's commit cannot split it
+            head = c.execute(
+                "SELECT last_seq"
+                + (", checked_from" if self._schema >= 2 else "")
+                + " FROM sessions WHERE id=?",
+                (sid,),
+            ).fetchone()
+            last_seq = int(head[0])
+            start = int(head[1]) if self._schema >= 2 else last_seq
+            stored: list[tuple[int, str, str]] = []
+            parents: list[tuple[int, str, str]] = []
+            for rid, seq, parent, body in c.execute(
+                "SELECT id, seq, parent_id, body FROM entries WHERE session_id=?", (sid,)
+            ):
+                stored.append((seq, "entries", rid))
+                if parent is not None:
+                    parents.append((seq, rid, parent))
+                problem = _row_problem("entries", rid, seq, body)[1]
+                if problem is not None:
+                    out.append(_bad_row(self.location, "entries", rid, seq, problem))
+            entry_ids = {rid for _seq, _table, rid in stored}
+            for rid, seq, body in c.execute(
+                "SELECT id, seq, body FROM records WHERE session_id=?", (sid,)
+            ):
+                stored.append((seq, "records", rid))
+                problem = _row_problem("records", rid, seq, body)[1]
+                if problem is not None:
+                    out.append(_bad_row(self.location, "records", rid, seq, problem))
+            if self._schema >= 2:
+                stored.extend(
+                    (seq, "lane_ops", lane)
+                    for seq, lane in c.execute(
+                        "SELECT seq, lane FROM lane_ops WHERE session_id=?", (sid,)
+                    )
+                )
+            for seq, eid, parent in sorted(parents):
+                if parent in entry_ids:
+                    continue
+                out.append(
+                    damage(
+                        "orphan_parent",
+                        f"entry {eid} of {self.location} names parent {parent}, which is missing",
+                        table="entries",
+                        id=eid,
+                        seq=seq,
+                        parentId=parent,
+                    )
+                )
+        stored.sort()
+        checked: list[tuple[int, dict[str, Any]]] = []
+        for i, (seq, table, rid) in enumerate(stored):
+            if i and stored[i - 1][0] == seq:
+                out.append(
+                    damage(
+                        "seq_regression",
+                        f"seq {seq} is stored twice ({stored[i - 1][1]} and {table})",
+                        table=table,
+                        id=rid,
+                        seq=seq,
+                    )
+                )
+            elif seq > start:
+                key = "lane" if table == "lane_ops" else "id"
+                checked.append((seq, {"table": table, key: rid}))
+        out.extend(
+            continuity_damage(
+                checked, start, last_seq, {"table": "sessions", "id": sid, "seq": last_seq}
+            )
+        )
+        return out
 
     def _exists(self, entry_id: str) -> bool:
         row = self._conn.execute(
@@ -576,6 +726,16 @@ class SqliteSessionStore(SessionStore):
 
     def _update_lane(self, op: LaneOp, seq: int) -> None:
         self._ensure_lane(op.lane)
+        body: dict[str, Any] = {"lane": op.lane, "seq": seq}
+        if op.sets_leaf():
+            body["leafId"] = op.leaf_id
+        if op.config:
+            body["config"] = op.config
+        if self._schema >= 2:
+            self._conn.execute(
+                "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
+                (self.session_id, seq, op.lane, codec.dumps(body)),
+            )
         if op.sets_leaf():
             if op.leaf_id is not None and not self._exists(op.leaf_id):
                 raise UnknownEntry(
@@ -617,6 +777,50 @@ class SqliteSessionStore(SessionStore):
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+
+
+@contextmanager
+def _read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """Run the reads inside one read transaction (WAL: one consistent snapshot); inside a
+    transaction already open, in that one."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _row_problem(
+    table: str, ident: str, seq: int, body: bytes
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Decode one stored body: ``(value, None)``, or ``(None, why it is damaged)``."""
+    try:
+        value = codec.loads(body)
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, "not an object"
+    problem = entry_shape_error(value) if table == "entries" else record_shape_error(value)
+    if problem is None and (value.get("id") != ident or value.get("seq") != seq):
+        problem = (
+            f"the body names id {value.get('id')!r} seq {value.get('seq')!r}, the row id "
+            f"{ident!r} seq {seq}"
+        )
+    return (None, problem) if problem is not None else (dict(value), None)
+
+
+def _bad_row(location: str, table: str, ident: str, seq: int, problem: str) -> dict[str, Any]:
+    what = "entry" if table == "entries" else "record"
+    return damage(
+        "bad_row",
+        f"{what} {ident} (seq {seq}) of {location}: {problem}; left out",
+        table=table,
+        id=ident,
+        seq=seq,
+    )
 
 
 class SqliteStore(Store):

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from durable_harness.errors import SessionNotFound
+from durable_harness.errors import NotASession, NotAStore, SessionNotFound
 from durable_harness.session.fsck import fsck_path
 from durable_harness.storage import EntryOp, RecordOp, open_store
 
@@ -93,15 +93,19 @@ def test_sqlite_database(tmp_path: Path) -> None:
     # An orphan can only come from outside the store: inject one directly.
     conn = sqlite3.connect(db)
     sid = conn.execute("SELECT id FROM sessions LIMIT 1").fetchone()[0]
+    body = json.dumps({**_entry("orphan", "ghost"), "seq": 3}).encode()
     conn.execute(
         "INSERT INTO entries (session_id, id, seq, parent_id, type, body) VALUES (?,?,?,?,?,?)",
-        (sid, "orphan", 99, "ghost", "custom", b"{}"),
+        (sid, "orphan", 3, "ghost", "custom", body),
     )
+    conn.execute("UPDATE sessions SET last_seq=3 WHERE id=?", (sid,))
     conn.commit()
     conn.close()
     result = fsck_path(str(db))
     assert result["ok"] is False
-    assert [(d["kind"], d["id"]) for d in result["damage"]] == [("orphan_parent", "orphan")]
+    assert [
+        (d["kind"], d["table"], d["id"], d["seq"], d["session_id"]) for d in result["damage"]
+    ] == [("orphan_parent", "entries", "orphan", 3, sid)]
 
 
 def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
@@ -110,13 +114,13 @@ def test_missing_path_and_not_a_session(tmp_path: Path) -> None:
 
     other = tmp_path / "other.jsonl"
     other.write_bytes(b'{"hello": "world"}\n')
-    result = fsck_path(str(other))
-    assert result["ok"] is False
-    assert [(d["kind"], d["offset"]) for d in result["damage"]] == [("bad_header", 0)]
+    with pytest.raises(NotASession, match=r"other\.jsonl is not a session file"):
+        fsck_path(str(other))
 
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
-    assert fsck_path(str(empty))["ok"] is False
+    with pytest.raises(NotASession):
+        fsck_path(str(empty))
 
     fake_db = tmp_path / "fake.db"
     fake_db.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
@@ -272,3 +276,127 @@ def test_a_pi_entry_of_the_wrong_shape_is_reported_and_skipped(tmp_path: Path) -
     store = open_pi_file(str(f))
     assert [e["id"] for e in store.iter_entries()] == ["a1"]
     assert [d["kind"] for d in store.damage] == ["bad_line"]
+
+
+# -- lost or altered records: fsck names the store's own damage with its location -----------
+
+
+def _sqlite_session(tmp_path: Path) -> tuple[str, str]:
+    db = str(tmp_path / "s.db")
+    s = open_store(f"sqlite:{db}").create_session("/p")
+    s.commit([EntryOp(_entry("e1", None), lane="main"), RecordOp({"type": "n", "id": "r1"})])
+    s.commit(
+        [RecordOp({"type": "tool_started", "id": "t1", "toolCallId": "c1", "toolName": "bash"})]
+    )
+    s.commit([RecordOp({"type": "n", "id": "r3"})])
+    sid = s.session_id
+    s.close()
+    return db, sid
+
+
+def _sql(db: str, sql: str, *args: Any) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute(sql, args)
+    conn.commit()
+    conn.close()
+
+
+def _where(result: dict[str, Any], *keys: str) -> list[tuple[Any, ...]]:
+    return [tuple(d.get(k) for k in ("kind", *keys)) for d in result["damage"]]
+
+
+def test_sqlite_deleted_tool_started_row_is_a_seq_gap(tmp_path: Path) -> None:
+    db, sid = _sqlite_session(tmp_path)
+    _sql(db, "DELETE FROM records WHERE id='t1'")
+    for target in (db, f"sqlite:{db}", f"sqlite:{db}#{sid}"):
+        result = fsck_path(target)
+        assert result["ok"] is False
+        assert _where(result, "after", "seq", "table", "id", "session_id") == [
+            ("seq_gap", 2, 4, "records", "r3", sid)
+        ]
+
+
+def test_sqlite_corrupt_row_body_is_seen_by_fsck_with_its_seq(tmp_path: Path) -> None:
+    db, sid = _sqlite_session(tmp_path)
+    _sql(db, "UPDATE records SET body=? WHERE id='t1'", b'{"type":"tool_st')
+    result = fsck_path(db)
+    assert result["ok"] is False
+    assert _where(result, "table", "id", "seq") == [("bad_row", "records", "t1", 3)]
+    # the same item the store reports to recovery: one scan, one answer
+    with open_store(f"sqlite:{db}").open_session(sid, write=False) as s:
+        assert [{**d, "session_id": sid} for d in s.damage] == result["damage"]
+
+
+def test_jsonl_deleted_header_and_clean_cut_are_named(tmp_path: Path) -> None:
+    path = _session(tmp_path)
+    data = Path(path).read_bytes()
+    lines = data.rstrip(b"\n").split(b"\n")
+    Path(path).write_bytes(b"\n".join(lines[1:]) + b"\n")
+    result = fsck_path(path)
+    assert result["ok"] is False and result["entries"] == 2 and result["records"] == 3
+    assert _where(result, "offset", "line") == [("missing_header", 0, 1)]
+
+    cut = len(b"\n".join(lines[:3])) + 1  # header and two commits: the last commit cut off
+    Path(path).write_bytes(data[:cut])
+    result = fsck_path(path)
+    assert result["ok"] is False
+    assert _where(result, "expected", "found", "offset", "line") == [("truncated", 5, 4, cut, 4)]
+
+
+def test_jsonl_deleted_interior_line_is_a_seq_gap(tmp_path: Path) -> None:
+    path = _session(tmp_path)
+    lines = Path(path).read_bytes().rstrip(b"\n").split(b"\n")
+    del lines[2]  # e2 + r2: seqs 3 and 4
+    Path(path).write_bytes(b"\n".join(lines) + b"\n")
+    result = fsck_path(path)
+    assert _where(result, "after", "seq", "line") == [("seq_gap", 2, 5, 3)]
+
+
+def test_fsck_by_session_id_on_both_backends(tmp_path: Path) -> None:
+    from durable_harness.session.fsck import fsck_session
+
+    path = _session(tmp_path / "j")
+    jstore = open_store(f"jsonl:{tmp_path / 'j'}")
+    (info,) = jstore.list_sessions()
+    assert fsck_session(info.id[:8], jstore)["path"] == path
+    db, sid = _sqlite_session(tmp_path)
+    result = fsck_session(sid[:8], open_store(f"sqlite:{db}"))
+    assert result["ok"] is True and result["sessions"] == 1 and result["records"] == 3
+    with pytest.raises(SessionNotFound):
+        fsck_session("nomatch", jstore)
+
+
+def test_a_folder_that_is_not_a_store_is_a_typed_error(tmp_path: Path) -> None:
+    (tmp_path / "random").mkdir()
+    (tmp_path / "random" / "notes.txt").write_text("hello")
+    (tmp_path / "random" / "data.jsonl").write_text('{"a": 1}\n')
+    with pytest.raises(NotAStore, match="not a session store") as info:
+        fsck_path(str(tmp_path / "random"))
+    assert info.value.code == "not_a_store"
+    # inside a real store, a stray file is damage of the store, not an error
+    _session(tmp_path / "home")
+    stray = tmp_path / "home" / "sessions" / "stray.jsonl"
+    stray.write_text("not json\n")
+    result = fsck_path(str(tmp_path / "home"))
+    assert result["ok"] is False
+    assert [(d["kind"], d["path"]) for d in result["damage"]] == [("not_a_session", str(stray))]
+
+
+def test_a_sqlite_database_that_is_not_a_store_is_a_typed_error(tmp_path: Path) -> None:
+    db = tmp_path / "other.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(NotAStore):
+        fsck_path(str(db))
+    assert sorted(os.listdir(tmp_path)) == before  # read-only: nothing created
+
+
+def test_damage_location_words() -> None:
+    from durable_harness.session.fsck import damage_location
+
+    assert damage_location({"offset": 10, "line": 2}) == "offset 10 (line 2)"
+    assert damage_location({"seq": 4, "table": "records", "id": "r3"}) == "seq 4 (records r3)"
+    assert damage_location({"id": "x"}) == "id x"

@@ -18,7 +18,7 @@ from durable_harness.storage import EntryOp, JsonlSessionStore, RecordOp, Store,
 from durable_harness.storage.jsonl import PAD_MIN as JSONL_PAD_MIN
 
 from .conftest import Reopen
-from .util import ent, ids, rec
+from .util import ent, ids, rec, unmarked, with_mark
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_torn_tail_is_quarantined_on_writable_open(jstore: Store, tail: bytes) -
     finally:
         rw.close()
     data = Path(path).read_bytes()
-    assert data.startswith(good)
+    assert unmarked(data).startswith(unmarked(good))  # only the mark in line 1 moved
     assert data.endswith(b"\n")
     assert data.count(b"\n") == good.count(b"\n") + 1  # one new line, not glued to the tail
     again = JsonlSessionStore.open_path(path, write=False)
@@ -270,8 +270,8 @@ _commits = st.lists(st.lists(_op, min_size=1, max_size=2), min_size=1, max_size=
 def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[str, str]]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         s = open_store(f"jsonl:{tmp}").create_session("/p", durability="none")
-        # per commit: (end offset, its entry ids, its record ids, main's leaf after it)
-        ends: list[tuple[int, set[str], set[str], str | None]] = []
+        # per commit: (end offset, its entry ids, its record ids, main's leaf after it, seq)
+        ends: list[tuple[int, set[str], set[str], str | None, int]] = []
         leaf: str | None = None
         n = 0
         for ops in commits:
@@ -291,8 +291,8 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
                 else:
                     batch.append(RecordOp({"type": "note", "id": f"r{n}", "t": text}))
                     new_records.add(f"r{n}")
-            s.commit(batch)
-            ends.append((os.path.getsize(s.location), new_entries, new_records, leaf))
+            seq = s.commit(batch)
+            ends.append((os.path.getsize(s.location), new_entries, new_records, leaf, seq))
         path = s.location
         s.close()
         data = Path(path).read_bytes()
@@ -303,7 +303,9 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
 
         for cut in range(first_cut, len(data) + 1):
             probe = os.path.join(tmp, f"cut-{cut}.jsonl")
-            Path(probe).write_bytes(data[:cut])
+            # What a crash during a write leaves: the mark of the last whole commit.
+            durable = max((c[4] for c in ends if c[0] <= cut), default=0)
+            Path(probe).write_bytes(with_mark(data[:cut], durable))
             at_boundary = cut == len(data) or data[cut - 1 : cut] == b"\n"
             # Writable opens quarantine and fsync (slow): do one mid-line cut per line.
             write = not at_boundary and cut in mid_line_cuts
@@ -323,7 +325,7 @@ def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[s
                         ("torn_tail", torn_at)
                     ], cut
                     if write:
-                        assert Path(probe).read_bytes() == data[:torn_at]
+                        assert Path(probe).read_bytes() == with_mark(data[:torn_at], durable)
                         assert Path(f"{probe}.torn-{torn_at}").read_bytes() == data[torn_at:cut]
             finally:
                 store.close()
@@ -358,7 +360,7 @@ def test_padding_is_kept_ahead_of_the_data_and_cut_off_at_close(jstore: Store) -
     assert os.path.getsize(path) == len(data)  # written inside the padding: size unchanged
     s.close()
     closed = Path(path).read_bytes()
-    assert closed.startswith(content) and not closed.endswith(b"\n\n")
+    assert unmarked(closed).startswith(unmarked(content)) and not closed.endswith(b"\n\n")
     ro = jstore.open_session(s.session_id, write=False)
     assert ids(ro.iter_entries()) == ["e1", "e2"] and ro.damage == []
     ro.close()
@@ -376,7 +378,8 @@ def test_a_writer_killed_with_padding_reopens_and_writes_over_it(jstore: Store) 
     s.commit([EntryOp(ent("e2", "e1"), lane="main")])
     s.close()
     data = Path(path).read_bytes()
-    assert data.startswith(crashed.rstrip(b"\n") + b"\n")  # earlier bytes identical
+    # earlier bytes identical, but for the mark in line 1
+    assert unmarked(data).startswith(unmarked(crashed.rstrip(b"\n") + b"\n"))
     assert data.count(b"\n\n") == 0  # the new line went where the data ended
     ro = jstore.open_session(s.session_id, write=False)
     assert ids(ro.iter_entries()) == ["e1", "e2"] and ro.damage == []
@@ -402,7 +405,9 @@ def test_power_loss_inside_the_padding_at_every_offset_of_the_last_lines(
     ends = [b - 1 for b in [*starts[1:], len(content)]]  # offset of each line's newline
     for cut in range(starts[-3], len(content)):
         probe = Path(path).with_name(f"cut-{cut}.jsonl")
-        probe.write_bytes(content[:cut] + b"\n" * (len(data) - cut))
+        # The mark of the last whole commit: what was durable before the cut write began.
+        durable = 2 * len([end for end in ends[1:] if end <= cut])
+        probe.write_bytes(with_mark(content[:cut], durable) + b"\n" * (len(data) - cut))
         # A line cut just before its newline is whole: the padding supplies that byte.
         at_boundary = b"\n" in content[cut - 1 : cut + 1]
         write = not at_boundary and cut in {(a + b) // 2 for a, b in itertools.pairwise(starts)}
@@ -416,7 +421,7 @@ def test_power_loss_inside_the_padding_at_every_offset_of_the_last_lines(
             torn_at = max(o for o in starts if o < cut)
             assert [(d["kind"], d["offset"]) for d in store.damage] == [("torn_tail", torn_at)]
             if write:
-                assert probe.read_bytes() == content[:torn_at]
+                assert probe.read_bytes() == with_mark(content[:torn_at], durable)
                 assert Path(f"{probe}.torn-{torn_at}").read_bytes() == content[torn_at:cut]
                 leaf = f"e{whole[-1]}" if whole else None
                 store.commit([EntryOp(ent("after", leaf), lane="main")])

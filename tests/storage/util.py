@@ -42,3 +42,24 @@ def snapshot(s: SessionStore) -> dict[str, Any]:
         "last_seq": s.last_seq(),
         "count": s.entry_count(),
     }
+
+
+def unmarked(data: bytes) -> bytes:
+    """A JSONL session file's bytes with its high-water mark (line 1, rewritten in place as
+    commits become durable) blanked out: what must stay byte-identical."""
+    from durable_harness.storage.jsonl import parse_mark
+
+    at, _ = parse_mark(data[: data.find(b"\n")])
+    if at is None:
+        return data
+    return data[:at] + b"?" * 29 + data[at + 29 :]
+
+
+def with_mark(data: bytes, seq: int) -> bytes:
+    """``data`` with its high-water mark set to ``seq``: the mark a file held when only the
+    commits up to ``seq`` were durable (to build the file a crash at a later write leaves)."""
+    from durable_harness.storage.jsonl import mark_text, parse_mark
+
+    at, _ = parse_mark(data[: data.find(b"\n")])
+    assert at is not None, "the file has no high-water mark"
+    return data[:at] + mark_text(seq).encode() + data[at + 29 :]
