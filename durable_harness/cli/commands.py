@@ -22,6 +22,7 @@ from durable_harness.providers import (
     wire_messages,
 )
 from durable_harness.recovery.decide import POLICIES, RecoveryPlan
+from durable_harness.recovery.fsck import damage_location, fsck_path, fsck_session
 from durable_harness.recovery.resume import (
     parse_decision,
     plan_recovery,
@@ -31,7 +32,6 @@ from durable_harness.recovery.resume import (
 )
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
-from durable_harness.session.fsck import damage_location, fsck_path, fsck_session
 from durable_harness.storage import DURABILITY_MODES, open_store
 from durable_harness.tools.builtin import builtin_tools
 

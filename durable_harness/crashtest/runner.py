@@ -39,8 +39,8 @@ from durable_harness.crashtest.scenario import Scenario, effect_tag
 from durable_harness.models.messages import text_of
 from durable_harness.recovery.audit import plan_followed
 from durable_harness.recovery.decide import BENIGN_DAMAGE, RecoveryPlan
+from durable_harness.recovery.fsck import fsck_path
 from durable_harness.recovery.resume import plan_recovery, recover, resume_session
-from durable_harness.session.fsck import fsck_path
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
 from durable_harness.tools.builtin import builtin_tools

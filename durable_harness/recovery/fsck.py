@@ -4,11 +4,14 @@ A check never modifies anything (a torn tail is reported, not quarantined) and n
 bad bytes inside a session: every problem is a damage item naming its kind and its location
 (byte ``offset`` and ``line`` in a file; ``table``, ``id`` and ``seq`` in a database). The
 damage is the store's own: the check opens the session read-only and reads ``store.damage``,
-the same scan that opening for recovery runs (``design/storage.md``, "Damage"), so ``fsck`` and
+the same scan that opening for recovery runs (``design/storage.md``, "Damage"), plus the lane
+findings of the recovery snapshot (states a single writer cannot produce: unknown calls and runs,
+two open runs...), exactly the list ``recover`` prints (``Snapshot.all_damage``), so ``fsck`` and
 ``recover`` cannot disagree. What is not a session or a store at all raises a typed error.
 
 ``ok`` is ``False`` whenever any damage is found, a torn tail included (it is harmless once
-quarantined, but until a writer opens the file it is still there; ``design/storage.md``).
+quarantined, but until a writer opens the file it is still there; ``design/storage.md``);
+warnings (``WARNING_KINDS``: text repaired on read, nothing lost) leave it ``True``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from durable_harness.errors import (
     NotAStore,
     SessionNotFound,
 )
+from durable_harness.recovery.snapshot import take_snapshot
 from durable_harness.session.pi import is_pi_header, open_pi_file
 from durable_harness.storage import codec
-from durable_harness.storage.base import SessionStore, Store, damage
+from durable_harness.storage.base import WARNING_KINDS, SessionStore, Store, damage
 from durable_harness.storage.jsonl import JsonlSessionStore, is_commit_line, is_own_format
 from durable_harness.storage.sqlite import SqliteSessionStore, connect_read_only
 
@@ -146,12 +150,17 @@ def _fill(result: dict[str, Any], store: SessionStore) -> dict[str, Any]:
     try:
         result["entries"] = store.entry_count()
         result["records"] = len(store.records())
-        result["damage"] = list(store.damage)
+        result["damage"] = take_snapshot(store).all_damage()
         result["session_id"] = store.session_id
     finally:
         store.close()
-    result["ok"] = not result["damage"]
+    result["ok"] = _ok(result["damage"])
     return result
+
+
+def _ok(items: list[dict[str, Any]]) -> bool:
+    """No damage but warnings."""
+    return all(d.get("kind") in WARNING_KINDS for d in items)
 
 
 def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
@@ -201,12 +210,13 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
         try:
             result["entries"] += store.entry_count()
             result["records"] += _count(store, "records")
-            result["damage"].extend({**d, "session_id": sid} for d in store.damage)
+            found = take_snapshot(store).all_damage()
+            result["damage"].extend({**d, "session_id": sid} for d in found)
         except sqlite3.Error as exc:
             result["damage"].append(damage("bad_database", f"session {sid}: {exc}"))
         finally:
             store.close()
-    result["ok"] = not result["damage"]
+    result["ok"] = _ok(result["damage"])
     return result
 
 
@@ -248,7 +258,7 @@ def _fsck_folder(folder: str) -> dict[str, Any]:
             files.append({**_result(str(p), "unknown"), "damage": [item]})
     damage_items = [{**d, "path": f["path"]} for f in files for d in f["damage"]]
     return {
-        "ok": not damage_items,
+        "ok": _ok(damage_items),
         "damage": damage_items,
         "entries": sum(f["entries"] for f in files),
         "records": sum(f["records"] for f in files),

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from durable_harness.errors import NotASession, NotAStore, SessionNotFound
-from durable_harness.session.fsck import fsck_path
+from durable_harness.recovery.fsck import fsck_path
 from durable_harness.storage import EntryOp, RecordOp, open_store
 
 OWN_HEADER = b'{"type":"session","version":3,"format":"durable-harness/1","id":"s1","cwd":"/p"}\n'
@@ -353,7 +353,7 @@ def test_jsonl_deleted_interior_line_is_a_seq_gap(tmp_path: Path) -> None:
 
 
 def test_fsck_by_session_id_on_both_backends(tmp_path: Path) -> None:
-    from durable_harness.session.fsck import fsck_session
+    from durable_harness.recovery.fsck import fsck_session
 
     path = _session(tmp_path / "j")
     jstore = open_store(f"jsonl:{tmp_path / 'j'}")
@@ -395,8 +395,62 @@ def test_a_sqlite_database_that_is_not_a_store_is_a_typed_error(tmp_path: Path) 
 
 
 def test_damage_location_words() -> None:
-    from durable_harness.session.fsck import damage_location
+    from durable_harness.recovery.fsck import damage_location
 
     assert damage_location({"offset": 10, "line": 2}) == "offset 10 (line 2)"
     assert damage_location({"seq": 4, "table": "records", "id": "r3"}) == "seq 4 (records r3)"
     assert damage_location({"id": "x"}) == "id x"
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+def test_fsck_and_recover_report_the_same_damage(backend: str, tmp_path: Path) -> None:
+    """One list: storage damage plus the lane findings (here a ``tool_started`` that names no
+    call of its run), identical in ``fsck --json`` and ``recover --json``; the run's unsettled
+    replay-never call is then in doubt and waits."""
+    import signal
+
+    from durable_harness.harness.records import record
+
+    from .helpers import dh, main_lane, session_id, store_spec, write_script
+
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = store_spec(backend, tmp_path)
+    turns = [
+        {"text": "t", "tool_calls": [{"name": "append_file",
+                                      "arguments": {"path": "e.log", "content": "x\n"}}]},
+        {"text": "done"},
+    ]  # fmt: skip
+    script = write_script(tmp_path / "s.json", turns)
+    first = dh(
+        "run", "go", "--provider", f"scripted:{script}", "--store", spec, "--cwd", str(work),
+        crash_at="after_assistant_entry",
+    )  # fmt: skip
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    sid = session_id(first)
+    store = open_store(spec).open_session(sid, break_lease=True)
+    run_id = store.lanes()["main"].run_id
+    assert run_id is not None
+    ghost = record(
+        "tool_started", "main", run_id, toolCallId="ghost", callKey="nowhere/0", toolName="bash"
+    )
+    store.commit([RecordOp(ghost)])
+    seq = store.last_seq()
+    store.close()
+
+    checked = dh("fsck", sid, "--json", "--store", spec)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    fsck_damage = json.loads(checked.stdout)["damage"]
+    planned = dh("recover", sid, "--json", "--store", spec)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    strip = [{k: v for k, v in d.items() if k != "session_id"} for d in fsck_damage]
+    assert strip == plan["damage"]
+    assert [(d["kind"], d["seq"]) for d in plan["damage"]] == [("unknown_call", seq)]
+    (call,) = main_lane(plan)["tool_calls"]
+    assert (call["status"], call["doubt"], call["action"]) == (
+        "in_doubt",
+        "damaged_log",
+        "await_decision",
+    )
