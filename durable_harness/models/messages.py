@@ -159,6 +159,9 @@ def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[
     if not isinstance(content, list):
         return message, []
     calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+    ids = [b.get("id") for b in calls]
+    if all(isinstance(i, str) and i for i in ids) and len(set(ids)) == len(ids):  # common case
+        return message, []
     taken = {str(b.get("id")) for b in calls if b.get("id")}
     seen: set[str] = set()
     renames: list[dict[str, Any]] = []
