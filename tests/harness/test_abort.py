@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,13 @@ import pytest
 
 from durable_harness.errors import NoOpenRun
 from durable_harness.harness.harness import Harness
-from durable_harness.providers.base import ProviderEvent, ProviderRequest, TextDelta
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.storage import Store
 from durable_harness.tools.builtin import builtin_tools
 
 from .util import (
     EchoTool,
+    GatedProvider,
     assert_same_commit,
     collect_events,
     messages_on_path,
@@ -32,36 +31,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 SLOW = {"text": "one two three four five", "chunks": 5}
 
-# An abort must not wait for the stream or the tool it interrupts (they stall until cancelled, or
-# sleep 300 s); it gets this long, far above what it needs on a loaded machine.
+# An abort must not wait for the stream or the tool it interrupts (the stream waits at a gate the
+# test never opens, the tool sleeps 300 s); it gets this long, far above what it needs.
 PROMPTLY = 20.0
-
-
-class StallingProvider(ScriptedProvider):
-    """A scripted provider whose turns (those of ``turns``, not of ``by_prompt``) stream their
-    first ``stall_after`` text chunks, set :attr:`stalled`, then wait until cancelled: a test
-    aborts at a known point of the stream instead of racing a timer."""
-
-    def __init__(self, turns: list[dict[str, Any]], *, stall_after: int, **kw: Any) -> None:
-        super().__init__(turns, **kw)
-        self.stall_after = stall_after
-        self.stalled = anyio.Event()
-
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
-        """Play the turn as :class:`ScriptedProvider` does, stalling as described above."""
-        chunks = 0
-        async for event in super().stream(request):
-            if isinstance(event, TextDelta) and request.prompt not in self.by_prompt:
-                if chunks == self.stall_after:
-                    self.stalled.set()
-                    await anyio.sleep_forever()
-                chunks += 1
-            yield event
-
-    async def wait_stalled(self) -> None:
-        """Wait until the stream stalls."""
-        with anyio.fail_after(PROMPTLY):
-            await self.stalled.wait()
 
 
 def process_gone(pid: int) -> bool:
@@ -98,7 +70,7 @@ async def test_abort_before_any_text_stores_no_assistant_message(
     store: Store, workdir: Path
 ) -> None:
     session = new_session(store, workdir)
-    provider = StallingProvider([SLOW], stall_after=0)
+    provider = GatedProvider([SLOW], stall_after=0)
     async with Harness(session, provider, [EchoTool()], cwd=workdir) as h:
         handle = await h.prompt("talk slowly")
         await provider.wait_stalled()  # the stream is open, no text yet
@@ -125,7 +97,7 @@ async def test_abort_before_any_text_stores_no_assistant_message(
 async def test_abort_mid_stream_keeps_the_partial_text(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
     got_text = anyio.Event()
-    provider = StallingProvider([SLOW], stall_after=1)
+    provider = GatedProvider([SLOW], stall_after=1)
     async with Harness(session, provider, [EchoTool()], cwd=workdir) as h:
         events, _ = collect_events(h)
         h.subscribe(lambda e: got_text.set() if e["type"] == "message_update" else None)
@@ -157,8 +129,8 @@ async def test_abort_returns_steers_and_keeps_next_run_and_deferred_writes(
     store: Store, workdir: Path
 ) -> None:
     session = new_session(store, workdir)
-    provider = StallingProvider(
-        [SLOW], stall_after=0, by_prompt={"later please": [{"text": "later done"}]}
+    provider = GatedProvider(
+        [SLOW], only_prompts={"talk slowly"}, by_prompt={"later please": [{"text": "later done"}]}
     )
     runs_ended: list[dict[str, Any]] = []
     second_done = anyio.Event()
