@@ -2,7 +2,8 @@
 plan, the operator's decision, the resumed run, and the pi import.
 
 The demo runs once per suite (``first_demo``); the second-run test runs it once more, in a copy
-of the first run's folder. Both tests are one xdist group, so they share that first run."""
+of the first run's folder. ``make test`` distributes whole files (``--dist loadfile``), so both
+tests share that first run."""
 
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ def first_demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
 
 @pytest.mark.crash
 @pytest.mark.slow
-@pytest.mark.xdist_group("demo")
 @pytest.mark.timeout(600)
 def test_demo(first_demo: Demo) -> None:
     proc, folder = first_demo
@@ -95,7 +95,6 @@ def test_demo(first_demo: Demo) -> None:
 
 @pytest.mark.crash
 @pytest.mark.slow
-@pytest.mark.xdist_group("demo")
 @pytest.mark.timeout(600)
 def test_demo_again_in_the_same_folder(first_demo: Demo, tmp_path: Path) -> None:
     """A second demo in a used folder judges the deploy by the line it adds, not by the line

@@ -82,7 +82,8 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @pytest.mark.crash
-@pytest.mark.timeout(300)
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 @settings(
     max_examples=min(settings.default.max_examples, 10),
     deadline=None,

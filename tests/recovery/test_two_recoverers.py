@@ -47,6 +47,7 @@ def _crashed(tmp_path: Path, backend: str, gate: Path) -> tuple[str, str]:
 
 
 @pytest.mark.crash
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_resumes_one_proceeds(backend: str, tmp_path: Path) -> None:
@@ -78,6 +79,7 @@ def test_two_resumes_one_proceeds(backend: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.crash
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recover_while_lease_held_reports_running(backend: str, tmp_path: Path) -> None:

@@ -320,4 +320,6 @@ StorageMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestStorageMachine = pytest.mark.crash(pytest.mark.timeout(600)(StorageMachine.TestCase))
+TestStorageMachine = pytest.mark.crash(
+    pytest.mark.slow(pytest.mark.timeout(600)(StorageMachine.TestCase))
+)
