@@ -75,3 +75,9 @@ def full_matrix(tmp_path_factory: pytest.TempPathFactory) -> MatrixRun:
             saved.write_text(json.dumps(vars(run)))
             return run
     return MatrixRun(**json.loads(saved.read_text()))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Hand the full matrix out first: it is the suite's longest step (most of the wall time of
+    ``make test``), so a worker starts it at once while the other takes the rest."""
+    items.sort(key=lambda item: "full_matrix" not in getattr(item, "fixturenames", ()))
