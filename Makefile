@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest -n 2 -p no:cacheprovider --hypothesis-profile=ci
+	$(BIN)/pytest -n 2 --dist loadfile -p no:cacheprovider --hypothesis-profile=ci
 
 crash-test: $(STAMP)
 	$(BIN)/durable-harness crash-test --jobs 2

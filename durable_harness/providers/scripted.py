@@ -15,7 +15,9 @@ matches a key plays those turns instead (sessions with several runs or lanes), a
 ``"context_window": tokens`` sets the window the harness compacts against.
 Optional per-turn fields: ``fail_attempts`` (the first n attempts of that turn fail with a
 retryable HTTP 503), ``delay`` (seconds to wait before each chunk: lets tests abort mid-stream),
-``chunks`` (how many text deltas to stream). Tool call ids are
+``chunks`` (how many text deltas to stream), ``wait_for`` (a file path: after the first chunk,
+or before the only one, the stream waits until that file exists, so a test holds a run open as
+long as it needs instead of guessing a delay). Tool call ids are
 ``call_<last 4 of run id>_<turn>_<index>``: unique per run and the same across restarts. A run
 that asks for a turn past the end gets a plain ``"(script finished)"`` answer. Compaction and
 branch-summary requests get a summary built from the context's text.
@@ -222,9 +224,14 @@ class ScriptedProvider:
         step = max(1, -(-len(text) // chunks)) if text else 1
         content: list[dict[str, Any]] = []
         pieces = [text[i : i + step] for i in range(0, len(text), step)] or [""]
-        for piece in pieces:
+        gate = turn.get("wait_for")
+        gate_at = min(1, len(pieces) - 1)  # after the first chunk, if there is a second
+        for i, piece in enumerate(pieces):
             if delay:
                 await anyio.sleep(delay)
+            if i == gate_at and gate:
+                while not Path(str(gate)).exists():
+                    await anyio.sleep(0.02)
             if piece:
                 yield TextDelta(piece)
         if text:

@@ -331,6 +331,8 @@ class JsonlSessionStore(IndexedSessionStore):
         padding_from = len(data.rstrip(b" \t\r\n"))  # the padding: trailing blank lines
         self._end = pos
         while pos < size:
+            if pos >= padding_from and data.endswith(b"\n"):
+                break  # only whole blank lines remain (the padding): nothing to index or report
             line_no += 1
             end = data.find(b"\n", pos)
             if end < 0:

@@ -1,25 +1,30 @@
 """The crash matrix: scenarios x every crash point they reach, in real child processes.
 
-(a) two scenarios pass at every point they reach; (b) a deliberately broken build (tool
-effect before its intent) is caught, at the right cell, by the right invariant; (c, slow) the
-full matrix on both backends through the console script; (d) the Markdown report.
+The full matrix (every scenario, both backends, through the console script) runs once per
+suite (``full_matrix`` in ``conftest.py``); the tests here read its report: (a) every cell
+passes; (b) two scenarios reach every point a run passes through, each hit of a repeated point
+is a cell of its own, and in-doubt cells got the right operator decision; (c) the Markdown
+formatter, on a stored report and on the full one. (The broken build the matrix must catch is in
+``test_broken_build.py``, so that it runs on the other xdist worker.)
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durable_harness.crash import CRASH_POINTS
-from durable_harness.crashtest.runner import Cell, run_matrix
+from durable_harness.crashtest import INVARIANTS, markdown
+from durable_harness.crashtest.runner import Cell
 from durable_harness.crashtest.scenario import load_all
 
-_SCRIPT = Path(sys.executable).with_name("durable-harness")
-DH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
+from .conftest import MATRIX_TIMEOUT, MatrixRun
+
+# A small report cut from real runs (see data/README.md).
+STORED_REPORT = Path(__file__).parent / "data" / "small-report.json"
 
 # every point a one-tool run passes through (each turn of single_tool is crash-tested)
 RUN_POINTS = {
@@ -43,6 +48,16 @@ MULTI = {
 }
 
 
+def label(cell: dict[str, Any]) -> str:
+    """A stored cell's label: ``point`` or ``point:n`` (as ``Cell.label``)."""
+    return str(cell["point"]) if cell["hit"] == 1 else f"{cell['point']}:{cell['hit']}"
+
+
+def cells_of(report: dict[str, Any]) -> list[Cell]:
+    """The report's cells as the runner's ``Cell`` objects."""
+    return [Cell(**c) for c in report["cells"]]
+
+
 def _describe(cells: list[Cell]) -> str:
     return "\n".join(
         f"{c.backend} {c.scenario} {c.label}: {c.status} {c.failures}"
@@ -51,101 +66,143 @@ def _describe(cells: list[Cell]) -> str:
     )
 
 
+def report_of(run: MatrixRun) -> dict[str, Any]:
+    """The run's report; fails the test with the run's output when there is none."""
+    assert run.report is not None, f"crash-test wrote no report (exit {run.returncode})\n" + (
+        run.why()
+    )
+    return run.report
+
+
+@pytest.mark.timeout(MATRIX_TIMEOUT)
 @pytest.mark.crash
-@pytest.mark.timeout(300)
-def test_matrix_single_tool_and_steer_pass() -> None:
-    cells, summary = run_matrix(load_all(names=["single_tool", "steer"]), ["jsonl"], jobs=2)
+@pytest.mark.slow
+def test_full_matrix_both_backends(full_matrix: MatrixRun) -> None:
+    data = report_of(full_matrix)
+    cells = cells_of(data)
+    assert full_matrix.returncode == 0, _describe(cells) or full_matrix.why()
+    summary = data["summary"]
     assert summary["cells"] == len(cells) > 0
     assert summary["passed"] == summary["cells"], _describe(cells)
     assert summary["failed"] == summary["errors"] == 0
-    assert all(c.status == "pass" and not c.failures for c in cells), _describe(cells)
+    assert sorted(summary["backends"]) == ["jsonl", "sqlite"]
+    assert {"cells", "passed", "failed", "errors", "decisions", "wall_seconds"} <= set(summary)
+    assert summary["decisions"] == sum(bool(c.decisions) for c in cells)
+    every = {s.name for s in load_all()}
+    assert set(summary["scenarios"]) == every
+    for backend in ("jsonl", "sqlite"):
+        assert {c.scenario for c in cells if c.backend == backend} == every
+    # no cell twice, and every crash point of the brief is exercised somewhere
+    keys = [(c.backend, c.scenario, c.label) for c in cells]
+    assert len(set(keys)) == len(keys)
+    assert {c.point for c in cells} >= RUN_POINTS | {"after_abort_requested"}
+    assert {c.point for c in cells} <= set(CRASH_POINTS)
+    assert set(data["invariants"]) >= {"inputs", "effects", "damage", "results", "settled"}
+    assert "report written to" in full_matrix.stdout
+
+
+@pytest.mark.timeout(MATRIX_TIMEOUT)
+@pytest.mark.crash
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+def test_single_tool_and_steer_cells(full_matrix: MatrixRun, backend: str) -> None:
+    cells = [c for c in cells_of(report_of(full_matrix)) if c.backend == backend]
     for name, points in REACHED.items():
         mine = [c for c in cells if c.scenario == name]
+        assert all(c.status == "pass" and not c.failures for c in mine), _describe(mine)
         assert {c.point for c in mine} == points
-        assert {c.point for c in mine} <= set(CRASH_POINTS)
         assert MULTI[name] <= {c.label for c in mine}
-        assert len({c.label for c in mine}) == len(mine)  # no cell twice
         # the in-doubt cells needed the operator's decision, and got the right one
         by_label = {c.label: c for c in mine}
         assert [d.split("=")[1] for d in by_label["after_tool_started"].decisions] == ["retry"]
         assert [d.split("=")[1] for d in by_label["after_tool_effect"].decisions] == ["result"]
         assert not by_label["after_tool_finished"].decisions
-    assert summary["decisions"] == sum(bool(c.decisions) for c in cells) >= 4
 
 
-@pytest.mark.crash
-@pytest.mark.timeout(300)
-def test_broken_intent_order_is_caught() -> None:
-    cells, summary = run_matrix(load_all(names=["single_tool"]), ["jsonl"], jobs=2, broken=True)
-    assert summary["passed"] < summary["cells"]
-    bad = [c for c in cells if c.status != "pass"]
-    assert {c.label for c in bad} == {"after_tool_effect"}, _describe(cells)
-    (cell,) = bad
-    assert cell.status == "fail"
-    assert any(f.startswith("effects:") for f in cell.failures), cell.failures
-    assert any("t1" in f for f in cell.failures)
+# -- the Markdown report ----------------------------------------------------------------------
 
 
+def tables(md: str) -> dict[str, dict[str, dict[str, str]]]:
+    """Each backend's table of a Markdown report: ``{backend: {label: {scenario: verdict}}}``."""
+    lines = md.splitlines()
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for i, line in enumerate(lines):
+        if not line.startswith("## ") or line == "## Failures":
+            continue
+        backend = line[3:]
+        assert lines[i + 1] == "", line
+        header = [c.strip() for c in lines[i + 2].strip("|").split("|")]
+        assert header[0] == "crash point", lines[i + 2]
+        assert lines[i + 3] == "|---|" + "---|" * (len(header) - 1)
+        rows: dict[str, dict[str, str]] = {}
+        for row in lines[i + 4 :]:
+            if not row.startswith("|"):
+                break
+            values = [c.strip() for c in row.strip("|").split("|")]
+            assert len(values) == len(header), row
+            assert values[0] not in rows, f"row {values[0]} twice"
+            rows[values[0]] = dict(zip(header[1:], values[1:], strict=True))
+        out[backend] = rows
+    return out
+
+
+def expected_tables(report: dict[str, Any]) -> dict[str, dict[str, dict[str, str]]]:
+    """What each table must say, from the stored cells: a blank where a scenario does not reach
+    a point, ``pass``, ``pass (decision)`` when an operator decision was needed, else the
+    status in capitals."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for backend in report["summary"]["backends"]:
+        mine = [c for c in report["cells"] if c["backend"] == backend]
+        scenarios = sorted({c["scenario"] for c in mine})
+        rows: dict[str, dict[str, str]] = {label(c): dict.fromkeys(scenarios, "") for c in mine}
+        for c in mine:
+            verdict = c["status"].upper()
+            if c["status"] == "pass":
+                verdict = "pass (decision)" if c["decisions"] else "pass"
+            rows[label(c)][c["scenario"]] = verdict
+        out[backend] = rows
+    return out
+
+
+def test_markdown_report_of_a_stored_report() -> None:
+    report = json.loads(STORED_REPORT.read_text())
+    summary = report["summary"]
+    md = markdown(cells_of(report), summary)
+    lines = md.splitlines()
+    assert lines[0] == "# Crash matrix"
+    assert lines[2] == (
+        f"{summary['cells']} cells, {summary['passed']} passed, 1 failed, 0 errors; "
+        f"{summary['decisions']} needed an operator decision; "
+        f"{summary['wall_seconds']} s with 2 jobs."
+    )
+    for name, meaning in INVARIANTS.items():
+        assert f"- **{name}**: {meaning}" in lines
+    got = tables(md)
+    assert got == expected_tables(report)
+    # spot checks against the stored file, written out by hand
+    assert list(got) == ["jsonl", "sqlite"]
+    assert set(got["jsonl"]["after_tool_effect"].values()) == {"FAIL"}
+    assert got["jsonl"]["after_tool_started"] == {"single_tool": "pass (decision)"}
+    assert got["sqlite"]["after_tool_effect"] == {
+        "single_tool": "pass (decision)",
+        "steer": "pass (decision)",
+    }
+    assert got["sqlite"]["after_queue_enqueued"] == {"single_tool": "", "steer": "pass"}
+    assert got["sqlite"]["after_tool_effect:2"] == {"single_tool": "", "steer": "pass (decision)"}
+    # every failure in full, after the tables
+    failures = lines[lines.index("## Failures") + 2 :]
+    (bad,) = [c for c in report["cells"] if c["status"] != "pass"]
+    assert failures == [
+        f"- jsonl single_tool after_tool_effect: {'; '.join(bad['failures'])}",
+    ]
+    assert bad["failures"] and bad["failures"][0].startswith("effects:")
+
+
+@pytest.mark.timeout(MATRIX_TIMEOUT)
 @pytest.mark.crash
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_full_matrix_both_backends(tmp_path: Path) -> None:
-    report = tmp_path / "matrix.json"
-    proc = subprocess.run(
-        [*DH, "crash-test", "--jobs", "2", "--report", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=590,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    data = json.loads(report.read_text())
-    summary = data["summary"]
-    assert summary["cells"] == len(data["cells"]) > 0
-    assert summary["passed"] == summary["cells"]
-    assert summary["failed"] == summary["errors"] == 0
-    assert sorted(summary["backends"]) == ["jsonl", "sqlite"]
-    assert {"cells", "passed", "failed", "errors", "decisions", "wall_seconds"} <= set(summary)
-    every = {s.name for s in load_all()}
-    assert set(summary["scenarios"]) == every
-    for cell in data["cells"]:
-        assert cell["status"] == "pass", cell
-    for backend in ("jsonl", "sqlite"):
-        assert {c["scenario"] for c in data["cells"] if c["backend"] == backend} == every
-    # every crash point of the brief is exercised somewhere
-    assert {c["point"] for c in data["cells"]} >= RUN_POINTS | {"after_abort_requested"}
-    assert set(data["invariants"]) >= {"inputs", "effects", "damage", "results", "settled"}
-
-
-@pytest.mark.crash
-@pytest.mark.timeout(300)
-def test_crash_test_cli_markdown_report(tmp_path: Path) -> None:
-    report = tmp_path / "x.md"
-    args = ["--scenario", "single_tool", "--backend", "sqlite", "--report", str(report)]
-    proc = subprocess.run(
-        [*DH, "crash-test", *args],
-        capture_output=True,
-        text=True,
-        timeout=290,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    md = report.read_text()
-    assert md.startswith("# Crash matrix")
-    assert "## sqlite" in md
-    assert "## jsonl" not in md
-    lines = md.splitlines()
-    header = lines.index("| crash point | single_tool |")
-    assert lines[header + 1] == "|---|---|"
-    rows = {}
-    for line in lines[header + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1]
-    assert set(rows) >= RUN_POINTS
-    assert rows["after_tool_effect"] == "pass (decision)"
-    assert rows["after_run_started"] == "pass"
-    assert set(rows.values()) <= {"pass", "pass (decision)"}
+def test_markdown_report_of_the_full_matrix(full_matrix: MatrixRun) -> None:
+    report = report_of(full_matrix)
+    md = markdown(cells_of(report), report["summary"])
+    assert tables(md) == expected_tables(report)
     assert "## Failures" not in md
-    assert "sqlite" in proc.stdout

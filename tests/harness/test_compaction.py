@@ -18,6 +18,7 @@ from durable_harness.storage import Store
 
 from .util import (
     EchoTool,
+    GatedProvider,
     assert_same_commit,
     messages_on_path,
     new_session,
@@ -122,11 +123,12 @@ async def test_compact_cuts_at_a_user_message_and_keeps_whole_exchanges(
 
 async def test_compact_by_hand_during_a_run_is_refused(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
-    provider = ScriptedProvider([{"text": "slow", "delay": 0.05}])
+    provider = GatedProvider([{"text": "slow"}])
     async with Harness(session, provider, [], cwd=workdir) as h:
         handle = await h.prompt("x")
         with pytest.raises(RunInProgress):
             await h.compact()
+        provider.release.set()
         await handle.wait()
     assert session.store.iter_entries(("compaction",)) == []
 
@@ -275,7 +277,7 @@ class StallingSummary(ScriptedProvider):
     async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
         if request.purpose == "compaction":
             yield TextDelta("partial summary")
-            await anyio.sleep(10)
+            await anyio.sleep_forever()  # until the abort cancels it
         async for event in super().stream(request):
             yield event
 

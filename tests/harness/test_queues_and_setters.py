@@ -17,6 +17,7 @@ from durable_harness.storage import Store
 
 from .util import (
     EchoTool,
+    GatedProvider,
     assert_same_commit,
     messages_on_path,
     new_session,
@@ -157,7 +158,7 @@ async def test_next_run_starts_after_the_current_run_settles(store: Store, workd
 
 async def test_next_run_on_an_idle_lane_starts_at_once(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
-    provider = ScriptedProvider([{"text": "slow", "delay": 0.2}])
+    provider = GatedProvider([{"text": "slow"}])
     async with Harness(session, provider, [EchoTool()], cwd=workdir) as h:
         ends = RunEnds(h)
         item = await h.next_run("go now")
@@ -165,6 +166,7 @@ async def test_next_run_on_an_idle_lane_starts_at_once(store: Store, workdir: Pa
         with pytest.raises(RunInProgress):
             await h.prompt("another")
         await h.steer("steer it")  # no NoOpenRun: the run is open
+        provider.release.set()
         ended = await ends.wait(1)
     assert ended[0]["outcome"] == "completed"
     recs = session.store.records("main")
@@ -267,7 +269,7 @@ async def test_setters_outside_a_run_apply_at_once(store: Store, workdir: Path) 
 
 async def test_client_keys_find_the_accepting_record(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
-    provider = ScriptedProvider([{"text": "slow", "delay": 0.2}, {"text": "more"}])
+    provider = GatedProvider([{"text": "slow"}, {"text": "more"}])
     async with Harness(session, provider, [EchoTool()], cwd=workdir) as h:
         assert h.accepted("k-prompt") is None
         handle = await h.prompt("hello", client_key="k-prompt")
@@ -283,6 +285,7 @@ async def test_client_keys_find_the_accepting_record(store: Store, workdir: Path
         assert got is not None and got["type"] == "write_deferred"
         assert h.accepted("k-steer", lane="other") is None
         assert h.accepted("unknown") is None
+        provider.release.set()
         await handle.wait()
     # Durable: a reader of the stored log finds the same records.
     keyed = [r for r in session.store.records("main") if r.get("clientKey")]
@@ -291,11 +294,12 @@ async def test_client_keys_find_the_accepting_record(store: Store, workdir: Path
 
 async def test_prompt_on_a_busy_lane_raises(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
-    provider = ScriptedProvider([{"text": "slow", "delay": 0.1}])
+    provider = GatedProvider([{"text": "slow"}])
     async with Harness(session, provider, [], cwd=workdir) as h:
         handle = await h.prompt("first")
         with pytest.raises(RunInProgress):
             await h.prompt("second")
+        provider.release.set()
         assert await handle.wait() == "completed"
         again = await h.prompt("third")
         assert await again.wait() == "completed"
@@ -308,17 +312,13 @@ async def test_prompt_on_a_busy_lane_raises(store: Store, workdir: Path) -> None
 async def test_two_lanes_run_concurrently_with_their_own_logs(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
     session.create_lane("side")
-    provider = ScriptedProvider(
+    # both lanes' first turns wait at the gate until both runs are open and steered
+    provider = GatedProvider(
         [],
+        only_prompts={"main work", "side work"},
         by_prompt={
-            "main work": [
-                {**TOOL_TURN, "delay": 0.05},
-                {"text": "main done", "delay": 0.05},
-            ],
-            "side work": [
-                {**TOOL_TURN, "delay": 0.05},
-                {"text": "side done", "delay": 0.05},
-            ],
+            "main work": [TOOL_TURN, {"text": "main done"}],
+            "side work": [TOOL_TURN, {"text": "side done"}],
         },
     )
     async with Harness(session, provider, [EchoTool()], cwd=workdir) as h:
@@ -327,6 +327,7 @@ async def test_two_lanes_run_concurrently_with_their_own_logs(store: Store, work
         assert main.lane == "main" and side.lane == "side"
         await h.steer("main steer")
         await h.steer("side steer", lane="side")
+        provider.release.set()
         assert await main.wait() == "completed"
         assert await side.wait() == "completed"
 

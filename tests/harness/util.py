@@ -4,14 +4,17 @@ and :func:`assert_intent_durable` (the write-ahead check made from a second read
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
 from pydantic import BaseModel
 
 from durable_harness.harness.core import Event
 from durable_harness.harness.harness import Harness
+from durable_harness.providers.base import ProviderEvent, ProviderRequest, TextDelta
+from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.session.session import Session
 from durable_harness.storage import JsonlSessionStore, SessionStore, Store, open_store
 from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
@@ -143,3 +146,52 @@ def assert_same_commit(session: Session, *seqs: int) -> None:
     lines = commit_groups(session)
     if lines is not None:
         assert len({lines[s] for s in seqs}) == 1, {s: lines[s] for s in seqs}
+
+
+class GatedProvider(ScriptedProvider):
+    """A scripted provider whose turns wait for the test instead of a timer.
+
+    Each turn (of ``only_prompts`` if given, else every turn) streams its first ``stall_after``
+    text chunks, sets :attr:`stalled`, then waits for :attr:`release` (forever if the test
+    never sets it: an abort or cancellation ends it). Once released, no turn waits again. A test
+    then knows the run is still open, mid-stream, however slow the machine is.
+    """
+
+    def __init__(
+        self,
+        turns: list[dict[str, Any]],
+        *,
+        stall_after: int = 0,
+        only_prompts: set[str] | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(turns, **kw)
+        self.stall_after = stall_after
+        self.only_prompts = only_prompts
+        self.stalled = anyio.Event()
+        self.release = anyio.Event()
+
+    async def _gate(self) -> None:
+        if not self.release.is_set():
+            self.stalled.set()
+            await self.release.wait()
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        """Play the turn as :class:`ScriptedProvider` does, waiting at the gate (above)."""
+        gated = request.purpose == "turn" and (
+            self.only_prompts is None or request.prompt in self.only_prompts
+        )
+        chunks = 0
+        if gated and self.stall_after == 0:
+            await self._gate()
+        async for event in super().stream(request):
+            yield event
+            if gated and isinstance(event, TextDelta):
+                chunks += 1
+                if chunks == self.stall_after:
+                    await self._gate()
+
+    async def wait_stalled(self, within: float = 20.0) -> None:
+        """Wait (at most ``within`` seconds, a generous deadline) until a turn is at the gate."""
+        with anyio.fail_after(within):
+            await self.stalled.wait()

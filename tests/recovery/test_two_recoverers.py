@@ -22,19 +22,22 @@ from .helpers import (
     write_script,
 )
 
-# the resumed provider turn streams 3 chunks, 1 s apart: the resume holds the lease ~3 s
-SLOW = [{"text": "A slow answer, streamed.", "delay": 1.0, "chunks": 3}]
+# Waiting for a state, never for a speed: a process that must still be running later gets this
+# long to show up or finish, far more than it needs on a loaded machine.
+PATIENCE = 60.0
 
 
-# long enough for several fresh processes to look at the session while it runs (~6 s)
-SLOWER = [{"text": "A slower answer, streamed.", "delay": 2.0, "chunks": 3}]
+def _held_turns(gate: Path) -> list[dict[str, object]]:
+    """One provider turn that, after its first chunk, waits until ``gate`` exists: the resume
+    holds the lease, mid-run, until the test has seen what it needs."""
+    return [{"text": "A held answer, streamed.", "chunks": 3, "wait_for": str(gate)}]
 
 
-def _crashed(tmp_path: Path, backend: str, turns: list[dict[str, object]]) -> tuple[str, str]:
+def _crashed(tmp_path: Path, backend: str, gate: Path) -> tuple[str, str]:
     work = tmp_path / "work"
     work.mkdir()
     spec = store_spec(backend, tmp_path)
-    script = write_script(tmp_path / "script.json", turns)
+    script = write_script(tmp_path / "script.json", _held_turns(gate))
     first = dh(
         "run", "slow", "--provider", f"scripted:{script}", "--store", spec, "--cwd", str(work),
         crash_at="after_run_started",
@@ -44,12 +47,22 @@ def _crashed(tmp_path: Path, backend: str, turns: list[dict[str, object]]) -> tu
 
 
 @pytest.mark.crash
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_resumes_one_proceeds(backend: str, tmp_path: Path) -> None:
-    spec, sid = _crashed(tmp_path, backend, SLOW)
+    gate = tmp_path / "release"
+    spec, sid = _crashed(tmp_path, backend, gate)
     procs = [popen("resume", sid, "--store", spec) for _ in range(2)]
-    outs = [p.communicate(timeout=60) for p in procs]
+    try:
+        # the winner holds the lease at the gate, so the loser ends first, refused
+        deadline = time.monotonic() + PATIENCE
+        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(p.poll() is not None for p in procs), "neither resume ended"
+    finally:
+        gate.touch()
+    outs = [p.communicate(timeout=PATIENCE) for p in procs]
     codes = [p.returncode for p in procs]
     assert sorted(codes) == [0, 2], (codes, outs)
     winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
@@ -66,17 +79,19 @@ def test_two_resumes_one_proceeds(backend: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.crash
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recover_while_lease_held_reports_running(backend: str, tmp_path: Path) -> None:
-    spec, sid = _crashed(tmp_path, backend, SLOWER)
+    gate = tmp_path / "release"
+    spec, sid = _crashed(tmp_path, backend, gate)
     before = main_lane(plan_json(sid, spec))
     assert (before["state"], before["next_action"]) == ("suspended", "issue_provider_request")
 
     live = popen("resume", sid, "--store", spec)
     try:
         seen = None
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + PATIENCE
         while time.monotonic() < deadline and live.poll() is None:
             plan = plan_json(sid, spec)
             # the holder's details are written just after its flock is taken: in that
@@ -97,7 +112,8 @@ def test_recover_while_lease_held_reports_running(backend: str, tmp_path: Path) 
         assert second.returncode == 2
         assert "lease_held" in second.stderr
     finally:
-        out, err = live.communicate(timeout=60)
+        gate.touch()
+        out, err = live.communicate(timeout=PATIENCE)
     assert live.returncode == 0, out + err
     assert "lane main: completed" in out
     after = main_lane(plan_json(sid, spec))

@@ -266,6 +266,7 @@ _op = st.tuples(st.sampled_from(["entry", "record"]), _text)
 _commits = st.lists(st.lists(_op, min_size=1, max_size=2), min_size=1, max_size=6)
 
 
+@pytest.mark.slow
 @given(commits=_commits)
 def test_truncation_at_every_offset_of_the_last_lines(commits: list[list[tuple[str, str]]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -94,6 +94,7 @@ def test_second_process_is_refused_while_held(store: Store) -> None:
     assert opened.stdout.strip() == f"opened generation={gen_a + 1}"
 
 
+@pytest.mark.crash
 @pytest.mark.timeout(30)
 def test_lease_of_sigkilled_process_is_taken_over(store: Store, reopen: Reopen) -> None:
     s = store.create_session("/p")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,12 @@ def group_gone(pgid: int) -> bool:
     return True
 
 
-def wait_until(predicate: Any, seconds: float = 2.0) -> bool:
+# A tool that must not wait for a child's ``sleep 300`` has this long to return: far above what
+# it needs on a loaded machine (milliseconds to a second or two), far below the sleep.
+PROMPTLY = 30.0
+
+
+def wait_until(predicate: Any, seconds: float = PROMPTLY) -> bool:
     """Poll ``predicate`` for up to ``seconds``; return its last value."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -401,48 +407,41 @@ async def test_bash_output_keeps_tail(ctx: ToolContext) -> None:
 
 
 async def test_bash_timeout_kills_group(ctx: ToolContext) -> None:
-    started = time.monotonic()
-    result = await call(
-        BashTool(), ctx, command="sleep 30 & echo $! > pid; echo started; wait", timeout=1
-    )
-    elapsed = time.monotonic() - started
+    with anyio.fail_after(PROMPTLY):
+        result = await call(
+            BashTool(), ctx, command="sleep 300 & echo $! > pid; echo started; wait", timeout=1
+        )
     assert result.is_error
     assert "timed out" in text_of(result)
     assert "started" in text_of(result)
     assert result.details is not None
     assert result.details["timed_out"] is True
-    assert elapsed < 5
     pid = int((ctx.cwd / "pid").read_text())
     assert wait_until(lambda: pid_gone(pid)), f"background child {pid} survived"
 
 
 async def test_bash_timeout_kills_term_ignoring_child(ctx: ToolContext) -> None:
-    command = "trap '' TERM; (trap '' TERM; exec sleep 30) & echo $! > pid; wait"
-    started = time.monotonic()
-    result = await call(BashTool(), ctx, command=command, timeout=0.5)
+    command = "trap '' TERM; (trap '' TERM; exec sleep 300) & echo $! > pid; wait"
+    with anyio.fail_after(PROMPTLY):
+        result = await call(BashTool(), ctx, command=command, timeout=0.5)
     assert result.is_error
-    assert time.monotonic() - started < 5
     pid = int((ctx.cwd / "pid").read_text())
     assert wait_until(lambda: pid_gone(pid))
 
 
 async def test_bash_leftover_background_process_is_stopped(ctx: ToolContext) -> None:
-    started = time.monotonic()
-    result = await call(BashTool(), ctx, command="sleep 30 & echo $! > pid; echo done")
+    with anyio.fail_after(PROMPTLY):
+        result = await call(BashTool(), ctx, command="sleep 300 & echo $! > pid; echo done")
     assert not result.is_error
     assert text_of(result) == "done\n"
-    assert time.monotonic() - started < 5
     pid = int((ctx.cwd / "pid").read_text())
     assert wait_until(lambda: pid_gone(pid))
 
 
 async def test_bash_cancellation_kills_group(ctx: ToolContext) -> None:
-    started = time.monotonic()
-    with anyio.move_on_after(0.5) as scope:
-        await call(BashTool(), ctx, command="echo $$ > pgid; sleep 30 & echo $! > pid; wait")
-    elapsed = time.monotonic() - started
+    with anyio.fail_after(PROMPTLY), anyio.move_on_after(0.5) as scope:
+        await call(BashTool(), ctx, command="echo $$ > pgid; sleep 300 & echo $! > pid; wait")
     assert scope.cancelled_caught
-    assert elapsed < 1.5
     pgid = int((ctx.cwd / "pgid").read_text())
     pid = int((ctx.cwd / "pid").read_text())
     assert wait_until(lambda: group_gone(pgid) and pid_gone(pid))
@@ -506,8 +505,14 @@ def test_bad_arguments_raise_tool_error() -> None:
 
 
 async def test_bash_pipe_held_outside_group_does_not_hang(ctx: ToolContext) -> None:
-    # setsid moves the sleep out of the group; it keeps the output pipe open for 3 s.
-    started = time.monotonic()
-    result = await call(BashTool(), ctx, command="setsid sleep 3 & sleep 0.2; echo hi")
-    assert text_of(result) == "hi\n"
-    assert time.monotonic() - started < 2.5
+    # setsid moves the sleep out of the group (the tool cannot stop it); it keeps the output
+    # pipe open for 300 s, and the tool must return long before.
+    command = "setsid sh -c 'echo $$ > pid; exec sleep 300' & sleep 0.2; echo hi"
+    try:
+        with anyio.fail_after(PROMPTLY):
+            result = await call(BashTool(), ctx, command=command)
+        assert text_of(result) == "hi\n"
+    finally:
+        pid = int((ctx.cwd / "pid").read_text())
+        if not pid_gone(pid):
+            os.kill(pid, signal.SIGKILL)

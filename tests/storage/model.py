@@ -1,5 +1,6 @@
-"""Differential round trip: random op sequences applied to a backend (via ``store``), to the
-in-memory reference backend and to a plain model; after close and reopen all three agree."""
+"""The storage contract as a plain model, and hypothesis strategies for commits to drive it
+(used by ``test_stateful.py``): a commit is a list of op descriptors, resolved against the
+model's state into real ops, sometimes with one op that makes the whole commit invalid."""
 
 from __future__ import annotations
 
@@ -7,21 +8,15 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_harness.errors import StorageError
 from durable_harness.storage import (
     EntryOp,
     LaneOp,
-    MemorySessionStore,
     Op,
     RecordOp,
     SessionStore,
-    Store,
 )
-
-from .conftest import reopen_session
 
 LANES = ["main", "side", "l2"]
 
@@ -53,12 +48,11 @@ _op = st.sampled_from(["entry", "entry", "record", "record", "record", "move", "
     _by_kind.__getitem__
 )
 # A commit: valid ops, sometimes with one op that makes the whole commit invalid.
-_commit = st.tuples(
+commits = st.tuples(
     st.lists(_op, min_size=1, max_size=4),
     st.sampled_from([None, None, None, None, None, "bad_parent", "record_as_leaf"]),
     st.integers(0, 4),
 ).map(lambda c: c[0] if c[1] is None else [*c[0][: c[2]], (c[1],), *c[0][c[2] :]])
-_program = st.lists(_commit, min_size=1, max_size=12)
 
 
 @dataclass
@@ -130,6 +124,7 @@ class Model:
         return ops, valid
 
     def apply(self, ops: list[Op]) -> None:
+        """Apply an acknowledged commit: one seq per op, lanes and runs as the contract says."""
         for op in ops:
             self.seq += 1
             if isinstance(op, EntryOp):
@@ -153,6 +148,7 @@ class Model:
                     lane["config"].update(op.config)
 
     def view(self) -> dict[str, Any]:
+        """Entries, records, lanes and the last seq, as :func:`view` reads them from a store."""
         return {
             "entries": self.entries,
             "records": self.records,
@@ -162,6 +158,7 @@ class Model:
 
 
 def view(s: SessionStore) -> dict[str, Any]:
+    """What a session exposes, in the shape of :meth:`Model.view`."""
     return {
         "entries": s.iter_entries(),
         "records": s.records(),
@@ -171,39 +168,3 @@ def view(s: SessionStore) -> dict[str, Any]:
         },
         "last_seq": s.last_seq(),
     }
-
-
-def _commit(s: SessionStore, ops: list[Op]) -> str | int:
-    try:
-        return s.commit(ops)
-    except StorageError as exc:
-        return type(exc).__name__
-
-
-# The store fixture is shared by the examples of one test run: each example creates its own
-# session in it, so no state leaks from one example to the next.
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(program=_program)
-def test_backend_memory_and_model_agree(store: Store, program: list[list[Any]]) -> None:
-    model = Model()
-    backend = store.create_session("/p", durability="none")
-    memory = MemorySessionStore({"id": backend.session_id, "cwd": "/p"})
-    try:
-        for descs in program:
-            ops, valid = model.build(descs)
-            got_backend, got_memory = _commit(backend, ops), _commit(memory, ops)
-            if valid:
-                model.apply(ops)
-                assert got_backend == got_memory == model.seq
-            else:
-                assert got_backend == got_memory == "UnknownEntry"
-            assert view(memory) == model.view()
-        backend = reopen_session(store, backend, write=False)
-        assert backend.damage == []
-        assert view(backend) == view(memory) == model.view()
-        assert backend.entry_count() == memory.entry_count() == len(model.entries)
-        for e in model.entries:
-            assert backend.get_entry(e["id"]) == memory.get_entry(e["id"]) == e
-    finally:
-        backend.close()
-        memory.close()
