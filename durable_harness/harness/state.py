@@ -105,11 +105,11 @@ class PendingRequest:
     attempt: int
     response_entry_id: str
     purpose: str = "turn"
+    #: the attempt counter it counts against (:func:`attempt_key`)
+    key: str = field(init=False)
 
-    @property
-    def key(self) -> str:
-        """The attempt counter it counts against (:func:`attempt_key`)."""
-        return attempt_key(self.purpose, self.turn)
+    def __post_init__(self) -> None:
+        self.key = attempt_key(self.purpose, self.turn)
 
 
 @dataclass

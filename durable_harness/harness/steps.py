@@ -51,7 +51,7 @@ CallAction = Literal[
 RUNS_TOOL: frozenset[str] = frozenset({"execute", "re-execute"})
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Step:
     """One step of a run.
 
@@ -97,8 +97,8 @@ def next_step(run: RunState, log: LaneLog, calls: Mapping[str, CallAction]) -> S
             reason = _cap_reason(run, run.pending.key, used)
             return Step("park_failed_attempt_cap", reason=reason, purpose=purpose)
         return Step("reissue_provider_request", purpose=purpose)
-    open_calls = [c for c in run.tool_calls if c.status != "completed"]
-    if run.last_assistant_id and open_calls:
+    open_calls = [c for c in run.tool_calls if c.status != "completed"] if run.tool_calls else []
+    if open_calls and run.last_assistant_id:
         if run.tool_calls_total > limits.max_tool_calls and all(
             c.status == "not_started" for c in run.tool_calls
         ):
@@ -108,8 +108,10 @@ def next_step(run: RunState, log: LaneLog, calls: Mapping[str, CallAction]) -> S
                 f"(turn {run.turns} asked for {len(run.tool_calls)}, "
                 f"{run.tool_calls_total} in the run)",
             )
+        if not calls:  # the live loop: every open call is one this process issued
+            return Step("resume_tool_calls")
         actions = {c.key: calls.get(c.key, "execute") for c in open_calls}
-        waiting = any(a == "await_decision" for a in actions.values())
+        waiting = "await_decision" in actions.values()
         return Step("await_decision" if waiting else "resume_tool_calls", actions)
     if run.last_assistant_id and not run.save_point_after:
         if run.tool_calls:

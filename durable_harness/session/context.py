@@ -370,6 +370,28 @@ def _pair_results(
     return out
 
 
+def _one_result_each(
+    calls: list[dict[str, Any]],
+    results: list[tuple[dict[str, Any], str | None]],
+    used: set[str],
+) -> list[tuple[dict[str, Any], str | None]] | None:
+    """The results in call order when every call has a distinct, unused, non-empty id and
+    exactly one result (what the harness itself writes); ``None`` when rules 5 and 6 have
+    work to do. The ids are added to ``used``."""
+    if len(results) != len(calls):
+        return None
+    by_id = {r[0].get("toolCallId"): r for r in results}
+    ids = [c.get("id") for c in calls]
+    if len(by_id) != len(calls) or not all(
+        isinstance(cid, str) and cid and cid in by_id and cid not in used for cid in ids
+    ):
+        return None
+    if len(set(ids)) != len(ids):
+        return None
+    used.update(ids)  # type: ignore[arg-type]
+    return [by_id[cid] for cid in ids]
+
+
 def well_formed(
     pairs: list[tuple[dict[str, Any], str | None]], used: set[str] | None = None
 ) -> list[tuple[dict[str, Any], str | None]]:
@@ -395,6 +417,12 @@ def well_formed(
             j = i + 1
             while j < len(pairs) and pairs[j][0].get("role") == "toolResult":
                 j += 1
+            simple = _one_result_each(calls, pairs[i + 1 : j], used)
+            if simple is not None:  # the common case: nothing to pair or rename
+                out.append((msg, eid))
+                out += simple
+                i = j
+                continue
             paired = _pair_results(calls, pairs[i + 1 : j])
             new_ids = [_unique_id(str(c.get("id") or ""), used) for c in calls]
             if any(new != c.get("id") for new, c in zip(new_ids, calls, strict=True)):
