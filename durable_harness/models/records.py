@@ -368,25 +368,21 @@ def record_fields_error(rec: dict[str, Any]) -> str | None:
 
 def field_docs(td: type) -> dict[str, str]:
     """``{field: docstring}`` of a declaration, read from the string literal under each field
-    in its source (inherited envelope fields included, in declaration order)."""
+    in its source, envelope fields first (every declaration extends the envelope)."""
     docs: dict[str, str] = {}
-    for cls in reversed(td.__mro__):
-        if cls is dict or cls is object or not hasattr(cls, "__annotations__"):
-            continue
-        try:
-            tree = ast.parse(inspect.getsource(cls))
-        except (OSError, TypeError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:], strict=False):
+    for cls in dict.fromkeys((_Envelope, td)):
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
+        node = tree.body[0]
+        body = node.body if isinstance(node, ast.ClassDef) else []
+        for field, nxt in zip(body, body[1:], strict=False):
             if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
                 and isinstance(nxt, ast.Expr)
                 and isinstance(nxt.value, ast.Constant)
                 and isinstance(nxt.value.value, str)
             ):
-                docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+                docs[field.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
 

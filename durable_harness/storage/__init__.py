@@ -77,7 +77,9 @@ def open_store(spec: str | None = None, *, create: bool = True) -> Store:
             raise FormatError(f"store spec {spec!r}: a memory store takes no path (use memory:)")
         return MemoryStore()
     if sep and not rest.strip():
-        raise FormatError(f"store spec {spec!r} names no path: use jsonl:DIR, sqlite:PATH or memory:")
+        raise FormatError(
+            f"store spec {spec!r} names no path: use jsonl:DIR, sqlite:PATH or memory:"
+        )
     if sep and scheme == "sqlite":
         return SqliteStore(rest, create=create)
     if sep and scheme == "jsonl":
