@@ -45,8 +45,8 @@ from durable_harness.harness.tool_calls import ToolCalls
 from durable_harness.harness.turns import Turns
 from durable_harness.ids import new_id, now_ms, uuid7
 from durable_harness.models.entries import validate_message
-from durable_harness.session.context import estimate_tokens
 from durable_harness.providers.base import Provider
+from durable_harness.session.context import estimate_tokens
 from durable_harness.session.session import Session
 from durable_harness.storage.base import EntryOp, Op, RecordOp, SessionStore
 from durable_harness.tools.base import Tool, ToolResult
@@ -602,9 +602,9 @@ def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
 __all__ = [
     "Harness",
     "HarnessCore",
-    "ToolCalls",
-    "Turns",
     "HarnessOptions",
     "RunHandle",
+    "ToolCalls",
+    "Turns",
     "estimate_tokens",
 ]

@@ -13,7 +13,6 @@ from durable_harness import crash
 from durable_harness.errors import (
     AttemptCapReached,
     ProviderError,
-    RunInProgress,
 )
 from durable_harness.harness.core import HarnessCore, _LiveRun
 from durable_harness.harness.records import record

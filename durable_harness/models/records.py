@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 from functools import cache
-from typing import TYPE_CHECKING, Any, Literal, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, Required, get_type_hints
 
-from typing_extensions import Required, TypedDict
+from typing_extensions import TypedDict
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -374,7 +375,7 @@ def field_docs(td: type) -> dict[str, str]:
         tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
         node = tree.body[0]
         body = node.body if isinstance(node, ast.ClassDef) else []
-        for field, nxt in zip(body, body[1:], strict=False):
+        for field, nxt in itertools.pairwise(body):
             if (
                 isinstance(field, ast.AnnAssign)
                 and isinstance(field.target, ast.Name)

@@ -36,8 +36,9 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 def record_shape_error(rec: dict[str, Any]) -> str | None:
     """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope
-    (``type`` and ``id`` strings, ``lane`` and ``runId`` strings or null), then every check registered with :func:`register_record_check` (the record fields the
-    harness declares in :mod:`durable_harness.models.records`)."""
+    (``type`` and ``id`` strings, ``lane`` and ``runId`` strings or null), then every check
+    registered with :func:`register_record_check` (the record fields the harness declares in
+    :mod:`durable_harness.models.records`)."""
     if not isinstance(rec.get("type"), str) or not isinstance(rec.get("id"), str):
         return "type and id must be strings"
     if not (_opt(rec.get("lane"), str) and _opt(rec.get("runId"), str)):
