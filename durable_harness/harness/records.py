@@ -13,19 +13,21 @@ imports it, so the check is in place before any store is opened.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from durable_harness.ids import new_id, now_iso
 from durable_harness.models.records import (
     DECLARATIONS,
     RECORD_TYPES,
+    Queue,
     record_fields_error,
 )
 from durable_harness.storage.shapes import register_record_check
 
 register_record_check(record_fields_error)
 
-QUEUES = ("steer", "follow_up", "next_run")
+QUEUES: tuple[str, ...] = get_args(Queue)
+"""The input queues, in delivery order."""
 
 __all__ = ["QUEUES", "RECORD_TYPES", "idempotency_key", "record"]
 

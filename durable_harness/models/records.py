@@ -19,13 +19,9 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
-from functools import cache
-from typing import TYPE_CHECKING, Any, Literal, Required, get_type_hints
+from typing import Any, Literal, Required, get_type_hints
 
 from typing_extensions import TypedDict
-
-if TYPE_CHECKING:
-    from pydantic import TypeAdapter
 
 Queue = Literal["steer", "follow_up", "next_run"]
 """The three input queues of a lane."""
@@ -342,11 +338,17 @@ def fields_of(rtype: str) -> frozenset[str]:
     return frozenset(get_type_hints(DECLARATIONS[rtype]))
 
 
-@cache
-def _adapter(rtype: str) -> TypeAdapter[Any]:
-    from pydantic import TypeAdapter  # imported on first check: the CLI starts without it
+_VALIDATORS: dict[str, Any] = {}
 
-    return TypeAdapter(DECLARATIONS[rtype])
+
+def _validator(rtype: str) -> Any:
+    """The compiled pydantic-core validator of a declaration, built on first use (pydantic is
+    imported then: the command line starts without it)."""
+    from pydantic import TypeAdapter
+
+    validator = TypeAdapter(DECLARATIONS[rtype]).validator
+    _VALIDATORS[rtype] = validator
+    return validator
 
 
 def record_fields_error(rec: dict[str, Any]) -> str | None:
@@ -356,12 +358,14 @@ def record_fields_error(rec: dict[str, Any]) -> str | None:
     rtype = rec.get("type")
     if not isinstance(rtype, str) or rtype not in DECLARATIONS:
         return None
-    from pydantic import ValidationError
-
+    validator = _VALIDATORS.get(rtype) or _validator(rtype)
     try:
-        _adapter(rtype).validate_python(rec, strict=True)
-    except ValidationError as exc:
-        err = exc.errors()[0]
+        validator.validate_python(rec, strict=True)
+    except ValueError as exc:  # pydantic_core.ValidationError
+        errors = getattr(exc, "errors", None)
+        if not callable(errors):
+            raise
+        err = errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "record"
         return f"{rtype} record: {where}: {err['msg']}"
     return None
