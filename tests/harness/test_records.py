@@ -178,3 +178,22 @@ def test_a_stored_record_of_the_wrong_shape_reads_as_damage(tmp_path: Path) -> N
         assert s2.records() == []
         assert [d["kind"] for d in s2.damage] == ["bad_row"]
         assert "attempt" in json.dumps(s2.damage)
+
+
+def test_a_stored_jsonl_record_of_the_wrong_shape_reads_as_damage(tmp_path: Path) -> None:
+    """The same guarantee on JSONL: a commit line holding a declared record with a field of the
+    wrong type is reported (``bad_line``) and left out, never handed to the fold."""
+    store = open_store(f"jsonl:{tmp_path}")
+    s = store.create_session("/p")
+    good = harness_records.record("tool_started", "main", "run-1", toolCallId="c1", attempt=1)
+    s.commit([RecordOp(good)])
+    sid = s.session_id
+    s.close()
+    (path,) = list(tmp_path.rglob(f"*{sid}*.jsonl"))
+    bad = {"type": "tool_started", "id": "z", "lane": "main", "attempt": "one", "seq": 50}
+    line = json.dumps({"gen": 1, "ops": [{"op": "record", "record": bad}]}).encode()
+    with open(path, "ab") as fh:
+        fh.write(line + b"\n")
+    with store.open_session(sid, write=False) as s2:
+        assert [r["id"] for r in s2.records()] == [good["id"]]
+        assert "bad_line" in [d["kind"] for d in s2.damage]
