@@ -143,3 +143,46 @@ def test_resume_is_the_recovery_entry_point() -> None:
     assert json.dumps(sorted(params)) == json.dumps(
         sorted(["session", "tools", "provider", "decisions", "policy", "options", "lanes"])
     )
+
+
+@pytest.mark.anyio
+async def test_recover_and_resume_from_the_top_level(tmp_path: Path) -> None:
+    """A run left open mid-tool (its harness cancelled) is planned by ``recover`` and finished
+    by ``resume``, using only top-level names and the ``memory:`` store."""
+    import anyio
+    from pydantic import BaseModel
+
+    dh = durable_harness
+    started = anyio.Event()
+    calls: list[str] = []
+
+    class Wait(dh.Tool):
+        name = "wait"
+        description = "Blocks the first time."
+        replay = "safe"
+
+        class Args(BaseModel):
+            pass
+
+        async def execute(self, args: BaseModel, ctx: dh.ToolContext) -> dh.ToolResult:
+            calls.append(ctx.idempotency_key)
+            if len(calls) == 1:
+                started.set()
+                await anyio.sleep_forever()
+            return dh.ToolResult.text("waited")
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": [{"tool_calls": [{"name": "wait"}]}, {"text": "done"}]}))
+    tools = [Wait()]
+    with dh.Session(dh.open_store("memory:").create_session(str(tmp_path))) as session:
+        with anyio.CancelScope() as scope:
+            async with dh.Harness(session, dh.make_provider(f"scripted:{script}"), tools) as h:
+                await h.prompt("go")
+                await started.wait()
+                scope.cancel()
+        plan = await anyio.to_thread.run_sync(dh.recover, session, tools)
+        assert isinstance(plan, dh.RecoveryPlan)
+        assert plan.lane("main").step().action == "resume_tool_calls"
+        outcome = await dh.resume(session, tools, provider=dh.make_provider(f"scripted:{script}"))
+        assert outcome == {"main": "completed"}
+        assert len(calls) == 2 and calls[0] == calls[1]  # the same call, the same key
