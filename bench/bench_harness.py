@@ -207,7 +207,7 @@ async def harness_run(
     )
     tool_times: list[float] = []
     pair_times: list[float] = []
-    real_run_tool = harness._run_tool
+    real_run_tool = harness.tool_calls.run_tool
     pair_fd = None
     if pair_dir is not None:
         from bench.bench_storage import commit_line_size
@@ -227,7 +227,7 @@ async def harness_run(
         tool_times.append(time.perf_counter() - t0)
 
     if instrument:
-        harness._run_tool = timed_run_tool  # type: ignore[method-assign]
+        harness.tool_calls.run_tool = timed_run_tool  # type: ignore[method-assign]
     turn_starts: list[float] = []
     harness.subscribe(
         lambda e: turn_starts.append(time.perf_counter()) if e["type"] == "turn_start" else None

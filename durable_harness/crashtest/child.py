@@ -19,6 +19,7 @@ import anyio
 from durable_harness.crashtest.scenario import Scenario, load
 from durable_harness.errors import NoOpenRun
 from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
+from durable_harness.harness.tool_calls import ToolCalls
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
@@ -56,10 +57,19 @@ def _already(session: Session, harness: Harness, i: int, step: dict[str, Any]) -
     return bool(op == "abort")
 
 
-async def play(sc: Scenario, session: Session, cont: bool) -> None:
-    """Play the scenario's steps (see the module docstring)."""
+async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False) -> None:
+    """Play the scenario's steps (see the module docstring); ``broken`` builds the harness with
+    the deliberately broken tool path (:mod:`durable_harness.crashtest.broken`)."""
     handles: dict[str, RunHandle] = {}
-    async with Harness(session, make_provider(sc), builtin_tools(), options=options(sc)) as h:
+    tool_calls: type[ToolCalls] = ToolCalls
+    if broken:
+        from durable_harness.crashtest.broken import BrokenToolCalls
+
+        tool_calls = BrokenToolCalls
+    harness = Harness(
+        session, make_provider(sc), builtin_tools(), options=options(sc), tool_calls=tool_calls
+    )
+    async with harness as h:
         triggers: list[tuple[str, str, dict[str, Any], int]] = []
 
         def on_event(event: dict[str, Any]) -> None:
@@ -111,10 +121,7 @@ def main(argv: list[str]) -> int:
     """Entry point; see the module docstring for the arguments."""
     scenario, store_spec, cwd, sid_file = argv[:4]
     cont = "--continue" in argv
-    if "--broken-intent-order" in argv:
-        from durable_harness.crashtest.broken import install
-
-        install()
+    broken = "--broken-intent-order" in argv
     sc = load(scenario)
     store = open_store(store_spec)
     if cont:
@@ -128,7 +135,7 @@ def main(argv: list[str]) -> int:
         os.close(fd)
     os.chdir(cwd)
     with session:
-        anyio.run(play, sc, session, cont)
+        anyio.run(play, sc, session, cont, broken)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The harness core: options, run handles, events, commits and durability barriers.
 
-Shared by the run-loop modules (:mod:`.harness`, :mod:`.turns`, :mod:`.tool_calls`); it
-writes nothing by itself except through :meth:`HarnessCore._commit`.
+Shared by the harness's components (:mod:`.harness`, :mod:`.turns`, :mod:`.tool_calls`),
+each of which holds a reference to one :class:`HarnessCore`; nothing is written except
+through :meth:`HarnessCore.commit`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import anyio
 
@@ -112,7 +113,15 @@ class _Suspend(Exception):
 
 
 class HarnessCore:
-    """State and helpers shared by the run-loop mixins; use :class:`Harness`."""
+    """What the harness's components share: the session, provider, tools and options, the live
+    runs, the folded lane logs, the event subscribers and the task group; and the only way they
+    write (:meth:`commit`, made durable by :meth:`barrier`).
+
+    One is built by each :class:`~durable_harness.harness.harness.Harness` and handed to its
+    components (:class:`~durable_harness.harness.turns.Turns`,
+    :class:`~durable_harness.harness.tool_calls.ToolCalls`); it is internal, not part of the
+    public surface.
+    """
 
     def __init__(
         self,
@@ -128,65 +137,46 @@ class HarnessCore:
         self.provider = provider
         tool_list = list(tools.values()) if isinstance(tools, dict) else list(tools or [])
         self.tools: dict[str, Tool] = {t.name: t for t in tool_list}
-        self._specs = [t.spec() for t in tool_list]
+        self.specs = [t.spec() for t in tool_list]
         self.cwd = Path(cwd or session.cwd or ".")
         self.options = options or HarnessOptions()
-        self._runs: dict[str, _LiveRun] = {}
-        self._lanes: dict[str, LaneLog] = {}
-        self._subscribers: list[Callable[[Event], Any]] = []
-        self._tg: anyio.abc.TaskGroup | None = None
-
-    async def __aenter__(self) -> Self:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
-        assert self._tg is not None
-        try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
-        except BaseExceptionGroup as group:
-            # An error raised in the body of `async with Harness(...)` (e.g. LaneSuspended from
-            # prompt()) comes back wrapped by the task group: hand the caller the error itself.
-            if exc is not None and len(group.exceptions) == 1 and group.exceptions[0] is exc:
-                raise exc from None
-            raise
-        finally:
-            self._tg = None
+        self.runs: dict[str, _LiveRun] = {}
+        self.lanes: dict[str, LaneLog] = {}
+        self.subscribers: list[Callable[[Event], Any]] = []
+        self.tg: anyio.abc.TaskGroup | None = None
 
     # -- events ----------------------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Event], Any]) -> Callable[[], None]:
-        """Call ``callback(event)`` for every event; returns an unsubscribe function.
+        """Call ``callback(event)`` for every event; returns an unsubscribe function."""
+        self.subscribers.append(callback)
+        return lambda: self.subscribers.remove(callback)
 
-        Events: ``run_start``, ``turn_start``, ``message_start``, ``message_update``,
-        ``message_end``, ``tool_execution_start``, ``tool_execution_end``, ``turn_end``,
-        ``run_end``, ``queue_update``. Each is a dict with ``type``, ``lane`` and ``runId``.
-        """
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
-
-    def _emit(self, etype: str, live: _LiveRun | None, **fields: Any) -> None:
+    def emit(self, etype: str, live: _LiveRun | None, **fields: Any) -> None:
+        """Send an event of type ``etype`` (with the run's ``lane`` and ``runId``, if any) to
+        every subscriber."""
         event = {"type": etype, **fields}
         if live is not None:
             event.setdefault("lane", live.state.lane)
             event.setdefault("runId", live.state.run_id)
-        for cb in list(self._subscribers):
+        for cb in list(self.subscribers):
             cb(event)
 
     # -- commits ---------------------------------------------------------------------------
 
-    def _lane_log(self, lane: str) -> LaneLog:
-        if lane not in self._lanes:
-            self._lanes[lane] = fold_lane(self.store.records(lane))
-        return self._lanes[lane]
+    def lane_log(self, lane: str) -> LaneLog:
+        """The lane's folded log (folded from storage once, then kept up to date by
+        :meth:`commit`)."""
+        if lane not in self.lanes:
+            self.lanes[lane] = fold_lane(self.store.records(lane))
+        return self.lanes[lane]
 
-    def _commit(
+    def commit(
         self, ops: list[Op], live: _LiveRun | None = None, assistant: dict[str, Any] | None = None
     ) -> None:
         """Commit ``ops``, then fold its records into the run and lane state.
 
-        The commit is written, not yet fsynced: :meth:`_barrier` makes it durable, and the
+        The commit is written, not yet fsynced: :meth:`barrier` makes it durable, and the
         harness calls it before every effect (a provider request, a tool) and before a verb
         that accepted input returns (or a run settles). Write-ahead therefore holds with one
         fsync per boundary: a settlement rides on the fsync of the next intent. ``sync`` mode
@@ -198,26 +188,32 @@ class HarnessCore:
                 rec = op.record
                 lane = rec.get("lane")
                 if lane is not None:
-                    self._lane_log(str(lane)).apply(rec)
+                    self.lane_log(str(lane)).apply(rec)
                 if live is not None and rec.get("runId") == live.state.run_id:
                     live.state.apply(rec, assistant)
 
-    async def _barrier(self) -> None:
+    async def barrier(self) -> None:
         """Wait until every commit so far is durable (a no-op in ``none`` mode)."""
         await self.store.wait_durable_async()
 
-    def _entry(
+    def entry(
         self, lane: str, entry: dict[str, Any], *, parent: str | Literal[False] | None = False
     ) -> dict[str, Any]:
         """Prepare an entry appended under the lane's leaf (or ``parent``)."""
         leaf = self.session.leaf(lane) if parent is False else parent
         return self.session.make_entry(entry, parent_id=leaf, validate=False)
 
-    def _check_idle(self, lane: str) -> None:
-        if lane in self._runs:
+    def check_idle(self, lane: str) -> None:
+        """Raise unless the lane has neither a live run nor an interrupted one.
+
+        Raises:
+            RunInProgress: the lane has a live run in this harness.
+            LaneSuspended: the lane has an interrupted run waiting for recovery.
+        """
+        if lane in self.runs:
             raise RunInProgress(
                 f"lane {lane!r} of session {self.session.id} already has run "
-                f"{self._runs[lane].state.run_id}",
+                f"{self.runs[lane].state.run_id}",
                 lane=lane,
             )
         open_run = self.session.lane(lane).run_id

@@ -12,8 +12,9 @@ continues exactly where the crashed one stopped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Self
 
 import anyio
 
@@ -26,6 +27,7 @@ from durable_harness.errors import (
     RunInProgress,
 )
 from durable_harness.harness.core import (
+    Event,
     HarnessCore,
     HarnessOptions,
     RunHandle,
@@ -39,17 +41,25 @@ from durable_harness.harness.state import (
     fold_run,
 )
 from durable_harness.harness.steps import Step, next_step
-from durable_harness.harness.tool_calls import ToolCallsMixin
-from durable_harness.harness.turns import TurnsMixin
+from durable_harness.harness.tool_calls import ToolCalls
+from durable_harness.harness.turns import Turns
 from durable_harness.ids import new_id, now_ms, uuid7
 from durable_harness.models.entries import validate_message
+from durable_harness.providers.base import Provider
 from durable_harness.session.context import estimate_tokens
-from durable_harness.storage.base import EntryOp, Op, RecordOp
-from durable_harness.tools.base import ToolResult
+from durable_harness.session.session import Session
+from durable_harness.storage.base import EntryOp, Op, RecordOp, SessionStore
+from durable_harness.tools.base import Tool, ToolResult
 
 
-class Harness(ToolCallsMixin, TurnsMixin):
+class Harness:
     """Drives the runs of one :class:`Session` (use as ``async with Harness(...) as h``).
+
+    Built by composition: a shared :class:`~durable_harness.harness.core.HarnessCore` (session,
+    provider, tools, options, live runs, commits) and two components holding it,
+    :attr:`turns` (:class:`~durable_harness.harness.turns.Turns`: provider requests) and
+    :attr:`tool_calls` (:class:`~durable_harness.harness.tool_calls.ToolCalls`); the harness
+    itself accepts input and drives each run step by step.
 
     Args:
         session: an open, writable session.
@@ -57,7 +67,89 @@ class Harness(ToolCallsMixin, TurnsMixin):
         tools: the tools offered to the model (a list or ``{name: tool}``).
         cwd: working directory for tools (default: the session's ``cwd``).
         options: :class:`HarnessOptions`.
+        tool_calls: the class of the tool-call component (default
+            :class:`~durable_harness.harness.tool_calls.ToolCalls`): a documented hook for
+            tests that need a different tool path (the crash matrix's self-test passes a
+            deliberately broken one); not for production use.
     """
+
+    def __init__(
+        self,
+        session: Session,
+        provider: Provider,
+        tools: list[Tool] | dict[str, Tool] | None = None,
+        *,
+        cwd: str | Path | None = None,
+        options: HarnessOptions | None = None,
+        tool_calls: type[ToolCalls] = ToolCalls,
+    ) -> None:
+        self._core = HarnessCore(session, provider, tools, cwd=cwd, options=options)
+        self.turns = Turns(self._core)
+        self.tool_calls = tool_calls(self._core)
+
+    # -- what the harness runs with --------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The session the harness writes."""
+        return self._core.session
+
+    @property
+    def store(self) -> SessionStore:
+        """The session's store (:class:`~durable_harness.storage.base.SessionStore`)."""
+        return self._core.store
+
+    @property
+    def provider(self) -> Provider:
+        """The model provider."""
+        return self._core.provider
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The tools offered to the model, by name."""
+        return self._core.tools
+
+    @property
+    def cwd(self) -> Path:
+        """The tools' working directory."""
+        return self._core.cwd
+
+    @property
+    def options(self) -> HarnessOptions:
+        """The run-loop settings."""
+        return self._core.options
+
+    @property
+    def _tg(self) -> anyio.abc.TaskGroup | None:
+        return self._core.tg
+
+    async def __aenter__(self) -> Self:
+        self._core.tg = anyio.create_task_group()
+        await self._core.tg.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
+        tg = self._core.tg
+        assert tg is not None
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # An error raised in the body of `async with Harness(...)` (e.g. LaneSuspended from
+            # prompt()) comes back wrapped by the task group: hand the caller the error itself.
+            if exc is not None and len(group.exceptions) == 1 and group.exceptions[0] is exc:
+                raise exc from None
+            raise
+        finally:
+            self._core.tg = None
+
+    def subscribe(self, callback: Callable[[Event], Any]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event; returns an unsubscribe function.
+
+        Events: ``run_start``, ``turn_start``, ``message_start``, ``message_update``,
+        ``message_end``, ``tool_execution_start``, ``tool_execution_end``, ``turn_end``,
+        ``run_end``, ``queue_update``. Each is a dict with ``type``, ``lane`` and ``runId``.
+        """
+        return self._core.subscribe(callback)
 
     # -- accepting input -------------------------------------------------------------------
 
@@ -83,10 +175,10 @@ class Harness(ToolCallsMixin, TurnsMixin):
             RunInProgress: the lane has a live run.
             LaneSuspended: the lane has an interrupted run waiting for recovery.
         """
-        self._check_idle(lane)
+        self._core.check_idle(lane)
         message = _user_message(text)
         handle = self._start_run(lane, message, consumed=None, client_key=client_key)
-        await self._barrier()
+        await self._core.barrier()
         return handle
 
     def _start_run(
@@ -97,7 +189,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
         client_key: str | None = None,
     ) -> RunHandle:
         run_id = uuid7()
-        entry = self._entry(lane, {"type": "message", "message": message})
+        entry = self._core.entry(lane, {"type": "message", "message": message})
         rec = record(
             "run_started",
             lane,
@@ -126,22 +218,22 @@ class Harness(ToolCallsMixin, TurnsMixin):
                 )
             )
         live = _LiveRun(RunState(run_id, lane, limits=self.options.limits))
-        self._commit(ops, live)
+        self._core.commit(ops, live)
         crash.crash_point("after_run_started")
         return self._launch(live)
 
     def _launch(self, live: _LiveRun) -> RunHandle:
-        if self._tg is None:
+        if self._core.tg is None:
             raise RuntimeError("use the Harness as `async with Harness(...) as h:`")
-        self._runs[live.state.lane] = live
-        self._tg.start_soon(self._drive, live)
+        self._core.runs[live.state.lane] = live
+        self._core.tg.start_soon(self._drive, live)
         return RunHandle(live)
 
     async def _enqueue(
         self, queue: str, text: str | dict[str, Any], lane: str, client_key: str | None = None
     ) -> str:
         message = _user_message(text)
-        run = self._runs.get(lane)
+        run = self._core.runs.get(lane)
         if queue != "next_run" and run is None:
             raise NoOpenRun(
                 f"no run is open on lane {lane!r} of session {self.session.id} to "
@@ -159,10 +251,10 @@ class Harness(ToolCallsMixin, TurnsMixin):
         )
         if client_key is not None:
             rec["clientKey"] = client_key
-        self._commit([RecordOp(rec)], run)
-        await self._barrier()
+        self._core.commit([RecordOp(rec)], run)
+        await self._core.barrier()
         crash.crash_point("after_queue_enqueued")
-        self._emit("queue_update", run, lane=lane, queue=queue, itemId=item_id)
+        self._core.emit("queue_update", run, lane=lane, queue=queue, itemId=item_id)
         if queue == "next_run" and run is None and self.session.lane(lane).run_id is None:
             self._start_next(lane)
         return item_id
@@ -195,15 +287,15 @@ class Harness(ToolCallsMixin, TurnsMixin):
         return await self._enqueue("next_run", text, lane, client_key)
 
     async def _set(self, lane: str, write: dict[str, Any], client_key: str | None = None) -> None:
-        run = self._runs.get(lane)
+        run = self._core.runs.get(lane)
         if run is None:
-            self._commit([EntryOp(self._entry(lane, write), lane=lane)])
+            self._core.commit([EntryOp(self._core.entry(lane, write), lane=lane)])
         else:
             rec = record("write_deferred", lane, run.state.run_id, write=write)
             if client_key is not None:
                 rec["clientKey"] = client_key
-            self._commit([RecordOp(rec)], run)
-        await self._barrier()
+            self._core.commit([RecordOp(rec)], run)
+        await self._core.barrier()
 
     async def set_model(
         self, provider: str, model_id: str, *, lane: str = "main", client_key: str | None = None
@@ -235,17 +327,46 @@ class Harness(ToolCallsMixin, TurnsMixin):
         Raises:
             NoOpenRun: no live run on the lane.
         """
-        live = self._runs.get(lane)
+        live = self._core.runs.get(lane)
         if live is None:
             raise NoOpenRun(f"no live run on lane {lane!r} of session {self.session.id}")
         if not live.state.abort_requested:
-            self._commit([RecordOp(record("abort_requested", lane, live.state.run_id))], live)
-            await self._barrier()
+            self._core.commit([RecordOp(record("abort_requested", lane, live.state.run_id))], live)
+            await self._core.barrier()
             crash.crash_point("after_abort_requested")
         if live.scope is not None:
             live.scope.cancel()
         await live.done.wait()
         return live.returned
+
+    # -- compaction and navigation ---------------------------------------------------------
+
+    async def compact(self, lane: str = "main") -> dict[str, Any]:
+        """Compact the lane's context by hand (between runs): summarize what comes before a
+        cut that keeps about ``keep_recent_tokens`` of recent context, never inside a tool
+        call's exchange (the cut is always at a user message); the summary is a provider
+        request under the intent rules. Returns the compaction entry.
+
+        Raises:
+            RunInProgress: a run is live on the lane (runs compact themselves between turns).
+            AttemptCapReached, ProviderError: the summary request failed.
+        """
+        if lane in self._core.runs:
+            raise RunInProgress(f"lane {lane!r} has a live run; compaction runs between turns")
+        return await self.turns.compact(lane, None)
+
+    async def navigate(
+        self, target_id: str | None, *, lane: str = "main", summarize: bool = True
+    ) -> dict[str, Any] | None:
+        """Move the lane to ``target_id``; with ``summarize``, append a branch summary of the
+        branch being left (a provider request under the intent rules). Returns the summary
+        entry, or ``None`` when not summarizing.
+
+        Raises:
+            RunInProgress: a run is live on the lane.
+            UnknownEntry: the target does not exist.
+        """
+        return await self.turns.navigate(target_id, lane=lane, summarize=summarize)
 
     # -- resuming --------------------------------------------------------------------------
 
@@ -285,13 +406,13 @@ class Harness(ToolCallsMixin, TurnsMixin):
             RunInProgress: the lane already has a live run in this harness.
             RecoveryError: the step is for a run the lane does not have open.
         """
-        if lane in self._runs:
+        if lane in self._core.runs:
             raise RunInProgress(f"lane {lane!r} already has a live run", lane=lane)
         state = self.load_run(lane)
         if state is None:
             if step.action == "start_next_run":
                 self._start_next(lane)
-            live_next = self._runs.get(lane)
+            live_next = self._core.runs.get(lane)
             return RunHandle(live_next) if live_next else None
         if step.action in ("none", "start_next_run"):
             raise RecoveryError(
@@ -313,15 +434,15 @@ class Harness(ToolCallsMixin, TurnsMixin):
                 decision=decision.get("decision"),
                 result=decision.get("result"),
             )
-            self._commit([RecordOp(rec)], live)
-        await self._barrier()  # every decision is durable before it acts
+            self._core.commit([RecordOp(rec)], live)
+        await self._core.barrier()  # every decision is durable before it acts
         return self._launch(live)
 
     # -- the driver ------------------------------------------------------------------------
 
     async def _drive(self, live: _LiveRun) -> None:
         s = live.state
-        self._emit("run_start", live)
+        self._core.emit("run_start", live)
         try:
             with anyio.CancelScope() as scope:
                 live.scope = scope
@@ -329,7 +450,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
                     await self._steps(live)
             if s.abort_requested and s.outcome is None:
                 with anyio.CancelScope(shield=True):
-                    self._settle_aborted(live)
+                    self.tool_calls.settle_aborted(live)
         except _Suspend:
             live.outcome = None
         except AttemptCapReached as exc:
@@ -338,10 +459,10 @@ class Harness(ToolCallsMixin, TurnsMixin):
             self._finish(live, "failed", reason=exc.message)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._barrier()
+                await self._core.barrier()
             live.outcome = s.outcome if s.outcome else live.outcome
-            self._runs.pop(s.lane, None)
-            self._emit(
+            self._core.runs.pop(s.lane, None)
+            self._core.emit(
                 "run_end", live, outcome=live.outcome or "suspended", awaiting=list(live.waiting)
             )
             live.done.set()
@@ -349,9 +470,9 @@ class Harness(ToolCallsMixin, TurnsMixin):
             self._start_next(s.lane)
 
     def _start_next(self, lane: str) -> None:
-        if lane in self._runs or self._tg is None:
+        if lane in self._core.runs or self._core.tg is None:
             return
-        pending = self._lane_log(lane).pending("next_run")
+        pending = self._core.lane_log(lane).pending("next_run")
         if pending:
             self._start_run(lane, pending[0].message, consumed=pending[0])
 
@@ -362,7 +483,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
         while s.outcome is None and not s.abort_requested:
             step, live.first = live.first, None
             if step is None:
-                step = next_step(s, self._lane_log(s.lane), {})
+                step = next_step(s, self._core.lane_log(s.lane), {})
             await self._take(live, step)
 
     async def _take(self, live: _LiveRun, step: Step) -> None:
@@ -370,31 +491,31 @@ class Harness(ToolCallsMixin, TurnsMixin):
         s = live.state
         action = step.action
         if action in ("resume_tool_calls", "await_decision"):
-            await self._tool_batch(live, step)
+            await self.tool_calls.tool_batch(live, step)
         elif action in ("save_point", "deliver_queued"):
-            lane_log = self._lane_log(s.lane)
+            lane_log = self._core.lane_log(s.lane)
             queued = lane_log.pending("steer")
             if not s.tool_calls:
                 queued += lane_log.pending("follow_up")
             crash.crash_point("before_save_point")
             self._save_point(live, queued)
             crash.crash_point("after_save_point")
-            self._emit("turn_end", live, turn=s.turns)
+            self._core.emit("turn_end", live, turn=s.turns)
         elif action == "finish_run":
-            self._emit("turn_end", live, turn=s.turns)
+            self._core.emit("turn_end", live, turn=s.turns)
             crash.crash_point("before_run_finished")
             self._finish(live, "failed" if s.last_stop_reason == "error" else "completed")
         elif action == "fail_run_limit":
-            self._settle_not_run(live, step.reason or "the run reached its limit")
+            self.tool_calls.settle_not_run(live, step.reason or "the run reached its limit")
             self._finish(live, "failed", reason=step.reason)
         elif action == "park_failed_attempt_cap":
             self._finish(live, "failed", reason=step.reason)
         elif action in ("issue_provider_request", "reissue_provider_request"):
             if step.purpose == "compaction":
-                await self.compact(lane=s.lane, _live=live)
+                await self.turns.compact(s.lane, live)
             else:
-                await self._maybe_compact(live)
-                await self._provider_turn(live)
+                await self.turns.maybe_compact(live)
+                await self.turns.provider_turn(live)
         elif action == "settle_aborted":
             return  # the driver settles an aborted run once the loop ends
         else:
@@ -419,15 +540,15 @@ class Harness(ToolCallsMixin, TurnsMixin):
                 )
             )
         )
-        self._commit(ops, live)
+        self._core.commit(ops, live)
         crash.crash_point("after_run_finished")
 
     def _deferred_ops(self, lane: str) -> tuple[list[Op], list[str]]:
         ops: list[Op] = []
         applied: list[str] = []
         leaf = self.session.leaf(lane)
-        for rec in self._lane_log(lane).deferred:
-            entry = self._entry(lane, dict(rec["write"]), parent=leaf)
+        for rec in self._core.lane_log(lane).deferred:
+            entry = self._core.entry(lane, dict(rec["write"]), parent=leaf)
             ops.append(EntryOp(entry, lane=lane))
             applied.append(rec["id"])
             leaf = entry["id"]
@@ -441,7 +562,9 @@ class Harness(ToolCallsMixin, TurnsMixin):
         by_queue: dict[str, list[str]] = {}
         entry_ids: list[str] = []
         for item in queued:
-            entry = self._entry(s.lane, {"type": "message", "message": item.message}, parent=leaf)
+            entry = self._core.entry(
+                s.lane, {"type": "message", "message": item.message}, parent=leaf
+            )
             ops.append(EntryOp(entry, lane=s.lane))
             leaf = entry["id"]
             entry_ids.append(entry["id"])
@@ -462,7 +585,7 @@ class Harness(ToolCallsMixin, TurnsMixin):
                 )
             )
         )
-        self._commit(ops, live)
+        self._core.commit(ops, live)
 
 
 def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
@@ -481,5 +604,7 @@ __all__ = [
     "HarnessCore",
     "HarnessOptions",
     "RunHandle",
+    "ToolCalls",
+    "Turns",
     "estimate_tokens",
 ]

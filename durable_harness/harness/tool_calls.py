@@ -31,12 +31,26 @@ FAILED_BY_DECISION = (
 )
 
 
-class ToolCallsMixin(HarnessCore):
-    """Running a turn's tool calls and settling aborted runs."""
+class ToolCalls:
+    """The harness's tool-call component: runs a turn's tool calls (intent durable before
+    the effect), settles them, and settles aborted runs.
+
+    It is also the harness's one extension point for the tool path: ``Harness(...,
+    tool_calls=SubClass)`` builds the component from a subclass. The crash matrix's self-test
+    uses it to install a deliberately broken order (:mod:`durable_harness.crashtest.broken`);
+    a subclass that changes :meth:`run_tool` can break write-ahead, so production code has no
+    reason to pass one.
+
+    Args:
+        core: the harness's shared :class:`~durable_harness.harness.core.HarnessCore`.
+    """
+
+    def __init__(self, core: HarnessCore) -> None:
+        self.core = core
 
     # -- tool calls ------------------------------------------------------------------------
 
-    async def _tool_batch(self, live: _LiveRun, step: Step) -> None:
+    async def tool_batch(self, live: _LiveRun, step: Step) -> None:
         """Execute a step's call actions (``design/recovery.md``): the calls to run run (in
         parallel), the others are settled as decided; then, if any call waits for a
         decision, the run suspends."""
@@ -52,22 +66,22 @@ class ToolCallsMixin(HarnessCore):
             elif action == "await_decision":
                 live.waiting.append(call.tool_call_id)
             elif action == "reconcile":
-                self._settle(live, call, live.results[call.key], outcome="reconciled")
+                self.settle(live, call, live.results[call.key], outcome="reconciled")
             elif action == "fail":
                 result = ToolResult.text(FAILED_BY_DECISION, is_error=True)
-                self._settle(live, call, result, outcome="failed_by_policy")
+                self.settle(live, call, result, outcome="failed_by_policy")
             elif action == "apply_decision":
                 self._apply_decision(live, call)
             elif action == "reject":
                 self._reject_unknown(live, call)
         if len(to_run) == 1:  # the common batch: no task group needed to run it
-            await self._run_tool(live, to_run[0])
+            await self.run_tool(live, to_run[0])
         elif to_run:
             async with anyio.create_task_group() as tg:
                 for call in to_run:
-                    tg.start_soon(self._run_tool, live, call)
+                    tg.start_soon(self.run_tool, live, call)
         if live.waiting:  # everything that could run has run; the rest waits for decisions
-            self._emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
+            self.core.emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
             raise _Suspend()
 
     def _kill_leftover(self, live: _LiveRun, call: ToolCallState) -> None:
@@ -77,7 +91,7 @@ class ToolCallsMixin(HarnessCore):
         if call.process and isinstance(call.process.get("pgid"), int):
             start = call.process.get("startTime")
             if kill_group(call.process["pgid"], start if isinstance(start, int) else None):
-                self._emit(
+                self.core.emit(
                     "tool_process_killed",
                     live,
                     toolCallId=call.tool_call_id,
@@ -91,17 +105,17 @@ class ToolCallsMixin(HarnessCore):
         kind = decision.get("decision")
         text = str(decision.get("result")) if kind == "result" else FAILED_BY_DECISION
         result = ToolResult.text(text, is_error=kind != "result")
-        self._settle(live, call, result, outcome=f"decided_{kind}")
+        self.settle(live, call, result, outcome=f"decided_{kind}")
 
-    def _settle_not_run(self, live: _LiveRun, reason: str) -> None:
+    def settle_not_run(self, live: _LiveRun, reason: str) -> None:
         """Give every unstarted call of the turn a "not run" result (a run that fails at its
         limit keeps a well-formed transcript)."""
         for call in live.state.tool_calls:
             if call.status == "not_started":
                 text = f"Tool call not run: {reason}."
-                self._settle(live, call, ToolResult.text(text, is_error=True), outcome="not_run")
+                self.settle(live, call, ToolResult.text(text, is_error=True), outcome="not_run")
 
-    def _tool_ctx(
+    def tool_ctx(
         self, s: RunState, call: ToolCallState, live: _LiveRun | None = None
     ) -> ToolContext:
         key = idempotency_key(s.run_id, call.key)
@@ -118,10 +132,10 @@ class ToolCallsMixin(HarnessCore):
                 pgid=pgid,
                 startTime=process_start_time(pgid),
             )
-            self._commit([RecordOp(rec)], live)
+            self.core.commit([RecordOp(rec)], live)
 
         return ToolContext(
-            cwd=self.cwd,
+            cwd=self.core.cwd,
             run_id=s.run_id,
             tool_call_id=call.tool_call_id,
             idempotency_key=key,
@@ -132,22 +146,22 @@ class ToolCallsMixin(HarnessCore):
         """Answer a call of a tool that is not registered with an error result (no intent:
         nothing runs)."""
         result = ToolResult.text(f"unknown tool {call.tool_name!r}", is_error=True)
-        self._settle(live, call, result, outcome="error")
+        self.settle(live, call, result, outcome="error")
 
-    async def _run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
+    async def run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
         s = live.state
-        tool = self.tools.get(call.tool_name)
+        tool = self.core.tools.get(call.tool_name)
         if tool is None:
             self._reject_unknown(live, call)
             return
         try:
             args = tool.parse_args(call.arguments)
         except ToolError as exc:
-            self._settle(live, call, ToolResult.text(exc.message, is_error=True), outcome="error")
+            self.settle(live, call, ToolResult.text(exc.message, is_error=True), outcome="error")
             return
-        ctx = self._tool_ctx(s, call, live)
+        ctx = self.tool_ctx(s, call, live)
         result_id = new_id()
-        self._commit(
+        self.core.commit(
             [
                 RecordOp(
                     record(
@@ -167,9 +181,9 @@ class ToolCallsMixin(HarnessCore):
             ],
             live,
         )
-        await self._barrier()
+        await self.core.barrier()
         crash.crash_point("after_tool_started")
-        self._emit(
+        self.core.emit(
             "tool_execution_start",
             live,
             toolCallId=call.tool_call_id,
@@ -185,12 +199,12 @@ class ToolCallsMixin(HarnessCore):
                 f"tool {call.tool_name} raised {type(exc).__name__}: {exc}", is_error=True
             )
         crash.crash_point("after_tool_effect")
-        self._settle(
+        self.settle(
             live, call, result, outcome="error" if result.is_error else "ok", result_id=result_id
         )
         crash.crash_point("after_tool_finished")
 
-    def _settle(
+    def settle(
         self,
         live: _LiveRun,
         call: ToolCallState,
@@ -200,8 +214,8 @@ class ToolCallsMixin(HarnessCore):
         result_id: str | None = None,
     ) -> None:
         """Commit a tool call's result entry and its ``tool_finished`` record together."""
-        self._commit(self._settlement_ops(live.state, call, result, outcome, result_id), live)
-        self._emit(
+        self.core.commit(self._settlement_ops(live.state, call, result, outcome, result_id), live)
+        self.core.emit(
             "tool_execution_end",
             live,
             toolCallId=call.tool_call_id,
@@ -222,7 +236,7 @@ class ToolCallsMixin(HarnessCore):
         """The result entry (under the lane's leaf, or ``parent``) and its ``tool_finished``
         record. The id is the one provisioned by the intent, unless it is taken already."""
         rid = result_id or call.result_entry_id or new_id()
-        if self.store.get_entry(rid) is not None:
+        if self.core.store.get_entry(rid) is not None:
             rid = new_id()
         message: dict[str, Any] = {
             "role": "toolResult",
@@ -234,7 +248,7 @@ class ToolCallsMixin(HarnessCore):
         }
         if result.details is not None:
             message["details"] = result.details
-        entry = self._entry(
+        entry = self.core.entry(
             s.lane, {"type": "message", "id": rid, "message": message}, parent=parent
         )
         finished = record(
@@ -251,24 +265,24 @@ class ToolCallsMixin(HarnessCore):
 
     # -- abort -----------------------------------------------------------------------------
 
-    def _settle_aborted(self, live: _LiveRun) -> None:
+    def settle_aborted(self, live: _LiveRun) -> None:
         """Settle an aborted run in one commit: keep complete parts of a partial answer, give
         every open tool call a result, cancel steer/follow-up items, apply deferred writes."""
         s = live.state
         ops: list[Op] = []
-        leaf = self.session.leaf(s.lane)
+        leaf = self.core.session.leaf(s.lane)
         if s.pending is not None:
             kept = [b for b in live.partial if b.get("type") == "text" and b.get("text")]
             if kept and s.pending.purpose == "turn":  # a partial summary is no answer
                 msg = {
                     "role": "assistant",
                     "content": kept,
-                    "provider": self.provider.name,
-                    "model": self.provider.model,
+                    "provider": self.core.provider.name,
+                    "model": self.core.provider.model,
                     "stopReason": "aborted",
                     "timestamp": now_ms(),
                 }
-                entry = self._entry(
+                entry = self.core.entry(
                     s.lane,
                     {"type": "message", "id": s.pending.response_entry_id, "message": msg},
                     parent=leaf,
@@ -299,7 +313,7 @@ class ToolCallsMixin(HarnessCore):
             )
             ops += settled
             leaf = settled[0].entry["id"]  # type: ignore[union-attr]
-        lane_log = self._lane_log(s.lane)
+        lane_log = self.core.lane_log(s.lane)
         cancelled = lane_log.pending("steer") + lane_log.pending("follow_up")
         if cancelled:
             ops.append(
@@ -314,7 +328,7 @@ class ToolCallsMixin(HarnessCore):
             ]
         applied = []
         for rec in lane_log.deferred:
-            entry = self._entry(s.lane, dict(rec["write"]), parent=leaf)
+            entry = self.core.entry(s.lane, dict(rec["write"]), parent=leaf)
             ops.append(EntryOp(entry, lane=s.lane))
             leaf = entry["id"]
             applied.append(rec["id"])
@@ -323,4 +337,4 @@ class ToolCallsMixin(HarnessCore):
                 record("run_finished", s.lane, s.run_id, outcome="aborted", appliedWrites=applied)
             )
         )
-        self._commit(ops, live)
+        self.core.commit(ops, live)

@@ -13,7 +13,6 @@ from durable_harness import crash
 from durable_harness.errors import (
     AttemptCapReached,
     ProviderError,
-    RunInProgress,
 )
 from durable_harness.harness.core import HarnessCore, _LiveRun
 from durable_harness.harness.records import record
@@ -36,17 +35,25 @@ from durable_harness.storage.base import EntryOp, RecordOp
 _T = TypeVar("_T")
 
 
-class TurnsMixin(HarnessCore):
-    """Provider requests under the intent and settlement rules."""
+class Turns:
+    """The harness's provider component: turns (attempts, retries, streaming), compaction and
+    branch summaries, all under the intent and settlement rules.
+
+    Args:
+        core: the harness's shared :class:`~durable_harness.harness.core.HarnessCore`.
+    """
+
+    def __init__(self, core: HarnessCore) -> None:
+        self.core = core
 
     # -- provider turns --------------------------------------------------------------------
 
-    async def _provider_turn(self, live: _LiveRun) -> None:
+    async def provider_turn(self, live: _LiveRun) -> None:
         s = live.state
         turn = s.turns + 1
         key = attempt_key("turn", turn)
         response_id = self._provisioned(s.pending.response_entry_id if s.pending else None)
-        self._emit("turn_start", live, turn=turn)
+        self.core.emit("turn_start", live, turn=turn)
         await self._with_attempts(
             f"{key} of run {s.run_id}",
             lambda: s.attempts.get(key, 0),
@@ -58,7 +65,7 @@ class TurnsMixin(HarnessCore):
         """The entry id a re-issued request's answer is stored under: the one its first
         attempt provisioned, unless that id is taken already (a damaged log that lost the
         settlement but kept the entry): then a fresh one, never an overwrite."""
-        if entry_id is None or self.store.get_entry(entry_id) is not None:
+        if entry_id is None or self.core.store.get_entry(entry_id) is not None:
             return new_id()
         return entry_id
 
@@ -90,11 +97,11 @@ class TurnsMixin(HarnessCore):
                 raise
             if used() >= cap:
                 raise _cap_reached(what, used(), cap, exc) from exc
-        await anyio.sleep(self.options.retry_initial)
+        await anyio.sleep(self.core.options.retry_initial)
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(cap - used()),
             wait=tenacity.wait_exponential(
-                multiplier=self.options.retry_initial, max=self.options.retry_max
+                multiplier=self.core.options.retry_initial, max=self.core.options.retry_max
             ),
             retry=tenacity.retry_if_exception(
                 lambda e: isinstance(e, ProviderError) and e.retryable
@@ -116,9 +123,9 @@ class TurnsMixin(HarnessCore):
     async def _attempt(self, live: _LiveRun, turn: int, response_id: str) -> None:
         s = live.state
         attempt = s.attempts.get(attempt_key("turn", turn), 0) + 1
-        ctx = self.session.context(lane=s.lane)
-        model = (ctx.model or {}).get("modelId") or self.provider.model
-        self._commit(
+        ctx = self.core.session.context(lane=s.lane)
+        model = (ctx.model or {}).get("modelId") or self.core.provider.model
+        self.core.commit(
             [
                 RecordOp(
                     record(
@@ -128,20 +135,20 @@ class TurnsMixin(HarnessCore):
                         turn=turn,
                         attempt=attempt,
                         responseEntryId=response_id,
-                        provider=self.provider.name,
+                        provider=self.core.provider.name,
                         model=model,
                     )
                 )
             ],
             live,
         )
-        await self._barrier()
+        await self.core.barrier()
         crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
             messages=ctx.messages,
-            tools=self._specs,
+            tools=self.core.specs,
             model=model,
-            system_prompt=self.options.system_prompt,
+            system_prompt=self.core.options.system_prompt,
             thinking_level=ctx.thinking_level,
             run_id=s.run_id,
             turn=turn,
@@ -152,7 +159,7 @@ class TurnsMixin(HarnessCore):
             message = await self._stream(live, request)
         except ProviderError as exc:
             with anyio.CancelScope(shield=True):
-                self._commit(
+                self.core.commit(
                     [
                         RecordOp(
                             record(
@@ -171,7 +178,7 @@ class TurnsMixin(HarnessCore):
                 )
             raise
         message, renamed = unique_tool_call_ids(message)
-        entry = self._entry(s.lane, {"type": "message", "id": response_id, "message": message})
+        entry = self.core.entry(s.lane, {"type": "message", "id": response_id, "message": message})
         finished = record(
             "provider_request_finished",
             s.lane,
@@ -184,7 +191,7 @@ class TurnsMixin(HarnessCore):
         )
         if renamed:
             finished["renamedToolCallIds"] = renamed
-        self._commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
+        self.core.commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
         crash.crash_point("after_assistant_entry")
 
     async def _stream(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
@@ -192,40 +199,43 @@ class TurnsMixin(HarnessCore):
         text: list[str] = []
         first = True
         purpose = request.purpose
-        self._emit("message_start", live, role="assistant", purpose=purpose)
-        async for event in self.provider.stream(request):
+        self.core.emit("message_start", live, role="assistant", purpose=purpose)
+        async for event in self.core.provider.stream(request):
             if first:
                 crash.crash_point("mid_provider_stream")
                 first = False
             if isinstance(event, TextDelta):
                 text.append(event.text)
                 live.partial = [{"type": "text", "text": "".join(text)}]
-                self._emit("message_update", live, delta=event.text, purpose=purpose)
+                self.core.emit("message_update", live, delta=event.text, purpose=purpose)
             elif isinstance(event, ThinkingDelta):
-                self._emit("message_update", live, thinking=event.text)
+                self.core.emit("message_update", live, thinking=event.text)
             elif isinstance(event, ToolCallEvent):
-                self._emit("message_update", live, toolCall={"id": event.id, "name": event.name})
+                self.core.emit(
+                    "message_update", live, toolCall={"id": event.id, "name": event.name}
+                )
             elif isinstance(event, Done):
                 message = dict(event.message)
                 message.setdefault("timestamp", now_ms())
                 if _is_empty(message):
                     raise ProviderError(
-                        f"provider {self.provider.name} returned an empty message", retryable=True
+                        f"provider {self.core.provider.name} returned an empty message",
+                        retryable=True,
                     )
-                self._emit("message_end", live, message=message, purpose=purpose)
+                self.core.emit("message_end", live, message=message, purpose=purpose)
                 return message
         raise ProviderError(
-            f"provider {self.provider.name} ended its stream without a message", retryable=True
+            f"provider {self.core.provider.name} ended its stream without a message", retryable=True
         )
 
     # -- compaction and navigation ---------------------------------------------------------
 
-    async def _maybe_compact(self, live: _LiveRun) -> None:
-        ctx = self.session.context(lane=live.state.lane)
-        limit = self.provider.context_window - self.options.compact_reserve
+    async def maybe_compact(self, live: _LiveRun) -> None:
+        ctx = self.core.session.context(lane=live.state.lane)
+        limit = self.core.provider.context_window - self.core.options.compact_reserve
         tokens = ctx.state.tokens if ctx.state else estimate_tokens(ctx.messages)
         if tokens > limit > 0:
-            await self.compact(lane=live.state.lane, _live=live)
+            await self.compact(live.state.lane, live)
 
     async def _summarize(
         self, lane: str, messages: list[dict[str, Any]], purpose: str, live: _LiveRun | None
@@ -252,8 +262,8 @@ class TurnsMixin(HarnessCore):
 
             what = f"{key} of run {s.run_id}"
         else:
-            turn, cap, op_id = 0, self.options.attempt_cap, new_id()
-            lane_log = self._lane_log(lane)
+            turn, cap, op_id = 0, self.core.options.attempt_cap, new_id()
+            lane_log = self.core.lane_log(lane)
 
             def used() -> int:
                 return lane_log.summary_attempts.get(purpose, 0)
@@ -295,10 +305,10 @@ class TurnsMixin(HarnessCore):
                 }
             ],
         }
-        ctx = self.session.context(lane=lane)
-        model = (ctx.model or {}).get("modelId") or self.provider.model
+        ctx = self.core.session.context(lane=lane)
+        model = (ctx.model or {}).get("modelId") or self.core.provider.model
         started = dict(turn=turn, attempt=attempt, purpose=purpose)
-        self._commit(
+        self.core.commit(
             [
                 RecordOp(
                     record(
@@ -307,14 +317,14 @@ class TurnsMixin(HarnessCore):
                         run_id,
                         **started,
                         responseEntryId=op_id,
-                        provider=self.provider.name,
+                        provider=self.core.provider.name,
                         model=model,
                     )
                 )
             ],
             live,
         )
-        await self._barrier()
+        await self.core.barrier()
         crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
             messages=[*messages, instruction],
@@ -337,7 +347,7 @@ class TurnsMixin(HarnessCore):
                     status=exc.status,
                     retryable=exc.retryable,
                 )
-                self._commit([RecordOp(failed)], live)
+                self.core.commit([RecordOp(failed)], live)
             raise
 
     def _settle_summary(
@@ -363,24 +373,20 @@ class TurnsMixin(HarnessCore):
             usage=message.get("usage"),
             stopReason=message.get("stopReason"),
         )
-        self._commit([EntryOp(entry, lane=lane), RecordOp(finished)], live)
+        self.core.commit([EntryOp(entry, lane=lane), RecordOp(finished)], live)
 
-    async def compact(self, *, lane: str = "main", _live: _LiveRun | None = None) -> dict[str, Any]:
+    async def compact(self, lane: str, live: _LiveRun | None) -> dict[str, Any]:
         """Compact the lane's context: summarize what comes before a cut that keeps about
         ``keep_recent_tokens`` of recent context, never inside a tool call's exchange (the cut
-        is always at a user message). Returns the compaction entry.
-
-        Raises:
-            RunInProgress: called by hand while a run is live on the lane.
+        is always at a user message). ``live``: the run compacting between its turns, or
+        ``None`` outside runs. Returns the compaction entry.
         """
-        if _live is None and lane in self._runs:
-            raise RunInProgress(f"lane {lane!r} has a live run; compaction runs between turns")
-        ctx = self.session.context(lane=lane)
-        cut = _cut_index(ctx.messages, ctx.entry_ids, self.options.keep_recent_tokens)
+        ctx = self.core.session.context(lane=lane)
+        cut = _cut_index(ctx.messages, ctx.entry_ids, self.core.options.keep_recent_tokens)
         first_kept = ctx.entry_ids[cut] if cut is not None else None
         summarized = ctx.messages[:cut] if cut is not None else ctx.messages
-        message, op_id, attempt = await self._summarize(lane, summarized, "compaction", _live)
-        entry = self._entry(
+        message, op_id, attempt = await self._summarize(lane, summarized, "compaction", live)
+        entry = self.core.entry(
             lane,
             {
                 "type": "compaction",
@@ -391,8 +397,8 @@ class TurnsMixin(HarnessCore):
                 "settings": {"model": ctx.model, "thinkingLevel": ctx.thinking_level},
             },
         )
-        self._settle_summary(lane, entry, message, attempt, "compaction", _live)
-        await self._barrier()
+        self._settle_summary(lane, entry, message, attempt, "compaction", live)
+        await self.core.barrier()
         return entry
 
     async def navigate(
@@ -406,22 +412,22 @@ class TurnsMixin(HarnessCore):
             RunInProgress: a run is live on the lane.
             UnknownEntry: the target does not exist.
         """
-        self._check_idle(lane)
+        self.core.check_idle(lane)
         if not summarize:
-            self.session.navigate(target_id, lane=lane)
+            self.core.session.navigate(target_id, lane=lane)
             return None
         if target_id is not None:
-            self.session.entry(target_id)
-        ctx = self.session.context(lane=lane)
-        from_id = self.session.leaf(lane)
+            self.core.session.entry(target_id)
+        ctx = self.core.session.context(lane=lane)
+        from_id = self.core.session.leaf(lane)
         message, op_id, attempt = await self._summarize(lane, ctx.messages, "branch_summary", None)
         summary = text_of(message.get("content"))
-        entry = self.session.make_entry(
+        entry = self.core.session.make_entry(
             {"type": "branch_summary", "id": op_id, "fromId": from_id or "", "summary": summary},
             parent_id=target_id,
         )
         self._settle_summary(lane, entry, message, attempt, "branch_summary", None)
-        await self._barrier()
+        await self.core.barrier()
         return entry
 
 

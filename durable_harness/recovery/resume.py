@@ -112,27 +112,33 @@ async def plan_recovery(
 
 
 async def recover_async(
-    store: SessionStore,
-    tools: Mapping[str, Tool],
+    store: SessionStore | Session,
+    tools: Mapping[str, Tool] | list[Tool],
     *,
     policy: Policy = "ask",
     decisions: Mapping[str, Mapping[str, Any]] | None = None,
     cwd: str | None = None,
 ) -> RecoveryPlan:
-    """Compute the recovery plan of an open session (read-only or writable): what ``resume``
-    would do, before anything runs. Reconcile hooks are asked (they only look). ``cwd`` is
-    where tools run (default: the session's working directory).
+    """Compute the recovery plan of an open session (read-only or writable; a
+    :class:`Session` or its store): what ``resume`` would do, before anything runs. Reconcile
+    hooks are asked (they only look). ``tools``: a list or ``{name: tool}``. ``cwd`` is where
+    tools run (default: the session's working directory).
 
     Raises:
         RecoveryError: a decision names no call, or an ambiguous tool call id.
         StorageError: the store cannot be read.
     """
-    return (await plan_recovery(store, tools, policy, decisions, cwd)).plan
+    source = store.store if isinstance(store, Session) else store
+    return (await plan_recovery(source, _by_name(tools), policy, decisions, cwd)).plan
+
+
+def _by_name(tools: Mapping[str, Tool] | list[Tool]) -> Mapping[str, Tool]:
+    return tools if isinstance(tools, Mapping) else {t.name: t for t in tools}
 
 
 def recover(
-    store: SessionStore,
-    tools: Mapping[str, Tool],
+    store: SessionStore | Session,
+    tools: Mapping[str, Tool] | list[Tool],
     *,
     policy: Policy = "ask",
     decisions: Mapping[str, Mapping[str, Any]] | None = None,
@@ -252,4 +258,49 @@ async def resume_lane(harness: Harness, recovery: Recovery, lane: str = "main") 
         lane=lane,
         decisions={k: v for k, v in recovery.decisions.items() if k in keys},
         results={k: v for k, v in recovery.results.items() if k in keys},
+    )
+
+
+async def resume(
+    session: Session,
+    tools: Mapping[str, Tool] | list[Tool],
+    *,
+    provider: Provider | None = None,
+    decisions: Mapping[str, Mapping[str, Any]] | None = None,
+    policy: Policy = "ask",
+    options: HarnessOptions | None = None,
+    lanes: list[str] | None = None,
+) -> dict[str, str]:
+    """Resume a session's interrupted runs: plan recovery once (as :func:`recover` shows it,
+    ``design/recovery.md``), then have the harness execute exactly each lane's planned step.
+
+    Args:
+        session: the session, opened for writing (the caller closes it).
+        tools: the tools, as a list or ``{name: tool}`` (their ``replay`` and ``reconcile``
+            decide what may be re-run).
+        provider: the model provider; default: rebuilt from the spec the run recorded.
+        decisions: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
+            "result": text}}`` for calls in doubt; each is durable before it acts.
+        policy: ``"ask"`` (in-doubt calls wait for a decision), or a policy of
+            :data:`~durable_harness.recovery.decide.Policy`.
+        options: harness options for the resumed runs.
+        lanes: only these lanes (default: all).
+
+    Returns:
+        ``{lane: outcome}``: ``completed``, ``aborted``, ``failed``, ``suspended`` (still
+        awaiting a decision) or ``idle`` (nothing to do).
+
+    Raises:
+        RecoveryError: a decision names no call in doubt, or no provider was given and none
+            is recorded.
+        StorageError: the store cannot be read or written.
+    """
+    return await resume_session(
+        session,
+        _by_name(tools),
+        provider=provider,
+        decisions=decisions,
+        policy=policy,
+        options=options,
+        lanes=lanes,
     )

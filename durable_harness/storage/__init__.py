@@ -4,7 +4,9 @@
 
 * ``None`` or ``""``: JSONL under ``$DURABLE_HARNESS_HOME`` (default ``~/.durable-harness``);
 * ``jsonl:DIR``: JSONL files under ``DIR``;
-* ``sqlite:PATH``: one SQLite database at ``PATH``.
+* ``sqlite:PATH``: one SQLite database at ``PATH``;
+* ``memory:``: sessions kept in this process only (:class:`~.memory.MemoryStore`), for one-off
+  scripts and tests: nothing is durable.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from durable_harness.storage.base import (
 )
 from durable_harness.storage.indexed import MemorySessionStore
 from durable_harness.storage.jsonl import JsonlSessionStore, JsonlStore
+from durable_harness.storage.memory import MemoryStore
 from durable_harness.storage.sqlite import SqliteSessionStore, SqliteStore
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "LaneOp",
     "LaneState",
     "MemorySessionStore",
+    "MemoryStore",
     "Op",
     "RecordOp",
     "SessionInfo",
@@ -61,14 +65,21 @@ def open_store(spec: str | None = None, *, create: bool = True) -> Store:
     not exist is an error, and the default store, when missing, reads as empty.
 
     Raises:
-        FormatError: the spec's scheme is neither ``jsonl`` nor ``sqlite``.
+        FormatError: the spec's scheme is not ``jsonl``, ``sqlite`` or ``memory``, or a
+            ``memory:`` spec carries a path.
         StoreNotFound: ``create=False`` and the named store does not exist.
     """
     if not spec:
         return JsonlStore(default_home())
     scheme, sep, rest = spec.partition(":")
+    if scheme == "memory" and sep:
+        if rest.strip():
+            raise FormatError(f"store spec {spec!r}: a memory store takes no path (use memory:)")
+        return MemoryStore()
     if sep and not rest.strip():
-        raise FormatError(f"store spec {spec!r} names no path: use jsonl:DIR or sqlite:PATH")
+        raise FormatError(
+            f"store spec {spec!r} names no path: use jsonl:DIR, sqlite:PATH or memory:"
+        )
     if sep and scheme == "sqlite":
         return SqliteStore(rest, create=create)
     if sep and scheme == "jsonl":
@@ -78,4 +89,4 @@ def open_store(spec: str | None = None, *, create: bool = True) -> Store:
                 f"no such store: {root} is not a folder (nothing was created)", path=root
             )
         return JsonlStore(rest)
-    raise FormatError(f"unknown store spec {spec!r}: use jsonl:DIR or sqlite:PATH")
+    raise FormatError(f"unknown store spec {spec!r}: use jsonl:DIR, sqlite:PATH or memory:")

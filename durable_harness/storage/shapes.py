@@ -1,34 +1,33 @@
 """Shape checks for stored entries and records. Reading applies them to what a file or database
 holds: a value that fails is reported as damage and left out, never allowed to raise later in a
 reader. Committing applies the same checks first (:func:`op_shape_error`), so a commit that
-returned never reads back as damage."""
+returned never reads back as damage.
+
+Storage knows only the record envelope (``type``, ``id``, ``lane``, ``runId``, ``seq``,
+``timestamp``); the fields of each record type are checked by the check the harness registers
+(:func:`register_record_check`), derived from :mod:`durable_harness.models.records`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from durable_harness.storage.base import EntryOp, LaneOp, RecordOp
 
-_RECORD_STR = (
-    "toolCallId",
-    "toolName",
-    "resultEntryId",
-    "responseEntryId",
-    "entryId",
-    "queue",
-    "itemId",
-    "decision",
-    "outcome",
-    "replay",
-    "promptEntryId",
-    "purpose",
-    "idempotencyKey",
-    "providerSpec",
-    "clientKey",
-)
-_RECORD_INT = ("turn", "attempt", "pgid", "startTime")
-_RECORD_DICT = ("prompt", "usage", "write", "message", "arguments")
-_RECORD_LIST = ("itemIds", "appliedWrites", "deliveredEntries", "entryIds")
+RecordCheck = Callable[[dict[str, Any]], str | None]
+"""A record check: why the record is malformed, or ``None``."""
+
+_record_checks: list[RecordCheck] = []
+
+
+def register_record_check(check: RecordCheck) -> None:
+    """Add ``check`` to what :func:`record_shape_error` applies after the envelope: the layer
+    that owns the record vocabulary (the harness, :mod:`durable_harness.harness.records`)
+    registers the check derived from its declarations, so storage needs no field names beyond
+    the envelope. ``check(record)`` returns why the record is malformed, or ``None``; it must
+    not raise. Registering the same function twice has no effect."""
+    if check not in _record_checks:
+        _record_checks.append(check)
 
 
 def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
@@ -36,24 +35,18 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 
 def record_shape_error(rec: dict[str, Any]) -> str | None:
-    """Why ``rec`` is not a well-formed operation-log record, or ``None``."""
+    """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope
+    (``type`` and ``id`` strings, ``lane`` and ``runId`` strings or null), then every check
+    registered with :func:`register_record_check` (the record fields the harness declares in
+    :mod:`durable_harness.models.records`)."""
     if not isinstance(rec.get("type"), str) or not isinstance(rec.get("id"), str):
         return "type and id must be strings"
     if not (_opt(rec.get("lane"), str) and _opt(rec.get("runId"), str)):
         return "lane and runId must be strings or null"
-    for key in _RECORD_STR:
-        if not _opt(rec.get(key), str):
-            return f"{key} must be a string"
-    for key in _RECORD_INT:
-        if not _opt(rec.get(key), int) or isinstance(rec.get(key), bool):
-            return f"{key} must be an integer"
-    for key in _RECORD_DICT:
-        if not _opt(rec.get(key), dict):
-            return f"{key} must be an object"
-    for key in _RECORD_LIST:
-        value = rec.get(key)
-        if not _opt(value, list) or (value and not all(isinstance(v, str) for v in value)):
-            return f"{key} must be a list of strings"
+    for check in _record_checks:
+        problem = check(rec)
+        if problem is not None:
+            return problem
     return None
 
 

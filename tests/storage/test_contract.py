@@ -201,8 +201,8 @@ def test_id_conflict_for_entries_and_records(store: Store, reopen: Reopen) -> No
         [EntryOp(["not", "an", "object"])],  # type: ignore[arg-type]
         [EntryOp({**ent("e2", "e1"), "type": "message", "message": {"role": 3}})],
         [EntryOp(ent("e2", "e1"), lane=7)],  # type: ignore[arg-type]
-        [EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r2", turn="3"))],
-        [RecordOp(rec("r2", arguments=["not", "an", "object"]))],
+        [EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r2", "save_point", turn="3"))],
+        [RecordOp(rec("r2", "tool_started", arguments=["not", "an", "object"]))],
         [LaneOp("side", config="not an object")],  # type: ignore[arg-type]
     ],
     ids=["entry-not-object", "bad-role", "lane-int", "turn-str", "args-list", "config-str"],

@@ -198,7 +198,7 @@ async def test_a_malformed_call_fails_alone(store: Store, reopen: Reopen) -> Non
             {
                 "a": [EntryOp(ent("a1"), lane="main")],
                 "not-a-dict": [EntryOp(["not", "a", "dict"], lane="x")],  # type: ignore[arg-type]
-                "bad-turn": [RecordOp(rec("r-bad", turn="3"))],
+                "bad-turn": [RecordOp(rec("r-bad", "save_point", turn="3"))],
                 "b": [EntryOp(ent("b1"), lane="side")],  # no parent: trio runs tasks in any order
             },
         )

@@ -1,0 +1,402 @@
+"""The operation-log record vocabulary, declared once (design brief, section 2).
+
+Every record type the harness writes is one :class:`~typing.TypedDict` below; each field's
+meaning, unit and format is the string literal under it (read by :func:`field_docs`). The
+record constructor (:func:`durable_harness.harness.records.record`), the shape check applied
+when a record is committed or read (:func:`record_fields_error`, which the harness registers
+with storage) and the vocabulary table in ``design/api.md`` are derived from these
+declarations; a test checks the fold (:mod:`durable_harness.harness.state`) reads only
+declared fields.
+
+Storage knows only the :class:`RecordEnvelope`. Every harness field is optional at read time
+(``total=False``): older logs lack some, and the fold treats a missing field as its default.
+A record whose ``type`` is not declared here passes with its envelope alone (a newer
+version's record, ignored by the fold).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+from typing import Any, Literal, Required, get_type_hints
+
+from typing_extensions import TypedDict
+
+Queue = Literal["steer", "follow_up", "next_run"]
+"""The three input queues of a lane."""
+
+Purpose = Literal["turn", "compaction", "branch_summary"]
+"""What a provider request is for."""
+
+
+class _Envelope(TypedDict, total=False):
+    id: Required[str]
+    """The record's own id: 16 lowercase hex characters (:func:`durable_harness.ids.new_id`)."""
+    lane: str | None
+    """The lane whose log holds the record (``"main"`` unless a lane was created)."""
+    runId: str | None
+    """The run the record belongs to: a UUIDv7 string; absent for records outside a run."""
+    seq: int
+    """Position in the session: an integer that strictly rises across entries, records and
+    lane ops of one session; assigned by storage at commit, never by the writer."""
+    timestamp: str
+    """When the record was built: UTC ISO 8601 with milliseconds and ``Z``
+    (``2026-01-31T12:00:00.000Z``)."""
+
+
+class RecordEnvelope(_Envelope, total=False):
+    """The fields every record has, and the only ones storage checks (``design/storage.md``)."""
+
+    type: Required[str]
+    """The record type: one of :data:`RECORD_TYPES` (storage accepts any string)."""
+
+
+class RunStarted(_Envelope, total=False):
+    """A prompt was accepted and a run opened; committed with the prompt's user entry."""
+
+    type: Required[Literal["run_started"]]
+    """``"run_started"``."""
+    promptEntryId: str
+    """Id of the user entry holding the prompt (committed in the same commit)."""
+    prompt: dict[str, Any]
+    """The accepted user message (pi message object: ``role``, ``content``, ``timestamp``)."""
+    provider: str
+    """Provider name of the harness that accepted the prompt (``anthropic``, ``scripted``...)."""
+    model: str
+    """Model id the run started with."""
+    providerSpec: str | None
+    """The provider spec (``PROVIDER:MODEL``) ``resume`` rebuilds the provider from, if known."""
+    limits: dict[str, Any]
+    """The run's bounds: ``{"attemptCap", "maxTurns", "maxToolCalls"}``, positive integers
+    (counts); a resumed run keeps them."""
+    clientKey: str
+    """The caller's idempotency key for this input (``Harness.accepted``)."""
+
+
+class ProviderRequestStarted(_Envelope, total=False):
+    """The intent of one provider attempt, durable before the request is sent."""
+
+    type: Required[Literal["provider_request_started"]]
+    """``"provider_request_started"``."""
+    turn: int
+    """Turn number in the run, from 1 (0 for a summary outside a run)."""
+    attempt: int
+    """Attempt number of this turn and purpose, from 1, counted across restarts."""
+    responseEntryId: str
+    """Entry id provisioned for the answer (16 hex characters)."""
+    purpose: Purpose
+    """What the request is for; absent means ``"turn"``."""
+    provider: str
+    """Provider name."""
+    model: str
+    """Model id the request is sent to."""
+
+
+class ProviderRequestFinished(_Envelope, total=False):
+    """Settlement of a provider attempt that answered; committed with the answer's entry."""
+
+    type: Required[Literal["provider_request_finished"]]
+    """``"provider_request_finished"``."""
+    turn: int
+    """Turn number, as in the intent."""
+    attempt: int
+    """Attempt number, as in the intent."""
+    purpose: Purpose
+    """As in the intent; absent means ``"turn"``."""
+    entryId: str
+    """Id of the entry holding the answer (assistant message, compaction or branch summary)."""
+    responseEntryId: str
+    """For summaries: the provisioned id (equal to ``entryId``)."""
+    usage: dict[str, Any] | None
+    """Token usage and cost as the provider reported it (pi ``usage`` object: token counts,
+    ``cost`` in US dollars), or null."""
+    stopReason: str | None
+    """Why the model stopped (``stop``, ``toolUse``, ``length``, ``error``...)."""
+    renamedToolCallIds: list[dict[str, Any]]
+    """Tool-call ids made unique before storing: ``[{"index", "from", "to"}]``."""
+
+
+class ProviderRequestFailed(_Envelope, total=False):
+    """Settlement of a provider attempt that failed (or was aborted)."""
+
+    type: Required[Literal["provider_request_failed"]]
+    """``"provider_request_failed"``."""
+    turn: int
+    """Turn number, as in the intent."""
+    attempt: int
+    """Attempt number, as in the intent."""
+    purpose: Purpose
+    """As in the intent; absent means ``"turn"``."""
+    error: str
+    """The failure, in words (``"aborted"`` for an abort)."""
+    status: int | None
+    """HTTP status of the failure, when there was one."""
+    retryable: bool
+    """Whether the harness may try again."""
+    costUnknown: bool
+    """True when the attempt was cut off, so its cost is unknown."""
+
+
+class ToolStarted(_Envelope, total=False):
+    """The intent of one tool call, durable before the tool's effect begins."""
+
+    type: Required[Literal["tool_started"]]
+    """``"tool_started"``."""
+    toolCallId: str
+    """The tool call's id as the model gave it (made unique within its message)."""
+    callKey: str
+    """The call's identity in the run: ``"<assistant entry id>/<index>"``."""
+    toolName: str
+    """Name of the tool."""
+    arguments: dict[str, Any]
+    """The effective arguments (JSON object)."""
+    resultEntryId: str
+    """Entry id provisioned for the result (16 hex characters)."""
+    replay: Literal["safe", "never"]
+    """The tool's declared replay rule at the time of the intent."""
+    idempotencyKey: str
+    """Key handed to the tool: ``"<run id>:<call key>"``."""
+    attempt: int
+    """Execution attempt of this call, from 1 (a decided retry adds one)."""
+
+
+class ToolProcess(_Envelope, total=False):
+    """A tool started a process group (written without its own fsync)."""
+
+    type: Required[Literal["tool_process"]]
+    """``"tool_process"``."""
+    toolCallId: str
+    """The tool call's id."""
+    callKey: str
+    """The call's key (``"<assistant entry id>/<index>"``)."""
+    pgid: int
+    """Process group id."""
+    startTime: int | None
+    """The group leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22),
+    so a recycled pgid is never killed."""
+
+
+class ToolFinished(_Envelope, total=False):
+    """Settlement of one tool call; committed with its result entry."""
+
+    type: Required[Literal["tool_finished"]]
+    """``"tool_finished"``."""
+    toolCallId: str
+    """The tool call's id."""
+    callKey: str
+    """The call's key (``"<assistant entry id>/<index>"``)."""
+    resultEntryId: str
+    """Id of the result entry."""
+    isError: bool
+    """Whether the result is an error."""
+    outcome: Literal[
+        "ok",
+        "error",
+        "reconciled",
+        "failed_by_policy",
+        "decided_fail",
+        "decided_result",
+        "not_run",
+        "aborted",
+    ]
+    """How the call was settled: ran (``ok``/``error``), established by ``reconcile``, failed by
+    the recovery policy, by a decision, not run, or aborted."""
+
+
+class QueueEnqueued(_Envelope, total=False):
+    """Receipt of a queued message, durable before ``steer``/``follow_up``/``next_run``
+    returns."""
+
+    type: Required[Literal["queue_enqueued"]]
+    """``"queue_enqueued"``."""
+    queue: Queue
+    """The queue."""
+    itemId: str
+    """The item's id (16 hex characters)."""
+    message: dict[str, Any]
+    """The full user message (pi message object)."""
+    clientKey: str
+    """The caller's idempotency key for this input."""
+
+
+class QueueConsumed(_Envelope, total=False):
+    """Queued items delivered into the tree (at a save point, or as a next run's prompt)."""
+
+    type: Required[Literal["queue_consumed"]]
+    """``"queue_consumed"``."""
+    queue: Queue
+    """The queue the items came from."""
+    itemIds: list[str]
+    """Ids of the delivered items."""
+    entryIds: list[str]
+    """Ids of the entries they became (next-run prompts)."""
+
+
+class QueueCancelled(_Envelope, total=False):
+    """Steer and follow-up items dropped by an abort (handed back to the caller)."""
+
+    type: Required[Literal["queue_cancelled"]]
+    """``"queue_cancelled"``."""
+    itemIds: list[str]
+    """Ids of the cancelled items."""
+
+
+class WriteDeferred(_Envelope, total=False):
+    """A setter called during a run: durable now, applied at the next save point."""
+
+    type: Required[Literal["write_deferred"]]
+    """``"write_deferred"``."""
+    write: dict[str, Any]
+    """The entry to append (``model_change``, ``thinking_level_change``, ``session_info`` or
+    ``label``, without id and parent)."""
+    clientKey: str
+    """The caller's idempotency key for this input."""
+
+
+class SavePoint(_Envelope, total=False):
+    """The checkpoint between turns: queued messages delivered and deferred writes applied, in
+    one commit."""
+
+    type: Required[Literal["save_point"]]
+    """``"save_point"``."""
+    turn: int
+    """The turn that just ended."""
+    appliedWrites: list[str]
+    """Ids of the ``write_deferred`` records applied."""
+    deliveredEntries: list[str]
+    """Ids of the entries the delivered queue items became."""
+
+
+class AbortRequested(_Envelope, total=False):
+    """Durable marker written before the abort signal is raised (no fields of its own)."""
+
+    type: Required[Literal["abort_requested"]]
+    """``"abort_requested"``."""
+
+
+class Decision(_Envelope, total=False):
+    """A human's (or policy's) decision on an in-doubt tool call, durable before it acts."""
+
+    type: Required[Literal["decision"]]
+    """``"decision"``."""
+    toolCallId: str
+    """The tool call's id."""
+    callKey: str
+    """The call's key (``"<assistant entry id>/<index>"``)."""
+    decision: Literal["retry", "fail", "result"]
+    """Run it again, settle it as failed, or settle it with ``result``."""
+    result: str | None
+    """The result text for ``decision: "result"``."""
+
+
+class RunFinished(_Envelope, total=False):
+    """The run settled."""
+
+    type: Required[Literal["run_finished"]]
+    """``"run_finished"``."""
+    outcome: Literal["completed", "aborted", "failed", "declined"]
+    """How the run ended."""
+    appliedWrites: list[str]
+    """Ids of the ``write_deferred`` records applied when it settled."""
+    reason: str | None
+    """Why it failed, in words (attempt cap, run limit, provider error)."""
+
+
+#: Every record type, by its ``type`` value, in the order of the design brief.
+DECLARATIONS: dict[str, type] = {
+    "run_started": RunStarted,
+    "provider_request_started": ProviderRequestStarted,
+    "provider_request_finished": ProviderRequestFinished,
+    "provider_request_failed": ProviderRequestFailed,
+    "tool_started": ToolStarted,
+    "tool_finished": ToolFinished,
+    "tool_process": ToolProcess,
+    "queue_enqueued": QueueEnqueued,
+    "queue_consumed": QueueConsumed,
+    "queue_cancelled": QueueCancelled,
+    "write_deferred": WriteDeferred,
+    "save_point": SavePoint,
+    "abort_requested": AbortRequested,
+    "decision": Decision,
+    "run_finished": RunFinished,
+}
+
+#: The record types, as the ``type`` values (the keys of :data:`DECLARATIONS`).
+RECORD_TYPES: tuple[str, ...] = tuple(DECLARATIONS)
+
+#: The envelope's field names (storage's part of every record).
+ENVELOPE_FIELDS: frozenset[str] = frozenset(get_type_hints(RecordEnvelope))
+
+
+def fields_of(rtype: str) -> frozenset[str]:
+    """The field names a record of type ``rtype`` may carry, envelope included.
+
+    Raises:
+        KeyError: ``rtype`` is not declared.
+    """
+    return frozenset(get_type_hints(DECLARATIONS[rtype]))
+
+
+_VALIDATORS: dict[str, Any] = {}
+
+
+def _validator(rtype: str) -> Any:
+    """The compiled pydantic-core validator of a declaration, built on first use (pydantic is
+    imported then: the command line starts without it)."""
+    from pydantic import TypeAdapter
+
+    validator = TypeAdapter(DECLARATIONS[rtype]).validator
+    _VALIDATORS[rtype] = validator
+    return validator
+
+
+def record_fields_error(rec: dict[str, Any]) -> str | None:
+    """Why ``rec`` does not match the declaration of its ``type``, or ``None`` (also ``None``
+    for an undeclared type: only its envelope applies). Strict: no coercion (``"1"`` is not an
+    integer, ``true`` is not one either). Fields not declared are allowed."""
+    rtype = rec.get("type")
+    if not isinstance(rtype, str) or rtype not in DECLARATIONS:
+        return None
+    validator = _VALIDATORS.get(rtype) or _validator(rtype)
+    try:
+        validator.validate_python(rec, strict=True)
+    except ValueError as exc:  # pydantic_core.ValidationError
+        errors = getattr(exc, "errors", None)
+        if not callable(errors):
+            raise
+        err = errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "record"
+        return f"{rtype} record: {where}: {err['msg']}"
+    return None
+
+
+def field_docs(td: type) -> dict[str, str]:
+    """``{field: docstring}`` of a declaration, read from the string literal under each field
+    in its source, envelope fields first (every declaration extends the envelope)."""
+    docs: dict[str, str] = {}
+    for cls in dict.fromkeys((_Envelope, td)):
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
+        node = tree.body[0]
+        body = node.body if isinstance(node, ast.ClassDef) else []
+        for field, nxt in itertools.pairwise(body):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[field.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def vocabulary_table() -> str:
+    """The record vocabulary as a Markdown table (type, what it records, its own fields), the
+    table ``design/api.md`` carries (a test keeps them equal)."""
+    rows = ["| type | records | fields (besides the envelope) |", "|---|---|---|"]
+    for rtype, td in DECLARATIONS.items():
+        summary = inspect.cleandoc(td.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+        own = [f"`{f}`" for f in field_docs(td) if f not in ENVELOPE_FIELDS and f != "type"]
+        rows.append(f"| `{rtype}` | {summary} | {', '.join(own) or '-'} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,93 @@
+"""The ``memory:`` store: a catalogue of in-memory sessions, for one-off scripts and tests.
+
+Nothing is written to disk and nothing survives the process, so it offers none of the
+durability guarantees (every session's durability mode is ``none``). Sessions are
+:class:`~durable_harness.storage.indexed.MemorySessionStore` objects, the reference backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_harness.errors import SessionExists
+from durable_harness.ids import now_iso, uuid7
+from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
+from durable_harness.storage.indexed import MemorySessionStore
+
+
+class MemoryStore(Store):
+    """Sessions kept in this process only (spec ``memory:``).
+
+    One process is the only writer, so there is no lease: :meth:`open_session` hands back the
+    session's one store object (``write``, ``durability`` and ``break_lease`` are accepted for
+    the :class:`~durable_harness.storage.base.Store` interface and ignored). Each
+    ``open_store("memory:")`` call makes a new, empty store.
+    """
+
+    def __init__(self) -> None:
+        self.spec = "memory:"
+        self._sessions: dict[str, MemorySessionStore] = {}
+
+    def create_session(
+        self,
+        cwd: str,
+        *,
+        session_id: str | None = None,
+        parent_session: str | None = None,
+        header_extra: dict[str, Any] | None = None,
+        durability: Durability = "sync",
+    ) -> SessionStore:
+        """Create an empty in-memory session (see :meth:`Store.create_session`).
+
+        Raises:
+            SessionExists: ``session_id`` is already taken in this store.
+        """
+        sid = session_id or uuid7()
+        if sid in self._sessions:
+            raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
+        header: dict[str, Any] = {
+            "type": "session",
+            "version": 3,
+            "format": "durable-harness/1",
+            "id": sid,
+            "timestamp": now_iso(),
+            "cwd": cwd,
+        }
+        if parent_session:
+            header["parentSession"] = parent_session
+        header.update(header_extra or {})
+        store = MemorySessionStore(header, location=f"{self.spec}#{sid}")
+        self._sessions[sid] = store
+        return store
+
+    def open_session(
+        self,
+        ref: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> SessionStore:
+        """The session named by id or unique prefix (see the class docstring).
+
+        Raises:
+            SessionNotFound, AmbiguousSessionPrefix.
+        """
+        return self._sessions[self.resolve(ref).id]
+
+    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
+        """This store's sessions (of ``cwd`` by :class:`CwdMatcher`), newest first."""
+        match = CwdMatcher(cwd) if cwd is not None else None
+        rows = [
+            SessionInfo(
+                id=sid,
+                cwd=str(s.header.get("cwd", "")),
+                path=f"{self.spec}#{sid}",
+                created=str(s.header.get("timestamp", "")),
+                modified=str(s.header.get("timestamp", "")),
+                parent_session=s.header.get("parentSession"),
+            )
+            for sid, s in self._sessions.items()
+            if match is None or match(str(s.header.get("cwd", "")))
+        ]
+        return rows[::-1]

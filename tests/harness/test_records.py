@@ -1,0 +1,199 @@
+"""The record vocabulary is declared once (``durable_harness/models/records.py``): the
+constructors, the shape check storage runs and the fold are derived from or checked against
+the declarations, and storage knows only the envelope (``design/api.md``)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from durable_harness.errors import InvalidOp
+from durable_harness.harness import records as harness_records
+from durable_harness.models.records import (
+    DECLARATIONS,
+    ENVELOPE_FIELDS,
+    RECORD_TYPES,
+    field_docs,
+    fields_of,
+    record_fields_error,
+    vocabulary_table,
+)
+from durable_harness.storage import open_store
+from durable_harness.storage.base import RecordOp
+from durable_harness.storage.shapes import record_shape_error
+
+PACKAGE = Path(__file__).resolve().parents[2] / "durable_harness"
+ALL_FIELDS = frozenset().union(*(fields_of(t) for t in RECORD_TYPES))
+
+
+def _calls(path: Path) -> list[ast.Call]:
+    tree = ast.parse(path.read_text())
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def test_the_constructors_use_the_declared_types() -> None:
+    assert harness_records.RECORD_TYPES == RECORD_TYPES == tuple(DECLARATIONS)
+    with pytest.raises(ValueError, match="undeclared record type 'nope'"):
+        harness_records.record("nope", "main", None)
+
+
+def test_every_field_is_documented() -> None:
+    for rtype, td in DECLARATIONS.items():
+        assert (td.__doc__ or "").strip(), f"{rtype} has no docstring"
+        docs = field_docs(td)
+        undocumented = sorted(fields_of(rtype) - set(docs))
+        assert not undocumented, f"{rtype}: fields without a docstring: {undocumented}"
+
+
+def test_every_record_built_in_the_package_uses_declared_fields() -> None:
+    """Each ``record("<type>", lane, run, field=...)`` call names only fields its type
+    declares (``**extra`` spreads are checked at commit by the registered check)."""
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for call in _calls(path):
+            if not (isinstance(call.func, ast.Name) and call.func.id == "record" and call.args):
+                continue
+            first = call.args[0]
+            if not isinstance(first, ast.Constant):
+                continue
+            declared = fields_of(first.value)
+            for kw in call.keywords:
+                if kw.arg is not None and kw.arg not in declared:
+                    problems.append(f"{path.name}:{call.lineno}: {first.value}.{kw.arg}")
+    assert not problems, problems
+
+
+def test_the_fold_reads_only_declared_fields() -> None:
+    """``rec.get("x")`` and ``rec["x"]`` in the fold, the rest of the harness and recovery
+    name declared record fields."""
+    read: set[str] = set()
+    for path in [*(PACKAGE / "harness").glob("*.py"), *(PACKAGE / "recovery").glob("*.py")]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "rec"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                read.add(node.args[0].value)
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "rec"
+                and isinstance(node.slice, ast.Constant)
+            ):
+                read.add(node.slice.value)
+    assert read, "the fold reads no record field: the scan is broken"
+    assert read <= ALL_FIELDS, sorted(read - ALL_FIELDS)
+
+
+def test_storage_names_no_harness_field() -> None:
+    """Storage's code holds no record field name beyond the envelope; the few names that
+    entries and catalogue rows share with records (a message's ``usage``, a toolResult's
+    ``toolCallId``, a model change's ``provider``, a listing row's ``error``) are theirs
+    there."""
+    shared = {"message", "usage", "provider", "model", "arguments", "type", "toolCallId", "error"}
+    harness_only = ALL_FIELDS - ENVELOPE_FIELDS - shared
+    found = []
+    for path in sorted((PACKAGE / "storage").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in harness_only:
+                found.append(f"{path.name}:{node.lineno}: {node.value}")
+    assert not found, found
+
+
+def test_design_api_carries_the_generated_table() -> None:
+    text = (PACKAGE.parent / "design" / "api.md").read_text()
+    assert vocabulary_table() in text, "regenerate the table: models.records.vocabulary_table()"
+    for rtype in RECORD_TYPES:
+        assert f"| `{rtype}` |" in text
+
+
+@pytest.mark.parametrize(
+    ("rec", "problem"),
+    [
+        ({"type": "tool_started", "id": "r", "attempt": "1"}, "attempt"),
+        ({"type": "tool_started", "id": "r", "attempt": True}, "attempt"),
+        ({"type": "tool_started", "id": "r", "replay": "sometimes"}, "replay"),
+        ({"type": "save_point", "id": "r", "appliedWrites": ["a", 1]}, "appliedWrites.1"),
+        ({"type": "run_finished", "id": "r", "outcome": "maybe"}, "outcome"),
+        ({"type": "queue_enqueued", "id": "r", "queue": "later"}, "queue"),
+        ({"type": "decision", "id": "r", "decision": "retry", "result": 3}, "result"),
+    ],
+)
+def test_the_check_is_strict(rec: dict[str, object], problem: str) -> None:
+    err = record_fields_error(rec)
+    assert err is not None and f": {problem}:" in err
+    assert record_shape_error(rec) == err  # what storage runs is the registered check
+
+
+def test_what_the_check_lets_pass() -> None:
+    assert record_fields_error({"type": "abort_requested", "id": "r"}) is None
+    assert record_fields_error({"type": "tool_started", "id": "r", "newField": 1}) is None
+    # an undeclared type passes on its envelope alone
+    assert record_shape_error({"type": "later_kind", "id": "r", "attempt": "x"}) is None
+    assert record_shape_error({"type": 3, "id": "r"}) == "type and id must be strings"
+
+
+@pytest.mark.parametrize("spec", ["memory:", "jsonl", "sqlite"])
+def test_a_malformed_harness_record_is_refused_at_commit(tmp_path: Path, spec: str) -> None:
+    target = {"jsonl": f"jsonl:{tmp_path}", "sqlite": f"sqlite:{tmp_path / 's.db'}"}
+    store = open_store(target.get(spec, spec))
+    s = store.create_session("/p")
+    try:
+        bad = harness_records.record("tool_started", "main", "run-1", attempt="2")
+        with pytest.raises(InvalidOp, match="tool_started record: attempt"):
+            s.commit([RecordOp(bad)])
+        assert s.records() == []
+        good = harness_records.record("tool_started", "main", "run-1", attempt=2)
+        s.commit([RecordOp(good)])
+        assert [r["id"] for r in s.records()] == [good["id"]]
+        assert s.damage == []
+    finally:
+        s.close()
+
+
+def test_a_stored_record_of_the_wrong_shape_reads_as_damage(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    s = open_store(f"sqlite:{db}").create_session("/p")
+    good = harness_records.record("tool_started", "main", "run-1", toolCallId="c1", attempt=1)
+    s.commit([RecordOp(good)])
+    sid = s.session_id
+    s.close()
+    conn = sqlite3.connect(db)
+    (body,) = conn.execute("SELECT body FROM records WHERE id=?", (good["id"],)).fetchone()
+    altered = {**json.loads(body), "attempt": "one"}
+    conn.execute("UPDATE records SET body=? WHERE id=?", (json.dumps(altered), good["id"]))
+    conn.commit()
+    conn.close()
+    with open_store(f"sqlite:{db}").open_session(sid, write=False) as s2:
+        assert s2.records() == []
+        assert [d["kind"] for d in s2.damage] == ["bad_row"]
+        assert "attempt" in json.dumps(s2.damage)
+
+
+def test_a_stored_jsonl_record_of_the_wrong_shape_reads_as_damage(tmp_path: Path) -> None:
+    """The same guarantee on JSONL: a commit line holding a declared record with a field of the
+    wrong type is reported (``bad_line``) and left out, never handed to the fold."""
+    store = open_store(f"jsonl:{tmp_path}")
+    s = store.create_session("/p")
+    good = harness_records.record("tool_started", "main", "run-1", toolCallId="c1", attempt=1)
+    s.commit([RecordOp(good)])
+    sid = s.session_id
+    s.close()
+    (path,) = list(tmp_path.rglob(f"*{sid}*.jsonl"))
+    bad = {"type": "tool_started", "id": "z", "lane": "main", "attempt": "one", "seq": 50}
+    line = json.dumps({"gen": 1, "ops": [{"op": "record", "record": bad}]}).encode()
+    with open(path, "ab") as fh:
+        fh.write(line + b"\n")
+    with store.open_session(sid, write=False) as s2:
+        assert [r["id"] for r in s2.records()] == [good["id"]]
+        assert "bad_line" in [d["kind"] for d in s2.damage]
