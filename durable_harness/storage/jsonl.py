@@ -63,6 +63,7 @@ from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.private import make_private_dirs, private_fd, tighten_fd
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
+from durable_harness.tools.fs import fsync_dir
 
 FORMAT = "durable-harness/1"
 PAD = b"\n"
@@ -105,15 +106,6 @@ def parse_mark(first_line: bytes) -> tuple[int | None, int | None]:
     if match is None or int(match.group(2), 16) != zlib.crc32(match.group(1)):
         return at, None
     return at, int(match.group(1))
-
-
-def fsync_dir(path: str | Path) -> None:
-    """fsync a directory so a created or renamed file's name is durable."""
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def is_own_format(header: dict[str, Any]) -> bool:
