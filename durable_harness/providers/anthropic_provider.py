@@ -46,15 +46,7 @@ import anthropic
 import anyio
 
 from durable_harness.errors import ProviderError
-from durable_harness.providers._wire import (
-    ANTHROPIC_IMAGES,
-    TRANSPORT_ERRORS,
-    WireIds,
-    check_image,
-    close_stream,
-    scrub,
-    transport_error,
-)
+from durable_harness.providers._wire import ANTHROPIC_IMAGES, WireIds, check_image, close_stream
 from durable_harness.providers.base import (
     Done,
     ProviderEvent,
@@ -64,6 +56,15 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
+)
+from durable_harness.providers.failures import (
+    TRANSPORT_ERRORS,
+    error_body,
+    retry_after,
+    retryable_error_type,
+    retryable_status,
+    scrub,
+    transport_error,
 )
 
 __all__ = [
@@ -84,7 +85,6 @@ _STOP_REASONS = {
     "refusal": "error",
 }
 _THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
-_RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -185,10 +185,11 @@ class AnthropicProvider:
         Thinking blocks keep their signature as ``thinkingSignature``.
 
         Raises:
-            ProviderError: HTTP 429, 5xx (529 overloaded included), connection failures,
-                timeouts and mid-stream overloaded/api errors are ``retryable=True``; other
-                4xx, a missing key and unparseable tool arguments are ``retryable=False``.
-                ``status`` holds the HTTP status when known.
+            ProviderError: ``retryable`` follows the one rule in
+                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx including 529,
+                connection failures, timeouts, mid-stream overloaded/api errors: retryable);
+                a missing key and unparseable tool arguments are not retryable. ``status``
+                holds the HTTP status when known.
         """
         client = self._client()
         try:
@@ -517,16 +518,6 @@ def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def _body_error(body: object) -> tuple[str, str]:
-    """Return ``(error type, message)`` from an SDK error body (at most 500 characters)."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            return str(inner.get("type") or ""), str(inner.get("message") or "")[:500]
-        return "", str(inner)[:500]
-    return "", "" if body is None else str(body)[:500]
-
-
 def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None) -> ProviderError:
     """Translate an ``anthropic`` SDK error into :class:`ProviderError` (message redacted)."""
     details: dict[str, Any] = {"provider": provider}
@@ -538,7 +529,7 @@ def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None)
         retryable, where = True, "APIConnectionError"
         detail = f"connection error ({type(cause).__name__})" if cause else "connection error"
     elif isinstance(exc, anthropic.APIStatusError):
-        etype, text = _body_error(exc.body)
+        etype, text = error_body(exc.body)
         if etype:
             details["error_type"] = etype
         request_id = getattr(exc, "request_id", None)
@@ -546,21 +537,18 @@ def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None)
             details["request_id"] = str(request_id)
         if exc.status_code >= 400:
             status = exc.status_code
-            retryable = status in (408, 429) or status >= 500
+            retryable = retryable_status(status, exc.response.headers)
             where = f"HTTP {status}"
-            try:
-                after = exc.response.headers.get("retry-after")
-                if after is not None:
-                    details["retry_after"] = float(after)
-            except (AttributeError, TypeError, ValueError):
-                pass
-        else:
-            retryable = etype in _RETRYABLE_TYPES
+            after = retry_after(exc.response)
+            if after is not None:
+                details["retry_after"] = after
+        else:  # an error event inside a stream that began with HTTP 200
+            retryable = retryable_error_type(etype)
             where = "error during streaming"
         detail = f"{etype}: {text}" if etype and text else etype or text
     elif isinstance(exc, anthropic.APIError):
-        etype, text = _body_error(exc.body)
-        retryable, where = etype in _RETRYABLE_TYPES, "APIError"
+        etype, text = error_body(exc.body)
+        retryable, where = retryable_error_type(etype), "APIError"
         detail = text or exc.message
     else:
         retryable, where, detail = False, type(exc).__name__, str(exc)

@@ -8,9 +8,10 @@ ending with exactly one :class:`Done` that carries the complete assistant messag
      "provider": str, "model": str, "usage": {input, output, cacheRead, cacheWrite,
      totalTokens, cost{...} (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error"}
 
-Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable`` set for HTTP
-429, 5xx, connection errors and timeouts. Providers never retry by themselves: the harness does,
-writing a ``provider_request_started`` record per attempt.
+Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable`` set by the one
+rule in :mod:`durable_harness.providers.failures` (HTTP 408, 409, 429, 5xx, connection errors and
+timeouts). Providers never retry by themselves: the harness does, writing a
+``provider_request_started`` record per attempt.
 """
 
 from __future__ import annotations

@@ -44,13 +44,10 @@ import openai
 from durable_harness.errors import ProviderError
 from durable_harness.providers._wire import (
     OPENAI_IMAGES,
-    TRANSPORT_ERRORS,
     WireIds,
     check_image,
     close_stream,
-    scrub,
     shorten_id,
-    transport_error,
 )
 from durable_harness.providers.base import (
     Done,
@@ -61,6 +58,15 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
+)
+from durable_harness.providers.failures import (
+    TRANSPORT_ERRORS,
+    error_body,
+    retry_after,
+    retryable_error_type,
+    retryable_status,
+    scrub,
+    transport_error,
 )
 
 __all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
@@ -167,9 +173,11 @@ class OpenAIProvider:
         "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
 
         Raises:
-            ProviderError: HTTP 429, 5xx, connection failures, timeouts and mid-stream server
-                errors are ``retryable=True``; other 4xx, a missing key and unparseable tool
-                arguments are ``retryable=False``. ``status`` holds the HTTP status when known.
+            ProviderError: ``retryable`` follows the one rule in
+                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx, connection
+                failures, timeouts, mid-stream server errors: retryable); a missing key and
+                unparseable tool arguments are not retryable. ``status`` holds the HTTP status
+                when known.
         """
         client = self._client()
         try:
@@ -455,28 +463,6 @@ class _ErrorInfo:
     detail: str
 
 
-def _body_message(body: object) -> str:
-    """The server's error text from an SDK error body (dict or raw), at most 500 characters."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:500]
-        if isinstance(inner, str):
-            return inner[:500]
-        return json.dumps(body)[:500]
-    if body is None:
-        return ""
-    return str(body)[:500]
-
-
-def _retry_after(response: Any) -> float | None:
-    try:
-        value = response.headers.get("retry-after")
-        return float(value) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
 def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> ProviderError:
     """Translate an ``openai`` SDK error into :class:`ProviderError` (message redacted)."""
     details: dict[str, Any] = {"provider": provider}
@@ -491,20 +477,19 @@ def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> Pr
         )
     elif isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        retryable = status in (408, 429) or status >= 500
-        info = _ErrorInfo(status, retryable, _body_message(exc.body))
-        after = _retry_after(exc.response)
+        retryable = retryable_status(status, exc.response.headers)
+        info = _ErrorInfo(status, retryable, error_body(exc.body)[1])
+        after = retry_after(exc.response)
         if after is not None:
             details["retry_after"] = after
         if exc.request_id:
             details["request_id"] = exc.request_id
-    elif isinstance(exc, openai.APIError):
-        body = exc.body if isinstance(exc.body, dict) else {}
-        client_fault = body.get("type") == "invalid_request_error"
+    elif isinstance(exc, openai.APIError):  # an error event inside a 200 stream
+        etype, text = error_body(exc.body)
+        if etype:
+            details["error_type"] = etype
         info = _ErrorInfo(
-            None,
-            not client_fault,
-            f"error during streaming: {_body_message(exc.body) or exc.message}",
+            None, retryable_error_type(etype), f"error during streaming: {text or exc.message}"
         )
     else:
         info = _ErrorInfo(None, False, f"{type(exc).__name__}: {exc}")
