@@ -1,15 +1,99 @@
-"""Helpers shared by the network providers for what goes on the wire: closing an SDK stream,
-checking an image against what a provider accepts, and tool-call ids a provider accepts.
-What a failure means (retryable or not) is :mod:`durable_harness.providers.failures`."""
+"""Helpers shared by the network providers for driving an SDK and what goes on the wire: the
+base URL and key settings, a stream that always closes its client, parsing streamed tool
+arguments, checking an image against what a provider accepts, and tool-call ids a provider
+accepts. What a failure means (retryable or not) is :mod:`durable_harness.providers.failures`.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
-from collections.abc import Callable, Mapping
+import json
+import os
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+import anyio
+
+from durable_harness.errors import ProviderError
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+ClientT = TypeVar("ClientT", bound=_Closable)
+EventT = TypeVar("EventT")
+
+
+def setting(value: str | None, env: str) -> str | None:
+    """``value`` when given (non-empty), else the environment variable ``env`` when set and
+    non-empty, else ``None``: how a provider takes its base URL and API key."""
+    return value or os.environ.get(env) or None
+
+
+def require_key(key: str | None, provider: str, env: str) -> str:
+    """The API key ``key``, checked before a request is sent.
+
+    Raises:
+        ProviderError: ``key`` is missing (``retryable=False``; the message names ``env``).
+    """
+    if not key:
+        raise ProviderError(
+            f"{provider}: no API key (pass api_key= or set {env})",
+            retryable=False,
+            provider=provider,
+        )
+    return key
+
+
+async def stream_closing(
+    open_client: Callable[[], ClientT], body: Callable[[ClientT], AsyncGenerator[EventT, None]]
+) -> AsyncGenerator[EventT, None]:
+    """Open an SDK client with ``open_client()`` when iteration starts, yield every event of
+    ``body(client)``, and close ``body``'s generator and then the client (shielded from
+    cancellation) however the iteration ends: exhausted, failed, cancelled or closed early.
+
+    Raises:
+        Whatever ``open_client`` or ``body`` raises (a provider's :class:`ProviderError`).
+    """
+    client = open_client()
+    try:
+        async with contextlib.aclosing(body(client)) as events:
+            async for event in events:
+                yield event
+    finally:
+        with anyio.CancelScope(shield=True):
+            await client.close()
+
+
+def parse_tool_arguments(
+    raw: str, *, name: object, call_id: object, provider: str
+) -> dict[str, Any]:
+    """Parse a streamed tool call's accumulated JSON arguments ``raw`` (blank means ``{}``).
+
+    Raises:
+        ProviderError: ``raw`` is not a JSON object (``retryable=False``; ``details`` carry
+            ``tool_call_id``): sending the request again would not change what was generated
+            for the recorded context.
+    """
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProviderError(
+            f"{provider}: tool call {name!r} has arguments that are not a JSON object",
+            retryable=False,
+            provider=provider,
+            tool_call_id=call_id,
+        )
+    return value
 
 
 async def close_stream(stream: Any, items: Any) -> None:

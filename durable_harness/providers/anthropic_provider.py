@@ -34,9 +34,6 @@ Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -46,7 +43,17 @@ import anthropic
 import anyio
 
 from durable_harness.errors import ProviderError
-from durable_harness.providers._wire import ANTHROPIC_IMAGES, WireIds, check_image, close_stream
+from durable_harness.providers import CREDENTIAL_ENV
+from durable_harness.providers._wire import (
+    ANTHROPIC_IMAGES,
+    WireIds,
+    check_image,
+    close_stream,
+    parse_tool_arguments,
+    require_key,
+    setting,
+    stream_closing,
+)
 from durable_harness.providers.base import (
     Done,
     ProviderEvent,
@@ -56,6 +63,7 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
+    priced,
 )
 from durable_harness.providers.failures import (
     TRANSPORT_ERRORS,
@@ -74,6 +82,9 @@ __all__ = [
     "to_anthropic_tools",
     "wire_tool_id",
 ]
+
+_KEY_ENV = CREDENTIAL_ENV["anthropic"]
+"""The environment variable holding the API key when ``api_key`` is not given."""
 
 _STOP_REASONS = {
     "end_turn": "stop",
@@ -127,8 +138,8 @@ class AnthropicProvider:
         self.model = model
         self.context_window = context_window
         self.max_tokens = max_tokens
-        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-        self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        self.base_url = setting(base_url, "ANTHROPIC_BASE_URL")
+        self._api_key = setting(api_key, _KEY_ENV)
         self.timeout = timeout
         self.pricing = dict(pricing) if pricing else None
         self.reasoning = reasoning
@@ -137,14 +148,13 @@ class AnthropicProvider:
         return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
 
     def _client(self) -> Any:
-        if not self._api_key:
-            raise ProviderError(
-                f"{self.name}: no API key (pass api_key= or set ANTHROPIC_API_KEY)",
-                retryable=False,
-                provider=self.name,
-            )
+        """A fresh SDK client (no retries of its own: the harness retries).
+
+        Raises:
+            ProviderError: no API key (``retryable=False``).
+        """
         return anthropic.AsyncAnthropic(
-            api_key=self._api_key,
+            api_key=require_key(self._api_key, self.name, _KEY_ENV),
             base_url=self.base_url,
             timeout=self.timeout,
             max_retries=0,
@@ -175,7 +185,7 @@ class AnthropicProvider:
             params["max_tokens"] = max_tokens + budget
         return params
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
         """Stream the answer to ``request``: deltas and tool calls, then one :class:`Done`.
 
         The ``Done`` message is ``{"role": "assistant", "content": [thinking | text | toolCall
@@ -191,14 +201,7 @@ class AnthropicProvider:
                 a missing key and unparseable tool arguments are not retryable. ``status``
                 holds the HTTP status when known.
         """
-        client = self._client()
-        try:
-            async with contextlib.aclosing(self._stream(client, request)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
+        return stream_closing(self._client, lambda client: self._stream(client, request))
 
     async def _stream(
         self, client: Any, request: ProviderRequest
@@ -236,8 +239,11 @@ class AnthropicProvider:
                         index = int(event.get("index") or 0)
                         block = blocks.get(index)
                         if block is not None and block["type"] == "toolCall":
-                            block["arguments"] = _parse_arguments(
-                                block, "".join(json_parts.get(index, [])), self.name
+                            block["arguments"] = parse_tool_arguments(
+                                "".join(json_parts.get(index, [])),
+                                name=block.get("name"),
+                                call_id=block.get("id"),
+                                provider=self.name,
                             )
                             yield ToolCallEvent(block["id"], block["name"], block["arguments"])
                     elif etype == "message_delta":
@@ -321,24 +327,6 @@ def _apply_delta(
     return None
 
 
-def _parse_arguments(block: Mapping[str, Any], raw: str, provider: str) -> dict[str, Any]:
-    """Parse a tool_use block's accumulated ``input`` JSON (empty means ``{}``)."""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ProviderError(
-            f"{provider}: tool call {block.get('name')!r} has arguments that are not a JSON object",
-            retryable=False,
-            provider=provider,
-            tool_call_id=block.get("id"),
-        )
-    return value
-
-
 def _merge_usage(acc: dict[str, int], wire: Any) -> None:
     """Overwrite ``acc`` with the non-null token counts of a wire usage object."""
     if not isinstance(wire, Mapping):
@@ -364,12 +352,7 @@ def _usage(wire: Mapping[str, int], pricing: Mapping[str, float] | None) -> dict
     usage["totalTokens"] = (
         usage["input"] + usage["output"] + usage["cacheRead"] + usage["cacheWrite"]
     )
-    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
-    if pricing:
-        for key in cost:
-            cost[key] = float(usage[key]) * float(pricing.get(key, 0.0)) / 1_000_000
-    usage["cost"] = {**cost, "total": sum(cost.values())}
-    return usage
+    return priced(usage, pricing)
 
 
 def wire_tool_id(tool_call_id: str) -> str:

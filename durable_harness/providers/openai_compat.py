@@ -29,9 +29,7 @@ after the stream ends; then :class:`Done`.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -42,12 +40,17 @@ import anyio
 import openai
 
 from durable_harness.errors import ProviderError
+from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
     OPENAI_IMAGES,
     WireIds,
     check_image,
     close_stream,
+    parse_tool_arguments,
+    require_key,
+    setting,
     shorten_id,
+    stream_closing,
 )
 from durable_harness.providers.base import (
     Done,
@@ -58,6 +61,7 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
+    priced,
 )
 from durable_harness.providers.failures import (
     TRANSPORT_ERRORS,
@@ -70,6 +74,9 @@ from durable_harness.providers.failures import (
 )
 
 __all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
+
+_KEY_ENV = CREDENTIAL_ENV["openai"]
+"""The environment variable holding the API key when ``api_key`` is not given."""
 
 _STOP_REASONS = {
     "stop": "stop",
@@ -119,8 +126,8 @@ class OpenAIProvider:
         self.name = name
         self.model = model
         self.context_window = context_window
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        self.base_url = setting(base_url, "OPENAI_BASE_URL")
+        self._api_key = setting(api_key, _KEY_ENV)
         self.timeout = timeout
         self.pricing = dict(pricing) if pricing else None
         self.reasoning = reasoning
@@ -130,14 +137,13 @@ class OpenAIProvider:
         return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
 
     def _client(self) -> Any:
-        if not self._api_key:
-            raise ProviderError(
-                f"{self.name}: no API key (pass api_key= or set OPENAI_API_KEY)",
-                retryable=False,
-                provider=self.name,
-            )
+        """A fresh SDK client (no retries of its own: the harness retries).
+
+        Raises:
+            ProviderError: no API key (``retryable=False``).
+        """
         return openai.AsyncOpenAI(
-            api_key=self._api_key,
+            api_key=require_key(self._api_key, self.name, _KEY_ENV),
             base_url=self.base_url,
             timeout=self.timeout,
             max_retries=0,
@@ -164,7 +170,7 @@ class OpenAIProvider:
             params["reasoning_effort"] = effort
         return params
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
         """Stream the answer to ``request``: deltas, then tool calls, then one :class:`Done`.
 
         The ``Done`` message is ``{"role": "assistant", "content": [thinking?, text?,
@@ -179,14 +185,7 @@ class OpenAIProvider:
                 unparseable tool arguments are not retryable. ``status`` holds the HTTP status
                 when known.
         """
-        client = self._client()
-        try:
-            async with contextlib.aclosing(self._stream(client, request)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
+        return stream_closing(self._client, lambda client: self._stream(client, request))
 
     async def _stream(
         self, client: Any, request: ProviderRequest
@@ -244,7 +243,12 @@ class OpenAIProvider:
                 "type": "toolCall",
                 "id": calls[i]["id"] or f"call_{uuid.uuid4().hex[:24]}",
                 "name": calls[i]["name"],
-                "arguments": _parse_arguments(calls[i], self.name),
+                "arguments": parse_tool_arguments(
+                    str(calls[i]["arguments"]),
+                    name=calls[i]["name"],
+                    call_id=calls[i]["id"],
+                    provider=self.name,
+                ),
             }
             for i in sorted(calls)
         ]
@@ -282,25 +286,6 @@ def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) ->
         call["arguments"] += str(function["arguments"])
 
 
-def _parse_arguments(call: Mapping[str, Any], provider: str) -> dict[str, Any]:
-    """Parse a tool call's accumulated JSON arguments (empty means ``{}``)."""
-    raw = str(call.get("arguments") or "").strip()
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ProviderError(
-            f"{provider}: tool call {call.get('name')!r} has arguments that are not a JSON object",
-            retryable=False,
-            provider=provider,
-            tool_call_id=call.get("id"),
-        )
-    return value
-
-
 def _usage(wire: Mapping[str, Any] | None, pricing: Mapping[str, float] | None) -> dict[str, Any]:
     """Map chat-completions usage to pi's usage dict; ``input`` excludes cached tokens."""
     usage = empty_usage()
@@ -315,17 +300,7 @@ def _usage(wire: Mapping[str, Any] | None, pricing: Mapping[str, float] | None) 
     usage["cacheRead"] = cache_read
     usage["cacheWrite"] = cache_write
     usage["totalTokens"] = usage["input"] + usage["output"] + cache_read + cache_write
-    usage["cost"] = _cost(usage, pricing)
-    return usage
-
-
-def _cost(usage: Mapping[str, Any], pricing: Mapping[str, float] | None) -> dict[str, float]:
-    """Return the cost split in USD from token counts and USD-per-million ``pricing``."""
-    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
-    if pricing:
-        for key in cost:
-            cost[key] = float(usage.get(key, 0)) * float(pricing.get(key, 0.0)) / 1_000_000
-    return {**cost, "total": sum(cost.values())}
+    return priced(usage, pricing)
 
 
 MAX_TOOL_ID = 40
