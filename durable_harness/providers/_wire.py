@@ -35,19 +35,26 @@ def setting(value: str | None, env: str) -> str | None:
     return value or os.environ.get(env) or None
 
 
-def require_key(key: str | None, provider: str, env: str) -> str:
-    """The API key ``key``, checked before a request is sent.
+def client_options(
+    *, provider: str, api_key: str | None, key_env: str, base_url: str | None, timeout: float
+) -> dict[str, Any]:
+    """Keyword arguments for an SDK client (``openai.AsyncOpenAI``,
+    ``anthropic.AsyncAnthropic``): ``api_key``, ``base_url``, ``timeout`` (seconds) and
+    ``max_retries=0``: the SDK never retries, the harness does (one
+    ``provider_request_started`` record per attempt; the rule is
+    :mod:`durable_harness.providers.failures`).
 
     Raises:
-        ProviderError: ``key`` is missing (``retryable=False``; the message names ``env``).
+        ProviderError: ``api_key`` is missing (``retryable=False``; the message names
+            ``key_env``).
     """
-    if not key:
+    if not api_key:
         raise ProviderError(
-            f"{provider}: no API key (pass api_key= or set {env})",
+            f"{provider}: no API key (pass api_key= or set {key_env})",
             retryable=False,
             provider=provider,
         )
-    return key
+    return {"api_key": api_key, "base_url": base_url, "timeout": timeout, "max_retries": 0}
 
 
 async def stream_closing(

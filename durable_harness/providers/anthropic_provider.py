@@ -48,9 +48,9 @@ from durable_harness.providers._wire import (
     ANTHROPIC_IMAGES,
     WireIds,
     check_image,
+    client_options,
     close_stream,
     parse_tool_arguments,
-    require_key,
     setting,
     stream_closing,
 )
@@ -153,12 +153,14 @@ class AnthropicProvider:
         Raises:
             ProviderError: no API key (``retryable=False``).
         """
-        return anthropic.AsyncAnthropic(
-            api_key=require_key(self._api_key, self.name, _KEY_ENV),
+        options = client_options(
+            provider=self.name,
+            api_key=self._api_key,
+            key_env=_KEY_ENV,
             base_url=self.base_url,
             timeout=self.timeout,
-            max_retries=0,
         )
+        return anthropic.AsyncAnthropic(**options)
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         """Return the keyword arguments of ``messages.create`` for ``request``.

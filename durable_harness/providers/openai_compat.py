@@ -45,9 +45,9 @@ from durable_harness.providers._wire import (
     OPENAI_IMAGES,
     WireIds,
     check_image,
+    client_options,
     close_stream,
     parse_tool_arguments,
-    require_key,
     setting,
     shorten_id,
     stream_closing,
@@ -142,12 +142,14 @@ class OpenAIProvider:
         Raises:
             ProviderError: no API key (``retryable=False``).
         """
-        return openai.AsyncOpenAI(
-            api_key=require_key(self._api_key, self.name, _KEY_ENV),
+        options = client_options(
+            provider=self.name,
+            api_key=self._api_key,
+            key_env=_KEY_ENV,
             base_url=self.base_url,
             timeout=self.timeout,
-            max_retries=0,
         )
+        return openai.AsyncOpenAI(**options)
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         """Return the keyword arguments of ``chat.completions.create`` for ``request``.
