@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from durable_harness.tools.fs import fsync_dir
 from durable_harness.tools.processes import group_alive, kill_group, process_start_time
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -111,12 +110,3 @@ def test_a_group_reusing_the_number_is_not_the_recorded_one(
     assert child.poll() is None  # the unrelated group was left alone
     assert kill_group(child.pid, start) is True
     assert child.wait() == -9
-
-
-def test_fsync_dir_refuses_a_file(tmp_path: Path) -> None:
-    fsync_dir(tmp_path)
-    fsync_dir(str(tmp_path))
-    plain = tmp_path / "f"
-    plain.write_bytes(b"x")
-    with pytest.raises(NotADirectoryError):
-        fsync_dir(plain)
