@@ -1,48 +1,106 @@
-"""Helpers shared by the network providers: scrubbing a key out of error text, mapping the
-HTTP library's transport errors, closing an SDK stream, and checking an image against what a
-provider accepts before it goes on the wire."""
+"""Helpers shared by the network providers for driving an SDK and what goes on the wire: the
+base URL and key settings, a stream that always closes its client, parsing streamed tool
+arguments, checking an image against what a provider accepts, and tool-call ids a provider
+accepts. What a failure means (retryable or not) is :mod:`durable_harness.providers.failures`.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
-import importlib
-from collections.abc import Callable, Mapping
+import json
+import os
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from durable_harness.errors import ProviderError, redact
+import anyio
 
-
-def scrub(text: str, secret: str | None) -> str:
-    """Remove the literal ``secret`` and anything shaped like a key from ``text``."""
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return redact(text)
+from durable_harness.errors import ProviderError
 
 
-def _load_transport_errors() -> tuple[type[BaseException], ...]:
-    """``TransportError`` of ``httpx`` and ``httpx2``: the SDK does not wrap failures that
-    happen while the response body streams (connection dropped, read timeout)."""
-    found: list[type[BaseException]] = []
-    for module_name in ("httpx2", "httpx"):
-        try:
-            module: Any = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found.append(module.TransportError)
-    return tuple(found)
+class _Closable(Protocol):
+    async def close(self) -> None: ...
 
 
-TRANSPORT_ERRORS = _load_transport_errors()
+ClientT = TypeVar("ClientT", bound=_Closable)
+EventT = TypeVar("EventT")
 
 
-def transport_error(exc: BaseException, provider: str, secret: str | None) -> ProviderError:
-    """Map a mid-stream ``httpx``/``httpx2`` transport failure: always ``retryable=True``."""
-    kind = "timed out" if "Timeout" in type(exc).__name__ else "connection lost"
-    message = f"{provider}: {kind} while streaming ({type(exc).__name__})"
-    return ProviderError(scrub(message, secret), retryable=True, status=None, provider=provider)
+def setting(value: str | None, env: str) -> str | None:
+    """``value`` when given (non-empty), else the environment variable ``env`` when set and
+    non-empty, else ``None``: how a provider takes its base URL and API key."""
+    return value or os.environ.get(env) or None
+
+
+def client_options(
+    *, provider: str, api_key: str | None, key_env: str, base_url: str | None, timeout: float
+) -> dict[str, Any]:
+    """Keyword arguments for an SDK client (``openai.AsyncOpenAI``,
+    ``anthropic.AsyncAnthropic``): ``api_key``, ``base_url``, ``timeout`` (seconds) and
+    ``max_retries=0``: the SDK never retries, the harness does (one
+    ``provider_request_started`` record per attempt; the rule is
+    :mod:`durable_harness.providers.failures`).
+
+    Raises:
+        ProviderError: ``api_key`` is missing (``retryable=False``; the message names
+            ``key_env``).
+    """
+    if not api_key:
+        raise ProviderError(
+            f"{provider}: no API key (pass api_key= or set {key_env})",
+            retryable=False,
+            provider=provider,
+        )
+    return {"api_key": api_key, "base_url": base_url, "timeout": timeout, "max_retries": 0}
+
+
+async def stream_closing(
+    open_client: Callable[[], ClientT], body: Callable[[ClientT], AsyncGenerator[EventT, None]]
+) -> AsyncGenerator[EventT, None]:
+    """Open an SDK client with ``open_client()`` when iteration starts, yield every event of
+    ``body(client)``, and close ``body``'s generator and then the client (shielded from
+    cancellation) however the iteration ends: exhausted, failed, cancelled or closed early.
+
+    Raises:
+        Whatever ``open_client`` or ``body`` raises (a provider's :class:`ProviderError`).
+    """
+    client = open_client()
+    try:
+        async with contextlib.aclosing(body(client)) as events:
+            async for event in events:
+                yield event
+    finally:
+        with anyio.CancelScope(shield=True):
+            await client.close()
+
+
+def parse_tool_arguments(
+    raw: str, *, name: object, call_id: object, provider: str
+) -> dict[str, Any]:
+    """Parse a streamed tool call's accumulated JSON arguments ``raw`` (blank means ``{}``).
+
+    Raises:
+        ProviderError: ``raw`` is not a JSON object (``retryable=False``; ``details`` carry
+            ``tool_call_id``): sending the request again would not change what was generated
+            for the recorded context.
+    """
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProviderError(
+            f"{provider}: tool call {name!r} has arguments that are not a JSON object",
+            retryable=False,
+            provider=provider,
+            tool_call_id=call_id,
+        )
+    return value
 
 
 async def close_stream(stream: Any, items: Any) -> None:

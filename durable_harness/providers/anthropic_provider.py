@@ -34,9 +34,6 @@ Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -46,14 +43,16 @@ import anthropic
 import anyio
 
 from durable_harness.errors import ProviderError
+from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
     ANTHROPIC_IMAGES,
-    TRANSPORT_ERRORS,
     WireIds,
     check_image,
+    client_options,
     close_stream,
-    scrub,
-    transport_error,
+    parse_tool_arguments,
+    setting,
+    stream_closing,
 )
 from durable_harness.providers.base import (
     Done,
@@ -64,6 +63,16 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
+    priced,
+)
+from durable_harness.providers.failures import (
+    TRANSPORT_ERRORS,
+    error_body,
+    retry_after,
+    retryable_error_type,
+    retryable_status,
+    scrub,
+    transport_error,
 )
 
 __all__ = [
@@ -73,6 +82,9 @@ __all__ = [
     "to_anthropic_tools",
     "wire_tool_id",
 ]
+
+_KEY_ENV = CREDENTIAL_ENV["anthropic"]
+"""The environment variable holding the API key when ``api_key`` is not given."""
 
 _STOP_REASONS = {
     "end_turn": "stop",
@@ -84,7 +96,6 @@ _STOP_REASONS = {
     "refusal": "error",
 }
 _THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
-_RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -127,8 +138,8 @@ class AnthropicProvider:
         self.model = model
         self.context_window = context_window
         self.max_tokens = max_tokens
-        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-        self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        self.base_url = setting(base_url, "ANTHROPIC_BASE_URL")
+        self._api_key = setting(api_key, _KEY_ENV)
         self.timeout = timeout
         self.pricing = dict(pricing) if pricing else None
         self.reasoning = reasoning
@@ -137,18 +148,19 @@ class AnthropicProvider:
         return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
 
     def _client(self) -> Any:
-        if not self._api_key:
-            raise ProviderError(
-                f"{self.name}: no API key (pass api_key= or set ANTHROPIC_API_KEY)",
-                retryable=False,
-                provider=self.name,
-            )
-        return anthropic.AsyncAnthropic(
+        """A fresh SDK client (no retries of its own: the harness retries).
+
+        Raises:
+            ProviderError: no API key (``retryable=False``).
+        """
+        options = client_options(
+            provider=self.name,
             api_key=self._api_key,
+            key_env=_KEY_ENV,
             base_url=self.base_url,
             timeout=self.timeout,
-            max_retries=0,
         )
+        return anthropic.AsyncAnthropic(**options)
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         """Return the keyword arguments of ``messages.create`` for ``request``.
@@ -175,7 +187,7 @@ class AnthropicProvider:
             params["max_tokens"] = max_tokens + budget
         return params
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
         """Stream the answer to ``request``: deltas and tool calls, then one :class:`Done`.
 
         The ``Done`` message is ``{"role": "assistant", "content": [thinking | text | toolCall
@@ -185,19 +197,13 @@ class AnthropicProvider:
         Thinking blocks keep their signature as ``thinkingSignature``.
 
         Raises:
-            ProviderError: HTTP 429, 5xx (529 overloaded included), connection failures,
-                timeouts and mid-stream overloaded/api errors are ``retryable=True``; other
-                4xx, a missing key and unparseable tool arguments are ``retryable=False``.
-                ``status`` holds the HTTP status when known.
+            ProviderError: ``retryable`` follows the one rule in
+                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx including 529,
+                connection failures, timeouts, mid-stream overloaded/api errors: retryable);
+                a missing key and unparseable tool arguments are not retryable. ``status``
+                holds the HTTP status when known.
         """
-        client = self._client()
-        try:
-            async with contextlib.aclosing(self._stream(client, request)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
+        return stream_closing(self._client, lambda client: self._stream(client, request))
 
     async def _stream(
         self, client: Any, request: ProviderRequest
@@ -235,8 +241,11 @@ class AnthropicProvider:
                         index = int(event.get("index") or 0)
                         block = blocks.get(index)
                         if block is not None and block["type"] == "toolCall":
-                            block["arguments"] = _parse_arguments(
-                                block, "".join(json_parts.get(index, [])), self.name
+                            block["arguments"] = parse_tool_arguments(
+                                "".join(json_parts.get(index, [])),
+                                name=block.get("name"),
+                                call_id=block.get("id"),
+                                provider=self.name,
                             )
                             yield ToolCallEvent(block["id"], block["name"], block["arguments"])
                     elif etype == "message_delta":
@@ -320,24 +329,6 @@ def _apply_delta(
     return None
 
 
-def _parse_arguments(block: Mapping[str, Any], raw: str, provider: str) -> dict[str, Any]:
-    """Parse a tool_use block's accumulated ``input`` JSON (empty means ``{}``)."""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ProviderError(
-            f"{provider}: tool call {block.get('name')!r} has arguments that are not a JSON object",
-            retryable=False,
-            provider=provider,
-            tool_call_id=block.get("id"),
-        )
-    return value
-
-
 def _merge_usage(acc: dict[str, int], wire: Any) -> None:
     """Overwrite ``acc`` with the non-null token counts of a wire usage object."""
     if not isinstance(wire, Mapping):
@@ -363,12 +354,7 @@ def _usage(wire: Mapping[str, int], pricing: Mapping[str, float] | None) -> dict
     usage["totalTokens"] = (
         usage["input"] + usage["output"] + usage["cacheRead"] + usage["cacheWrite"]
     )
-    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
-    if pricing:
-        for key in cost:
-            cost[key] = float(usage[key]) * float(pricing.get(key, 0.0)) / 1_000_000
-    usage["cost"] = {**cost, "total": sum(cost.values())}
-    return usage
+    return priced(usage, pricing)
 
 
 def wire_tool_id(tool_call_id: str) -> str:
@@ -517,16 +503,6 @@ def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def _body_error(body: object) -> tuple[str, str]:
-    """Return ``(error type, message)`` from an SDK error body (at most 500 characters)."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            return str(inner.get("type") or ""), str(inner.get("message") or "")[:500]
-        return "", str(inner)[:500]
-    return "", "" if body is None else str(body)[:500]
-
-
 def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None) -> ProviderError:
     """Translate an ``anthropic`` SDK error into :class:`ProviderError` (message redacted)."""
     details: dict[str, Any] = {"provider": provider}
@@ -538,7 +514,7 @@ def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None)
         retryable, where = True, "APIConnectionError"
         detail = f"connection error ({type(cause).__name__})" if cause else "connection error"
     elif isinstance(exc, anthropic.APIStatusError):
-        etype, text = _body_error(exc.body)
+        etype, text = error_body(exc.body)
         if etype:
             details["error_type"] = etype
         request_id = getattr(exc, "request_id", None)
@@ -546,21 +522,18 @@ def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None)
             details["request_id"] = str(request_id)
         if exc.status_code >= 400:
             status = exc.status_code
-            retryable = status in (408, 429) or status >= 500
+            retryable = retryable_status(status, exc.response.headers)
             where = f"HTTP {status}"
-            try:
-                after = exc.response.headers.get("retry-after")
-                if after is not None:
-                    details["retry_after"] = float(after)
-            except (AttributeError, TypeError, ValueError):
-                pass
-        else:
-            retryable = etype in _RETRYABLE_TYPES
+            after = retry_after(exc.response)
+            if after is not None:
+                details["retry_after"] = after
+        else:  # an error event inside a stream that began with HTTP 200
+            retryable = retryable_error_type(etype)
             where = "error during streaming"
         detail = f"{etype}: {text}" if etype and text else etype or text
     elif isinstance(exc, anthropic.APIError):
-        etype, text = _body_error(exc.body)
-        retryable, where = etype in _RETRYABLE_TYPES, "APIError"
+        etype, text = error_body(exc.body)
+        retryable, where = retryable_error_type(etype), "APIError"
         detail = text or exc.message
     else:
         retryable, where, detail = False, type(exc).__name__, str(exc)

@@ -8,14 +8,15 @@ ending with exactly one :class:`Done` that carries the complete assistant messag
      "provider": str, "model": str, "usage": {input, output, cacheRead, cacheWrite,
      totalTokens, cost{...} (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error"}
 
-Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable`` set for HTTP
-429, 5xx, connection errors and timeouts. Providers never retry by themselves: the harness does,
-writing a ``provider_request_started`` record per attempt.
+Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable`` set by the one
+rule in :mod:`durable_harness.providers.failures` (HTTP 408, 409, 429, 5xx, connection errors and
+timeouts). Providers never retry by themselves: the harness does, writing a
+``provider_request_started`` record per attempt.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -126,3 +127,15 @@ def empty_usage() -> dict[str, Any]:
         "totalTokens": 0,
         "cost": {"input": 0.0, "output": 0.0, "cacheRead": 0.0, "cacheWrite": 0.0, "total": 0.0},
     }
+
+
+def priced(usage: dict[str, Any], pricing: Mapping[str, float] | None) -> dict[str, Any]:
+    """Set ``usage["cost"]`` from its token counts and ``pricing`` (USD per million tokens,
+    keys ``input``, ``output``, ``cacheRead``, ``cacheWrite``; a missing key costs 0; ``None``
+    leaves every cost at 0) and return ``usage``. ``cost.total`` is the sum of the four."""
+    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
+    if pricing:
+        for key in cost:
+            cost[key] = float(usage.get(key, 0)) * float(pricing.get(key, 0.0)) / 1_000_000
+    usage["cost"] = {**cost, "total": sum(cost.values())}
+    return usage

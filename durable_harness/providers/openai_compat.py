@@ -29,9 +29,7 @@ after the stream ends; then :class:`Done`.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -42,15 +40,17 @@ import anyio
 import openai
 
 from durable_harness.errors import ProviderError
+from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
     OPENAI_IMAGES,
-    TRANSPORT_ERRORS,
     WireIds,
     check_image,
+    client_options,
     close_stream,
-    scrub,
+    parse_tool_arguments,
+    setting,
     shorten_id,
-    transport_error,
+    stream_closing,
 )
 from durable_harness.providers.base import (
     Done,
@@ -61,9 +61,22 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
+    priced,
+)
+from durable_harness.providers.failures import (
+    TRANSPORT_ERRORS,
+    error_body,
+    retry_after,
+    retryable_error_type,
+    retryable_status,
+    scrub,
+    transport_error,
 )
 
 __all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
+
+_KEY_ENV = CREDENTIAL_ENV["openai"]
+"""The environment variable holding the API key when ``api_key`` is not given."""
 
 _STOP_REASONS = {
     "stop": "stop",
@@ -113,8 +126,8 @@ class OpenAIProvider:
         self.name = name
         self.model = model
         self.context_window = context_window
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        self.base_url = setting(base_url, "OPENAI_BASE_URL")
+        self._api_key = setting(api_key, _KEY_ENV)
         self.timeout = timeout
         self.pricing = dict(pricing) if pricing else None
         self.reasoning = reasoning
@@ -124,18 +137,19 @@ class OpenAIProvider:
         return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
 
     def _client(self) -> Any:
-        if not self._api_key:
-            raise ProviderError(
-                f"{self.name}: no API key (pass api_key= or set OPENAI_API_KEY)",
-                retryable=False,
-                provider=self.name,
-            )
-        return openai.AsyncOpenAI(
+        """A fresh SDK client (no retries of its own: the harness retries).
+
+        Raises:
+            ProviderError: no API key (``retryable=False``).
+        """
+        options = client_options(
+            provider=self.name,
             api_key=self._api_key,
+            key_env=_KEY_ENV,
             base_url=self.base_url,
             timeout=self.timeout,
-            max_retries=0,
         )
+        return openai.AsyncOpenAI(**options)
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         """Return the keyword arguments of ``chat.completions.create`` for ``request``.
@@ -158,7 +172,7 @@ class OpenAIProvider:
             params["reasoning_effort"] = effort
         return params
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
         """Stream the answer to ``request``: deltas, then tool calls, then one :class:`Done`.
 
         The ``Done`` message is ``{"role": "assistant", "content": [thinking?, text?,
@@ -167,18 +181,13 @@ class OpenAIProvider:
         "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
 
         Raises:
-            ProviderError: HTTP 429, 5xx, connection failures, timeouts and mid-stream server
-                errors are ``retryable=True``; other 4xx, a missing key and unparseable tool
-                arguments are ``retryable=False``. ``status`` holds the HTTP status when known.
+            ProviderError: ``retryable`` follows the one rule in
+                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx, connection
+                failures, timeouts, mid-stream server errors: retryable); a missing key and
+                unparseable tool arguments are not retryable. ``status`` holds the HTTP status
+                when known.
         """
-        client = self._client()
-        try:
-            async with contextlib.aclosing(self._stream(client, request)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
+        return stream_closing(self._client, lambda client: self._stream(client, request))
 
     async def _stream(
         self, client: Any, request: ProviderRequest
@@ -236,7 +245,12 @@ class OpenAIProvider:
                 "type": "toolCall",
                 "id": calls[i]["id"] or f"call_{uuid.uuid4().hex[:24]}",
                 "name": calls[i]["name"],
-                "arguments": _parse_arguments(calls[i], self.name),
+                "arguments": parse_tool_arguments(
+                    str(calls[i]["arguments"]),
+                    name=calls[i]["name"],
+                    call_id=calls[i]["id"],
+                    provider=self.name,
+                ),
             }
             for i in sorted(calls)
         ]
@@ -274,25 +288,6 @@ def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) ->
         call["arguments"] += str(function["arguments"])
 
 
-def _parse_arguments(call: Mapping[str, Any], provider: str) -> dict[str, Any]:
-    """Parse a tool call's accumulated JSON arguments (empty means ``{}``)."""
-    raw = str(call.get("arguments") or "").strip()
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ProviderError(
-            f"{provider}: tool call {call.get('name')!r} has arguments that are not a JSON object",
-            retryable=False,
-            provider=provider,
-            tool_call_id=call.get("id"),
-        )
-    return value
-
-
 def _usage(wire: Mapping[str, Any] | None, pricing: Mapping[str, float] | None) -> dict[str, Any]:
     """Map chat-completions usage to pi's usage dict; ``input`` excludes cached tokens."""
     usage = empty_usage()
@@ -307,17 +302,7 @@ def _usage(wire: Mapping[str, Any] | None, pricing: Mapping[str, float] | None) 
     usage["cacheRead"] = cache_read
     usage["cacheWrite"] = cache_write
     usage["totalTokens"] = usage["input"] + usage["output"] + cache_read + cache_write
-    usage["cost"] = _cost(usage, pricing)
-    return usage
-
-
-def _cost(usage: Mapping[str, Any], pricing: Mapping[str, float] | None) -> dict[str, float]:
-    """Return the cost split in USD from token counts and USD-per-million ``pricing``."""
-    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
-    if pricing:
-        for key in cost:
-            cost[key] = float(usage.get(key, 0)) * float(pricing.get(key, 0.0)) / 1_000_000
-    return {**cost, "total": sum(cost.values())}
+    return priced(usage, pricing)
 
 
 MAX_TOOL_ID = 40
@@ -455,28 +440,6 @@ class _ErrorInfo:
     detail: str
 
 
-def _body_message(body: object) -> str:
-    """The server's error text from an SDK error body (dict or raw), at most 500 characters."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:500]
-        if isinstance(inner, str):
-            return inner[:500]
-        return json.dumps(body)[:500]
-    if body is None:
-        return ""
-    return str(body)[:500]
-
-
-def _retry_after(response: Any) -> float | None:
-    try:
-        value = response.headers.get("retry-after")
-        return float(value) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
 def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> ProviderError:
     """Translate an ``openai`` SDK error into :class:`ProviderError` (message redacted)."""
     details: dict[str, Any] = {"provider": provider}
@@ -491,20 +454,19 @@ def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> Pr
         )
     elif isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        retryable = status in (408, 429) or status >= 500
-        info = _ErrorInfo(status, retryable, _body_message(exc.body))
-        after = _retry_after(exc.response)
+        retryable = retryable_status(status, exc.response.headers)
+        info = _ErrorInfo(status, retryable, error_body(exc.body)[1])
+        after = retry_after(exc.response)
         if after is not None:
             details["retry_after"] = after
         if exc.request_id:
             details["request_id"] = exc.request_id
-    elif isinstance(exc, openai.APIError):
-        body = exc.body if isinstance(exc.body, dict) else {}
-        client_fault = body.get("type") == "invalid_request_error"
+    elif isinstance(exc, openai.APIError):  # an error event inside a 200 stream
+        etype, text = error_body(exc.body)
+        if etype:
+            details["error_type"] = etype
         info = _ErrorInfo(
-            None,
-            not client_fault,
-            f"error during streaming: {_body_message(exc.body) or exc.message}",
+            None, retryable_error_type(etype), f"error during streaming: {text or exc.message}"
         )
     else:
         info = _ErrorInfo(None, False, f"{type(exc).__name__}: {exc}")

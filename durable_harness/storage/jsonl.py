@@ -43,6 +43,7 @@ from durable_harness.errors import (
     StaleGeneration,
     StorageError,
 )
+from durable_harness.fs import fsync_dir
 from durable_harness.ids import iso_from_ns, now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
@@ -105,15 +106,6 @@ def parse_mark(first_line: bytes) -> tuple[int | None, int | None]:
     if match is None or int(match.group(2), 16) != zlib.crc32(match.group(1)):
         return at, None
     return at, int(match.group(1))
-
-
-def fsync_dir(path: str | Path) -> None:
-    """fsync a directory so a created or renamed file's name is durable."""
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def is_own_format(header: dict[str, Any]) -> bool:

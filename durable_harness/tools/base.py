@@ -14,7 +14,6 @@ say ``safe``, or when ``reconcile`` answers.
 from __future__ import annotations
 
 import abc
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,24 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from durable_harness.errors import PathEscape, ToolError
+from durable_harness.errors import ToolError
+from durable_harness.fs import resolve_path
 from durable_harness.providers.base import ToolSpec
 
+__all__ = [
+    "OUTPUT_CAP_BYTES",
+    "Replay",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "resolve_path",
+]
+
 Replay = Literal["safe", "never"]
+
+OUTPUT_CAP_BYTES = 256 * 1024
+"""Most bytes (UTF-8) of file text or command output a single built-in tool result carries:
+256 KiB."""
 
 
 @dataclass(frozen=True)
@@ -108,20 +121,3 @@ class Tool(abc.ABC):
     async def reconcile(self, args: Any, ctx: ToolContext) -> ToolResult | None:
         """Establish an in-doubt call's outcome; ``None`` means it cannot be told."""
         return None
-
-
-def resolve_path(cwd: Path, path: str) -> Path:
-    """Resolve ``path`` (relative to ``cwd`` or absolute) and require it to stay inside ``cwd``.
-
-    Symlinks are resolved first, so a link pointing outside is refused too.
-
-    Raises:
-        PathEscape: the resolved path is outside ``cwd``.
-    """
-    root = Path(os.path.realpath(cwd))
-    target = Path(os.path.realpath(root / path))
-    if target != root and root not in target.parents:
-        raise PathEscape(
-            f"path {path!r} resolves to {target}, outside the working directory {root}", path=path
-        )
-    return target

@@ -1,10 +1,16 @@
-"""Process groups a tool started: identifying them across a crash and stopping them.
+"""Process groups a tool started: identifying them across a crash, and when they are alive.
 
 A ``bash`` tool runs in its own process group, so SIGKILL of the harness does not stop it: the
 group may go on and finish its effect after the crash. The harness records each group
 (``tool_process``: pgid and the leader's start time, from ``/proc/<pid>/stat`` field 22, in
 clock ticks since boot) so that recovery can tell a group the dead harness left running from an
 unrelated one that reuses the number, and kill it before deciding anything about the call.
+
+One liveness rule serves the ``bash`` tool (stopping a command's stragglers), the harness
+(killing a group left by a crash) and recovery (reporting it): :func:`group_alive`. A zombie
+does not count as alive: it runs no code and can cause no further effect, and its reaping may
+never come (an orphan waits for init, which a container may not run; a leader waits for the
+parent that started it). ``proc(5)`` documents the ``stat`` fields read here.
 """
 
 from __future__ import annotations
@@ -13,48 +19,92 @@ import os
 import signal
 import time
 
+__all__ = ["group_alive", "kill_group", "process_start_time", "signal_group"]
+
+_PROC = "/proc"
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``comm`` (``fields[0]`` is field 3, the
+    state), or ``None`` when there is no such process or no ``/proc``."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    return stat[stat.rfind(b")") + 2 :].split()
+
 
 def process_start_time(pid: int) -> int | None:
     """The start time of ``pid`` in clock ticks since boot, or ``None`` when unknown (no /proc,
     or no such process)."""
+    fields = _stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])  # field 22 of the whole line; fields[0] is field 3
+        return int(fields[19]) if fields is not None else None  # field 22 of the whole line
     except (IndexError, ValueError):
         return None
 
 
-def group_alive(pgid: int, start_time: int | None) -> bool:
-    """True when process group ``pgid`` still has members and is the recorded one: its leader
-    has the recorded start time, or the leader is gone (a group id is not reused while the
-    group has members)."""
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid`` (``0`` only checks it exists); return False when
+    the group no longer exists or names a group we may not signal (not ours: treated as gone)."""
     try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         return False
-    leader_start = process_start_time(pgid)
-    return leader_start is None or start_time is None or leader_start == start_time
+    return True
+
+
+def _has_running_member(pgid: int) -> bool:
+    """True when a process of group ``pgid`` is not a zombie; without ``/proc`` every member
+    counts (the caller has checked that the group has one)."""
+    try:
+        entries = os.listdir(_PROC)
+    except OSError:
+        return True
+    wanted = str(pgid).encode()
+    for name in entries:
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(int(name))
+        if fields is not None and len(fields) > 2 and fields[2] == wanted and fields[0] != b"Z":
+            return True
+    return False
+
+
+def group_alive(pgid: int, start_time: int | None = None) -> bool:
+    """True while process group ``pgid`` has a member that is not a zombie and is the group
+    that was recorded.
+
+    Args:
+        pgid: the process-group id (the leader's pid).
+        start_time: the leader's recorded start time (clock ticks since boot, from
+            :func:`process_start_time`), or ``None`` to skip the identity check. With it, a
+            group whose leader has another start time is an unrelated one reusing the number
+            (not alive); a group whose leader is gone is still the recorded one (a group id is
+            not reused while the group has members).
+
+    A group whose every member is a zombie is not alive (see the module docstring).
+    """
+    if not signal_group(pgid, 0):
+        return False
+    if start_time is not None:
+        leader_start = process_start_time(pgid)
+        if leader_start is not None and leader_start != start_time:
+            return False
+    return _has_running_member(pgid)
 
 
 def kill_group(pgid: int, start_time: int | None, grace: float = 0.5) -> bool:
-    """SIGKILL the recorded group if it is still alive; wait up to ``grace`` seconds for it to
-    go. Returns True when a live group was killed."""
+    """SIGKILL the recorded group if it is alive (:func:`group_alive`); wait up to ``grace``
+    seconds for its members to be gone or zombies. Returns True when a live group was
+    killed."""
     if not group_alive(pgid, start_time):
         return False
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
+    if not signal_group(pgid, signal.SIGKILL):
         return False
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
+    while time.monotonic() < deadline and group_alive(pgid):
         time.sleep(0.02)
     return True

@@ -516,3 +516,41 @@ async def test_bash_pipe_held_outside_group_does_not_hang(ctx: ToolContext) -> N
         pid = int((ctx.cwd / "pid").read_text())
         if not pid_gone(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_builtin_module_still_exports_what_it_did_before_the_split() -> None:
+    """``durable_harness.tools.builtin`` only assembles now; every name code imported from it
+    stays importable there and is the object its new home defines."""
+    from durable_harness.tools import base, bash, builtin, env, files
+
+    homes = {
+        "OUTPUT_CAP_BYTES": base,
+        "BashArgs": bash,
+        "BashTool": bash,
+        "SECRET_NAME_PATTERNS": env,
+        "is_secret_name": env,
+        "tool_environment": env,
+        **{
+            name: files
+            for name in (
+                "AppendFileArgs",
+                "AppendFileTool",
+                "EditFileArgs",
+                "EditFileTool",
+                "ReadFileArgs",
+                "ReadFileTool",
+                "WriteFileArgs",
+                "WriteFileTool",
+            )
+        },
+    }
+    assert set(builtin.__all__) == {*homes, "builtin_tools"}
+    for name, home in homes.items():
+        assert getattr(builtin, name) is getattr(home, name), name
+    assert sorted(builtin.builtin_tools()) == [
+        "append_file",
+        "bash",
+        "edit_file",
+        "read_file",
+        "write_file",
+    ]

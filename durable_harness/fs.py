@@ -1,0 +1,161 @@
+"""File-system helpers shared by every layer (the file tools, the JSONL store): one place for each
+rule.
+
+* :func:`resolve_path`: a tool path must stay inside the session's working directory.
+* :func:`fsync_dir`: make a created or renamed name durable (POSIX: the directory entry is
+  durable only once the directory itself is ``fsync``ed).
+* :func:`write_all`, :func:`atomic_write`, :func:`append_durably`: write bytes so that a crash
+  leaves either the old or the new content (replace), or a durable tail (append).
+* :func:`make_parents`: create missing parent directories durably.
+* :func:`read_bytes_or_none`: a file's bytes, or ``None`` when it cannot be read.
+
+Blocking functions: callers on an event loop run them in a worker thread. This module imports
+only the standard library and :mod:`durable_harness.errors`, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+
+from durable_harness.errors import PathEscape
+
+__all__ = [
+    "append_durably",
+    "atomic_write",
+    "fsync_dir",
+    "make_parents",
+    "read_bytes_or_none",
+    "resolve_path",
+    "write_all",
+]
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def resolve_path(cwd: Path, path: str) -> Path:
+    """Resolve ``path`` (relative to ``cwd`` or absolute) and require it to stay inside ``cwd``.
+
+    Symlinks are resolved first, so a link pointing outside is refused too.
+
+    Raises:
+        PathEscape: the resolved path is outside ``cwd`` (``details["path"]`` is ``path``).
+    """
+    root = Path(os.path.realpath(cwd))
+    target = Path(os.path.realpath(root / path))
+    if target != root and root not in target.parents:
+        raise PathEscape(
+            f"path {path!r} resolves to {target}, outside the working directory {root}", path=path
+        )
+    return target
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """``fsync`` ``directory`` so a name created, renamed or removed inside it is durable.
+
+    Raises:
+        NotADirectoryError: ``directory`` is not a directory.
+        OSError: it cannot be opened or synced.
+    """
+    fd = os.open(os.fspath(directory), os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the open descriptor ``fd`` (``os.write`` may write less).
+
+    Raises:
+        OSError: a write failed (for example ``ENOSPC``); part of ``data`` may be written.
+    """
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def make_parents(target: Path) -> None:
+    """Create the missing parent directories of ``target`` and make their entries durable.
+
+    Raises:
+        OSError: a directory cannot be created (for example a parent is a regular file).
+    """
+    missing: list[Path] = []
+    parent = target.parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+        fsync_dir(directory.parent)
+
+
+def atomic_write(target: Path, data: bytes) -> None:
+    """Replace ``target`` with ``data`` (bytes) so a crash leaves either old or new content.
+
+    Writes a temporary file next to ``target``, ``fsync``s it, ``os.replace``s it over the
+    target and ``fsync``s the directory. Missing parent directories are created. An existing
+    target keeps its permission bits; a new one gets the default mode (``0o666`` minus umask).
+
+    Raises:
+        IsADirectoryError: ``target`` is a directory.
+        OSError: any step failed; the temporary file is removed and ``target`` is unchanged.
+    """
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+    make_parents(target)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC, 0o666)
+    try:
+        try:
+            write_all(fd, data)
+            try:
+                os.fchmod(fd, os.stat(target).st_mode & 0o7777)
+            except FileNotFoundError:
+                pass
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(target.parent)
+
+
+def append_durably(target: Path, data: bytes) -> None:
+    """Append ``data`` to ``target`` (``O_APPEND``) and ``fsync`` it; a new file (and any
+    missing parent directory) also gets its directory entry synced.
+
+    Raises:
+        OSError: the file cannot be opened, written or synced.
+    """
+    make_parents(target)
+    created = not target.exists()
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _CLOEXEC, 0o666)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(target.parent)
+
+
+def read_bytes_or_none(target: Path) -> bytes | None:
+    """Return the bytes of the regular file ``target``, or ``None`` when it cannot be read."""
+    try:
+        return target.read_bytes()
+    except OSError:
+        return None
