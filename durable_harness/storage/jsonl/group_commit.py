@@ -4,7 +4,6 @@ one, synchronously (:func:`wait_durable`) or on an event loop (:func:`wait_durab
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ import anyio.to_thread
 
 from durable_harness.storage import codec
 from durable_harness.storage.base import PendingCommit
+from durable_harness.storage.jsonl.framing import barrier
 from durable_harness.storage.jsonl.mark import set_mark
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def wait_durable(store: JsonlSessionStore, ticket: int | None = None) -> None:
             covered, covered_seq = store._written, store._written_seq
             store._sync_cond.release()
             try:
-                os.fdatasync(store._fd)
+                barrier(store)
                 set_mark(store, covered_seq)
             finally:
                 store._sync_cond.acquire()
@@ -140,5 +140,5 @@ def timed_fdatasync(store: JsonlSessionStore) -> None:
     (``store._fsync_avg_s``) that picks the async leader's thread."""
     assert store._fd is not None
     started = time.perf_counter()
-    os.fdatasync(store._fd)
+    barrier(store)
     store._fsync_avg_s += (time.perf_counter() - started - store._fsync_avg_s) / 8

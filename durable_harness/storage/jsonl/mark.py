@@ -10,6 +10,7 @@ import zlib
 from typing import TYPE_CHECKING
 
 from durable_harness.errors import StaleGeneration
+from durable_harness.storage.jsonl.framing import barrier
 
 if TYPE_CHECKING:
     from durable_harness.storage.jsonl.store import JsonlSessionStore
@@ -79,7 +80,7 @@ def sync_mark(store: JsonlSessionStore) -> None:
         if store.durability == "none":
             set_mark(store, store._written_seq)
         elif store._marked > store._mark_synced:
-            os.fdatasync(fd)
+            barrier(store)
             store._mark_synced = store._marked
     except (OSError, StaleGeneration):
         return

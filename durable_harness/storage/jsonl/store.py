@@ -19,6 +19,7 @@ from durable_harness.errors import (
     StorageError,
 )
 from durable_harness.storage import codec
+from durable_harness.storage.barrier_trace import BarrierTrace, open_trace
 from durable_harness.storage.base import Durability, PendingCommit, queued_commit
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.jsonl import group_commit
@@ -27,6 +28,7 @@ from durable_harness.storage.jsonl.framing import (
     PAD,
     PAD_MAX,
     PAD_MIN,
+    barrier,
     fsync_dir,
     op_seq,
     open_and_read,
@@ -145,6 +147,9 @@ class JsonlSessionStore(IndexedSessionStore):
             store._size = os.fstat(store._fd).st_size
             if lease.contested:
                 detach_old_writer(store, data[: store._end])
+            store._trace = open_trace(path)
+            if store._trace is not None:  # the trace starts here: the file as found is durable
+                store._trace.record(store._end, store._marked)
         return store
 
     # -- the write path --------------------------------------------------------------------
@@ -155,7 +160,7 @@ class JsonlSessionStore(IndexedSessionStore):
         offset = self._end
         self._append(line, 1, op_seq(numbered[-1]))
         if sync and self.durability == "sync":
-            os.fdatasync(self._fd)
+            barrier(self)
             self._synced = self._written
             set_mark(self, self._written_seq)
         length = len(line) - 1
@@ -241,6 +246,7 @@ class JsonlSessionStore(IndexedSessionStore):
         (:func:`.group_commit.wait_durable_async`)."""
         await group_commit.wait_durable_async(self)
 
+    _trace: BarrierTrace | None = None  # power-cut tests only (storage/barrier_trace.py)
     _torn: tuple[int, bytes] | None = None  # a torn final line found by the scan: (offset, bytes)
     _last_gen = 0
     _lines = 1  # the number of the last line read (header included)
@@ -305,6 +311,9 @@ class JsonlSessionStore(IndexedSessionStore):
             self._trim_padding()
             os.close(self._fd)
             self._fd = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
         if self._lease is not None:
             self._lease.release()
             self._lease = None
