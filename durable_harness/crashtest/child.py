@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from durable_harness.crashtest.powercut import acked_keys, child_durability
+from durable_harness.crashtest.powercut import acked_keys, child_durability, record_ack
 from durable_harness.crashtest.scenario import Scenario, load
 from durable_harness.errors import NoOpenRun
 from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
@@ -79,6 +79,7 @@ async def play(sc: Scenario, session: Session, cont: bool) -> None:
                 await h.abort(lane=lane)
             elif op == "set_model":
                 await h.set_model(step["provider"], step["model"], lane=lane, client_key=key)
+                record_ack(key)
 
         h.subscribe(on_event)
         for i, step in enumerate(sc.steps):
@@ -89,9 +90,11 @@ async def play(sc: Scenario, session: Session, cont: bool) -> None:
                 triggers.append((step["on"], lane, step, i))
             elif op == "prompt":
                 handles[lane] = await h.prompt(step["text"], lane=lane, client_key=key)
+                record_ack(key)
             elif op in ("steer", "follow_up", "next_run"):
                 try:
                     await getattr(h, op)(step["text"], lane=lane, client_key=key)
+                    record_ack(key)
                 except NoOpenRun:
                     if not cont:
                         raise

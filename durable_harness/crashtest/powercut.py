@@ -47,7 +47,10 @@ DURABILITY_ENV = "DURABLE_HARNESS_CRASH_DURABILITY"
 ACKED_ENV = "DURABLE_HARNESS_CRASH_ACKED"
 """Comma-separated client keys the client holds acknowledgements for: the ``--continue`` child
 never re-sends those, even when the store lost them."""
-LOSS_KINDS = ("inputs", "intents", "settlements")
+ACKS_ENV = "DURABLE_HARNESS_CRASH_ACKS"
+"""A file the matrix child's client appends each client key to once the verb that sent it
+returned (the acknowledgement): the client's memory, which a power cut of the store spares."""
+LOSS_KINDS = ("inputs", "unacknowledged", "intents", "settlements")
 
 
 def child_durability() -> Durability:
@@ -65,6 +68,14 @@ def child_durability() -> Durability:
 def mode_env(mode: str | None) -> dict[str, str]:
     """Environment that runs the matrix child in durability ``mode`` (nothing for ``None``)."""
     return {DURABILITY_ENV: mode} if mode else {}
+
+
+def record_ack(key: str) -> None:
+    """Note that the client got the acknowledgement for ``key`` (when :data:`ACKS_ENV` is set)."""
+    path = os.environ.get(ACKS_ENV)
+    if path:
+        with open(path, "a") as fh:
+            fh.write(key + "\n")
 
 
 def acked_keys() -> set[str]:
@@ -185,8 +196,13 @@ class PowerCut:
         return str(self.root / "barriers")
 
     def crash_env(self) -> dict[str, str]:
-        """Environment for the child that crashes: its durability, barrier tracing on."""
-        return {DURABILITY_ENV: self.mode, TRACE_ENV: self.trace_dir}
+        """Environment for the child that crashes: its durability, barrier tracing on, the
+        client's acknowledgements noted."""
+        return {
+            DURABILITY_ENV: self.mode,
+            TRACE_ENV: self.trace_dir,
+            ACKS_ENV: str(self.root / "acks"),
+        }
 
     def continue_env(self) -> dict[str, str]:
         """Environment for the ``--continue`` child: its durability and the client's acks."""
@@ -194,18 +210,25 @@ class PowerCut:
 
     def cut(self, backend: str, sid: str) -> None:
         """Snapshot the session, cut the store back to its durable state, snapshot again and
-        record what was lost (``self.lost``: inputs, intents, settlements by id)."""
+        record what was lost (``self.lost``, ids by kind: ``inputs`` the client was acknowledged,
+        ``unacknowledged`` inputs, ``intents``, ``settlements``)."""
         before = snapshot_copy(backend, self.root, sid)
-        self.acked = set(before.inputs)
+        acks = self.root / "acks"
+        self.acked = set(acks.read_text().split()) if acks.exists() else set()
         if backend == "jsonl":
             self.cuts = cut_jsonl(self.root / "home", self.trace_dir)
         else:
             self.cuts = cut_sqlite(self.root / "store.db", self.trace_dir)
         after = snapshot_copy(backend, self.root, sid)
-        self.lost = {
-            kind: sorted(getattr(before, kind) - getattr(after, kind)) for kind in LOSS_KINDS
+        lost = {
+            "intents": sorted(before.intents - after.intents),
+            "settlements": sorted(before.settlements - after.settlements),
         }
-        self.lost = {k: v for k, v in self.lost.items() if v}
+        # an accepted input is one the client was acknowledged; one the store had written but
+        # not yet acknowledged is lost like any unsynced write (the client re-sends it)
+        lost["inputs"] = sorted(self.acked - after.inputs)
+        lost["unacknowledged"] = sorted((before.inputs - self.acked) - after.inputs)
+        self.lost = {k: lost[k] for k in LOSS_KINDS if lost[k]}
 
     def failures(self) -> list[str]:
         """The power-cut invariant this cell broke: ``sync`` lost an accepted input."""
@@ -240,11 +263,13 @@ def summary_rows(cells: Iterable[Any]) -> list[dict[str, Any]]:
 def summary_markdown(cells: Iterable[Any]) -> str:
     """:func:`summary_rows` as a Markdown table (counts of cells)."""
     head = (
-        "| backend | durability | cells | lost inputs | lost intents | lost settlements "
-        "| doubled effects | decisions | failed |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| backend | durability | cells | lost accepted inputs | lost unacknowledged inputs "
+        "| lost intents | lost settlements | doubled effects | decisions | failed |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     return head + "".join(
         f"| {r['backend']} | {r['durability']} | {r['cells']} | {r['lost_inputs']} | "
+        f"{r['lost_unacknowledged']} | "
         f"{r['lost_intents']} | {r['lost_settlements']} | {r['doubled_effects']} | "
         f"{r['decisions']} | {r['failed']} |\n"
         for r in summary_rows(cells)

@@ -341,12 +341,12 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
         if rc != -signal.SIGKILL:
             cell.status, cell.failures = "error", [f"crash point not reached (exit {rc})"]
             return cell
-        store = open_store(_store_spec(cell.backend, root))
         sid = (root / "sid").read_text().strip()
         if cut is not None:  # the power goes: the store keeps only what was durable
             cut.cut(cell.backend, sid)
             cell.lost = cut.lost
             cell.failures += cut.failures()
+        store = open_store(_store_spec(cell.backend, root))
         tools = builtin_tools()
         with Session(store.open_session(sid)) as session:
             location = session.store.location
