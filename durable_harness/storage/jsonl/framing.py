@@ -41,6 +41,7 @@ def is_own_format(header: dict[str, Any]) -> bool:
 
 
 def op_seq(op: dict[str, Any]) -> int:
+    """The seq of one op of a commit line (an entry's, a record's or a lane op's own)."""
     body = op.get("entry") or op.get("record") or op
     return int(body["seq"])
 
@@ -74,12 +75,22 @@ def shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | No
 
 
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """``pwrite`` all of ``data`` at byte ``offset``, looping on short writes.
+
+    Raises:
+        OSError: a write failed.
+    """
     written = os.pwrite(fd, data, offset)
     while written < len(data):
         written += os.pwrite(fd, data[written:], offset + written)
 
 
 def write_all(fd: int, data: bytes) -> None:
+    """``write`` all of ``data`` at the file position, looping on short writes.
+
+    Raises:
+        OSError: a write failed.
+    """
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -108,6 +119,11 @@ def open_and_read(path: str, flags: int) -> tuple[int, bytes]:
 
 
 def read_all(fd: int) -> bytes:
+    """Read ``fd`` from its position to the end.
+
+    Raises:
+        OSError: a read failed.
+    """
     chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 22)

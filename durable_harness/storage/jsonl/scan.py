@@ -257,6 +257,7 @@ def op_problem(
 
 
 def check_orphans(store: JsonlSessionStore) -> None:
+    """List every indexed entry whose parent is missing as ``orphan_parent`` damage."""
     for eid in store._order:
         parent, _, _seq, loc = store._meta[eid]
         if parent is not None and parent not in store._meta:
