@@ -11,6 +11,7 @@ from typing import Any
 from durable_harness.crashtest.powercut import DURABILITIES, summary_markdown
 from durable_harness.crashtest.runner import Cell, run_matrix
 from durable_harness.crashtest.scenario import load_all
+from durable_harness.errors import FormatError
 
 INVARIANTS = {
     "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
@@ -128,7 +129,9 @@ def run_cli(args: argparse.Namespace) -> int:
     scenarios = load_all(args.scenarios, args.scenario or None)
     backends = args.backend or ["jsonl", "sqlite"]
     if args.durability and not args.power_cut:
-        raise SystemExit("crash-test: --durability needs --power-cut")
+        raise FormatError(
+            "crash-test: --durability chooses the modes of a power-cut run; add --power-cut"
+        )
     modes = (args.durability or list(DURABILITIES)) if args.power_cut else None
     from durable_harness.terminal import MatrixProgress
 
