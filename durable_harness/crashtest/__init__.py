@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from durable_harness.crashtest.powercut import DURABILITIES, summary_markdown
 from durable_harness.crashtest.runner import Cell, run_matrix
 from durable_harness.crashtest.scenario import load_all
+from durable_harness.errors import FormatError
 
 INVARIANTS = {
     "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
@@ -42,6 +44,19 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (.md or .json)")
     p.add_argument("--scenarios", help="scenario folder (default: crash_scenarios/)")
     p.add_argument(
+        "--power-cut",
+        action="store_true",
+        help="cut the store back to what was durable at each crash (a power cut, not only a "
+        "process kill), once per durability mode",
+    )
+    p.add_argument(
+        "--durability",
+        action="append",
+        choices=DURABILITIES,
+        default=[],
+        help="with --power-cut: only this durability mode (repeatable; default: all three)",
+    )
+    p.add_argument(
         "--broken-intent-order",
         action="store_true",
         help="deliberately run tool effects before their intent, to see the matrix catch it",
@@ -71,13 +86,17 @@ def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
         "",
     ]
     lines += [f"- **{k}**: {v}" for k, v in INVARIANTS.items()]
-    for backend in summary["backends"]:
-        mine = [c for c in cells if c.backend == backend]
+    if "power_cut" in summary:
+        lines += ["", "## Power cuts", "", "Cells per backend and durability mode:", ""]
+        lines.append(summary_markdown(cells))
+    groups = sorted({(c.backend, c.durability or "") for c in cells})
+    for backend, mode in groups:
+        mine = [c for c in cells if c.backend == backend and (c.durability or "") == mode]
         points = sorted({c.label for c in mine})
         scen = sorted({c.scenario for c in mine})
         lines += [
             "",
-            f"## {backend}",
+            f"## {backend}" + (f", power cut, durability {mode}" if mode else ""),
             "",
             "| crash point | " + " | ".join(scen) + " |",
             "|---|" + "---|" * len(scen),
@@ -109,19 +128,34 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run the matrix from the command line; exit 0 when every cell passed."""
     scenarios = load_all(args.scenarios, args.scenario or None)
     backends = args.backend or ["jsonl", "sqlite"]
+    if args.durability and not args.power_cut:
+        raise FormatError(
+            "crash-test: --durability chooses the modes of a power-cut run; add --power-cut"
+        )
+    modes = (args.durability or list(DURABILITIES)) if args.power_cut else None
     from durable_harness.terminal import MatrixProgress
 
     with MatrixProgress() as progress:  # drawn only when stderr is a terminal
         cells, summary = run_matrix(
-            scenarios, backends, jobs=args.jobs, broken=args.broken_intent_order, progress=progress
+            scenarios,
+            backends,
+            jobs=args.jobs,
+            broken=args.broken_intent_order,
+            progress=progress,
+            durabilities=modes,
         )
     width = max(len(f"{c.scenario} {c.label}") for c in cells) if cells else 10
     for backend in backends:
-        print(f"\n{backend}:")
-        for c in sorted(
-            (c for c in cells if c.backend == backend), key=lambda c: (c.scenario, c.label)
-        ):
-            print(f"  {(c.scenario + ' ' + c.label).ljust(width)}  {_verdict(c)}")
+        for mode in modes or [None]:
+            print(f"\n{backend}" + (f", power cut, durability {mode}:" if mode else ":"))
+            for c in sorted(
+                (c for c in cells if c.backend == backend and c.durability == mode),
+                key=lambda c: (c.scenario, c.label),
+            ):
+                lost = "; lost " + str(c.lost) if c.lost else ""
+                print(f"  {(c.scenario + ' ' + c.label).ljust(width)}  {_verdict(c)}{lost}")
+    if modes:
+        print("\npower cuts (cells per backend and mode):\n" + summary_markdown(cells))
     print(
         f"\n{summary['cells']} cells: {summary['passed']} passed, {summary['failed']} failed, "
         f"{summary['errors']} errors, {summary['decisions']} needed a decision; "

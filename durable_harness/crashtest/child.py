@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from durable_harness.crashtest.powercut import acked_keys, child_durability, record_ack
 from durable_harness.crashtest.scenario import Scenario, load
 from durable_harness.errors import NoOpenRun
 from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
@@ -40,6 +41,8 @@ def options(sc: Scenario) -> HarnessOptions:
 
 def _already(session: Session, harness: Harness, i: int, step: dict[str, Any]) -> bool:
     op, lane = step["op"], step.get("lane", "main")
+    if f"step-{i}" in acked_keys():  # power cut: the client got its ack before the store lost it
+        return True
     if op in ("prompt", "steer", "follow_up", "next_run", "set_model"):
         return harness.accepted(f"step-{i}", lane) is not None or (
             op == "set_model"
@@ -86,6 +89,7 @@ async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False)
                 await h.abort(lane=lane)
             elif op == "set_model":
                 await h.set_model(step["provider"], step["model"], lane=lane, client_key=key)
+                record_ack(key)
 
         h.subscribe(on_event)
         for i, step in enumerate(sc.steps):
@@ -96,9 +100,11 @@ async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False)
                 triggers.append((step["on"], lane, step, i))
             elif op == "prompt":
                 handles[lane] = await h.prompt(step["text"], lane=lane, client_key=key)
+                record_ack(key)
             elif op in ("steer", "follow_up", "next_run"):
                 try:
                     await getattr(h, op)(step["text"], lane=lane, client_key=key)
+                    record_ack(key)
                 except NoOpenRun:
                     if not cont:
                         raise
@@ -124,11 +130,12 @@ def main(argv: list[str]) -> int:
     broken = "--broken-intent-order" in argv
     sc = load(scenario)
     store = open_store(store_spec)
+    durability = child_durability()
     if cont:
         with open(sid_file) as fh:
-            session = Session(store.open_session(fh.read().strip()))
+            session = Session(store.open_session(fh.read().strip(), durability=durability))
     else:
-        session = Session(store.create_session(cwd))
+        session = Session(store.create_session(cwd, durability=durability))
         fd = os.open(sid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, session.id.encode())
         os.fsync(fd)

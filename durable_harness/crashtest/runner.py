@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 
+from durable_harness.crashtest import powercut
 from durable_harness.crashtest.child import make_provider, options
 from durable_harness.crashtest.scenario import Scenario, effect_tag
 from durable_harness.models.messages import text_of
@@ -67,6 +68,8 @@ class Cell:
     notes: list[str] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    durability: str | None = None  # power-cut cells only: the mode under test
+    lost: dict[str, list[str]] = field(default_factory=dict)  # power cut: ids lost, by kind
 
     @property
     def label(self) -> str:
@@ -183,8 +186,11 @@ def conversation(session: Session) -> dict[str, list[Any]]:
     return out
 
 
-def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
-    """Run the scenario crash-free, tracing every crash point it reaches."""
+def baseline(
+    sc: Scenario, backend: str, broken: bool = False, durability: str | None = None
+) -> Baseline:
+    """Run the scenario crash-free (in ``durability``, when given), tracing every crash point
+    it reaches."""
     root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
     try:
         work = _prepare(sc, root)
@@ -194,7 +200,7 @@ def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
             root,
             work,
             backend,
-            _env(DURABLE_HARNESS_CRASH_TRACE=str(trace)),
+            _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **powercut.mode_env(durability)),
             *(["--broken-intent-order"] if broken else []),
         )
         hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
@@ -206,10 +212,13 @@ def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def cells_for(sc: Scenario, base: Baseline, backend: str) -> list[Cell]:
-    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)."""
+def cells_for(
+    sc: Scenario, base: Baseline, backend: str, durability: str | None = None
+) -> list[Cell]:
+    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)
+    (power-cut cells of ``durability`` when given)."""
     return [
-        Cell(sc.name, backend, point, n)
+        Cell(sc.name, backend, point, n, durability=durability)
         for point, count in sorted(base.hits.items())
         for n in range(1, min(count, MAX_HITS) + 1)
     ]
@@ -315,6 +324,7 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
     start = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
     extra = ["--broken-intent-order"] if broken else []
+    cut = powercut.PowerCut(cell.durability, root) if cell.durability else None
     try:
         work = _prepare(sc, root)
         rc = _child(
@@ -322,14 +332,21 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
             root,
             work,
             cell.backend,
-            _env(DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}"),
+            _env(
+                DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}",
+                **(cut.crash_env() if cut else {}),
+            ),
             *extra,
         )
         if rc != -signal.SIGKILL:
             cell.status, cell.failures = "error", [f"crash point not reached (exit {rc})"]
             return cell
-        store = open_store(_store_spec(cell.backend, root))
         sid = (root / "sid").read_text().strip()
+        if cut is not None:  # the power goes: the store keeps only what was durable
+            cut.cut(cell.backend, sid)
+            cell.lost = cut.lost
+            cell.failures += cut.failures()
+        store = open_store(_store_spec(cell.backend, root))
         tools = builtin_tools()
         with Session(store.open_session(sid)) as session:
             location = session.store.location
@@ -350,12 +367,13 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
             if any(r == "suspended" for r in results.values()):
                 cell.failures.append(f"settled: still suspended after decisions: {results}")
             accepted_before = _accepted_keys(session)
-        rc2 = _child(sc, root, work, cell.backend, _env(), "--continue", *extra)
+        env2 = _env(**(cut.continue_env() if cut else {}))
+        rc2 = _child(sc, root, work, cell.backend, env2, "--continue", *extra)
         if rc2 != 0:
             cell.failures.append(f"continue: child exited {rc2}")
         with Session(store.open_session(sid, write=False)) as session:
             sent_after = _accepted_keys(session) - accepted_before
-            unaccepted = bool(sent_after) or _lost_steps(sc, session)
+            unaccepted = bool(sent_after) or _lost_steps(sc, session) or bool(cell.lost)
             _check(cell, sc, base, session, work, location, unaccepted)
     except Exception as exc:  # a broken cell is reported, not fatal to the matrix
         cell.status = "error"
@@ -413,20 +431,25 @@ def run_matrix(
     jobs: int = 2,
     broken: bool = False,
     progress: Callable[[Cell, int, int], None] | None = None,
+    durabilities: list[str] | None = None,
 ) -> tuple[list[Cell], dict[str, Any]]:
-    """Run the whole matrix; returns the cells and summary figures (counts, wall seconds)."""
+    """Run the whole matrix; returns the cells and summary figures (counts, wall seconds).
+    With ``durabilities`` every cell is a power cut, once per mode (:mod:`.powercut`)."""
     start = time.monotonic()
-    bases: dict[tuple[str, str], Baseline] = {}
+    bases: dict[tuple[str, str, str | None], Baseline] = {}
     work: list[tuple[Scenario, Cell]] = []
+    modes: list[str | None] = list(durabilities) if durabilities else [None]
     for backend in backends:
-        for sc in scenarios:
-            base = baseline(sc, backend, broken)
-            bases[(sc.name, backend)] = base
-            work += [(sc, c) for c in cells_for(sc, base, backend)]
+        for mode in modes:
+            for sc in scenarios:
+                base = baseline(sc, backend, broken, mode)
+                bases[(sc.name, backend, mode)] = base
+                work += [(sc, c) for c in cells_for(sc, base, backend, mode)]
     done: list[Cell] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
-            pool.submit(run_cell, sc, bases[(sc.name, c.backend)], c, broken) for sc, c in work
+            pool.submit(run_cell, sc, bases[(sc.name, c.backend, c.durability)], c, broken)
+            for sc, c in work
         ]
         for fut in futures:
             cell = fut.result()
@@ -444,4 +467,6 @@ def run_matrix(
         "backends": backends,
         "scenarios": [s.name for s in scenarios],
     }
+    if durabilities:
+        summary["power_cut"] = powercut.summary_rows(done)
     return done, summary

@@ -39,6 +39,7 @@ from durable_harness.errors import (
 )
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
+from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
 from durable_harness.storage.base import (
     CwdMatcher,
     Durability,
@@ -216,6 +217,7 @@ class SqliteSessionStore(SessionStore):
         self._conn = conn or _connect(db_path, "OFF" if durability == "none" else "NORMAL")
         self._schema = schema_version(self._conn)
         self._wal_fd: int | None = None
+        self._trace: BarrierTrace | None = None  # power-cut tests only (storage/barrier_trace.py)
         self._unsynced = False
         try:
             row = self._conn.execute(
@@ -232,6 +234,10 @@ class SqliteSessionStore(SessionStore):
                 self._conn.execute(
                     "UPDATE sessions SET generation=? WHERE id=?", (self.generation, session_id)
                 )
+                self._trace = open_trace(db_path)
+                if self._trace is not None:  # the trace starts here: the WAL as found is durable
+                    end, salt = wal_commit_end(db_path + "-wal")
+                    self._trace.record(end, salt=salt)
         except BaseException:
             # A refused open (LeaseHeld, missing session) must not leak the connection.
             self._conn.close()
@@ -478,7 +484,13 @@ class SqliteSessionStore(SessionStore):
             if fd is not None:
                 os.close(fd)
             fd = self._wal_fd = os.open(path, os.O_RDONLY)
-        os.fdatasync(fd)
+        trace = self._trace
+        if trace is None:
+            os.fdatasync(fd)
+        else:  # power-cut tests: record the WAL end this sync covers (read before it)
+            end, salt = wal_commit_end(path)
+            os.fdatasync(fd)
+            trace.record(end, salt=salt)
         self._unsynced = False
 
     def wait_durable(self) -> None:
@@ -774,6 +786,9 @@ class SqliteSessionStore(SessionStore):
                 if self._wal_fd is not None:
                     os.close(self._wal_fd)
                     self._wal_fd = None
+                if self._trace is not None:
+                    self._trace.close()
+                    self._trace = None
         if self._lease is not None:
             self._lease.release()
             self._lease = None

@@ -1,0 +1,218 @@
+"""The catalogue of a JSONL store: session files under ``root/sessions/<encoded cwd>/``,
+listing, lookup by cwd, and reading a file's header without opening the session."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from durable_harness.errors import FormatError, SessionExists
+from durable_harness.ids import iso_from_ns, now_iso, uuid7
+from durable_harness.storage import codec
+from durable_harness.storage.base import (
+    CwdMatcher,
+    Durability,
+    SessionInfo,
+    SessionStore,
+    Store,
+    unreadable_error,
+)
+from durable_harness.storage.jsonl.framing import (
+    NAME_ID,
+    is_commit_line,
+    is_own_format,
+    recover_header,
+)
+from durable_harness.storage.jsonl.mark import MARK_KEY
+from durable_harness.storage.jsonl.store import JsonlSessionStore
+from durable_harness.storage.private import make_private_dirs
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def cwd_dir_name(cwd: str) -> str:
+    """Encode a working directory as one safe folder name (pi's scheme: ``--a-b-c--``)."""
+    return "--" + cwd.strip("/\\").replace("/", "-").replace("\\", "-").replace(":", "-") + "--"
+
+
+class JsonlStore(Store):
+    """Session files under ``root/sessions/<encoded cwd>/<time>_<id>.jsonl``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+        self.spec = f"jsonl:{self.root}"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.root / "sessions"
+
+    def create_session(
+        self,
+        cwd: str,
+        *,
+        session_id: str | None = None,
+        parent_session: str | None = None,
+        header_extra: dict[str, Any] | None = None,
+        durability: Durability = "sync",
+    ) -> SessionStore:
+        sid = session_id or uuid7()
+        if not _SAFE_ID.fullmatch(sid):
+            raise FormatError(f"session id {sid!r} may hold only letters, digits, '.', '_', '-'")
+        if session_id is not None and any(i.id == sid for i in self.list_sessions()):
+            raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
+        folder = self.sessions_dir / cwd_dir_name(cwd)
+        make_private_dirs(folder)
+        ts = now_iso()
+        header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
+        if parent_session:
+            header["parentSession"] = parent_session
+        header.update(header_extra or {})
+        name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
+        return JsonlSessionStore.create(str(folder / name), header, durability=durability)
+
+    def open_session(
+        self,
+        ref: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> SessionStore:
+        path = ref if ref.endswith(".jsonl") and os.path.exists(ref) else self.resolve(ref).path
+        return JsonlSessionStore.open_path(
+            path, write=write, durability=durability, break_lease=break_lease
+        )
+
+    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
+        """Every session file under ``sessions/`` (of one cwd by :class:`CwdMatcher`: the
+        header's cwd, never the folder name), most recently modified first.
+
+        A file or folder that cannot be read is listed with its ``error``; in a cwd listing only
+        when its folder name encodes ``cwd`` (its recorded cwd is unknown). A file that is not a
+        durable-harness session (a pi file, a stray ``.jsonl``) is not a session of the store.
+
+        Raises:
+            SessionUnreadable: the ``sessions`` folder itself cannot be read.
+        """
+        match = CwdMatcher(cwd) if cwd is not None else None
+        hinted = {cwd_dir_name(s) for s in match.spellings} if match is not None else set()
+        out: list[SessionInfo] = []
+        for path in _session_files(str(self.sessions_dir), out):
+            try:
+                header, mtime = _read_header(path)
+            except OSError as exc:
+                if not os.path.lexists(path):
+                    continue  # removed since the folder was listed: no longer a session
+                out.append(_unreadable(path, exc))
+                continue
+            if header is None:
+                continue
+            out.append(
+                SessionInfo(
+                    id=str(header["id"]),
+                    cwd=str(header.get("cwd") or ""),
+                    path=path,
+                    created=str(header.get("timestamp", "")),
+                    modified=f"{mtime:.6f}",
+                    parent_session=header.get("parentSession"),
+                )
+            )
+        if match is not None:
+            # a row whose cwd is unknown (unreadable, or a damaged header that lost it) is
+            # shown where its folder name points; every other row by its recorded cwd alone
+            out = [i for i in out if match(i.cwd) or (not i.cwd and _folder(i) in hinted)]
+        out.sort(key=_recent_first)
+        return [_iso_modified(i) for i in out]
+
+
+def _folder(info: SessionInfo) -> str:
+    """The name of the cwd folder a catalogue row lies in (an unreadable folder's row is the
+    folder itself)."""
+    folder = info.path if info.error is not None and not info.id else os.path.dirname(info.path)
+    return os.path.basename(folder)
+
+
+def _iso_modified(info: SessionInfo) -> SessionInfo:
+    """``info`` with ``modified`` (seconds since the epoch while sorting) as ISO 8601, the
+    format of the SQLite backend's."""
+    try:
+        seconds = float(info.modified)
+    except ValueError:
+        return info
+    return dataclasses.replace(info, modified=iso_from_ns(int(seconds * 1e9)))
+
+
+def _recent_first(info: SessionInfo) -> float:
+    """Sort key, most recent first; a row whose mtime is unknown sorts before every other."""
+    try:
+        return -float(info.modified)
+    except ValueError:
+        return -math.inf
+
+
+def _session_files(sessions_dir: str, out: list[SessionInfo]) -> list[str]:
+    """The paths of the ``*.jsonl`` entries of every cwd folder under ``sessions_dir``,
+    sorted; a folder that cannot be listed is appended to ``out`` as an unreadable row (id
+    ``""``).
+
+    Raises:
+        SessionUnreadable: ``sessions_dir`` itself cannot be listed.
+    """
+    try:
+        with os.scandir(sessions_dir) as it:
+            folders = sorted(e.path for e in it if e.is_dir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise unreadable_error(sessions_dir, exc) from exc
+    found: list[str] = []
+    for folder in folders:
+        try:
+            with os.scandir(folder) as it:
+                found += sorted(e.path for e in it if e.name.endswith(".jsonl"))
+        except OSError as exc:
+            out.append(SessionInfo.unreadable(folder, exc))
+    return found
+
+
+def _unreadable(path: str, exc: OSError) -> SessionInfo:
+    """The row of a session file that raised ``exc``: id from its name, mtime if stat works."""
+    match = NAME_ID.search(os.path.basename(path))
+    try:
+        modified = f"{os.stat(path).st_mtime:.6f}"
+    except OSError:
+        modified = ""
+    return SessionInfo.unreadable(
+        path,
+        exc,
+        session_id=match.group(1) if match else os.path.basename(path).removesuffix(".jsonl"),
+        modified=modified,
+    )
+
+
+def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
+    """The header of the session file at ``path`` (a stand-in for a damaged line 1, see
+    :func:`recover_header`; ``None`` when the file is not a durable-harness session) and the
+    file's modification time (seconds since the epoch).
+
+    Raises:
+        OSError: the file cannot be opened or read (permissions, I/O error, a directory).
+    """
+    with open(path, "rb") as fh:
+        mtime = os.fstat(fh.fileno()).st_mtime
+        first = fh.readline(1 << 20)
+        try:
+            header = codec.loads(first)
+        except ValueError:
+            header = None
+        if isinstance(header, dict) and is_own_format(header):
+            header.pop(MARK_KEY, None)
+            return header, mtime
+        if isinstance(header, dict) and is_commit_line(header):  # line 1 deleted
+            return recover_header(path, None, first), mtime
+        second = fh.readline(1 << 20)
+    return recover_header(path, header, second), mtime
