@@ -99,6 +99,11 @@ def _store_spec(backend: str, root: Path) -> str:
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
 
 
+def store_spec(backend: str, root: Path) -> str:
+    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``/``sqlite``)."""
+    return _store_spec(backend, root)
+
+
 def _prepare(sc: Scenario, root: Path) -> Path:
     work = root / "work"
     work.mkdir(parents=True)
