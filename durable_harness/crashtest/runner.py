@@ -42,6 +42,7 @@ from durable_harness.crashtest.scenario import (
     scenario_tools,
     tool_effects,
 )
+from durable_harness.harness.records import idempotency_key
 from durable_harness.models.messages import text_of
 from durable_harness.recovery.audit import plan_followed
 from durable_harness.recovery.decide import BENIGN_DAMAGE, Policy, RecoveryPlan, ToolCallPlan
@@ -49,7 +50,7 @@ from durable_harness.recovery.fsck import fsck_path
 from durable_harness.recovery.resume import plan_recovery, recover, resume_session
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
-from durable_harness.tools.base import Tool
+from durable_harness.tools.base import Tool, ToolContext
 from durable_harness.tools.builtin import builtin_tools
 
 CHILD_TIMEOUT = 60.0
@@ -150,9 +151,13 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _effects(work: Path, tools: dict[str, Tool] | None = None) -> Counter[str]:
+def _effects(
+    work: Path, tools: dict[str, Tool] | None = None, *, per_tool: bool = False
+) -> Counter[str]:
     """The effects applied in ``work``: ``effects.log`` tags, plus what the tools' own
-    ``count_effects`` checks report (:func:`~.scenario.tool_effects`)."""
+    ``count_effects`` checks report (:func:`~.scenario.tool_effects`). With ``per_tool`` the
+    latter are summed per tool (``"<tool>:*"``): their keys (idempotency keys, say) differ from
+    run to run, so only the totals compare with the crash-free run."""
     log = work / "effects.log"
     out = (
         Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
@@ -160,7 +165,8 @@ def _effects(work: Path, tools: dict[str, Tool] | None = None) -> Counter[str]:
         else Counter()
     )
     if tools:
-        out.update(tool_effects(tools, work))
+        for key, n in tool_effects(tools, work).items():
+            out[key.split(":", 1)[0] + ":*" if per_tool else key] += n
     return out
 
 
@@ -224,7 +230,7 @@ def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
         store = open_store(_store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
             conv = conversation(s)
-        return Baseline(conv, _effects(work, tools), hits)
+        return Baseline(conv, _effects(work, tools, per_tool=True), hits)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -238,19 +244,20 @@ def cells_for(sc: Scenario, base: Baseline, backend: str) -> list[Cell]:
     ]
 
 
-Decide = Callable[[ToolCallPlan, Path], "dict[str, Any] | None"]
-"""An operator callback: given a call that awaits a decision and the working directory, return
-the decision (``{"decision": "retry" | "fail" | "result", "result": text}``) or ``None`` for
+Decide = Callable[[ToolCallPlan, ToolContext], "dict[str, Any] | None"]
+"""An operator callback: given a call that awaits a decision and the context its tool would
+run in (``cwd`` the working directory, ``idempotency_key`` the call's key), return the decision
+(``{"decision": "retry" | "fail" | "result", "result": text}``) or ``None`` for
 :func:`default_decision`."""
 
 
-def default_decision(call: ToolCallPlan, work: Path) -> dict[str, Any]:
+def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
     """The matrix operator's decision for an in-doubt call. A built-in call whose
     ``effects.log`` tag is present took effect (supply that as the result); other built-in calls
     are retried. A custom tool's effect cannot be seen from here, so its call is failed: a
     doubt never becomes a second effect without an explicit decision (design/testing-kit.md)."""
     tag = effect_tag(call.tool_name, call.arguments or {})
-    if tag is not None and _effects(work).get(tag):
+    if tag is not None and _effects(ctx.cwd).get(tag):
         return {"decision": "result", "result": f"already applied ({tag} is in effects.log)"}
     if call.tool_name in _BUILTIN_NAMES:
         return {"decision": "retry"}
@@ -297,8 +304,8 @@ def _check(
         elif all_texts[text_of(rec["message"].get("content"))] < 1:
             cell.failures.append(f"inputs: {rec['queue']} item {item} not in the tree")
     # effects
-    effects = _effects(work, tools)
-    cell.doubled = sorted(t for t, n in effects.items() if n > 1)
+    cell.doubled = sorted(t for t, n in _effects(work, tools).items() if n > 1)
+    effects = _effects(work, tools, per_tool=True)
     retried = any(d.endswith("=retry") for d in cell.decisions)
     if cell.doubled and retried:
         cell.notes.append(f"effects doubled by a retry decision: {', '.join(cell.doubled)}")
@@ -404,7 +411,13 @@ def run_cell(
                     c.tool_call_id for c in lp.tool_calls if c.action == "reconcile"
                 ]
                 for c in lp.waiting():
-                    d = (decide and decide(c, work)) or default_decision(c, work)
+                    ctx = ToolContext(
+                        cwd=work,
+                        run_id=lp.run_id or "",
+                        tool_call_id=c.tool_call_id,
+                        idempotency_key=idempotency_key(lp.run_id or "", c.call_key),
+                    )
+                    d = (decide and decide(c, ctx)) or default_decision(c, ctx)
                     decisions[c.call_key] = d
                     cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
             before = session.store.last_seq()

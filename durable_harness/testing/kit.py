@@ -163,7 +163,8 @@ def run_crash(
     policy: Policy = "ask",
 ) -> CrashOutcome:
     """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
-    decide (``decide(call, work)`` per call awaiting a decision; ``None`` or no callback uses
+    decide (``decide(call, ctx)`` per call awaiting a decision, ``ctx`` the
+:class:`~durable_harness.tools.base.ToolContext` its tool would get; ``None`` or no callback uses
     :func:`durable_harness.crashtest.runner.default_decision`), resume under ``policy``, let the
     client re-send what was never acknowledged, and check the invariants against the crash-free
     run. Nothing is raised for a broken invariant: call
