@@ -215,6 +215,7 @@ def baseline(sc: Scenario, backend: str, broken: bool = False) -> Baseline:
     """Run the scenario crash-free, tracing every crash point it reaches."""
     root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
     tools = scenario_tools(sc)
+    scenario_provider(sc)  # a bad import path fails here, by name, not in the child
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
@@ -497,8 +498,10 @@ def run_matrix(
     jobs: int = 2,
     broken: bool = False,
     progress: Callable[[Cell, int, int], None] | None = None,
+    points: list[str] | None = None,
 ) -> tuple[list[Cell], dict[str, Any]]:
-    """Run the whole matrix; returns the cells and summary figures (counts, wall seconds)."""
+    """Run the whole matrix (only the cells whose point or ``point:n`` label is in ``points``,
+    when given); returns the cells and summary figures (counts, wall seconds)."""
     start = time.monotonic()
     bases: dict[tuple[str, str], Baseline] = {}
     work: list[tuple[Scenario, Cell]] = []
@@ -506,7 +509,11 @@ def run_matrix(
         for sc in scenarios:
             base = baseline(sc, backend, broken)
             bases[(sc.name, backend)] = base
-            work += [(sc, c) for c in cells_for(sc, base, backend)]
+            work += [
+                (sc, c)
+                for c in cells_for(sc, base, backend)
+                if not points or c.point in points or c.label in points
+            ]
     done: list[Cell] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [

@@ -163,19 +163,19 @@ def run_crash(
     policy: Policy = "ask",
 ) -> CrashOutcome:
     """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
-    decide (``decide(call, ctx)`` per call awaiting a decision, ``ctx`` the
-:class:`~durable_harness.tools.base.ToolContext` its tool would get; ``None`` or no callback uses
-    :func:`durable_harness.crashtest.runner.default_decision`), resume under ``policy``, let the
-    client re-send what was never acknowledged, and check the invariants against the crash-free
-    run. Nothing is raised for a broken invariant: call
-    :meth:`CrashOutcome.assert_invariants`.
+    decide, resume under ``policy``, let the client re-send what was never acknowledged, and
+    check the invariants against the crash-free run. ``decide(call, ctx)`` answers each call
+    that awaits a decision (``ctx`` is the :class:`~durable_harness.tools.base.ToolContext` its
+    tool would get: ``cwd``, ``idempotency_key``); ``None`` from it, or no callback, uses
+    :func:`durable_harness.crashtest.runner.default_decision`. Nothing is raised for a broken
+    invariant: call :meth:`CrashOutcome.assert_invariants`.
 
     ``root``: an empty or missing folder where the cell runs and is kept (default: a new
-    temporary folder, also kept).
+        temporary folder, also kept).
 
-    Raises:
-        ValueError: ``backend`` is not ``jsonl`` or ``sqlite``.
-        RuntimeError, ImportSpecError: as :func:`crash_free`.
+        Raises:
+            ValueError: ``backend`` is not ``jsonl`` or ``sqlite``.
+            RuntimeError, ImportSpecError: as :func:`crash_free`.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
