@@ -1,6 +1,7 @@
-"""The kit from outside: a small package in a temporary folder (not the repository) defines a
-``charge`` tool over a ledger file and crash-tests it with only the pytest plugin (loaded by
-its ``pytest11`` entry point) and the public API; pytest runs it in a subprocess.
+"""The kit from outside: a small package in a temporary folder (not the repository), made of
+the README's "Crash-test your own agent" example (a ``charge`` tool over a ledger file and its
+pytest file) plus a variant without ``reconcile``, using only the pytest plugin (loaded by its
+``pytest11`` entry point) and the public API; pytest runs it in a subprocess.
 
 Checked from here: every crash point a one-tool run passes was a test of its own and passed
 (each one asserting the ledger holds the charge once and every invariant held), and the
@@ -10,16 +11,19 @@ not, and its doubled charge (after an explicit retry) was found by the tool's ow
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from durable_harness.crash import CRASH_POINTS
+from durable_harness.session.session import Session
+from durable_harness.storage import open_store
 
 # every point a run with one tool call passes through
 RUN_POINTS = {
@@ -36,108 +40,48 @@ RUN_POINTS = {
     "after_run_finished",
 }
 
-LEDGER = '''
-"""A toy payment ledger: one JSON line per charge, keyed by the call's idempotency key."""
-import json
-from collections import Counter
-from pathlib import Path
-
-from pydantic import BaseModel
-
-from durable_harness.testing import Tool, ToolContext, ToolResult
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def rows(cwd):
-    path = Path(cwd) / "ledger.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def readme_files() -> dict[str, str]:
+    """The files of the README's "Crash-test your own agent" example, by name (each code block
+    follows a ``<!-- kit-example: NAME -->`` line)."""
+    found = re.findall(
+        r"<!-- kit-example: (\S+) -->\n```python\n(.*?)```", README.read_text(), re.S
+    )
+    return dict(found)
 
 
-def find(cwd, key):
-    return next((r for r in rows(cwd) if r["key"] == key), None)
+# The example's tool without reconcile, and the same tool retried by an operator: both must be
+# caught (awaiting a decision; the doubled charge found by the tool's own check).
+TEST_UNSAFE = """
+import charge
+from durable_harness.testing import Tool, crash_matrix
 
 
-class ChargeArgs(BaseModel):
-    customer: str
-    cents: int
-
-
-class UnsafeCharge(Tool):
-    """Appends a charge; no way to tell after a crash whether it did."""
-
-    name = "charge"
-    description = "Charge a customer."
-    Args = ChargeArgs
-    replay = "never"
-
-    async def execute(self, args, ctx):
-        with open(ctx.cwd / "ledger.jsonl", "a") as fh:
-            fh.write(json.dumps({"key": ctx.idempotency_key, "customer": args.customer,
-                                 "cents": args.cents}) + "\\n")
-        return ToolResult.text(f"charged {args.customer} {args.cents} cents")
-
-    def count_effects(self, cwd):
-        return Counter(r["key"] for r in rows(cwd))
-
-
-class Charge(UnsafeCharge):
-    """The same, plus reconcile: the ledger row with this call's key says it happened."""
-
-    async def reconcile(self, args, ctx):
-        row = find(ctx.cwd, ctx.idempotency_key)
-        return None if row is None else ToolResult.text(
-            f"charged {row['customer']} {row['cents']} cents")
-
-
-def tools():
-    return [Charge()]
+class UnsafeCharge(charge.Charge):
+    reconcile = Tool.reconcile  # no way to tell, after a crash, whether it charged
 
 
 def unsafe_tools():
     return [UnsafeCharge()]
-'''
-
-TEST_CHARGE = """
-import ledger
-from durable_harness.testing import crash_matrix
-
-SCENARIO = {
-    "name": "charge",
-    "tools": "ledger:tools",
-    "turns": [
-        {"text": "Charging.", "tool_calls": [
-            {"name": "charge", "arguments": {"customer": "ada", "cents": 500}}]},
-        {"text": "Done."},
-    ],
-    "steps": [{"op": "prompt", "text": "charge ada 5 dollars"}, {"op": "wait"}],
-}
 
 
-def retry_if_not_in_ledger(call, ctx):
-    return None if ledger.find(ctx.cwd, ctx.idempotency_key) else {"decision": "retry"}
+from test_charge import SCENARIO
 
-
-@crash_matrix(SCENARIO, decide=retry_if_not_in_ledger)
-def test_charge(crash_cell):
-    crash_cell.assert_invariants()
-    assert [r["customer"] for r in ledger.rows(crash_cell.work)] == ["ada"]
-    assert not crash_cell.doubled
-    if crash_cell.cell.point == "after_tool_effect":
-        assert crash_cell.reconciled and not crash_cell.awaiting_decision
-
-
-UNSAFE = {**SCENARIO, "name": "unsafe_charge", "tools": "ledger:unsafe_tools"}
+UNSAFE = {**SCENARIO, "name": "unsafe_charge", "tools": "test_unsafe:unsafe_tools"}
 
 
 def test_unsafe_charge_awaits_a_decision(crash_run):
     out = crash_run(UNSAFE, "after_tool_effect")
     out.assert_invariants()
     assert out.awaiting_decision and not out.reconciled
-    assert len(ledger.rows(out.work)) == 1  # the default decision never re-runs it
+    assert len(charge.ledger(out.work)) == 1  # the default decision never re-runs it
 
 
 def test_unsafe_charge_retried_is_doubled(crash_run):
     out = crash_run(UNSAFE, "after_tool_effect", decide=lambda call, ctx: {"decision": "retry"})
-    assert len(ledger.rows(out.work)) == 2
+    assert len(charge.ledger(out.work)) == 2
     assert [d.split(":", 1)[0] for d in out.doubled] == ["charge"]
 """
 
@@ -147,13 +91,21 @@ def test_unsafe_charge_retried_is_doubled(crash_run):
 def test_a_package_outside_the_repo_crash_tests_its_own_tool(tmp_path: Path) -> None:
     pkg = tmp_path / "shop"
     pkg.mkdir()
-    (pkg / "ledger.py").write_text(textwrap.dedent(LEDGER))
-    (pkg / "test_charge.py").write_text(textwrap.dedent(TEST_CHARGE))
+    files = readme_files()
+    assert set(files) == {"charge.py", "test_charge.py"}, set(files)
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    (pkg / "test_unsafe.py").write_text(TEST_UNSAFE)
     report = tmp_path / "junit.xml"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DURABLE_"))}
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+        [
+            sys.executable,
+            *("-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            f"--junitxml={report}",
+            f"--basetemp={tmp_path / 'bt'}",
+        ],
         cwd=pkg,
         env=env,
         capture_output=True,
@@ -178,3 +130,15 @@ def test_a_package_outside_the_repo_crash_tests_its_own_tool(tmp_path: Path) -> 
     assert {"test_unsafe_charge_awaits_a_decision", "test_unsafe_charge_retried_is_doubled"} <= set(
         cases
     )
+    # from outside, in the folders the cells kept: each ledger holds the one charge once, and
+    # the crash after the charge was settled by reconcile, not by a decision
+    ledgers = sorted((tmp_path / "bt").glob("test_charge_jsonl_*[0-9]/cell/work/ledger.jsonl"))
+    assert len(ledgers) == len(labels)
+    for path in ledgers:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(rows) == 1 and rows[0]["cents"] == 500, (path, rows)
+    (cell,) = (tmp_path / "bt").glob("test_charge_jsonl_after_tool_e[0-9]*/cell")  # names cut at 30
+    store = open_store(f"jsonl:{cell / 'home'}", create=False)
+    with Session(store.open_session((cell / "sid").read_text(), write=False)) as session:
+        finished = session.store.records(types=("tool_finished",))
+    assert [r.get("outcome") for r in finished] == ["reconciled"]
