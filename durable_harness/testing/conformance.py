@@ -69,7 +69,9 @@ def _raises(exc: type[DurableHarnessError], what: str) -> Iterator[list[BaseExce
     raise ConformanceError(f"{what}: expected {exc.__name__}, nothing was raised")
 
 
-def _ent(eid: str, parent: str | None = None, **extra: Any) -> dict[str, Any]:
+def ent(eid: str, parent: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A ``custom`` entry with id ``eid`` under ``parent`` and a fixed timestamp (storage does
+    not validate entry bodies beyond their shape), plus ``extra`` fields."""
     return {
         "type": "custom",
         "customType": "test",
@@ -80,7 +82,8 @@ def _ent(eid: str, parent: str | None = None, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _rec(rid: str, rtype: str = "note", lane: str | None = "main", **extra: Any) -> dict[str, Any]:
+def rec(rid: str, rtype: str = "note", lane: str | None = "main", **extra: Any) -> dict[str, Any]:
+    """An operation-log record of type ``rtype`` on ``lane`` (none for ``None``)."""
     out: dict[str, Any] = {"type": rtype, "id": rid, "timestamp": "2026-01-01T00:00:00.000Z"}
     if lane is not None:
         out["lane"] = lane
@@ -88,11 +91,14 @@ def _rec(rid: str, rtype: str = "note", lane: str | None = "main", **extra: Any)
     return out
 
 
-def _ids(items: list[dict[str, Any]]) -> list[str]:
+def ids(items: list[dict[str, Any]]) -> list[str]:
+    """The ``id`` of each dict, in order."""
     return [str(i["id"]) for i in items]
 
 
-def _snapshot(s: SessionStore) -> dict[str, Any]:
+def snapshot(s: SessionStore) -> dict[str, Any]:
+    """Everything a session exposes (entries, records, lanes, last seq, entry count), for
+    before/after comparisons."""
     return {
         "entries": s.iter_entries(),
         "records": s.records(),
@@ -178,14 +184,14 @@ def check_duplicate_id(c: _Ctx) -> None:
     store = c.store
     sid = "dddd0001-0000-7000-8000-000000000001"
     s = store.create_session("/p", session_id=sid)
-    s.commit([EntryOp(_ent("e1"), lane="main")])
+    s.commit([EntryOp(ent("e1"), lane="main")])
     s.close()
     for cwd in ("/p", "/other-cwd"):
         with _raises(SessionExists, f"create_session of a taken id (cwd {cwd})"):
             store.create_session(cwd, session_id=sid)
     s = store.open_session(sid, write=False)
     try:
-        _eq(_ids(s.iter_entries()), ["e1"], "the existing session's entries")
+        _eq(ids(s.iter_entries()), ["e1"], "the existing session's entries")
     finally:
         s.close()
     _eq(len(store.list_sessions()), 1, "sessions after refused duplicates")
@@ -194,27 +200,27 @@ def check_duplicate_id(c: _Ctx) -> None:
 def check_atomic_commit(c: _Ctx) -> None:
     """A commit whose later op is invalid leaves nothing behind, before and after reopen."""
     s = c.store.create_session("/p")
-    s.commit([EntryOp(_ent("root"), lane="main"), RecordOp(_rec("r0"))])
-    before = _snapshot(s)
+    s.commit([EntryOp(ent("root"), lane="main"), RecordOp(rec("r0"))])
+    before = snapshot(s)
     bad: list[list[Op]] = [
         [
-            EntryOp(_ent("a", "root"), lane="main"),
-            EntryOp(_ent("b", "missing")),
-            RecordOp(_rec("r1")),
+            EntryOp(ent("a", "root"), lane="main"),
+            EntryOp(ent("b", "missing")),
+            RecordOp(rec("r1")),
         ],
-        [EntryOp(_ent("a", "root")), RecordOp(_rec("r1")), LaneOp("main", leaf_id="missing")],
-        [RecordOp(_rec("r1")), EntryOp(_ent("a", "r1"), lane="main")],
-        [RecordOp(_rec("r1")), LaneOp("side", leaf_id="r1")],
+        [EntryOp(ent("a", "root")), RecordOp(rec("r1")), LaneOp("main", leaf_id="missing")],
+        [RecordOp(rec("r1")), EntryOp(ent("a", "r1"), lane="main")],
+        [RecordOp(rec("r1")), LaneOp("side", leaf_id="r1")],
     ]
     for i, batch in enumerate(bad):
         with _raises(UnknownEntry, f"bad batch {i}"):
             s.commit(batch)
-        _eq(_snapshot(s), before, f"state after refused batch {i}")
+        _eq(snapshot(s), before, f"state after refused batch {i}")
     s = c.reopen(s)
     try:
-        _eq(_snapshot(s), before, "state after reopen")
+        _eq(snapshot(s), before, "state after reopen")
         _need("side" not in s.lanes(), "a refused lane op created no lane")
-        _eq(s.commit([EntryOp(_ent("a", "root"), lane="main")]), before["last_seq"] + 1, "seq")
+        _eq(s.commit([EntryOp(ent("a", "root"), lane="main")]), before["last_seq"] + 1, "seq")
     finally:
         s.close()
 
@@ -223,11 +229,11 @@ def check_seq(c: _Ctx) -> None:
     """Each op takes one seq, strictly increasing across entries, records and lane ops."""
     s = c.store.create_session("/p")
     returned = [
-        s.commit([EntryOp(_ent("e1"), lane="main")]),
-        s.commit([RecordOp(_rec("r1"))]),
+        s.commit([EntryOp(ent("e1"), lane="main")]),
+        s.commit([RecordOp(rec("r1"))]),
         s.commit([LaneOp("main", leaf_id=None)]),
         s.commit([LaneOp("side", config={"model": "m"})]),
-        s.commit([EntryOp(_ent("e2", "e1"), lane="main"), RecordOp(_rec("r2")), LaneOp("side")]),
+        s.commit([EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r2")), LaneOp("side")]),
     ]
     _eq(returned, [1, 2, 3, 4, 7], "seqs returned by commit")
     s = c.reopen(s)
@@ -236,7 +242,7 @@ def check_seq(c: _Ctx) -> None:
         by_id = {e["id"]: e["seq"] for e in s.iter_entries()}
         by_id.update({r["id"]: r["seq"] for r in s.records()})
         _eq(by_id, {"e1": 1, "r1": 2, "e2": 5, "r2": 6}, "stored seqs")
-        _eq(s.commit([RecordOp(_rec("r3"))]), 8, "seq after reopen")
+        _eq(s.commit([RecordOp(rec("r3"))]), 8, "seq after reopen")
     finally:
         s.close()
 
@@ -244,21 +250,21 @@ def check_seq(c: _Ctx) -> None:
 def check_id_conflicts(c: _Ctx) -> None:
     """A taken entry or record id, or one used twice in a commit, raises IdConflict."""
     s = c.store.create_session("/p")
-    s.commit([EntryOp(_ent("e1"), lane="main"), RecordOp(_rec("r1"))])
-    before = _snapshot(s)
+    s.commit([EntryOp(ent("e1"), lane="main"), RecordOp(rec("r1"))])
+    before = snapshot(s)
     conflicting: list[list[Op]] = [
-        [EntryOp(_ent("e1"))],
-        [EntryOp(_ent("fresh")), EntryOp(_ent("fresh"))],
-        [RecordOp(_rec("r1"))],
-        [EntryOp(_ent("fresh2")), RecordOp(_rec("r9")), RecordOp(_rec("r9"))],
+        [EntryOp(ent("e1"))],
+        [EntryOp(ent("fresh")), EntryOp(ent("fresh"))],
+        [RecordOp(rec("r1"))],
+        [EntryOp(ent("fresh2")), RecordOp(rec("r9")), RecordOp(rec("r9"))],
     ]
     for i, batch in enumerate(conflicting):
         with _raises(IdConflict, f"conflicting batch {i}"):
             s.commit(batch)
-        _eq(_snapshot(s), before, f"state after conflicting batch {i}")
+        _eq(snapshot(s), before, f"state after conflicting batch {i}")
     s = c.reopen(s)
     try:
-        _eq(_snapshot(s), before, "state after reopen")
+        _eq(snapshot(s), before, "state after reopen")
     finally:
         s.close()
 
@@ -267,19 +273,19 @@ def check_shapes(c: _Ctx) -> None:
     """An op that would read back as damage is refused with InvalidOp, leaving nothing."""
     bad: list[list[Any]] = [
         [EntryOp(["not", "an", "object"])],  # type: ignore[arg-type]
-        [EntryOp({**_ent("e2", "e1"), "type": "message", "message": {"role": 3}})],
-        [EntryOp(_ent("e2", "e1"), lane=7)],  # type: ignore[arg-type]
-        [EntryOp(_ent("e2", "e1"), lane="main"), RecordOp(_rec("r2", turn="3"))],
-        [RecordOp(_rec("r2", arguments=["not", "an", "object"]))],
+        [EntryOp({**ent("e2", "e1"), "type": "message", "message": {"role": 3}})],
+        [EntryOp(ent("e2", "e1"), lane=7)],  # type: ignore[arg-type]
+        [EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r2", turn="3"))],
+        [RecordOp(rec("r2", arguments=["not", "an", "object"]))],
         [LaneOp("side", config="not an object")],  # type: ignore[arg-type]
     ]
     for i, batch in enumerate(bad):
         s = c.store.create_session("/p")
-        s.commit([EntryOp(_ent("e1"), lane="main")])
-        before = _snapshot(s)
+        s.commit([EntryOp(ent("e1"), lane="main")])
+        before = snapshot(s)
         with _raises(InvalidOp, f"malformed batch {i}"):
             s.commit(batch)
-        _eq(_snapshot(s), before, f"state after malformed batch {i}")
+        _eq(snapshot(s), before, f"state after malformed batch {i}")
         s = c.reopen(s, write=False)
         try:
             _eq(s.damage, [], f"damage after malformed batch {i}")
@@ -290,8 +296,8 @@ def check_shapes(c: _Ctx) -> None:
 def check_lanes(c: _Ctx) -> None:
     """Leaf moves (also to None) and config merges are durable."""
     s = c.store.create_session("/p")
-    s.commit([EntryOp(_ent("a"), lane="main")])
-    s.commit([EntryOp(_ent("b", "a"), lane="main")])
+    s.commit([EntryOp(ent("a"), lane="main")])
+    s.commit([EntryOp(ent("b", "a"), lane="main")])
     s.commit([LaneOp("main", leaf_id="a")])
     s = c.reopen(s)
     _eq(s.lanes()["main"].leaf_id, "a", "leaf moved back")
@@ -312,22 +318,22 @@ def check_lanes(c: _Ctx) -> None:
 def check_open_run(c: _Ctx) -> None:
     """A lane's open run follows its own run_started/run_finished, across reopen."""
     s = c.store.create_session("/p")
-    seq = s.commit([RecordOp(_rec("s1", "run_started", runId="run-1"))])
+    seq = s.commit([RecordOp(rec("s1", "run_started", runId="run-1"))])
     _eq((s.lanes()["main"].run_id, s.lanes()["main"].run_seq), ("run-1", seq), "open run")
-    s.commit([RecordOp(_rec("s2", "run_started", lane="side", runId="run-2"))])
-    s.commit([RecordOp(_rec("f9", "run_finished", runId="run-other", outcome="completed"))])
+    s.commit([RecordOp(rec("s2", "run_started", lane="side", runId="run-2"))])
+    s.commit([RecordOp(rec("f9", "run_finished", runId="run-other", outcome="completed"))])
     s = c.reopen(s)
     _eq(s.lanes()["main"].run_id, "run-1", "another run's finish leaves the run open")
     _eq(s.lanes()["side"].run_id, "run-2", "the other lane's run")
-    s.commit([RecordOp(_rec("f1", "run_finished", runId="run-1", outcome="completed"))])
+    s.commit([RecordOp(rec("f1", "run_finished", runId="run-1", outcome="completed"))])
     s = c.reopen(s)
     try:
         main = s.lanes()["main"]
         _eq((main.run_id, main.run_seq), (None, None), "a finished run closes the lane")
         s.commit(
             [
-                RecordOp(_rec("s3", "run_started", runId="run-3")),
-                RecordOp(_rec("f3", "run_finished", runId="run-3", outcome="declined")),
+                RecordOp(rec("s3", "run_started", runId="run-3")),
+                RecordOp(rec("f3", "run_finished", runId="run-3", outcome="declined")),
             ]
         )
         _eq(s.lanes()["main"].run_id, None, "a run opened and settled in one commit")
@@ -338,25 +344,25 @@ def check_open_run(c: _Ctx) -> None:
 def check_record_filters(c: _Ctx) -> None:
     """``records()`` filters by lane, run, seq and type, in seq order."""
     s = c.store.create_session("/p")
-    s.commit([RecordOp(_rec("a1", "run_started", runId="A"))])
-    s.commit([RecordOp(_rec("a2", "tool_started", runId="A"))])
-    s.commit([RecordOp(_rec("b1", "run_started", lane="side", runId="B"))])
-    s.commit([RecordOp(_rec("a3", "run_finished", runId="A", outcome="completed"))])
-    s.commit([RecordOp(_rec("n1", "note", lane=None))])
+    s.commit([RecordOp(rec("a1", "run_started", runId="A"))])
+    s.commit([RecordOp(rec("a2", "tool_started", runId="A"))])
+    s.commit([RecordOp(rec("b1", "run_started", lane="side", runId="B"))])
+    s.commit([RecordOp(rec("a3", "run_finished", runId="A", outcome="completed"))])
+    s.commit([RecordOp(rec("n1", "note", lane=None))])
     s = c.reopen(s, write=False)
     try:
-        _eq(_ids(s.records()), ["a1", "a2", "b1", "a3", "n1"], "records()")
-        _eq(_ids(s.records("main")), ["a1", "a2", "a3"], "records(lane)")
-        _eq(_ids(s.records(run_id="A")), ["a1", "a2", "a3"], "records(run_id)")
-        _eq(_ids(s.records("side", run_id="A")), [], "records(lane, other run)")
-        _eq(_ids(s.records(since_seq=3)), ["a3", "n1"], "records(since_seq)")
+        _eq(ids(s.records()), ["a1", "a2", "b1", "a3", "n1"], "records()")
+        _eq(ids(s.records("main")), ["a1", "a2", "a3"], "records(lane)")
+        _eq(ids(s.records(run_id="A")), ["a1", "a2", "a3"], "records(run_id)")
+        _eq(ids(s.records("side", run_id="A")), [], "records(lane, other run)")
+        _eq(ids(s.records(since_seq=3)), ["a3", "n1"], "records(since_seq)")
         _eq(
-            _ids(s.records(types=("run_started", "run_finished"))),
+            ids(s.records(types=("run_started", "run_finished"))),
             ["a1", "b1", "a3"],
             "records(types)",
         )
         _eq(
-            _ids(s.records("main", run_id="A", since_seq=1, types=("tool_started",))),
+            ids(s.records("main", run_id="A", since_seq=1, types=("tool_started",))),
             ["a2"],
             "records(all filters)",
         )
@@ -368,19 +374,19 @@ def check_record_filters(c: _Ctx) -> None:
 def check_read_only(c: _Ctx) -> None:
     """A read-only open beside a live writer reads, and refuses every commit."""
     writer = c.store.create_session("/p")
-    writer.commit([EntryOp(_ent("e1"), lane="main")])
+    writer.commit([EntryOp(ent("e1"), lane="main")])
     ro = c.store.open_session(writer.session_id, write=False)
     try:
         _need(ro.read_only, "read_only is set")
-        _eq(_ids(ro.iter_entries()), ["e1"], "a reader sees the writer's commits")
+        _eq(ids(ro.iter_entries()), ["e1"], "a reader sees the writer's commits")
         with _raises(ReadOnlySession, "an entry commit through a reader"):
-            ro.commit([EntryOp(_ent("e2", "e1"), lane="main")])
+            ro.commit([EntryOp(ent("e2", "e1"), lane="main")])
         with _raises(ReadOnlySession, "a lane commit through a reader"):
             ro.commit([LaneOp("main", leaf_id=None)])
     finally:
         ro.close()
     _eq(writer.get_entry("e2"), None, "a refused commit left nothing")
-    writer.commit([EntryOp(_ent("e2", "e1"), lane="main")])
+    writer.commit([EntryOp(ent("e2", "e1"), lane="main")])
     writer.close()
 
 
@@ -391,12 +397,12 @@ def check_durability_modes(c: _Ctx) -> None:
         _eq(s.durability, mode, "durability")
         parent = None
         for i in range(5):
-            s.commit([EntryOp(_ent(f"e{i}", parent, n=i), lane="main"), RecordOp(_rec(f"r{i}"))])
+            s.commit([EntryOp(ent(f"e{i}", parent, n=i), lane="main"), RecordOp(rec(f"r{i}"))])
             parent = f"e{i}"
-        before = _snapshot(s)
+        before = snapshot(s)
         s = c.reopen(s, durability=mode)
         try:
-            _eq(_snapshot(s), before, f"state after reopen in {mode} mode")
+            _eq(snapshot(s), before, f"state after reopen in {mode} mode")
         finally:
             s.close()
 
@@ -417,7 +423,7 @@ def check_concurrent_batch(c: _Ctx) -> None:
                 eid = f"t{t}-e{i}"
                 got.append(
                     s.commit(
-                        [EntryOp(_ent(eid, parent), lane=f"lane{t}"), RecordOp(_rec(f"t{t}-r{i}"))]
+                        [EntryOp(ent(eid, parent), lane=f"lane{t}"), RecordOp(rec(f"t{t}-r{i}"))]
                     )
                 )
                 parent = eid
@@ -449,7 +455,7 @@ def check_concurrent_batch(c: _Ctx) -> None:
 def check_copies(c: _Ctx) -> None:
     """Returned dicts are copies: mutating them changes nothing stored."""
     s = c.store.create_session("/p")
-    s.commit([EntryOp(_ent("e1", body={"k": [1]}), lane="main"), RecordOp(_rec("r1"))])
+    s.commit([EntryOp(ent("e1", body={"k": [1]}), lane="main"), RecordOp(rec("r1"))])
     s = c.reopen(s)
     try:
         got = s.get_entry("e1")
@@ -458,7 +464,7 @@ def check_copies(c: _Ctx) -> None:
         got["body"]["k"].append(2)
         s.iter_entries()[0]["body"]["k"].append(3)
         s.records()[0]["extra"] = 1
-        _eq(s.get_entry("e1"), {**_ent("e1", body={"k": [1]}), "seq": 1}, "entry after mutation")
+        _eq(s.get_entry("e1"), {**ent("e1", body={"k": [1]}), "seq": 1}, "entry after mutation")
         _need("extra" not in s.records()[0], "a mutated record leaked into the store")
     finally:
         s.close()
