@@ -62,10 +62,11 @@ class Cell:
     """One matrix cell's outcome.
 
     ``status``: ``pass``, ``fail`` or ``error``; ``failures`` names broken invariants;
-    ``decisions`` lists operator decisions taken (``"<tool call id>=<decision>"``): the cell
-    needed a decision; ``notes`` explains ``n/a`` comparisons; ``reconciled`` the tool call ids
-    whose result a tool's ``reconcile`` established; ``doubled`` the effects counted more than
-    once (``effects.log`` tags and ``"<tool>:<effect>"`` from a tool's own ``count_effects``).
+    ``decisions`` lists the decisions taken (``"<tool call id>=<decision>"``, or
+    ``"=policy:fail"`` where the resume policy decided): the cell needed a decision;
+    ``notes`` explains ``n/a`` comparisons; ``reconciled`` the tool call ids whose result a
+    tool's ``reconcile`` established; ``doubled`` the effects counted more than once
+    (``effects.log`` tags and ``"<tool>:<effect>"`` from a tool's own ``count_effects``).
     """
 
     scenario: str
@@ -410,6 +411,10 @@ def run_cell(
                 cell.plan.append(f"{lp.lane}:{lp.state}/{lp.next_action}{purpose}")
                 cell.reconciled += [
                     c.tool_call_id for c in lp.tool_calls if c.action == "reconcile"
+                ]
+                # a policy is a standing decision: its outcome is a decision's outcome
+                cell.decisions += [
+                    f"{c.tool_call_id}=policy:fail" for c in lp.tool_calls if c.action == "fail"
                 ]
                 for c in lp.waiting():
                     ctx = ToolContext(

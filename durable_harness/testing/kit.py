@@ -117,8 +117,9 @@ class CrashOutcome:
 
     @property
     def awaiting_decision(self) -> list[str]:
-        """Tool call ids that waited for an operator's decision after the crash."""
-        return [d.split("=", 1)[0] for d in self.cell.decisions]
+        """Tool call ids that waited for an operator's decision after the crash (not those
+        the resume policy decided: see ``cell.decisions``)."""
+        return [d.split("=", 1)[0] for d in self.cell.decisions if "=policy:" not in d]
 
     @property
     def reconciled(self) -> list[str]:

@@ -71,3 +71,31 @@ def test_crash_cell_without_the_decorator_is_a_usage_error(tmp_path: Path) -> No
     )
     assert proc.returncode != 0
     assert "needs @crash_matrix(scenario)" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(120)
+def test_a_policy_decides_instead_of_the_callback(shop: Path, tmp_path: Path) -> None:
+    """``fail-in-doubt``: the in-doubt charge (no reconcile) is failed by the policy, so nothing
+    waits for a decision and the callback is never asked."""
+    (shop / "unsafe.py").write_text(
+        "import charge\nfrom durable_harness.testing import Tool\n\n\n"
+        "class Unsafe(charge.Charge):\n    reconcile = Tool.reconcile\n\n\n"
+        "def tools():\n    return [Unsafe()]\n"
+    )
+    sc = scenario({**SCENARIO, "name": "unsafe_sqlite", "tools": "unsafe:tools"}, tmp_path / "s")
+    asked: list[str] = []
+    out = run_crash(
+        sc,
+        "after_tool_effect",
+        root=tmp_path / "cell",
+        policy="fail-in-doubt",
+        decide=lambda call, ctx: asked.append(call.tool_call_id),  # type: ignore[func-returns-value]
+    )
+    out.assert_invariants()
+    assert asked == [] and not out.awaiting_decision and not out.reconciled
+    assert [d.split("=")[1] for d in out.cell.decisions] == ["policy:fail"]
+    assert len((out.work / "ledger.jsonl").read_text().splitlines()) == 1
+    with out.open_session() as session:
+        outcomes = [r.get("outcome") for r in session.store.records(types=("tool_finished",))]
+    assert outcomes == ["failed_by_policy"]
