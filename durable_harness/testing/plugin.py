@@ -16,6 +16,8 @@ themselves), so ``-m "not crash"`` leaves them out.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +76,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     mark = metafunc.definition.get_closest_marker(MARKER)
     if mark is None or "crash_cell" not in metafunc.fixturenames:
         return
-    sc = scenario(mark.args[0])
+    folder = Path(tempfile.mkdtemp(prefix="dh-scenario-"))  # a dict scenario's file
+    metafunc.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    sc = scenario(mark.args[0], folder)
     params, ids = [], []
     for backend in mark.kwargs.get("backends", ("jsonl",)):
         for point, hit in crash_points(sc, backend):
