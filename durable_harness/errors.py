@@ -194,6 +194,13 @@ class FormatError(DurableHarnessError):
     code = "format_error"
 
 
+class ImportSpecError(FormatError):
+    """A ``"module:function"`` import path (a scenario's ``tools`` or ``provider``) cannot be
+    loaded, or the function returned the wrong kind of object; ``details['spec']`` names it."""
+
+    code = "import_spec"
+
+
 class RunError(DurableHarnessError):
     """A run-loop operation was refused."""
 

@@ -16,11 +16,13 @@ from durable_harness.errors import FormatError
 INVARIANTS = {
     "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
     "(or was cancelled by an abort)",
-    "effects": "no replay-never tool took effect twice (tags in effects.log)",
+    "effects": "no replay-never tool took effect twice (tags in effects.log, and the counts "
+    "of a tool's own count_effects check), unless an explicit retry decision re-ran it",
     "damage": "the session opens with no damage other than a quarantined torn tail",
     "results": "every stored tool call has exactly one stored result",
     "settled": "no lane is left with an open run",
-    "conversation": "the final conversation equals the crash-free run's",
+    "conversation": "the final conversation equals the crash-free run's, except where a "
+    "decision or a tool's reconcile established a call's result",
 }
 
 
@@ -40,9 +42,22 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default=[],
         help="only this backend (repeatable; default: both)",
     )
+    p.add_argument(
+        "--point",
+        action="append",
+        default=[],
+        metavar="POINT[:N]",
+        help="only cells at this crash point, or its n-th hit (repeatable; default: every point "
+        "a scenario reaches)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (.md or .json)")
-    p.add_argument("--scenarios", help="scenario folder (default: crash_scenarios/)")
+    p.add_argument(
+        "--scenarios",
+        metavar="DIR",
+        help='scenario folder (default: crash_scenarios/); a scenario\'s "tools" and '
+        "\"provider\" import paths ('module:function') resolve from the current folder",
+    )
     p.add_argument(
         "--power-cut",
         action="store_true",
@@ -64,11 +79,24 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _verdict(c: Cell) -> str:
-    if c.status != "pass":
-        return f"{c.status.upper()}: {'; '.join(c.failures)}"
+    extra = []
     if c.decisions:
-        return f"pass, decision needed ({', '.join(d.split('=')[1] for d in c.decisions)})"
-    return "pass"
+        extra.append(f"decision needed ({', '.join(d.split('=')[1] for d in c.decisions)})")
+    if c.reconciled:
+        extra.append(f"reconciled ({', '.join(c.reconciled)})")
+    if c.doubled:
+        extra.append(f"doubled: {', '.join(c.doubled)}")
+    if c.status != "pass":
+        return f"{c.status.upper()}: {'; '.join(c.failures)}" + "".join(f"; {e}" for e in extra)
+    return ", ".join(["pass", *extra])
+
+
+def _short(c: Cell) -> str:
+    """A table cell: the status, and what recovery needed."""
+    if c.status != "pass":
+        return c.status.upper() + (" (doubled)" if c.doubled else "")
+    tags = [t for t, on in (("decision", c.decisions), ("reconciled", c.reconciled)) if on]
+    return "pass" + (f" ({', '.join(tags)})" if tags else "")
 
 
 def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
@@ -78,7 +106,9 @@ def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
         "# Crash matrix",
         "",
         f"{summary['cells']} cells, {summary['passed']} passed, {summary['failed']} failed, "
-        f"{summary['errors']} errors; {summary['decisions']} needed an operator decision; "
+        f"{summary['errors']} errors; {summary['decisions']} needed an operator decision, "
+        f"{summary['reconciled']} were settled by a tool's reconcile, "
+        f"{summary['doubled']} found an effect doubled; "
         f"{summary['wall_seconds']} s with {summary['jobs']} jobs.",
         "",
         "Each cell runs a scenario in a real child process that SIGKILLs itself at the "
@@ -105,18 +135,18 @@ def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
             row = []
             for s in scen:
                 hit = [c for c in mine if c.scenario == s and c.label == point]
-                row.append(
-                    (
-                        "pass"
-                        if hit[0].status == "pass" and not hit[0].decisions
-                        else "pass (decision)"
-                        if hit[0].status == "pass"
-                        else hit[0].status.upper()
-                    )
-                    if hit
-                    else ""
-                )
+                row.append(_short(hit[0]) if hit else "")
             lines.append(f"| {point} | " + " | ".join(row) + " |")
+    decided = [c for c in cells if c.decisions]
+    if decided:
+        lines += ["", "## Cells that needed a decision", ""]
+        lines += [
+            f"- {c.backend} {c.scenario} {c.label}: {', '.join(c.decisions)}" for c in decided
+        ]
+    doubled = [c for c in cells if c.doubled]
+    if doubled:
+        lines += ["", "## Effects found doubled", ""]
+        lines += [f"- {c.backend} {c.scenario} {c.label}: {', '.join(c.doubled)}" for c in doubled]
     bad = [c for c in cells if c.status != "pass"]
     if bad:
         lines += ["", "## Failures", ""]
@@ -126,6 +156,9 @@ def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run the matrix from the command line; exit 0 when every cell passed."""
+    from durable_harness.crashtest.scenario import import_path
+
+    import_path()  # scenarios' custom tools and providers import from this folder
     scenarios = load_all(args.scenarios, args.scenario or None)
     backends = args.backend or ["jsonl", "sqlite"]
     if args.durability and not args.power_cut:
@@ -143,6 +176,7 @@ def run_cli(args: argparse.Namespace) -> int:
             broken=args.broken_intent_order,
             progress=progress,
             durabilities=modes,
+            points=args.point or None,
         )
     width = max(len(f"{c.scenario} {c.label}") for c in cells) if cells else 10
     for backend in backends:
@@ -158,14 +192,18 @@ def run_cli(args: argparse.Namespace) -> int:
         print("\npower cuts (cells per backend and mode):\n" + summary_markdown(cells))
     print(
         f"\n{summary['cells']} cells: {summary['passed']} passed, {summary['failed']} failed, "
-        f"{summary['errors']} errors, {summary['decisions']} needed a decision; "
+        f"{summary['errors']} errors, {summary['decisions']} needed a decision, "
+        f"{summary['reconciled']} reconciled, {summary['doubled']} with a doubled effect; "
         f"{summary['wall_seconds']} s with {summary['jobs']} jobs"
     )
     print(
         "Each passing cell proves, for that crash point: "
         + "; ".join(INVARIANTS.values())
         + ". 'decision needed' means an in-doubt replay-never call waited for an operator, who "
-        "supplied the result when its effect was visible (result) or re-ran it (retry)."
+        "supplied the result when its effect was visible (result), re-ran a built-in tool "
+        "(retry), or failed a custom tool's call whose effect it cannot see (fail); "
+        "'reconciled' means the tool's own reconcile established the call's result; "
+        "'doubled' lists effects counted twice."
     )
     if args.report:
         path = Path(args.report)

@@ -4,8 +4,10 @@
 [--broken-intent-order]``. It writes the session id to SID_FILE as soon as the session exists.
 Each input carries ``client_key="step-<i>"``; with ``--continue`` (after a crash and a resume)
 it reopens the session and plays only the steps that were never accepted, as a client that lost
-its acknowledgements would. ``--broken-intent-order`` swaps in a deliberately wrong tool path
-(effect before intent) so tests can prove the matrix catches it.
+its acknowledgements would. The scenario's ``tools`` and ``provider`` import paths are
+resolved from the folder the child starts in (the matrix starts it in the command's folder, and
+the child then changes into the working directory). ``--broken-intent-order`` swaps in a
+deliberately wrong tool path (effect before intent) so tests can prove the matrix catches it.
 """
 
 from __future__ import annotations
@@ -17,21 +19,18 @@ from typing import Any
 import anyio
 
 from durable_harness.crashtest.powercut import acked_keys, child_durability, record_ack
-from durable_harness.crashtest.scenario import Scenario, load
+from durable_harness.crashtest.scenario import (
+    Scenario,
+    import_path,
+    load,
+    scenario_provider,
+    scenario_tools,
+)
 from durable_harness.errors import NoOpenRun
 from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
 from durable_harness.harness.tool_calls import ToolCalls
-from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
-from durable_harness.tools.builtin import builtin_tools
-
-
-def make_provider(sc: Scenario) -> ScriptedProvider:
-    """The scenario's scripted provider (with the scenario's context window, if it sets one)."""
-    if sc.context_window is not None:
-        return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt, context_window=sc.context_window)
-    return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt)
 
 
 def options(sc: Scenario) -> HarnessOptions:
@@ -69,9 +68,8 @@ async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False)
         from durable_harness.crashtest.broken import BrokenToolCalls
 
         tool_calls = BrokenToolCalls
-    harness = Harness(
-        session, make_provider(sc), builtin_tools(), options=options(sc), tool_calls=tool_calls
-    )
+    tools, provider = scenario_tools(sc), scenario_provider(sc)
+    harness = Harness(session, provider, tools, options=options(sc), tool_calls=tool_calls)
     async with harness as h:
         triggers: list[tuple[str, str, dict[str, Any], int]] = []
 
@@ -129,6 +127,7 @@ def main(argv: list[str]) -> int:
     cont = "--continue" in argv
     broken = "--broken-intent-order" in argv
     sc = load(scenario)
+    import_path()  # custom tools/provider import from the starting folder, not from `cwd`
     store = open_store(store_spec)
     durability = child_durability()
     if cont:

@@ -35,15 +35,23 @@ from typing import Any
 import anyio
 
 from durable_harness.crashtest import powercut
-from durable_harness.crashtest.child import make_provider, options
-from durable_harness.crashtest.scenario import Scenario, effect_tag
+from durable_harness.crashtest.child import options
+from durable_harness.crashtest.scenario import (
+    Scenario,
+    effect_tag,
+    scenario_provider,
+    scenario_tools,
+    tool_effects,
+)
+from durable_harness.harness.records import idempotency_key
 from durable_harness.models.messages import text_of
 from durable_harness.recovery.audit import plan_followed
-from durable_harness.recovery.decide import BENIGN_DAMAGE, RecoveryPlan
+from durable_harness.recovery.decide import BENIGN_DAMAGE, Policy, RecoveryPlan, ToolCallPlan
 from durable_harness.recovery.fsck import fsck_path
 from durable_harness.recovery.resume import plan_recovery, recover, resume_session
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
+from durable_harness.tools.base import Tool, ToolContext
 from durable_harness.tools.builtin import builtin_tools
 
 CHILD_TIMEOUT = 60.0
@@ -55,7 +63,11 @@ class Cell:
     """One matrix cell's outcome.
 
     ``status``: ``pass``, ``fail`` or ``error``; ``failures`` names broken invariants;
-    ``decisions`` lists operator decisions taken; ``notes`` explains ``n/a`` comparisons.
+    ``decisions`` lists the decisions taken (``"<tool call id>=<decision>"``, or
+    ``"=policy:fail"`` where the resume policy decided): the cell needed a decision;
+    ``notes`` explains ``n/a`` comparisons; ``reconciled`` the tool call ids whose result a
+    tool's ``reconcile`` established; ``doubled`` the effects counted more than once
+    (``effects.log`` tags and ``"<tool>:<effect>"`` from a tool's own ``count_effects``).
     """
 
     scenario: str
@@ -70,6 +82,8 @@ class Cell:
     seconds: float = 0.0
     durability: str | None = None  # power-cut cells only: the mode under test
     lost: dict[str, list[str]] = field(default_factory=dict)  # power cut: ids lost, by kind
+    reconciled: list[str] = field(default_factory=list)
+    doubled: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -88,6 +102,11 @@ class Baseline:
 
 def _store_spec(backend: str, root: Path) -> str:
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
+
+
+def store_spec(backend: str, root: Path) -> str:
+    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``/``sqlite``)."""
+    return _store_spec(backend, root)
 
 
 def _prepare(sc: Scenario, root: Path) -> Path:
@@ -115,7 +134,7 @@ def _child(
     proc = subprocess.run(
         cmd,
         env=env,
-        cwd=str(work),
+        cwd=os.getcwd(),  # the child imports custom tools from here, then enters `work`
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT,
@@ -136,13 +155,23 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _effects(work: Path) -> Counter[str]:
+def _effects(
+    work: Path, tools: dict[str, Tool] | None = None, *, per_tool: bool = False
+) -> Counter[str]:
+    """The effects applied in ``work``: ``effects.log`` tags, plus what the tools' own
+    ``count_effects`` checks report (:func:`~.scenario.tool_effects`). With ``per_tool`` the
+    latter are summed per tool (``"<tool>:*"``): their keys (idempotency keys, say) differ from
+    run to run, so only the totals compare with the crash-free run."""
     log = work / "effects.log"
-    return (
+    out = (
         Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
         if log.exists()
         else Counter()
     )
+    if tools:
+        for key, n in tool_effects(tools, work).items():
+            out[key.split(":", 1)[0] + ":*" if per_tool else key] += n
+    return out
 
 
 def _signature(entry: dict[str, Any]) -> Any:
@@ -192,6 +221,8 @@ def baseline(
     """Run the scenario crash-free (in ``durability``, when given), tracing every crash point
     it reaches."""
     root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
+    tools = scenario_tools(sc)
+    scenario_provider(sc)  # a bad import path fails here, by name, not in the child
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
@@ -207,7 +238,7 @@ def baseline(
         store = open_store(_store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
             conv = conversation(s)
-        return Baseline(conv, _effects(work), hits)
+        return Baseline(conv, _effects(work, tools, per_tool=True), hits)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -224,12 +255,27 @@ def cells_for(
     ]
 
 
-def _decision_for(tag: str | None, effects: Counter[str]) -> dict[str, Any]:
-    """The operator's decision for an in-doubt call: if its tag is in ``effects.log`` the effect
-    happened (supply that as the result); otherwise retry it."""
-    if tag is not None and effects.get(tag):
+Decide = Callable[[ToolCallPlan, ToolContext], "dict[str, Any] | None"]
+"""An operator callback: given a call that awaits a decision and the context its tool would
+run in (``cwd`` the working directory, ``idempotency_key`` the call's key), return the decision
+(``{"decision": "retry" | "fail" | "result", "result": text}``) or ``None`` for
+:func:`default_decision`."""
+
+
+def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
+    """The matrix operator's decision for an in-doubt call. A built-in call whose
+    ``effects.log`` tag is present took effect (supply that as the result); other built-in calls
+    are retried. A custom tool's effect cannot be seen from here, so its call is failed: a
+    doubt never becomes a second effect without an explicit decision (design/testing-kit.md)."""
+    tag = effect_tag(call.tool_name, call.arguments or {})
+    if tag is not None and _effects(ctx.cwd).get(tag):
         return {"decision": "result", "result": f"already applied ({tag} is in effects.log)"}
-    return {"decision": "retry"}
+    if call.tool_name in _BUILTIN_NAMES:
+        return {"decision": "retry"}
+    return {"decision": "fail", "result": "in doubt after a crash; not re-run"}
+
+
+_BUILTIN_NAMES = frozenset(builtin_tools())
 
 
 def _check(
@@ -240,6 +286,7 @@ def _check(
     work: Path,
     location: str,
     unaccepted: bool,
+    tools: dict[str, Tool] | None = None,
 ) -> None:
     store = session.store
     lanes = store.lanes()
@@ -268,10 +315,13 @@ def _check(
         elif all_texts[text_of(rec["message"].get("content"))] < 1:
             cell.failures.append(f"inputs: {rec['queue']} item {item} not in the tree")
     # effects
-    effects = _effects(work)
-    twice = [t for t, n in effects.items() if n > 1]
-    if twice:
-        cell.failures.append(f"effects: applied twice: {', '.join(sorted(twice))}")
+    cell.doubled = sorted(t for t, n in _effects(work, tools).items() if n > 1)
+    effects = _effects(work, tools, per_tool=True)
+    retried = any(d.endswith("=retry") for d in cell.decisions)
+    if cell.doubled and retried:
+        cell.notes.append(f"effects doubled by a retry decision: {', '.join(cell.doubled)}")
+    elif cell.doubled:
+        cell.failures.append(f"effects: applied twice: {', '.join(cell.doubled)}")
     # damage
     if location.endswith(".jsonl"):
         bad = [d for d in fsck_path(location)["damage"] if d["kind"] not in BENIGN_DAMAGE]
@@ -306,8 +356,11 @@ def _check(
     if conv != base.conversation:
         if unaccepted:
             cell.notes.append("conversation n/a: an input was not yet accepted at the crash")
-        elif cell.decisions:
-            cell.notes.append("conversation changed by a decision: " + "; ".join(cell.decisions))
+        elif cell.decisions or cell.reconciled:
+            cell.notes.append(
+                "conversation changed by a decision or a reconciled result: "
+                + "; ".join(cell.decisions + [f"{c}=reconciled" for c in cell.reconciled])
+            )
         elif effects != base.effects:
             cell.failures.append(
                 "conversation: differs from the crash-free run, and so do "
@@ -315,14 +368,32 @@ def _check(
             )
         else:
             cell.failures.append("conversation: differs from the crash-free run")
-    elif effects != base.effects and not unaccepted:
+    elif effects != base.effects and not unaccepted and not cell.doubled:
         cell.failures.append(f"effects: {dict(effects)} vs crash-free {dict(base.effects)}")
 
 
-def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> Cell:
-    """Run one cell: crash, recover, decide, resume, re-send, check."""
+def run_cell(
+    sc: Scenario,
+    base: Baseline,
+    cell: Cell,
+    broken: bool = False,
+    *,
+    decide: Decide | None = None,
+    policy: Policy = "ask",
+    root: Path | None = None,
+) -> Cell:
+    """Run one cell: crash, recover, decide, resume, re-send, check.
+
+    ``decide`` answers each call that awaits a decision (``None`` from it, or no callback:
+    :func:`default_decision`); ``policy`` is the resume policy (``ask`` leaves in-doubt calls to
+    ``decide``). With ``root`` (an empty or missing folder) the cell runs there and it is kept
+    (``work/``, the store, ``sid``) for the caller to inspect; otherwise a temporary folder is
+    used and removed.
+    """
     start = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
+    keep = root is not None
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
     extra = ["--broken-intent-order"] if broken else []
     cut = powercut.PowerCut(cell.durability, root) if cell.durability else None
     try:
@@ -347,21 +418,33 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
             cell.lost = cut.lost
             cell.failures += cut.failures()
         store = open_store(_store_spec(cell.backend, root))
-        tools = builtin_tools()
+        tools = scenario_tools(sc)
         with Session(store.open_session(sid)) as session:
             location = session.store.location
-            plan = recover(session.store, tools, cwd=str(work))
+            plan = recover(session.store, tools, policy=policy, cwd=str(work))
             decisions = {}
             for lp in plan.lanes:
                 purpose = "" if lp.purpose == "turn" else f" ({lp.purpose})"
                 cell.plan.append(f"{lp.lane}:{lp.state}/{lp.next_action}{purpose}")
+                cell.reconciled += [
+                    c.tool_call_id for c in lp.tool_calls if c.action == "reconcile"
+                ]
+                # a policy is a standing decision: its outcome is a decision's outcome
+                cell.decisions += [
+                    f"{c.tool_call_id}=policy:fail" for c in lp.tool_calls if c.action == "fail"
+                ]
                 for c in lp.waiting():
-                    tag = effect_tag(c.tool_name, c.arguments or {})
-                    d = _decision_for(tag, _effects(work))
+                    ctx = ToolContext(
+                        cwd=work,
+                        run_id=lp.run_id or "",
+                        tool_call_id=c.tool_call_id,
+                        idempotency_key=idempotency_key(lp.run_id or "", c.call_key),
+                    )
+                    d = (decide and decide(c, ctx)) or default_decision(c, ctx)
                     decisions[c.call_key] = d
                     cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
             before = session.store.last_seq()
-            results, planned = anyio.run(_resume, session, tools, sc, decisions, str(work))
+            results, planned = anyio.run(_resume, session, tools, sc, decisions, str(work), policy)
             after = session.store.records(since_seq=before)
             cell.failures += [f"plan: {p}" for p in plan_followed(planned, after)]
             if any(r == "suspended" for r in results.values()):
@@ -374,12 +457,13 @@ def run_cell(sc: Scenario, base: Baseline, cell: Cell, broken: bool = False) -> 
         with Session(store.open_session(sid, write=False)) as session:
             sent_after = _accepted_keys(session) - accepted_before
             unaccepted = bool(sent_after) or _lost_steps(sc, session) or bool(cell.lost)
-            _check(cell, sc, base, session, work, location, unaccepted)
+            _check(cell, sc, base, session, work, location, unaccepted, tools)
     except Exception as exc:  # a broken cell is reported, not fatal to the matrix
         cell.status = "error"
         cell.failures.append(f"{type(exc).__name__}: {exc}"[:500])
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
         cell.seconds = time.monotonic() - start
     if cell.failures and cell.status == "pass":
         cell.status = "fail"
@@ -408,16 +492,22 @@ def _lost_steps(sc: Scenario, session: Session) -> bool:
 
 
 async def _resume(
-    session: Session, tools: Any, sc: Scenario, decisions: dict[str, dict[str, Any]], cwd: str
+    session: Session,
+    tools: Any,
+    sc: Scenario,
+    decisions: dict[str, dict[str, Any]],
+    cwd: str,
+    policy: Policy = "ask",
 ) -> tuple[dict[str, str], RecoveryPlan]:
     """Plan with the decisions, then resume by exactly that plan; returns the outcomes and
     the plan (what the audit compares the log with)."""
-    rec = await plan_recovery(session.store, tools, decisions=decisions, cwd=cwd)
+    rec = await plan_recovery(session.store, tools, policy=policy, decisions=decisions, cwd=cwd)
     results = await resume_session(
         session,
         tools,
-        provider=make_provider(sc),
+        provider=scenario_provider(sc),
         decisions=decisions,
+        policy=policy,
         options=options(sc),
         recovery=rec,
     )
@@ -432,9 +522,11 @@ def run_matrix(
     broken: bool = False,
     progress: Callable[[Cell, int, int], None] | None = None,
     durabilities: list[str] | None = None,
+    points: list[str] | None = None,
 ) -> tuple[list[Cell], dict[str, Any]]:
-    """Run the whole matrix; returns the cells and summary figures (counts, wall seconds).
-    With ``durabilities`` every cell is a power cut, once per mode (:mod:`.powercut`)."""
+    """Run the whole matrix (only the cells whose point or ``point:n`` label is in ``points``,
+    when given); returns the cells and summary figures (counts, wall seconds). With
+    ``durabilities`` every cell is a power cut, once per mode (:mod:`.powercut`)."""
     start = time.monotonic()
     bases: dict[tuple[str, str, str | None], Baseline] = {}
     work: list[tuple[Scenario, Cell]] = []
@@ -444,7 +536,11 @@ def run_matrix(
             for sc in scenarios:
                 base = baseline(sc, backend, broken, mode)
                 bases[(sc.name, backend, mode)] = base
-                work += [(sc, c) for c in cells_for(sc, base, backend, mode)]
+                work += [
+                    (sc, c)
+                    for c in cells_for(sc, base, backend, mode)
+                    if not points or c.point in points or c.label in points
+                ]
     done: list[Cell] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
@@ -462,6 +558,8 @@ def run_matrix(
         "failed": sum(c.status == "fail" for c in done),
         "errors": sum(c.status == "error" for c in done),
         "decisions": sum(bool(c.decisions) for c in done),
+        "reconciled": sum(bool(c.reconciled) for c in done),
+        "doubled": sum(bool(c.doubled) for c in done),
         "wall_seconds": round(time.monotonic() - start, 1),
         "jobs": jobs,
         "backends": backends,

@@ -6,6 +6,8 @@ A scenario file::
      "files": {"relative/path": "content"},          # laid out in the fresh working dir
      "turns": [...], "by_prompt": {...},             # the scripted provider's script
      "context_window": tokens,                       # optional: the provider's window
+     "tools": "module:function",                     # optional: the tools it may call
+     "provider": "module:function",                  # optional: replaces the script
      "steps": [{"op": "prompt" | "steer" | "follow_up" | "next_run" | "wait" | "abort" |
                       "set_model" | "navigate" | "compact" | "create_lane",
                 "lane": "main", "text": ..., "on": "<event type>"...}]}
@@ -13,17 +15,35 @@ A scenario file::
 Side effects worth counting go to ``effects.log`` in the working directory, one tag a line
 (``echo TAG >> effects.log`` or ``append_file`` of ``TAG\\n``), so a run can prove that no
 ``replay: "never"`` tool took effect twice.
+
+``tools`` and ``provider`` name custom code by import path, importable from the folder the
+command runs in (that folder is put on ``sys.path`` here and in the child): ``tools`` is a
+function returning the list of :class:`~durable_harness.tools.base.Tool` instances the scenario
+may call (the built-ins are included only if it returns them; default: the built-ins);
+``provider`` a function returning a :class:`~durable_harness.providers.base.Provider` (default:
+the scripted provider playing ``turns``/``by_prompt``). Both are called with no arguments, once
+per process. A tool may define ``count_effects(cwd) -> Mapping[str, int]`` (how many times each
+of its effects was applied in that working directory): the matrix reports any count above one
+as a doubled effect, alongside the ``effects.log`` tags (design/testing-kit.md).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import FormatError
+from durable_harness.errors import FormatError, ImportSpecError
+from durable_harness.providers.base import Provider
+from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.storage import codec
+from durable_harness.tools.base import Tool
+from durable_harness.tools.builtin import builtin_tools
 
 OPS = (
     "prompt",
@@ -51,6 +71,8 @@ class Scenario:
     files: dict[str, str] = field(default_factory=dict)
     path: str = ""
     context_window: int | None = None
+    tools: str | None = None
+    provider: str | None = None
 
 
 def default_dir() -> Path:
@@ -75,6 +97,12 @@ def load(path: str | Path) -> Scenario:
     for i, step in enumerate(steps):
         if step.get("op") not in OPS:
             raise FormatError(f"scenario {path}: step {i} has unknown op {step.get('op')!r}")
+    for key in ("tools", "provider"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, str) and _SPEC.fullmatch(value)):
+            raise FormatError(
+                f"scenario {path}: {key!r} must be an import path 'module:function', got {value!r}"
+            )
     return Scenario(
         name=str(data.get("name") or Path(path).stem),
         description=str(data.get("description", "")),
@@ -84,6 +112,8 @@ def load(path: str | Path) -> Scenario:
         files=dict(data.get("files") or {}),
         path=str(path),
         context_window=window if isinstance(window, int) else None,
+        tools=data.get("tools"),
+        provider=data.get("provider"),
     )
 
 
@@ -103,6 +133,106 @@ def load_all(folder: str | Path | None = None, names: list[str] | None = None) -
             raise FormatError(f"unknown scenario(s) {missing}; have {sorted(found)}")
         return [found[n] for n in names]
     return list(found.values())
+
+
+_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def import_path() -> str:
+    """Put the current working directory on ``sys.path`` (once) and return it: scenario code
+    is importable from the folder the command runs in."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return here
+
+
+def load_object(spec: str, what: str) -> Any:
+    """Import ``"module:function"`` (after :func:`import_path`) and return the function.
+
+    Raises:
+        ImportSpecError: malformed spec, module not importable, or no such callable (the
+            message names the spec and ``what`` it was for).
+    """
+    if not _SPEC.fullmatch(spec):
+        raise ImportSpecError(
+            f"{what}: {spec!r} is not an import path 'module:function'", spec=spec
+        )
+    module_name, _, attr = spec.partition(":")
+    import_path()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportSpecError(
+            f"{what}: cannot import {module_name!r} for {spec!r} from {os.getcwd()}: {exc}",
+            spec=spec,
+        ) from exc
+    func = getattr(module, attr, None)
+    if not callable(func):
+        raise ImportSpecError(f"{what}: {spec!r}: module has no function {attr!r}", spec=spec)
+    return func
+
+
+def scenario_tools(sc: Scenario) -> dict[str, Tool]:
+    """The tools the scenario may call, keyed by name: its ``tools`` function's list, or the
+    built-ins.
+
+    Raises:
+        ImportSpecError: the function cannot be loaded, does not return a list of ``Tool``
+            instances, or returns two tools of one name.
+    """
+    if sc.tools is None:
+        return builtin_tools()
+    made = load_object(sc.tools, f"scenario {sc.name} tools")()
+    if not isinstance(made, list | tuple) or not all(isinstance(t, Tool) for t in made):
+        raise ImportSpecError(
+            f"scenario {sc.name}: tools function {sc.tools!r} must return a list of Tool "
+            f"instances, got {type(made).__name__}",
+            spec=sc.tools,
+        )
+    out: dict[str, Tool] = {}
+    for tool in made:
+        if tool.name in out:
+            raise ImportSpecError(
+                f"scenario {sc.name}: tools function {sc.tools!r} returns two tools named "
+                f"{tool.name!r}",
+                spec=sc.tools,
+            )
+        out[tool.name] = tool
+    return out
+
+
+def scenario_provider(sc: Scenario) -> Provider:
+    """The scenario's provider: its ``provider`` function's, or the scripted provider playing
+    its script (with its context window, if it sets one).
+
+    Raises:
+        ImportSpecError: the function cannot be loaded or returns no ``Provider``.
+    """
+    if sc.provider is not None:
+        made = load_object(sc.provider, f"scenario {sc.name} provider")()
+        if not isinstance(made, Provider):
+            raise ImportSpecError(
+                f"scenario {sc.name}: provider function {sc.provider!r} must return a "
+                f"Provider, got {type(made).__name__}",
+                spec=sc.provider,
+            )
+        return made
+    if sc.context_window is not None:
+        return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt, context_window=sc.context_window)
+    return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt)
+
+
+def tool_effects(tools: dict[str, Tool], cwd: Path) -> Counter[str]:
+    """Every effect count the tools' own ``count_effects(cwd)`` checks report, as
+    ``"<tool>:<effect>"`` keys (tools without the hook report nothing)."""
+    out: Counter[str] = Counter()
+    for name, tool in sorted(tools.items()):
+        check = getattr(tool, "count_effects", None)
+        if callable(check):
+            for effect, n in dict(check(cwd)).items():
+                out[f"{name}:{effect}"] += int(n)
+    return out
 
 
 _ECHO = re.compile(r"echo\s+(\S+)\s*>>\s*effects\.log")

@@ -12,9 +12,10 @@ from pydantic import BaseModel
 from durable_harness.harness.harness import Harness
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.storage import Store
+from durable_harness.testing import assert_intent_durable
 from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
 
-from .util import EchoArgs, assert_intent_durable, new_session, of_type, one_result_per_call
+from .util import EchoArgs, new_session, of_type, one_result_per_call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

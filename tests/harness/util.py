@@ -1,9 +1,8 @@
 """Helpers shared by the harness tests: sessions, a deterministic test tool, record readers,
-and :func:`assert_intent_durable` (the write-ahead check made from a second reader)."""
+(the write-ahead check, ``assert_intent_durable``, lives in :mod:`durable_harness.testing`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -16,7 +15,7 @@ from durable_harness.harness.harness import Harness
 from durable_harness.providers.base import ProviderEvent, ProviderRequest, TextDelta
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.session.session import Session
-from durable_harness.storage import JsonlSessionStore, SessionStore, Store, open_store
+from durable_harness.storage import Store
 from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
 
 
@@ -82,42 +81,6 @@ def one_result_per_call(messages: list[dict[str, Any]]) -> None:
     results = [m["toolCallId"] for m in messages if m.get("role") == "toolResult"]
     assert sorted(calls) == sorted(results), (calls, results)
     assert len(set(results)) == len(results), results
-
-
-def open_reader(store_location: str) -> SessionStore:
-    """Open a second, read-only view of a session from its ``store.location`` (a JSONL file
-    path, or ``sqlite:PATH#SESSION_ID``), reading what is on disk now."""
-    if store_location.startswith("sqlite:"):
-        db_path, _, session_id = store_location[len("sqlite:") :].rpartition("#")
-        return open_store(f"sqlite:{db_path}").open_session(session_id, write=False)
-    assert os.path.isfile(store_location), store_location
-    return JsonlSessionStore.open_path(store_location, write=False)
-
-
-def assert_intent_durable(store_location: str, tool_call_id: str) -> dict[str, Any]:
-    """Assert, from a fresh read-only open of the session on disk, that a ``tool_started``
-    record for ``tool_call_id`` is already stored; return it.
-
-    Call it from inside a tool's ``execute``: it proves the intent was durable before the
-    effect began (write-ahead, design brief section 2 rule 1).
-    """
-    reader = open_reader(store_location)
-    try:
-        found = [
-            r
-            for r in reader.records(types=("tool_started",))
-            if r.get("toolCallId") == tool_call_id
-        ]
-        finished = [
-            r
-            for r in reader.records(types=("tool_finished",))
-            if r.get("toolCallId") == tool_call_id
-        ]
-    finally:
-        reader.close()
-    assert found, f"no durable tool_started for {tool_call_id} in {store_location}"
-    assert not finished, f"tool_finished for {tool_call_id} stored before the effect ran"
-    return found[-1]
 
 
 def commit_groups(session: Session) -> dict[int, int] | None:

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_harness.crashtest import runner
-from durable_harness.crashtest.child import make_provider, options
-from durable_harness.crashtest.scenario import Scenario, default_dir, load
+from durable_harness.crashtest.child import options
+from durable_harness.crashtest.scenario import Scenario, default_dir, load, scenario_provider
 from durable_harness.errors import DurableHarnessError
 from durable_harness.recovery.audit import plan_followed
 from durable_harness.recovery.resume import plan_recovery, resume_session
@@ -106,7 +106,7 @@ async def _resume_by_plan(
             await resume_session(
                 session,
                 tools,
-                provider=make_provider(sc),
+                provider=scenario_provider(sc),
                 decisions=decisions,
                 policy=policy,
                 options=options(sc),

@@ -1,47 +1,11 @@
-"""Small builders for storage tests: entries and records as plain dicts."""
+"""Small builders for storage tests: entries and records as plain dicts (the conformance
+suite's, from :mod:`durable_harness.testing.conformance`), and JSONL high-water-mark edits."""
 
 from __future__ import annotations
 
-from typing import Any
+from durable_harness.testing.conformance import ent, ids, rec, snapshot
 
-from durable_harness.storage import SessionStore
-
-
-def ent(eid: str, parent: str | None = None, **extra: Any) -> dict[str, Any]:
-    """A ``custom`` entry with a fixed timestamp (storage does not validate entry bodies)."""
-    return {
-        "type": "custom",
-        "customType": "test",
-        "id": eid,
-        "parentId": parent,
-        "timestamp": "2026-01-01T00:00:00.000Z",
-        **extra,
-    }
-
-
-def rec(rid: str, rtype: str = "note", lane: str | None = "main", **extra: Any) -> dict[str, Any]:
-    """An operation-log record."""
-    out: dict[str, Any] = {"type": rtype, "id": rid, "timestamp": "2026-01-01T00:00:00.000Z"}
-    if lane is not None:
-        out["lane"] = lane
-    out.update(extra)
-    return out
-
-
-def ids(items: list[dict[str, Any]]) -> list[str]:
-    """The ``id`` of each dict, in order."""
-    return [str(i["id"]) for i in items]
-
-
-def snapshot(s: SessionStore) -> dict[str, Any]:
-    """Everything a session exposes, for before/after comparisons."""
-    return {
-        "entries": s.iter_entries(),
-        "records": s.records(),
-        "lanes": {k: vars(v) for k, v in s.lanes().items()},
-        "last_seq": s.last_seq(),
-        "count": s.entry_count(),
-    }
+__all__ = ["ent", "ids", "rec", "snapshot", "unmarked", "with_mark"]
 
 
 def unmarked(data: bytes) -> bytes:

@@ -1,0 +1,199 @@
+"""Crash-test a team's own agent: one scenario, SIGKILLed at a named crash point in a real child
+process, then recovered, decided, resumed and checked (design/testing-kit.md).
+
+This module is the pytest-free core of :mod:`durable_harness.testing`; the fixtures in
+:mod:`durable_harness.testing.plugin` are thin wrappers over :func:`scenario`,
+:func:`crash_points` and :func:`run_crash`. Every cell reuses the crash matrix's runner
+(:mod:`durable_harness.crashtest.runner`): the same child, the same recovery path, the same
+invariant checks as ``durable-harness crash-test``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durable_harness.crashtest.runner import (
+    Baseline,
+    Cell,
+    Decide,
+    baseline,
+    cells_for,
+    run_cell,
+    store_spec,
+)
+from durable_harness.crashtest.scenario import Scenario, load
+from durable_harness.errors import FormatError
+from durable_harness.recovery.decide import Policy
+from durable_harness.session.session import Session
+from durable_harness.storage import codec, open_store
+
+BACKENDS = ("jsonl", "sqlite")
+
+INVARIANTS = {
+    "inputs": "every accepted input is delivered once (or cancelled by an abort)",
+    "effects": "every effect at most once, unless an explicit retry decision re-ran it",
+    "results": "every stored tool call has exactly one result",
+    "damage": "the store is clean under fsck (a quarantined torn tail aside)",
+    "settled": "no lane is left with an open run",
+    "plan": "the resume did what the printed recovery plan said",
+    "conversation": "the final conversation equals the crash-free run's, except where a "
+    "decision or a reconciled result changed a tool's result",
+}
+
+
+def scenario(
+    source: Scenario | str | Path | dict[str, Any], folder: Path | None = None
+) -> Scenario:
+    """Turn ``source`` into a loaded :class:`Scenario`.
+
+    ``source`` is a loaded scenario, a scenario file, or the file's content as a dict (the
+    format of :mod:`durable_harness.crashtest.scenario`: ``name``, ``steps``, ``turns``,
+    ``tools``, ``provider``...), which is written to ``folder`` (default: a new temporary
+    folder) because the child process reads the scenario from a file.
+
+    Raises:
+        FormatError: the scenario does not follow the format (the message names the file), or
+            ``source`` is of another type.
+    """
+    if isinstance(source, Scenario):
+        return source
+    if isinstance(source, str | Path):
+        return load(Path(source).resolve())
+    if not isinstance(source, dict):
+        raise FormatError(f"a scenario is a file path or a dict, got {type(source).__name__}")
+    folder = folder or Path(tempfile.mkdtemp(prefix="dh-scenario-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{source.get('name') or 'scenario'}.json"
+    path.write_bytes(codec.dumps(source))
+    return load(path)
+
+
+_BASELINES: dict[tuple[str, str], Baseline] = {}
+_LOCK = threading.Lock()
+
+
+def crash_free(sc: Scenario, backend: str = "jsonl") -> Baseline:
+    """The scenario's crash-free run on ``backend`` (run once per process and cached): its
+    conversation, effect counts and every crash point it reaches (with hit counts).
+
+    Raises:
+        RuntimeError: the crash-free child failed (its stderr is in the message).
+        ImportSpecError: the scenario's tools or provider cannot be loaded.
+    """
+    key = (str(Path(sc.path).resolve()), backend)
+    with _LOCK:
+        if key not in _BASELINES:
+            _BASELINES[key] = baseline(sc, backend)
+        return _BASELINES[key]
+
+
+def crash_points(sc: Scenario, backend: str = "jsonl") -> list[tuple[str, int]]:
+    """Every ``(crash point, hit)`` the scenario reaches on ``backend``: each point of
+    :data:`durable_harness.crash.CRASH_POINTS` it passes, for hits 1 up to the matrix's cap
+    (``runner.MAX_HITS``), in a stable order. Raises as :func:`crash_free`."""
+    return [(c.point, c.hit) for c in cells_for(sc, crash_free(sc, backend), backend)]
+
+
+@dataclass
+class CrashOutcome:
+    """What one crash cell did, and where its files are kept.
+
+    Attributes:
+        cell: the runner's verdict (``status``, ``failures``, ``decisions``, ``reconciled``,
+            ``doubled``, ``notes``, ``plan``).
+        root: the cell's folder; ``work`` is the agent's working directory (the tools' files,
+            e.g. a ledger), ``store_spec`` and ``session_id`` open its session.
+    """
+
+    cell: Cell
+    root: Path
+    work: Path
+    store_spec: str
+    session_id: str
+
+    @property
+    def awaiting_decision(self) -> list[str]:
+        """Tool call ids that waited for an operator's decision after the crash (not those
+        the resume policy decided: see ``cell.decisions``)."""
+        return [d.split("=", 1)[0] for d in self.cell.decisions if "=policy:" not in d]
+
+    @property
+    def reconciled(self) -> list[str]:
+        """Tool call ids whose result a tool's ``reconcile`` established."""
+        return list(self.cell.reconciled)
+
+    @property
+    def doubled(self) -> list[str]:
+        """Effects counted more than once (``effects.log`` tags, ``tool:effect`` keys)."""
+        return list(self.cell.doubled)
+
+    def assert_invariants(self) -> None:
+        """Assert every invariant of :data:`INVARIANTS` held in this cell.
+
+        Raises:
+            AssertionError: the cell failed or errored (e.g. the crash point was not reached);
+                the message lists each broken invariant.
+        """
+        assert self.cell.status == "pass", (
+            f"{self.cell.backend} {self.cell.scenario} crash at {self.cell.label}: "
+            f"{self.cell.status}: " + "; ".join(self.cell.failures)
+        )
+
+    def open_session(self) -> Session:
+        """Open the cell's session read-only (close it, or use it as a context manager).
+
+        Raises:
+            StorageError: the store or session cannot be opened.
+        """
+        store = open_store(self.store_spec, create=False)
+        return Session(store.open_session(self.session_id, write=False))
+
+
+def run_crash(
+    sc: Scenario,
+    point: str,
+    hit: int = 1,
+    *,
+    backend: str = "jsonl",
+    root: Path | None = None,
+    decide: Decide | None = None,
+    policy: Policy = "ask",
+) -> CrashOutcome:
+    """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
+    decide, resume under ``policy``, let the client re-send what was never acknowledged, and
+    check the invariants against the crash-free run. ``decide(call, ctx)`` answers each call
+    that awaits a decision (``ctx`` is the :class:`~durable_harness.tools.base.ToolContext` its
+    tool would get: ``cwd``, ``idempotency_key``); ``None`` from it, or no callback, uses
+    :func:`durable_harness.crashtest.runner.default_decision`. Nothing is raised for a broken
+    invariant: call :meth:`CrashOutcome.assert_invariants`.
+
+    ``root``: an empty or missing folder where the cell runs and is kept (default: a new
+        temporary folder, also kept).
+
+        Raises:
+            ValueError: ``backend`` is not ``jsonl`` or ``sqlite``.
+            RuntimeError, ImportSpecError: as :func:`crash_free`.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    root = root or Path(tempfile.mkdtemp(prefix=f"dh-crash-{sc.name}-"))
+    cell = run_cell(
+        sc,
+        crash_free(sc, backend),
+        Cell(sc.name, backend, point, hit),
+        decide=decide,
+        policy=policy,
+        root=root,
+    )
+    sid = root / "sid"
+    return CrashOutcome(
+        cell,
+        root,
+        root / "work",
+        store_spec(backend, root),
+        sid.read_text().strip() if sid.exists() else "",
+    )

@@ -1,0 +1,155 @@
+"""The pytest plugin of :mod:`durable_harness.testing`, registered through the ``pytest11``
+entry point (installing the package is enough).
+
+* ``@crash_matrix(scenario, backends=("jsonl",), decide=None, policy="ask")`` on a test that
+  takes the ``crash_cell`` fixture parametrizes it over every ``(crash point, hit)`` the
+  scenario reaches on each backend (found by one crash-free run per scenario and backend, at
+  collection). Test ids are ``<backend>-<point>`` or ``<backend>-<point>:<n>``.
+* ``crash_cell``: the :class:`~durable_harness.testing.kit.CrashOutcome` of that cell, run in
+  the test's ``tmp_path`` (kept there for inspection).
+* ``crash_run``: a function ``crash_run(scenario, point, hit=1, backend="jsonl", decide=None,
+  policy="ask")`` running one cell by hand, in a fresh folder under ``tmp_path``.
+
+Tests using either fixture get the ``crash`` marker (they spawn children that SIGKILL
+themselves), so ``-m "not crash"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_harness.crashtest.runner import Decide
+from durable_harness.crashtest.scenario import Scenario
+from durable_harness.recovery.decide import Policy
+from durable_harness.testing.kit import CrashOutcome, crash_points, run_crash, scenario
+
+MARKER = "crash_matrix"
+
+
+def crash_matrix(
+    source: Scenario | str | Path | dict[str, Any],
+    *,
+    backends: tuple[str, ...] | list[str] = ("jsonl",),
+    decide: Decide | None = None,
+    policy: Policy = "ask",
+) -> pytest.MarkDecorator:
+    """Decorator: run the test once per crash point the scenario reaches (see the module
+    docstring); the test takes the ``crash_cell`` fixture. ``source`` is as for
+    :func:`~durable_harness.testing.kit.scenario`; ``decide`` and ``policy`` as for
+    :func:`~durable_harness.testing.kit.run_crash`.
+
+    Raises (at collection):
+        FormatError, ImportSpecError, RuntimeError: the scenario cannot be loaded or its
+            crash-free run fails.
+    """
+    mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)
+    return mark(source, backends=tuple(backends), decide=decide, policy=policy)
+
+
+@dataclass(frozen=True)
+class _Param:
+    scenario: Scenario
+    backend: str
+    point: str
+    hit: int
+    decide: Decide | None
+    policy: Policy
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the markers the kit uses."""
+    config.addinivalue_line(
+        "markers", f"{MARKER}(scenario, backends, decide, policy): run once per crash point"
+    )
+    config.addinivalue_line("markers", "crash: spawns child processes that SIGKILL themselves")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``crash_cell`` over the crash points of the test's ``crash_matrix``."""
+    mark = metafunc.definition.get_closest_marker(MARKER)
+    if mark is None or "crash_cell" not in metafunc.fixturenames:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="dh-scenario-"))  # a dict scenario's file
+    metafunc.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    sc = scenario(mark.args[0], folder)
+    params, ids = [], []
+    for backend in mark.kwargs.get("backends", ("jsonl",)):
+        for point, hit in crash_points(sc, backend):
+            params.append(
+                _Param(
+                    sc,
+                    backend,
+                    point,
+                    hit,
+                    mark.kwargs.get("decide"),
+                    mark.kwargs.get("policy", "ask"),
+                )
+            )
+            ids.append(f"{backend}-{point}" + (f":{hit}" if hit > 1 else ""))
+    metafunc.parametrize("crash_cell", params, ids=ids, indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a crash fixture ``crash``."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "crash_cell" in names or "crash_run" in names:
+            item.add_marker(pytest.mark.crash)
+
+
+@pytest.fixture
+def crash_cell(request: pytest.FixtureRequest, tmp_path: Path) -> CrashOutcome:
+    """The outcome of this test's crash cell (needs ``@crash_matrix`` on the test)."""
+    param = getattr(request, "param", None)
+    if not isinstance(param, _Param):
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: the crash_cell fixture needs @crash_matrix(scenario) on "
+            "the test (from durable_harness.testing)"
+        )
+    return run_crash(
+        param.scenario,
+        param.point,
+        param.hit,
+        backend=param.backend,
+        root=tmp_path / "cell",
+        decide=param.decide,
+        policy=param.policy,
+    )
+
+
+@pytest.fixture
+def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
+    """``crash_run(scenario, point, hit=1, *, backend="jsonl", decide=None, policy="ask")``:
+    run one crash cell in a fresh folder under ``tmp_path`` and return its outcome."""
+    count = 0
+
+    def run(
+        source: Scenario | str | Path | dict[str, Any],
+        point: str,
+        hit: int = 1,
+        *,
+        backend: str = "jsonl",
+        decide: Decide | None = None,
+        policy: Policy = "ask",
+    ) -> CrashOutcome:
+        nonlocal count
+        count += 1
+        sc = scenario(source, tmp_path / f"scenario-{count}")
+        return run_crash(
+            sc,
+            point,
+            hit,
+            backend=backend,
+            root=tmp_path / f"cell-{count}",
+            decide=decide,
+            policy=policy,
+        )
+
+    yield run
