@@ -107,8 +107,8 @@ def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
         "",
         f"{summary['cells']} cells, {summary['passed']} passed, {summary['failed']} failed, "
         f"{summary['errors']} errors; {summary['decisions']} needed an operator decision, "
-        f"{summary['reconciled']} were settled by a tool's reconcile, "
-        f"{summary['doubled']} found an effect doubled; "
+        f"{summary.get('reconciled', 0)} were settled by a tool's reconcile, "
+        f"{summary.get('doubled', 0)} found an effect doubled; "
         f"{summary['wall_seconds']} s with {summary['jobs']} jobs.",
         "",
         "Each cell runs a scenario in a real child process that SIGKILLs itself at the "

@@ -24,6 +24,15 @@ def _mode(path: str | Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+#: What the ``memory:`` store (a one-process scratch store: design/storage.md) does not promise.
+MEMORY_EXEMPT = {
+    "catalogue": "no writer lease, so no lease generation",
+    "read_only": "one process, one store object: no read-only second view",
+    "durability_modes": "nothing is durable: the mode is always none",
+    "copies": "the reference model hands out its own objects (no decode per read)",
+}
+
+
 def _memory_store() -> Store:
     try:
         return open_store("memory:")
@@ -49,6 +58,8 @@ def _factory(kind: str, tmp: Path) -> Any:
 @pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("kind", ["memory", "jsonl", "sqlite"])
 def test_backend_keeps_the_contract(kind: str, check: str, tmp_path: Path) -> None:
+    if kind == "memory" and check in MEMORY_EXEMPT:
+        pytest.skip(f"memory store: {MEMORY_EXEMPT[check]}")
     reopen = None if kind == "memory" else (lambda s: open_store(s.spec))
     assert check_session_store(_factory(kind, tmp_path), reopen_store=reopen, only=[check]) == [
         check
