@@ -158,12 +158,18 @@ def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[
     content = message.get("content")
     if not isinstance(content, list):
         return message, []
-    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
-    ids = [b.get("id") for b in calls]
-    if all(isinstance(i, str) and i for i in ids) and len(set(ids)) == len(ids):  # common case
-        return message, []
-    taken = {str(b.get("id")) for b in calls if b.get("id")}
     seen: set[str] = set()
+    for b in content:  # the common case, in one pass: every id a distinct non-empty string
+        if isinstance(b, dict) and b.get("type") == "toolCall":
+            cid = b.get("id")
+            if not isinstance(cid, str) or not cid or cid in seen:
+                break
+            seen.add(cid)
+    else:
+        return message, []
+    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+    taken = {str(b.get("id")) for b in calls if b.get("id")}
+    seen.clear()
     renames: list[dict[str, Any]] = []
     out: list[Any] = []
     index = 0

@@ -26,6 +26,7 @@ from durable_harness.storage.base import (
     RecordOp,
     SessionStore,
 )
+from durable_harness.storage.oserrors import in_memory
 from durable_harness.storage.shapes import op_shape_error
 
 
@@ -71,14 +72,17 @@ class IndexedSessionStore(SessionStore):
             if types is None or self._meta[i][1] in types
         ]
 
+    @in_memory
     def entry_count(self) -> int:
         return len(self._order)
 
+    @in_memory
     def entry_parent(self, entry_id: str) -> tuple[bool, str | None]:
         """Return ``(exists, parentId)`` without loading content."""
         meta = self._meta.get(entry_id)
         return (False, None) if meta is None else (True, meta[0])
 
+    @in_memory
     def lanes(self) -> dict[str, LaneState]:
         with self._lock:
             return {
@@ -86,6 +90,7 @@ class IndexedSessionStore(SessionStore):
                 for k, v in self._lanes.items()
             }
 
+    @in_memory
     def lane(self, name: str) -> LaneState:
         with self._lock:
             v = self._lanes.get(name)
@@ -93,6 +98,7 @@ class IndexedSessionStore(SessionStore):
                 return LaneState(name)
             return LaneState(v.name, v.leaf_id, dict(v.config), v.run_id, v.run_seq)
 
+    @in_memory
     def records(
         self,
         lane: str | None = None,
@@ -111,6 +117,7 @@ class IndexedSessionStore(SessionStore):
                 and (types is None or r.get("type") in types)
             ]
 
+    @in_memory
     def last_seq(self) -> int:
         return self._seq
 

@@ -178,6 +178,14 @@ def _where(obj: Any, args: tuple[Any, ...]) -> str | None:
     return None
 
 
+def in_memory(fn: F) -> F:
+    """Mark a store method that only reads the store's in-memory index (no system call, no
+    database query): it cannot raise what the boundary translates, so it is left unwrapped
+    (it is on the per-turn hot path)."""
+    fn.__storage_guarded__ = True  # type: ignore[attr-defined]
+    return fn
+
+
 def guarded(fn: F) -> F:
     """Wrap a store method (sync or async, plain or class method) so that OS and database
     errors leave it typed (see :func:`translate`)."""
