@@ -148,17 +148,19 @@ def tables(md: str) -> dict[str, dict[str, dict[str, str]]]:
 
 def expected_tables(report: dict[str, Any]) -> dict[str, dict[str, dict[str, str]]]:
     """What each table must say, from the stored cells: a blank where a scenario does not reach
-    a point, ``pass``, ``pass (decision)`` when an operator decision was needed, else the
-    status in capitals."""
+    a point, ``pass``, ``pass (decision)`` when an operator decision was needed (``reconciled``
+    when a tool's reconcile settled a call), else the status in capitals."""
     out: dict[str, dict[str, dict[str, str]]] = {}
     for backend in report["summary"]["backends"]:
         mine = [c for c in report["cells"] if c["backend"] == backend]
         scenarios = sorted({c["scenario"] for c in mine})
         rows: dict[str, dict[str, str]] = {label(c): dict.fromkeys(scenarios, "") for c in mine}
         for c in mine:
-            verdict = c["status"].upper()
+            verdict = c["status"].upper() + (" (doubled)" if c.get("doubled") else "")
             if c["status"] == "pass":
-                verdict = "pass (decision)" if c["decisions"] else "pass"
+                tags = [t for t, key in (("decision", "decisions"), ("reconciled", "reconciled"))
+                        if c.get(key)]  # fmt: skip
+                verdict = "pass" + (f" ({', '.join(tags)})" if tags else "")
             rows[label(c)][c["scenario"]] = verdict
         out[backend] = rows
     return out
