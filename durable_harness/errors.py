@@ -30,8 +30,15 @@ The tree::
     │   └── MissingCredential           missing_credential
     ├── ToolError                       tool_error
     │   └── PathEscape                  path_escape
-    └── RecoveryError                   recovery_error
-        └── DecisionRequired            decision_required
+    ├── RecoveryError                   recovery_error
+    │   └── DecisionRequired            decision_required
+    └── HostError                       host_error
+        ├── InvalidRequest              invalid_request
+        ├── MessageTooLarge             message_too_large
+        ├── IllegalTransition           illegal_transition
+        ├── SessionLive                 session_live
+        ├── SessionNotLive              session_not_live
+        └── Unauthorized                unauthorized
 
 Messages name the file, session or id involved and never carry a credential: the provider
 modules pass only status codes and the server's error text through :func:`redact`.
@@ -276,6 +283,52 @@ class DecisionRequired(RecoveryError):
     """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
 
     code = "decision_required"
+
+
+class HostError(DurableHarnessError):
+    """The host (``durable_harness.host``, ``design/host.md``) refused a lifecycle request."""
+
+    code = "host_error"
+
+
+class InvalidRequest(HostError):
+    """A request's input is malformed: an empty message, a working directory that is not a
+    directory, a malformed session id, an unknown mode. Nothing was changed."""
+
+    code = "invalid_request"
+
+
+class MessageTooLarge(HostError):
+    """A message is over the host's limit (``details['limit']`` bytes). Nothing was changed."""
+
+    code = "message_too_large"
+
+
+class IllegalTransition(HostError):
+    """A session's lifecycle state cannot move as asked (``details['from']``, ``['to']``):
+    the one table of legal moves is ``durable_harness.host.lifecycle.TRANSITIONS``."""
+
+    code = "illegal_transition"
+
+
+class SessionLive(HostError):
+    """The session has a live runtime generation (here, or in another process holding its
+    writer lease), so it cannot be resumed again or forgotten; close it first."""
+
+    code = "session_live"
+
+
+class SessionNotLive(HostError):
+    """The session has no live runtime generation (it is closed, suspended or in error), so it
+    cannot take input; resume it first."""
+
+    code = "session_not_live"
+
+
+class Unauthorized(HostError):
+    """The request carried no bearer token, or the wrong one."""
+
+    code = "unauthorized"
 
 
 def root_cause(exc: BaseException) -> BaseException:

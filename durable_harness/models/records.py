@@ -303,6 +303,29 @@ class RunFinished(_Envelope, total=False):
     """Why it failed, in words (attempt cap, run limit, provider error)."""
 
 
+class SessionLifecycle(_Envelope, total=False):
+    """The host moved the session's lifecycle state (``design/host.md``); written by the
+    generation that holds the writer lease, in lane ``main``, outside any run."""
+
+    type: Required[Literal["session_lifecycle"]]
+    """``"session_lifecycle"``."""
+    state: Literal["idle", "closing", "closed", "error"]
+    """The state entered (``running`` is not written: an open run in a lane log is that
+    observation; ``creating`` and ``suspended`` hold no lease to write with)."""
+    generation: int
+    """The runtime generation (the writer lease's fencing generation) that wrote it."""
+    error: str | None
+    """For ``error``: why the generation failed to start or stopped, in words."""
+    mode: Literal["sync", "batch", "none"]
+    """The session's durability mode (``design/storage.md``)."""
+    commandRuntime: Literal["pipe", "pty"]
+    """How the bash tool runs commands: through pipes or a pseudo-terminal."""
+    providerSpec: str | None
+    """The provider spec new runs of this session use (``scripted:FILE``, ``openai:MODEL``)."""
+    clientKey: str | None
+    """On the first ``idle``: the ``Idempotency-Key`` the session was created with."""
+
+
 #: Every record type, by its ``type`` value, in the order of the design brief.
 DECLARATIONS: dict[str, type] = {
     "run_started": RunStarted,
@@ -320,6 +343,7 @@ DECLARATIONS: dict[str, type] = {
     "abort_requested": AbortRequested,
     "decision": Decision,
     "run_finished": RunFinished,
+    "session_lifecycle": SessionLifecycle,
 }
 
 #: The record types, as the ``type`` values (the keys of :data:`DECLARATIONS`).

@@ -33,6 +33,7 @@ from durable_harness.errors import (
     CorruptSession,
     SessionNotFound,
     SessionUnreadable,
+    StorageError,
 )
 from durable_harness.storage import codec
 from durable_harness.storage.oserrors import guard_class
@@ -520,6 +521,18 @@ class Store(abc.ABC):
         their ``error`` (see :class:`SessionInfo`); a cwd listing includes those whose folder
         name is the encoding of ``cwd``, since their recorded cwd is unknown.
         """
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete one session (by exact id) and everything stored beside it, for good.
+
+        Takes the writer lease first, so a session a live process holds is never deleted.
+
+        Raises:
+            SessionNotFound: no session has this id.
+            LeaseHeld: a live process holds the session.
+            StorageError: the backend cannot delete sessions, or the deletion failed.
+        """
+        raise StorageError(f"{self.spec} cannot delete sessions", session_id=session_id)
 
     def resolve(self, ref: str) -> SessionInfo:
         """Find one session by exact id or unique prefix.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_harness.errors import SessionExists
+from durable_harness.errors import SessionExists, SessionNotFound
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
 from durable_harness.storage.indexed import MemorySessionStore
@@ -74,6 +74,15 @@ class MemoryStore(Store):
             SessionNotFound, AmbiguousSessionPrefix.
         """
         return self._sessions[self.resolve(ref).id]
+
+    def delete_session(self, session_id: str) -> None:
+        """Drop the session from this store (see :meth:`Store.delete_session`; no lease here).
+
+        Raises:
+            SessionNotFound: no session has this id.
+        """
+        if self._sessions.pop(session_id, None) is None:
+            raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """This store's sessions (of ``cwd`` by :class:`CwdMatcher`), newest first."""

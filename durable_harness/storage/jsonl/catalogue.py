@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import FormatError, SessionExists
+from durable_harness.errors import FormatError, SessionExists, SessionNotFound
+from durable_harness.fs import fsync_dir
 from durable_harness.ids import iso_from_ns, now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
@@ -86,6 +87,24 @@ class JsonlStore(Store):
         return JsonlSessionStore.open_path(
             path, write=write, durability=durability, break_lease=break_lease
         )
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete the session file, its lock file and its quarantine side files (see
+        :meth:`Store.delete_session`): under the writer lease, then the folder is fsynced."""
+        info = next((i for i in self.list_sessions() if i.id == session_id), None)
+        if info is None:
+            raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
+        store = JsonlSessionStore.open_path(info.path, write=True)
+        try:
+            folder = os.path.dirname(info.path)
+            base = os.path.basename(info.path)
+            for name in os.listdir(folder):
+                if name == base or name.startswith(base + ".torn-"):
+                    os.unlink(os.path.join(folder, name))
+            os.unlink(info.path + ".lock")
+            fsync_dir(folder)
+        finally:
+            store.close()
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session file under ``sessions/`` (of one cwd by :class:`CwdMatcher`: the

@@ -1,0 +1,797 @@
+"""The session manager: many durable sessions in one process (``design/host.md``).
+
+:class:`SessionManager` owns the session processes (one runtime generation each) of one store
+and is the only place their lifecycle moves (:func:`durable_harness.host.lifecycle.check`).
+It is built on the library's public pieces: :func:`~durable_harness.storage.open_store`,
+:class:`~durable_harness.Session`, :class:`~durable_harness.Harness`, the recovery planner
+(:func:`~durable_harness.recovery.resume.plan_recovery`) and
+:func:`~durable_harness.recovery.resume.resume_lane`, which executes exactly the plan.
+
+Use it as ``async with SessionManager(store, options) as manager:``; entering it reconciles
+the store (every session whose owner died becomes ``suspended`` with its plan, and those whose
+plan needs no decision are resumed when ``options.auto_resume`` says so) before it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, Self, cast
+
+import anyio
+import anyio.abc
+
+from durable_harness.errors import (
+    DurableHarnessError,
+    IllegalTransition,
+    InvalidRequest,
+    LeaseHeld,
+    MessageTooLarge,
+    NoOpenRun,
+    RunInProgress,
+    SessionLive,
+    SessionNotFound,
+    SessionNotLive,
+    root_cause,
+)
+from durable_harness.harness.core import Event, HarnessOptions
+from durable_harness.harness.harness import Harness
+from durable_harness.host import lifecycle
+from durable_harness.host.lifecycle import LIVE, State
+from durable_harness.host.process import SessionProcess
+from durable_harness.host.record import (
+    CommandRuntime,
+    SessionRecord,
+    lifecycle_record,
+    read_record,
+)
+from durable_harness.providers import make_provider
+from durable_harness.recovery.decide import Policy, RecoveryPlan
+from durable_harness.recovery.resume import (
+    Recovery,
+    parse_decision,
+    plan_recovery,
+    recorded_provider_spec,
+    resume_lane,
+)
+from durable_harness.session.session import Session
+from durable_harness.storage import open_store
+from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
+from durable_harness.tools.base import Tool
+from durable_harness.tools.builtin import builtin_tools
+from durable_harness.tools.processes import kill_group
+
+SendMode = Literal["prompt", "steer", "follow_up"]
+"""How a message enters a session: a new run, a steer into the running one, a follow-up."""
+
+_SESSION_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
+
+MAX_MESSAGE_BYTES = 1 << 20
+"""The default limit of one message, in bytes of UTF-8 (1 MiB)."""
+
+
+def default_tools(runtime: CommandRuntime) -> Mapping[str, Tool]:
+    """The built-in tools, their bash running commands through ``runtime``."""
+    return builtin_tools()
+
+
+@dataclass
+class HostOptions:
+    """How the manager runs sessions.
+
+    Attributes:
+        provider: the provider spec of sessions created without one (``scripted:FILE``...).
+        mode: the durability mode of sessions created without one.
+        policy: the recovery policy for in-doubt calls (``ask``: wait for a decision).
+        auto_resume: at start-up, resume the suspended sessions whose plan needs no decision
+            (``no_decision``), or leave every one suspended (``never``).
+        close_grace: seconds a running turn is given to stop after the abort, before its tool
+            process groups are killed.
+        max_message_bytes: the largest message accepted, in bytes of UTF-8.
+        tools: ``runtime -> {name: tool}``: the tools of a generation.
+        harness: run-loop settings (the provider spec is set per session).
+    """
+
+    provider: str | None = None
+    mode: Durability = "sync"
+    policy: Policy = "ask"
+    auto_resume: Literal["never", "no_decision"] = "no_decision"
+    close_grace: float = 5.0
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools
+    harness: HarnessOptions = field(default_factory=HarnessOptions)
+
+
+def needs_decision(plan: RecoveryPlan) -> bool:
+    """Whether resuming by ``plan`` would stop at an in-doubt call waiting for a decision."""
+    return any(lp.waiting() or lp.next_action == "await_decision" for lp in plan.lanes)
+
+
+class SessionManager:
+    """The host's sessions: ``create``, ``resume``, ``decide``, ``close``, ``forget``,
+    ``list``, ``get``, ``shutdown``, and the agent verbs (``send``, ``abort``, ``status``,
+    ``messages``, ``log``, ``listen``). Every verb is a coroutine of the manager's event loop.
+
+    Args:
+        store: a :class:`~durable_harness.storage.base.Store` or a store spec.
+        options: :class:`HostOptions`.
+
+    Errors: every refusal is a :class:`~durable_harness.errors.DurableHarnessError` with its
+    ``code`` (``session_not_found``, ``session_live``, ``session_not_live``,
+    ``illegal_transition``, ``invalid_request``, ``message_too_large``, ``run_in_progress``,
+    ``no_open_run``, ``recovery_error``...); nothing is changed when one is raised.
+    """
+
+    def __init__(self, store: Store | str | None = None, options: HostOptions | None = None):
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self.options = options or HostOptions()
+        self._procs: dict[str, SessionProcess] = {}
+        self._plans: dict[str, RecoveryPlan] = {}
+        self._keys: dict[str, str] = {}  # creation Idempotency-Key -> session id
+        self._observers: list[Callable[[str, Event], None]] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._lock = anyio.Lock()  # lifecycle moves of different sessions never interleave
+        self.unreadable: list[dict[str, Any]] = []
+
+    # -- the manager's own lifetime ---------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self.reconcile()
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            await tg.__aexit__(None, None, None)
+
+    def observe(self, callback: Callable[[str, Event], None]) -> None:
+        """Call ``callback(session_id, event)`` for every event of every generation started
+        from now on (harness events, plus ``lifecycle`` events ``{"type": "lifecycle",
+        "state"}``). Used by metrics and tracing."""
+        self._observers.append(callback)
+
+    async def shutdown(self) -> None:
+        """Stop every live generation without closing its session: runs are left open as a
+        crash would leave them, leases are released, and the next start-up reconciles them.
+        Idempotent."""
+        procs = list(self._procs.values())
+        for proc in procs:
+            proc.scope.cancel()
+        for proc in procs:
+            await proc.stopped.wait()
+
+    async def reconcile(self) -> list[SessionRecord]:
+        """Start-up reconciliation: read every session of the store; a stored live state
+        whose owner is gone becomes ``suspended`` with its recovery plan (``closing``
+        becomes ``closed``); then, per ``options.auto_resume``, resume each suspended
+        session whose plan needs no decision. Returns the records after it."""
+        self.unreadable = []
+        records: list[SessionRecord] = []
+        for info in self.store.list_sessions():
+            if info.error:
+                self.unreadable.append({"id": info.id, "path": info.path, "error": info.error})
+                continue
+            if info.id in self._procs:
+                records.append(self._procs[info.id].record)
+                continue
+            try:
+                records.append(await self._read(info.id))
+            except DurableHarnessError as exc:
+                self.unreadable.append({"id": info.id, "path": info.path, "error": exc.to_json()})
+        if self.options.auto_resume == "no_decision":
+            for rec in records:
+                plan = self._plans.get(rec.id)
+                if rec.state == "suspended" and plan is not None and not needs_decision(plan):
+                    try:
+                        await self.resume(rec.id)
+                    except (SessionLive, LeaseHeld):
+                        continue  # another host took it meanwhile
+        return [self._procs[r.id].record if r.id in self._procs else r for r in records]
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _check_id(self, session_id: str) -> str:
+        if not _SESSION_ID.fullmatch(session_id):
+            raise InvalidRequest(
+                f"{session_id[:200]!r} is not a session id (letters, digits, '-' and '_')",
+                session_id=session_id[:200],
+            )
+        return session_id
+
+    def _open_read(self, session_id: str) -> SessionStore:
+        self._check_id(session_id)
+        info = self.store.resolve(session_id)
+        if info.id != session_id:
+            raise SessionNotFound(f"no session {session_id} in {self.store.spec}", ref=session_id)
+        return self.store.open_session(session_id, write=False)
+
+    async def _read(self, session_id: str) -> SessionRecord:
+        """The record of a session this process does not run, and its plan when suspended."""
+        with self._open_read(session_id) as store:
+            rec = read_record(store, self.store.spec, owner_alive=store.lease_holder() is not None)
+            if rec.client_key:
+                self._keys.setdefault(rec.client_key, rec.id)
+            if rec.state == "suspended":
+                recovery = await plan_recovery(
+                    store, self.options.tools(rec.command_runtime), self.options.policy, None, None
+                )
+                self._plans[rec.id] = recovery.plan
+            else:
+                self._plans.pop(rec.id, None)
+        return rec
+
+    async def get(self, session_id: str) -> SessionRecord:
+        """The session's record (live ones from memory, others read from the store).
+
+        Raises:
+            InvalidRequest: a malformed id. SessionNotFound: no such session.
+        """
+        proc = self._procs.get(self._check_id(session_id))
+        return proc.record if proc is not None else await self._read(session_id)
+
+    async def list(self) -> list[SessionRecord]:
+        """Every readable session of the store, most recently modified first (unreadable
+        ones are in :attr:`unreadable`)."""
+        out: list[SessionRecord] = []
+        for info in self.store.list_sessions():
+            if info.error:
+                continue
+            try:
+                out.append(await self.get(info.id))
+            except DurableHarnessError:
+                continue
+        return out
+
+    def plan(self, session_id: str) -> RecoveryPlan | None:
+        """The recovery plan of a suspended session (as last read), else ``None``."""
+        proc = self._procs.get(session_id)
+        return None if proc is not None else self._plans.get(session_id)
+
+    def awaiting_decisions(self) -> dict[str, int]:
+        """``{session id: in-doubt calls waiting for a decision}`` of suspended sessions."""
+        return {
+            sid: sum(len(lp.waiting()) for lp in plan.lanes)
+            for sid, plan in self._plans.items()
+            if sid not in self._procs
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _move(self, proc: SessionProcess, state: State) -> None:
+        rec = proc.record
+        if rec.state == state:
+            return
+        rec.state = lifecycle.check(rec.id, rec.state, state)
+        proc.publish({"type": "lifecycle", "state": state})
+
+    def _write(self, proc: SessionProcess, state: State, **extra: Any) -> None:
+        """Make ``state`` durable (a ``session_lifecycle`` record) and enter it."""
+        proc.session.store.commit([RecordOp(lifecycle_record(proc.record, state, **extra))])
+        self._move(proc, state)
+
+    async def create(
+        self,
+        cwd: str,
+        *,
+        mode: str | None = None,
+        command_runtime: str = "pipe",
+        provider: str | None = None,
+        client_key: str | None = None,
+    ) -> SessionRecord:
+        """Create a session in ``cwd`` and start its generation 1.
+
+        Idempotent by ``client_key``: a second create with the same key returns the first
+        one's record.
+
+        Raises:
+            InvalidRequest: ``cwd`` is not an existing directory, an unknown ``mode`` or
+                ``command_runtime``, or no provider (none given, no host default).
+            FormatError, MissingCredential: the provider spec cannot be built.
+        """
+        if client_key is not None and client_key in self._keys:
+            return await self.get(self._keys[client_key])
+        path = Path(cwd).expanduser() if cwd else None
+        if path is None or not path.is_absolute() or not path.is_dir():
+            raise InvalidRequest(
+                f"working directory {cwd!r} must be an absolute path to an existing directory",
+                cwd=cwd,
+            )
+        durability = cast(Durability, mode or self.options.mode)
+        if durability not in DURABILITY_MODES:
+            raise InvalidRequest(
+                f"mode {mode!r} is not a durability mode ({', '.join(DURABILITY_MODES)})"
+            )
+        if command_runtime not in ("pipe", "pty"):
+            raise InvalidRequest(f"command runtime {command_runtime!r} is not pipe or pty")
+        spec = provider or self.options.provider
+        if spec is None:
+            raise InvalidRequest("no provider: give one, or start the host with --provider")
+        make_provider(spec)  # a bad spec or a missing credential is refused before any write
+        store = self.store.create_session(str(path.resolve()), durability=durability)
+        rec = SessionRecord(
+            id=store.session_id,
+            cwd=str(store.header.get("cwd")),
+            mode=durability,
+            store=self.store.spec,
+            transcript=store.location,
+            generation=store.generation,
+            state="creating",
+            command_runtime=command_runtime,  # type: ignore[arg-type]
+            provider=spec,
+            client_key=client_key,
+        )
+        if client_key is not None:
+            self._keys[client_key] = rec.id
+        await self._start(rec, Session(store), None, client_key)
+        return rec
+
+    async def resume(
+        self, session_id: str, decisions: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> SessionRecord:
+        """Start the next runtime generation of a closed, suspended or failed session, and
+        have it execute the session's recovery plan (``design/recovery.md``).
+
+        ``decisions``: ``{tool call id or call key: {"decision": "retry"|"fail"|"result",
+        "result": text}}``. Each is written durably; when the plan still needs a decision,
+        the session stays ``suspended`` (no generation is started) and its plan says which.
+
+        Raises:
+            SessionLive: a live generation holds the session (here or in another process).
+            IllegalTransition: the session is closing.
+            RecoveryError: a decision names no call in doubt.
+        """
+        async with self._lock:
+            if self._check_id(session_id) in self._procs:
+                raise SessionLive(
+                    f"session {session_id} is live here (generation "
+                    f"{self._procs[session_id].generation}); close it before resuming",
+                    session_id=session_id,
+                )
+            rec = await self._read(session_id)
+            if rec.state in LIVE or rec.state == "creating":
+                raise SessionLive(
+                    f"session {session_id} is held by another live process; stop it first",
+                    session_id=session_id,
+                )
+            lifecycle.check(rec.id, rec.state, "creating")
+            try:
+                store = self.store.open_session(session_id, write=True, durability=rec.mode)
+            except LeaseHeld as exc:
+                raise SessionLive(exc.message, session_id=session_id) from exc
+            session = Session(store)
+            try:
+                recovery = await plan_recovery(
+                    store,
+                    self.options.tools(rec.command_runtime),
+                    self.options.policy,
+                    decisions,
+                    rec.cwd or None,
+                )
+            except BaseException:
+                session.close()
+                raise
+            if needs_decision(recovery.plan):
+                _record_decisions(store, recovery)
+                session.close()
+                return await self._read(session_id)
+            rec.generation = store.generation
+            rec.state = "creating"
+            rec.last_error = None
+            await self._start(rec, session, recovery, None)
+            return rec
+
+    async def decide(self, session_id: str, tool_call_id: str, decision: str) -> SessionRecord:
+        """Decide one in-doubt call of a suspended session (``retry``, ``fail`` or
+        ``result:TEXT``) and resume it when no other call still waits.
+
+        Raises:
+            InvalidRequest: a malformed decision.
+            RecoveryError: the call is not awaiting a decision.
+            SessionLive: the session is live.
+        """
+        try:
+            key, value = parse_decision(f"{tool_call_id}={decision}")
+        except DurableHarnessError as exc:
+            raise InvalidRequest(exc.message, decision=decision) from exc
+        return await self.resume(session_id, {key: value})
+
+    async def _start(
+        self,
+        rec: SessionRecord,
+        session: Session,
+        recovery: Recovery | None,
+        client_key: str | None,
+    ) -> None:
+        """Start a generation for ``rec`` on ``session`` (open for writing) in the manager's
+        task group; returns once it is up (or has failed and recorded why)."""
+        if self._tg is None:
+            session.close()
+            raise RuntimeError("use the manager as `async with SessionManager(...)`")
+        proc = SessionProcess(rec, session)
+        for observer in self._observers:
+            proc.observe(partial(observer, rec.id))
+        self._procs[rec.id] = proc
+        self._plans.pop(rec.id, None)
+        await self._tg.start(self._generation, proc, recovery, client_key)
+
+    async def _generation(
+        self,
+        proc: SessionProcess,
+        recovery: Recovery | None,
+        client_key: str | None,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The body of one generation: the harness, then the release of the lease."""
+        rec = proc.record
+        started = False
+        try:
+            with proc.scope:
+                spec = rec.provider or self._recorded_spec(proc) or self.options.provider
+                if spec is None:
+                    raise InvalidRequest(f"session {rec.id} has no provider to run with")
+                provider = make_provider(spec)
+                options = dataclasses.replace(self.options.harness, provider_spec=spec)
+                tools = dict(self.options.tools(rec.command_runtime))
+                async with Harness(proc.session, provider, tools, options=options) as harness:
+                    proc.harness = harness
+                    harness.subscribe(partial(self._on_event, proc))
+                    self._write(proc, "idle", client_key=client_key)
+                    if recovery is not None:
+                        for lane_plan in recovery.plan.lanes:
+                            await resume_lane(harness, recovery, lane_plan.lane)
+                    started = True
+                    task_status.started()
+                    await anyio.sleep_forever()
+        except Exception as exc:
+            cause = root_cause(exc)
+            rec.last_error = str(getattr(cause, "message", None) or cause)
+            if rec.state != "closing":
+                try:
+                    self._write(proc, "error", error=rec.last_error)
+                except Exception:
+                    rec.state = "error"  # the store itself failed: the record says so here
+        finally:
+            with anyio.CancelScope(shield=True):
+                if rec.state == "closing":
+                    try:
+                        self._write(proc, "closed")
+                    except Exception as exc:
+                        rec.last_error = str(root_cause(exc))
+                        rec.state = "closed"
+                proc.session.close()
+                proc.harness = None
+                self._procs.pop(rec.id, None)
+                proc.end_listeners()
+                proc.stopped.set()
+                if not started:
+                    task_status.started()
+
+    def _recorded_spec(self, proc: SessionProcess) -> str | None:
+        for lane in proc.session.store.lanes():
+            spec = recorded_provider_spec(proc.session, lane)
+            if spec is not None:
+                return spec
+        return None
+
+    def _on_event(self, proc: SessionProcess, event: Event) -> None:
+        etype = event.get("type")
+        if etype == "run_start":
+            proc.running.add(str(event.get("lane")))
+        elif etype == "run_end":
+            proc.running.discard(str(event.get("lane")))
+        proc.publish(event)
+        if proc.record.state in LIVE:
+            self._move(proc, "running" if proc.running else "idle")
+
+    async def close(self, session_id: str) -> SessionRecord:
+        """Close a session: abort its running turns (cooperatively), give them
+        ``options.close_grace`` seconds, kill the tool process groups still running, then
+        release the lease. The record and transcript are kept. Idempotent.
+
+        Raises:
+            SessionLive: another process holds the session.
+        """
+        proc = self._procs.get(self._check_id(session_id))
+        if proc is None:
+            return await self._close_stored(session_id)
+        if proc.record.state != "closing":
+            self._write(proc, "closing")
+            harness = proc.harness
+            with anyio.move_on_after(self.options.close_grace):
+                for lane in sorted(proc.running):
+                    if harness is not None:
+                        try:
+                            await harness.abort(lane=lane)
+                        except NoOpenRun:
+                            pass
+            self._kill_tool_groups(proc)
+            proc.scope.cancel()
+        await proc.stopped.wait()
+        return proc.record
+
+    def _kill_tool_groups(self, proc: SessionProcess) -> None:
+        """SIGKILL the process groups of tool calls still in doubt in this generation."""
+        harness = proc.harness
+        if harness is None:
+            return
+        for lane in proc.session.store.lanes():
+            run = harness.load_run(lane)
+            for call in run.tool_calls if run is not None else []:
+                process = call.process or {}
+                if call.status == "in_doubt" and isinstance(process.get("pgid"), int):
+                    start = process.get("startTime")
+                    kill_group(process["pgid"], start if isinstance(start, int) else None)
+
+    async def _close_stored(self, session_id: str) -> SessionRecord:
+        """Close a session no generation of this process runs: write ``closed`` under its
+        lease (a suspended or failed session), or nothing when it is closed already."""
+        async with self._lock:
+            rec = await self._read(session_id)
+            if rec.state == "closed":
+                return rec
+            if rec.state in LIVE or rec.state == "creating":
+                raise SessionLive(
+                    f"session {session_id} is held by another live process; close it there",
+                    session_id=session_id,
+                )
+            lifecycle.check(rec.id, rec.state, "closed")
+            try:
+                store = self.store.open_session(session_id, write=True, durability=rec.mode)
+            except LeaseHeld as exc:
+                raise SessionLive(exc.message, session_id=session_id) from exc
+            with store:
+                rec.generation = store.generation
+                store.commit([RecordOp(lifecycle_record(rec, "closed"))])
+            return await self._read(session_id)
+
+    async def forget(self, session_id: str) -> None:
+        """Delete a closed session (its record and transcript) for good.
+
+        Raises:
+            SessionLive: the session is live (here or elsewhere): close it first.
+            IllegalTransition: the session is not closed (suspended or failed: close it).
+        """
+        async with self._lock:
+            if self._check_id(session_id) in self._procs:
+                raise SessionLive(
+                    f"session {session_id} is live; close it before forgetting it",
+                    session_id=session_id,
+                )
+            rec = await self._read(session_id)
+            if rec.state in LIVE or rec.state == "creating":
+                raise SessionLive(
+                    f"session {session_id} is held by another live process",
+                    session_id=session_id,
+                )
+            if rec.state != "closed":
+                raise IllegalTransition(
+                    f"session {session_id} is {rec.state}: only a closed session can be "
+                    "forgotten; close it first",
+                    session_id=session_id,
+                    **{"from": rec.state, "to": "forgotten"},
+                )
+            try:
+                self.store.delete_session(session_id)
+            except LeaseHeld as exc:
+                raise SessionLive(exc.message, session_id=session_id) from exc
+            self._plans.pop(session_id, None)
+            if rec.client_key:
+                self._keys.pop(rec.client_key, None)
+
+    # -- the agent verbs --------------------------------------------------------------------
+
+    def _live(self, session_id: str) -> SessionProcess:
+        proc = self._procs.get(self._check_id(session_id))
+        if proc is None or proc.harness is None or proc.record.state not in LIVE:
+            raise SessionNotLive(
+                f"session {session_id} has no live generation here; resume it first",
+                session_id=session_id,
+            )
+        return proc
+
+    def check_message(self, message: str) -> None:
+        """Refuse an empty message or one over ``options.max_message_bytes``.
+
+        Raises:
+            InvalidRequest, MessageTooLarge.
+        """
+        if not message.strip():
+            raise InvalidRequest("the message is empty")
+        size = len(message.encode("utf-8", "surrogatepass"))
+        if size > self.options.max_message_bytes:
+            raise MessageTooLarge(
+                f"the message is {size} bytes; the limit is {self.options.max_message_bytes}",
+                size=size,
+                limit=self.options.max_message_bytes,
+            )
+
+    async def send(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        mode: SendMode = "prompt",
+        lane: str = "main",
+        client_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Send a message: ``prompt`` starts a run, ``steer``/``follow_up`` queue into the
+        running one. Returns once the input is durable: ``{"mode", "lane", "run_id"}`` or
+        ``{"mode", "lane", "item_id"}``, plus ``"duplicate": true`` when ``client_key``
+        was accepted before (nothing is sent twice).
+
+        Raises:
+            SessionNotLive, InvalidRequest, MessageTooLarge, RunInProgress (a prompt while a
+            run is open on the lane), NoOpenRun (a steer with no run), LaneSuspended.
+        """
+        self.check_message(message)
+        if mode not in ("prompt", "steer", "follow_up"):
+            raise InvalidRequest(f"mode {mode!r} is not prompt, steer or follow_up")
+        proc = self._live(session_id)
+        harness = proc.harness
+        assert harness is not None
+        if client_key is not None:
+            prior = harness.accepted(client_key, lane)
+            if prior is not None:
+                return _acceptance(prior, lane, duplicate=True)
+        if mode == "prompt":
+            if proc.accepting or lane in proc.running:
+                raise RunInProgress(
+                    f"lane {lane!r} of session {session_id} is running a turn; steer it, "
+                    "or wait for it to finish",
+                    lane=lane,
+                )
+            proc.accepting = True
+            try:
+                handle = await harness.prompt(message, lane=lane, client_key=client_key)
+            finally:
+                proc.accepting = False
+            proc.running.add(lane)
+            self._move(proc, "running")
+            return {"mode": mode, "lane": lane, "run_id": handle.run_id}
+        verb = harness.steer if mode == "steer" else harness.follow_up
+        item_id = await verb(message, lane=lane, client_key=client_key)
+        return {"mode": mode, "lane": lane, "item_id": item_id}
+
+    async def abort(self, session_id: str, lane: str = "main") -> dict[str, Any]:
+        """Abort the lane's running run (``abort_requested`` durable first); returns
+        ``{"lane", "returned"}``: the steer and follow-up messages handed back.
+
+        Raises:
+            SessionNotLive, NoOpenRun.
+        """
+        proc = self._live(session_id)
+        assert proc.harness is not None
+        returned = await proc.harness.abort(lane=lane)
+        return {"lane": lane, "returned": returned}
+
+    async def status(self, session_id: str) -> dict[str, Any]:
+        """``{"id", "state", "generation", "lanes", "plan", "port"}``: ``lanes`` lists each
+        lane's ``lane``, ``leaf``, ``run_id`` and ``live``; ``plan`` is the recovery plan
+        (``durable-harness recover --json``) when suspended, else ``None``."""
+        proc = self._procs.get(self._check_id(session_id))
+        if proc is not None:
+            return _status(proc.record, proc.session.store, proc.running, None, proc.port)
+        rec = await self._read(session_id)
+        with self._open_read(session_id) as store:
+            plan = self._plans.get(session_id) if rec.state == "suspended" else None
+            return _status(rec, store, set(), plan, None)
+
+    def _reader(self, session_id: str) -> tuple[SessionStore, bool]:
+        proc = self._procs.get(self._check_id(session_id))
+        if proc is not None:
+            return proc.session.store, False
+        return self._open_read(session_id), True
+
+    def messages(
+        self, session_id: str, *, lane: str = "main", offset: int = 0, limit: int = 100
+    ) -> dict[str, Any]:
+        """A page of the lane's transcript (the entries from the root to its leaf):
+        ``{"lane", "total", "offset", "limit", "entries"}``."""
+        store, owned = self._reader(session_id)
+        try:
+            session = Session(store)
+            path = session.path(session.leaf(lane))
+        finally:
+            if owned:
+                store.close()
+        return {
+            "lane": lane,
+            "total": len(path),
+            "offset": offset,
+            "limit": limit,
+            "entries": path[offset : offset + limit],
+        }
+
+    def log(
+        self, session_id: str, *, lane: str | None = None, since_seq: int = 0, limit: int = 100
+    ) -> dict[str, Any]:
+        """A page of the operation log: ``{"records", "next_since_seq"}`` (records with a
+        ``seq`` above ``since_seq``; ``next_since_seq`` is ``None`` on the last page)."""
+        store, owned = self._reader(session_id)
+        try:
+            records = store.records(lane, since_seq=since_seq)
+        finally:
+            if owned:
+                store.close()
+        page = records[:limit]
+        more = len(records) > limit
+        return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
+
+    def listen(self, session_id: str) -> Any:
+        """The live generation's event stream (see :meth:`SessionProcess.listen`).
+
+        Raises:
+            SessionNotLive.
+        """
+        return self._live(session_id).listen()
+
+
+def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:
+    if rec.get("type") == "run_started":
+        out = {"mode": "prompt", "lane": lane, "run_id": rec.get("runId")}
+    else:
+        out = {"mode": rec.get("queue", "write"), "lane": lane, "item_id": rec.get("itemId")}
+    out["duplicate"] = duplicate
+    return out
+
+
+def _status(
+    rec: SessionRecord,
+    store: SessionStore,
+    running: set[str],
+    plan: RecoveryPlan | None,
+    port: int | None,
+) -> dict[str, Any]:
+    lanes = [
+        {"lane": name, "leaf": lane.leaf_id, "run_id": lane.run_id, "live": name in running}
+        for name, lane in sorted(store.lanes().items())
+    ]
+    return {
+        "id": rec.id,
+        "state": rec.state,
+        "generation": rec.generation,
+        "lanes": lanes,
+        "plan": plan.to_json() if plan is not None else None,
+        "port": port,
+        "last_error": rec.last_error,
+    }
+
+
+def _record_decisions(store: SessionStore, recovery: Recovery) -> None:
+    """Write the given decisions as ``decision`` records (the plan reads recorded decisions
+    back from the log, so a decision given while others are still missing is kept)."""
+    from durable_harness.harness.records import record
+
+    ops: list[RecordOp] = []
+    for lane_plan in recovery.plan.lanes:
+        for call in lane_plan.tool_calls:
+            decision = recovery.decisions.get(call.call_key)
+            if decision is None or lane_plan.run_id is None:
+                continue
+            ops.append(
+                RecordOp(
+                    record(
+                        "decision",
+                        lane_plan.lane,
+                        lane_plan.run_id,
+                        toolCallId=call.tool_call_id,
+                        callKey=call.call_key,
+                        decision=decision.get("decision"),
+                        result=decision.get("result"),
+                    )
+                )
+            )
+    if ops:
+        store.commit(list(ops))

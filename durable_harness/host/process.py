@@ -1,0 +1,83 @@
+"""A session process: one runtime generation of a session (``design/host.md``).
+
+Everything process-bound lives here and nowhere else: the open writable session (and so the
+writer lease), the :class:`~durable_harness.harness.harness.Harness` and its task group, the
+cancel scope that ends the generation, the turn lock, the event listeners, the control port.
+None of it is persisted; the :class:`~durable_harness.host.record.SessionRecord` is.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from durable_harness.harness.core import Event
+from durable_harness.harness.harness import Harness
+from durable_harness.host.record import SessionRecord
+from durable_harness.session.session import Session
+
+#: Events a listener may fall behind by before it is dropped (its stream ends).
+LISTENER_BUFFER = 1024
+
+
+class SessionProcess:
+    """One runtime generation of one session.
+
+    Attributes:
+        record: the session's record (shared with the manager; its ``state`` is kept current).
+        session: the session, open for writing (this generation holds its writer lease).
+        harness: the harness driving its runs (set once the generation is up).
+        generation: the writer lease's fencing generation.
+        port: the loopback control port, or ``None`` (runtime state, never persisted).
+    """
+
+    def __init__(self, record: SessionRecord, session: Session) -> None:
+        self.record = record
+        self.session = session
+        self.harness: Harness | None = None
+        self.generation = session.store.generation
+        self.port: int | None = None
+        self.scope = anyio.CancelScope()
+        self.stopped = anyio.Event()
+        self.accepting = False  # the turn lock: a prompt is being accepted
+        self.running: set[str] = set()  # lanes with a live run (from the harness's events)
+        self._listeners: list[MemoryObjectSendStream[dict[str, Any]]] = []
+        self._event_ids = itertools.count(1)
+        self._observers: list[Callable[[Event], None]] = []
+
+    def observe(self, callback: Callable[[Event], None]) -> None:
+        """Call ``callback(event)`` for every harness and lifecycle event of this generation."""
+        self._observers.append(callback)
+
+    def publish(self, event: Event) -> None:
+        """Number ``event`` (``eventId``, rising per generation) and hand it to every observer
+        and listener; a listener more than :data:`LISTENER_BUFFER` events behind is dropped."""
+        event = {**event, "eventId": next(self._event_ids), "generation": self.generation}
+        for callback in list(self._observers):
+            callback(event)
+        for stream in list(self._listeners):
+            try:
+                stream.send_nowait(event)
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._listeners.remove(stream)
+                stream.close()
+
+    def listen(self) -> MemoryObjectReceiveStream[dict[str, Any]]:
+        """A stream of this generation's events from now on, in order; it ends when the
+        generation stops (or the reader falls too far behind)."""
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](LISTENER_BUFFER)
+        if self.stopped.is_set():
+            send.close()
+        else:
+            self._listeners.append(send)
+        return receive
+
+    def end_listeners(self) -> None:
+        """Close every listener's stream (the generation stopped)."""
+        for stream in self._listeners:
+            stream.close()
+        self._listeners.clear()

@@ -1,0 +1,122 @@
+"""The session record: a session's durable facts as the host sees them (``design/host.md``).
+
+Nothing here is process-bound. The record is derived from what the session itself stores, so
+every backend holds it with no table of its own, and a session the CLI created reads as one
+too:
+
+- the header (id, working directory);
+- the last ``session_lifecycle`` record in lane ``main`` (state, generation, mode, command
+  runtime, provider spec, last error, creation key), written by the generation that held
+  the writer lease;
+- the lane logs: a lane with an open run makes a stored ``idle`` read ``running`` (the
+  ``run_started`` record is that observation, so no extra commit is made per run);
+- the lease: whether a live process holds it (:func:`~durable_harness.host.lifecycle.reconciled`).
+
+A session without any lifecycle record (made by ``durable-harness run``, which closes it on
+exit) reads ``closed``, or ``running`` when a run is open (the CLI process died mid-run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, cast
+
+from durable_harness.harness.records import record
+from durable_harness.host.lifecycle import State, reconciled
+from durable_harness.storage.base import Durability, SessionStore
+
+CommandRuntime = Literal["pipe", "pty"]
+"""How the bash tool runs commands (``design/providers-and-tools.md``)."""
+
+
+@dataclass
+class SessionRecord:
+    """A session's durable facts (never a task, socket, lock or client).
+
+    Attributes:
+        id: the session id (UUIDv7 for sessions created here).
+        cwd: the working directory its tools run in (absolute).
+        mode: the durability mode of its commits (``sync``, ``batch``, ``none``).
+        store: the store spec (``jsonl:DIR``, ``sqlite:PATH``).
+        transcript: where its tree and logs live (a file path or ``sqlite:PATH#id``).
+        generation: the runtime generation (writer-lease fencing generation) of the last
+            generation that wrote a lifecycle record (0: never served by a host).
+        state: the lifecycle state (:data:`~durable_harness.host.lifecycle.State`).
+        last_error: why the last generation failed, or ``None``.
+        command_runtime: ``pipe`` or ``pty``, re-chosen from here on every resume.
+        provider: the provider spec new runs use (``None``: the host's default).
+        client_key: the ``Idempotency-Key`` the session was created with, if any.
+    """
+
+    id: str
+    cwd: str
+    mode: Durability = "sync"
+    store: str = ""
+    transcript: str = ""
+    generation: int = 0
+    state: State = "closed"
+    last_error: str | None = None
+    command_runtime: CommandRuntime = "pipe"
+    provider: str | None = None
+    client_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object (the HTTP API's session resource)."""
+        return asdict(self)
+
+
+def read_record(store: SessionStore, spec: str, *, owner_alive: bool) -> SessionRecord:
+    """Derive the :class:`SessionRecord` of an open session (read-only or writable).
+
+    ``owner_alive``: whether a live process holds the writer lease (this one included); when
+    not, a stored live state reads as its reconciled state (``suspended`` or ``closed``).
+
+    Raises:
+        StorageError: the session cannot be read.
+    """
+    last: dict[str, Any] | None = None
+    key: str | None = None
+    for rec in store.records("main", types=("session_lifecycle",)):
+        last = rec
+        if key is None and rec.get("clientKey"):
+            key = str(rec["clientKey"])
+    open_run = any(lane.run_id is not None for lane in store.lanes().values())
+    if last is None:
+        stored: State = "running" if open_run else "closed"
+    else:
+        stored = cast(State, last.get("state", "closed"))
+        if stored == "idle" and open_run:
+            stored = "running"
+    rec_fields = last or {}
+    return SessionRecord(
+        id=store.session_id,
+        cwd=str(store.header.get("cwd") or ""),
+        mode=cast(Durability, rec_fields.get("mode") or store.durability),
+        store=spec,
+        transcript=store.location,
+        generation=int(rec_fields.get("generation") or 0),
+        state=reconciled(stored, owner_alive),
+        last_error=rec_fields.get("error"),
+        command_runtime=cast(CommandRuntime, rec_fields.get("commandRuntime") or "pipe"),
+        provider=rec_fields.get("providerSpec"),
+        client_key=key,
+    )
+
+
+def lifecycle_record(
+    rec: SessionRecord, state: State, *, error: str | None = None, client_key: str | None = None
+) -> dict[str, Any]:
+    """Build the ``session_lifecycle`` record that makes ``state`` durable for ``rec``'s
+    current generation (declared in :mod:`durable_harness.models.records`)."""
+    fields: dict[str, Any] = {
+        "state": state,
+        "generation": rec.generation,
+        "mode": rec.mode,
+        "commandRuntime": rec.command_runtime,
+        "providerSpec": rec.provider,
+    }
+    if error is not None:
+        fields["error"] = error
+    if client_key is not None:
+        fields["clientKey"] = client_key
+    return record("session_lifecycle", "main", None, **fields)
