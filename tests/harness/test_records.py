@@ -98,9 +98,10 @@ def test_the_fold_reads_only_declared_fields() -> None:
 def test_storage_names_no_harness_field() -> None:
     """Storage's code holds no record field name beyond the envelope; the few names that
     entries and catalogue rows share with records (a message's ``usage``, a toolResult's
-    ``toolCallId``, a model change's ``provider``, a listing row's ``error``) are theirs
-    there."""
+    ``toolCallId``, a model change's ``provider``, a listing row's ``error``, the lease file's
+    ``generation``, which a ``session_lifecycle`` record repeats) are theirs there."""
     shared = {"message", "usage", "provider", "model", "arguments", "type", "toolCallId", "error"}
+    shared |= {"generation"}
     harness_only = ALL_FIELDS - ENVELOPE_FIELDS - shared
     found = []
     for path in sorted((PACKAGE / "storage").rglob("*.py")):
