@@ -491,6 +491,7 @@ class SessionManager:
             proc.running.add(str(event.get("lane")))
         elif etype == "run_end":
             proc.running.discard(str(event.get("lane")))
+            proc.ended.append(str(event.get("runId")))
         proc.publish(event)
         if proc.record.state in LIVE:
             self._move(proc, "running" if proc.running else "idle")
@@ -657,8 +658,9 @@ class SessionManager:
                 handle = await harness.prompt(message, lane=lane, client_key=client_key)
             finally:
                 proc.accepting = False
-            proc.running.add(lane)
-            self._move(proc, "running")
+            if handle.run_id not in proc.ended:  # it may have finished while being accepted
+                proc.running.add(lane)
+                self._move(proc, "running")
             return {"mode": mode, "lane": lane, "run_id": handle.run_id}
         verb = harness.steer if mode == "steer" else harness.follow_up
         item_id = await verb(message, lane=lane, client_key=client_key)

@@ -9,6 +9,7 @@ None of it is persisted; the :class:`~durable_harness.host.record.SessionRecord`
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ class SessionProcess:
         self.stopped = anyio.Event()
         self.accepting = False  # the turn lock: a prompt is being accepted
         self.running: set[str] = set()  # lanes with a live run (from the harness's events)
+        self.ended: deque[str] = deque(maxlen=64)  # ids of the runs that ended last
         self._listeners: list[MemoryObjectSendStream[dict[str, Any]]] = []
         self._event_ids = itertools.count(1)
         self._observers: list[Callable[[Event], None]] = []

@@ -376,3 +376,20 @@ async def test_a_plan_without_decisions_is_resumed_at_start_up(tmp_path: Path) -
         await m.close(sid)
     (finished,) = records(spec, sid, "run_finished")
     assert finished["outcome"] == "completed"
+
+
+@pytest.mark.parametrize("mode", ["sync", "batch", "none"])
+async def test_a_run_that_ends_while_being_accepted_leaves_the_session_idle(
+    tmp_path: Path, mode: str
+) -> None:
+    """In ``batch`` mode the prompt's barrier yields to a thread, so a scripted run may start
+    and end before ``send`` returns: the session must still read ``idle`` afterwards."""
+    spec = f"jsonl:{tmp_path / 'store'}"
+    provider = script(tmp_path, [{"text": "quick"}])
+    async with SessionManager(spec, HostOptions(provider=provider)) as m:
+        rec = await m.create(workdir(tmp_path), mode=mode)
+        for n in range(5):
+            await m.send(rec.id, f"prompt {n}")
+            await state_is(m, rec.id, "idle")
+        await m.close(rec.id)
+    assert len(records(spec, rec.id, "run_finished")) == 5
