@@ -1,19 +1,16 @@
-"""The SQLite backend: many sessions in one database file (stdlib ``sqlite3``, WAL mode).
+"""One session inside a SQLite database (:class:`SqliteSessionStore`): reads, and commits as
+``BEGIN IMMEDIATE`` transactions fenced by the session's lease generation.
 
-A commit is one ``BEGIN IMMEDIATE`` transaction that first checks the session's fencing
-generation, then inserts entries and records, updates lanes and ``last_seq``. A session's
-connection runs ``PRAGMA synchronous=NORMAL`` (``OFF`` for ``none``) and the store fsyncs the WAL
-itself: at once for a waited commit, at the next barrier for ``commit(wait=False)``. ``batch`` is
-group commit: commits that arrive while a transaction runs are applied together in the next one;
-a call that fails is rolled back alone (the group is rerun with a savepoint per call).
+A commit first checks the session's fencing generation, then inserts entries and records,
+updates lanes and ``last_seq``. A session's connection runs ``PRAGMA synchronous=NORMAL``
+(``OFF`` for ``none``) and the store fsyncs the WAL itself: at once for a waited commit, at the
+next barrier for ``commit(wait=False)``. ``batch`` is group commit: commits that arrive while a
+transaction runs are applied together in the next one; a call that fails is rolled back alone
+(the group is rerun with a savepoint per call).
 
 Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
 high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
 scan runs the first time ``damage`` is read (``design/storage.md``, "Every damage kind").
-
-Schema changes are an ordered list, :data:`MIGRATIONS`, applied past the highest version in
-the ``migrations`` table, each in the same transaction as its version row. An old entry is never
-edited.
 """
 
 from __future__ import annotations
@@ -21,27 +18,20 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import (
     IdConflict,
     InvalidOp,
-    NotAStore,
     ReadOnlySession,
-    SessionExists,
     SessionNotFound,
     StaleGeneration,
-    StoreNotFound,
     UnknownEntry,
 )
-from durable_harness.ids import now_iso, uuid7
+from durable_harness.ids import now_iso
 from durable_harness.storage import codec
 from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
 from durable_harness.storage.base import (
-    CwdMatcher,
     Durability,
     EntryOp,
     LaneOp,
@@ -49,129 +39,16 @@ from durable_harness.storage.base import (
     Op,
     PendingCommit,
     RecordOp,
-    SessionInfo,
     SessionStore,
-    Store,
-    continuity_damage,
-    damage,
     queued_commit,
-    unreadable_error,
 )
 from durable_harness.storage.lease import FileLease
-from durable_harness.storage.oserrors import busy_timeout_s
-from durable_harness.storage.private import make_private_dirs, private_fd, tighten_path
-from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
-
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE sessions (
-        id TEXT PRIMARY KEY, cwd TEXT NOT NULL, created TEXT NOT NULL, modified TEXT NOT NULL,
-        header BLOB NOT NULL, last_seq INTEGER NOT NULL DEFAULT 0,
-        generation INTEGER NOT NULL DEFAULT 0, name TEXT, parent_session TEXT);
-    CREATE INDEX sessions_cwd ON sessions (cwd, modified);
-    CREATE TABLE entries (
-        session_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, parent_id TEXT,
-        type TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session_id, id)) WITHOUT ROWID;
-    CREATE UNIQUE INDEX entries_seq ON entries (session_id, seq);
-    CREATE TABLE records (
-        session_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT,
-        run_id TEXT, type TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session_id, id))
-        WITHOUT ROWID;
-    CREATE UNIQUE INDEX records_seq ON records (session_id, seq);
-    CREATE INDEX records_lane ON records (session_id, lane, seq);
-    CREATE TABLE lanes (
-        session_id TEXT NOT NULL, name TEXT NOT NULL, leaf_id TEXT, config BLOB NOT NULL,
-        run_id TEXT, run_seq INTEGER, PRIMARY KEY (session_id, name)) WITHOUT ROWID;
-    """,
-    # 2: every seq is stored in a row, so a deleted row shows as a gap below ``last_seq`` (the
-    # durable high-water mark): a lane op gets a row of its own. Seqs a session used before
-    # this migration cannot be checked (its lane ops have no rows): ``checked_from`` says where
-    # continuity checking starts.
-    """
-    CREATE TABLE lane_ops (
-        session_id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT NOT NULL, body BLOB NOT NULL,
-        PRIMARY KEY (session_id, seq)) WITHOUT ROWID;
-    ALTER TABLE sessions ADD COLUMN checked_from INTEGER NOT NULL DEFAULT 0;
-    UPDATE sessions SET checked_from = last_seq;
-    """,
-]
-
+from durable_harness.storage.shapes import op_shape_error
+from durable_harness.storage.sqlite import connection
+from durable_harness.storage.sqlite.connection import rollback, schema_version
+from durable_harness.storage.sqlite.scan import bad_row, row_problem, scan_session
 
 RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
-
-
-def _connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s()
-    )
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA foreign_keys=OFF")
-    return conn
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back the open transaction while an error is being handled. SQLite may already have
-    rolled it back (it does on a full disk or an I/O error): then there is nothing to do, and a
-    failing ROLLBACK must never replace the error that caused it."""
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
-
-
-def connect_read_only(path: str) -> sqlite3.Connection:
-    """A connection that can change nothing (``mode=ro``), for ``fsck``: no migration, no
-    journal-mode change, nothing created.
-
-    Raises:
-        NotAStore: ``path`` is a readable SQLite database without the durable-harness tables.
-        sqlite3.Error: ``path`` cannot be read as a SQLite database (damaged, or not one).
-    """
-    conn = sqlite3.connect(
-        f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
-    )
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except BaseException:
-        conn.close()
-        raise
-    if not {"sessions", "entries", "records", "lanes"} <= tables:
-        conn.close()
-        raise NotAStore(f"{path} is a SQLite database, but not a durable-harness store", path=path)
-    return conn
-
-
-def schema_version(conn: sqlite3.Connection) -> int:
-    """The highest migration applied to the database (0 before the first)."""
-    try:
-        return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0])
-    except sqlite3.OperationalError:
-        return 0
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied TEXT NOT NULL)"
-    )
-    done = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
-    for version, script in enumerate(MIGRATIONS, start=1):
-        if version <= done:
-            continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.execute("SELECT 1 FROM migrations WHERE version=?", (version,)).fetchone():
-                conn.execute("ROLLBACK")
-                continue
-            for stmt in script.split(";"):
-                if stmt.strip():
-                    conn.execute(stmt)
-            conn.execute("INSERT INTO migrations VALUES (?, ?)", (version, now_iso()))
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
 
 
 class SqliteSessionStore(SessionStore):
@@ -214,7 +91,9 @@ class SqliteSessionStore(SessionStore):
         # Session commits do not let SQLite fsync (NORMAL: no WAL sync at commit); this store
         # fsyncs the WAL itself, at once for a waited commit and at the next barrier for
         # commit(wait=False), as the JSONL backend does (see _sync_wal).
-        self._conn = conn or _connect(db_path, "OFF" if durability == "none" else "NORMAL")
+        self._conn = conn or connection.connect(
+            db_path, "OFF" if durability == "none" else "NORMAL"
+        )
         self._schema = schema_version(self._conn)
         self._wal_fd: int | None = None
         self._trace: BarrierTrace | None = None  # power-cut tests only (storage/barrier_trace.py)
@@ -335,7 +214,7 @@ class SqliteSessionStore(SessionStore):
                     self._set_last_seq(seq)
                     self._commit_txn()
                 except BaseException:
-                    _rollback(self._conn)
+                    rollback(self._conn)
                     raise
                 self._after_commit(wait)
                 return seq
@@ -425,7 +304,7 @@ class SqliteSessionStore(SessionStore):
             self._set_last_seq(seq)
             self._commit_txn()
         except StaleGeneration as exc:
-            _rollback(c)
+            rollback(c)
             for item in batch:
                 item.error, item.done = exc, True
             return True
@@ -551,9 +430,9 @@ class SqliteSessionStore(SessionStore):
     def _decode(self, table: str, ident: str, seq: int, body: bytes) -> dict[str, Any] | None:
         """Decode a stored entry or record body; a damaged one is reported in ``damage`` (kind
         ``bad_row``, with its table, id and seq) and left out, never raised."""
-        value, problem = _row_problem(table, ident, seq, body)
+        value, problem = row_problem(table, ident, seq, body)
         if problem is not None:
-            item = _bad_row(self.location, table, ident, seq, problem)
+            item = bad_row(self.location, table, ident, seq, problem)
             with self._lock:
                 if item not in self.damage:
                     self.damage.append(item)
@@ -575,90 +454,10 @@ class SqliteSessionStore(SessionStore):
         self._damage = value
 
     def scan(self) -> list[dict[str, Any]]:
-        """Check the whole session; return its damage, raising nothing on stored content.
-
-        * every entry and record row is decoded and shape-checked (``storage/shapes.py``), and
-          its body must name the row's own id and seq: else ``bad_row`` (``table``, ``id``,
-          ``seq``);
-        * every seq from ``checked_from`` + 1 to the session row's ``last_seq`` (the durable
-          high-water mark, updated in the commit's own transaction) must be stored in exactly
-          one row of ``entries``, ``records`` or ``lane_ops``: a hole is ``seq_gap`` (naming
-          the row after it), missing last seqs are ``truncated`` (``expected``, ``found``), a
-          seq in two rows is ``seq_regression``;
-        * an entry whose parent is missing is ``orphan_parent``.
-        """
-        c, sid = self._conn, self.session_id
-        out: list[dict[str, Any]] = []
-        with self._lock, _read_snapshot(c):  # one snapshot: a writer's commit cannot split it
-            head = c.execute(
-                "SELECT last_seq"
-                + (", checked_from" if self._schema >= 2 else "")
-                + " FROM sessions WHERE id=?",
-                (sid,),
-            ).fetchone()
-            last_seq = int(head[0])
-            start = int(head[1]) if self._schema >= 2 else last_seq
-            stored: list[tuple[int, str, str]] = []
-            parents: list[tuple[int, str, str]] = []
-            for rid, seq, parent, body in c.execute(
-                "SELECT id, seq, parent_id, body FROM entries WHERE session_id=?", (sid,)
-            ):
-                stored.append((seq, "entries", rid))
-                if parent is not None:
-                    parents.append((seq, rid, parent))
-                problem = _row_problem("entries", rid, seq, body)[1]
-                if problem is not None:
-                    out.append(_bad_row(self.location, "entries", rid, seq, problem))
-            entry_ids = {rid for _seq, _table, rid in stored}
-            for rid, seq, body in c.execute(
-                "SELECT id, seq, body FROM records WHERE session_id=?", (sid,)
-            ):
-                stored.append((seq, "records", rid))
-                problem = _row_problem("records", rid, seq, body)[1]
-                if problem is not None:
-                    out.append(_bad_row(self.location, "records", rid, seq, problem))
-            if self._schema >= 2:
-                stored.extend(
-                    (seq, "lane_ops", lane)
-                    for seq, lane in c.execute(
-                        "SELECT seq, lane FROM lane_ops WHERE session_id=?", (sid,)
-                    )
-                )
-            for seq, eid, parent in sorted(parents):
-                if parent in entry_ids:
-                    continue
-                out.append(
-                    damage(
-                        "orphan_parent",
-                        f"entry {eid} of {self.location} names parent {parent}, which is missing",
-                        table="entries",
-                        id=eid,
-                        seq=seq,
-                        parentId=parent,
-                    )
-                )
-        stored.sort()
-        checked: list[tuple[int, dict[str, Any]]] = []
-        for i, (seq, table, rid) in enumerate(stored):
-            if i and stored[i - 1][0] == seq:
-                out.append(
-                    damage(
-                        "seq_regression",
-                        f"seq {seq} is stored twice ({stored[i - 1][1]} and {table})",
-                        table=table,
-                        id=rid,
-                        seq=seq,
-                    )
-                )
-            elif seq > start:
-                key = "lane" if table == "lane_ops" else "id"
-                checked.append((seq, {"table": table, key: rid}))
-        out.extend(
-            continuity_damage(
-                checked, start, last_seq, {"table": "sessions", "id": sid, "seq": last_seq}
-            )
-        )
-        return out
+        """Check the whole session; return its damage, raising nothing on stored content (the
+        checks: :func:`~.scan.scan_session`)."""
+        with self._lock:
+            return scan_session(self._conn, self.session_id, self.location, self._schema)
 
     def _exists(self, entry_id: str) -> bool:
         row = self._conn.execute(
@@ -792,218 +591,3 @@ class SqliteSessionStore(SessionStore):
         if self._lease is not None:
             self._lease.release()
             self._lease = None
-
-
-@contextmanager
-def _read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
-    """Run the reads inside one read transaction (WAL: one consistent snapshot); inside a
-    transaction already open, in that one."""
-    if conn.in_transaction:
-        yield
-        return
-    conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        conn.execute("ROLLBACK")
-
-
-def _row_problem(
-    table: str, ident: str, seq: int, body: bytes
-) -> tuple[dict[str, Any] | None, str | None]:
-    """Decode one stored body: ``(value, None)``, or ``(None, why it is damaged)``."""
-    try:
-        value = codec.loads(body)
-    except ValueError as exc:
-        return None, f"not JSON: {exc}"
-    if not isinstance(value, dict):
-        return None, "not an object"
-    problem = entry_shape_error(value) if table == "entries" else record_shape_error(value)
-    if problem is None and (value.get("id") != ident or value.get("seq") != seq):
-        problem = (
-            f"the body names id {value.get('id')!r} seq {value.get('seq')!r}, the row id "
-            f"{ident!r} seq {seq}"
-        )
-    return (None, problem) if problem is not None else (dict(value), None)
-
-
-def _bad_row(location: str, table: str, ident: str, seq: int, problem: str) -> dict[str, Any]:
-    what = "entry" if table == "entries" else "record"
-    return damage(
-        "bad_row",
-        f"{what} {ident} (seq {seq}) of {location}: {problem}; left out",
-        table=table,
-        id=ident,
-        seq=seq,
-    )
-
-
-class SqliteStore(Store):
-    """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
-
-    Raises:
-        SessionUnreadable: the database file exists but cannot be read.
-    """
-
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
-        """Open the store at ``path``; with ``create`` (the default) make the database, its
-        folder and its lock folder if missing. ``create=False`` (read-only commands) touches
-        nothing on disk that is not already there.
-
-        Raises:
-            StoreNotFound: ``create=False`` and no database is at ``path``, or the file there
-                is not a durable-harness store.
-        """
-        self.path = str(Path(path).expanduser())
-        self.spec = f"sqlite:{self.path}"
-        self._locks = self.path + ".locks"
-        if os.path.exists(self.path):
-            try:  # SQLite would say only "unable to open database file"
-                os.close(os.open(self.path, os.O_RDONLY))
-            except OSError as exc:
-                raise unreadable_error(self.path, exc) from exc
-        if not create:
-            if self._check_exists() >= len(MIGRATIONS):
-                return  # up to date: a reader writes nothing (and may lack the right to)
-        else:
-            make_private_dirs(os.path.dirname(self.path) or ".")
-            if not os.path.exists(self.path):
-                try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                    private_fd(fd)
-                    os.close(fd)
-                except FileExistsError:
-                    pass
-            for name in (self.path, self.path + "-wal", self.path + "-shm"):
-                tighten_path(name)  # SQLite gives -wal and -shm the database file's mode
-            make_private_dirs(self._locks)
-        conn = _connect(self.path)
-        try:
-            _migrate(conn)
-        finally:
-            conn.close()
-
-    def _check_exists(self) -> int:
-        """For ``create=False``: the database must exist and hold our ``migrations`` table;
-        return its schema version."""
-        if not os.path.isfile(self.path):
-            raise StoreNotFound(
-                f"no such store: {self.path} does not exist (nothing was created)",
-                path=self.path,
-            )
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=busy_timeout_s())
-        try:
-            found = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='migrations'"
-            ).fetchone()
-            if found is None:
-                raise StoreNotFound(
-                    f"no such store: {self.path} is not a durable-harness store", path=self.path
-                )
-            return int(
-                conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
-            )
-        finally:
-            conn.close()
-
-    def _lease(self, sid: str) -> FileLease:
-        os.makedirs(self._locks, exist_ok=True, mode=0o700)
-        return FileLease(os.path.join(self._locks, f"{sid}.lock"), f"session {sid} in {self.path}")
-
-    def create_session(
-        self,
-        cwd: str,
-        *,
-        session_id: str | None = None,
-        parent_session: str | None = None,
-        header_extra: dict[str, Any] | None = None,
-        durability: Durability = "sync",
-    ) -> SessionStore:
-        sid = session_id or uuid7()
-        ts = now_iso()
-        header: dict[str, Any] = {
-            "type": "session",
-            "version": 3,
-            "format": "durable-harness/1",
-            "id": sid,
-            "timestamp": ts,
-            "cwd": cwd,
-        }
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
-        conn = _connect(self.path)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.execute(
-                    "INSERT INTO sessions (id, cwd, created, modified, header, "
-                    "parent_session) VALUES (?,?,?,?,?,?)",
-                    (sid, cwd, ts, ts, codec.dumps(header), parent_session),
-                )
-                conn.execute(
-                    "INSERT INTO lanes (session_id, name, config) VALUES (?, 'main', '{}')", (sid,)
-                )
-                conn.execute("COMMIT")
-            except sqlite3.IntegrityError as exc:
-                conn.execute("ROLLBACK")
-                raise SessionExists(
-                    f"session {sid} already exists in {self.path}", session_id=sid
-                ) from exc
-        finally:
-            conn.close()
-        return SqliteSessionStore(
-            self.path, sid, read_only=False, durability=durability, lease=self._lease(sid)
-        )
-
-    def open_session(
-        self,
-        ref: str,
-        *,
-        write: bool = True,
-        durability: Durability = "sync",
-        break_lease: bool = False,
-    ) -> SessionStore:
-        sid = self.resolve(ref).id
-        return SqliteSessionStore(
-            self.path,
-            sid,
-            read_only=not write,
-            durability=durability,
-            lease=self._lease(sid) if write else None,
-            break_lease=break_lease,
-        )
-
-    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
-        as real paths), most recently modified first. Each distinct recorded cwd is resolved
-        once; the rows are then read through the ``(cwd, modified)`` index."""
-        conn = _connect(self.path)
-        try:
-            sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
-            if cwd is None:
-                rows = conn.execute(sql + " ORDER BY modified DESC").fetchall()
-            else:
-                match = CwdMatcher(cwd)
-                spellings = [
-                    r[0] for r in conn.execute("SELECT DISTINCT cwd FROM sessions") if match(r[0])
-                ]
-                rows = []
-                for i in range(0, len(spellings), 500):  # under SQLite's bound-parameter limit
-                    part = spellings[i : i + 500]
-                    marks = ",".join("?" * len(part))
-                    rows += conn.execute(sql + f" WHERE cwd IN ({marks})", part).fetchall()
-                rows.sort(key=lambda r: r[3], reverse=True)
-        finally:
-            conn.close()
-        return [
-            SessionInfo(
-                id=r[0],
-                cwd=r[1],
-                path=f"{self.spec}#{r[0]}",
-                created=r[2],
-                modified=r[3],
-                parent_session=r[4],
-            )
-            for r in rows
-        ]
