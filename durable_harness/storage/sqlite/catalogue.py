@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,16 @@ from durable_harness.storage.oserrors import busy_timeout_s
 from durable_harness.storage.private import make_private_dirs, private_fd, tighten_path
 from durable_harness.storage.sqlite import connection
 from durable_harness.storage.sqlite.connection import MIGRATIONS, migrate
+from durable_harness.storage.sqlite.database import SharedDatabase, WriteStats
+from durable_harness.storage.sqlite.group_commit import GroupQueues
 from durable_harness.storage.sqlite.session import SqliteSessionStore
 
 
 class SqliteStore(Store):
     """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
+
+    The sessions opened through one object share its connections and group their commits
+    (:mod:`.database`, :mod:`.group_commit`); :attr:`stats` counts what they did.
 
     Raises:
         SessionUnreadable: the database file exists but cannot be read.
@@ -46,6 +52,10 @@ class SqliteStore(Store):
         self.path = str(Path(path).expanduser())
         self.spec = f"sqlite:{self.path}"
         self._locks = self.path + ".locks"
+        self._shared: SharedDatabase | None = None
+        self._shared_lock = threading.Lock()
+        self._queues = GroupQueues()
+        self._stats = WriteStats()
         if os.path.exists(self.path):
             try:  # SQLite would say only "unable to open database file"
                 os.close(os.open(self.path, os.O_RDONLY))
@@ -95,6 +105,34 @@ class SqliteStore(Store):
         finally:
             conn.close()
 
+    @property
+    def stats(self) -> WriteStats:
+        """Commit calls, transactions and WAL syncs of this object's sessions (of the
+        connections open now: counting restarts after every session was closed)."""
+        shared = self._shared
+        return shared.stats if shared is not None else self._stats
+
+    def _open(
+        self, sid: str, *, write: bool, durability: Durability, break_lease: bool
+    ) -> SessionStore:
+        """Open session ``sid`` through this object's shared connections (opened when none
+        is open)."""
+        with self._shared_lock:
+            shared = self._shared
+            if shared is None or not shared.acquire():
+                shared = self._shared = SharedDatabase(self.path)
+                shared.acquire()
+        return SqliteSessionStore(
+            self.path,
+            sid,
+            read_only=not write,
+            durability=durability,
+            lease=self._lease(sid) if write else None,
+            break_lease=break_lease,
+            shared=shared,
+            queues=self._queues,
+        )
+
     def _lease(self, sid: str) -> FileLease:
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
         return FileLease(os.path.join(self._locks, f"{sid}.lock"), f"session {sid} in {self.path}")
@@ -141,9 +179,7 @@ class SqliteStore(Store):
                 ) from exc
         finally:
             conn.close()
-        return SqliteSessionStore(
-            self.path, sid, read_only=False, durability=durability, lease=self._lease(sid)
-        )
+        return self._open(sid, write=True, durability=durability, break_lease=False)
 
     def open_session(
         self,
@@ -154,14 +190,7 @@ class SqliteStore(Store):
         break_lease: bool = False,
     ) -> SessionStore:
         sid = self.resolve(ref).id
-        return SqliteSessionStore(
-            self.path,
-            sid,
-            read_only=not write,
-            durability=durability,
-            lease=self._lease(sid) if write else None,
-            break_lease=break_lease,
-        )
+        return self._open(sid, write=write, durability=durability, break_lease=break_lease)
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,

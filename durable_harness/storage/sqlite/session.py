@@ -2,11 +2,12 @@
 ``BEGIN IMMEDIATE`` transactions fenced by the session's lease generation.
 
 A commit first checks the session's fencing generation, then inserts entries and records,
-updates lanes and ``last_seq``. A session's connection runs ``PRAGMA synchronous=NORMAL``
-(``OFF`` for ``none``) and the store fsyncs the WAL itself: at once for a waited commit, at the
-next barrier for ``commit(wait=False)``. ``batch`` is group commit: commits that arrive while a
-transaction runs are applied together in the next one; a call that fails is rolled back alone
-(the group is rerun with a savepoint per call).
+updates lanes and ``last_seq``. The sessions of one store object share its connections
+(:mod:`.database`): SQLite does not sync the WAL at commit (``synchronous=NORMAL``); the store
+fsyncs it itself, at once for a waited commit, at the next barrier for ``commit(wait=False)``,
+once per group for grouped calls (:mod:`.group_commit`: ``commit_async`` in every mode and
+``commit()`` in ``batch`` mode share one transaction and one sync among the concurrent calls of
+every session of the store; a call that fails is rolled back alone).
 
 Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
 high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
@@ -18,41 +19,44 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from typing import Any
 
 from durable_harness.errors import (
     IdConflict,
     InvalidOp,
     ReadOnlySession,
+    SessionClosed,
     SessionNotFound,
     StaleGeneration,
+    StorageError,
     UnknownEntry,
 )
 from durable_harness.ids import now_iso
-from durable_harness.storage import codec
-from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
+from durable_harness.storage import codec, timing
 from durable_harness.storage.base import (
     Durability,
     EntryOp,
     LaneOp,
     LaneState,
     Op,
-    PendingCommit,
     RecordOp,
     SessionStore,
-    queued_commit,
 )
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.shapes import op_shape_error
-from durable_harness.storage.sqlite import connection
-from durable_harness.storage.sqlite.connection import rollback, schema_version
+from durable_harness.storage.sqlite import group_commit
+from durable_harness.storage.sqlite.connection import rollback
+from durable_harness.storage.sqlite.database import SharedDatabase
+from durable_harness.storage.sqlite.group_commit import GroupQueues, SessionCommit
 from durable_harness.storage.sqlite.scan import bad_row, row_problem, scan_session
 
 RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
 
 
 class SqliteSessionStore(SessionStore):
-    """One session inside a SQLite database. Opened through :class:`SqliteStore`."""
+    """One session inside a SQLite database. Opened through :class:`SqliteStore`, whose
+    sessions share its connections and group their commits (see the module docstring)."""
 
     def __init__(
         self,
@@ -64,9 +68,13 @@ class SqliteSessionStore(SessionStore):
         lease: FileLease | None,
         break_lease: bool = False,
         conn: sqlite3.Connection | None = None,
+        shared: SharedDatabase | None = None,
+        queues: GroupQueues | None = None,
     ) -> None:
-        """Open session ``session_id`` of the database at ``db_path``; ``conn`` (a read-only
-        connection from :func:`connect_read_only`) replaces the store's own connection.
+        """Open session ``session_id`` of the database at ``db_path``, through ``shared``
+        (acquired by the caller; released at :meth:`close`) and its group-commit ``queues``,
+        or through a database of its own: ``conn`` (a read-only connection from
+        :func:`connect_read_only`, as ``fsck`` passes) or a new connection.
 
         Raises:
             SessionNotFound: no such session in the database.
@@ -79,29 +87,24 @@ class SqliteSessionStore(SessionStore):
         self.location = f"sqlite:{db_path}#{session_id}"
         self._damage: list[dict[str, Any]] | None = None
         self._lease = lease
-        self._lock = threading.RLock()
-        self._cond = threading.Condition()
-        self._queue: list[PendingCommit] = []
-        self._async_queue: list[PendingCommit] = []  # commit_async calls waiting for their group
+        self._lock = threading.RLock()  # the damage list
+        if shared is None:
+            shared = SharedDatabase(db_path, conn)
+            shared.acquire()
+        self._shared = shared
+        self._queues = queues or GroupQueues()
         # Entry ids known to exist (entries are never deleted): made by the open transaction,
-        # and by recent committed ones. A parent found here is not looked up.
+        # and by recent committed ones. A parent found here is not looked up. Both are used
+        # only while the writer's lock is held.
         self._txn_entries: set[str] = set()
         self._recent_entries: set[str] = set()
-        self._leader = False
-        # Session commits do not let SQLite fsync (NORMAL: no WAL sync at commit); this store
-        # fsyncs the WAL itself, at once for a waited commit and at the next barrier for
-        # commit(wait=False), as the JSONL backend does (see _sync_wal).
-        self._conn = conn or connection.connect(
-            db_path, "OFF" if durability == "none" else "NORMAL"
-        )
-        self._schema = schema_version(self._conn)
-        self._wal_fd: int | None = None
-        self._trace: BarrierTrace | None = None  # power-cut tests only (storage/barrier_trace.py)
-        self._unsynced = False
+        self._ticket = 0  # the shared writer's ticket of this session's last commit
+        self.closed = False
         try:
-            row = self._conn.execute(
-                "SELECT header, generation FROM sessions WHERE id=?", (session_id,)
-            ).fetchone()
+            with shared.read_lock:
+                row = shared.reader.execute(
+                    "SELECT header, generation FROM sessions WHERE id=?", (session_id,)
+                ).fetchone()
             if row is None:
                 raise SessionNotFound(
                     f"no session {session_id} in {db_path}", session_id=session_id
@@ -110,65 +113,60 @@ class SqliteSessionStore(SessionStore):
             self.generation = 0
             if lease is not None:
                 self.generation = lease.acquire(floor=int(row[1]), break_lease=break_lease)
-                self._conn.execute(
-                    "UPDATE sessions SET generation=? WHERE id=?", (self.generation, session_id)
-                )
-                self._trace = open_trace(db_path)
-                if self._trace is not None:  # the trace starts here: the WAL as found is durable
-                    end, salt = wal_commit_end(db_path + "-wal")
-                    self._trace.record(end, salt=salt)
+                with shared.lock:
+                    shared.writer.execute(
+                        "UPDATE sessions SET generation=? WHERE id=?", (self.generation, session_id)
+                    )
+                    self._ticket = shared.note_commit(0)
         except BaseException:
-            # A refused open (LeaseHeld, missing session) must not leak the connection.
-            self._conn.close()
+            # A refused open (LeaseHeld, missing session) must not leak the connections.
+            shared.release()
             raise
-        self._closed = False
 
     # -- reading ---------------------------------------------------------------------------
+    def _read(self, sql: str, args: Any) -> list[Any]:
+        """Every row of one query on the shared reader (a snapshot of committed data)."""
+        with self._shared.read_lock:
+            return self._shared.reader.execute(sql, args).fetchall()
+
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT id, seq, body FROM entries WHERE session_id=? AND id=?",
-                (self.session_id, entry_id),
-            ).fetchone()
-        return None if row is None else self._decode("entries", *row)
+        rows = self._read(
+            "SELECT id, seq, body FROM entries WHERE session_id=? AND id=?",
+            (self.session_id, entry_id),
+        )
+        return self._decode("entries", *rows[0]) if rows else None
 
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         sql, args = "SELECT id, seq, body FROM entries WHERE session_id=?", [self.session_id]
         if types is not None:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(types)
-        with self._lock:
-            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
+        rows = self._read(sql + " ORDER BY seq", args)
         return [d for r in rows if (d := self._decode("entries", *r)) is not None]
 
     def entry_count(self) -> int:
-        with self._lock:
-            return int(
-                self._conn.execute(
-                    "SELECT COUNT(*) FROM entries WHERE session_id=?", (self.session_id,)
-                ).fetchone()[0]
-            )
+        rows = self._read("SELECT COUNT(*) FROM entries WHERE session_id=?", (self.session_id,))
+        return int(rows[0][0])
 
     def lanes(self) -> dict[str, LaneState]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?",
-                (self.session_id,),
-            ).fetchall()
+        rows = self._read(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?",
+            (self.session_id,),
+        )
         out = {r[0]: LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4]) for r in rows}
         out.setdefault("main", LaneState("main"))
         return out
 
     def lane(self, name: str) -> LaneState:
-        with self._lock:
-            r = self._conn.execute(
-                "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=? "
-                "AND name=?",
-                (self.session_id, name),
-            ).fetchone()
-        return (
-            LaneState(name) if r is None else LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4])
+        rows = self._read(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=? "
+            "AND name=?",
+            (self.session_id, name),
         )
+        if not rows:
+            return LaneState(name)
+        r = rows[0]
+        return LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4])
 
     def records(
         self,
@@ -189,226 +187,142 @@ class SqliteSessionStore(SessionStore):
         if types is not None:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(types)
-        with self._lock:
-            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
+        rows = self._read(sql + " ORDER BY seq", args)
         return [d for r in rows if (d := self._decode("records", *r)) is not None]
 
     def last_seq(self) -> int:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT last_seq FROM sessions WHERE id=?", (self.session_id,)
-            ).fetchone()
-        return int(row[0])
+        rows = self._read("SELECT last_seq FROM sessions WHERE id=?", (self.session_id,))
+        return int(rows[0][0])
 
     # -- writing ---------------------------------------------------------------------------
-    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+    def _check_writable(self) -> None:
         if self.read_only:
             raise ReadOnlySession(f"session {self.location} is open read-only")
+        if self.closed:
+            raise SessionClosed(f"session {self.location} is closed")
+
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+        """Commit ``ops`` in a transaction of its own (``sync``, ``none``, or ``wait=False``)
+        or in the next group of concurrent calls (``batch``); see
+        :meth:`SessionStore.commit`.
+
+        Raises:
+            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
+            StaleGeneration: as :meth:`SessionStore.commit`.
+        """
+        self._check_writable()
         if not ops:
             return self.last_seq()
-        if self.durability != "batch" or not wait:
-            with self._lock:
-                self._begin()
+        started = time.perf_counter() if timing.enabled() else 0.0
+        shared = self._shared
+        if self.durability == "batch" and wait:
+            seq = group_commit.commit_threaded(shared, self._queues, SessionCommit(self, list(ops)))
+        else:
+            with shared.lock:
+                if self.closed:
+                    raise SessionClosed(f"session {self.location} is closed")
+                c = shared.writer
+                c.execute("BEGIN IMMEDIATE")
+                self._txn_entries.clear()
                 try:
                     seq = self._apply(ops, self._fence())
-                    self._set_last_seq(seq)
-                    self._commit_txn()
+                    c.execute(
+                        "UPDATE sessions SET last_seq=?, modified=? WHERE id=?",
+                        (seq, now_iso(), self.session_id),
+                    )
+                    c.execute("COMMIT")
                 except BaseException:
-                    rollback(self._conn)
+                    rollback(c)
                     raise
-                self._after_commit(wait)
-                return seq
-        item = PendingCommit(ops)
-        with self._cond:
-            self._queue.append(item)
-            while not item.done:
-                if self._leader:
-                    self._cond.wait()
-                    continue
-                self._leader = True
-                batch, self._queue = self._queue, []
-                self._cond.release()
-                try:
-                    self._run_batch(batch)
-                finally:
-                    self._cond.acquire()
-                    self._leader = False
-                    self._cond.notify_all()
-        if item.error is not None:
-            raise item.error
-        return item.seq
+                self._committed(shared.note_commit(1))
+            if wait and self.durability != "none":
+                shared.sync_to(self._ticket)
+        if started:
+            group_commit.observe_commit(started)
+        return seq
 
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
 
-        In ``batch`` mode: group commit in one transaction. The call queues its ops and yields
-        once; the first queued task to resume runs the whole queue as one transaction, with one
-        fencing check, one ``last_seq`` update and one WAL fsync for all (a failing call fails
-        alone: see :meth:`_run_group`). A call cancelled before its ops were taken is not
-        committed; one cancelled later may have been. The transaction runs on the event loop's
+        In every mode, the call joins the next group of the store (:mod:`.group_commit`):
+        concurrent calls of every session opened through the same :class:`SqliteStore` object
+        share one transaction and one WAL sync, and each returns once its commit is durable
+        (``none``: once committed). Each session's fence is checked inside the transaction;
+        a failing call fails alone. A call cancelled before its group was taken is not
+        committed; one cancelled later may have been. The group runs on the event loop's
         thread, as a ``sync`` commit does.
 
         Raises:
-            ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
+            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
+            StaleGeneration: as :meth:`commit`.
         """
-        if self.durability != "batch":
-            return await super().commit_async(ops)
-        if self.read_only:
-            raise ReadOnlySession(f"session {self.location} is open read-only")
+        self._check_writable()
         if not ops:
             return self.last_seq()
-        return await queued_commit(self._async_queue, ops, self._run_batch)
+        started = time.perf_counter() if timing.enabled() else 0.0
+        seq = await group_commit.commit_async(
+            self._shared, self._queues, SessionCommit(self, list(ops))
+        )
+        if started:
+            group_commit.observe_commit(started)
+        return seq
 
-    def _run_batch(self, batch: list[PendingCommit]) -> None:
-        with self._lock:
-            if len(batch) > 1 and self._run_group(batch):
-                return
-            try:
-                self._begin()
-                seq = self._fence()  # a stale writer fails the whole group, before any insert
-                for i, item in enumerate(batch):
-                    self._conn.execute(f"SAVEPOINT c{i}")
-                    try:
-                        item.seq = seq = self._apply(item.ops, seq)
-                        self._conn.execute(f"RELEASE c{i}")
-                    except Exception as exc:  # one bad commit fails alone
-                        self._conn.execute(f"ROLLBACK TO c{i}")
-                        self._conn.execute(f"RELEASE c{i}")
-                        self._txn_entries.clear()  # some of them were rolled back
-                        item.error = exc
-                self._set_last_seq(seq)
-                self._commit_txn()
-                self._after_commit(True)
-            except BaseException as exc:
-                try:
-                    self._conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                for item in batch:
-                    item.error = item.error or exc
-            for item in batch:
-                item.done = True
-
-    def _run_group(self, batch: list[PendingCommit]) -> bool:
-        """The optimistic form of :meth:`_run_batch`: the whole group in one transaction with no
-        savepoints (two statements fewer per call). Returns ``False``, having rolled back, when
-        a call failed; the caller then runs the group again with a savepoint per call."""
-        c = self._conn
-        self._begin()
-        try:
-            seq = self._fence()
-            seqs = []
-            for item in batch:
-                seq = self._apply(item.ops, seq)
-                seqs.append(seq)
-            self._set_last_seq(seq)
-            self._commit_txn()
-        except StaleGeneration as exc:
-            rollback(c)
-            for item in batch:
-                item.error, item.done = exc, True
-            return True
-        except Exception:
-            try:
-                c.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            return False
-        try:
-            self._after_commit(True)
-        except OSError as exc:  # committed, but not known to be durable
-            for item in batch:
-                item.error = exc
-        for item, item_seq in zip(batch, seqs, strict=True):
-            item.seq, item.done = item_seq, True
-        return True
-
-    def _begin(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        self._txn_entries.clear()
-
-    def _commit_txn(self) -> None:
-        """COMMIT, then remember the entries it made: a parent among them needs no SELECT."""
-        self._conn.execute("COMMIT")
+    def _committed(self, ticket: int) -> None:
+        """After a COMMIT that included this session's calls (writer's lock held): remember
+        the entries it made (a parent among them needs no SELECT) and its ticket."""
         if len(self._recent_entries) > RECENT_ENTRIES:
             self._recent_entries.clear()
         self._recent_entries |= self._txn_entries
-
-    def _after_commit(self, sync: bool) -> None:
-        """After a COMMIT: fsync the WAL now (``sync``), or leave that to the next barrier."""
-        if self.durability == "none":
-            return
-        if sync:
-            self._sync_wal()
-        else:
-            self._unsynced = True
-
-    def _sync_wal(self) -> None:
-        """``fdatasync`` the database's WAL file: every frame SQLite has written to it is then
-        on stable storage, which is what ``synchronous=FULL`` does at each commit. (SQLite
-        itself syncs the WAL before a checkpoint and its header when it starts reusing it.)
-
-        Raises:
-            OSError: the fsync failed.
-        """
-        path = self.db_path + "-wal"
-        try:
-            inode = os.stat(path).st_ino
-        except FileNotFoundError:  # no WAL: everything is checkpointed into the database
-            self._conn.execute("PRAGMA wal_checkpoint(FULL)")
-            self._unsynced = False
-            return
-        fd = self._wal_fd
-        if fd is None or os.fstat(fd).st_ino != inode:
-            if fd is not None:
-                os.close(fd)
-            fd = self._wal_fd = os.open(path, os.O_RDONLY)
-        trace = self._trace
-        if trace is None:
-            os.fdatasync(fd)
-        else:  # power-cut tests: record the WAL end this sync covers (read before it)
-            end, salt = wal_commit_end(path)
-            os.fdatasync(fd)
-            trace.record(end, salt=salt)
-        self._unsynced = False
+        self._txn_entries.clear()
+        self._ticket = ticket
 
     def wait_durable(self) -> None:
-        """Make every commit so far durable: fsync the WAL if a commit left it unsynced."""
-        if self._unsynced:
-            with self._lock:
-                if self._unsynced:
-                    self._sync_wal()
+        """Make every commit of this session so far durable: one WAL sync, unless another
+        session's sync already covered them."""
+        if self.durability != "none" and not self.read_only:
+            self._shared.sync_to(self._ticket)
 
     async def wait_durable_async(self) -> None:
-        """As :meth:`wait_durable`, on the event loop's thread (as a ``sync`` commit is)."""
-        self.wait_durable()
+        """As :meth:`wait_durable`, as a call of the next group (:mod:`.group_commit`), so the
+        barriers of many sessions of the store share one sync; on the event loop's thread."""
+        if self.durability == "none" or self.read_only:
+            return
+        if self._shared.synced >= self._ticket:
+            return
+        await group_commit.commit_async(self._shared, self._queues, SessionCommit(self, []))
 
     def _fence(self) -> int:
         """Inside the open transaction: check this writer's generation, return ``last_seq``.
 
         Raises:
             StaleGeneration: another writer took the session since this one opened it.
+            SessionNotFound: the session's row is gone.
         """
-        row = self._conn.execute(
+        row = self._shared.writer.execute(
             "SELECT generation, last_seq FROM sessions WHERE id=?", (self.session_id,)
         ).fetchone()
-        if int(row[0]) != self.generation:
-            raise StaleGeneration(
-                f"session {self.location}: this writer holds generation {self.generation} but "
-                f"the lease is now at generation {row[0]}; the append was refused",
-                generation=self.generation,
-                current=int(row[0]),
-            )
+        if row is None or int(row[0]) != self.generation:
+            raise self.stale_error(None if row is None else int(row[0]))
         return int(row[1])
 
-    def _set_last_seq(self, seq: int) -> None:
-        self._conn.execute(
-            "UPDATE sessions SET last_seq=?, modified=? WHERE id=?",
-            (seq, now_iso(), self.session_id),
+    def stale_error(self, current: int | None) -> StorageError:
+        """The error of a commit whose fence found generation ``current`` (``None``: the
+        session's row is gone)."""
+        if current is None:
+            return SessionNotFound(
+                f"session {self.location} no longer exists; the append was refused",
+                session_id=self.session_id,
+            )
+        return StaleGeneration(
+            f"session {self.location}: this writer holds generation {self.generation} but "
+            f"the lease is now at generation {current}; the append was refused",
+            generation=self.generation,
+            current=current,
         )
 
     def _apply(self, ops: list[Op], seq: int) -> int:
-        """Insert ``ops`` after ``seq`` inside the open transaction; return the last seq.
+        """Insert ``ops`` after ``seq`` inside the open transaction (writer's lock held);
+        return the last seq.
 
         Raises:
             InvalidOp: an op would read back as damage (checked before anything is inserted).
@@ -456,17 +370,19 @@ class SqliteSessionStore(SessionStore):
     def scan(self) -> list[dict[str, Any]]:
         """Check the whole session; return its damage, raising nothing on stored content (the
         checks: :func:`~.scan.scan_session`)."""
-        with self._lock:
-            return scan_session(self._conn, self.session_id, self.location, self._schema)
+        with self._lock, self._shared.read_lock:
+            return scan_session(
+                self._shared.reader, self.session_id, self.location, self._shared.schema
+            )
 
     def _exists(self, entry_id: str) -> bool:
-        row = self._conn.execute(
+        row = self._shared.writer.execute(
             "SELECT 1 FROM entries WHERE session_id=? AND id=?", (self.session_id, entry_id)
         ).fetchone()
         return row is not None
 
     def _ensure_lane(self, name: str) -> None:
-        self._conn.execute(
+        self._shared.writer.execute(
             "INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')",
             (self.session_id, name),
         )
@@ -487,7 +403,7 @@ class SqliteSessionStore(SessionStore):
             )
         entry["seq"] = seq
         try:
-            self._conn.execute(
+            self._shared.writer.execute(
                 "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
                 "VALUES (?,?,?,?,?,?)",
                 (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
@@ -498,7 +414,7 @@ class SqliteSessionStore(SessionStore):
             ) from exc
         self._txn_entries.add(eid)
         if op.lane is not None:  # create the lane or move its leaf: one upsert
-            self._conn.execute(
+            self._shared.writer.execute(
                 "INSERT INTO lanes (session_id, name, leaf_id, config) VALUES (?, ?, ?, '{}') "
                 "ON CONFLICT (session_id, name) DO UPDATE SET leaf_id=excluded.leaf_id",
                 (self.session_id, op.lane, eid),
@@ -512,7 +428,7 @@ class SqliteSessionStore(SessionStore):
         rec["seq"] = seq
         lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
         try:
-            self._conn.execute(
+            self._shared.writer.execute(
                 "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
                 "VALUES (?,?,?,?,?,?,?)",
                 (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
@@ -524,12 +440,12 @@ class SqliteSessionStore(SessionStore):
         if lane is not None:
             self._ensure_lane(lane)
             if rtype == "run_started":
-                self._conn.execute(
+                self._shared.writer.execute(
                     "UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND name=?",
                     (run_id, seq, self.session_id, lane),
                 )
             elif rtype == "run_finished":
-                self._conn.execute(
+                self._shared.writer.execute(
                     "UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE "
                     "session_id=? AND name=? AND run_id=?",
                     (self.session_id, lane, run_id),
@@ -542,8 +458,8 @@ class SqliteSessionStore(SessionStore):
             body["leafId"] = op.leaf_id
         if op.config:
             body["config"] = op.config
-        if self._schema >= 2:
-            self._conn.execute(
+        if self._shared.schema >= 2:
+            self._shared.writer.execute(
                 "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
                 (self.session_id, seq, op.lane, codec.dumps(body)),
             )
@@ -552,16 +468,16 @@ class SqliteSessionStore(SessionStore):
                 raise UnknownEntry(
                     f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
                 )
-            self._conn.execute(
+            self._shared.writer.execute(
                 "UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
                 (op.leaf_id, self.session_id, op.lane),
             )
         if op.config:
-            row = self._conn.execute(
+            row = self._shared.writer.execute(
                 "SELECT config FROM lanes WHERE session_id=? AND name=?", (self.session_id, op.lane)
             ).fetchone()
             config = {**codec.loads(row[0]), **op.config}
-            self._conn.execute(
+            self._shared.writer.execute(
                 "UPDATE lanes SET config=? WHERE session_id=? AND name=?",
                 (codec.dumps(config), self.session_id, op.lane),
             )
@@ -573,21 +489,23 @@ class SqliteSessionStore(SessionStore):
         return FileLease(lock, self.location).probe()
 
     def close(self) -> None:
-        if self._closed:
+        """Commit the store's queued grouped calls (accepted before the close: none is left
+        behind), make this session's commits durable, release the lease and this session's
+        use of the shared connections. Idempotent."""
+        if self.closed:
             return
-        self._closed = True
-        with self._lock:
-            try:
-                if not self.read_only:
-                    self.wait_durable()
-            finally:
-                self._conn.close()
-                if self._wal_fd is not None:
-                    os.close(self._wal_fd)
-                    self._wal_fd = None
-                if self._trace is not None:
-                    self._trace.close()
-                    self._trace = None
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        shared = self._shared
+        try:
+            if not self.read_only:
+                batch = self._queues.take_tasks()
+                if batch:
+                    group_commit.run_group(shared, self._queues, batch)
+                with shared.lock:
+                    self.closed = True
+                self.wait_durable()
+        finally:
+            self.closed = True
+            shared.release()
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
