@@ -3,10 +3,10 @@ of many, applied in one ``BEGIN IMMEDIATE`` transaction and made durable by one 
 
 Two ways in, one runner (:func:`run_group`):
 
-* :func:`commit_async` (tasks on an event loop, every durability mode): the call queues its
-  ops and yields once; the first queued task to resume takes the whole queue, of every session
-  of the store, and runs it. A barrier (``wait_durable_async``) queues a call without ops, so
-  the barriers of many sessions share one sync too.
+* :func:`commit_async` (tasks on an event loop, ``batch`` sessions): the call queues its ops
+  and yields once; the first queued task to resume takes the whole queue, of every session of
+  the store, and runs it. A barrier (``wait_durable_async``) queues a call without ops, so the
+  barriers of many sessions share one sync too.
 * :func:`commit_threaded` (``commit()`` in ``batch`` mode, threads): calls that arrive while a
   group runs form the next one; one leader runs it, the others wait.
 

@@ -5,9 +5,10 @@ A commit first checks the session's fencing generation, then inserts entries and
 updates lanes and ``last_seq``. The sessions of one store object share its connections
 (:mod:`.database`): SQLite does not sync the WAL at commit (``synchronous=NORMAL``); the store
 fsyncs it itself, at once for a waited commit, at the next barrier for ``commit(wait=False)``,
-once per group for grouped calls (:mod:`.group_commit`: ``commit_async`` in every mode and
-``commit()`` in ``batch`` mode share one transaction and one sync among the concurrent calls of
-every session of the store; a call that fails is rolled back alone).
+once per group in ``batch`` mode (:mod:`.group_commit`: the concurrent ``commit_async`` calls,
+barriers and ``commit()`` calls of every ``batch`` session of the store share one transaction
+and one sync; a call that fails is rolled back alone). Concurrent waited commits of ``sync``
+sessions still share a WAL sync when one covers the other's commit.
 
 Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
 high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
@@ -244,18 +245,21 @@ class SqliteSessionStore(SessionStore):
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
 
-        In every mode, the call joins the next group of the store (:mod:`.group_commit`):
-        concurrent calls of every session opened through the same :class:`SqliteStore` object
-        share one transaction and one WAL sync, and each returns once its commit is durable
-        (``none``: once committed). Each session's fence is checked inside the transaction;
-        a failing call fails alone. A call cancelled before its group was taken is not
+        In ``batch`` mode the call joins the next group of the store (:mod:`.group_commit`):
+        the concurrent calls of every ``batch`` session opened through the same
+        :class:`SqliteStore` object share one transaction and one WAL sync, and each returns
+        once its commit is durable. Each session's fence is checked inside the transaction; a
+        failing call fails alone. A call cancelled before its group was taken is not
         committed; one cancelled later may have been. The group runs on the event loop's
-        thread, as a ``sync`` commit does.
+        thread. In ``sync`` and ``none`` mode the call commits at once, as :meth:`commit`
+        (it waits for no other task).
 
         Raises:
             ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
             StaleGeneration: as :meth:`commit`.
         """
+        if self.durability != "batch":
+            return self.commit(ops)
         self._check_writable()
         if not ops:
             return self.last_seq()
@@ -283,13 +287,13 @@ class SqliteSessionStore(SessionStore):
             self._shared.sync_to(self._ticket)
 
     async def wait_durable_async(self) -> None:
-        """As :meth:`wait_durable`, as a call of the next group (:mod:`.group_commit`), so the
-        barriers of many sessions of the store share one sync; on the event loop's thread."""
-        if self.durability == "none" or self.read_only:
-            return
-        if self._shared.synced >= self._ticket:
-            return
-        await group_commit.commit_async(self._shared, self._queues, SessionCommit(self, []))
+        """As :meth:`wait_durable`, on the event loop's thread. In ``batch`` mode as a call
+        of the next group (:mod:`.group_commit`), so the barriers of many sessions of the
+        store share one sync; in ``sync`` mode at once (it waits for no other task)."""
+        if self.durability != "batch" or self.read_only:
+            self.wait_durable()
+        elif self._shared.synced < self._ticket:
+            await group_commit.commit_async(self._shared, self._queues, SessionCommit(self, []))
 
     def _fence(self) -> int:
         """Inside the open transaction: check this writer's generation, return ``last_seq``.
