@@ -33,8 +33,8 @@ from durable_harness.errors import (
 )
 from durable_harness.storage import jsonl as jsonl_module
 from durable_harness.storage import open_store
-from durable_harness.storage.sqlite import connection as sqlite_connection
 from durable_harness.storage.oserrors import BUSY_TIMEOUT_ENV, translate
+from durable_harness.storage.sqlite import connection as sqlite_connection
 
 from .conftest import REPO, Result
 

@@ -184,7 +184,7 @@ def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints:
         heads = _fence(c, sessions)
         seqs: dict[Any, int] = {}
         for s in sessions:
-            s._txn_entries.clear()
+            s._forget_txn()
             generation, last_seq = heads.get(s.session_id, (None, 0))
             if generation == s.generation:
                 seqs[s] = last_seq
@@ -206,7 +206,7 @@ def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints:
             except Exception as exc:  # one bad call fails alone
                 c.execute(f"ROLLBACK TO c{i}")
                 c.execute(f"RELEASE c{i}")
-                s._txn_entries.clear()  # some of them were rolled back
+                s._forget_txn()  # some of what it made was rolled back
                 item.error = exc
         moved = [(seq, now_iso(), s.session_id) for s, seq in seqs.items()]
         c.executemany("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", moved)

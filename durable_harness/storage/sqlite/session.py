@@ -99,6 +99,10 @@ class SqliteSessionStore(SessionStore):
         # only while the writer's lock is held.
         self._txn_entries: set[str] = set()
         self._recent_entries: set[str] = set()
+        # Lanes known to have a row (lanes are never deleted), likewise: a record on one of
+        # them needs no INSERT OR IGNORE.
+        self._txn_lanes: set[str] = set()
+        self._known_lanes: set[str] = set()
         self._ticket = 0  # the shared writer's ticket of this session's last commit
         self.closed = False
         try:
@@ -224,7 +228,7 @@ class SqliteSessionStore(SessionStore):
                     raise SessionClosed(f"session {self.location} is closed")
                 c = shared.writer
                 c.execute("BEGIN IMMEDIATE")
-                self._txn_entries.clear()
+                self._forget_txn()
                 try:
                     seq = self._apply(ops, self._fence())
                     c.execute(
@@ -277,8 +281,14 @@ class SqliteSessionStore(SessionStore):
         if len(self._recent_entries) > RECENT_ENTRIES:
             self._recent_entries.clear()
         self._recent_entries |= self._txn_entries
-        self._txn_entries.clear()
+        self._known_lanes |= self._txn_lanes
+        self._forget_txn()
         self._ticket = ticket
+
+    def _forget_txn(self) -> None:
+        """Forget what the open transaction made (at its start, or after a rollback)."""
+        self._txn_entries.clear()
+        self._txn_lanes.clear()
 
     def wait_durable(self) -> None:
         """Make every commit of this session so far durable: one WAL sync, unless another
@@ -386,10 +396,13 @@ class SqliteSessionStore(SessionStore):
         return row is not None
 
     def _ensure_lane(self, name: str) -> None:
+        if name in self._known_lanes or name in self._txn_lanes:
+            return
         self._shared.writer.execute(
             "INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')",
             (self.session_id, name),
         )
+        self._txn_lanes.add(name)
 
     def _insert_entry(self, op: EntryOp, seq: int) -> None:
         entry = dict(op.entry)
@@ -423,6 +436,7 @@ class SqliteSessionStore(SessionStore):
                 "ON CONFLICT (session_id, name) DO UPDATE SET leaf_id=excluded.leaf_id",
                 (self.session_id, op.lane, eid),
             )
+            self._txn_lanes.add(op.lane)
 
     def _insert_record(self, op: RecordOp, seq: int) -> None:
         rec = dict(op.record)
