@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench`` (all) or ``python -m bench storage harness``.
+"""Run the benchmarks: ``python -m bench`` (all) or ``python -m bench storage harness sessions``.
 
 Prints a summary table and every target's verdict. Exit status: 0 when every benchmark ran
 (failed targets included: they are findings, not errors), 1 when a benchmark crashed, and with
@@ -15,7 +15,11 @@ from typing import Any
 
 from bench.common import fmt
 
-BENCHMARKS = {"storage": "bench.bench_storage", "harness": "bench.bench_harness"}
+BENCHMARKS = {
+    "storage": "bench.bench_storage",
+    "harness": "bench.bench_harness",
+    "sessions": "bench.bench_sessions",
+}
 
 
 def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:

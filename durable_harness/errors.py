@@ -14,6 +14,7 @@ The tree::
     │   ├── LeaseHeld                   lease_held
     │   ├── StaleGeneration             stale_generation
     │   ├── ReadOnlySession             read_only
+    │   ├── SessionClosed               session_closed
     │   ├── CorruptSession              corrupt_session
     │   ├── IdConflict                  id_conflict
     │   ├── UnknownEntry                unknown_entry
@@ -149,6 +150,12 @@ class ReadOnlySession(StorageError):
     """A write was attempted on a session opened read-only."""
 
     code = "read_only"
+
+
+class SessionClosed(StorageError):
+    """A write was attempted on a session store after its ``close()``."""
+
+    code = "session_closed"
 
 
 class CorruptSession(StorageError):

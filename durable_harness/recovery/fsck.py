@@ -221,10 +221,8 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
 
 
 def _count(store: SqliteSessionStore, table: str) -> int:
-    row = store._conn.execute(
-        f"SELECT COUNT(*) FROM {table} WHERE session_id=?", (store.session_id,)
-    ).fetchone()
-    return int(row[0])
+    rows = store._read(f"SELECT COUNT(*) FROM {table} WHERE session_id=?", (store.session_id,))
+    return int(rows[0][0])
 
 
 def _is_session_file(path: Path) -> bool:

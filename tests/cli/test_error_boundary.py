@@ -33,8 +33,8 @@ from durable_harness.errors import (
 )
 from durable_harness.storage import jsonl as jsonl_module
 from durable_harness.storage import open_store
-from durable_harness.storage import sqlite as sqlite_module
 from durable_harness.storage.oserrors import BUSY_TIMEOUT_ENV, translate
+from durable_harness.storage.sqlite import connection as sqlite_connection
 
 from .conftest import REPO, Result
 
@@ -156,7 +156,7 @@ def test_full_disk_injected_in_sqlite_is_a_storage_error_naming_the_database(
     """SQLite's own "database or disk is full" (SQLITE_FULL), produced by capping the number of
     pages a session's connection may use: the fault SQLite reports for a full disk."""
     db = tmp_path / "a.db"
-    real_connect = sqlite_module._connect
+    real_connect = sqlite_connection.connect
 
     def capped(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
         conn = real_connect(path, synchronous)
@@ -165,7 +165,7 @@ def test_full_disk_injected_in_sqlite_is_a_storage_error_naming_the_database(
             conn.execute(f"PRAGMA max_page_count={pages}")
         return conn
 
-    monkeypatch.setattr(sqlite_module, "_connect", capped)
+    monkeypatch.setattr(sqlite_connection, "connect", capped)
     script = write_script(tmp_path, BIG_OUTPUT)
     res = cli("run", "x", "--provider", f"scripted:{script}", "--store", f"sqlite:{db}", "--quiet")
     assert_named(res, "storage", f"{db}: No space left on device")
@@ -330,11 +330,11 @@ def test_locked_sqlite_database_is_named_and_bounded(
 def test_sqlite_busy_timeout_is_bounded_and_configurable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conn = sqlite_module._connect(str(tmp_path / "a.db"))
+    conn = sqlite_connection.connect(str(tmp_path / "a.db"))
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000  # the default, 10 s
     conn.close()
     monkeypatch.setenv(BUSY_TIMEOUT_ENV, "1.5")
-    conn = sqlite_module._connect(str(tmp_path / "a.db"))
+    conn = sqlite_connection.connect(str(tmp_path / "a.db"))
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1_500
     conn.close()
 

@@ -1,0 +1,148 @@
+"""The SQLite database itself: connections, the schema as an ordered list of migrations, and
+read snapshots.
+
+Schema changes are :data:`MIGRATIONS`, applied past the highest version in the ``migrations``
+table, each in the same transaction as its version row. An old entry is never edited.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from durable_harness.errors import NotAStore
+from durable_harness.ids import now_iso
+from durable_harness.storage.oserrors import busy_timeout_s
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY, cwd TEXT NOT NULL, created TEXT NOT NULL, modified TEXT NOT NULL,
+        header BLOB NOT NULL, last_seq INTEGER NOT NULL DEFAULT 0,
+        generation INTEGER NOT NULL DEFAULT 0, name TEXT, parent_session TEXT);
+    CREATE INDEX sessions_cwd ON sessions (cwd, modified);
+    CREATE TABLE entries (
+        session_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, parent_id TEXT,
+        type TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session_id, id)) WITHOUT ROWID;
+    CREATE UNIQUE INDEX entries_seq ON entries (session_id, seq);
+    CREATE TABLE records (
+        session_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT,
+        run_id TEXT, type TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session_id, id))
+        WITHOUT ROWID;
+    CREATE UNIQUE INDEX records_seq ON records (session_id, seq);
+    CREATE INDEX records_lane ON records (session_id, lane, seq);
+    CREATE TABLE lanes (
+        session_id TEXT NOT NULL, name TEXT NOT NULL, leaf_id TEXT, config BLOB NOT NULL,
+        run_id TEXT, run_seq INTEGER, PRIMARY KEY (session_id, name)) WITHOUT ROWID;
+    """,
+    # 2: every seq is stored in a row, so a deleted row shows as a gap below ``last_seq`` (the
+    # durable high-water mark): a lane op gets a row of its own. Seqs a session used before
+    # this migration cannot be checked (its lane ops have no rows): ``checked_from`` says where
+    # continuity checking starts.
+    """
+    CREATE TABLE lane_ops (
+        session_id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT NOT NULL, body BLOB NOT NULL,
+        PRIMARY KEY (session_id, seq)) WITHOUT ROWID;
+    ALTER TABLE sessions ADD COLUMN checked_from INTEGER NOT NULL DEFAULT 0;
+    UPDATE sessions SET checked_from = last_seq;
+    """,
+]
+
+
+def connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
+    """A read-write connection to the database at ``path``: autocommit (transactions are
+    explicit ``BEGIN IMMEDIATE``), usable from any thread (callers serialise it), WAL mode,
+    ``PRAGMA synchronous`` as given, the busy timeout of :func:`~..oserrors.busy_timeout_s`.
+
+    Raises:
+        sqlite3.Error: the database cannot be opened or switched to WAL.
+    """
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s()
+    )
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    return conn
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction while an error is being handled. SQLite may already have
+    rolled it back (it does on a full disk or an I/O error): then there is nothing to do, and a
+    failing ROLLBACK must never replace the error that caused it."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def connect_read_only(path: str) -> sqlite3.Connection:
+    """A connection that can change nothing (``mode=ro``), for ``fsck``: no migration, no
+    journal-mode change, nothing created.
+
+    Raises:
+        NotAStore: ``path`` is a readable SQLite database without the durable-harness tables.
+        sqlite3.Error: ``path`` cannot be read as a SQLite database (damaged, or not one).
+    """
+    conn = sqlite3.connect(
+        f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+    )
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except BaseException:
+        conn.close()
+        raise
+    if not {"sessions", "entries", "records", "lanes"} <= tables:
+        conn.close()
+        raise NotAStore(f"{path} is a SQLite database, but not a durable-harness store", path=path)
+    return conn
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The highest migration applied to the database (0 before the first)."""
+    try:
+        return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Apply every migration of :data:`MIGRATIONS` past the database's version, each in one
+    ``BEGIN IMMEDIATE`` transaction with its version row (a concurrent opener that applied it
+    first is skipped)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied TEXT NOT NULL)"
+    )
+    done = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()[0]
+    for version, script in enumerate(MIGRATIONS, start=1):
+        if version <= done:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("SELECT 1 FROM migrations WHERE version=?", (version,)).fetchone():
+                conn.execute("ROLLBACK")
+                continue
+            for stmt in script.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute("INSERT INTO migrations VALUES (?, ?)", (version, now_iso()))
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
+
+
+@contextmanager
+def read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """Run the reads inside one read transaction (WAL: one consistent snapshot); inside a
+    transaction already open, in that one."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")

@@ -1,0 +1,209 @@
+"""What the sessions opened through one :class:`~.catalogue.SqliteStore` object share: a reader
+connection, a writer connection, and the WAL's durability bookkeeping.
+
+Sharing the writer is what lets commits of *different* sessions share a transaction and a WAL
+sync (:mod:`.group_commit`); sharing the reader keeps a store of a thousand open sessions at two
+connections instead of a thousand. Reads go through the reader, so they never wait for the
+writer's transaction or fsync; a read after a commit returned sees it (WAL: a new read
+transaction sees every committed one).
+
+Durability is counted in tickets: each COMMIT on the writer takes the next ticket, and
+:meth:`SharedDatabase.sync_to` makes every ticket up to a given one durable with one
+``fdatasync`` of the ``-wal`` file that covers all commits made before it started (one leader
+syncs, the threads it covers only wait; design/storage.md, "SQLite").
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+
+from durable_harness.storage import timing
+from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
+from durable_harness.storage.sqlite import connection
+from durable_harness.storage.sqlite.connection import schema_version
+
+WRITER_CACHE_KIB = 65_536
+"""Page cache of the shared writer connection (SQLite's default is 2 MiB): a group of 200
+sessions' commits touches about seven pages per session, so the default cache would reread
+them from the file in every group. Allocated as used, not up front."""
+
+WAL_AUTOCHECKPOINT_PAGES = 10_000
+"""WAL pages after which a COMMIT of the shared writer checkpoints (SQLite's default: 1,000).
+Commits of different sessions share few pages, so a group of 200 writes about 1,400 and the
+default would checkpoint in nearly every group; a checkpoint copies each page once however
+often the WAL holds it, so a longer WAL copies far fewer pages per commit (measured in
+``bench/bench_sessions.py``: about 1.5x the commits/s in its later rounds)."""
+
+
+@dataclass
+class WriteStats:
+    """Counters of one :class:`SharedDatabase` (tests and the benchmark read them).
+
+    Attributes:
+        commits: commit calls that committed (a group of 200 calls counts 200).
+        transactions: COMMITs of session data on the shared writer connection.
+        wal_syncs: ``fdatasync`` calls on the ``-wal`` file (checkpoints included).
+    """
+
+    commits: int = 0
+    transactions: int = 0
+    wal_syncs: int = 0
+
+
+class SharedDatabase:
+    """The connections and WAL bookkeeping of one database, shared by the sessions of one
+    :class:`~.catalogue.SqliteStore` object (or private to one session that was given its own
+    connection, as ``fsck`` does). Counted by :meth:`acquire` / :meth:`release`: the last
+    release closes the connections.
+
+    ``lock`` serialises every use of the writer connection (a transaction holds it from
+    ``BEGIN IMMEDIATE`` to ``COMMIT``); ``read_lock`` every use of the reader. Neither is held
+    during a WAL sync.
+
+    Raises:
+        sqlite3.Error: the database cannot be opened.
+    """
+
+    def __init__(self, path: str, reader: sqlite3.Connection | None = None) -> None:
+        self.path = path
+        self.wal_path = path + "-wal"
+        self.lock = threading.RLock()
+        self.read_lock = threading.RLock()
+        self.reader = reader if reader is not None else connection.connect(path, "NORMAL")
+        try:
+            self.schema = schema_version(self.reader)
+        except BaseException:
+            self.reader.close()
+            raise
+        self._writer: sqlite3.Connection | None = None
+        self.stats = WriteStats()
+        self.committed = 0  # ticket of the last COMMIT on the writer
+        self.synced = 0  # every ticket up to this one is durable
+        self._sync_cond = threading.Condition()
+        self._syncing = False
+        self._wal_fd: int | None = None
+        self._trace: BarrierTrace | None = None  # power-cut tests only (barrier_trace.py)
+        self._users = 0
+        self._users_lock = threading.Lock()
+        self.closed = False
+
+    # -- lifetime --------------------------------------------------------------------------
+    def acquire(self) -> bool:
+        """Count one more session using this database; ``False`` when it is already closed
+        (the caller makes a new one)."""
+        with self._users_lock:
+            if self.closed:
+                return False
+            self._users += 1
+            return True
+
+    def release(self) -> None:
+        """One session stopped using this database; the last one closes it."""
+        with self._users_lock:
+            self._users -= 1
+            if self._users > 0 or self.closed:
+                return
+            self.closed = True
+        with self.lock, self.read_lock:
+            try:
+                self.reader.close()
+                if self._writer is not None:
+                    self._writer.close()
+            finally:
+                self._writer = None
+                if self._wal_fd is not None:
+                    os.close(self._wal_fd)
+                    self._wal_fd = None
+                if self._trace is not None:
+                    self._trace.close()
+                    self._trace = None
+
+    @property
+    def writer(self) -> sqlite3.Connection:
+        """The writer connection (``synchronous=NORMAL``: SQLite does not sync the WAL at
+        commit; :meth:`sync_to` does), opened on first use. Use it holding :attr:`lock`.
+
+        Raises:
+            sqlite3.Error: the database cannot be opened for writing.
+        """
+        conn = self._writer
+        if conn is None:
+            with self.lock:
+                conn = self._writer
+                if conn is None:
+                    conn = connection.connect(self.path, "NORMAL")
+                    conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+                    conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+                    self._writer = conn
+                    self._trace = open_trace(self.path)
+                    if self._trace is not None:  # the trace starts here: the WAL found is durable
+                        end, salt = wal_commit_end(self.wal_path)
+                        self._trace.record(end, salt=salt)
+        return conn
+
+    # -- durability ------------------------------------------------------------------------
+    def note_commit(self, calls: int) -> int:
+        """After a COMMIT of ``calls`` commit calls on the writer (``lock`` held): its ticket."""
+        self.committed += 1
+        self.stats.transactions += 1
+        self.stats.commits += calls
+        return self.committed
+
+    def sync_to(self, ticket: int) -> None:
+        """Return once every commit up to ``ticket`` is durable. One caller at a time syncs
+        the WAL, covering every commit made before its sync started; callers it covers wait
+        for it and return without a sync of their own.
+
+        Raises:
+            OSError: the sync failed (the commits it was to cover are not known durable).
+        """
+        with self._sync_cond:
+            while self.synced < ticket:
+                if self._syncing:
+                    self._sync_cond.wait()
+                    continue
+                self._syncing = True
+                covered = self.committed
+                self._sync_cond.release()
+                try:
+                    self._sync_wal()
+                finally:
+                    self._sync_cond.acquire()
+                    self._syncing = False
+                    self._sync_cond.notify_all()
+                self.synced = max(self.synced, covered)
+
+    def _sync_wal(self) -> None:
+        """``fdatasync`` the ``-wal`` file: every frame SQLite has written to it is then on
+        stable storage, which is what ``synchronous=FULL`` does at each commit. (SQLite itself
+        syncs the WAL before a checkpoint and its header when it starts reusing it.)
+
+        Raises:
+            OSError: the sync failed.
+        """
+        try:
+            inode = os.stat(self.wal_path).st_ino
+        except FileNotFoundError:  # no WAL: everything is checkpointed into the database
+            with self.lock:
+                self.writer.execute("PRAGMA wal_checkpoint(FULL)")
+            return
+        fd = self._wal_fd
+        if fd is None or os.fstat(fd).st_ino != inode:
+            if fd is not None:
+                os.close(fd)
+            fd = self._wal_fd = os.open(self.wal_path, os.O_RDONLY)
+        trace = self._trace
+        end, salt = wal_commit_end(self.wal_path) if trace is not None else (0, "")
+        if timing.enabled():
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            timing.observe("fsync", time.perf_counter() - started)
+        else:
+            os.fdatasync(fd)
+        self.stats.wal_syncs += 1
+        if trace is not None:  # power-cut tests: the WAL end this sync covered (read before it)
+            trace.record(end, salt=salt)

@@ -1,0 +1,246 @@
+"""Group commit across the sessions of one store: concurrent commit calls, of one session or
+of many, applied in one ``BEGIN IMMEDIATE`` transaction and made durable by one WAL sync.
+
+Two ways in, one runner (:func:`run_group`):
+
+* :func:`commit_async` (tasks on an event loop, ``batch`` sessions): the call queues its ops
+  and yields once; the first queued task to resume takes the whole queue, of every session of
+  the store, and runs it. A barrier (``wait_durable_async``) queues a call without ops, so the
+  barriers of many sessions share one sync too.
+* :func:`commit_threaded` (``commit()`` in ``batch`` mode, threads): calls that arrive while a
+  group runs form the next one; one leader runs it, the others wait.
+
+Inside the transaction each session's fence (its lease generation) is checked once, with one
+query for the whole group; a stale session's calls fail, the others go on. The calls' inserts
+run with no savepoint; when one fails, the transaction is rolled back and run again with a
+savepoint per call, so the failing call fails alone. The WAL sync runs after the COMMIT,
+outside the writer's lock, and covers every commit made before it started.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from durable_harness.errors import SessionClosed
+from durable_harness.ids import now_iso
+from durable_harness.storage import timing
+from durable_harness.storage.base import Op, PendingCommit
+from durable_harness.storage.sqlite.connection import rollback
+
+if TYPE_CHECKING:
+    from durable_harness.storage.sqlite.database import SharedDatabase
+    from durable_harness.storage.sqlite.session import SqliteSessionStore
+
+FENCE_CHUNK = 500  # sessions per fence query (under SQLite's bound-parameter limit)
+
+
+class SessionCommit(PendingCommit):
+    """One queued commit call of one session; ``ops == []`` is a barrier (durability only)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: SqliteSessionStore, ops: list[Op]) -> None:
+        super().__init__(ops)
+        self.session = session
+
+
+class _Retry(Exception):
+    """A call failed in the optimistic pass: run the group again with savepoints."""
+
+
+class GroupQueues:
+    """The queues of one :class:`~.database.SharedDatabase`: tasks' calls waiting for the
+    next group, threads' calls waiting for the running one to finish."""
+
+    def __init__(self) -> None:
+        self.tasks: list[SessionCommit] = []
+        self.tasks_lock = threading.Lock()
+        self.threads: list[SessionCommit] = []
+        self.threads_cond = threading.Condition()
+        self.thread_leader = False
+        self.done_cond = threading.Condition()  # run_group notifies here (other threads' calls)
+
+    def take_tasks(self) -> list[SessionCommit]:
+        """Take every queued task call (the caller runs them)."""
+        with self.tasks_lock:
+            batch, self.tasks = self.tasks, []
+        return batch
+
+
+async def commit_async(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
+    """Queue ``item``, yield once, and run the queue if no one else took it; return its seq.
+
+    A call cancelled before its group was taken leaves the queue and is not committed.
+
+    Raises:
+        whatever :func:`run_group` recorded as this call's error.
+    """
+    with queues.tasks_lock:
+        queues.tasks.append(item)
+    try:
+        await anyio.lowlevel.checkpoint()
+    except BaseException:
+        with queues.tasks_lock:
+            if item in queues.tasks:
+                queues.tasks.remove(item)
+        raise
+    if not item.done:
+        batch = queues.take_tasks()
+        if batch:
+            run_group(db, queues, batch)
+    if not item.done:  # taken by a group running in another thread (a second event loop)
+        await _wait_done(queues, item)
+    if item.error is not None:
+        raise item.error
+    return item.seq
+
+
+async def _wait_done(queues: GroupQueues, item: SessionCommit) -> None:
+    if item.done:
+        return
+
+    def wait() -> None:
+        with queues.done_cond:
+            while not item.done:
+                queues.done_cond.wait()
+
+    await anyio.to_thread.run_sync(wait)
+
+
+def commit_threaded(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
+    """Commit ``item`` in the next group of threads' calls; return its seq once durable.
+
+    Raises:
+        whatever :func:`run_group` recorded as this call's error.
+    """
+    cond = queues.threads_cond
+    with cond:
+        queues.threads.append(item)
+        while not item.done:
+            if queues.thread_leader:
+                cond.wait()
+                continue
+            queues.thread_leader = True
+            batch, queues.threads = queues.threads, []
+            cond.release()
+            try:
+                run_group(db, queues, batch)
+            finally:
+                cond.acquire()
+                queues.thread_leader = False
+                cond.notify_all()
+    if item.error is not None:
+        raise item.error
+    return item.seq
+
+
+def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit]) -> None:
+    """Commit every call of ``batch`` in one transaction, then sync the WAL once if any call
+    needs it (its session is not ``none``); set each call's ``seq`` or ``error`` and ``done``.
+    A call of a closed session fails with :class:`SessionClosed`."""
+    try:
+        writes = [item for item in batch if item.ops]
+        with db.lock:
+            for item in writes:
+                if item.session.closed:
+                    item.error = SessionClosed(f"session {item.session.location} is closed")
+            writes = [item for item in writes if item.error is None]
+            if writes and not _transaction(db, writes, savepoints=False):
+                _transaction(db, writes, savepoints=True)
+        if any(i.error is None and i.session.durability != "none" for i in batch):
+            try:
+                db.sync_to(db.committed)
+            except OSError as exc:  # committed, but not known to be durable
+                for item in batch:
+                    item.error = item.error or exc
+    except BaseException as exc:
+        for item in batch:
+            item.error = item.error or exc
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        for item in batch:
+            item.done = True
+        with queues.done_cond:
+            queues.done_cond.notify_all()
+
+
+def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints: bool) -> bool:
+    """One attempt at the group's transaction. Without ``savepoints`` a failing call rolls
+    everything back and returns ``False`` (the caller retries with them); with them it fails
+    alone. A stale session's calls fail with :class:`StaleGeneration` in either."""
+    c = db.writer
+    sessions = list(dict.fromkeys(item.session for item in writes))
+    for item in writes:
+        item.error = None
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        heads = _fence(c, sessions)
+        seqs: dict[Any, int] = {}
+        for s in sessions:
+            s._forget_txn()
+            generation, last_seq = heads.get(s.session_id, (None, 0))
+            if generation == s.generation:
+                seqs[s] = last_seq
+        for i, item in enumerate(writes):
+            s = item.session
+            if s not in seqs:
+                item.error = s.stale_error(heads.get(s.session_id, (None, 0))[0])
+                continue
+            if not savepoints:
+                try:
+                    item.seq = seqs[s] = s._apply(item.ops, seqs[s])
+                except Exception as exc:
+                    raise _Retry from exc
+                continue
+            c.execute(f"SAVEPOINT c{i}")
+            try:
+                item.seq = seqs[s] = s._apply(item.ops, seqs[s])
+                c.execute(f"RELEASE c{i}")
+            except Exception as exc:  # one bad call fails alone
+                c.execute(f"ROLLBACK TO c{i}")
+                c.execute(f"RELEASE c{i}")
+                s._forget_txn()  # some of what it made was rolled back
+                item.error = exc
+        moved = [(seq, now_iso(), s.session_id) for s, seq in seqs.items()]
+        c.executemany("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", moved)
+        c.execute("COMMIT")
+    except _Retry:
+        rollback(c)
+        return False
+    except BaseException as exc:
+        rollback(c)
+        for item in writes:
+            item.error = item.error or exc
+        if not isinstance(exc, Exception):
+            raise
+        return True
+    ticket = db.note_commit(sum(item.error is None for item in writes))
+    for s in seqs:
+        s._committed(ticket)
+    return True
+
+
+def _fence(c: Any, sessions: list[SqliteSessionStore]) -> dict[str, tuple[int, int]]:
+    """``{session id: (generation, last_seq)}`` read inside the open transaction."""
+    out: dict[str, tuple[int, int]] = {}
+    ids = [s.session_id for s in sessions]
+    for start in range(0, len(ids), FENCE_CHUNK):
+        part = ids[start : start + FENCE_CHUNK]
+        marks = ",".join("?" * len(part))
+        for sid, generation, last_seq in c.execute(
+            f"SELECT id, generation, last_seq FROM sessions WHERE id IN ({marks})", part
+        ):
+            out[sid] = (int(generation), int(last_seq))
+    return out
+
+
+def observe_commit(started: float) -> None:
+    """Report one commit call that started at ``started`` (``perf_counter``) to timing."""
+    timing.observe("commit", time.perf_counter() - started)

@@ -1,0 +1,529 @@
+"""One session inside a SQLite database (:class:`SqliteSessionStore`): reads, and commits as
+``BEGIN IMMEDIATE`` transactions fenced by the session's lease generation.
+
+A commit first checks the session's fencing generation, then inserts entries and records,
+updates lanes and ``last_seq``. The sessions of one store object share its connections
+(:mod:`.database`): SQLite does not sync the WAL at commit (``synchronous=NORMAL``); the store
+fsyncs it itself, at once for a waited commit, at the next barrier for ``commit(wait=False)``,
+once per group in ``batch`` mode (:mod:`.group_commit`: the concurrent ``commit_async`` calls,
+barriers and ``commit()`` calls of every ``batch`` session of the store share one transaction
+and one sync; a call that fails is rolled back alone). Concurrent waited commits of ``sync``
+sessions still share a WAL sync when one covers the other's commit.
+
+Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
+high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
+scan runs the first time ``damage`` is read (``design/storage.md``, "Every damage kind").
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from durable_harness.errors import (
+    IdConflict,
+    InvalidOp,
+    ReadOnlySession,
+    SessionClosed,
+    SessionNotFound,
+    StaleGeneration,
+    StorageError,
+    UnknownEntry,
+)
+from durable_harness.ids import now_iso
+from durable_harness.storage import codec, timing
+from durable_harness.storage.base import (
+    Durability,
+    EntryOp,
+    LaneOp,
+    LaneState,
+    Op,
+    RecordOp,
+    SessionStore,
+)
+from durable_harness.storage.lease import FileLease
+from durable_harness.storage.shapes import op_shape_error
+from durable_harness.storage.sqlite import group_commit
+from durable_harness.storage.sqlite.connection import rollback
+from durable_harness.storage.sqlite.database import SharedDatabase
+from durable_harness.storage.sqlite.group_commit import GroupQueues, SessionCommit
+from durable_harness.storage.sqlite.scan import bad_row, row_problem, scan_session
+
+RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
+
+
+class SqliteSessionStore(SessionStore):
+    """One session inside a SQLite database. Opened through :class:`SqliteStore`, whose
+    sessions share its connections and group their commits (see the module docstring)."""
+
+    def __init__(
+        self,
+        db_path: str,
+        session_id: str,
+        *,
+        read_only: bool,
+        durability: Durability,
+        lease: FileLease | None,
+        break_lease: bool = False,
+        conn: sqlite3.Connection | None = None,
+        shared: SharedDatabase | None = None,
+        queues: GroupQueues | None = None,
+    ) -> None:
+        """Open session ``session_id`` of the database at ``db_path``, through ``shared``
+        (acquired by the caller; released at :meth:`close`) and its group-commit ``queues``,
+        or through a database of its own: ``conn`` (a read-only connection from
+        :func:`connect_read_only`, as ``fsck`` passes) or a new connection.
+
+        Raises:
+            SessionNotFound: no such session in the database.
+            LeaseHeld: ``lease`` is held by another live process.
+        """
+        self.db_path = db_path
+        self.session_id = session_id
+        self.read_only = read_only
+        self.durability = durability
+        self.location = f"sqlite:{db_path}#{session_id}"
+        self._damage: list[dict[str, Any]] | None = None
+        self._lease = lease
+        self._lock = threading.RLock()  # the damage list
+        if shared is None:
+            shared = SharedDatabase(db_path, conn)
+            shared.acquire()
+        self._shared = shared
+        self._queues = queues or GroupQueues()
+        # Entry ids known to exist (entries are never deleted): made by the open transaction,
+        # and by recent committed ones. A parent found here is not looked up. Both are used
+        # only while the writer's lock is held.
+        self._txn_entries: set[str] = set()
+        self._recent_entries: set[str] = set()
+        # Lanes known to have a row (lanes are never deleted), likewise: a record on one of
+        # them needs no INSERT OR IGNORE.
+        self._txn_lanes: set[str] = set()
+        self._known_lanes: set[str] = set()
+        self._ticket = 0  # the shared writer's ticket of this session's last commit
+        self.closed = False
+        try:
+            with shared.read_lock:
+                row = shared.reader.execute(
+                    "SELECT header, generation FROM sessions WHERE id=?", (session_id,)
+                ).fetchone()
+            if row is None:
+                raise SessionNotFound(
+                    f"no session {session_id} in {db_path}", session_id=session_id
+                )
+            self.header = codec.loads(row[0])
+            self.generation = 0
+            if lease is not None:
+                self.generation = lease.acquire(floor=int(row[1]), break_lease=break_lease)
+                with shared.lock:
+                    shared.writer.execute(
+                        "UPDATE sessions SET generation=? WHERE id=?", (self.generation, session_id)
+                    )
+                    self._ticket = shared.note_commit(0)
+        except BaseException:
+            # A refused open (LeaseHeld, missing session) must not leak the connections.
+            shared.release()
+            raise
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read(self, sql: str, args: Any) -> list[Any]:
+        """Every row of one query on the shared reader (a snapshot of committed data)."""
+        with self._shared.read_lock:
+            return self._shared.reader.execute(sql, args).fetchall()
+
+    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        rows = self._read(
+            "SELECT id, seq, body FROM entries WHERE session_id=? AND id=?",
+            (self.session_id, entry_id),
+        )
+        return self._decode("entries", *rows[0]) if rows else None
+
+    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT id, seq, body FROM entries WHERE session_id=?", [self.session_id]
+        if types is not None:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            args.extend(types)
+        rows = self._read(sql + " ORDER BY seq", args)
+        return [d for r in rows if (d := self._decode("entries", *r)) is not None]
+
+    def entry_count(self) -> int:
+        rows = self._read("SELECT COUNT(*) FROM entries WHERE session_id=?", (self.session_id,))
+        return int(rows[0][0])
+
+    def lanes(self) -> dict[str, LaneState]:
+        rows = self._read(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?",
+            (self.session_id,),
+        )
+        out = {r[0]: LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4]) for r in rows}
+        out.setdefault("main", LaneState("main"))
+        return out
+
+    def lane(self, name: str) -> LaneState:
+        rows = self._read(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=? "
+            "AND name=?",
+            (self.session_id, name),
+        )
+        if not rows:
+            return LaneState(name)
+        r = rows[0]
+        return LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4])
+
+    def records(
+        self,
+        lane: str | None = None,
+        *,
+        run_id: str | None = None,
+        since_seq: int = 0,
+        types: tuple[str, ...] | None = None,
+    ) -> list[dict[str, Any]]:
+        sql = "SELECT id, seq, body FROM records WHERE session_id=? AND seq>?"
+        args: list[Any] = [self.session_id, since_seq]
+        if lane is not None:
+            sql += " AND lane=?"
+            args.append(lane)
+        if run_id is not None:
+            sql += " AND run_id=?"
+            args.append(run_id)
+        if types is not None:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            args.extend(types)
+        rows = self._read(sql + " ORDER BY seq", args)
+        return [d for r in rows if (d := self._decode("records", *r)) is not None]
+
+    def last_seq(self) -> int:
+        rows = self._read("SELECT last_seq FROM sessions WHERE id=?", (self.session_id,))
+        return int(rows[0][0])
+
+    # -- writing ---------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if self.closed:
+            raise SessionClosed(f"session {self.location} is closed")
+
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+        """Commit ``ops`` in a transaction of its own (``sync``, ``none``, or ``wait=False``)
+        or in the next group of concurrent calls (``batch``); see
+        :meth:`SessionStore.commit`.
+
+        Raises:
+            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
+            StaleGeneration: as :meth:`SessionStore.commit`.
+        """
+        self._check_writable()
+        if not ops:
+            return self.last_seq()
+        started = time.perf_counter() if timing.enabled() else 0.0
+        shared = self._shared
+        if self.durability == "batch" and wait:
+            seq = group_commit.commit_threaded(shared, self._queues, SessionCommit(self, list(ops)))
+        else:
+            with shared.lock:
+                if self.closed:
+                    raise SessionClosed(f"session {self.location} is closed")
+                c = shared.writer
+                c.execute("BEGIN IMMEDIATE")
+                self._forget_txn()
+                try:
+                    seq = self._apply(ops, self._fence())
+                    c.execute(
+                        "UPDATE sessions SET last_seq=?, modified=? WHERE id=?",
+                        (seq, now_iso(), self.session_id),
+                    )
+                    c.execute("COMMIT")
+                except BaseException:
+                    rollback(c)
+                    raise
+                self._committed(shared.note_commit(1))
+            if wait and self.durability != "none":
+                shared.sync_to(self._ticket)
+        if started:
+            group_commit.observe_commit(started)
+        return seq
+
+    async def commit_async(self, ops: list[Op]) -> int:
+        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
+
+        In ``batch`` mode the call joins the next group of the store (:mod:`.group_commit`):
+        the concurrent calls of every ``batch`` session opened through the same
+        :class:`SqliteStore` object share one transaction and one WAL sync, and each returns
+        once its commit is durable. Each session's fence is checked inside the transaction; a
+        failing call fails alone. A call cancelled before its group was taken is not
+        committed; one cancelled later may have been. The group runs on the event loop's
+        thread. In ``sync`` and ``none`` mode the call commits at once, as :meth:`commit`
+        (it waits for no other task).
+
+        Raises:
+            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
+            StaleGeneration: as :meth:`commit`.
+        """
+        if self.durability != "batch":
+            return self.commit(ops)
+        self._check_writable()
+        if not ops:
+            return self.last_seq()
+        started = time.perf_counter() if timing.enabled() else 0.0
+        seq = await group_commit.commit_async(
+            self._shared, self._queues, SessionCommit(self, list(ops))
+        )
+        if started:
+            group_commit.observe_commit(started)
+        return seq
+
+    def _committed(self, ticket: int) -> None:
+        """After a COMMIT that included this session's calls (writer's lock held): remember
+        the entries it made (a parent among them needs no SELECT) and its ticket."""
+        if len(self._recent_entries) > RECENT_ENTRIES:
+            self._recent_entries.clear()
+        self._recent_entries |= self._txn_entries
+        self._known_lanes |= self._txn_lanes
+        self._forget_txn()
+        self._ticket = ticket
+
+    def _forget_txn(self) -> None:
+        """Forget what the open transaction made (at its start, or after a rollback)."""
+        self._txn_entries.clear()
+        self._txn_lanes.clear()
+
+    def wait_durable(self) -> None:
+        """Make every commit of this session so far durable: one WAL sync, unless another
+        session's sync already covered them."""
+        if self.durability != "none" and not self.read_only:
+            self._shared.sync_to(self._ticket)
+
+    async def wait_durable_async(self) -> None:
+        """As :meth:`wait_durable`, on the event loop's thread. In ``batch`` mode as a call
+        of the next group (:mod:`.group_commit`), so the barriers of many sessions of the
+        store share one sync; in ``sync`` mode at once (it waits for no other task)."""
+        if self.durability != "batch" or self.read_only:
+            self.wait_durable()
+        elif self._shared.synced < self._ticket:
+            await group_commit.commit_async(self._shared, self._queues, SessionCommit(self, []))
+
+    def _fence(self) -> int:
+        """Inside the open transaction: check this writer's generation, return ``last_seq``.
+
+        Raises:
+            StaleGeneration: another writer took the session since this one opened it.
+            SessionNotFound: the session's row is gone.
+        """
+        row = self._shared.writer.execute(
+            "SELECT generation, last_seq FROM sessions WHERE id=?", (self.session_id,)
+        ).fetchone()
+        if row is None or int(row[0]) != self.generation:
+            raise self.stale_error(None if row is None else int(row[0]))
+        return int(row[1])
+
+    def stale_error(self, current: int | None) -> StorageError:
+        """The error of a commit whose fence found generation ``current`` (``None``: the
+        session's row is gone)."""
+        if current is None:
+            return SessionNotFound(
+                f"session {self.location} no longer exists; the append was refused",
+                session_id=self.session_id,
+            )
+        return StaleGeneration(
+            f"session {self.location}: this writer holds generation {self.generation} but "
+            f"the lease is now at generation {current}; the append was refused",
+            generation=self.generation,
+            current=current,
+        )
+
+    def _apply(self, ops: list[Op], seq: int) -> int:
+        """Insert ``ops`` after ``seq`` inside the open transaction (writer's lock held);
+        return the last seq.
+
+        Raises:
+            InvalidOp: an op would read back as damage (checked before anything is inserted).
+        """
+        for op in ops:
+            problem = op_shape_error(op)
+            if problem is not None:
+                raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
+        for op in ops:
+            seq += 1
+            if isinstance(op, EntryOp):
+                self._insert_entry(op, seq)
+            elif isinstance(op, RecordOp):
+                self._insert_record(op, seq)
+            else:
+                self._update_lane(op, seq)
+        return seq
+
+    def _decode(self, table: str, ident: str, seq: int, body: bytes) -> dict[str, Any] | None:
+        """Decode a stored entry or record body; a damaged one is reported in ``damage`` (kind
+        ``bad_row``, with its table, id and seq) and left out, never raised."""
+        value, problem = row_problem(table, ident, seq, body)
+        if problem is not None:
+            item = bad_row(self.location, table, ident, seq, problem)
+            with self._lock:
+                if item not in self.damage:
+                    self.damage.append(item)
+            return None
+        return value
+
+    @property
+    def damage(self) -> list[dict[str, Any]]:
+        """Damage in this session (see :func:`~durable_harness.storage.base.damage`), from one
+        full :meth:`scan` run on first use (so opening stays one row read), plus any damaged
+        row met by a later read. ``fsck`` and recovery both read this: one scan, one answer."""
+        with self._lock:
+            if self._damage is None:
+                self._damage = self.scan()
+            return self._damage
+
+    @damage.setter
+    def damage(self, value: list[dict[str, Any]]) -> None:
+        self._damage = value
+
+    def scan(self) -> list[dict[str, Any]]:
+        """Check the whole session; return its damage, raising nothing on stored content (the
+        checks: :func:`~.scan.scan_session`)."""
+        with self._lock, self._shared.read_lock:
+            return scan_session(
+                self._shared.reader, self.session_id, self.location, self._shared.schema
+            )
+
+    def _exists(self, entry_id: str) -> bool:
+        row = self._shared.writer.execute(
+            "SELECT 1 FROM entries WHERE session_id=? AND id=?", (self.session_id, entry_id)
+        ).fetchone()
+        return row is not None
+
+    def _ensure_lane(self, name: str) -> None:
+        if name in self._known_lanes or name in self._txn_lanes:
+            return
+        self._shared.writer.execute(
+            "INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')",
+            (self.session_id, name),
+        )
+        self._txn_lanes.add(name)
+
+    def _insert_entry(self, op: EntryOp, seq: int) -> None:
+        entry = dict(op.entry)
+        eid, parent = entry.get("id"), entry.get("parentId")
+        if not isinstance(eid, str) or not eid:
+            raise UnknownEntry("an entry needs a non-empty string id")
+        if (
+            parent is not None
+            and parent not in self._txn_entries
+            and parent not in self._recent_entries
+            and not self._exists(parent)
+        ):
+            raise UnknownEntry(
+                f"parent {parent} of entry {eid} does not exist in {self.location}", entry_id=parent
+            )
+        entry["seq"] = seq
+        try:
+            self._shared.writer.execute(
+                "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
+                "VALUES (?,?,?,?,?,?)",
+                (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise IdConflict(
+                f"entry id {eid} already exists in {self.location}", entry_id=eid
+            ) from exc
+        self._txn_entries.add(eid)
+        if op.lane is not None:  # create the lane or move its leaf: one upsert
+            self._shared.writer.execute(
+                "INSERT INTO lanes (session_id, name, leaf_id, config) VALUES (?, ?, ?, '{}') "
+                "ON CONFLICT (session_id, name) DO UPDATE SET leaf_id=excluded.leaf_id",
+                (self.session_id, op.lane, eid),
+            )
+            self._txn_lanes.add(op.lane)
+
+    def _insert_record(self, op: RecordOp, seq: int) -> None:
+        rec = dict(op.record)
+        rid = rec.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise UnknownEntry("a record needs a non-empty string id")
+        rec["seq"] = seq
+        lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
+        try:
+            self._shared.writer.execute(
+                "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise IdConflict(
+                f"record id {rid} already exists in {self.location}", record_id=rid
+            ) from exc
+        if lane is not None:
+            self._ensure_lane(lane)
+            if rtype == "run_started":
+                self._shared.writer.execute(
+                    "UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND name=?",
+                    (run_id, seq, self.session_id, lane),
+                )
+            elif rtype == "run_finished":
+                self._shared.writer.execute(
+                    "UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE "
+                    "session_id=? AND name=? AND run_id=?",
+                    (self.session_id, lane, run_id),
+                )
+
+    def _update_lane(self, op: LaneOp, seq: int) -> None:
+        self._ensure_lane(op.lane)
+        body: dict[str, Any] = {"lane": op.lane, "seq": seq}
+        if op.sets_leaf():
+            body["leafId"] = op.leaf_id
+        if op.config:
+            body["config"] = op.config
+        if self._shared.schema >= 2:
+            self._shared.writer.execute(
+                "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
+                (self.session_id, seq, op.lane, codec.dumps(body)),
+            )
+        if op.sets_leaf():
+            if op.leaf_id is not None and not self._exists(op.leaf_id):
+                raise UnknownEntry(
+                    f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
+                )
+            self._shared.writer.execute(
+                "UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
+                (op.leaf_id, self.session_id, op.lane),
+            )
+        if op.config:
+            row = self._shared.writer.execute(
+                "SELECT config FROM lanes WHERE session_id=? AND name=?", (self.session_id, op.lane)
+            ).fetchone()
+            config = {**codec.loads(row[0]), **op.config}
+            self._shared.writer.execute(
+                "UPDATE lanes SET config=? WHERE session_id=? AND name=?",
+                (codec.dumps(config), self.session_id, op.lane),
+            )
+
+    def lease_holder(self) -> dict[str, Any] | None:
+        if self._lease is not None:
+            return self._lease.probe()
+        lock = os.path.join(self.db_path + ".locks", f"{self.session_id}.lock")
+        return FileLease(lock, self.location).probe()
+
+    def close(self) -> None:
+        """Commit the store's queued grouped calls (accepted before the close: none is left
+        behind), make this session's commits durable, release the lease and this session's
+        use of the shared connections. Idempotent."""
+        if self.closed:
+            return
+        shared = self._shared
+        try:
+            if not self.read_only:
+                batch = self._queues.take_tasks()
+                if batch:
+                    group_commit.run_group(shared, self._queues, batch)
+                with shared.lock:
+                    self.closed = True
+                self.wait_durable()
+        finally:
+            self.closed = True
+            shared.release()
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
