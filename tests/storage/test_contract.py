@@ -26,10 +26,7 @@ def _mode(path: str | Path) -> int:
 
 #: What the ``memory:`` store (a one-process scratch store: design/storage.md) does not promise.
 MEMORY_EXEMPT = {
-    "catalogue": "no writer lease, so no lease generation",
-    "read_only": "one process, one store object: no read-only second view",
     "durability_modes": "nothing is durable: the mode is always none",
-    "copies": "the reference model hands out its own objects (no decode per read)",
 }
 
 
