@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Tool
-from durable_harness.tools.bash import RUNTIMES, BashArgs, BashTool, Runtime
+from durable_harness.tools.bash import BashArgs, BashTool, Runtime
 from durable_harness.tools.env import SECRET_NAME_PATTERNS, is_secret_name, tool_environment
 from durable_harness.tools.files import (
     AppendFileArgs,
@@ -25,7 +25,6 @@ from durable_harness.tools.files import (
 
 __all__ = [
     "OUTPUT_CAP_BYTES",
-    "RUNTIMES",
     "SECRET_NAME_PATTERNS",
     "AppendFileArgs",
     "AppendFileTool",
@@ -35,7 +34,6 @@ __all__ = [
     "EditFileTool",
     "ReadFileArgs",
     "ReadFileTool",
-    "Runtime",
     "WriteFileArgs",
     "WriteFileTool",
     "builtin_tools",
@@ -54,7 +52,7 @@ def builtin_tools(*, allow_env: Iterable[str] = (), runtime: Runtime = "pipe") -
     session choose the runtime records the choice and passes it back here on resume.
 
     Raises:
-        ValueError: ``runtime`` is not one of :data:`RUNTIMES`.
+        ValueError: ``runtime`` is not ``"pipe"`` or ``"pty"``.
     """
     tools: list[Tool] = [
         ReadFileTool(),
