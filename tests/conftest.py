@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from durable_harness.storage import shapes as _shapes
+
+# Records the harness builds are not re-checked at commit in production (they are declared-shape
+# by construction: design/api.md); the suite checks them all, here and in every child process it
+# starts, so a harness change that builds a malformed record fails a test.
+os.environ["DURABLE_HARNESS_CHECK_ALL_RECORDS"] = "1"
+_shapes.CHECK_TRUSTED = True
 
 # ``ci`` is the default (``make test`` also passes ``--hypothesis-profile=ci``); ``dev`` runs
 # fewer examples for a quick local loop: ``pytest --hypothesis-profile=dev``.

@@ -16,7 +16,9 @@ import anyio
 
 from durable_harness.errors import (
     LaneSuspended,
+    ProviderError,
     RunInProgress,
+    ToolError,
 )
 from durable_harness.harness.state import (
     LaneLog,
@@ -33,6 +35,33 @@ from durable_harness.storage.base import Op, RecordOp
 from durable_harness.tools.base import Tool, ToolResult
 
 Event = dict[str, Any]
+
+
+def _check_plugins(provider: Provider, tools: list[Tool]) -> None:
+    """Check the values a provider and the tools contribute to records (the provider's
+    ``name`` and ``model``; each tool's ``name`` and ``replay``), once, when the harness is
+    built: the records the harness builds from them are not re-checked at commit
+    (:mod:`durable_harness.harness.records`).
+
+    Raises:
+        ProviderError: the provider's ``name`` or ``model`` is not a string.
+        ToolError: a tool's ``name`` is not a non-empty string, or its ``replay`` is not
+            ``"safe"`` or ``"never"``.
+    """
+    for attr in ("name", "model"):
+        value = getattr(provider, attr, None)
+        if not isinstance(value, str):
+            raise ProviderError(
+                f"provider {type(provider).__name__}: {attr} must be a string, "
+                f"not {type(value).__name__}"
+            )
+    for tool in tools:
+        name = getattr(tool, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ToolError(f"tool {type(tool).__name__}: name must be a non-empty string")
+        replay = getattr(tool, "replay", None)
+        if replay not in ("safe", "never"):
+            raise ToolError(f"tool {name}: replay must be 'safe' or 'never', not {replay!r}")
 
 
 @dataclass
@@ -136,6 +165,7 @@ class HarnessCore:
         self.store = session.store
         self.provider = provider
         tool_list = list(tools.values()) if isinstance(tools, dict) else list(tools or [])
+        _check_plugins(provider, tool_list)
         self.tools: dict[str, Tool] = {t.name: t for t in tool_list}
         self.specs = [t.spec() for t in tool_list]
         self.cwd = Path(cwd or session.cwd or ".")

@@ -21,6 +21,7 @@ import anyio
 from durable_harness import crash
 from durable_harness.errors import (
     AttemptCapReached,
+    FormatError,
     NoOpenRun,
     ProviderError,
     RecoveryError,
@@ -201,8 +202,7 @@ class Harness:
             providerSpec=self.options.provider_spec,
             limits=self.options.limits.to_record(),
         )
-        if client_key is not None:
-            rec["clientKey"] = client_key
+        _keep_client_key(rec, client_key)
         ops: list[Op] = [EntryOp(entry, lane=lane), RecordOp(rec)]
         if consumed is not None:
             ops.append(
@@ -249,8 +249,7 @@ class Harness:
             itemId=item_id,
             message=message,
         )
-        if client_key is not None:
-            rec["clientKey"] = client_key
+        _keep_client_key(rec, client_key)
         self._core.commit([RecordOp(rec)], run)
         await self._core.barrier()
         crash.crash_point("after_queue_enqueued")
@@ -292,8 +291,7 @@ class Harness:
             self._core.commit([EntryOp(self._core.entry(lane, write), lane=lane)])
         else:
             rec = record("write_deferred", lane, run.state.run_id, write=write)
-            if client_key is not None:
-                rec["clientKey"] = client_key
+            _keep_client_key(rec, client_key)
             self._core.commit([RecordOp(rec)], run)
         await self._core.barrier()
 
@@ -586,6 +584,19 @@ class Harness:
             )
         )
         self._core.commit(ops, live)
+
+
+def _keep_client_key(rec: dict[str, Any], client_key: str | None) -> None:
+    """Put the caller's ``client_key`` on ``rec`` (if given).
+
+    Raises:
+        FormatError: ``client_key`` is not a string (nothing is written).
+    """
+    if client_key is None:
+        return
+    if not isinstance(client_key, str):
+        raise FormatError(f"client_key must be a string, not {type(client_key).__name__}")
+    rec["clientKey"] = client_key
 
 
 def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:

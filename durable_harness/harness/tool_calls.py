@@ -31,6 +31,22 @@ FAILED_BY_DECISION = (
 )
 
 
+def _checked_result(tool_name: str, result: Any) -> ToolResult:
+    """``result`` if it is a :class:`ToolResult` whose ``is_error`` is a bool (what the
+    ``tool_finished`` record holds, not re-checked at commit), else an error result naming the
+    tool bug."""
+    if isinstance(result, ToolResult) and type(result.is_error) is bool:
+        return result
+    what = (
+        f"is_error of type {type(result.is_error).__name__}"
+        if isinstance(result, ToolResult)
+        else type(result).__name__
+    )
+    return ToolResult.text(
+        f"tool {tool_name} returned {what}, not a ToolResult with a bool is_error", is_error=True
+    )
+
+
 class ToolCalls:
     """The harness's tool-call component: runs a turn's tool calls (intent durable before
     the effect), settles them, and settles aborted runs.
@@ -123,6 +139,8 @@ class ToolCalls:
         def on_process(pgid: int) -> None:
             # Written without its own fsync: a process crash keeps it (page cache); it only
             # serves to find a process group the crashed harness left behind.
+            if type(pgid) is not int or pgid <= 0:
+                raise ToolError(f"on_process needs a positive process group id, not {pgid!r}")
             rec = record(
                 "tool_process",
                 s.lane,
@@ -198,6 +216,8 @@ class ToolCalls:
             result = ToolResult.text(
                 f"tool {call.tool_name} raised {type(exc).__name__}: {exc}", is_error=True
             )
+        else:
+            result = _checked_result(call.tool_name, result)
         crash.crash_point("after_tool_effect")
         self.settle(
             live, call, result, outcome="error" if result.is_error else "ok", result_id=result_id

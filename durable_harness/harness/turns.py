@@ -217,6 +217,12 @@ class Turns:
             elif isinstance(event, Done):
                 message = dict(event.message)
                 message.setdefault("timestamp", now_ms())
+                stop = message.get("stopReason")
+                if stop is not None and not isinstance(stop, str):
+                    raise ProviderError(
+                        f"provider {self.core.provider.name} returned a message whose "
+                        f"stopReason is {type(stop).__name__}, not a string"
+                    )
                 if _is_empty(message):
                     raise ProviderError(
                         f"provider {self.core.provider.name} returned an empty message",

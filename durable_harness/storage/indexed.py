@@ -17,6 +17,7 @@ from durable_harness.errors import (
     ReadOnlySession,
     UnknownEntry,
 )
+from durable_harness.storage import codec
 from durable_harness.storage.base import (
     Durability,
     EntryOp,
@@ -259,20 +260,55 @@ class IndexedSessionStore(SessionStore):
 
 class MemorySessionStore(IndexedSessionStore):
     """The reference backend: everything in memory, nothing durable. Used for pi files opened
-    in place (read-only) and as the model in agreement tests."""
+    in place (read-only), for the ``memory:`` store and as the model in agreement tests.
+
+    It keeps the storage contract's copy rule like the file backends: a committed entry is
+    kept encoded (the same JSON bytes a JSONL line would hold) and every read decodes a private
+    copy, so a caller mutating what it got, or what it committed, changes nothing stored. A
+    writable session is its one writer: generation 1 (there is no lease to count takeovers).
+    """
 
     def __init__(
         self, header: dict[str, Any], *, read_only: bool = False, location: str = "memory"
     ) -> None:
         super().__init__(header, read_only=read_only, durability="none", location=location)
+        self.generation = 0 if read_only else 1
 
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
-        return [op.get("entry") for op in numbered]
+        try:
+            return [codec.dumps(op["entry"]) if "entry" in op else None for op in numbered]
+        except TypeError as exc:  # what a file backend could not write either
+            raise InvalidOp(
+                f"session {self.session_id}: an entry holds a value JSON cannot represent: {exc}"
+            ) from exc
 
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
-        return dict(location)
+        if isinstance(location, bytes):
+            entry: dict[str, Any] = codec.loads(location)
+            return entry
+        copied: dict[str, Any] = codec.loads(codec.dumps(location))  # loaded in place (pi)
+        return copied
 
     def load(self, numbered: list[dict[str, Any]]) -> None:
         """Apply already-numbered ops without checks (used when migrating a file in memory)."""
         for op in numbered:
             self._apply(op, op.get("entry"))
+
+    def reader(self) -> MemorySessionStore:
+        """A read-only view of this session: it shares the index (so it sees every commit at
+        once, as a second reader of a file backend does) and refuses commits
+        (``ReadOnlySession``). Closing it leaves this session open."""
+        return _MemoryReader(self)
+
+
+class _MemoryReader(MemorySessionStore):
+    """See :meth:`MemorySessionStore.reader`."""
+
+    def __init__(self, writer: MemorySessionStore) -> None:
+        self.__dict__.update(writer.__dict__)
+        self.read_only, self.generation, self._closed = True, 0, False
+        self._writer = writer
+
+    @in_memory
+    def last_seq(self) -> int:
+        return self._writer.last_seq()

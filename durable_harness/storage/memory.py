@@ -19,9 +19,11 @@ class MemoryStore(Store):
     """Sessions kept in this process only (spec ``memory:``).
 
     One process is the only writer, so there is no lease: :meth:`open_session` hands back the
-    session's one store object (``write``, ``durability`` and ``break_lease`` are accepted for
-    the :class:`~durable_harness.storage.base.Store` interface and ignored). Each
-    ``open_store("memory:")`` call makes a new, empty store.
+    session's one store object, or with ``write=False`` a read-only view of it
+    (:meth:`~durable_harness.storage.indexed.MemorySessionStore.reader`); ``durability`` and
+    ``break_lease`` are accepted for the :class:`~durable_harness.storage.base.Store` interface
+    and ignored (nothing is durable: every session's mode is ``none``). Reads hand out copies,
+    as the file backends' do. Each ``open_store("memory:")`` call makes a new, empty store.
     """
 
     def __init__(self) -> None:
@@ -68,12 +70,14 @@ class MemoryStore(Store):
         durability: Durability = "sync",
         break_lease: bool = False,
     ) -> SessionStore:
-        """The session named by id or unique prefix (see the class docstring).
+        """The session named by id or unique prefix (see the class docstring): its one
+        writable store object, or a read-only view of it when ``write`` is false.
 
         Raises:
             SessionNotFound, AmbiguousSessionPrefix.
         """
-        return self._sessions[self.resolve(ref).id]
+        session = self._sessions[self.resolve(ref).id]
+        return session if write else session.reader()
 
     def delete_session(self, session_id: str) -> None:
         """Drop the session from this store (see :meth:`Store.delete_session`; no lease here).

@@ -5,6 +5,9 @@
   that names *your* tools (``"tools": "module:function"``) and provider in a child process,
   SIGKILL it at each crash point it reaches, recover, decide, resume and check the invariants
   (:data:`INVARIANTS`).
+* Power cuts: ``crash_matrix(..., power_cut=True)``, ``run_crash(..., power_cut="sync")``
+  cut the store back to what the durability mode had made durable before recovering
+  (:data:`POWER_CUT_MODES`, ``CrashOutcome.lost``).
 * :func:`run_crash`, :func:`crash_points`, :func:`scenario`: the same without pytest.
 * :func:`assert_intent_durable`: the write-ahead check, from a second reader.
 * :func:`check_session_store`: the storage conformance suite for a third-party backend.
@@ -22,6 +25,7 @@ from durable_harness.testing.conformance import check_session_store
 from durable_harness.testing.intent import assert_intent_durable, open_reader
 from durable_harness.testing.kit import (
     INVARIANTS,
+    POWER_CUT_MODES,
     CrashOutcome,
     crash_free,
     crash_points,
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INVARIANTS",
+    "POWER_CUT_MODES",
     "Cell",
     "CrashOutcome",
     "Decide",

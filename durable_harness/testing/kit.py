@@ -6,6 +6,10 @@ This module is the pytest-free core of :mod:`durable_harness.testing`; the fixtu
 :func:`crash_points` and :func:`run_crash`. Every cell reuses the crash matrix's runner
 (:mod:`durable_harness.crashtest.runner`): the same child, the same recovery path, the same
 invariant checks as ``durable-harness crash-test``.
+
+A cell can also be a power cut (``power_cut="sync"``, ``"batch"`` or ``"none"``: the child's
+durability mode): after the SIGKILL the store is cut back to what that mode had made durable
+(:mod:`durable_harness.crashtest.powercut`, as ``crash-test --power-cut``), then recovery runs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_harness.crashtest.powercut import DURABILITIES
 from durable_harness.crashtest.runner import (
     Baseline,
     Cell,
@@ -32,6 +37,8 @@ from durable_harness.session.session import Session
 from durable_harness.storage import codec, open_store
 
 BACKENDS = ("jsonl", "sqlite")
+POWER_CUT_MODES = DURABILITIES
+"""The durability modes a power-cut cell can run in: ``("sync", "batch", "none")``."""
 
 INVARIANTS = {
     "inputs": "every accepted input is delivered once (or cancelled by an abort)",
@@ -72,30 +79,42 @@ def scenario(
     return load(path)
 
 
-_BASELINES: dict[tuple[str, str], Baseline] = {}
+_BASELINES: dict[tuple[str, str, str | None], Baseline] = {}
 _LOCK = threading.Lock()
 
 
-def crash_free(sc: Scenario, backend: str = "jsonl") -> Baseline:
+def _check_mode(power_cut: str | None) -> None:
+    if power_cut is not None and power_cut not in DURABILITIES:
+        raise ValueError(f"power_cut must be one of {DURABILITIES} or None, got {power_cut!r}")
+
+
+def crash_free(sc: Scenario, backend: str = "jsonl", power_cut: str | None = None) -> Baseline:
     """The scenario's crash-free run on ``backend`` (run once per process and cached): its
-    conversation, effect counts and every crash point it reaches (with hit counts).
+    conversation, effect counts and every crash point it reaches (with hit counts). With
+    ``power_cut`` (a durability mode) the run uses that mode, as its power-cut cells do.
 
     Raises:
+        ValueError: ``power_cut`` is not a durability mode.
         RuntimeError: the crash-free child failed (its stderr is in the message).
         ImportSpecError: the scenario's tools or provider cannot be loaded.
     """
-    key = (str(Path(sc.path).resolve()), backend)
+    _check_mode(power_cut)
+    key = (str(Path(sc.path).resolve()), backend, power_cut)
     with _LOCK:
         if key not in _BASELINES:
-            _BASELINES[key] = baseline(sc, backend)
+            _BASELINES[key] = baseline(sc, backend, durability=power_cut)
         return _BASELINES[key]
 
 
-def crash_points(sc: Scenario, backend: str = "jsonl") -> list[tuple[str, int]]:
-    """Every ``(crash point, hit)`` the scenario reaches on ``backend``: each point of
-    :data:`durable_harness.crash.CRASH_POINTS` it passes, for hits 1 up to the matrix's cap
-    (``runner.MAX_HITS``), in a stable order. Raises as :func:`crash_free`."""
-    return [(c.point, c.hit) for c in cells_for(sc, crash_free(sc, backend), backend)]
+def crash_points(
+    sc: Scenario, backend: str = "jsonl", power_cut: str | None = None
+) -> list[tuple[str, int]]:
+    """Every ``(crash point, hit)`` the scenario reaches on ``backend`` (in durability mode
+    ``power_cut``, when given): each point of :data:`durable_harness.crash.CRASH_POINTS` it
+    passes, for hits 1 up to the matrix's cap (``runner.MAX_HITS``), in a stable order. Raises
+    as :func:`crash_free`."""
+    base = crash_free(sc, backend, power_cut)
+    return [(c.point, c.hit) for c in cells_for(sc, base, backend, power_cut)]
 
 
 @dataclass
@@ -116,6 +135,21 @@ class CrashOutcome:
     session_id: str
 
     @property
+    def power_cut(self) -> str | None:
+        """The durability mode whose power cut the cell simulated, or ``None`` (a SIGKILL
+        only)."""
+        return self.cell.durability
+
+    @property
+    def lost(self) -> dict[str, list[str]]:
+        """What the power cut lost, by kind (only kinds that lost something): ``inputs``
+        (client keys the client had been acknowledged), ``unacknowledged`` (inputs written but
+        not yet acknowledged: the client re-sends them), ``intents`` and ``settlements``
+        (``tool_started`` / ``tool_finished`` record ids). Empty for a SIGKILL-only cell, and
+        always without ``inputs`` in a passing ``sync`` cell."""
+        return dict(self.cell.lost)
+
+    @property
     def awaiting_decision(self) -> list[str]:
         """Tool call ids that waited for an operator's decision after the crash (not those
         the resume policy decided: see ``cell.decisions``)."""
@@ -132,7 +166,8 @@ class CrashOutcome:
         return list(self.cell.doubled)
 
     def assert_invariants(self) -> None:
-        """Assert every invariant of :data:`INVARIANTS` held in this cell.
+        """Assert every invariant of :data:`INVARIANTS` held in this cell (and, for a power
+        cut in ``sync`` mode, that no accepted input was lost).
 
         Raises:
             AssertionError: the cell failed or errored (e.g. the crash point was not reached);
@@ -162,10 +197,17 @@ def run_crash(
     root: Path | None = None,
     decide: Decide | None = None,
     policy: Policy = "ask",
+    power_cut: str | None = None,
 ) -> CrashOutcome:
     """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
     decide, resume under ``policy``, let the client re-send what was never acknowledged, and
-    check the invariants against the crash-free run. ``decide(call, ctx)`` answers each call
+    check the invariants against the crash-free run.
+
+    With ``power_cut`` (``"sync"``, ``"batch"`` or ``"none"``) the child runs in that
+    durability mode and the crash is a power cut: before recovery the store is cut back to what
+    the mode had made durable, and :attr:`CrashOutcome.lost` says what that lost. ``sync`` must
+    lose no accepted input (a failed invariant otherwise); every mode must still never turn a
+    lost intent into a second effect without a decision. ``decide(call, ctx)`` answers each call
     that awaits a decision (``ctx`` is the :class:`~durable_harness.tools.base.ToolContext` its
     tool would get: ``cwd``, ``idempotency_key``); ``None`` from it, or no callback, uses
     :func:`durable_harness.crashtest.runner.default_decision`. Nothing is raised for a broken
@@ -174,17 +216,19 @@ def run_crash(
     ``root``: an empty or missing folder where the cell runs and is kept (default: a new
         temporary folder, also kept).
 
-        Raises:
-            ValueError: ``backend`` is not ``jsonl`` or ``sqlite``.
-            RuntimeError, ImportSpecError: as :func:`crash_free`.
+    Raises:
+        ValueError: ``backend`` is not ``jsonl`` or ``sqlite``, or ``power_cut`` is not a
+            durability mode.
+        RuntimeError, ImportSpecError: as :func:`crash_free`.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check_mode(power_cut)
     root = root or Path(tempfile.mkdtemp(prefix=f"dh-crash-{sc.name}-"))
     cell = run_cell(
         sc,
-        crash_free(sc, backend),
-        Cell(sc.name, backend, point, hit),
+        crash_free(sc, backend, power_cut),
+        Cell(sc.name, backend, point, hit, durability=power_cut),
         decide=decide,
         policy=policy,
         root=root,

@@ -1,14 +1,18 @@
 """The pytest plugin of :mod:`durable_harness.testing`, registered through the ``pytest11``
 entry point (installing the package is enough).
 
-* ``@crash_matrix(scenario, backends=("jsonl",), decide=None, policy="ask")`` on a test that
-  takes the ``crash_cell`` fixture parametrizes it over every ``(crash point, hit)`` the
-  scenario reaches on each backend (found by one crash-free run per scenario and backend, at
-  collection). Test ids are ``<backend>-<point>`` or ``<backend>-<point>:<n>``.
+* ``@crash_matrix(scenario, backends=("jsonl",), decide=None, policy="ask", power_cut=False)``
+  on a test that takes the ``crash_cell`` fixture parametrizes it over every ``(crash point,
+  hit)`` the scenario reaches on each backend (found by one crash-free run per scenario and
+  backend, at collection). Test ids are ``<backend>-<point>`` or ``<backend>-<point>:<n>``.
+  ``power_cut=True`` makes every cell a power cut, once per durability mode (``sync``,
+  ``batch``, ``none``); a mode or a list of modes narrows it. Ids are then
+  ``<backend>-<mode>-<point>[:n]``.
 * ``crash_cell``: the :class:`~durable_harness.testing.kit.CrashOutcome` of that cell, run in
   the test's ``tmp_path`` (kept there for inspection).
 * ``crash_run``: a function ``crash_run(scenario, point, hit=1, backend="jsonl", decide=None,
-  policy="ask")`` running one cell by hand, in a fresh folder under ``tmp_path``.
+  policy="ask", power_cut=None)`` running one cell by hand, in a fresh folder under
+  ``tmp_path`` (``power_cut``: one durability mode).
 
 Tests using either fixture get the ``crash`` marker (they spawn children that SIGKILL
 themselves), so ``-m "not crash"`` leaves them out.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,13 @@ import pytest
 from durable_harness.crashtest.runner import Decide
 from durable_harness.crashtest.scenario import Scenario
 from durable_harness.recovery.decide import Policy
-from durable_harness.testing.kit import CrashOutcome, crash_points, run_crash, scenario
+from durable_harness.testing.kit import (
+    POWER_CUT_MODES,
+    CrashOutcome,
+    crash_points,
+    run_crash,
+    scenario,
+)
 
 MARKER = "crash_matrix"
 
@@ -39,18 +49,46 @@ def crash_matrix(
     backends: tuple[str, ...] | list[str] = ("jsonl",),
     decide: Decide | None = None,
     policy: Policy = "ask",
+    power_cut: bool | str | Iterable[str] = False,
 ) -> pytest.MarkDecorator:
     """Decorator: run the test once per crash point the scenario reaches (see the module
     docstring); the test takes the ``crash_cell`` fixture. ``source`` is as for
     :func:`~durable_harness.testing.kit.scenario`; ``decide`` and ``policy`` as for
-    :func:`~durable_harness.testing.kit.run_crash`.
+    :func:`~durable_harness.testing.kit.run_crash`. ``power_cut``: ``False`` (SIGKILL cells),
+    ``True`` (power-cut cells in every durability mode), or the mode(s) to cut power in.
 
-    Raises (at collection):
-        FormatError, ImportSpecError, RuntimeError: the scenario cannot be loaded or its
-            crash-free run fails.
+    Raises:
+        ValueError: ``power_cut`` names something that is not a durability mode (at once).
+        FormatError, ImportSpecError, RuntimeError (at collection): the scenario cannot be
+            loaded or its crash-free run fails.
     """
     mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)
-    return mark(source, backends=tuple(backends), decide=decide, policy=policy)
+    return mark(
+        source,
+        backends=tuple(backends),
+        decide=decide,
+        policy=policy,
+        power_cut=_modes(power_cut),
+    )
+
+
+def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
+    """The durability modes of the cells: ``(None,)`` for SIGKILL cells.
+
+    Raises:
+        ValueError: a mode that is not one of :data:`~durable_harness.testing.kit.POWER_CUT_MODES`.
+    """
+    if power_cut is False:
+        return (None,)
+    if power_cut is True:
+        return POWER_CUT_MODES
+    modes = (power_cut,) if isinstance(power_cut, str) else tuple(power_cut)
+    bad = [m for m in modes if m not in POWER_CUT_MODES]
+    if bad or not modes:
+        raise ValueError(
+            f"power_cut: expected True, False or modes of {POWER_CUT_MODES}, got {bad}"
+        )
+    return modes
 
 
 @dataclass(frozen=True)
@@ -61,12 +99,14 @@ class _Param:
     hit: int
     decide: Decide | None
     policy: Policy
+    power_cut: str | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Declare the markers the kit uses."""
     config.addinivalue_line(
-        "markers", f"{MARKER}(scenario, backends, decide, policy): run once per crash point"
+        "markers",
+        f"{MARKER}(scenario, backends, decide, policy, power_cut): run once per crash point",
     )
     config.addinivalue_line("markers", "crash: spawns child processes that SIGKILL themselves")
 
@@ -81,18 +121,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     sc = scenario(mark.args[0], folder)
     params, ids = [], []
     for backend in mark.kwargs.get("backends", ("jsonl",)):
-        for point, hit in crash_points(sc, backend):
-            params.append(
-                _Param(
-                    sc,
-                    backend,
-                    point,
-                    hit,
-                    mark.kwargs.get("decide"),
-                    mark.kwargs.get("policy", "ask"),
+        for mode in mark.kwargs.get("power_cut", (None,)):
+            for point, hit in crash_points(sc, backend, mode):
+                params.append(
+                    _Param(
+                        sc,
+                        backend,
+                        point,
+                        hit,
+                        mark.kwargs.get("decide"),
+                        mark.kwargs.get("policy", "ask"),
+                        mode,
+                    )
                 )
-            )
-            ids.append(f"{backend}-{point}" + (f":{hit}" if hit > 1 else ""))
+                prefix = f"{backend}-{mode}-" if mode else f"{backend}-"
+                ids.append(prefix + point + (f":{hit}" if hit > 1 else ""))
     metafunc.parametrize("crash_cell", params, ids=ids, indirect=True)
 
 
@@ -121,13 +164,15 @@ def crash_cell(request: pytest.FixtureRequest, tmp_path: Path) -> CrashOutcome:
         root=tmp_path / "cell",
         decide=param.decide,
         policy=param.policy,
+        power_cut=param.power_cut,
     )
 
 
 @pytest.fixture
 def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
-    """``crash_run(scenario, point, hit=1, *, backend="jsonl", decide=None, policy="ask")``:
-    run one crash cell in a fresh folder under ``tmp_path`` and return its outcome."""
+    """``crash_run(scenario, point, hit=1, *, backend="jsonl", decide=None, policy="ask",
+    power_cut=None)``: run one crash cell (a power cut in that durability mode, when given) in
+    a fresh folder under ``tmp_path`` and return its outcome."""
     count = 0
 
     def run(
@@ -138,6 +183,7 @@ def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
         backend: str = "jsonl",
         decide: Decide | None = None,
         policy: Policy = "ask",
+        power_cut: str | None = None,
     ) -> CrashOutcome:
         nonlocal count
         count += 1
@@ -150,6 +196,7 @@ def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
             root=tmp_path / f"cell-{count}",
             decide=decide,
             policy=policy,
+            power_cut=power_cut,
         )
 
     yield run

@@ -7,15 +7,22 @@ gets SIGKILL before the cancellation propagates. A process that leaves the group
 (``setsid``, ``nohup setsid ...``) is not tracked. Whether the group is still alive is decided
 by :func:`~durable_harness.tools.processes.group_alive` (zombies do not count); the
 environment the command sees by :func:`~durable_harness.tools.env.tool_environment`.
+
+Two command runtimes, chosen per tool instance (:data:`Runtime`): ``pipe`` (the default: stdin
+``/dev/null``, stdout and stderr one pipe) and ``pty`` (stdin, stdout and stderr a
+pseudo-terminal, so ``isatty`` is true in the command). Everything else is the same: group,
+timeouts, cleanup, the ``tool_process`` record, the output cap.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
-from collections.abc import Iterable
-from typing import Any, ClassVar
+import termios
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, ClassVar, Literal, get_args
 
 import anyio
 import anyio.abc
@@ -26,7 +33,19 @@ from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolConte
 from durable_harness.tools.env import tool_environment
 from durable_harness.tools.processes import group_alive, signal_group
 
-__all__ = ["BashArgs", "BashTool"]
+__all__ = ["RUNTIMES", "BashArgs", "BashTool", "Runtime"]
+
+Runtime = Literal["pipe", "pty"]
+"""How ``bash`` connects a command: ``pipe`` (stdin ``/dev/null``, stdout+stderr a pipe) or
+``pty`` (stdin, stdout and stderr a pseudo-terminal)."""
+
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
+"""The command runtimes, default first."""
+
+PTY_SIZE = (40, 120)
+"""The pseudo-terminal's window size for the ``pty`` runtime: (rows, columns)."""
+
+_READ_CHUNK = 65536
 
 _TERM_GRACE_SECONDS = 1.0
 """Seconds a process group gets between SIGTERM and SIGKILL."""
@@ -113,6 +132,53 @@ async def _pump(stream: anyio.abc.ByteReceiveStream, tail: _Tail, done: anyio.Ev
         done.set()
 
 
+async def _pump_pty(master: int, tail: _Tail, done: anyio.Event) -> None:
+    """Read the pseudo-terminal ``master`` (non-blocking) into ``tail`` until every slave end
+    is closed (Linux reports that as ``EIO``, after the buffered output), then set ``done``."""
+    try:
+        while True:
+            await anyio.wait_readable(master)
+            try:
+                chunk = os.read(master, _READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    return
+                raise
+            if not chunk:
+                return
+            tail.add(chunk)
+    finally:
+        done.set()
+
+
+def _open_pty() -> tuple[int, int]:
+    """A pseudo-terminal for one command: ``(master, slave)`` file descriptors, the master
+    non-blocking. The slave is set up for a program that nobody types to: no echo, output
+    bytes passed as written (no ``\n`` to ``\r\n``), window :data:`PTY_SIZE`, and one
+    end-of-file queued as input, so a command that reads its terminal sees end of input at
+    once (as from ``/dev/null`` in the pipe runtime) instead of waiting for the timeout.
+
+    Raises:
+        OSError: no pseudo-terminal could be opened.
+    """
+    master, slave = os.openpty()
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.ONLCR  # oflag
+        attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        termios.tcsetwinsize(slave, PTY_SIZE)
+        os.write(master, attrs[6][termios.VEOF])  # cc[VEOF]: end of input, once
+        os.set_blocking(master, False)
+    except BaseException:
+        os.close(master)
+        os.close(slave)
+        raise
+    return master, slave
+
+
 class BashTool(Tool):
     """``bash``: run a command line with ``bash -c`` in the working directory.
 
@@ -121,15 +187,23 @@ class BashTool(Tool):
     Args:
         allow_env: names or shell-style patterns of variables that look like credentials but
             may still reach the command (default none; see :func:`tool_environment`).
+        runtime: ``"pipe"`` (default) or ``"pty"`` (:data:`Runtime`).
 
-    The command runs in a new session and process group, with stdin from ``/dev/null`` and
+    Raises:
+        ValueError: ``runtime`` is not one of :data:`RUNTIMES`.
+
+    The command runs in a new session and process group, with stdin from ``/dev/null`` (pipe
+    runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime: see
+    :func:`_open_pty`; ``isatty`` and ``test -t`` see a terminal, and bash, leading the new
+    session, takes it as the controlling terminal, so ``/dev/tty`` is the same terminal), and
     the environment ``os.environ`` without credentials (:func:`tool_environment`: ``*_KEY``,
     ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*`` are removed unless allowed) + ``ctx.env`` (given
     explicitly, kept whole) + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``, ``DURABLE_HARNESS_RUN_ID``
-    and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are
-    combined; the result keeps the last :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit
+    and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are combined; the result keeps the last
+    :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit
     appends ``"exit code N"`` and sets ``is_error`` (N is negative when a signal killed the
-    shell). ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated"}``.
+    shell). ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated",
+    "runtime"}``.
 
     Process lifetime: when the shell exits, processes still in its group are stopped
     (SIGTERM, grace, SIGKILL). On timeout the group is stopped the same way and the result
@@ -152,8 +226,11 @@ class BashTool(Tool):
     default_timeout: ClassVar[float] = 120.0
     """Seconds allowed when ``args.timeout`` is not given."""
 
-    def __init__(self, *, allow_env: Iterable[str] = ()) -> None:
+    def __init__(self, *, allow_env: Iterable[str] = (), runtime: Runtime = "pipe") -> None:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"bash runtime must be one of {RUNTIMES}, got {runtime!r}")
         self.allow_env: tuple[str, ...] = tuple(allow_env)
+        self.runtime: Runtime = runtime
 
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Run ``args.command`` (see the class docstring).
@@ -171,32 +248,48 @@ class BashTool(Tool):
             "DURABLE_HARNESS_RUN_ID": ctx.run_id,
             "DURABLE_HARNESS_TOOL_CALL_ID": ctx.tool_call_id,
         }
+        master: int | None = None
         try:
             # Shielded: a cancel landing mid-spawn would make asyncio kill the shell alone and
             # leave its children running; unshielded, it lands below, where the group is killed.
             with anyio.CancelScope(shield=True):
-                process = await anyio.open_process(
-                    ["bash", "-c", args.command],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    cwd=ctx.cwd,
-                    env=env,
-                    start_new_session=True,
-                )
+                if self.runtime == "pty":
+                    master, slave = _open_pty()
+                    try:
+                        process = await self._spawn(args.command, ctx, env, slave, slave)
+                    finally:
+                        os.close(slave)  # the command holds it now; EOF once it lets go
+                else:
+                    process = await self._spawn(
+                        args.command, ctx, env, subprocess.DEVNULL, subprocess.PIPE
+                    )
         except OSError as exc:
+            if master is not None:
+                os.close(master)
             return ToolResult.text(
                 f"cannot start bash in {ctx.cwd}: {exc.strerror or exc}",
                 is_error=True,
-                details={"error": "spawn_failed"},
+                details={"error": "spawn_failed", "runtime": self.runtime},
             )
         pgid = process.pid  # start_new_session: the shell leads its own group
-        if ctx.on_process is not None:
-            ctx.on_process(pgid)
         tail = _Tail(OUTPUT_CAP_BYTES)
+        if master is not None:
+            fd = master
+
+            def pump(done: anyio.Event) -> Coroutine[Any, Any, None]:
+                return _pump_pty(fd, tail, done)
+        else:
+            assert process.stdout is not None
+            stdout = process.stdout
+
+            def pump(done: anyio.Event) -> Coroutine[Any, Any, None]:
+                return _pump(stdout, tail, done)
+
         finished = False
         try:
-            timed_out = await self._run(process, pgid, tail, timeout)
+            if ctx.on_process is not None:
+                ctx.on_process(pgid)
+            timed_out = await self._run(process, pgid, pump, timeout)
             finished = True
         finally:
             if not finished:
@@ -207,24 +300,46 @@ class BashTool(Tool):
                     with anyio.move_on_after(_REAP_LIMIT_SECONDS):
                         await process.wait()
                     await self._close(process)
+            if master is not None:
+                os.close(master)
         await self._close(process)
-        return self._result(process.returncode, timed_out, timeout, tail)
+        return self._result(process.returncode, timed_out, timeout, tail, self.runtime)
 
     @staticmethod
-    async def _run(process: anyio.abc.Process, pgid: int, tail: _Tail, timeout: float) -> bool:
-        """Wait for the shell and its output; return True when ``timeout`` (seconds) hit."""
-        assert process.stdout is not None
-        stdout = process.stdout
+    async def _spawn(
+        command: str, ctx: ToolContext, env: dict[str, str], stdin: int, stdout: int
+    ) -> anyio.abc.Process:
+        """Start ``bash -c command`` in a new session (so a new process group it leads),
+        stderr joined to stdout."""
+        return await anyio.open_process(
+            ["bash", "-c", command],
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            cwd=ctx.cwd,
+            env=env,
+            start_new_session=True,
+        )
+
+    @staticmethod
+    async def _run(
+        process: anyio.abc.Process,
+        pgid: int,
+        pump: Callable[[anyio.Event], Coroutine[Any, Any, None]],
+        timeout: float,
+    ) -> bool:
+        """Wait for the shell and its output (``pump(done)`` reads it, then sets ``done``);
+        return True when ``timeout`` (seconds) hit."""
         eof = anyio.Event()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_pump, stdout, tail, eof)
+            tg.start_soon(pump, eof)
             with anyio.move_on_after(timeout) as deadline:
                 await process.wait()
             # Either the shell exited (stop its leftovers) or time ran out (stop it all).
             await _stop_group(process, pgid, _TERM_GRACE_SECONDS)
             with anyio.move_on_after(_REAP_LIMIT_SECONDS):
                 await process.wait()
-            # The pipe closes once no process holds it; one that left the group might.
+            # The output closes once no process holds it; one that left the group might.
             with anyio.move_on_after(_DRAIN_GRACE_SECONDS):
                 await eof.wait()
             tg.cancel_scope.cancel()
@@ -240,7 +355,9 @@ class BashTool(Tool):
                 await process.stdout.aclose()
 
     @staticmethod
-    def _result(returncode: int | None, timed_out: bool, timeout: float, tail: _Tail) -> ToolResult:
+    def _result(
+        returncode: int | None, timed_out: bool, timeout: float, tail: _Tail, runtime: Runtime
+    ) -> ToolResult:
         """Build the result from the exit status, the timeout flag and the output."""
         output = tail.text()
         details: dict[str, Any] = {
@@ -248,6 +365,7 @@ class BashTool(Tool):
             "timed_out": timed_out,
             "output_bytes": tail.total,
             "truncated": tail.total > len(tail.buffer),
+            "runtime": runtime,
         }
         if timed_out:
             note = f"command timed out after {timeout:g} seconds; its process group was killed"

@@ -7,12 +7,15 @@ from __future__ import annotations
 import ast
 import json
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from durable_harness.errors import InvalidOp
+from durable_harness.errors import FormatError, InvalidOp, ProviderError, ToolError
 from durable_harness.harness import records as harness_records
+from durable_harness.harness.harness import Harness
 from durable_harness.models.records import (
     DECLARATIONS,
     ENVELOPE_FIELDS,
@@ -22,9 +25,15 @@ from durable_harness.models.records import (
     record_fields_error,
     vocabulary_table,
 )
-from durable_harness.storage import open_store
+from durable_harness.providers.base import Done, ProviderEvent, ProviderRequest
+from durable_harness.providers.scripted import ScriptedProvider
+from durable_harness.session.session import Session
+from durable_harness.storage import Store, open_store, shapes
 from durable_harness.storage.base import RecordOp
 from durable_harness.storage.shapes import record_shape_error
+from durable_harness.tools.base import ToolContext, ToolResult
+
+from .util import EchoTool
 
 PACKAGE = Path(__file__).resolve().parents[2] / "durable_harness"
 ALL_FIELDS = frozenset().union(*(fields_of(t) for t in RECORD_TYPES))
@@ -146,6 +155,8 @@ def test_what_the_check_lets_pass() -> None:
 
 @pytest.mark.parametrize("spec", ["memory:", "jsonl", "sqlite"])
 def test_a_malformed_harness_record_is_refused_at_commit(tmp_path: Path, spec: str) -> None:
+    """Refused because the suite checks built records too (tests/conftest.py); production
+    trusts them (see the tests below)."""
     target = {"jsonl": f"jsonl:{tmp_path}", "sqlite": f"sqlite:{tmp_path / 's.db'}"}
     store = open_store(target.get(spec, spec))
     s = store.create_session("/p")
@@ -198,3 +209,133 @@ def test_a_stored_jsonl_record_of_the_wrong_shape_reads_as_damage(tmp_path: Path
     with store.open_session(sid, write=False) as s2:
         assert [r["id"] for r in s2.records()] == [good["id"]]
         assert "bad_line" in [d["kind"] for d in s2.damage]
+
+
+# -- harness-built records are trusted; records from elsewhere are checked --------------------
+
+
+@pytest.fixture
+def trusting(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """Production behaviour (the suite checks built records too, tests/conftest.py): returns
+    the list of records the field check was run on."""
+    monkeypatch.setattr(shapes, "CHECK_TRUSTED", False)
+    checked: list[dict[str, object]] = []
+
+    def counting(rec: dict[str, object]) -> str | None:
+        checked.append(rec)
+        return record_fields_error(rec)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shapes, "_record_checks", [counting])
+    return checked
+
+
+@pytest.mark.parametrize("spec", ["memory:", "jsonl", "sqlite"])
+def test_a_hand_built_malformed_record_is_refused(
+    tmp_path: Path, spec: str, trusting: list[dict[str, object]]
+) -> None:
+    """A record committed directly as a plain dict (user or library code) is checked in full,
+    even while the harness's own records are trusted."""
+    target = {"jsonl": f"jsonl:{tmp_path}", "sqlite": f"sqlite:{tmp_path / 's.db'}"}
+    s = open_store(target.get(spec, spec)).create_session("/p")
+    try:
+        bad = {"type": "tool_started", "id": "r1", "lane": "main", "attempt": "2"}
+        with pytest.raises(InvalidOp, match="tool_started record: attempt"):
+            s.commit([RecordOp(bad)])
+        copied = dict(harness_records.record("run_finished", "main", "run-1", outcome="maybe"))
+        with pytest.raises(InvalidOp, match="run_finished record: outcome"):
+            s.commit([RecordOp(copied)])  # a plain copy of a built record is not trusted
+        assert s.records() == []
+        assert [r["id"] for r in trusting] == ["r1", copied["id"]]
+    finally:
+        s.close()
+
+
+def test_a_harness_built_record_is_not_rechecked(trusting: list[dict[str, object]]) -> None:
+    s = open_store("memory:").create_session("/p")
+    built = harness_records.record("tool_started", "main", "run-1", toolCallId="c1", attempt=1)
+    assert type(built) is harness_records.BuiltRecord and built == dict(built)
+    s.commit([RecordOp(built)])
+    assert trusting == []
+    stored = s.records()
+    assert stored == [{**built, "seq": 1}] and type(stored[0]) is dict
+    shapes.CHECK_TRUSTED = True  # the suite's mode (monkeypatch restores it)
+    s.commit([RecordOp(harness_records.record("abort_requested", "main", "run-1"))])
+    assert [r["type"] for r in trusting] == ["abort_requested"]
+
+
+# -- what comes from outside the harness is checked where it enters ---------------------------
+
+
+class _OddTool(EchoTool):
+    """``echo`` that returns what ``returns`` says instead of a result, or registers a process
+    group id that is not one."""
+
+    def __init__(self, returns: object = None, pgid: object = None) -> None:
+        super().__init__()
+        self.returns, self.pgid = returns, pgid
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        if self.pgid is not None:
+            assert ctx.on_process is not None
+            ctx.on_process(self.pgid)  # type: ignore[arg-type]
+        return self.returns  # type: ignore[return-value]
+
+
+class _StopReasonProvider(ScriptedProvider):
+    """Answers with a message whose ``stopReason`` is an integer."""
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        yield Done(
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}], "stopReason": 7}
+        )
+
+
+def _reopened_records(store: Store, sid: str) -> list[dict[str, Any]]:
+    with open_store(store.spec).open_session(sid, write=False) as s:
+        assert s.damage == []
+        return s.records()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_outside_values_are_checked_where_they_enter(
+    tmp_path: Path, trusting: list[dict[str, object]], anyio_backend: str
+) -> None:
+    """With built records trusted, a caller's client key, a provider's and a tool's values of
+    the wrong type are refused at the boundary, never written as a malformed record."""
+    store = open_store(f"jsonl:{tmp_path}/j")
+    session = Session(store.create_session(str(tmp_path)))
+    async with Harness(session, ScriptedProvider([]), [], cwd=tmp_path) as h:
+        with pytest.raises(FormatError, match="client_key must be a string, not int"):
+            await h.prompt("hi", client_key=3)  # type: ignore[arg-type]
+        with pytest.raises(FormatError, match="client_key must be a string"):
+            await h.next_run("hi", client_key=b"k")  # type: ignore[arg-type]
+    assert session.store.records() == []
+
+    bad_tool = EchoTool()
+    bad_tool.replay = "sometimes"  # type: ignore[misc]
+    with pytest.raises(ToolError, match="tool echo: replay must be 'safe' or 'never'"):
+        Harness(session, ScriptedProvider([]), [bad_tool], cwd=tmp_path)
+    odd_provider = ScriptedProvider([])
+    odd_provider.model = None  # type: ignore[assignment]
+    with pytest.raises(ProviderError, match="model must be a string, not NoneType"):
+        Harness(session, odd_provider, [], cwd=tmp_path)
+
+    async with Harness(session, _StopReasonProvider([]), [], cwd=tmp_path) as h:
+        assert await (await h.prompt("hi")).wait() == "failed"
+    turns = [{"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]}, {"text": "ok"}]
+    for tool, text in [
+        (_OddTool(returns=None), "returned NoneType, not a ToolResult"),
+        (_OddTool(returns=ToolResult([], is_error=1)), "returned is_error of type int"),  # type: ignore[arg-type]
+        (_OddTool(pgid="12"), "on_process needs a positive process group id"),
+    ]:
+        async with Harness(session, ScriptedProvider(list(turns)), [tool], cwd=tmp_path) as h:
+            assert await (await h.prompt("go")).wait() == "completed"
+        result = [e for e in session.path(session.leaf("main")) if e["type"] == "message"][-2]
+        assert result["message"]["isError"] is True and text in str(result["message"]["content"])
+    recs = _reopened_records(store, session.id)
+    assert [r["outcome"] for r in recs if r["type"] == "run_finished"] == ["failed"] + [
+        "completed"
+    ] * 3
+    assert not any(r["type"] == "tool_process" for r in recs)
+    assert all(record_fields_error(r) is None for r in recs)

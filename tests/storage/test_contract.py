@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durable_harness.errors import FormatError
+from durable_harness.errors import FormatError, InvalidOp
 from durable_harness.storage import EntryOp, LaneOp, SessionStore, Store, open_store
 from durable_harness.testing import check_session_store
 from durable_harness.testing.conformance import CHECKS, ConformanceError
@@ -26,10 +26,7 @@ def _mode(path: str | Path) -> int:
 
 #: What the ``memory:`` store (a one-process scratch store: design/storage.md) does not promise.
 MEMORY_EXEMPT = {
-    "catalogue": "no writer lease, so no lease generation",
-    "read_only": "one process, one store object: no read-only second view",
     "durability_modes": "nothing is durable: the mode is always none",
-    "copies": "the reference model hands out its own objects (no decode per read)",
 }
 
 
@@ -146,3 +143,14 @@ def test_jsonl_decodes_each_commit_line_once_per_walk(
     finally:
         monkeypatch.undo()
         s.close()
+
+
+def test_the_memory_store_refuses_what_a_file_could_not_hold() -> None:
+    """The memory store keeps entries as the JSON a file backend would write: a value JSON
+    cannot represent is refused at commit, as on JSONL and SQLite, and nothing is kept."""
+    s = open_store("memory:").create_session("/p")
+    with pytest.raises(InvalidOp, match="JSON cannot represent"):
+        s.commit([EntryOp(ent("e1", body={1j}), lane="main")])
+    assert (s.entry_count(), s.last_seq(), s.lane("main").leaf_id) == (0, 0, None)
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    assert s.last_seq() == 1
