@@ -52,6 +52,19 @@ CALL_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
 LIVE_STATES = frozenset({"creating", "idle", "running"})
 """Lifecycle states in which a session's generation (and its live suspensions) still exists."""
 
+_COUNTED = frozenset(
+    {
+        "run_start",
+        "run_end",
+        "turn_start",
+        "tool_execution_start",
+        "tool_execution_end",
+        "provider_request_start",
+        "provider_request_end",
+        "lifecycle",
+    }
+)
+
 _TOKEN_KINDS = {"input": "input", "output": "output", "cacheRead": "cache_read"}
 _TOKEN_KINDS["cacheWrite"] = "cache_write"
 
@@ -197,6 +210,8 @@ class HostMetrics:
     def observe(self, session_id: str, event: Event) -> None:
         """Count one harness event of session ``session_id`` (or a manager ``lifecycle`` event
         ``{"type": "lifecycle", "state": ...}``). Never raises."""
+        if event.get("type") not in _COUNTED:  # most events (stream deltas) count nothing
+            return
         try:
             self._observe(session_id, event)
         except Exception:  # a metrics bug must not break the run that emitted the event

@@ -40,6 +40,23 @@ if TYPE_CHECKING:
 INSTRUMENTATION = "durable_harness.host"
 """The instrumentation scope name of every span."""
 
+_RUN_EVENTS = ("suspended", "tool_process_killed", "queue_update")
+"""Events recorded as span events on their run's span."""
+
+_TRACED = frozenset(
+    {
+        "run_start",
+        "run_end",
+        "turn_start",
+        "turn_end",
+        "provider_request_start",
+        "provider_request_end",
+        "tool_execution_start",
+        "tool_execution_end",
+        *_RUN_EVENTS,
+    }
+)
+
 _USAGE_ATTRS = {
     "input": "gen_ai.usage.input_tokens",
     "output": "gen_ai.usage.output_tokens",
@@ -104,7 +121,7 @@ class HostTracer:
     def observe(self, session_id: str, event: Event) -> None:
         """Start, annotate or end the span an event of session ``session_id`` belongs to.
         Never raises; a no-op without OpenTelemetry."""
-        if self._tracer is None:
+        if self._tracer is None or event.get("type") not in _TRACED:
             return
         try:
             with self._lock:
@@ -219,7 +236,7 @@ class HostTracer:
                 span.set_attribute("error.type", outcome)
                 span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, outcome))
             span.end()
-        elif etype in ("suspended", "tool_process_killed", "queue_update"):
+        elif etype in _RUN_EVENTS:
             attrs = {
                 k: v if isinstance(v, str | int | float | bool) else [str(x) for x in v]
                 for k, v in event.items()
