@@ -232,8 +232,8 @@ def test_an_aborted_tool_call_is_traced_and_counted(
         async with Harness(session, ScriptedProvider(turns), builtin_tools(), cwd=work) as h:
             started = anyio.Event()
             h.subscribe(lambda e: started.set() if e["type"] == "tool_execution_start" else None)
-            for observe in (tracer.observe, metrics.observe):
-                h.subscribe(lambda e, observe=observe: observe(session.id, e))
+            h.subscribe(tracer.listener(session.id))
+            h.subscribe(metrics.listener(session.id))
             handle = await h.prompt("wait a minute")
             with anyio.fail_after(30):
                 await started.wait()
