@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from durable_harness.harness.harness import Harness
+from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.host import tracing
 from durable_harness.host.metrics import HostMetrics
 from durable_harness.host.tracing import HostTracer
@@ -255,3 +255,59 @@ def test_an_aborted_tool_call_is_traced_and_counted(
     got = samples(metrics.render()[0])
     assert value(got, "durable_harness_tool_calls_total", tool="bash", outcome="aborted") == 1
     assert value(got, "durable_harness_runs_total", outcome="aborted") == 1
+
+
+def test_compaction_requests_hang_under_the_run_or_stand_alone(
+    tmp_path: Path, tracer: HostTracer, exporter: InMemorySpanExporter
+) -> None:
+    """An automatic compaction between turns is a request span under the run (no turn is
+    open); a compaction by hand outside any run is a trace of its own. Both are counted."""
+    metrics = HostMetrics()
+    work = tmp_path / "work"
+    work.mkdir()
+    long = "lorem ipsum dolor sit amet " * 24
+    (work / "notes.txt").write_text(long)
+    session = Session(open_store(f"jsonl:{tmp_path / 'home'}").create_session(str(work)))
+    turns = [
+        {
+            "text": f"Reading. {long}",
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}],
+        },
+        {"text": "finished after compaction"},
+    ]
+    provider = ScriptedProvider(turns, context_window=300)
+    options = HarnessOptions(compact_reserve=150, keep_recent_tokens=50)
+
+    async def main() -> None:
+        async with Harness(session, provider, builtin_tools(), cwd=work, options=options) as h:
+            h.subscribe(tracer.listener(session.id))
+            h.subscribe(metrics.listener(session.id))
+            handle = await h.prompt("short prompt")
+            with anyio.fail_after(30):
+                assert await handle.wait() == "completed"
+                await h.compact()
+
+    anyio.run(main)
+    session.close()
+    spans = list(exporter.get_finished_spans())
+    (run,) = [s for s in spans if s.name == "durable_harness.run"]
+    under_run = children(spans, run)
+    assert [s.name for s in under_run] == [
+        "durable_harness.turn",
+        "chat scripted-1",
+        "durable_harness.turn",
+    ]
+    compaction = under_run[1]
+    assert attrs(compaction)["durable_harness.purpose"] == "compaction"
+    assert attrs(compaction)["durable_harness.outcome"] == "ok"
+    (alone,) = [s for s in spans if s.parent is None and s is not run]
+    assert alone.name == "chat scripted-1"
+    assert attrs(alone)["durable_harness.purpose"] == "compaction"
+    assert attrs(alone)["durable_harness.run.id"] == ""
+    assert alone.context.trace_id != run.context.trace_id
+    got = samples(metrics.render()[0])
+    assert (
+        value(got, "durable_harness_provider_requests_total", purpose="compaction", outcome="ok")
+        == 2
+    )
+    assert value(got, "durable_harness_provider_requests_total", purpose="turn", outcome="ok") == 2
