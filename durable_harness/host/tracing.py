@@ -31,8 +31,14 @@ _log = logging.getLogger(__name__)
 
 try:
     from opentelemetry import trace as _otel_trace
-except ImportError:  # pragma: no cover - exercised only without the otel extra
+    from opentelemetry.context import Context as _Context
+except ImportError:  # without the otel extra (tests load the module so too)
     _otel_trace = None  # type: ignore[assignment]
+    _ROOT = None
+else:
+    _ROOT = _Context()
+    """The empty context: a run's span is the root of its own trace, whatever span is current
+    where the run's task was started (an HTTP request's, say: the run outlives it)."""
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
@@ -156,7 +162,7 @@ class HostTracer:
         etype = event.get("type")
         run_id = str(event.get("runId") or "")
         lane = str(event.get("lane", "main"))
-        if not run_id:  # outside runs: only a branch summary's request, a span of its own
+        if not run_id:  # outside runs: a compaction or branch summary, a trace of its own
             orphan = (sid, lane, _request_key(event))
             if etype == "provider_request_start":
                 self._orphans[orphan] = self._start_request(None, sid, event)
@@ -170,6 +176,7 @@ class HostTracer:
                 self._end_run(self._runs.pop(key), "restart")
             span = self._tracer.start_span(
                 "durable_harness.run",
+                context=_ROOT,
                 attributes={
                     "durable_harness.session.id": sid,
                     "durable_harness.lane": lane,
@@ -184,7 +191,7 @@ class HostTracer:
             del self._runs[key]
             outcome = str(event.get("outcome", "unknown"))
             awaiting = [str(a) for a in event.get("awaiting") or []]
-            run.span.set_attribute("durable_harness.run.outcome", outcome)
+            run.span.set_attribute("durable_harness.outcome", outcome)
             if awaiting:
                 run.span.set_attribute("durable_harness.run.awaiting", awaiting)
             for field, total in run.usage.items():
@@ -231,7 +238,7 @@ class HostTracer:
             if span is None:  # settled without running: a span of zero length, now
                 span = self._start_tool(run, sid, event)
             outcome = str(event.get("outcome", "unknown"))
-            span.set_attribute("durable_harness.tool.outcome", outcome)
+            span.set_attribute("durable_harness.outcome", outcome)
             if event.get("isError"):
                 span.set_attribute("error.type", outcome)
                 span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, outcome))
@@ -250,7 +257,7 @@ class HostTracer:
         model = str(event.get("model") or "")
         return self._tracer.start_span(  # type: ignore[no-any-return]
             f"chat {model}".strip(),
-            context=_otel_trace.set_span_in_context(parent) if parent is not None else None,
+            context=_otel_trace.set_span_in_context(parent) if parent is not None else _ROOT,
             kind=_otel_trace.SpanKind.CLIENT,
             attributes={
                 "durable_harness.session.id": sid,

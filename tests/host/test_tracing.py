@@ -77,7 +77,7 @@ def test_span_tree_of_a_completed_and_a_failed_run(
     assert len(spans) == 2 + 4 + 5 + 3  # runs, turns, provider attempts, tool calls
 
     # run 1: completed; two turns; turn 1 = the request, then read_file and bash
-    assert attrs(ok_run)["durable_harness.run.outcome"] == "completed"
+    assert attrs(ok_run)["durable_harness.outcome"] == "completed"
     assert ok_run.status.status_code == StatusCode.UNSET
     assert attrs(ok_run)["gen_ai.usage.input_tokens"] == 230
     assert attrs(ok_run)["gen_ai.usage.output_tokens"] == 16
@@ -110,7 +110,7 @@ def test_span_tree_of_a_completed_and_a_failed_run(
     assert attrs(request)["gen_ai.response.finish_reasons"] == ("toolUse",)
     for tool in first[1:]:
         a = attrs(tool)
-        assert a["durable_harness.tool.outcome"] == "ok"
+        assert a["durable_harness.outcome"] == "ok"
         assert a["gen_ai.tool.name"] == tool.name.split()[-1]
         assert a["gen_ai.tool.call.id"].startswith("call_")
         assert a["durable_harness.session.id"] == runs.session_id
@@ -123,14 +123,14 @@ def test_span_tree_of_a_completed_and_a_failed_run(
     assert [s.name for s in children(spans, turns[1])] == ["chat scripted-1"]
 
     # run 2: failed; turn 1's read_file failed; turn 2's two attempts failed, then the run
-    assert attrs(failed_run)["durable_harness.run.outcome"] == "failed"
+    assert attrs(failed_run)["durable_harness.outcome"] == "failed"
     assert failed_run.status.status_code == StatusCode.ERROR
     turns = children(spans, failed_run)
     assert len(turns) == 2
     first = children(spans, turns[0])
     assert [s.name for s in first] == ["chat scripted-1", "execute_tool read_file"]
     tool = first[1]
-    assert attrs(tool)["durable_harness.tool.outcome"] == "error"
+    assert attrs(tool)["durable_harness.outcome"] == "error"
     assert tool.status.status_code == StatusCode.ERROR
     attempts = children(spans, turns[1])
     assert [attrs(s)["durable_harness.attempt"] for s in attempts] == [1, 2]
@@ -154,7 +154,7 @@ def test_resumed_in_doubt_call_spans(
     outcome, waiting = resume_with(spec, sid, work, [tracer.observe])
     assert outcome == "suspended"
     (suspended,) = exporter.get_finished_spans()
-    assert attrs(suspended)["durable_harness.run.outcome"] == "suspended"
+    assert attrs(suspended)["durable_harness.outcome"] == "suspended"
     assert attrs(suspended)["durable_harness.run.awaiting"] == tuple(waiting)
     assert [e.name for e in suspended.events] == ["suspended"]
     exporter.clear()
@@ -166,7 +166,7 @@ def test_resumed_in_doubt_call_spans(
     assert attrs(run)["durable_harness.run.id"] == attrs(suspended)["durable_harness.run.id"]
     tool, turn = children(spans, run)
     assert tool.name == "execute_tool bash"
-    assert attrs(tool)["durable_harness.tool.outcome"] == "decided_result"
+    assert attrs(tool)["durable_harness.outcome"] == "decided_result"
     assert attrs(tool)["gen_ai.tool.call.id"] == waiting[0]
     assert tool.start_time is not None and tool.end_time is not None
     assert tool.end_time - tool.start_time < 10_000_000  # ns: opened and ended at settlement
@@ -244,13 +244,13 @@ def test_an_aborted_tool_call_is_traced_and_counted(
     session.close()
     spans = list(exporter.get_finished_spans())
     (run,) = [s for s in spans if s.name == "durable_harness.run"]
-    assert attrs(run)["durable_harness.run.outcome"] == "aborted"
+    assert attrs(run)["durable_harness.outcome"] == "aborted"
     assert run.status.status_code == StatusCode.UNSET
     (turn,) = children(spans, run)
     request, tool = children(spans, turn)
     assert attrs(request)["durable_harness.outcome"] == "ok"
     assert tool.name == "execute_tool bash"
-    assert attrs(tool)["durable_harness.tool.outcome"] == "aborted"
+    assert attrs(tool)["durable_harness.outcome"] == "aborted"
     assert tool.status.status_code == StatusCode.ERROR
     got = samples(metrics.render()[0])
     assert value(got, "durable_harness_tool_calls_total", tool="bash", outcome="aborted") == 1
@@ -311,3 +311,17 @@ def test_compaction_requests_hang_under_the_run_or_stand_alone(
         == 2
     )
     assert value(got, "durable_harness_provider_requests_total", purpose="turn", outcome="ok") == 2
+
+
+def test_a_run_is_the_root_of_its_trace_whatever_span_is_current(
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = HostTracer(provider)
+    with provider.get_tracer("test").start_as_current_span("POST /sessions/s/agent/send"):
+        tracer.observe("s", {"type": "run_start", "lane": "main", "runId": "r"})
+    tracer.observe("s", {"type": "run_end", "lane": "main", "runId": "r", "outcome": "completed"})
+    request, run = sorted(exporter.get_finished_spans(), key=lambda s: s.name)
+    assert run.name == "durable_harness.run" and run.parent is None
+    assert run.context.trace_id != request.context.trace_id
