@@ -49,6 +49,10 @@ a few ms, on a loaded or networked disk up to seconds."""
 CALL_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 """Histogram buckets (seconds) for tool calls and provider requests."""
 
+MAX_TOOL_LABELS = 64
+"""Distinct values of the ``tool`` label; later names (and names over 64 characters) are
+counted as ``other``."""
+
 LIVE_STATES = frozenset({"creating", "idle", "running"})
 """Lifecycle states in which a session's generation (and its live suspensions) still exists."""
 
@@ -172,6 +176,7 @@ class HostMetrics:
         self._live: dict[tuple[str, str], int] = {}  # (session, lane) -> awaiting (events)
         self._awaiting_total = 0
         self._states: set[str] = set()
+        self._tool_names: set[str] = set()  # the values the ``tool`` label has taken
         # (session, run id, key) -> start time (monotonic s): tool calls and provider requests
         self._started: dict[tuple[str, str, str], float] = {}
         self._remove_observer: Callable[[], None] | None = None
@@ -240,7 +245,7 @@ class HostMetrics:
             with self._lock:
                 self._started[key] = time.monotonic()
         elif etype == "tool_execution_end":
-            tool = str(event.get("toolName", "unknown"))
+            tool = self._tool_label(str(event.get("toolName", "unknown")))
             self.tool_calls.labels(tool=tool, outcome=str(event.get("outcome", "unknown"))).inc()
             with self._lock:
                 began = self._started.pop(
@@ -272,6 +277,18 @@ class HostMetrics:
             with self._lock:
                 for lane_key in [k for k in self._live if k[0] == sid]:
                     self._awaiting_add(-self._live.pop(lane_key))
+
+    def _tool_label(self, name: str) -> str:
+        """The ``tool`` label for a tool name: the name, or ``other`` once
+        :data:`MAX_TOOL_LABELS` names are in use (a model may call a tool that does not exist,
+        under any name: it must not grow the number of series without bound)."""
+        with self._lock:
+            if name in self._tool_names:
+                return name
+            if len(self._tool_names) >= MAX_TOOL_LABELS or len(name) > 64:
+                return "other"
+            self._tool_names.add(name)
+            return name
 
     def _drop_started(self, sid: str, run_id: str) -> None:
         """Forget the start times a run left behind (a call the run ended without settling)."""
@@ -365,4 +382,4 @@ def _request_key(event: Event) -> str:
     return f"req:{event.get('purpose')}:{event.get('turn')}:{event.get('attempt')}"
 
 
-__all__ = ["CALL_BUCKETS", "STORAGE_BUCKETS", "HostMetrics"]
+__all__ = ["CALL_BUCKETS", "MAX_TOOL_LABELS", "STORAGE_BUCKETS", "HostMetrics"]

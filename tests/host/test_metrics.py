@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_harness.host.metrics import HostMetrics
+from durable_harness.host.metrics import MAX_TOOL_LABELS, HostMetrics
 from durable_harness.storage import RecordOp, open_store
 from durable_harness.storage.jsonl import framing
 from durable_harness.testing.conformance import rec
@@ -186,3 +186,22 @@ def test_a_bad_event_or_hook_is_logged_never_raised(caplog: pytest.LogCaptureFix
         body, _ = metrics.render()
     assert "cannot count event" in caplog.text and "refresh hook failed" in caplog.text
     assert value(samples(body), P + "runs_total", outcome="suspended") == 1
+
+
+def test_tool_names_beyond_the_cap_count_as_other() -> None:
+    """A model may call tools that do not exist, under any name: the series stay bounded."""
+    metrics = HostMetrics()
+    names = [f"made_up_{i}" for i in range(MAX_TOOL_LABELS + 5)] + ["x" * 65]
+    for i, name in enumerate(names):
+        end = {"type": "tool_execution_end", "lane": "main", "runId": "r", "toolCallId": str(i)}
+        metrics.observe("s", {**end, "toolName": name, "outcome": "error", "isError": True})
+    got = samples(metrics.render()[0])
+    tools = {dict(labels)["tool"] for name, labels in got if name == P + "tool_calls_total"}
+    assert tools == {*names[:MAX_TOOL_LABELS], "other"}
+    assert value(got, P + "tool_calls_total", tool="other", outcome="error") == 6
+    # a name already in use keeps its own series
+    metrics.observe("s", {"type": "tool_execution_end", "toolName": names[0], "outcome": "ok"})
+    assert (
+        value(samples(metrics.render()[0]), P + "tool_calls_total", tool=names[0], outcome="ok")
+        == 1
+    )
