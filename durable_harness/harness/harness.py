@@ -146,9 +146,12 @@ class Harness:
     def subscribe(self, callback: Callable[[Event], Any]) -> Callable[[], None]:
         """Call ``callback(event)`` for every event; returns an unsubscribe function.
 
-        Events: ``run_start``, ``turn_start``, ``message_start``, ``message_update``,
-        ``message_end``, ``tool_execution_start``, ``tool_execution_end``, ``turn_end``,
-        ``run_end``, ``queue_update``. Each is a dict with ``type``, ``lane`` and ``runId``.
+        Events: ``run_start``, ``turn_start``, ``provider_request_start``, ``message_start``,
+        ``message_update``, ``message_end``, ``provider_request_end``, ``tool_execution_start``,
+        ``tool_execution_end``, ``turn_end``, ``suspended``, ``tool_process_killed``,
+        ``run_end``, ``queue_update``. Each is a dict with ``type``, ``lane`` and ``runId``
+        (``design/observability.md`` lists every event's fields). The callback runs inside the
+        run loop: it must be fast and must not raise.
         """
         return self._core.subscribe(callback)
 

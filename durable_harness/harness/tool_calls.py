@@ -357,4 +357,14 @@ class ToolCalls:
                 record("run_finished", s.lane, s.run_id, outcome="aborted", appliedWrites=applied)
             )
         )
+        open_calls = [c for c in s.tool_calls if c.status != "completed"]
         self.core.commit(ops, live)
+        for call in open_calls:
+            self.core.emit(
+                "tool_execution_end",
+                live,
+                toolCallId=call.tool_call_id,
+                toolName=call.tool_name,
+                isError=True,
+                outcome="aborted",
+            )

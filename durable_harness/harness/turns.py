@@ -195,6 +195,49 @@ class Turns:
         crash.crash_point("after_assistant_entry")
 
     async def _stream(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
+        """Stream one provider attempt (its intent is durable already) between a
+        ``provider_request_start`` and a ``provider_request_end`` event, for observers (the
+        host's spans and metrics): the end event carries ``outcome`` (``ok``, ``error`` or
+        ``cancelled``), and ``usage``/``stopReason`` or ``error``/``status``/``retryable``."""
+        ident = dict(turn=request.turn, attempt=request.attempt, purpose=request.purpose)
+        self.core.emit(
+            "provider_request_start",
+            live,
+            **ident,
+            provider=self.core.provider.name,
+            model=request.model,
+        )
+        try:
+            message = await self._play(live, request)
+        except ProviderError as exc:
+            self.core.emit(
+                "provider_request_end",
+                live,
+                **ident,
+                outcome="error",
+                error=exc.message,
+                status=exc.status,
+                retryable=exc.retryable,
+            )
+            raise
+        except anyio.get_cancelled_exc_class():
+            self.core.emit("provider_request_end", live, **ident, outcome="cancelled")
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.core.emit("provider_request_end", live, **ident, outcome="error", error=error)
+            raise
+        self.core.emit(
+            "provider_request_end",
+            live,
+            **ident,
+            outcome="ok",
+            usage=message.get("usage"),
+            stopReason=message.get("stopReason"),
+        )
+        return message
+
+    async def _play(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
         live.partial = []
         text: list[str] = []
         first = True

@@ -122,6 +122,9 @@ async def test_abort_mid_stream_keeps_the_partial_text(store: Store, workdir: Pa
     assert_same_commit(session, entry["seq"], failed["seq"], finished["seq"])
     assert of_type(recs, "abort_requested")[0]["seq"] < entry["seq"]
     assert events[-1]["type"] == "run_end" and events[-1]["outcome"] == "aborted"
+    # observers see the request end too (the host closes its span with it)
+    ends = [e for e in events if e["type"] == "provider_request_end"]
+    assert [(e["turn"], e["attempt"], e["outcome"]) for e in ends] == [(1, 1, "cancelled")]
     one_result_per_call(session.context().messages)
 
 
@@ -224,6 +227,7 @@ async def bash_pids(workdir: Path) -> tuple[int, int]:
 async def test_abort_kills_a_running_bash_tool(store: Store, workdir: Path) -> None:
     session = new_session(store, workdir)
     async with Harness(session, ScriptedProvider(BASH_TURNS), builtin_tools(), cwd=workdir) as h:
+        events, _ = collect_events(h)
         handle = await h.prompt("run the slow command")
         await h.set_model("other", "model-y")
         pid, child = await bash_pids(workdir)
@@ -244,6 +248,14 @@ async def test_abort_kills_a_running_bash_tool(store: Store, workdir: Path) -> N
     assert len(finished) == 1
     assert finished[0]["toolCallId"] == started[0]["toolCallId"]
     assert finished[0]["outcome"] == "aborted" and finished[0]["isError"] is True
+    tool_events = [
+        (e["type"], e["toolCallId"], e.get("outcome")) for e in events if "toolCallId" in e
+    ]
+    call_id = started[0]["toolCallId"]
+    assert tool_events == [
+        ("tool_execution_start", call_id, None),
+        ("tool_execution_end", call_id, "aborted"),
+    ]
     result = session.store.get_entry(finished[0]["resultEntryId"])
     assert result["id"] == started[0]["resultEntryId"]
     assert result["message"]["isError"] is True

@@ -223,10 +223,11 @@ async def test_events_in_order(store: Store, workdir: Path) -> None:
     for index, turn in enumerate(turns):
         assert turn[0] == "turn_start" and turn[-1] == "turn_end"
         body = turn[1:-1]
-        assert body[0] == "message_start"
+        assert body[:2] == ["provider_request_start", "message_start"]
         end = body.index("message_end")
-        assert set(body[1:end]) == {"message_update"} and end > 1
-        tools = body[end + 1 :]
+        assert set(body[2:end]) == {"message_update"} and end > 2
+        assert body[end + 1] == "provider_request_end"
+        tools = body[end + 2 :]
         n_calls = [2, 1, 0][index]
         assert tools.count("tool_execution_start") == tools.count("tool_execution_end") == n_calls
         for k, kind in enumerate(tools):
@@ -236,6 +237,13 @@ async def test_events_in_order(store: Store, workdir: Path) -> None:
     assert turn_nums == [1, 1, 2, 2, 3, 3]
     ends = [e for e in run_events if e["type"] == "message_end"]
     assert [e["message"]["stopReason"] for e in ends] == ["toolUse", "toolUse", "stop"]
+    requests = [e for e in run_events if e["type"] == "provider_request_end"]
+    assert [(e["turn"], e["attempt"], e["outcome"]) for e in requests] == [
+        (1, 1, "ok"),
+        (2, 1, "ok"),
+        (3, 1, "ok"),
+    ]
+    assert [e["usage"] for e in requests] == [e["message"]["usage"] for e in ends]
 
 
 class GateTool(EchoTool):

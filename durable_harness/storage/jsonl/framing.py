@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
-from durable_harness.storage import codec
+from durable_harness.storage import codec, timing
 from durable_harness.storage.base import unreadable_error
 
 if TYPE_CHECKING:
@@ -156,6 +157,8 @@ def barrier(store: JsonlSessionStore) -> None:
     The one place the write path syncs the file. With a barrier trace open (power-cut tests,
     :mod:`durable_harness.storage.barrier_trace`) it then records the data length and the mark
     the sync covered, both read before the call; otherwise that costs one ``is None`` test.
+    With a :mod:`~durable_harness.storage.timing` observer registered (the host's metrics) the
+    sync is timed and reported as ``"fsync"``; otherwise the clock is not read.
 
     Raises:
         OSError: the fsync failed.
@@ -163,9 +166,12 @@ def barrier(store: JsonlSessionStore) -> None:
     fd = store._fd
     assert fd is not None
     trace = store._trace
-    if trace is None:
+    if trace is None and not timing.enabled():
         os.fdatasync(fd)
         return
     end, mark = store._end, store._marked
+    started = time.perf_counter()
     os.fdatasync(fd)
-    trace.record(end, mark)
+    timing.observe("fsync", time.perf_counter() - started)
+    if trace is not None:
+        trace.record(end, mark)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -19,7 +20,7 @@ from durable_harness.errors import (
     StorageError,
 )
 from durable_harness.fs import fsync_dir
-from durable_harness.storage import codec
+from durable_harness.storage import codec, timing
 from durable_harness.storage.barrier_trace import BarrierTrace, open_trace
 from durable_harness.storage.base import Durability, PendingCommit, queued_commit
 from durable_harness.storage.indexed import IndexedSessionStore
@@ -203,7 +204,17 @@ class JsonlSessionStore(IndexedSessionStore):
         other commit written meanwhile. With ``wait=False`` (``sync`` or ``batch``) the call
         returns before any fsync; :meth:`wait_durable` makes it durable later. The harness uses
         that for settlements, which the next intent's fsync covers (``design/run-loop.md``).
+        A commit that returns is reported to :mod:`~durable_harness.storage.timing` as
+        ``"commit"`` when an observer is registered.
         """
+        if not timing.enabled():
+            return self._commit(ops, wait)
+        started = time.perf_counter()
+        seq = self._commit(ops, wait)
+        timing.observe("commit", time.perf_counter() - started)
+        return seq
+
+    def _commit(self, ops: list[Any], wait: bool) -> int:
         if self.durability != "batch" or not wait:
             return super().commit(ops, wait=wait)
         with self._lock:
@@ -232,9 +243,16 @@ class JsonlSessionStore(IndexedSessionStore):
             raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
         if not ops:
             return self._seq
-        return await queued_commit(
-            self._queue, ops, lambda batch: group_commit.commit_group(self, batch)
-        )
+
+        def commit_batch(batch: list[PendingCommit]) -> None:
+            group_commit.commit_group(self, batch)
+
+        if not timing.enabled():
+            return await queued_commit(self._queue, ops, commit_batch)
+        started = time.perf_counter()
+        seq = await queued_commit(self._queue, ops, commit_batch)
+        timing.observe("commit", time.perf_counter() - started)
+        return seq
 
     def wait_durable(self, ticket: int | None = None) -> None:
         """Block until commit number ``ticket`` (default: every commit so far) is fsynced

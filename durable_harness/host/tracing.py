@@ -1,0 +1,328 @@
+"""OpenTelemetry spans of a host's runs (``design/observability.md``), built from harness events.
+
+Span tree, one per run::
+
+    durable_harness.run                      run_start .. run_end
+    ├── durable_harness.turn                 turn_start .. turn_end (or the run's end)
+    │   ├── chat {model}                     provider_request_start .. provider_request_end
+    │   └── execute_tool {tool}              tool_execution_start .. tool_execution_end
+    └── chat {model}                         a compaction request between turns
+
+A tool call settled without running (``not_run``, ``reconciled``, a decision, an unknown tool)
+gets a span of zero length at its settlement; a call resumed after a restart, or a compaction,
+hangs under the run when no turn is open. Anything still open when its run ends is ended with
+the run. Attributes follow the OpenTelemetry GenAI conventions where one exists
+(``gen_ai.tool.name``, ``gen_ai.usage.input_tokens``...), ``durable_harness.*`` otherwise.
+
+Needs the ``otel`` extra (``opentelemetry-api``); without it :class:`HostTracer` is a no-op
+with the same interface (:attr:`HostTracer.enabled` is False).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+Event = dict[str, Any]
+
+_log = logging.getLogger(__name__)
+
+try:
+    from opentelemetry import trace as _otel_trace
+    from opentelemetry.context import Context as _Context
+except ImportError:  # without the otel extra (tests load the module so too)
+    _otel_trace = None  # type: ignore[assignment]
+    _ROOT = None
+else:
+    _ROOT = _Context()
+    """The empty context: a run's span is the root of its own trace, whatever span is current
+    where the run's task was started (an HTTP request's, say: the run outlives it)."""
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, TracerProvider
+
+INSTRUMENTATION = "durable_harness.host"
+"""The instrumentation scope name of every span."""
+
+_RUN_EVENTS = ("suspended", "tool_process_killed", "queue_update")
+"""Events recorded as span events on their run's span."""
+
+_TRACED = frozenset(
+    {
+        "run_start",
+        "run_end",
+        "turn_start",
+        "turn_end",
+        "provider_request_start",
+        "provider_request_end",
+        "tool_execution_start",
+        "tool_execution_end",
+        *_RUN_EVENTS,
+    }
+)
+
+_USAGE_ATTRS = {
+    "input": "gen_ai.usage.input_tokens",
+    "output": "gen_ai.usage.output_tokens",
+    "cacheRead": "gen_ai.usage.cache_read.input_tokens",
+    "cacheWrite": "gen_ai.usage.cache_creation.input_tokens",
+}
+
+
+def available() -> bool:
+    """True when ``opentelemetry`` is importable (the ``otel`` extra is installed)."""
+    return _otel_trace is not None
+
+
+class _Run:
+    """The open spans of one run."""
+
+    __slots__ = ("children", "span", "turn", "usage")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.turn: Span | None = None
+        self.children: dict[str, Span] = {}  # provider requests and tool calls, by key
+        self.usage: dict[str, int] = {}
+
+
+class HostTracer:
+    """Turns the harness events of many sessions into OpenTelemetry spans.
+
+    Feed it like :class:`~durable_harness.host.metrics.HostMetrics`:
+    ``manager.observe(tracer.observe)`` or ``harness.subscribe(tracer.listener(session_id))``.
+    Spans are keyed by session and run id (turns by run, tool calls by tool call id, provider
+    requests by purpose, turn and attempt), so the runs of many sessions interleave freely.
+    :meth:`observe` never raises (a broken event is logged and skipped).
+
+    Args:
+        tracer_provider: where spans go; default the global provider
+            (``opentelemetry.trace.get_tracer_provider()``, set by the application or by
+            ``opentelemetry-instrument``). Tests pass an SDK ``TracerProvider`` with an
+            in-memory exporter.
+    """
+
+    def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[str, str], _Run] = {}
+        self._orphans: dict[tuple[str, str, str], Span] = {}  # requests outside runs
+        self._tracer: Any = None
+        if _otel_trace is not None:
+            from durable_harness import __version__
+
+            provider = tracer_provider or _otel_trace.get_tracer_provider()
+            self._tracer = provider.get_tracer(INSTRUMENTATION, __version__)
+
+    @property
+    def enabled(self) -> bool:
+        """True when spans are made (``opentelemetry`` is importable)."""
+        return self._tracer is not None
+
+    def listener(self, session_id: str) -> Callable[[Event], None]:
+        """A ``Harness.subscribe`` callback tracing that harness's events as ``session_id``."""
+        return lambda event: self.observe(session_id, event)
+
+    def observe(self, session_id: str, event: Event) -> None:
+        """Start, annotate or end the span an event of session ``session_id`` belongs to.
+        Never raises; a no-op without OpenTelemetry."""
+        if self._tracer is None or event.get("type") not in _TRACED:
+            return
+        try:
+            with self._lock:
+                self._observe(session_id, event)
+        except Exception:  # a tracing bug must not break the run that emitted the event
+            _log.exception("tracing: cannot trace event %r of session %s", event, session_id)
+
+    def forget_session(self, session_id: str) -> None:
+        """End every span still open for ``session_id`` (a session closed or forgotten without
+        its runs' ``run_end``), marking them ``durable_harness.ended_by=forget``."""
+        with self._lock:
+            for key in [k for k in self._runs if k[0] == session_id]:
+                self._end_run(self._runs.pop(key), "forget")
+            for orphan in [k for k in self._orphans if k[0] == session_id]:
+                self._orphans.pop(orphan).end()
+
+    def close(self) -> None:
+        """End every open span (host shutdown): a run a crash or shutdown leaves open still
+        reaches the exporter, marked ``durable_harness.ended_by=shutdown``."""
+        with self._lock:
+            runs, self._runs = list(self._runs.values()), {}
+            for run in runs:
+                self._end_run(run, "shutdown")
+            orphans, self._orphans = list(self._orphans.values()), {}
+            for span in orphans:
+                span.end()
+
+    # -- the event -> span mapping (called under the lock) ------------------------------------
+
+    def _observe(self, sid: str, event: Event) -> None:
+        assert _otel_trace is not None
+        etype = event.get("type")
+        run_id = str(event.get("runId") or "")
+        lane = str(event.get("lane", "main"))
+        if not run_id:  # outside runs: a compaction or branch summary, a trace of its own
+            orphan = (sid, lane, _request_key(event))
+            if etype == "provider_request_start":
+                self._orphans[orphan] = self._start_request(None, sid, event)
+            elif etype == "provider_request_end" and orphan in self._orphans:
+                self._end_request(self._orphans.pop(orphan), event)
+            return
+        key = (sid, run_id)
+        run = self._runs.get(key)
+        if etype == "run_start":
+            if run is not None:  # a second start for a run still open: end the first one
+                self._end_run(self._runs.pop(key), "restart")
+            span = self._tracer.start_span(
+                "durable_harness.run",
+                context=_ROOT,
+                attributes={
+                    "durable_harness.session.id": sid,
+                    "durable_harness.lane": lane,
+                    "durable_harness.run.id": run_id,
+                    "gen_ai.conversation.id": sid,
+                },
+            )
+            self._runs[key] = _Run(span)
+        elif etype == "run_end":
+            if run is None:
+                return
+            del self._runs[key]
+            outcome = str(event.get("outcome", "unknown"))
+            awaiting = [str(a) for a in event.get("awaiting") or []]
+            run.span.set_attribute("durable_harness.outcome", outcome)
+            if awaiting:
+                run.span.set_attribute("durable_harness.run.awaiting", awaiting)
+            for field, total in run.usage.items():
+                run.span.set_attribute(_USAGE_ATTRS[field], total)
+            if outcome == "failed":
+                run.span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, "run failed"))
+            self._end_run(run, None)
+        elif run is None:
+            return  # an event of a run that started before this tracer listened
+        elif etype == "turn_start":
+            if run.turn is not None:
+                run.turn.end()
+            run.turn = self._tracer.start_span(
+                "durable_harness.turn",
+                context=_otel_trace.set_span_in_context(run.span),
+                attributes={
+                    "durable_harness.session.id": sid,
+                    "durable_harness.run.id": run_id,
+                    "durable_harness.turn": int(event.get("turn", 0)),
+                },
+            )
+        elif etype == "turn_end":
+            if run.turn is not None:
+                run.turn.end()
+                run.turn = None
+        elif etype == "provider_request_start":
+            run.children[_request_key(event)] = self._start_request(run, sid, event)
+        elif etype == "provider_request_end":
+            span = run.children.pop(_request_key(event), None)
+            if span is not None:
+                self._end_request(span, event)
+            usage = event.get("usage")
+            if isinstance(usage, Mapping):
+                for field in _USAGE_ATTRS:
+                    count = usage.get(field)
+                    if isinstance(count, int) and not isinstance(count, bool):
+                        run.usage[field] = run.usage.get(field, 0) + count
+        elif etype == "tool_execution_start":
+            call_id = str(event.get("toolCallId"))
+            run.children["tool:" + call_id] = self._start_tool(run, sid, event)
+        elif etype == "tool_execution_end":
+            call_id = str(event.get("toolCallId"))
+            span = run.children.pop("tool:" + call_id, None)
+            if span is None:  # settled without running: a span of zero length, now
+                span = self._start_tool(run, sid, event)
+            outcome = str(event.get("outcome", "unknown"))
+            span.set_attribute("durable_harness.outcome", outcome)
+            if event.get("isError"):
+                span.set_attribute("error.type", outcome)
+                span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, outcome))
+            span.end()
+        elif etype in _RUN_EVENTS:
+            attrs = {
+                k: v if isinstance(v, str | int | float | bool) else [str(x) for x in v]
+                for k, v in event.items()
+                if k not in ("type", "lane", "runId") and isinstance(v, str | int | float | list)
+            }
+            run.span.add_event(str(etype), attributes=attrs)
+
+    def _start_request(self, run: _Run | None, sid: str, event: Event) -> Span:
+        assert _otel_trace is not None
+        parent = run.turn or run.span if run is not None else None
+        model = str(event.get("model") or "")
+        return self._tracer.start_span(  # type: ignore[no-any-return]
+            f"chat {model}".strip(),
+            context=_otel_trace.set_span_in_context(parent) if parent is not None else _ROOT,
+            kind=_otel_trace.SpanKind.CLIENT,
+            attributes={
+                "durable_harness.session.id": sid,
+                "durable_harness.run.id": str(event.get("runId") or ""),
+                "durable_harness.purpose": str(event.get("purpose", "turn")),
+                "durable_harness.turn": int(event.get("turn", 0)),
+                "durable_harness.attempt": int(event.get("attempt", 0)),
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": str(event.get("provider") or ""),
+                "gen_ai.request.model": model,
+            },
+        )
+
+    def _end_request(self, span: Span, event: Event) -> None:
+        assert _otel_trace is not None
+        outcome = str(event.get("outcome", "unknown"))
+        span.set_attribute("durable_harness.outcome", outcome)
+        usage = event.get("usage")
+        if isinstance(usage, Mapping):
+            for field, attr in _USAGE_ATTRS.items():
+                count = usage.get(field)
+                if isinstance(count, int) and not isinstance(count, bool):
+                    span.set_attribute(attr, count)
+        if event.get("stopReason"):
+            span.set_attribute("gen_ai.response.finish_reasons", [str(event["stopReason"])])
+        if outcome == "error":
+            span.set_attribute("error.type", str(event.get("status") or "provider_error"))
+            span.set_status(
+                _otel_trace.Status(_otel_trace.StatusCode.ERROR, str(event.get("error", "")))
+            )
+        span.end()
+
+    def _start_tool(self, run: _Run, sid: str, event: Event) -> Span:
+        assert _otel_trace is not None
+        tool = str(event.get("toolName") or "")
+        return self._tracer.start_span(  # type: ignore[no-any-return]
+            f"execute_tool {tool}".strip(),
+            context=_otel_trace.set_span_in_context(run.turn or run.span),
+            kind=_otel_trace.SpanKind.INTERNAL,
+            attributes={
+                "durable_harness.session.id": sid,
+                "durable_harness.run.id": str(event.get("runId") or ""),
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tool,
+                "gen_ai.tool.call.id": str(event.get("toolCallId") or ""),
+            },
+        )
+
+    def _end_run(self, run: _Run, ended_by: str | None) -> None:
+        """End a run's open children, its turn, then the run (children first, so every span
+        ends within its parent)."""
+        for span in run.children.values():
+            span.set_attribute("durable_harness.ended_by", ended_by or "run_end")
+            span.end()
+        run.children.clear()
+        if run.turn is not None:
+            run.turn.end()
+            run.turn = None
+        if ended_by is not None:
+            run.span.set_attribute("durable_harness.ended_by", ended_by)
+        run.span.end()
+
+
+def _request_key(event: Event) -> str:
+    return f"req:{event.get('purpose')}:{event.get('turn')}:{event.get('attempt')}"
+
+
+__all__ = ["INSTRUMENTATION", "HostTracer", "available"]
