@@ -25,7 +25,8 @@ BENCHMARKS = {
 
 
 def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:
-    print(f"\n== {name} ({seconds:.1f} s) -> bench/results/{name}.json")
+    where = os.environ.get("DH_BENCH_RESULTS") or "bench/results"
+    print(f"\n== {name} ({seconds:.1f} s) -> {where}/{name}.json")
     start = results.get("machine", {}).get("load_at_start", {})
     end = results.get("load_at_end", {})
     print(

@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
+from pydantic import BaseModel
+
 from bench.common import (
     REPO_ROOT,
     child_main,
@@ -53,6 +56,7 @@ from bench.common import (
     write_results,
 )
 from bench.workload import EchoTool
+from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
 
 FULL = {"sessions": 1000, "running": 200, "single_runs": 50, "runs_per_session": 3}
 QUICK = {"sessions": 40, "running": 10, "single_runs": 3, "runs_per_session": 1}
@@ -90,29 +94,26 @@ def script(work: Path) -> dict[str, Any]:
     }
 
 
-def _tools(runtime: str) -> dict[str, Any]:
+class HoldArgs(BaseModel):
+    """Arguments of :class:`HoldTool` (none)."""
+
+
+class HoldTool(Tool):
+    """A replay-``never`` call that never returns (the host is killed during it)."""
+
+    name: ClassVar[str] = "hold"
+    description: ClassVar[str] = "Deploy; never returns."
+    Args: ClassVar[type[BaseModel]] = HoldArgs
+    replay: ClassVar[Replay] = "never"
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        """Wait forever."""
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+def _tools(runtime: str) -> dict[str, Tool]:
     """The tools of every generation: the cheap replay-safe ``echo`` and the ``hold`` tool."""
-    from pydantic import BaseModel
-
-    from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
-
-    class HoldArgs(BaseModel):
-        pass
-
-    class HoldTool(Tool):
-        """A replay-``never`` call that never returns (the host is killed during it)."""
-
-        name: ClassVar[str] = "hold"
-        description: ClassVar[str] = "Deploy; never returns."
-        Args: ClassVar[type[BaseModel]] = HoldArgs
-        replay: ClassVar[Replay] = "never"
-
-        async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-            import anyio
-
-            await anyio.sleep_forever()
-            raise AssertionError("unreachable")
-
     return {"echo": EchoTool(), "hold": HoldTool()}
 
 
@@ -166,8 +167,6 @@ class _LagProbe:
         self.on = False
 
     async def run(self) -> None:
-        import anyio
-
         while True:
             t0 = time.perf_counter()
             await anyio.sleep(0.001)
@@ -203,8 +202,6 @@ def _per_turn(
 async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]) -> None:
     """The host process: phases (a)-(c), results to ``work/load.json``, then the sessions put
     in flight and a SIGKILL of this process."""
-    import anyio
-
     from durable_harness.fs import atomic_write
     from durable_harness.host import HostOptions, SessionManager
 
@@ -323,8 +320,6 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
 def child_reconcile(store: str, script_path: str, sessions: int) -> dict[str, Any]:
     """In a fresh process: time ``SessionManager.__aenter__`` (reconciliation, no resume)
     until every session is ``suspended`` with its plan."""
-    import anyio
-
     from durable_harness.host import HostOptions, SessionManager
     from durable_harness.host.manager import needs_decision
 
@@ -464,8 +459,6 @@ CHILDREN = {"child_reconcile": child_reconcile}
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--load":
-        import anyio
-
         args = json.loads(sys.argv[2])
         anyio.run(
             _load,
