@@ -334,6 +334,9 @@ def child_reconcile(store: str, script_path: str, sessions: int) -> dict[str, An
             plans = [manager.plan(sid) for sid in ids]
             elapsed = time.perf_counter() - t0
             known = [p for p in plans if p is not None]
+            t1 = time.perf_counter()
+            manager.store.list_sessions()
+            listing = time.perf_counter() - t1
             return {
                 "sessions": len(ids),
                 "plans_known": len(known),
@@ -341,6 +344,12 @@ def child_reconcile(store: str, script_path: str, sessions: int) -> dict[str, An
                 "seconds_in_aenter": round(entered, 3),
                 "seconds_to_all_plans": round(elapsed, 3),
                 "per_session_ms": round(elapsed / max(1, len(ids)) * 1e3, 3),
+                # Opening a session by id lists every session of the store (Store.resolve):
+                # the share of the time that costs, estimated as N listings.
+                "list_sessions_ms": round(listing * 1e3, 3),
+                "share_in_id_lookups_est": round(listing * len(ids) / elapsed, 3)
+                if elapsed
+                else None,
                 "unreadable": len(manager.unreadable),
                 "expected": sessions,
             }
@@ -446,7 +455,8 @@ def run() -> dict[str, Any]:
             "(d) reconcile crashed sessions",
             rec.get("seconds_to_all_plans"),
             "s",
-            f"{rec.get('plans_known')} plans, {rec.get('needing_decision')} needing a decision"
+            f"{rec.get('plans_known')} plans, {rec.get('needing_decision')} needing a decision; "
+            f"~{rec.get('share_in_id_lookups_est') or 0:.0%} in id lookups (each lists the store)"
             if rec_ok
             else str(rec.get("error", rec))[:120],
         ),
