@@ -12,7 +12,9 @@ answer (so ``TOOL_TURNS + 1`` turns; a turn is one assistant message and its too
   ratio (b)/(a) (goal >= 10x: commits of different sessions sharing a transaction and an
   fsync);
 * **(c) send acceptance**: p50/p99 of the time a ``send`` (a prompt) takes to return under
-  the load of (b) (it returns once the run's ``run_started`` is durable);
+  the load of (b) (it returns once the run's ``run_started`` is durable), and as a client
+  sees it: a send every 20 ms to a session outside the load, timed from when it was due (the
+  event loop's lag included, as for a request to the HTTP API);
 * **(d) start-up reconciliation**: every session is then sent a prompt that stays in flight
   (half in the provider's stream, half in a replay-``never`` tool call) and the host process
   SIGKILLs itself; a fresh process times ``SessionManager.__aenter__`` (``auto_resume=
@@ -34,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -65,6 +68,7 @@ WORK_PROMPT = "work"
 HOLD_PROVIDER = "hold in the provider"
 HOLD_TOOL = "hold in a tool"
 LOAD_TIMEOUT = 900.0
+CLIENT_PERIOD = 0.02  # seconds between the client's sends in phase (b)
 
 
 def quick() -> bool:
@@ -209,12 +213,12 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
     probe = _LagProbe()
     ended: dict[str, anyio.Event] = {}
     reached: dict[str, anyio.Event] = {}
-    turns = [0]
+    turns: Counter[str] = Counter()
 
     def on_event(sid: str, event: dict[str, Any]) -> None:
         etype = event.get("type")
         if etype == "turn_end":
-            turns[0] += 1
+            turns[sid] += 1
         elif etype == "run_end" and sid in ended:
             ended[sid].set()
         elif etype in ("message_update", "tool_execution_start") and sid in reached:
@@ -247,11 +251,12 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
         # (a) one session, runs back to back
         single: list[float] = []
         probe.on = True
-        turns[0], c0, t0 = 0, counters.snapshot(), time.perf_counter()
+        turns.clear()
+        c0, t0 = counters.snapshot(), time.perf_counter()
         for _ in range(sizes["single_runs"]):
             await one_run(ids[0], single)
         wall = time.perf_counter() - t0
-        n_single = turns[0]
+        n_single = turns[ids[0]]
         out["single"] = {
             "turns": n_single,
             "seconds": round(wall, 3),
@@ -270,6 +275,23 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             for _ in range(sizes["runs_per_session"]):
                 await one_run(sid, latencies)
 
+        # A client's view: every CLIENT_PERIOD, a send to a session outside the load, timed
+        # from the moment it was due (so the event loop's lag is included, as it is for a
+        # request the HTTP API receives), then its run waited for.
+        client: list[float] = []
+        client_sid = ids[-1]
+        client_sent = anyio.Event()
+
+        async def client_sends() -> None:
+            while True:
+                due = time.perf_counter() + CLIENT_PERIOD
+                await anyio.sleep(CLIENT_PERIOD)
+                ended[client_sid] = anyio.Event()
+                await manager.send(client_sid, WORK_PROMPT)
+                client.append(time.perf_counter() - due)
+                client_sent.set()
+                await ended[client_sid].wait()
+
         profile_to = os.environ.get("DH_BENCH_HOST_PROFILE")
         profiler = None
         if profile_to:
@@ -277,22 +299,28 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
 
             profiler = cProfile.Profile()
             profiler.enable()
-        turns[0], c0, t0 = 0, counters.snapshot(), time.perf_counter()
-        async with anyio.create_task_group() as workers:
-            for sid in running:
-                workers.start_soon(worker, sid)
-        wall = time.perf_counter() - t0
+        turns.clear()
+        c0, t0 = counters.snapshot(), time.perf_counter()
+        async with anyio.create_task_group() as clients:
+            clients.start_soon(client_sends)
+            async with anyio.create_task_group() as workers:
+                for sid in running:
+                    workers.start_soon(worker, sid)
+            wall = time.perf_counter() - t0
+            await client_sent.wait()  # at least one figure, even when the load was short
+            clients.cancel_scope.cancel()
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(profile_to))
         probe.on = False
-        n_many = turns[0]
+        n_many = sum(turns[sid] for sid in running)
         out["many"] = {
             "running_sessions": len(running),
             "turns": n_many,
             "seconds": round(wall, 3),
             "turns_per_s": round(rate(n_many, wall), 1),
-            **_per_turn(c0, counters.snapshot(), n_many, wall),
+            # per turn of every session (the client's few runs included: their commits are)
+            **_per_turn(c0, counters.snapshot(), sum(turns.values()), wall),
             **probe.take(),
         }
         out["send_acceptance"] = {
@@ -300,6 +328,9 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             "p50_ms": round(percentile(latencies, 50) * 1e3, 3),
             "p99_ms": round(percentile(latencies, 99) * 1e3, 3),
             "max_ms": round(max(latencies, default=0.0) * 1e3, 3),
+            "client_sends": len(client),
+            "client_p50_ms": round(percentile(client, 50) * 1e3, 3),
+            "client_p99_ms": round(percentile(client, 99) * 1e3, 3),
         }
         log(
             f"  (b) {len(running)} sessions: {out['many']['turns_per_s']} turns/s; (c) send "
@@ -451,6 +482,12 @@ def run() -> dict[str, Any]:
         ),
         ("(c) send acceptance p50", send["p50_ms"], "ms", "under the load of (b)"),
         ("(c) send acceptance p99", send["p99_ms"], "ms", f"max {send['max_ms']} ms"),
+        (
+            "(c) client's send p50 (loop lag in)",
+            send["client_p50_ms"],
+            "ms",
+            f"p99 {send['client_p99_ms']} ms over {send['client_sends']} sends, from when due",
+        ),
         (
             "(d) reconcile crashed sessions",
             rec.get("seconds_to_all_plans"),

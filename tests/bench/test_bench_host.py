@@ -46,6 +46,8 @@ def test_bench_host_quick_writes_every_figure(tmp_path: Path) -> None:
     )
     assert data["send_acceptance"]["sends"] == sizes["running"] * sizes["runs_per_session"]
     assert 0 < data["send_acceptance"]["p50_ms"] <= data["send_acceptance"]["p99_ms"]
+    assert data["send_acceptance"]["client_sends"] >= 1
+    assert data["send_acceptance"]["client_p99_ms"] >= data["send_acceptance"]["client_p50_ms"] > 0
     assert data["ratios"]["many_vs_single_turns_per_s"] > 0
     rec = data["reconcile"]
     assert rec["sessions"] == rec["plans_known"] == sizes["sessions"], rec
