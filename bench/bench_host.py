@@ -280,16 +280,15 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
         # request the HTTP API receives), then its run waited for.
         client: list[float] = []
         client_sid = ids[-1]
-        client_sent = anyio.Event()
+        load_over = anyio.Event()
 
         async def client_sends() -> None:
-            while True:
+            while not (load_over.is_set() and client):  # at least one figure
                 due = time.perf_counter() + CLIENT_PERIOD
                 await anyio.sleep(CLIENT_PERIOD)
                 ended[client_sid] = anyio.Event()
                 await manager.send(client_sid, WORK_PROMPT)
                 client.append(time.perf_counter() - due)
-                client_sent.set()
                 await ended[client_sid].wait()
 
         profile_to = os.environ.get("DH_BENCH_HOST_PROFILE")
@@ -307,8 +306,7 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
                 for sid in running:
                     workers.start_soon(worker, sid)
             wall = time.perf_counter() - t0
-            await client_sent.wait()  # at least one figure, even when the load was short
-            clients.cancel_scope.cancel()
+            load_over.set()  # the client finishes its run in progress, then stops
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(profile_to))
