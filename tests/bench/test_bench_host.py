@@ -40,7 +40,7 @@ def test_bench_host_quick_writes_every_figure(tmp_path: Path) -> None:
         assert figures["turns"] > 0 and figures["turns_per_s"] > 0, figures
         for key in ("commits_per_turn", "fsyncs_per_turn", "share_of_wall_in_fsync", "lag_p99_ms"):
             assert figures[key] is not None, (phase, key)
-    assert data["single"]["turns"] == sizes["single_runs"] * data["turns_per_run"]
+    assert data["single"]["turns"] == 2 * sizes["single_runs"] * data["turns_per_run"]
     assert data["many"]["turns"] == (
         sizes["running"] * sizes["runs_per_session"] * data["turns_per_run"]
     )
