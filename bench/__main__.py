@@ -1,4 +1,5 @@
-"""Run the benchmarks: ``python -m bench`` (all) or ``python -m bench storage harness sessions``.
+"""Run the benchmarks: ``python -m bench`` (all) or ``python -m bench storage harness sessions``;
+``--quick`` asks the benchmarks that support it (``host``) for small numbers.
 
 Prints a summary table and every target's verdict. Exit status: 0 when every benchmark ran
 (failed targets included: they are findings, not errors), 1 when a benchmark crashed, and with
@@ -8,6 +9,7 @@ Prints a summary table and every target's verdict. Exit status: 0 when every ben
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -19,11 +21,13 @@ BENCHMARKS = {
     "storage": "bench.bench_storage",
     "harness": "bench.bench_harness",
     "sessions": "bench.bench_sessions",
+    "host": "bench.bench_host",
 }
 
 
 def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:
-    print(f"\n== {name} ({seconds:.1f} s) -> bench/results/{name}.json")
+    where = os.environ.get("DH_BENCH_RESULTS") or "bench/results"
+    print(f"\n== {name} ({seconds:.1f} s) -> {where}/{name}.json")
     start = results.get("machine", {}).get("load_at_start", {})
     end = results.get("load_at_end", {})
     print(
@@ -48,6 +52,8 @@ def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:
 
 def main(argv: list[str]) -> int:
     strict = "--strict" in argv
+    if "--quick" in argv:  # small numbers, for a smoke run (benchmarks that support it)
+        os.environ["DH_BENCH_QUICK"] = "1"
     names = [a for a in argv if not a.startswith("--")] or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:

@@ -211,10 +211,13 @@ class SessionManager:
 
     def _open_read(self, session_id: str) -> SessionStore:
         self._check_id(session_id)
-        info = self.store.resolve(session_id)
-        if info.id != session_id:
+        # One lookup: open_session resolves the reference itself (a store lists its sessions
+        # to resolve one, so a second resolve here doubled the cost of every read).
+        store = self.store.open_session(session_id, write=False)
+        if store.session_id != session_id:  # a unique prefix of another id: ids here are exact
+            store.close()
             raise SessionNotFound(f"no session {session_id} in {self.store.spec}", ref=session_id)
-        return self.store.open_session(session_id, write=False)
+        return store
 
     async def _read(self, session_id: str) -> SessionRecord:
         """The record of a session this process does not run, and its plan when suspended."""
