@@ -826,8 +826,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
     from durable_harness.host import HostOptions
     from durable_harness.http import create_app, serve
+    from durable_harness.http.server import require_token
 
     token = args.token or os.environ.get("DURABLE_HARNESS_TOKEN") or None
+    require_token(args.host, token)  # before the store is opened: a refusal creates nothing
     options = HostOptions(
         provider=args.provider,
         mode=args.mode,

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from durable_harness.errors import (
@@ -88,20 +89,18 @@ def status_of(error: DurableHarnessError) -> int:
     return 500
 
 
-def error_response(
-    code: str, message: str, status: int | None = None, **details: Any
-) -> ORJSONResponse:
+def error_response(code: str, message: str, status: int | None = None, **details: Any) -> Response:
     """An error body ``{"code", "message", **details}`` with its status (default: the
     table's)."""
     status = status if status is not None else STATUS_BY_CODE.get(code, 500)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 503:
         headers = {"Retry-After": "1"}
-    body = {"code": code, "message": message, **details}
-    return ORJSONResponse(body, status_code=status, headers=headers)
+    body = orjson.dumps({"code": code, "message": message, **details}, default=str)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
-def library_error_response(error: DurableHarnessError) -> ORJSONResponse:
+def library_error_response(error: DurableHarnessError) -> Response:
     """The response of a library error: its ``to_json()`` with :func:`status_of`."""
     body = error.to_json()
     code, message = body.pop("code"), body.pop("message")
@@ -119,11 +118,11 @@ def _validation_problems(exc: RequestValidationError) -> list[dict[str, Any]]:
 def install(app: FastAPI) -> None:
     """Install the handlers that render every error through this module."""
 
-    async def on_library_error(_request: Request, exc: Exception) -> ORJSONResponse:
+    async def on_library_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, DurableHarnessError)
         return library_error_response(exc)
 
-    async def on_validation(_request: Request, exc: Exception) -> ORJSONResponse:
+    async def on_validation(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         problems = _validation_problems(exc)
         first = problems[0] if problems else {"field": "request", "problem": "invalid"}
@@ -133,7 +132,7 @@ def install(app: FastAPI) -> None:
             problems=problems,
         )
 
-    async def on_http(request: Request, exc: Exception) -> ORJSONResponse:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
             exc.status_code, "invalid_request" if exc.status_code < 500 else "internal"
@@ -143,7 +142,7 @@ def install(app: FastAPI) -> None:
             message = f"{message}: no route {request.method} {request.url.path[:200]}"
         return error_response(code, message, exc.status_code)
 
-    async def on_other(request: Request, exc: Exception) -> ORJSONResponse:
+    async def on_other(request: Request, exc: Exception) -> Response:
         cause = root_cause(exc)
         if isinstance(cause, DurableHarnessError):
             return library_error_response(cause)
