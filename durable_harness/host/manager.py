@@ -49,7 +49,7 @@ from durable_harness.host.record import (
     lifecycle_record,
     read_record,
 )
-from durable_harness.providers import make_provider
+from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import Policy, RecoveryPlan
 from durable_harness.recovery.resume import (
     Recovery,
@@ -318,6 +318,7 @@ class SessionManager:
         if spec is None:
             raise InvalidRequest("no provider: give one, or start the host with --provider")
         make_provider(spec)  # a bad spec or a missing credential is refused before any write
+        require_credentials(spec)
         store = self.store.create_session(str(path.resolve()), durability=durability)
         rec = SessionRecord(
             id=store.session_id,

@@ -89,22 +89,23 @@ def status_of(error: DurableHarnessError) -> int:
     return 500
 
 
-def error_response(code: str, message: str, status: int | None = None, **details: Any) -> Response:
-    """An error body ``{"code", "message", **details}`` with its status (default: the
-    table's)."""
-    status = status if status is not None else STATUS_BY_CODE.get(code, 500)
+def error_response(status: int, body: dict[str, Any]) -> Response:
+    """A JSON error response: ``body`` is ``{"code", "message", **details}`` (details may
+    hold any key, ``status`` included)."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 503:
         headers = {"Retry-After": "1"}
-    body = orjson.dumps({"code": code, "message": message, **details}, default=str)
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+    return Response(
+        orjson.dumps(body, default=str),
+        status_code=status,
+        headers=headers,
+        media_type="application/json",
+    )
 
 
 def library_error_response(error: DurableHarnessError) -> Response:
     """The response of a library error: its ``to_json()`` with :func:`status_of`."""
-    body = error.to_json()
-    code, message = body.pop("code"), body.pop("message")
-    return error_response(code, message, status_of(error), **body)
+    return error_response(status_of(error), error.to_json())
 
 
 def _validation_problems(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -126,10 +127,9 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         problems = _validation_problems(exc)
         first = problems[0] if problems else {"field": "request", "problem": "invalid"}
+        message = f"{first['field']}: {first['problem']}"
         return error_response(
-            "invalid_request",
-            f"{first['field']}: {first['problem']}",
-            problems=problems,
+            400, {"code": "invalid_request", "message": message, "problems": problems}
         )
 
     async def on_http(request: Request, exc: Exception) -> Response:
@@ -140,18 +140,15 @@ def install(app: FastAPI) -> None:
         message = str(exc.detail)
         if exc.status_code in (404, 405):
             message = f"{message}: no route {request.method} {request.url.path[:200]}"
-        return error_response(code, message, exc.status_code)
+        return error_response(exc.status_code, {"code": code, "message": message})
 
     async def on_other(request: Request, exc: Exception) -> Response:
         cause = root_cause(exc)
         if isinstance(cause, DurableHarnessError):
             return library_error_response(cause)
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(
-            "internal",
-            f"internal error ({type(cause).__name__}); see the server log",
-            500,
-        )
+        message = f"internal error ({type(cause).__name__}); see the server log"
+        return error_response(500, {"code": "internal", "message": message})
 
     app.add_exception_handler(DurableHarnessError, on_library_error)
     app.add_exception_handler(RequestValidationError, on_validation)
