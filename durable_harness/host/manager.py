@@ -69,6 +69,8 @@ SendMode = Literal["prompt", "steer", "follow_up"]
 """How a message enters a session: a new run, a steer into the running one, a follow-up."""
 
 _SESSION_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
+SESSION_ID_PATTERN = _SESSION_ID.pattern
+"""What a session id looks like (the HTTP API's OpenAPI document shows it)."""
 
 MAX_MESSAGE_BYTES = 1 << 20
 """The default limit of one message, in bytes of UTF-8 (1 MiB)."""
@@ -301,7 +303,10 @@ class SessionManager:
         """
         if client_key is not None and client_key in self._keys:
             return await self.get(self._keys[client_key])
-        path = Path(cwd).expanduser() if cwd else None
+        try:
+            path = Path(cwd).expanduser() if cwd else None
+        except RuntimeError:  # "~nobody/x": no such user's home
+            path = None
         if path is None or not path.is_absolute() or not path.is_dir():
             raise InvalidRequest(
                 f"working directory {cwd!r} must be an absolute path to an existing directory",

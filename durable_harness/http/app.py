@@ -22,7 +22,7 @@ from sse_starlette import EventSourceResponse
 
 from durable_harness import __version__
 from durable_harness.errors import root_cause
-from durable_harness.host.manager import HostOptions, SessionManager
+from durable_harness.host.manager import SESSION_ID_PATTERN, HostOptions, SessionManager
 from durable_harness.http import errors, models
 from durable_harness.http.guard import BearerAuth, BodyLimit
 from durable_harness.http.metrics import MetricsSink, make_sink, refresh
@@ -53,7 +53,12 @@ _STATE_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 SessionId = Annotated[
-    str, Path(alias="id", description="a session id (letters, digits, '-' and '_')")
+    str,
+    Path(
+        alias="id",
+        description="a session id (letters, digits, '-' and '_'); the manager checks it",
+        json_schema_extra={"pattern": f"^{SESSION_ID_PATTERN}$"},
+    ),
 ]
 IdempotencyKey = Annotated[
     str | None,

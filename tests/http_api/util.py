@@ -64,9 +64,10 @@ class Server:
         argv += ["--store", store, *args]
         if token is not None:
             argv += ["--token", token]
-        self.proc = subprocess.Popen(
-            argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = home / f"server-{os.getpid()}-{id(self)}.log"
+        with self.log.open("wb") as log:  # a file, not a pipe: a chatty child never blocks
+            self.proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=log)
         self.url = self._read_url()
 
     def _read_url(self) -> str:
@@ -86,8 +87,8 @@ class Server:
             elif self.proc.poll() is not None:
                 break
         self.proc.kill()
-        _out, err = self.proc.communicate(timeout=10)
-        raise AssertionError(f"server did not start: {buf!r} {err.decode(errors='replace')}")
+        self.proc.wait(timeout=10)
+        raise AssertionError(f"server did not start: {buf!r} {self.stderr()}")
 
     def client(self, token: str | None = None) -> httpx.Client:
         """An httpx client of this server (with its bearer token unless one is given)."""
@@ -104,14 +105,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def stderr(self) -> str:
-        """The child's stderr (after it exited)."""
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read().decode(errors="replace")
+        """What the child wrote to stderr so far."""
+        return self.log.read_text(errors="replace")
 
 
 def snapshot(root: Path) -> dict[str, str]:
