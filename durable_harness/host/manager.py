@@ -32,6 +32,7 @@ from durable_harness.errors import (
     LeaseHeld,
     MessageTooLarge,
     NoOpenRun,
+    RecoveryError,
     RunInProgress,
     SessionLive,
     SessionNotFound,
@@ -410,6 +411,24 @@ class SessionManager:
             key, value = parse_decision(f"{tool_call_id}={decision}")
         except DurableHarnessError as exc:
             raise InvalidRequest(exc.message, decision=decision) from exc
+        if self._check_id(session_id) not in self._procs:
+            # the planner keeps a decision that names no call, so check here: a mistyped id
+            # must not resume (reopen) a closed or failed session
+            await self._read(session_id)
+            plan = self._plans.get(session_id)
+            waiting = [c for lp in plan.lanes for c in lp.waiting()] if plan else []
+            if not any(key in (c.tool_call_id, c.call_key) for c in waiting):
+                raise RecoveryError(
+                    f"session {session_id} has no call {key!r} awaiting a decision"
+                    + (
+                        f" (awaiting: {', '.join(c.tool_call_id for c in waiting)})"
+                        if waiting
+                        else ""
+                    ),
+                    session_id=session_id,
+                    tool_call_id=key,
+                    awaiting=[c.tool_call_id for c in waiting],
+                )
         return await self.resume(session_id, {key: value})
 
     async def _start(

@@ -185,6 +185,16 @@ def test_idempotency_key_creates_and_sends_once(start_server, script, workdir):
         assert a.status_code == b.status_code == 202
         assert b.json()["duplicate"] is True and b.json()["run_id"] == a.json()["run_id"]
         assert len(run_records(c, sid, "run_started")) == 1
+    server.stop()  # the keys are durable: a restarted server honours them
+    again = start_server()
+    with again.client() as c:
+        wait_state(c, sid, "idle")  # reconciled and resumed by policy (no decision needed)
+        third = c.post("/sessions", json=body, headers=headers)
+        assert third.status_code == 201 and third.json()["id"] == sid
+        assert len(c.get("/sessions").json()["sessions"]) == 1
+        d = c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}, headers=key)
+        assert d.json()["duplicate"] is True and d.json()["run_id"] == a.json()["run_id"]
+        assert len(run_records(c, sid, "run_started")) == 1
 
 
 def _sse_events(resp: httpx.Response, until: str) -> list[dict[str, str]]:
@@ -291,3 +301,53 @@ def test_second_server_resumes_a_session_closed_by_the_first(
             # the first server now sees it held by the second
             taken = c.post(f"/sessions/{sid}/resume")
             assert (taken.status_code, taken.json()["code"]) == (409, "session_live")
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics:\n{text}")
+
+
+def test_metrics_count_sessions_by_state_and_runs(start_server, script, workdir):
+    provider = script([{"text": "ok"}])
+    server = start_server()
+    with server.client() as c:
+        first = create(c, workdir, provider)["id"]
+        second = create(c, workdir, provider)["id"]
+        assert send(c, first, "go").status_code == 202
+        wait_state(c, first, "idle")
+        assert c.post(f"/sessions/{second}/close").status_code == 200
+        resp = c.get("/metrics")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/plain")
+        text = resp.text
+        assert _metric(text, 'durable_harness_sessions{state="idle"}') == 1
+        assert _metric(text, 'durable_harness_sessions{state="closed"}') == 1
+        assert _metric(text, 'durable_harness_sessions{state="suspended"}') == 0
+        assert _metric(text, 'durable_harness_runs_total{outcome="completed"}') == 1
+        assert _metric(text, "durable_harness_in_doubt_awaiting_decision") == 0
+
+
+def test_token_from_the_environment_guards_a_loopback_server(start_server, script, workdir):
+    server = start_server(env={"DURABLE_HARNESS_TOKEN": "from-env"})
+    with server.client() as anon:
+        assert anon.get("/sessions").status_code == 401
+    with server.client(token="from-env") as c:
+        assert c.get("/sessions").status_code == 200
+        assert c.get("/openapi.json").json()["info"]["title"] == "durable-harness host"
+
+
+def test_decide_refuses_a_call_not_in_doubt(start_server, script, workdir):
+    server = start_server()
+    with server.client() as c:
+        sid = create(c, workdir, script([{"text": "ok"}]))["id"]
+        assert c.post(f"/sessions/{sid}/close").status_code == 200
+        resp = c.post(
+            f"/sessions/{sid}/agent/decide",
+            json={"tool_call_id": "call_x_1_1", "decision": "retry"},
+        )
+        assert resp.status_code == 409, resp.text
+        assert resp.json()["code"] == "recovery_error"
+        assert c.get(f"/sessions/{sid}").json()["state"] == "closed"
