@@ -814,6 +814,12 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         help="bearer token every request must carry (default: $DURABLE_HARNESS_TOKEN); "
         "required off loopback",
     )
+    p.add_argument(
+        "--control-ports",
+        action="store_true",
+        help="give each live session its own loopback control port (/agent/send, status, "
+        "abort, messages; the port is in .../agent/status)",
+    )
 
 
 @command(
@@ -826,6 +832,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
     from durable_harness.host import HostOptions
     from durable_harness.http import create_app, serve
+    from durable_harness.http.control import control_endpoint
     from durable_harness.http.server import require_token
 
     token = args.token or os.environ.get("DURABLE_HARNESS_TOKEN") or None
@@ -835,6 +842,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mode=args.mode,
         policy=args.policy,
         auto_resume=args.auto_resume,
+        control=control_endpoint(token=token) if args.control_ports else None,
     )
     store = store_of(args, create=True)
     serve(create_app(store=store, options=options, token=token), args.host, args.port, token=token)

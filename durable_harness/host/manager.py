@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -66,6 +67,9 @@ from durable_harness.tools.base import Tool
 from durable_harness.tools.builtin import builtin_tools
 from durable_harness.tools.processes import kill_group
 
+ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
+"""Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
+
 SendMode = Literal["prompt", "steer", "follow_up"]
 """How a message enters a session: a new run, a steer into the running one, a follow-up."""
 
@@ -97,6 +101,10 @@ class HostOptions:
         max_message_bytes: the largest message accepted, in bytes of UTF-8.
         tools: ``runtime -> {name: tool}``: the tools of a generation.
         harness: run-loop settings (the provider spec is set per session).
+        control: ``(manager, session id) -> async context manager yielding a port or None``:
+            each generation's own control endpoint, entered once the generation is up and
+            left when it stops (the HTTP front's is
+            ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
     """
 
     provider: str | None = None
@@ -107,6 +115,7 @@ class HostOptions:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools
     harness: HarnessOptions = field(default_factory=HarnessOptions)
+    control: ControlFactory | None = None
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:
@@ -476,9 +485,10 @@ class SessionManager:
                     if recovery is not None:
                         for lane_plan in recovery.plan.lanes:
                             await resume_lane(harness, recovery, lane_plan.lane)
-                    started = True
-                    task_status.started()
-                    await anyio.sleep_forever()
+                    async with self._control(proc):
+                        started = True
+                        task_status.started()
+                        await anyio.sleep_forever()
         except Exception as exc:
             cause = root_cause(exc)
             rec.last_error = str(getattr(cause, "message", None) or cause)
@@ -502,6 +512,21 @@ class SessionManager:
                 proc.stopped.set()
                 if not started:
                     task_status.started()
+
+    @asynccontextmanager
+    async def _control(self, proc: SessionProcess) -> AsyncIterator[None]:
+        """The generation's control endpoint (``options.control``), if any: its port is
+        runtime state on ``proc.port`` while the generation lives, never persisted."""
+        factory = self.options.control
+        if factory is None:
+            yield
+            return
+        async with factory(self, proc.record.id) as port:
+            proc.port = port
+            try:
+                yield
+            finally:
+                proc.port = None
 
     def _recorded_spec(self, proc: SessionProcess) -> str | None:
         for lane in proc.session.store.lanes():

@@ -237,64 +237,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         await manager.forget(session_id)
         return Response(status_code=204)
 
-    @app.post(
-        "/sessions/{id}/agent/send",
-        status_code=202,
-        response_model=models.Accepted,
-        responses={**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}},
-        tags=["agent"],
-    )
-    async def send(
-        session_id: SessionId,
-        body: models.SendMessage,
-        manager: Manager,
-        key: IdempotencyKey = None,
-    ) -> dict[str, Any]:
-        """Send a message; returns once it is durable. A ``prompt`` while a run is open on
-        the lane is 409 ``run_in_progress``."""
-        return await manager.send(
-            session_id, body.message, mode=body.mode, lane=body.lane, client_key=key
-        )
-
-    @app.get(
-        "/sessions/{id}/agent/status",
-        response_model=models.Status,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
-    async def status(session_id: SessionId, manager: Manager) -> dict[str, Any]:
-        """State, generation, lanes, and the recovery plan when suspended."""
-        return await manager.status(session_id)
-
-    @app.post(
-        "/sessions/{id}/agent/abort",
-        response_model=models.Aborted,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
-    async def abort(
-        session_id: SessionId,
-        manager: Manager,
-        body: Annotated[models.AbortRun | None, Body()] = None,
-    ) -> dict[str, Any]:
-        """Abort the lane's running run (``abort_requested`` is durable first)."""
-        return await manager.abort(session_id, lane=(body or models.AbortRun()).lane)
-
-    @app.get(
-        "/sessions/{id}/agent/messages",
-        response_model=models.Messages,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
-    async def messages(
-        session_id: SessionId,
-        manager: Manager,
-        offset: Annotated[int, Query(ge=0, le=1 << 40)] = 0,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        lane: Annotated[str, Query(min_length=1, max_length=128)] = "main",
-    ) -> dict[str, Any]:
-        """A page of the lane's transcript, root to leaf."""
-        return manager.messages(session_id, lane=lane, offset=offset, limit=limit)
+    agent_routes(app, "/sessions/{id}/agent", _session_from_path)
 
     @app.get(
         "/sessions/{id}/agent/log",
@@ -364,3 +307,73 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         await refresh(manager, sink, awaiting_known)
         body, content_type = sink.render()
         return Response(body, media_type=content_type)
+
+
+def _session_from_path(session_id: SessionId) -> str:
+    """The session id of a ``/sessions/{id}/...`` route."""
+    return session_id
+
+
+def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None:
+    """Register the agent routes a session's control endpoint also serves (``send``,
+    ``status``, ``abort``, ``messages``) under ``prefix``; ``session`` is the dependency that
+    names the session (the path's ``{id}``, or the endpoint's own session)."""
+
+    @app.post(
+        f"{prefix}/send",
+        status_code=202,
+        response_model=models.Accepted,
+        responses={**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}},
+        tags=["agent"],
+    )
+    async def send(
+        body: models.SendMessage,
+        manager: Manager,
+        key: IdempotencyKey = None,
+        session_id: str = Depends(session),
+    ) -> dict[str, Any]:
+        """Send a message; returns once it is durable. A ``prompt`` while a run is open on
+        the lane is 409 ``run_in_progress``."""
+        return await manager.send(
+            session_id, body.message, mode=body.mode, lane=body.lane, client_key=key
+        )
+
+    @app.get(
+        f"{prefix}/status",
+        response_model=models.Status,
+        responses=_SESSION_ERRORS,
+        tags=["agent"],
+    )
+    async def status(manager: Manager, session_id: str = Depends(session)) -> dict[str, Any]:
+        """State, generation, lanes, and the recovery plan when suspended."""
+        return await manager.status(session_id)
+
+    @app.post(
+        f"{prefix}/abort",
+        response_model=models.Aborted,
+        responses=_STATE_ERRORS,
+        tags=["agent"],
+    )
+    async def abort(
+        manager: Manager,
+        body: Annotated[models.AbortRun | None, Body()] = None,
+        session_id: str = Depends(session),
+    ) -> dict[str, Any]:
+        """Abort the lane's running run (``abort_requested`` is durable first)."""
+        return await manager.abort(session_id, lane=(body or models.AbortRun()).lane)
+
+    @app.get(
+        f"{prefix}/messages",
+        response_model=models.Messages,
+        responses=_SESSION_ERRORS,
+        tags=["agent"],
+    )
+    async def messages(
+        manager: Manager,
+        session_id: str = Depends(session),
+        offset: Annotated[int, Query(ge=0, le=1 << 40)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        lane: Annotated[str, Query(min_length=1, max_length=128)] = "main",
+    ) -> dict[str, Any]:
+        """A page of the lane's transcript, root to leaf."""
+        return manager.messages(session_id, lane=lane, offset=offset, limit=limit)
