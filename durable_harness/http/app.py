@@ -127,14 +127,14 @@ def create_app(
     )
     errors.install(app)
     _routes(app, sink)
-    app.openapi = partial_openapi(app)  # type: ignore[method-assign]
+    app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     max_message = (options or HostOptions()).max_message_bytes
     app.add_middleware(BodyLimit, limit=body_limit_for(max_message))
     app.add_middleware(BearerAuth, token=token)  # added last: runs first
     return app
 
 
-def partial_openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
+def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """The app's OpenAPI document with FastAPI's default 422 replaced by this API's 400
     ``invalid_request`` (validation errors are rendered as 400 with the error body)."""
 

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from durable_harness.errors import InvalidRequest
 from durable_harness.host.manager import ControlFactory, SessionManager
 from durable_harness.http import errors
-from durable_harness.http.app import agent_routes, body_limit_for, partial_openapi
+from durable_harness.http.app import agent_routes, body_limit_for, openapi_builder
 from durable_harness.http.guard import BearerAuth, BodyLimit
 from durable_harness.http.server import bind
 
@@ -47,7 +47,7 @@ def create_control_app(
     app.state.manager = manager
     errors.install(app)
     agent_routes(app, "/agent", lambda: session_id)
-    app.openapi = partial_openapi(app)  # type: ignore[method-assign]
+    app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimit, limit=body_limit_for(manager.options.max_message_bytes))
     app.add_middleware(BearerAuth, token=token)
     return app

@@ -185,7 +185,9 @@ def test_idempotency_key_creates_and_sends_once(start_server, script, workdir):
         assert a.status_code == b.status_code == 202
         assert b.json()["duplicate"] is True and b.json()["run_id"] == a.json()["run_id"]
         assert len(run_records(c, sid, "run_started")) == 1
-    server.stop()  # the keys are durable: a restarted server honours them
+    server.stop()  # SIGTERM: the keys are durable, a restarted server honours them
+    # a graceful stop, then uvicorn re-raises the signal so the parent sees how it ended
+    assert server.proc.returncode == -15 and "Traceback" not in server.stderr(), server.stderr()
     again = start_server()
     with again.client() as c:
         wait_state(c, sid, "idle")  # reconciled and resumed by policy (no decision needed)
