@@ -28,6 +28,9 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     yield start
     for server in servers:
         server.stop()
+    for server in servers:  # no request of any test may have hit an internal error
+        log = server.stderr()
+        assert "Traceback" not in log and "internal error" not in log, log[-4000:]
 
 
 @pytest.fixture
