@@ -65,7 +65,7 @@ class BodyLimit:
     """Refuse a request body over ``limit`` bytes with 413 ``message_too_large``: at once
     when ``Content-Length`` says so, else as soon as the streamed body passes the limit
     (reading it raises :class:`~durable_harness.errors.MessageTooLarge` inside the route,
-    before anything parses it, and the app's error handlers render it)."""
+    before anything parses it, and whatever the app answers then is replaced by the 413)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -85,13 +85,15 @@ class BodyLimit:
                     await self._refuse(send, declared)
                     return
         seen = 0
+        exceeded = refused = False
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
+                    exceeded = True
                     raise MessageTooLarge(
                         f"the request body is over the limit of {self.limit} bytes",
                         limit=self.limit,
@@ -99,7 +101,23 @@ class BodyLimit:
                     )
             return message
 
-        await self.app(scope, limited, send)
+        async def guarded(message: Message) -> None:
+            # the framework may report a failed body read its own way (FastAPI: 400 "error
+            # parsing the body"): once the limit is passed, the answer is ours
+            nonlocal refused
+            if not exceeded:
+                await send(message)
+            elif message["type"] == "http.response.start" and not refused:
+                refused = True
+                await self._refuse(send, seen)
+
+        try:
+            await self.app(scope, limited, guarded)
+        except MessageTooLarge:
+            if refused:
+                return
+            refused = True
+            await self._refuse(send, seen)
 
     async def _refuse(self, send: Send, size: int) -> None:
         await _reply(

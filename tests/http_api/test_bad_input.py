@@ -53,6 +53,14 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(start_server, script, work
             "message_too_large",
         )
         assert huge["limit"] < 8 << 20
+
+        def chunks():  # no Content-Length: refused while streaming, before any parsing
+            for _ in range(8):
+                yield b"x" * (1 << 20)
+
+        chunked = c.post(send, content=chunks(), headers={"content-type": "application/json"})
+        assert "content-length" not in chunked.request.headers
+        _error(chunked, 413, "message_too_large")
         # the limit counts bytes of UTF-8, not characters (3 bytes a character here)
         at_limit = "€" * ((1 << 20) // 3)
         assert c.post(send, json={"message": at_limit + "é" * 2}).status_code == 413
