@@ -158,6 +158,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         configure_parser(p)
     if name == "demo":
         p.add_argument("--dir", help="scratch folder (default: a new temporary one)")
+    if name == "serve":
+        _configure_serve(p)
 
 
 def _open(args: argparse.Namespace, *, write: bool = False, durability: str = "sync") -> Session:
@@ -779,4 +781,69 @@ def cmd_fork(args: argparse.Namespace) -> int:
     else:
         at = f"{'before' if args.before else 'at'} entry {_or_dash(entry)}"
         print(f"forked session {s.id} {at} as session {new.id} ({info['entries']} entries)")
+    return 0
+
+
+def _configure_serve(p: argparse.ArgumentParser) -> None:
+    """The options of ``serve``."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    p.add_argument("--port", type=int, default=8421, help="port (0: a free one; default 8421)")
+    p.add_argument("--provider", help="provider of sessions created without one")
+    p.add_argument(
+        "--mode",
+        choices=DURABILITY_MODES,
+        default="sync",
+        help="durability mode of sessions created without one (default sync)",
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="ask",
+        help="in-doubt tool calls on resume: ask (wait for a decision through the API), "
+        "retry-safe, fail-in-doubt",
+    )
+    p.add_argument(
+        "--auto-resume",
+        choices=("no_decision", "never"),
+        default="no_decision",
+        help="at start-up, resume crashed sessions whose plan needs no decision (default), "
+        "or leave all suspended",
+    )
+    p.add_argument(
+        "--token",
+        help="bearer token every request must carry (default: $DURABLE_HARNESS_TOKEN); "
+        "required off loopback",
+    )
+    p.add_argument(
+        "--control-ports",
+        action="store_true",
+        help="give each live session its own loopback control port (/agent/send, status, "
+        "abort, messages; the port is in .../agent/status)",
+    )
+
+
+@command(
+    "serve",
+    "Serve the store's sessions over HTTP (see design/http.md).",
+    "  durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5\n"
+    "  DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db",
+)
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
+    from durable_harness.host import HostOptions
+    from durable_harness.http import create_app, serve
+    from durable_harness.http.control import control_endpoint
+    from durable_harness.http.server import require_token
+
+    token = args.token or os.environ.get("DURABLE_HARNESS_TOKEN") or None
+    require_token(args.host, token)  # before the store is opened: a refusal creates nothing
+    options = HostOptions(
+        provider=args.provider,
+        mode=args.mode,
+        policy=args.policy,
+        auto_resume=args.auto_resume,
+        control=control_endpoint(token=token) if args.control_ports else None,
+    )
+    store = store_of(args, create=True)
+    serve(create_app(store=store, options=options, token=token), args.host, args.port, token=token)
     return 0

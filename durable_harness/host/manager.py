@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -32,6 +33,7 @@ from durable_harness.errors import (
     LeaseHeld,
     MessageTooLarge,
     NoOpenRun,
+    RecoveryError,
     RunInProgress,
     SessionLive,
     SessionNotFound,
@@ -49,7 +51,7 @@ from durable_harness.host.record import (
     lifecycle_record,
     read_record,
 )
-from durable_harness.providers import make_provider
+from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import Policy, RecoveryPlan
 from durable_harness.recovery.resume import (
     Recovery,
@@ -65,10 +67,15 @@ from durable_harness.tools.base import Tool
 from durable_harness.tools.builtin import builtin_tools
 from durable_harness.tools.processes import kill_group
 
+ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
+"""Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
+
 SendMode = Literal["prompt", "steer", "follow_up"]
 """How a message enters a session: a new run, a steer into the running one, a follow-up."""
 
 _SESSION_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
+SESSION_ID_PATTERN = _SESSION_ID.pattern
+"""What a session id looks like (the HTTP API's OpenAPI document shows it)."""
 
 MAX_MESSAGE_BYTES = 1 << 20
 """The default limit of one message, in bytes of UTF-8 (1 MiB)."""
@@ -94,6 +101,10 @@ class HostOptions:
         max_message_bytes: the largest message accepted, in bytes of UTF-8.
         tools: ``runtime -> {name: tool}``: the tools of a generation.
         harness: run-loop settings (the provider spec is set per session).
+        control: ``(manager, session id) -> async context manager yielding a port or None``:
+            each generation's own control endpoint, entered once the generation is up and
+            left when it stops (the HTTP front's is
+            ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
     """
 
     provider: str | None = None
@@ -104,6 +115,7 @@ class HostOptions:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools
     harness: HarnessOptions = field(default_factory=HarnessOptions)
+    control: ControlFactory | None = None
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:
@@ -304,7 +316,10 @@ class SessionManager:
         """
         if client_key is not None and client_key in self._keys:
             return await self.get(self._keys[client_key])
-        path = Path(cwd).expanduser() if cwd else None
+        try:
+            path = Path(cwd).expanduser() if cwd else None
+        except RuntimeError:  # "~nobody/x": no such user's home
+            path = None
         if path is None or not path.is_absolute() or not path.is_dir():
             raise InvalidRequest(
                 f"working directory {cwd!r} must be an absolute path to an existing directory",
@@ -321,6 +336,7 @@ class SessionManager:
         if spec is None:
             raise InvalidRequest("no provider: give one, or start the host with --provider")
         make_provider(spec)  # a bad spec or a missing credential is refused before any write
+        require_credentials(spec)
         store = self.store.create_session(str(path.resolve()), durability=durability)
         rec = SessionRecord(
             id=store.session_id,
@@ -407,6 +423,24 @@ class SessionManager:
             key, value = parse_decision(f"{tool_call_id}={decision}")
         except DurableHarnessError as exc:
             raise InvalidRequest(exc.message, decision=decision) from exc
+        if self._check_id(session_id) not in self._procs:
+            # the planner keeps a decision that names no call, so check here: a mistyped id
+            # must not resume (reopen) a closed or failed session
+            await self._read(session_id)
+            plan = self._plans.get(session_id)
+            waiting = [c for lp in plan.lanes for c in lp.waiting()] if plan else []
+            if not any(key in (c.tool_call_id, c.call_key) for c in waiting):
+                raise RecoveryError(
+                    f"session {session_id} has no call {key!r} awaiting a decision"
+                    + (
+                        f" (awaiting: {', '.join(c.tool_call_id for c in waiting)})"
+                        if waiting
+                        else ""
+                    ),
+                    session_id=session_id,
+                    tool_call_id=key,
+                    awaiting=[c.tool_call_id for c in waiting],
+                )
         return await self.resume(session_id, {key: value})
 
     async def _start(
@@ -454,9 +488,10 @@ class SessionManager:
                     if recovery is not None:
                         for lane_plan in recovery.plan.lanes:
                             await resume_lane(harness, recovery, lane_plan.lane)
-                    started = True
-                    task_status.started()
-                    await anyio.sleep_forever()
+                    async with self._control(proc):
+                        started = True
+                        task_status.started()
+                        await anyio.sleep_forever()
         except Exception as exc:
             cause = root_cause(exc)
             rec.last_error = str(getattr(cause, "message", None) or cause)
@@ -480,6 +515,21 @@ class SessionManager:
                 proc.stopped.set()
                 if not started:
                     task_status.started()
+
+    @asynccontextmanager
+    async def _control(self, proc: SessionProcess) -> AsyncIterator[None]:
+        """The generation's control endpoint (``options.control``), if any: its port is
+        runtime state on ``proc.port`` while the generation lives, never persisted."""
+        factory = self.options.control
+        if factory is None:
+            yield
+            return
+        async with factory(self, proc.record.id) as port:
+            proc.port = port
+            try:
+                yield
+            finally:
+                proc.port = None
 
     def _recorded_spec(self, proc: SessionProcess) -> str | None:
         for lane in proc.session.store.lanes():

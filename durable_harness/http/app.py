@@ -1,0 +1,379 @@
+"""The HTTP API over :class:`~durable_harness.host.manager.SessionManager`
+(``design/http.md``).
+
+A front, and only a front: each route parses its input (:mod:`durable_harness.http.models`),
+makes one manager call, and renders the result; every error goes through
+:mod:`durable_harness.http.errors`. :func:`create_app` builds the application; its lifespan
+enters the manager, so start-up reconciliation has finished before the first request is
+answered, and leaves it on shutdown (live generations are stopped as a crash would stop them;
+the next start reconciles them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi.openapi.utils import get_openapi
+from sse_starlette import EventSourceResponse
+
+from durable_harness import __version__
+from durable_harness.errors import root_cause
+from durable_harness.host.manager import SESSION_ID_PATTERN, HostOptions, SessionManager
+from durable_harness.http import errors, models
+from durable_harness.http.guard import BearerAuth, BodyLimit
+from durable_harness.http.metrics import MetricsSink, make_sink, refresh
+from durable_harness.storage.base import Store
+
+ManagerFactory = Callable[[], SessionManager]
+"""Builds the (not yet entered) manager the app serves."""
+
+SSE_PING_SECONDS = 15
+"""Seconds between keep-alive comments on an idle event stream."""
+
+
+def body_limit_for(max_message_bytes: int) -> int:
+    """The largest request body accepted: the JSON encoding of the largest message
+    (worst case ``\\u00XX`` escapes: 6 bytes per byte) plus 64 KiB for the other fields.
+    Anything larger is refused before it is read (413 ``message_too_large``)."""
+    return 6 * max_message_bytes + 65536
+
+
+_ERROR = {"model": models.Error}
+_SESSION_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {**_ERROR, "description": "invalid_request (a malformed id or body)"},
+    404: {**_ERROR, "description": "session_not_found"},
+}
+_STATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_SESSION_ERRORS,
+    409: {**_ERROR, "description": "the session's state does not allow it (see the code)"},
+}
+
+SessionId = Annotated[
+    str,
+    Path(
+        alias="id",
+        description="a session id (letters, digits, '-' and '_'); the manager checks it",
+        json_schema_extra={"pattern": f"^{SESSION_ID_PATTERN}$"},
+    ),
+]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=256,
+        description="a client key: a repeated request with the same key is not applied twice",
+    ),
+]
+
+
+def _manager(request: Request) -> SessionManager:
+    manager: SessionManager = request.app.state.manager
+    return manager
+
+
+Manager = Annotated[SessionManager, Depends(_manager)]
+
+
+def create_app(
+    manager_factory: ManagerFactory | None = None,
+    *,
+    store: Store | str | None = None,
+    options: HostOptions | None = None,
+    token: str | None = None,
+    metrics: MetricsSink | None = None,
+) -> FastAPI:
+    """Build the API.
+
+    Args:
+        manager_factory: builds the manager to serve (entered by the app's lifespan); by
+            default ``SessionManager(store, options)``.
+        store, options: for the default factory (a store spec or
+            :class:`~durable_harness.storage.base.Store`; :class:`HostOptions`).
+        token: when given, every request (``/metrics`` and ``/openapi.json`` included) needs
+            ``Authorization: Bearer <token>``. The CLI requires one off loopback.
+        metrics: the ``/metrics`` sink (default: :func:`~durable_harness.http.metrics.make_sink`).
+
+    Returns:
+        The FastAPI application (OpenAPI at ``/openapi.json``).
+    """
+    factory = manager_factory or (lambda: SessionManager(store, options))
+    sink = metrics or make_sink()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.startup_error = None
+        try:
+            manager = factory()
+            manager.observe(sink.observe)  # before entering: resumed at start-up too
+            entered = await manager.__aenter__()
+        except BaseException as exc:
+            app.state.startup_error = root_cause(exc)  # serve() raises it as itself
+            raise
+        app.state.manager = entered
+        try:
+            yield
+        finally:
+            await manager.__aexit__(None, None, None)
+
+    app = FastAPI(
+        title="durable-harness host",
+        version=__version__,
+        description="Crash-durable agent sessions over HTTP (design/http.md).",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    _routes(app, sink)
+    app.openapi = openapi_builder(app)  # type: ignore[method-assign]
+    max_message = (options or HostOptions()).max_message_bytes
+    app.add_middleware(BodyLimit, limit=body_limit_for(max_message))
+    app.add_middleware(BearerAuth, token=token)  # added last: runs first
+    return app
+
+
+def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The app's OpenAPI document with FastAPI's default 422 replaced by this API's 400
+    ``invalid_request`` (validation errors are rendered as 400 with the error body)."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for item in doc.get("paths", {}).values():
+            for operation in item.values():
+                responses = operation.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses.setdefault(
+                        "400",
+                        {
+                            "description": "invalid_request",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/Error"}
+                                }
+                            },
+                        },
+                    )
+        schemas = doc.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        app.openapi_schema = doc
+        return doc
+
+    return build
+
+
+def _routes(app: FastAPI, sink: MetricsSink) -> None:
+    """Register every route of the API on ``app``."""
+
+    @app.post(
+        "/sessions",
+        status_code=201,
+        response_model=models.Session,
+        responses={400: _ERROR},
+        tags=["sessions"],
+    )
+    async def create_session(
+        body: models.CreateSession, manager: Manager, key: IdempotencyKey = None
+    ) -> dict[str, Any]:
+        """Create a session in ``cwd`` and start its generation 1. With an
+        ``Idempotency-Key`` seen before, the session created then is returned."""
+        rec = await manager.create(
+            body.cwd,
+            mode=body.mode,
+            command_runtime=body.command_runtime,
+            provider=body.provider,
+            client_key=key,
+        )
+        return rec.to_json()
+
+    @app.get("/sessions", response_model=models.SessionList, tags=["sessions"])
+    async def list_sessions(manager: Manager) -> dict[str, Any]:
+        """Every readable session of the store (most recently modified first), and the
+        unreadable ones with why."""
+        records = await manager.list()
+        return {"sessions": [r.to_json() for r in records], "unreadable": manager.unreadable}
+
+    @app.get(
+        "/sessions/{id}",
+        response_model=models.Session,
+        responses=_SESSION_ERRORS,
+        tags=["sessions"],
+    )
+    async def get_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
+        """The session's record (``state``, ``generation``...)."""
+        return (await manager.get(session_id)).to_json()
+
+    @app.post(
+        "/sessions/{id}/resume",
+        response_model=models.Session,
+        responses=_STATE_ERRORS,
+        tags=["sessions"],
+    )
+    async def resume_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
+        """Start the next generation (recovery first). A session whose plan needs a decision
+        stays ``suspended``: decide through ``.../agent/decide``."""
+        return (await manager.resume(session_id)).to_json()
+
+    @app.post(
+        "/sessions/{id}/close",
+        response_model=models.Session,
+        responses=_STATE_ERRORS,
+        tags=["sessions"],
+    )
+    async def close_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
+        """Close the session (abort, grace period, kill, release); record and transcript are
+        kept. Idempotent."""
+        return (await manager.close(session_id)).to_json()
+
+    @app.delete("/sessions/{id}", status_code=204, responses=_STATE_ERRORS, tags=["sessions"])
+    async def forget_session(session_id: SessionId, manager: Manager) -> Response:
+        """Delete a closed session for good (refused while it is live or not closed)."""
+        await manager.forget(session_id)
+        return Response(status_code=204)
+
+    agent_routes(app, "/sessions/{id}/agent", _session_from_path)
+
+    @app.get(
+        "/sessions/{id}/agent/log",
+        response_model=models.Log,
+        responses=_SESSION_ERRORS,
+        tags=["agent"],
+    )
+    async def oplog(
+        session_id: SessionId,
+        manager: Manager,
+        since_seq: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+        lane: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    ) -> dict[str, Any]:
+        """A page of the operation log (records with ``seq`` above ``since_seq``)."""
+        return manager.log(session_id, lane=lane, since_seq=since_seq, limit=limit)
+
+    @app.post(
+        "/sessions/{id}/agent/decide",
+        response_model=models.Session,
+        responses=_STATE_ERRORS,
+        tags=["agent"],
+    )
+    async def decide(
+        session_id: SessionId, body: models.Decide, manager: Manager
+    ) -> dict[str, Any]:
+        """Decide one in-doubt call of a suspended session; it resumes once no call still
+        waits (the returned record says which)."""
+        return (await manager.decide(session_id, body.tool_call_id, body.decision)).to_json()
+
+    @app.get(
+        "/sessions/{id}/agent/events",
+        response_class=EventSourceResponse,
+        responses={
+            200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
+            **_STATE_ERRORS,
+        },
+        tags=["agent"],
+    )
+    async def events(session_id: SessionId, manager: Manager) -> EventSourceResponse:
+        """The live generation's events from now on, one SSE event each (``id`` = the
+        event's ``eventId``, ``event`` = its type, ``data`` = the event as JSON), in order;
+        the stream ends when the generation stops."""
+        stream = manager.listen(session_id)
+
+        async def frames() -> AsyncIterator[dict[str, str]]:
+            async with stream:
+                async for event in stream:
+                    yield {
+                        "id": str(event.get("eventId", "")),
+                        "event": str(event.get("type", "message")),
+                        "data": orjson.dumps(event, default=str).decode(),
+                    }
+
+        return EventSourceResponse(frames(), ping=SSE_PING_SECONDS)
+
+    awaiting_known: set[str] = set()
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
+        tags=["host"],
+    )
+    async def metrics(manager: Manager) -> Response:
+        """Prometheus exposition of the host's metrics."""
+        await refresh(manager, sink, awaiting_known)
+        body, content_type = sink.render()
+        return Response(body, media_type=content_type)
+
+
+def _session_from_path(session_id: SessionId) -> str:
+    """The session id of a ``/sessions/{id}/...`` route."""
+    return session_id
+
+
+def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None:
+    """Register the agent routes a session's control endpoint also serves (``send``,
+    ``status``, ``abort``, ``messages``) under ``prefix``; ``session`` is the dependency that
+    names the session (the path's ``{id}``, or the endpoint's own session)."""
+
+    @app.post(
+        f"{prefix}/send",
+        status_code=202,
+        response_model=models.Accepted,
+        responses={**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}},
+        tags=["agent"],
+    )
+    async def send(
+        body: models.SendMessage,
+        manager: Manager,
+        key: IdempotencyKey = None,
+        session_id: str = Depends(session),
+    ) -> dict[str, Any]:
+        """Send a message; returns once it is durable. A ``prompt`` while a run is open on
+        the lane is 409 ``run_in_progress``."""
+        return await manager.send(
+            session_id, body.message, mode=body.mode, lane=body.lane, client_key=key
+        )
+
+    @app.get(
+        f"{prefix}/status",
+        response_model=models.Status,
+        responses=_SESSION_ERRORS,
+        tags=["agent"],
+    )
+    async def status(manager: Manager, session_id: str = Depends(session)) -> dict[str, Any]:
+        """State, generation, lanes, and the recovery plan when suspended."""
+        return await manager.status(session_id)
+
+    @app.post(
+        f"{prefix}/abort",
+        response_model=models.Aborted,
+        responses=_STATE_ERRORS,
+        tags=["agent"],
+    )
+    async def abort(
+        manager: Manager,
+        body: Annotated[models.AbortRun | None, Body()] = None,
+        session_id: str = Depends(session),
+    ) -> dict[str, Any]:
+        """Abort the lane's running run (``abort_requested`` is durable first)."""
+        return await manager.abort(session_id, lane=(body or models.AbortRun()).lane)
+
+    @app.get(
+        f"{prefix}/messages",
+        response_model=models.Messages,
+        responses=_SESSION_ERRORS,
+        tags=["agent"],
+    )
+    async def messages(
+        manager: Manager,
+        session_id: str = Depends(session),
+        offset: Annotated[int, Query(ge=0, le=1 << 40)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        lane: Annotated[str, Query(min_length=1, max_length=128)] = "main",
+    ) -> dict[str, Any]:
+        """A page of the lane's transcript, root to leaf."""
+        return manager.messages(session_id, lane=lane, offset=offset, limit=limit)

@@ -1,0 +1,164 @@
+"""Pydantic models of every request and response body of the HTTP API (``design/http.md``).
+
+The shapes follow the manager's return values (:mod:`durable_harness.host.manager`): the
+session resource is :meth:`~durable_harness.host.record.SessionRecord.to_json`, the status is
+:meth:`~durable_harness.host.manager.SessionManager.status`, and ``plan`` is the object
+``durable-harness recover --json`` prints (``design/recovery.md``). Request models forbid
+unknown fields, so a misspelt field is a 400 ``invalid_request`` rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+State = Literal["creating", "idle", "running", "closing", "closed", "suspended", "error"]
+Mode = Literal["sync", "batch", "none"]
+CommandRuntime = Literal["pipe", "pty"]
+SendMode = Literal["prompt", "steer", "follow_up"]
+
+LANE_FIELD = Field(
+    default="main", min_length=1, max_length=128, description="the lane (default main)"
+)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSession(_Request):
+    """``POST /sessions``: a new session in ``cwd`` (an absolute path to an existing
+    directory on the host)."""
+
+    cwd: str = Field(description="absolute path of an existing directory on the host")
+    mode: Mode | None = Field(default=None, description="durability mode (default: host's)")
+    command_runtime: CommandRuntime = Field(default="pipe", description="how bash runs commands")
+    provider: str | None = Field(
+        default=None, description="provider spec (scripted:FILE, openai:MODEL...; default: host's)"
+    )
+
+
+class SendMessage(_Request):
+    """``POST /sessions/{id}/agent/send``: ``prompt`` starts a run; ``steer`` and
+    ``follow_up`` queue into the running one."""
+
+    message: str = Field(description="the text (non-empty; at most 1 MiB of UTF-8)")
+    mode: SendMode = "prompt"
+    lane: str = LANE_FIELD
+
+
+class AbortRun(_Request):
+    """``POST /sessions/{id}/agent/abort`` (the body is optional)."""
+
+    lane: str = LANE_FIELD
+
+
+class Decide(_Request):
+    """``POST /sessions/{id}/agent/decide``: settle one in-doubt tool call of a suspended
+    session (``retry``, ``fail`` or ``result:TEXT``)."""
+
+    tool_call_id: str = Field(min_length=1, max_length=256)
+    decision: str = Field(
+        min_length=1, description='"retry", "fail", or "result:TEXT" (TEXT becomes the result)'
+    )
+
+
+class Session(BaseModel):
+    """A session record (``design/host.md``): durable facts, never process state."""
+
+    id: str
+    cwd: str
+    mode: Mode
+    store: str
+    transcript: str
+    generation: int = Field(description="the runtime generation (writer-lease generation)")
+    state: State
+    last_error: str | None
+    command_runtime: CommandRuntime
+    provider: str | None
+    client_key: str | None
+
+
+class Unreadable(BaseModel):
+    """A session of the store that could not be read (listed, never hidden)."""
+
+    id: str
+    path: str | None = None
+    error: Any = None
+
+
+class SessionList(BaseModel):
+    """``GET /sessions``: every readable session, most recently modified first."""
+
+    sessions: list[Session]
+    unreadable: list[Unreadable]
+
+
+class Lane(BaseModel):
+    """One lane of a session: its leaf entry, its open run, whether it runs here now."""
+
+    lane: str
+    leaf: str | None
+    run_id: str | None
+    live: bool
+
+
+class Status(BaseModel):
+    """``GET .../agent/status``: the lifecycle ``state``, ``generation``, ``lanes`` and the
+    recovery ``plan`` (``durable-harness recover --json``) when suspended, else null."""
+
+    id: str
+    state: State
+    generation: int
+    lanes: list[Lane]
+    plan: dict[str, Any] | None
+    port: int | None = Field(description="the generation's control port (runtime state)")
+    last_error: str | None
+
+
+class Accepted(BaseModel):
+    """``POST .../agent/send``: the input is durable. A prompt gives the new ``run_id``, a
+    steer or follow-up the queued ``item_id``; ``duplicate`` when the ``Idempotency-Key``
+    was accepted before (nothing was sent twice)."""
+
+    mode: str
+    lane: str
+    run_id: str | None = None
+    item_id: str | None = None
+    duplicate: bool = False
+
+
+class Aborted(BaseModel):
+    """``POST .../agent/abort``: the steer and follow-up messages handed back."""
+
+    lane: str
+    returned: list[Any]
+
+
+class Messages(BaseModel):
+    """``GET .../agent/messages``: a page of the lane's transcript (root to leaf)."""
+
+    lane: str
+    total: int
+    offset: int
+    limit: int
+    entries: list[dict[str, Any]]
+
+
+class Log(BaseModel):
+    """``GET .../agent/log``: a page of the operation log; ``next_since_seq`` is the
+    ``since_seq`` of the next page, null on the last one."""
+
+    records: list[dict[str, Any]]
+    next_since_seq: int | None
+
+
+class Error(BaseModel):
+    """Every error body: the library's stable ``code``, a message naming the cause, and the
+    error's details (ids, limits, the validation problems)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    message: str

@@ -1,0 +1,149 @@
+"""Helpers of the HTTP API tests: a real ``durable-harness serve --port 0`` child, polling
+with a deadline, on-disk snapshots, operation-log reads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+
+START_TIMEOUT = 30.0  # seconds for a server to print its URL on a loaded machine
+_URL = re.compile(r"serving on (http://\S+)")
+
+
+def poll(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """Call ``check`` until it returns something truthy; fail naming ``what`` after
+    ``timeout`` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Server:
+    """A ``durable-harness serve`` child process on a free loopback port.
+
+    Attributes:
+        url: the URL it printed once it answers. proc: the child.
+    """
+
+    def __init__(
+        self,
+        store: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        home: Path,
+        token: str | None = None,
+    ) -> None:
+        self.store = store
+        self.token = token
+        child_env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.endswith("_API_KEY") and not k.startswith("DURABLE_HARNESS")
+        }
+        child_env["DURABLE_HARNESS_HOME"] = str(home)
+        child_env.update(env or {})
+        argv = [sys.executable, "-m", "durable_harness", "serve", "--port", "0"]
+        argv += ["--store", store, *args]
+        if token is not None:
+            argv += ["--token", token]
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = home / f"server-{os.getpid()}-{id(self)}.log"
+        with self.log.open("wb") as log:  # a file, not a pipe: a chatty child never blocks
+            self.proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=log)
+        self.url = self._read_url()
+
+    def _read_url(self) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        buf = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                m = _URL.search(buf.decode(errors="replace"))
+                if m:
+                    return m.group(1)
+            elif self.proc.poll() is not None:
+                break
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        raise AssertionError(f"server did not start: {buf!r} {self.stderr()}")
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        """An httpx client of this server (with its bearer token unless one is given)."""
+        token = token if token is not None else self.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL after 15 s)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def stderr(self) -> str:
+        """What the child wrote to stderr so far."""
+        return self.log.read_text(errors="replace")
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``root`` (what "nothing changed on
+    disk" compares)."""
+    if not root.exists():
+        return {}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def wait_state(
+    client: httpx.Client, sid: str, *states: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Poll ``GET /sessions/{sid}/agent/status`` until its state is one of ``states``."""
+
+    def check() -> dict[str, Any] | None:
+        body: dict[str, Any] = client.get(f"/sessions/{sid}/agent/status").json()
+        return body if body.get("state") in states else None
+
+    return poll(check, f"session {sid} to be {'/'.join(states)}", timeout)
+
+
+def run_records(client: httpx.Client, sid: str, rtype: str) -> list[dict[str, Any]]:
+    """The session's operation-log records of type ``rtype`` (all pages)."""
+    out: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = client.get(f"/sessions/{sid}/agent/log", params={"since_seq": since}).json()
+        out += [r for r in page["records"] if r["type"] == rtype]
+        if page["next_since_seq"] is None:
+            return out
+        since = page["next_since_seq"]
