@@ -42,7 +42,9 @@ def workdir(tmp_path: Path) -> str:
     return str(work)
 
 
-def crashed_cli_run(tmp_path: Path, spec: str, provider: str, point: str, prompt: str = "go") -> str:
+def crashed_cli_run(
+    tmp_path: Path, spec: str, provider: str, point: str, prompt: str = "go"
+) -> str:
     """Run ``durable-harness run`` in a child that SIGKILLs itself at ``point``; return the
     id of the session it left."""
     before = {i.id for i in open_store(spec).list_sessions()}
