@@ -8,7 +8,7 @@ from durable_harness.console.timeline import GAP_W, build_timeline, parse_ts
 
 
 def rec(t: float, rtype: str, **fields: Any) -> dict[str, Any]:
-    ms = int(round(t * 1000))
+    ms = round(t * 1000)
     stamp = f"2026-01-31T12:{ms // 60000:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}Z"
     return {"type": rtype, "timestamp": stamp, "lane": "main", "runId": "r1", **fields}
 
