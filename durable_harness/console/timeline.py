@@ -372,7 +372,7 @@ def build_timeline(
     t0 = axis.t0
     taken = [t.x for t in tl.ticks]
     for t in [a for a, _b in axis.segments] + [end]:
-        x = axis.x(t)
+        x = min(axis.x(t), WIDTH - 26.0)  # the last label stays inside the picture
         if all(abs(x - other) > 40 for other in taken):
             tl.ticks.append(Tick(x, f"+{fmt_duration(t - t0)}"))
             taken.append(x)
