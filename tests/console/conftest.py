@@ -91,8 +91,17 @@ def console_app(spec: str, options: HostOptions, token: str | None = None) -> Fa
 @contextmanager
 def served(app: FastAPI, limit: float = 30.0) -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port (bound at port 0) in a thread;
-    yield its base URL; stop it on exit."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    yield its base URL; stop it on exit. A server in a thread has no signal handlers, so the
+    event streams do not see it stop: close the pages that hold one (navigate away) first;
+    streams still open are cut after ``timeout_graceful_shutdown``."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -108,3 +117,4 @@ def served(app: FastAPI, limit: float = 30.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(limit)
+        assert not thread.is_alive(), "the console server did not stop"

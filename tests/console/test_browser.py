@@ -58,6 +58,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     profile = tmp_path / "chromium-profile"
     profile.mkdir()
     options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
     try:
@@ -150,10 +151,10 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
 
         # back on the session page: the run is going again, held at its last turn
         wait_for(
-            lambda: browser.find_element(By.CSS_SELECTOR, ".session-state").get_attribute(
-                "data-state"
-            )
-            in ("running", "idle"),
+            lambda: (
+                browser.find_element(By.CSS_SELECTOR, ".session-state").get_attribute("data-state")
+                in ("running", "idle")
+            ),
             "the resumed session",
         )
         assert browser.current_url.endswith(f"/console/sessions/{sid}?notice=decided")
@@ -171,8 +172,12 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
         assert browser.find_element(By.ID, "live").get_attribute("data-refreshed")
         assert not browser.find_elements(By.CSS_SELECTOR, "article.decision")
         shot(browser, shots / "4-session-finished.png")
-        logs = browser.get_log("browser") if hasattr(browser, "get_log") else []
+        browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
+            str(shots / "timeline-finished.png")
+        )
+        logs = browser.get_log("browser")
         assert not [e for e in logs if "Content Security Policy" in str(e.get("message"))]
+        browser.get("about:blank")  # closes the page's event stream before the server stops
 
     assert out.read_text() == "x\nx\n"  # retried, as decided
     with open_store(spec).open_session(sid, write=False) as s:
@@ -180,5 +185,10 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
     assert finished_rec["outcome"] == "completed"
     if os.environ.get("CONSOLE_SCREENSHOTS"):
         dest = Path(os.environ["CONSOLE_SCREENSHOTS"])
-        for name in ("timeline.png", "decision-panel.png", "2-session-in-doubt.png"):
+        for name in (
+            "timeline.png",
+            "timeline-finished.png",
+            "decision-panel.png",
+            "2-session-in-doubt.png",
+        ):
             shutil.copy(shots / name, dest / f"console-{name.removeprefix('2-')}")
