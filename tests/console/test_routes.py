@@ -3,7 +3,12 @@ on a real JSONL store; in-doubt sessions come from a real SIGKILL (``design/cons
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -345,3 +350,47 @@ async def test_refusals_are_pages_with_the_right_status(tmp_path: Path) -> None:
         await m.close(rec.id)
     (finished,) = records(spec, rec.id, "run_finished")
     assert finished["outcome"] == "aborted"
+
+
+@pytest.mark.crash
+async def test_a_call_whose_process_group_still_runs_says_so(tmp_path: Path) -> None:
+    """The CLI is SIGKILLed from outside while its bash call runs: the call's process group
+    outlives it, and the panel says so."""
+    spec = f"jsonl:{tmp_path / 'store'}"
+    command = "sleep 60 && echo slept"
+    provider = script(
+        tmp_path,
+        [{"text": "", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]}],
+    )
+    argv = [sys.executable, "-m", "durable_harness", "run", "go", "--store", spec]
+    argv += ["--provider", provider, "--cwd", workdir(tmp_path), "--quiet"]
+    child = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pgid: int | None = None
+    try:
+        deadline = time.monotonic() + 30
+        while pgid is None:
+            assert time.monotonic() < deadline and child.poll() is None, "no tool process"
+            sessions = open_store(spec).list_sessions() if (tmp_path / "store").exists() else []
+            if sessions:
+                found = records(spec, sessions[0].id, "tool_process")
+                pgid = found[0]["pgid"] if found else None
+            time.sleep(0.02)
+        child.kill()
+        assert child.wait(30) == -signal.SIGKILL
+        (info,) = open_store(spec).list_sessions()
+        async with console(spec, HostOptions(provider=provider)) as (_m, c):
+            html = (await c.get(f"/console/sessions/{info.id}")).text
+            panel = html.split('<section class="decisions">')[1].split("</section>")[0]
+            assert f"pgid {pgid}" in panel and "still running" in panel
+            assert "sleep 60 &amp;&amp; echo slept" in panel
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
