@@ -73,6 +73,9 @@ NOTICES = {
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 """The static files served under ``/console/static/``, with their media types."""
 
+PAGE_SIZE = 100
+"""Sessions per page of the list (each row reads its session's files for cost and activity)."""
+
 LISTEN_POLL_S = 1.0
 """How often the event route checks whether a session without a live generation got one."""
 
@@ -180,19 +183,22 @@ def console_router(
 
     @router.get("/")
     async def sessions_list(
-        request: Request, state: str | None = None, cwd: str | None = None
+        request: Request, state: str | None = None, cwd: str | None = None, page: int = 1
     ) -> Response:
         if not guard.authorized(request):
             return unauthorized(request, page=True)
         manager = get_manager()
-        records = await manager.list()
         waiting = manager.awaiting_decisions()
+        chosen = [
+            rec
+            for rec in await manager.list()  # most recently modified first
+            if (not state or rec.state == state)
+            and (not cwd or rec.cwd == cwd or rec.cwd.startswith(cwd.rstrip("/") + "/"))
+        ]
+        pages = max(1, -(-len(chosen) // PAGE_SIZE))
+        page = min(max(1, page), pages)
         rows = []
-        for rec in records:
-            if state and rec.state != state:
-                continue
-            if cwd and not (rec.cwd == cwd or rec.cwd.startswith(cwd.rstrip("/") + "/")):
-                continue
+        for rec in chosen[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]:
             try:
                 view = read_session(manager.store, rec.id)
             except DurableHarnessError:
@@ -205,7 +211,7 @@ def console_router(
                     "waiting": waiting.get(rec.id, 0),
                 }
             )
-        rows.sort(key=lambda r: str(r["last"] or ""), reverse=True)
+        query = {k: v for k, v in (("state", state), ("cwd", cwd)) if v}
         return render(
             request,
             "list.html",
@@ -213,6 +219,11 @@ def console_router(
             states=STATES,
             state=state or "",
             cwd=cwd or "",
+            total=len(chosen),
+            page=page,
+            pages=pages,
+            prev_url="/?" + urlencode({**query, "page": page - 1}) if page > 1 else "",
+            next_url="/?" + urlencode({**query, "page": page + 1}) if page < pages else "",
             unreadable=manager.unreadable,
         )
 

@@ -111,7 +111,9 @@ def in_doubt_script(tmp_path: Path, out: Path, **last: Any) -> str:
 
 
 @pytest.mark.crash
-async def test_the_list_shows_state_cost_waiting_decisions_and_filters(tmp_path: Path) -> None:
+async def test_the_list_shows_state_cost_waiting_decisions_and_filters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = f"jsonl:{tmp_path / 'store'}"
     out = Path(workdir(tmp_path)) / "effects.txt"
     provider = in_doubt_script(tmp_path, out)
@@ -137,6 +139,16 @@ async def test_the_list_shows_state_cost_waiting_decisions_and_filters(tmp_path:
         assert re.findall(r'data-session="([^"]+)"', by_dir.text) == [live.id]
         none = await c.get("/", params={"cwd": str(other) + "-not"})
         assert "No sessions match the filter" in none.text
+
+        monkeypatch.setattr("durable_harness.console.routes.PAGE_SIZE", 1)
+        first = await c.get("/")
+        second = await c.get("/", params={"page": 2})
+        assert "page 1 of 2 (2 sessions)" in first.text and 'href="/?page=2"' in first.text
+        seen = [re.findall(r'data-session="([^"]+)"', p.text) for p in (first, second)]
+        assert sorted(seen[0] + seen[1]) == sorted([crashed, live.id])
+        clamped = await c.get("/", params={"page": 99, "state": "idle"})
+        assert re.findall(r'data-session="([^"]+)"', clamped.text) == [live.id]
+        monkeypatch.undo()
 
         token = csrf_of(page.text)
         moved = await c.post(
@@ -316,6 +328,8 @@ async def test_refusals_are_pages_with_the_right_status(tmp_path: Path) -> None:
         assert (await c.get("/console/sessions/" + "0" * 36)).status_code == 404
         assert (await c.get("/console/sessions/bad%20id")).status_code == 400
         assert (await c.get("/console/static/../routes.py")).status_code == 404
+        assert (await c.get("/console/sessions/" + "0" * 36 + "/events")).status_code == 404
+        assert (await c.get("/console/sessions/" + "0" * 36 + "/live")).status_code == 404
         token = csrf_of((await c.get("/")).text)
         url = f"/console/sessions/{rec.id}"
         for message, mode, status in (
