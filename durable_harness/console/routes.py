@@ -474,6 +474,13 @@ def console_router(
     return router
 
 
+def is_console_path(path: str) -> bool:
+    """Whether a request path is the console's (``/`` and ``/console/...``). The host's
+    bearer-token middleware lets these through: the console checks the same token itself,
+    also from the login cookie, since a browser cannot add a header to a navigation."""
+    return path == "/" or path == "/console" or path.startswith("/console/")
+
+
 def _local(target: str) -> str:
     """``target`` if it is a root-relative path of this site, else ``/`` (no open redirect)."""
     if target.startswith("/") and not target.startswith("//") and "\\" not in target:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from durable_harness.console import console_router
+from durable_harness.console import console_router, is_console_path
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.storage import open_store
 
@@ -408,3 +408,10 @@ async def test_a_call_whose_process_group_still_runs_says_so(tmp_path: Path) -> 
         if pgid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+def test_the_console_paths_are_known_to_the_host() -> None:
+    for path in ("/", "/console/login", "/console/sessions/x/events", "/console/static/a"):
+        assert is_console_path(path)
+    for path in ("/sessions", "/metrics", "/openapi.json", "/consoles", "//console/x"):
+        assert not is_console_path(path)
