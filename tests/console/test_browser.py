@@ -24,8 +24,14 @@ from .conftest import console_app, crashed_cli_run, script, served, workdir
 
 pytestmark = [pytest.mark.browser, pytest.mark.crash, pytest.mark.timeout(180)]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+# CONSOLE_CHROMIUM / CONSOLE_CHROMEDRIVER name other binaries (tests/console/test_browser_gate.py
+# points them at nothing to check the skip and the CI error).
+CHROMIUM = os.environ.get("CONSOLE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = (
+    os.environ.get("CONSOLE_CHROMEDRIVER")
+    or shutil.which("chromedriver")
+    or "/usr/bin/chromedriver"
+)
 FLAGS = (
     "--headless",
     "--no-sandbox",
