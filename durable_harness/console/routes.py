@@ -277,6 +277,9 @@ def console_router(
             "resumable": rec.state in ("closed", "error")
             or (rec.state == "suspended" and not (plan is not None and needs_decision(plan))),
             "notice": NOTICES.get(request.query_params.get("notice", ""), ""),
+            "notice_key": request.query_params.get("notice", "")
+            if request.query_params.get("notice", "") in NOTICES
+            else "",
         }
 
     @router.get("/console/sessions/{session_id}")

@@ -164,6 +164,7 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
             "the resumed session",
         )
         assert browser.current_url.endswith(f"/console/sessions/{sid}?notice=decided")
+        assert "Decision recorded." in browser.find_element(By.ID, "live").text
         browser.execute_script("window.consoleTestMarker = 'same page';")
         gate.touch()
 

@@ -349,6 +349,11 @@ async def test_refusals_are_pages_with_the_right_status(tmp_path: Path) -> None:
             url + "/send", data={"csrf_token": token, "message": "again", "mode": "prompt"}
         )
         assert again.status_code == 409 and "run_in_progress" in again.text
+        steer = await c.post(
+            url + "/send", data={"csrf_token": token, "message": "also this", "mode": "steer"}
+        )
+        assert steer.status_code == 303
+        assert [r["queue"] for r in records(spec, rec.id, "queue_enqueued")] == ["steer"]
         aborted = await c.post(url + "/abort", data={"csrf_token": token, "lane": "main"})
         assert aborted.status_code == 303
         gate.touch()
