@@ -73,6 +73,9 @@ NOTICES = {
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 """The static files served under ``/console/static/``, with their media types."""
 
+TIMELINE_RECORDS = 3000
+"""The timeline draws at most this many of a session's latest records (the page stays small)."""
+
 PAGE_SIZE = 100
 """Sessions per page of the list (each row reads its session's files for cost and activity)."""
 
@@ -272,7 +275,10 @@ def console_router(
             "items": transcript(view.paths.get(lane, []), view.entries),
             "cost": view.cost,
             "last": view.last_activity,
-            "timeline": build_timeline(view.records, live=live, now=time.time()),
+            "timeline": build_timeline(
+                view.records[-TIMELINE_RECORDS:], live=live, now=time.time()
+            ),
+            "timeline_cut": max(0, len(view.records) - TIMELINE_RECORDS),
             "live": live,
             "resumable": rec.state in ("closed", "error")
             or (rec.state == "suspended" and not (plan is not None and needs_decision(plan))),

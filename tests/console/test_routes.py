@@ -205,7 +205,7 @@ async def test_an_in_doubt_call_is_shown_confirmed_and_decided(tmp_path: Path) -
     assert finished["outcome"] == "completed"
 
 
-async def test_html_in_a_prompt_is_escaped(tmp_path: Path) -> None:
+async def test_html_in_a_prompt_is_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = f"jsonl:{tmp_path / 'store'}"
     provider = script(tmp_path, [{"text": "<b>bold</b> & <i>more</i>"}])
     evil = '<script>alert(1)</script><img src=x onerror="alert(2)">'
@@ -225,6 +225,11 @@ async def test_html_in_a_prompt_is_escaped(tmp_path: Path) -> None:
         assert "&lt;b&gt;bold&lt;/b&gt; &amp; &lt;i&gt;" in html and "<b>" not in html
         (started,) = records(spec, rec.id, "run_started")
         assert started["prompt"]["content"][0]["text"] == evil  # stored as typed
+        total = len(records(spec, rec.id))
+        monkeypatch.setattr("durable_harness.console.routes.TIMELINE_RECORDS", 2)
+        cut = (await c.get(f"/console/sessions/{rec.id}")).text
+        assert f"The {total - 2} oldest records of this session are not drawn" in cut
+        assert '<svg class="timeline"' in cut
         await m.close(rec.id)
 
 
