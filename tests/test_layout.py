@@ -2,7 +2,7 @@
 
 * The library never imports a front: no module outside the fronts (``cli/``, ``demo.py``,
   ``__main__.py``, ``crashtest/``, the testing kit ``testing/`` (built on the crash matrix, used
-  by test suites), and the HTTP/ACP fronts if they appear) imports
+  by test suites), and the HTTP/console/ACP fronts if they appear) imports
   ``durable_harness.cli`` (or another front), statically or through ``importlib``.
 * Every public module-level function and class has a docstring.
 """
@@ -18,7 +18,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "durable_harness"
 # Fronts, as paths relative to the package (a folder or one module).
-FRONT_PATHS = ("cli", "http", "acp", "crashtest", "testing", "demo.py", "__main__.py")
+FRONT_PATHS = ("cli", "http", "console", "acp", "crashtest", "testing", "demo.py", "__main__.py")
 FRONT_MODULES = tuple(
     "durable_harness." + p.removesuffix(".py").replace("/", ".") for p in FRONT_PATHS
 )

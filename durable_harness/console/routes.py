@@ -1,0 +1,497 @@
+"""The console's routes: server-rendered pages over a :class:`SessionManager`
+(``design/console.md``).
+
+:func:`console_router` returns a FastAPI :class:`~fastapi.APIRouter` to include in the host's
+app (``app.include_router(console_router(lambda: app.state.manager, token=token))``). Pages:
+
+- ``GET /``: the sessions list (``?state=`` and ``?cwd=`` filter it);
+- ``GET /console/sessions/{id}``: a session (transcript, lanes, run timeline, decision panel);
+- ``GET /console/sessions/{id}/live``: the part of that page that changes (a fragment);
+- ``GET /console/sessions/{id}/events``: server-sent events telling the page to fetch the
+  fragment again (one per event of the session's live generation);
+- ``POST /console/sessions/{id}/{send,abort,close,resume,decide}``: the form actions, each
+  answered with a redirect to the session page (post/redirect/get), or the page again with
+  the error and its status;
+- ``GET|POST /console/login``, ``POST /console/filter``, ``GET /console/static/{name}``.
+
+Every POST needs a valid ``csrf_token`` (403 otherwise, before anything is read or written);
+every route needs the bearer token when one is configured (:mod:`.security`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import anyio
+import jinja2
+import orjson
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
+from durable_harness.console.timeline import build_timeline, fmt_duration
+from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
+from durable_harness.errors import DurableHarnessError, SessionNotLive
+from durable_harness.host.lifecycle import LIVE, STATES
+from durable_harness.host.manager import needs_decision
+
+if TYPE_CHECKING:
+    from durable_harness.host.manager import SessionManager
+
+STATUS_OF_CODE = {
+    "invalid_request": 400,
+    "session_not_found": 404,
+    "message_too_large": 413,
+    "session_live": 409,
+    "session_not_live": 409,
+    "illegal_transition": 409,
+    "run_in_progress": 409,
+    "no_open_run": 409,
+    "lane_suspended": 409,
+    "lease_held": 409,
+    "recovery_error": 409,
+}
+"""The HTTP status of a refused action, by the error's ``code`` (others: 500)."""
+
+NOTICES = {
+    "sent": "Message accepted.",
+    "aborted": "Abort requested.",
+    "closed": "Session closed.",
+    "resumed": "Session resumed.",
+    "decided": "Decision recorded.",
+    "waiting": "Decision recorded; other calls still wait for a decision.",
+}
+"""The fixed notices a redirect may name (``?notice=``); anything else shows nothing."""
+
+STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
+"""The static files served under ``/console/static/``, with their media types."""
+
+TIMELINE_RECORDS = 3000
+"""The timeline draws at most this many of a session's latest records (the page stays small)."""
+
+PAGE_SIZE = 100
+"""Sessions per page of the list (each row reads its session's files for cost and activity)."""
+
+LISTEN_POLL_S = 1.0
+"""How often the event route checks whether a session without a live generation got one."""
+
+
+class _SecureRoute(APIRoute):
+    """A route whose every response carries :data:`SECURITY_HEADERS`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def secured(request: Request) -> Response:
+            response = await handler(request)
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
+            return response
+
+        return secured
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("durable_harness.console", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["ago"] = ago
+    env.filters["money"] = lambda v: f"${v:.4f}"
+    env.filters["duration"] = fmt_duration
+    env.filters["q"] = lambda v: quote(str(v), safe="")
+    return env
+
+
+def console_router(
+    get_manager: Callable[[], SessionManager],
+    *,
+    token: str | None = None,
+    csrf_secret: bytes | None = None,
+) -> APIRouter:
+    """Build the console's router.
+
+    Args:
+        get_manager: returns the running :class:`SessionManager` (called per request, so the
+            router can be built before the app's lifespan enters the manager).
+        token: the bearer token the server requires (``None``: none, a loopback bind).
+        csrf_secret: the CSRF MAC key; random per process when ``None``
+            (:class:`~durable_harness.console.security.Guard`).
+
+    Returns: an :class:`APIRouter` with the routes of the module docstring; it adds no
+    middleware, so it can be included in any FastAPI app.
+    """
+    router = APIRouter(route_class=_SecureRoute, include_in_schema=False)
+    guard = Guard(token, csrf_secret)
+    env = _environment()
+
+    def render(request: Request, name: str, http_status: int = 200, **context: Any) -> HTMLResponse:
+        csrf_id, new = guard.csrf_id(request)
+        html = env.get_template(name).render(
+            csrf_field=CSRF_FIELD, csrf=guard.csrf_token(csrf_id), **context
+        )
+        response = HTMLResponse(html, status_code=http_status)
+        if new:
+            guard.set_csrf_cookie(request, response, csrf_id)
+        return response
+
+    def unauthorized(request: Request, page: bool) -> Response:
+        if page:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse("/console/login?" + urlencode({"next": target}), 303)
+        return Response("a bearer token is required", 401, {"WWW-Authenticate": "Bearer"})
+
+    async def form_of(request: Request) -> dict[str, str] | Response:
+        """The POST's form fields, or the refusal (401 without the token, 403 without a
+        valid CSRF token): checked before any action."""
+        if not guard.authorized(request):
+            return unauthorized(request, page=False)
+        form = await request.form()
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        if not guard.csrf_ok(request, fields.get(CSRF_FIELD)):
+            return render(
+                request,
+                "error.html",
+                403,
+                title="Refused",
+                message="This form has no valid CSRF token (reload the page and try again).",
+            )
+        return fields
+
+    def error_page(request: Request, exc: DurableHarnessError) -> HTMLResponse:
+        return render(
+            request,
+            "error.html",
+            STATUS_OF_CODE.get(exc.code, 500),
+            title=exc.code,
+            message=exc.message,
+        )
+
+    def back(session_id: str, notice: str) -> RedirectResponse:
+        return RedirectResponse(
+            f"/console/sessions/{quote(session_id, safe='')}?notice={notice}", 303
+        )
+
+    # -- pages --------------------------------------------------------------------------------
+
+    @router.get("/")
+    async def sessions_list(
+        request: Request, state: str | None = None, cwd: str | None = None, page: int = 1
+    ) -> Response:
+        if not guard.authorized(request):
+            return unauthorized(request, page=True)
+        manager = get_manager()
+        waiting = manager.awaiting_decisions()
+        chosen = [
+            rec
+            for rec in await manager.list()  # most recently modified first
+            if (not state or rec.state == state)
+            and (not cwd or rec.cwd == cwd or rec.cwd.startswith(cwd.rstrip("/") + "/"))
+        ]
+        pages = max(1, -(-len(chosen) // PAGE_SIZE))
+        page = min(max(1, page), pages)
+        rows = []
+        for rec in chosen[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]:
+            try:
+                view = read_session(manager.store, rec.id)
+            except DurableHarnessError:
+                continue
+            rows.append(
+                {
+                    "rec": rec,
+                    "cost": view.cost,
+                    "last": view.last_activity,
+                    "waiting": waiting.get(rec.id, 0),
+                }
+            )
+        query = {k: v for k, v in (("state", state), ("cwd", cwd)) if v}
+        return render(
+            request,
+            "list.html",
+            rows=rows,
+            states=STATES,
+            state=state or "",
+            cwd=cwd or "",
+            total=len(chosen),
+            page=page,
+            pages=pages,
+            prev_url="/?" + urlencode({**query, "page": page - 1}) if page > 1 else "",
+            next_url="/?" + urlencode({**query, "page": page + 1}) if page < pages else "",
+            unreadable=manager.unreadable,
+        )
+
+    async def session_context(
+        request: Request, session_id: str, lane: str | None
+    ) -> dict[str, Any]:
+        manager = get_manager()
+        rec = await manager.get(session_id)
+        status = await manager.status(session_id)
+        plan = manager.plan(session_id) if rec.state == "suspended" else None
+        view = read_session(manager.store, session_id)
+        lane = lane if lane in view.lanes else "main"
+        keys = idempotency_keys(view.records)
+        tools = manager.options.tools(rec.command_runtime)
+        decisions = []
+        for lane_plan in plan.lanes if plan is not None else []:
+            for call in lane_plan.waiting():
+                tool = tools.get(call.tool_name)
+                if tool is None:
+                    hook = "the tool is not installed in this host"
+                elif tool.can_reconcile:
+                    hook = "the reconcile hook could not tell whether the call took effect"
+                else:
+                    hook = "the tool has no reconcile hook: nothing can check what happened"
+                decisions.append(
+                    {
+                        "lane": lane_plan.lane,
+                        "run_id": lane_plan.run_id,
+                        "call": call,
+                        "arguments": orjson.dumps(
+                            call.arguments, option=orjson.OPT_INDENT_2
+                        ).decode(),
+                        "idempotency_key": keys.get(call.call_key, ""),
+                        "reconcile": hook,
+                    }
+                )
+        live = rec.state in LIVE
+        return {
+            "rec": rec,
+            "status": status,
+            "plan": plan,
+            "needs_decision": plan is not None and needs_decision(plan),
+            "decisions": decisions,
+            "lane": lane,
+            "lanes": status["lanes"],
+            "items": transcript(view.paths.get(lane, []), view.entries),
+            "cost": view.cost,
+            "last": view.last_activity,
+            "timeline": build_timeline(
+                view.records[-TIMELINE_RECORDS:], live=live, now=time.time()
+            ),
+            "timeline_cut": max(0, len(view.records) - TIMELINE_RECORDS),
+            "live": live,
+            "resumable": rec.state in ("closed", "error")
+            or (rec.state == "suspended" and not (plan is not None and needs_decision(plan))),
+            "notice": NOTICES.get(request.query_params.get("notice", ""), ""),
+            "notice_key": request.query_params.get("notice", "")
+            if request.query_params.get("notice", "") in NOTICES
+            else "",
+        }
+
+    @router.get("/console/sessions/{session_id}")
+    async def session_page(request: Request, session_id: str, lane: str | None = None) -> Response:
+        if not guard.authorized(request):
+            return unauthorized(request, page=True)
+        try:
+            context = await session_context(request, session_id, lane)
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return render(request, "session.html", **context)
+
+    @router.get("/console/sessions/{session_id}/live")
+    async def session_fragment(
+        request: Request, session_id: str, lane: str | None = None
+    ) -> Response:
+        if not guard.authorized(request):
+            return unauthorized(request, page=False)
+        try:
+            context = await session_context(request, session_id, lane)
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return render(request, "live.html", **context)
+
+    @router.get("/console/sessions/{session_id}/events")
+    async def session_events(request: Request, session_id: str) -> Response:
+        if not guard.authorized(request):
+            return unauthorized(request, page=False)
+        manager = get_manager()
+        try:
+            await manager.get(session_id)
+        except DurableHarnessError as exc:
+            return Response(exc.message, STATUS_OF_CODE.get(exc.code, 500))
+
+        async def stream() -> AsyncIterator[dict[str, Any]]:
+            yield {"event": "hello", "data": "{}", "retry": 2000}
+            while True:
+                try:
+                    events = manager.listen(session_id)
+                except SessionNotLive:
+                    await anyio.sleep(LISTEN_POLL_S)
+                    continue
+                # subscribed: anything that happened before is fetched by this refresh
+                yield {"event": "state", "data": '{"live": true}'}
+                with events:
+                    async for event in events:
+                        data = {
+                            "type": event.get("type"),
+                            "eventId": event.get("eventId"),
+                            "generation": event.get("generation"),
+                        }
+                        yield {"event": "update", "data": orjson.dumps(data).decode()}
+                yield {"event": "state", "data": '{"live": false}'}
+
+        return EventSourceResponse(stream(), ping=15)
+
+    @router.get("/console/static/{name}")
+    async def static(name: str) -> Response:
+        media = STATIC.get(name)
+        if media is None:
+            return Response("not found", 404)
+        body = resources.files("durable_harness.console").joinpath("static", name).read_bytes()
+        return Response(body, media_type=media)
+
+    # -- login and filters --------------------------------------------------------------------
+
+    @router.get("/console/login")
+    async def login_page(request: Request, next: str = "/") -> Response:
+        return render(request, "login.html", next=_local(next), failed=False)
+
+    @router.post("/console/login")
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        if not guard.csrf_ok(request, fields.get(CSRF_FIELD)):
+            return render(
+                request, "error.html", 403, title="Refused", message="No valid CSRF token."
+            )
+        target = _local(fields.get("next", "/"))
+        response: Response = RedirectResponse(target, 303)
+        if not guard.login(request, response, fields.get("token", "")):
+            return render(request, "login.html", 401, next=target, failed=True)
+        return response
+
+    @router.post("/console/filter")
+    async def filter_list(request: Request) -> Response:
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        query = {k: fields[k] for k in ("state", "cwd") if fields.get(k)}
+        return RedirectResponse("/" + (f"?{urlencode(query)}" if query else ""), 303)
+
+    # -- actions ------------------------------------------------------------------------------
+
+    @router.post("/console/sessions/{session_id}/send")
+    async def send(request: Request, session_id: str) -> Response:
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        mode = fields.get("mode", "prompt")
+        try:
+            await get_manager().send(
+                session_id,
+                fields.get("message", ""),
+                mode=mode,  # type: ignore[arg-type]  # the manager refuses another mode
+                lane=fields.get("lane") or "main",
+            )
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return back(session_id, "sent")
+
+    @router.post("/console/sessions/{session_id}/abort")
+    async def abort(request: Request, session_id: str) -> Response:
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        try:
+            await get_manager().abort(session_id, fields.get("lane") or "main")
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return back(session_id, "aborted")
+
+    @router.post("/console/sessions/{session_id}/close")
+    async def close(request: Request, session_id: str) -> Response:
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        if fields.get("confirmed") != "yes":
+            return render(
+                request,
+                "confirm.html",
+                session_id=session_id,
+                action="close",
+                summary="Close this session: running turns are aborted, tool processes still "
+                "running after the grace period are killed; the transcript is kept.",
+                fields={},
+            )
+        try:
+            await get_manager().close(session_id)
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return back(session_id, "closed")
+
+    @router.post("/console/sessions/{session_id}/resume")
+    async def resume(request: Request, session_id: str) -> Response:
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        try:
+            await get_manager().resume(session_id)
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return back(session_id, "resumed")
+
+    @router.post("/console/sessions/{session_id}/decide")
+    async def decide(request: Request, session_id: str) -> Response:
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        call = fields.get("call_key", "")
+        choice = fields.get("decision", "")
+        if choice == "result":
+            decision = "result:" + fields.get("result", "")
+        elif choice in ("retry", "fail"):
+            decision = choice
+        else:
+            decision = choice or "(none)"  # refused by the manager as malformed
+        if fields.get("confirmed") != "yes" and choice in ("retry", "fail", "result"):
+            what = {
+                "retry": "Run the call again (it may have taken effect already).",
+                "fail": "Settle the call as failed: the model is told it did not complete.",
+                "result": "Settle the call with the result text below, as if the tool "
+                "had returned it.",
+            }[choice]
+            return render(
+                request,
+                "confirm.html",
+                session_id=session_id,
+                action="decide",
+                summary=f"{what} Tool call {fields.get('tool_call_id', '')} ({call}).",
+                fields={
+                    "call_key": call,
+                    "tool_call_id": fields.get("tool_call_id", ""),
+                    "decision": choice,
+                    "result": fields.get("result", ""),
+                },
+            )
+        manager = get_manager()
+        try:
+            rec = await manager.decide(session_id, call, decision)
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return back(session_id, "waiting" if rec.state == "suspended" else "decided")
+
+    return router
+
+
+def is_console_path(path: str) -> bool:
+    """Whether a request path is the console's (``/`` and ``/console/...``). The host's
+    bearer-token middleware lets these through: the console checks the same token itself,
+    also from the login cookie, since a browser cannot add a header to a navigation."""
+    return path == "/" or path == "/console" or path.startswith("/console/")
+
+
+def _local(target: str) -> str:
+    """``target`` if it is a root-relative path of this site, else ``/`` (no open redirect)."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"

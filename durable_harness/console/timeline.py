@@ -1,0 +1,401 @@
+"""The run timeline: a session's operation log laid out on a time axis (``design/console.md``).
+
+:func:`build_timeline` folds the records of a session's operation log (the record vocabulary of
+:mod:`durable_harness.models.records`, in ``seq`` order, every lane) into shapes with pixel
+coordinates; the template ``timeline.html`` draws them as an inline ``<svg class="timeline">``.
+No JavaScript is involved: the picture is made on the server.
+
+What is drawn, per lane, on four rows:
+
+- ``run``: ``run_started`` to ``run_finished`` (class ``run`` plus ``outcome-<outcome>``; a run
+  still open is ``open``);
+- ``provider``: one bar per provider attempt, ``provider_request_started`` to ``..._finished``
+  or ``..._failed`` (class ``failed`` for a failed attempt: the retries are the bars after it);
+- ``tools``: one bar per tool intent, ``tool_started`` to its ``tool_finished`` (class
+  ``outcome-<outcome>``); an intent whose generation ended before it was settled is
+  ``in-doubt`` and its bar runs across the gap to its settlement (or to the end);
+- ``marks``: queue receipts and consumptions, save points, abort markers, decisions, process
+  groups and lifecycle records, each a small mark with a ``<title>``.
+
+**The crash as a gap.** Records carry no writer generation, so a generation change is read
+from the log itself: a ``session_lifecycle`` record in state ``idle`` starts a generation, and
+when runs, provider attempts or tool intents are still open at that point, the previous
+generation died with them open. The time between its last record and the new generation's
+first is drawn as a hatched ``gap crash`` region; so is the time from the last record to now
+when the session has no live owner and something is still open (a suspended session). A long
+quiet stretch (more than :data:`QUIET_S` seconds) is drawn as a narrower ``gap quiet`` so a run
+of milliseconds stays visible beside an hour of idleness: the axis is piecewise linear and
+every gap is labelled with its real length.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+WIDTH = 960
+"""Width of the drawing, in pixels."""
+GUTTER = 110
+"""Width of the row labels on the left, in pixels."""
+ROW_H = 18
+"""Height of one row, in pixels."""
+AXIS_H = 34
+"""Height of the time axis under the rows, in pixels."""
+GAP_W = 56
+"""Width a crash or a quiet stretch is drawn with, whatever its length, in pixels."""
+MIN_SEGMENT_W = 24
+"""Narrowest width of an active stretch of time, in pixels."""
+QUIET_S = 2.0
+"""A stretch without records longer than this (seconds) is drawn compressed."""
+ROWS = ("run", "provider", "tools", "marks")
+"""The rows of one lane, top to bottom."""
+
+_MARKS = {
+    "queue_enqueued": "queue",
+    "queue_consumed": "queue-consumed",
+    "queue_cancelled": "queue-cancelled",
+    "save_point": "save-point",
+    "abort_requested": "abort",
+    "decision": "decision",
+    "tool_process": "process",
+    "session_lifecycle": "lifecycle",
+    "write_deferred": "deferred",
+}
+
+
+def parse_ts(value: Any) -> float | None:
+    """Seconds since the epoch of a record ``timestamp`` (UTC ISO 8601 with ``Z``), or
+    ``None`` when it is missing or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def fmt_duration(seconds: float) -> str:
+    """A short human duration: ``812 ms``, ``3.4 s``, ``5 min 12 s``, ``2 h 03 min``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+@dataclass
+class Shape:
+    """One drawn thing: a bar (``w`` > 0) or a mark (``w`` == 0) at pixel ``x``, ``y``.
+
+    ``kind`` is what it stands for (``run``, ``provider``, ``tool``, a mark kind, ``gap``),
+    ``cls`` its CSS classes, ``title`` the tooltip text, ``label`` a short text drawn beside it.
+    """
+
+    kind: str
+    cls: str
+    x: float
+    y: float
+    w: float
+    h: float
+    title: str
+    label: str = ""
+
+
+@dataclass
+class Tick:
+    """A label on the time axis at pixel ``x``."""
+
+    x: float
+    text: str
+
+
+@dataclass
+class Timeline:
+    """What ``timeline.html`` draws: the size, row labels ``(y, text)``, shapes, axis ticks.
+
+    ``empty`` is true when the log has no record with a timestamp (nothing is drawn).
+    """
+
+    width: int
+    height: int
+    rows: list[tuple[float, str]] = field(default_factory=list)
+    shapes: list[Shape] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)
+    empty: bool = False
+
+    def of_kind(self, kind: str) -> list[Shape]:
+        """The shapes of one kind, in drawing order."""
+        return [s for s in self.shapes if s.kind == kind]
+
+
+@dataclass
+class _Span:
+    kind: str
+    lane: str
+    start: float
+    end: float | None
+    cls: str
+    title: str
+    label: str = ""
+    key: Any = None
+    doubt: bool = False
+
+
+class _Axis:
+    """A piecewise-linear map from time (seconds) to x (pixels), with gaps of fixed width."""
+
+    def __init__(self, times: list[float], crashes: list[tuple[float, float]], left: float):
+        times = sorted(set(times))
+        breaks: list[tuple[float, float, str]] = [(a, b, "crash") for a, b in crashes if b > a]
+        for a, b in itertools.pairwise(times):
+            if b - a > QUIET_S and not any(ca <= a and b <= cb for ca, cb, _ in breaks):
+                breaks.append((a, b, "quiet"))
+        breaks.sort()
+        self.t0, self.t1 = times[0], times[-1]
+        # the active stretches between the breaks
+        segments: list[tuple[float, float]] = []
+        cursor = self.t0
+        for a, b, _ in breaks:
+            segments.append((cursor, max(cursor, a)))
+            cursor = max(cursor, b)
+        segments.append((cursor, max(cursor, self.t1)))
+        total = sum(b - a for a, b in segments) or 1.0
+        avail = WIDTH - left - 10 - GAP_W * len(breaks)
+        widths = [max(MIN_SEGMENT_W, avail * (b - a) / total) for a, b in segments]
+        scale = min(1.0, avail / sum(widths)) if widths else 1.0
+        widths = [w * scale for w in widths]
+        # pieces: (t_start, t_end, x_start, x_end)
+        self.pieces: list[tuple[float, float, float, float]] = []
+        x = left
+        for i, (a, b) in enumerate(segments):
+            self.pieces.append((a, b, x, x + widths[i]))
+            x += widths[i]
+            if i < len(breaks):
+                ba, bb, _kind = breaks[i]
+                self.pieces.append((ba, bb, x, x + GAP_W))
+                x += GAP_W
+        self.breaks = breaks
+        self.segments = segments
+
+    def x(self, t: float) -> float:
+        for a, b, xa, xb in self.pieces:
+            if t <= b:
+                if t <= a or b == a:
+                    return xa if t <= a else xb
+                return xa + (xb - xa) * (t - a) / (b - a)
+        return self.pieces[-1][3]
+
+
+def build_timeline(
+    records: Iterable[Mapping[str, Any]], *, live: bool, now: float | None = None
+) -> Timeline:
+    """Lay out ``records`` (the operation log of one session, every lane, ``seq`` order).
+
+    Args:
+        records: records as :meth:`SessionStore.records` returns them.
+        live: whether a generation of the session is running now; when not, anything still open
+            at the end was left open by a generation that is gone, and the time from the last
+            record to ``now`` is drawn as a crash gap.
+        now: the current time in seconds since the epoch (the end of the axis when not live).
+
+    Returns: a :class:`Timeline`; records without a parseable ``timestamp`` are skipped.
+    """
+    spans: list[_Span] = []
+    marks: list[tuple[str, float, str, str]] = []  # (lane, t, kind, title)
+    crashes: list[tuple[float, float]] = []
+    open_runs: dict[str, _Span] = {}
+    open_req: dict[tuple[Any, ...], _Span] = {}
+    open_tools: dict[tuple[Any, ...], _Span] = {}
+    lanes: list[str] = []
+    times: list[float] = []
+    last_t: float | None = None
+
+    def lane_of(rec: Mapping[str, Any]) -> str:
+        lane = str(rec.get("lane") or "main")
+        if lane not in lanes:
+            lanes.append(lane)
+        return lane
+
+    for rec in records:
+        t = parse_ts(rec.get("timestamp"))
+        if t is None:
+            continue
+        rtype = str(rec.get("type"))
+        lane = lane_of(rec)
+        run = rec.get("runId")
+        if rtype == "session_lifecycle" and rec.get("state") == "idle" and last_t is not None:
+            still_open = [*open_runs.values(), *open_req.values(), *open_tools.values()]
+            if still_open:
+                crashes.append((last_t, t))
+                for span in open_tools.values():
+                    span.doubt = True
+                for key, span in list(open_req.items()):
+                    span.end = last_t
+                    span.cls += " interrupted"
+                    span.title += ", interrupted by the crash"
+                    del open_req[key]
+        times.append(t)
+        if rtype == "run_started":
+            span = _Span(
+                "run", lane, t, None, "run", f"run {run} on lane {lane}", label=_short(run)
+            )
+            open_runs[lane] = span
+            spans.append(span)
+        elif rtype == "run_finished":
+            outcome = str(rec.get("outcome") or "?")
+            found = open_runs.pop(lane, None)
+            span = found if found is not None else _Span("run", lane, t, None, "run", f"run {run}")
+            if span not in spans:
+                spans.append(span)
+            span.end = t
+            span.cls = f"run outcome-{outcome}"
+            reason = f" ({rec.get('reason')})" if rec.get("reason") else ""
+            span.title += f": {outcome}{reason}"
+        elif rtype == "provider_request_started":
+            purpose = rec.get("purpose") or "turn"
+            key = (run, purpose, rec.get("turn"), rec.get("attempt"))
+            span = _Span(
+                "provider",
+                lane,
+                t,
+                None,
+                "provider",
+                f"{purpose} {rec.get('turn')} attempt {rec.get('attempt')} "
+                f"({rec.get('provider')}/{rec.get('model')})",
+                label=f"a{rec.get('attempt')}" if (rec.get("attempt") or 1) > 1 else "",
+            )
+            open_req[key] = span
+            spans.append(span)
+        elif rtype in ("provider_request_finished", "provider_request_failed"):
+            key = (run, rec.get("purpose") or "turn", rec.get("turn"), rec.get("attempt"))
+            found = open_req.pop(key, None)
+            span = found if found is not None else _Span("provider", lane, t, None, "provider", "")
+            if span not in spans:
+                spans.append(span)
+            span.end = t
+            if rtype == "provider_request_failed":
+                span.cls = "provider failed"
+                retry = "retryable" if rec.get("retryable") else "not retryable"
+                span.title += f": failed ({rec.get('status')}, {retry}): {rec.get('error')}"
+        elif rtype == "tool_started":
+            key = (run, rec.get("callKey"))
+            prior = open_tools.pop(key, None)
+            if prior is not None:  # a new attempt of an unsettled call: the old one ends here
+                prior.end = t
+            span = _Span(
+                "tool",
+                lane,
+                t,
+                None,
+                "tool",
+                f"{rec.get('toolName')} {rec.get('toolCallId')} attempt {rec.get('attempt')} "
+                f"(replay {rec.get('replay')}, key {rec.get('idempotencyKey')})",
+                label=str(rec.get("toolName") or ""),
+                key=rec.get("toolCallId"),
+            )
+            open_tools[key] = span
+            spans.append(span)
+        elif rtype == "tool_finished":
+            key = (run, rec.get("callKey"))
+            found = open_tools.pop(key, None)
+            span = found if found is not None else _Span("tool", lane, t, None, "tool", "")
+            if span not in spans:
+                spans.append(span)
+            span.end = t
+            span.cls = f"tool outcome-{rec.get('outcome') or 'ok'}"
+            span.title += f": {rec.get('outcome')}"
+        if rtype in _MARKS:
+            marks.append((lane, t, _MARKS[rtype], _mark_title(rtype, rec)))
+        last_t = t
+
+    if not times:
+        return Timeline(WIDTH, ROW_H * len(ROWS) + AXIS_H, empty=True)
+    end = times[-1]
+    anything_open = bool(open_runs or open_req or open_tools)
+    if not live and anything_open and now is not None and now > end:
+        crashes.append((end, now))
+        times.append(now)
+        end = now
+        for span in open_tools.values():
+            span.doubt = True
+        for span in open_req.values():
+            span.end = times[-2]
+            span.cls += " interrupted"
+            span.title += ", interrupted by the crash"
+    axis = _Axis(times, crashes, GUTTER)
+    tl = Timeline(WIDTH, ROW_H * len(ROWS) * len(lanes) + AXIS_H)
+    top = {lane: i * ROW_H * len(ROWS) for i, lane in enumerate(lanes)}
+    for lane in lanes:
+        for r, name in enumerate(ROWS):
+            tl.rows.append((top[lane] + r * ROW_H + ROW_H * 0.7, f"{lane} · {name}"))
+    axis_y = ROW_H * len(ROWS) * len(lanes)
+    for a, b, kind in axis.breaks:
+        xa, xb = axis.x(a), axis.x(b)
+        what = "crash: no live writer" if kind == "crash" else "quiet"
+        tl.shapes.append(
+            Shape("gap", f"gap {kind}", xa, 0, xb - xa, axis_y, f"{what} for {fmt_duration(b - a)}")
+        )
+        tl.ticks.append(Tick((xa + xb) / 2, f"⟂ {fmt_duration(b - a)}"))
+    for span in spans:
+        row = {"run": 0, "provider": 1, "tool": 2}[span.kind]
+        stop = span.end if span.end is not None else end
+        xa, xb = axis.x(span.start), axis.x(stop)
+        cls = span.cls
+        title = f"{span.title} · {fmt_duration(max(0.0, stop - span.start))}"
+        if span.end is None:
+            cls += " open"
+            title += " (still open)"
+        if span.doubt:
+            cls = "tool in-doubt" if span.end is None else f"{cls} in-doubt"
+            title += " · in doubt: the generation that ran it ended before it was settled"
+        tl.shapes.append(
+            Shape(
+                span.kind,
+                cls,
+                xa,
+                top[span.lane] + row * ROW_H + 3,
+                max(2.0, xb - xa),
+                ROW_H - 6,
+                title,
+                span.label,
+            )
+        )
+    for lane, t, kind, title in marks:
+        tl.shapes.append(
+            Shape(kind, f"mark {kind}", axis.x(t), top[lane] + 3 * ROW_H + 3, 0, ROW_H - 6, title)
+        )
+    t0 = axis.t0
+    taken = [t.x for t in tl.ticks]
+    for t in [a for a, _b in axis.segments] + [end]:
+        x = min(axis.x(t), WIDTH - 26.0)  # the last label stays inside the picture
+        if all(abs(x - other) > 40 for other in taken):
+            tl.ticks.append(Tick(x, f"+{fmt_duration(t - t0)}"))
+            taken.append(x)
+    return tl
+
+
+def _short(value: Any) -> str:
+    text = str(value or "")
+    return text[-8:]
+
+
+def _mark_title(rtype: str, rec: Mapping[str, Any]) -> str:
+    ts = rec.get("timestamp")
+    if rtype.startswith("queue_"):
+        return f"{rtype} {rec.get('queue', '')} item {rec.get('itemId', '')} at {ts}"
+    if rtype == "save_point":
+        return f"save point after turn {rec.get('turn')} at {ts}"
+    if rtype == "abort_requested":
+        return f"abort requested at {ts}"
+    if rtype == "decision":
+        return f"decision for {rec.get('toolCallId')}: {rec.get('decision')} at {ts}"
+    if rtype == "tool_process":
+        return f"process group {rec.get('pgid')} of {rec.get('toolCallId')} at {ts}"
+    if rtype == "session_lifecycle":
+        return f"lifecycle: {rec.get('state')} (generation {rec.get('generation')}) at {ts}"
+    return f"{rtype} at {ts}"

@@ -1,0 +1,251 @@
+"""What the console's pages show, read from a session (``design/console.md``).
+
+Pure functions over the session's entries (pi session format, ``design/storage.md``) and
+operation-log records, plus :func:`read_session`, the one place the console reads a session's
+files: a read-only open of the store (``Store.open_session(id, write=False)``), which takes no
+lease, so it reads a session a live generation (here or in another process) is writing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_harness.console.timeline import parse_ts
+from durable_harness.session.session import Session
+from durable_harness.storage.base import Store
+
+MAX_TEXT = 20_000
+"""Longest text shown for one block (characters); the rest is cut with a note."""
+
+
+@dataclass
+class ToolCallView:
+    """A tool call in the transcript with its result (``pending`` while it has none)."""
+
+    id: str
+    name: str
+    arguments: str
+    result: str | None = None
+    is_error: bool = False
+
+    @property
+    def pending(self) -> bool:
+        """Whether no result entry answers the call yet."""
+        return self.result is None
+
+
+@dataclass
+class Item:
+    """One transcript item: ``kind`` is ``user``, ``assistant``, ``branch``, ``compaction``,
+    ``note`` (other entries: model changes, labels...) or ``tool`` (a result not paired with
+    a call on the path)."""
+
+    kind: str
+    id: str
+    timestamp: str
+    text: str = ""
+    thinking: str = ""
+    calls: list[ToolCallView] = field(default_factory=list)
+    branches: int = 0
+    meta: str = ""
+
+
+@dataclass
+class SessionView:
+    """A session as read from its files: every entry, every record, the lane leaves."""
+
+    entries: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    lanes: dict[str, str | None]
+    paths: dict[str, list[dict[str, Any]]]
+
+    @property
+    def cost(self) -> float:
+        """The session's cost so far: ``usage.cost.total`` summed over assistant messages."""
+        return session_cost(self.entries)
+
+    @property
+    def last_activity(self) -> str | None:
+        """The latest timestamp of an entry or record (UTC ISO 8601), or ``None``."""
+        return last_activity(self.entries, self.records)
+
+
+def read_session(store: Store, session_id: str) -> SessionView:
+    """Read a session read-only: entries, records and each lane's path (root to leaf).
+
+    Raises:
+        SessionNotFound, StorageError: as :meth:`Store.open_session`.
+    """
+    with store.open_session(session_id, write=False) as s:
+        session = Session(s)
+        lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
+        paths = {name: session.path(leaf) for name, leaf in lanes.items()}
+        return SessionView(s.iter_entries(), s.records(None), lanes, paths)
+
+
+def session_cost(entries: Iterable[Mapping[str, Any]]) -> float:
+    """Sum of ``message.usage.cost.total`` of the assistant messages (dollars, as providers
+    report them; a message without one counts nothing)."""
+    total = 0.0
+    for entry in entries:
+        message = entry.get("message")
+        if entry.get("type") != "message" or not isinstance(message, dict):
+            continue
+        if message.get("role") != "assistant":
+            continue
+        cost = (message.get("usage") or {}).get("cost") or {}
+        value = cost.get("total") if isinstance(cost, dict) else None
+        if isinstance(value, int | float):
+            total += float(value)
+    return total
+
+
+def last_activity(
+    entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]]
+) -> str | None:
+    """The latest ``timestamp`` among ``entries`` and ``records``, or ``None``."""
+    best: tuple[float, str] | None = None
+    for item in (*entries, *records):
+        ts = item.get("timestamp")
+        t = parse_ts(ts)
+        if t is not None and (best is None or t > best[0]):
+            best = (t, str(ts))
+    return best[1] if best else None
+
+
+def ago(timestamp: str | None, now: float | None = None) -> str:
+    """``timestamp`` as a short age (``12 s ago``), or ``never``."""
+    t = parse_ts(timestamp)
+    if t is None:
+        return "never"
+    delta = max(0.0, (now if now is not None else time.time()) - t)
+    if delta < 60:
+        return f"{delta:.0f} s ago"
+    if delta < 3600:
+        return f"{delta // 60:.0f} min ago"
+    if delta < 86400:
+        return f"{delta // 3600:.0f} h ago"
+    return f"{delta // 86400:.0f} d ago"
+
+
+def _text(content: Any, kind: str = "text") -> str:
+    if isinstance(content, str):
+        return content if kind == "text" else ""
+    out: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict) and block.get("type") == kind:
+            out.append(str(block.get(kind) or block.get("text") or ""))
+        elif isinstance(block, dict) and block.get("type") == "image" and kind == "text":
+            out.append("[image]")
+    return _cut("\n".join(out))
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_TEXT:
+        return text
+    return text[:MAX_TEXT] + f"\n… ({len(text) - MAX_TEXT} more characters)"
+
+
+def transcript(
+    path: list[dict[str, Any]], all_entries: Iterable[Mapping[str, Any]] = ()
+) -> list[Item]:
+    """The items of a lane's path (root to leaf): messages, each tool call with its result,
+    branch summaries and compactions as markers; an entry with more than one child in
+    ``all_entries`` is a branch point (``branches``)."""
+    children = Counter(str(e.get("parentId")) for e in all_entries if e.get("parentId"))
+    results: dict[str, dict[str, Any]] = {}
+    for entry in path:
+        message = entry.get("message") or {}
+        if entry.get("type") == "message" and message.get("role") == "toolResult":
+            results[str(message.get("toolCallId"))] = message
+    called: set[str] = set()
+    items: list[Item] = []
+    for entry in path:
+        etype = str(entry.get("type"))
+        eid = str(entry.get("id"))
+        ts = str(entry.get("timestamp") or "")
+        branches = children.get(eid, 0)
+        message = entry.get("message") or {}
+        role = message.get("role") if etype == "message" else None
+        if role == "user":
+            items.append(Item("user", eid, ts, _text(message.get("content")), branches=branches))
+        elif role == "assistant":
+            item = Item(
+                "assistant",
+                eid,
+                ts,
+                _text(message.get("content")),
+                thinking=_text(message.get("content"), "thinking"),
+                branches=branches,
+                meta=_assistant_meta(message),
+            )
+            for block in message.get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "toolCall":
+                    cid = str(block.get("id"))
+                    called.add(cid)
+                    result = results.get(cid)
+                    item.calls.append(
+                        ToolCallView(
+                            cid,
+                            str(block.get("name")),
+                            _cut(json.dumps(block.get("arguments"), indent=2, ensure_ascii=False)),
+                            _text(result.get("content")) if result is not None else None,
+                            bool(result.get("isError")) if result is not None else False,
+                        )
+                    )
+            items.append(item)
+        elif role == "toolResult":
+            if str(message.get("toolCallId")) not in called:
+                items.append(Item("tool", eid, ts, _text(message.get("content"))))
+        elif etype == "branch_summary":
+            items.append(Item("branch", eid, ts, _cut(str(entry.get("summary") or ""))))
+        elif etype == "compaction":
+            before = entry.get("tokensBefore")
+            meta = f"{before} tokens before" if before is not None else ""
+            items.append(
+                Item("compaction", eid, ts, _cut(str(entry.get("summary") or "")), meta=meta)
+            )
+        elif etype == "custom_message":
+            items.append(Item("note", eid, ts, _text(entry.get("content")), meta="custom message"))
+        else:
+            items.append(Item("note", eid, ts, _note(entry), branches=branches))
+    return items
+
+
+def _assistant_meta(message: Mapping[str, Any]) -> str:
+    parts = [f"{message.get('provider', '')}/{message.get('model', '')}"]
+    if message.get("stopReason"):
+        parts.append(str(message["stopReason"]))
+    cost = ((message.get("usage") or {}).get("cost") or {}).get("total")
+    if isinstance(cost, int | float) and cost:
+        parts.append(f"${cost:.4f}")
+    if message.get("errorMessage"):
+        parts.append(f"error: {message['errorMessage']}")
+    return " · ".join(parts)
+
+
+def _note(entry: Mapping[str, Any]) -> str:
+    etype = entry.get("type")
+    if etype == "model_change":
+        return f"model: {entry.get('provider')}/{entry.get('modelId')}"
+    if etype == "thinking_level_change":
+        return f"thinking level: {entry.get('thinkingLevel')}"
+    if etype == "label":
+        return f"label {entry.get('label')!r} on {entry.get('targetId')}"
+    if etype == "session_info":
+        return f"name: {entry.get('name')}"
+    return str(etype)
+
+
+def idempotency_keys(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """``{call key: idempotency key}`` of the latest ``tool_started`` of each call."""
+    out: dict[str, str] = {}
+    for rec in records:
+        if rec.get("type") == "tool_started" and rec.get("idempotencyKey"):
+            out[str(rec.get("callKey"))] = str(rec["idempotencyKey"])
+    return out

@@ -1,0 +1,201 @@
+"""The console in a real browser: headless Chromium from the distribution's packages, driven
+by Selenium through the distribution's chromedriver, against a real uvicorn server; the
+session was left in doubt by a real SIGKILL (``design/console.md``).
+
+Without Chromium the test skips with the reason; with ``CI=true`` a missing browser is an
+error (``.ci/run`` installs ``chromium`` and ``chromium-driver``)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_harness.host import HostOptions
+from durable_harness.storage import open_store
+
+from .conftest import console_app, crashed_cli_run, script, served, workdir
+
+pytestmark = [pytest.mark.browser, pytest.mark.crash, pytest.mark.timeout(180)]
+
+# CONSOLE_CHROMIUM / CONSOLE_CHROMEDRIVER name other binaries (tests/console/test_browser_gate.py
+# points them at nothing to check the skip and the CI error).
+CHROMIUM = os.environ.get("CONSOLE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = (
+    os.environ.get("CONSOLE_CHROMEDRIVER")
+    or shutil.which("chromedriver")
+    or "/usr/bin/chromedriver"
+)
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1280,1400",
+)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        reason = f"headless Chromium is not installed ({', '.join(missing)} missing)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + "; CI must run the browser test (.ci/run installs it)")
+        pytest.skip(reason + ": apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(check: Callable[[], Any], what: str, limit: float = 30.0) -> Any:
+    """Poll ``check`` until it returns something true; fail after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            value = check()
+        except Exception:  # the DOM is being swapped under us: look again
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def shot(driver: Any, path: Path) -> Path:
+    """Save a screenshot and check it is not blank (more than one distinct colour)."""
+    from PIL import Image
+
+    assert driver.save_screenshot(str(path)), path
+    with Image.open(io.BytesIO(path.read_bytes())) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is None or len(colours) > 1, f"{path} is blank"
+    return path
+
+
+def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
+    browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    spec = f"jsonl:{tmp_path / 'store'}"
+    out = Path(workdir(tmp_path)) / "effects.txt"
+    gate = tmp_path / "gate"
+    provider = script(
+        tmp_path,
+        [
+            {
+                "text": "appending a line",
+                "tool_calls": [{"name": "bash", "arguments": {"command": f"echo x >> {out}"}}],
+            },
+            {"text": "all done", "wait_for": str(gate)},
+        ],
+    )
+    sid = crashed_cli_run(tmp_path, spec, provider, "after_tool_effect")
+    assert out.read_text() == "x\n"
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with served(console_app(spec, HostOptions(provider=provider))) as base:
+        # the list
+        browser.get(base + "/")
+        row = wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-session="{sid}"]'), "the row"
+        )
+        assert row.get_attribute("data-state") == "suspended"
+        assert "1 waiting" in row.text
+        shot(browser, shots / "1-list.png")
+
+        # the session, in doubt
+        row.find_element(By.CSS_SELECTOR, "a.session-link").click()
+        panel = wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, "article.decision"), "the panel"
+        )
+        assert panel.find_element(By.CSS_SELECTOR, ".tool-name").text == "bash"
+        assert f"echo x >> {out}" in panel.find_element(By.CSS_SELECTOR, ".arguments").text
+        assert browser.find_element(By.CSS_SELECTOR, "svg.timeline rect.gap.crash")
+        assert browser.find_element(By.CSS_SELECTOR, "svg.timeline rect.tool.in-doubt")
+        shot(browser, shots / "2-session-in-doubt.png")
+        browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
+            str(shots / "timeline.png")
+        )
+        panel.screenshot(str(shots / "decision-panel.png"))
+
+        # retry, confirmed
+        panel.find_element(By.CSS_SELECTOR, "button.decide-retry").click()
+        confirm = wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, "button.confirm-button"), "confirm"
+        )
+        assert "Run the call again" in browser.find_element(By.CSS_SELECTOR, ".summary").text
+        shot(browser, shots / "3-confirm.png")
+        confirm.click()
+
+        # back on the session page: the run is going again, held at its last turn
+        wait_for(
+            lambda: (
+                browser.find_element(By.CSS_SELECTOR, ".session-state").get_attribute("data-state")
+                in ("running", "idle")
+            ),
+            "the resumed session",
+        )
+        assert browser.current_url.endswith(f"/console/sessions/{sid}?notice=decided")
+        assert "Decision recorded." in browser.find_element(By.ID, "live").text
+        browser.execute_script("window.consoleTestMarker = 'same page';")
+        gate.touch()
+
+        def finished() -> bool:
+            state = browser.find_element(By.CSS_SELECTOR, ".session-state")
+            text = browser.find_element(By.CSS_SELECTOR, "section.transcript").text
+            return state.get_attribute("data-state") == "idle" and "all done" in text
+
+        wait_for(finished, "the run to finish on the page")
+        # seen through live updates: the page was not reloaded, its live region was swapped
+        assert browser.execute_script("return window.consoleTestMarker;") == "same page"
+        assert browser.find_element(By.ID, "live").get_attribute("data-refreshed")
+        assert not browser.find_elements(By.CSS_SELECTOR, "article.decision")
+        shot(browser, shots / "4-session-finished.png")
+        browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
+            str(shots / "timeline-finished.png")
+        )
+        logs = browser.get_log("browser")
+        assert not [e for e in logs if "Content Security Policy" in str(e.get("message"))]
+        browser.get("about:blank")  # closes the page's event stream before the server stops
+
+    assert out.read_text() == "x\nx\n"  # retried, as decided
+    with open_store(spec).open_session(sid, write=False) as s:
+        (finished_rec,) = s.records(None, types=("run_finished",))
+    assert finished_rec["outcome"] == "completed"
+    if os.environ.get("CONSOLE_SCREENSHOTS"):
+        dest = Path(os.environ["CONSOLE_SCREENSHOTS"])
+        for name in (
+            "timeline.png",
+            "timeline-finished.png",
+            "decision-panel.png",
+            "2-session-in-doubt.png",
+        ):
+            shutil.copy(shots / name, dest / f"console-{name.removeprefix('2-')}")
