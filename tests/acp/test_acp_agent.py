@@ -1,0 +1,169 @@
+"""``durable-harness acp`` as a child process, driven by the ACP SDK's client side
+(``design/acp.md``): sessions, prompts with tool calls, permissions, cancel, client fs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from acp import RequestError, text_block
+from acp_helpers import RecordingClient, agent, script, until, workdir
+
+from durable_harness.storage import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def tool_turns(work: Path) -> list[dict[str, Any]]:
+    return [
+        {
+            "text": "I'll look.",
+            "tool_calls": [
+                {"name": "read_file", "arguments": {"path": "notes.txt"}},
+                {"name": "write_file", "arguments": {"path": "out.txt", "content": "hello\n"}},
+            ],
+        },
+        {"text": "Done: notes read, out.txt written."},
+    ]
+
+
+async def test_a_prompt_streams_its_tool_calls_and_ends_the_turn(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    (work / "notes.txt").write_text("remember the milk\n")
+    client = RecordingClient()
+    async with agent(tmp_path, script(tmp_path, tool_turns(work)), client) as (conn, _proc):
+        new = await conn.new_session(cwd=str(work))
+        (info,) = open_store(f"jsonl:{tmp_path / 'store'}").list_sessions()
+        assert new.session_id == info.id  # the ACP session id is the durable session id
+        done = await conn.prompt(session_id=new.session_id, prompt=[text_block("go")])
+    assert done.stop_reason == "end_turn"
+    assert (work / "out.txt").read_text() == "hello\n"
+    text = "".join(u["content"]["text"] for u in client.updates("agent_message_chunk"))
+    assert text == "I'll look.Done: notes read, out.txt written."
+    starts = client.updates("tool_call")
+    assert [(s["title"], s["kind"], s["status"]) for s in starts] == [
+        ("read_file: notes.txt", "read", "pending"),
+        ("write_file: out.txt", "edit", "pending"),
+    ]
+    assert starts[0]["rawInput"] == {"path": "notes.txt"}
+    assert starts[0]["locations"] == [{"path": str(work / "notes.txt")}]
+    read_id, write_id = (s["toolCallId"] for s in starts)
+    progress = [(u["toolCallId"], u["status"]) for u in client.updates("tool_call_update")]
+    assert progress == [
+        (read_id, "in_progress"),
+        (read_id, "completed"),
+        (write_id, "in_progress"),
+        (write_id, "completed"),
+    ]
+    settled = [u for u in client.updates("tool_call_update") if u["status"] == "completed"]
+    assert settled[0]["content"][0]["content"]["text"] == "remember the milk\n"
+    # only the unsafe tool asked, after its tool_call and before it ran
+    (question,) = client.questions()
+    assert question["toolCall"]["toolCallId"] == write_id
+    assert [o["optionId"] for o in question["options"]] == [
+        "allow_once",
+        "allow_always",
+        "reject_once",
+    ]
+    # the question comes after the call's tool_call and before it runs (the calls of one
+    # turn run concurrently, so the read may settle on either side of it)
+    order = [
+        (
+            t["method"],
+            t["params"].get("update", {}).get("toolCallId"),
+            t["params"].get("update", {}).get("status"),
+        )
+        for t in client.trace
+    ]
+    asked = order.index(("session/request_permission", None, None))
+    assert order.index(("session/update", write_id, "pending")) < asked
+    assert order.index(("session/update", write_id, "in_progress")) > asked
+
+
+async def test_a_refused_tool_does_not_run_and_settles_as_an_error(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    (work / "notes.txt").write_text("x\n")
+    client = RecordingClient(lambda _call, _options: "reject_once")
+    async with agent(tmp_path, script(tmp_path, tool_turns(work)), client) as (conn, _proc):
+        new = await conn.new_session(cwd=str(work))
+        done = await conn.prompt(session_id=new.session_id, prompt=[text_block("go")])
+    assert done.stop_reason == "end_turn"
+    assert not (work / "out.txt").exists()
+    failed = [u for u in client.updates("tool_call_update") if u["status"] == "failed"]
+    (refusal,) = failed
+    assert "refused permission to run write_file" in refusal["content"][0]["content"]["text"]
+
+
+async def test_always_allow_is_remembered_in_the_session(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    out = work / "log.txt"
+    bash = {"name": "bash", "arguments": {"command": f"echo x >> {out}"}}
+    provider = script(tmp_path, [{"text": "", "tool_calls": [bash]}, {"text": "ok"}])
+    client = RecordingClient(lambda _call, _options: "allow_always")
+    async with agent(tmp_path, provider, client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        for _ in range(2):
+            done = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+            assert done.stop_reason == "end_turn"
+    assert out.read_text() == "x\nx\n"
+    assert len(client.questions()) == 1  # the second run did not ask
+    # a new agent process loading the session still does not ask
+    again = RecordingClient(lambda _call, _options: pytest.fail("asked again"))
+    async with agent(tmp_path, provider, again) as (conn, _proc):
+        await conn.load_session(cwd=str(work), session_id=sid)
+        done = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+        assert done.stop_reason == "end_turn"
+    assert out.read_text() == "x\nx\nx\n"
+    assert again.questions() == []
+    with open_store(f"jsonl:{tmp_path / 'store'}").open_session(sid, write=False) as store:
+        grants = store.records("main", types=("tool_permission",))
+    assert [(g["toolName"], g["permission"]) for g in grants] == [("bash", "allow_always")]
+
+
+async def test_cancel_mid_turn_ends_the_prompt_cancelled(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    never = tmp_path / "never"
+    provider = script(
+        tmp_path, [{"text": "thinking about it", "chunks": 2, "wait_for": str(never)}]
+    )
+    client = RecordingClient()
+    async with agent(tmp_path, provider, client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        result: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            result["done"] = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(prompt)
+            await until(lambda: bool(client.updates("agent_message_chunk")), "the first chunk")
+            await conn.cancel(session_id=sid)
+        assert result["done"].stop_reason == "cancelled"
+        # the session takes the next prompt (the abort was durable and settled)
+        with pytest.raises(RequestError):
+            await conn.prompt(session_id="no-such-session", prompt=[text_block("go")])
+
+
+async def test_file_tools_use_the_client_file_system_where_offered(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    (work / "notes.txt").write_text("line 1\nline 2\n")
+    client = RecordingClient(fs=True)
+    async with agent(tmp_path, script(tmp_path, tool_turns(work)), client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        done = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+    assert done.stop_reason == "end_turn"
+    fs_calls = [(t["method"], t["params"]["path"]) for t in client.trace if "fs/" in t["method"]]
+    assert fs_calls == [
+        ("fs/read_text_file", str(work / "notes.txt")),
+        ("fs/write_text_file", str(work / "out.txt")),
+    ]
+    assert (work / "out.txt").read_text() == "hello\n"
+    read = next(u for u in client.updates("tool_call_update") if u["status"] == "completed")
+    assert read["content"][0]["content"]["text"] == "line 1\nline 2\n"
