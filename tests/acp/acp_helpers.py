@@ -147,6 +147,7 @@ async def agent(
             provider,
             *extra,
             env=env,
+            cwd=str(tmp_path),
             transport_kwargs={"stderr": err.fileno()},
         ) as (conn, proc):
             await conn.initialize(

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from acp import RequestError, text_block
+from acp import text_block
 from acp_helpers import RecordingClient, agent, script, until, workdir
 
 from durable_harness.storage import open_store
@@ -130,25 +131,34 @@ async def test_always_allow_is_remembered_in_the_session(tmp_path: Path) -> None
 async def test_cancel_mid_turn_ends_the_prompt_cancelled(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     never = tmp_path / "never"
-    provider = script(
-        tmp_path, [{"text": "thinking about it", "chunks": 2, "wait_for": str(never)}]
+    path = tmp_path / "script.json"
+    path.write_text(
+        json.dumps(
+            {
+                "turns": [{"text": "ok"}],
+                "by_prompt": {"hold": [{"text": "thinking", "chunks": 2, "wait_for": str(never)}]},
+            }
+        )
     )
     client = RecordingClient()
-    async with agent(tmp_path, provider, client) as (conn, _proc):
+    async with agent(tmp_path, f"scripted:{path}", client) as (conn, _proc):
         sid = (await conn.new_session(cwd=str(work))).session_id
         result: dict[str, Any] = {}
 
         async def prompt() -> None:
-            result["done"] = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+            result["done"] = await conn.prompt(session_id=sid, prompt=[text_block("hold")])
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(prompt)
             await until(lambda: bool(client.updates("agent_message_chunk")), "the first chunk")
             await conn.cancel(session_id=sid)
         assert result["done"].stop_reason == "cancelled"
-        # the session takes the next prompt (the abort was durable and settled)
-        with pytest.raises(RequestError):
-            await conn.prompt(session_id="no-such-session", prompt=[text_block("go")])
+        # the abort was durable and settled: the session takes the next prompt
+        done = await conn.prompt(session_id=sid, prompt=[text_block("next")])
+        assert done.stop_reason == "end_turn"
+    with open_store(f"jsonl:{tmp_path / 'store'}").open_session(sid, write=False) as store:
+        outcomes = [r["outcome"] for r in store.records("main", types=("run_finished",))]
+    assert outcomes == ["aborted", "completed"]
 
 
 async def test_file_tools_use_the_client_file_system_where_offered(tmp_path: Path) -> None:
