@@ -113,7 +113,7 @@ def script(tmp_path: Path, turns: list[dict[str, Any]], name: str = "script.json
 
 def workdir(tmp_path: Path) -> Path:
     work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     return work
 
 
