@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from durable_harness.errors import PathEscape
 from durable_harness.fs import resolve_path
-from durable_harness.tools.base import Replay, Tool, ToolContext, ToolResult
+from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
 from durable_harness.tools.files import ReadFileArgs, WriteFileArgs
 
 UNSAFE_TOOLS = frozenset({"bash", "write_file", "edit_file", "append_file"})
@@ -97,7 +97,9 @@ class AcpTool(Tool):
 
 
 def _window(text: str, args: ReadFileArgs, target: Path) -> ToolResult:
-    """``read_file``'s line window over text the client returned."""
+    """``read_file``'s line window over text the client returned: whole lines, at most
+    :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES` bytes, with the same note as the
+    local tool when cut (a single line over the cap gives its head)."""
     lines = text.splitlines(keepends=True)
     first = args.offset or 1
     if lines and first > len(lines):
@@ -107,17 +109,36 @@ def _window(text: str, args: ReadFileArgs, target: Path) -> ToolResult:
             is_error=True,
             details={"error": "offset_out_of_range", "path": args.path, "total_lines": len(lines)},
         )
-    shown = lines[first - 1 :]
+    window = lines[first - 1 :]
     if args.limit is not None:
-        shown = shown[: args.limit]
+        window = window[: args.limit]
+    shown: list[str] = []
+    used = 0
+    for line in window:
+        size = len(line.encode("utf-8"))
+        if used + size > OUTPUT_CAP_BYTES:
+            if not shown:  # one line over the cap: its head, as the local tool gives
+                head = line.encode("utf-8")[:OUTPUT_CAP_BYTES].decode("utf-8", "ignore")
+                shown.append(head)
+            break
+        shown.append(line)
+        used += size
+    truncated = len(shown) < len(window) or (bool(shown) and shown[-1] != window[len(shown) - 1])
+    text = "".join(shown)
+    if truncated:
+        text += (
+            f"{'' if text.endswith(chr(10)) or not text else chr(10)}[output truncated at "
+            f"{OUTPUT_CAP_BYTES} bytes: showed lines {first}-{first + len(shown) - 1} of "
+            f"{len(lines)}; continue with offset={first + len(shown)}]"
+        )
     return ToolResult.text(
-        "".join(shown),
+        text,
         details={
             "path": str(target),
             "offset": first,
             "lines": len(shown),
             "total_lines": len(lines),
-            "truncated": False,
+            "truncated": truncated,
             "via": "client",
         },
     )

@@ -172,6 +172,7 @@ class EventTranslator:
         self.cwd = cwd
         self.result_of = result_of
         self.stop_reasons: dict[str, str] = {}  # run id -> the last assistant stopReason
+        self.open_calls: dict[str, list[str]] = {}  # run id -> announced, unsettled call ids
 
     def feed(self, event: dict[str, Any]) -> list[Update]:
         """The updates ``event`` makes (often none)."""
@@ -188,10 +189,33 @@ class EventTranslator:
             message = event.get("message")
             if not isinstance(message, dict):
                 return []
-            self.stop_reasons[str(event.get("runId"))] = str(message.get("stopReason", ""))
-            return _assistant_blocks(self.cwd, message, text=False)
+            run_id = str(event.get("runId"))
+            self.stop_reasons[run_id] = str(message.get("stopReason", ""))
+            started = _assistant_blocks(self.cwd, message, text=False)
+            self.open_calls.setdefault(run_id, []).extend(
+                u.tool_call_id for u in started if isinstance(u, ToolCallStart)
+            )
+            return started
+        if etype == "run_end":
+            # an abort settles its open calls in one commit, without tool events: their
+            # results are in the transcript (a suspended run's calls stay open: in doubt)
+            open_calls = self.open_calls.pop(str(event.get("runId")), [])
+            if event.get("outcome") == "suspended":
+                return []
+            ends: list[Update] = []
+            for call_id in open_calls:
+                result = self.result_of(call_id)
+                ends.append(
+                    tool_call_settled(result)
+                    if result is not None
+                    else update_tool_call(call_id, status="failed")
+                )
+            return ends
         if etype == "tool_execution_end":
             call_id = str(event.get("toolCallId", ""))
+            calls = self.open_calls.get(str(event.get("runId")), [])
+            if call_id in calls:
+                calls.remove(call_id)
             result = self.result_of(call_id)
             if result is None:
                 failed = bool(event.get("isError"))

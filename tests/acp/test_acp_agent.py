@@ -13,6 +13,8 @@ from acp import text_block
 from acp_helpers import RecordingClient, agent, script, until, workdir
 
 from durable_harness.storage import open_store
+from durable_harness.tools.base import ToolContext
+from durable_harness.tools.files import ReadFileArgs, ReadFileTool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -177,3 +179,69 @@ async def test_file_tools_use_the_client_file_system_where_offered(tmp_path: Pat
     assert (work / "out.txt").read_text() == "hello\n"
     read = next(u for u in client.updates("tool_call_update") if u["status"] == "completed")
     assert read["content"][0]["content"]["text"] == "line 1\nline 2\n"
+
+
+async def test_a_long_file_read_through_the_client_is_capped_like_the_local_tool(
+    tmp_path: Path,
+) -> None:
+    work = workdir(tmp_path)
+    (work / "big.txt").write_text("".join(f"{i:07d} {'x' * 92}\n" for i in range(3000)))
+    turns = [
+        {"text": "", "tool_calls": [{"name": "read_file", "arguments": {"path": "big.txt"}}]},
+        {"text": "ok"},
+    ]
+    client = RecordingClient(fs=True)
+    async with agent(tmp_path, script(tmp_path, turns), client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        await conn.prompt(session_id=sid, prompt=[text_block("go")])
+    read = next(u for u in client.updates("tool_call_update") if u["status"] == "completed")
+    text = read["content"][0]["content"]["text"]
+    assert ("fs/read_text_file", str(work / "big.txt")) in [
+        (t["method"], t["params"].get("path")) for t in client.trace
+    ]
+    local = await ReadFileTool().execute(
+        ReadFileArgs(path="big.txt"),
+        ToolContext(cwd=work, run_id="r", tool_call_id="c", idempotency_key="k"),
+    )
+    assert text == local.content[0]["text"]
+    assert text.endswith("of 3000; continue with offset=2596]")
+
+
+class SlowToAnswer(RecordingClient):
+    """Records the question, then never answers it (the test cancels the turn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = anyio.Event()
+
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: Any, **kw: Any
+    ) -> Any:
+        self.trace.append({"method": "session/request_permission", "params": {}})
+        self.asked.set()
+        await anyio.sleep_forever()
+
+
+async def test_cancel_while_a_permission_question_is_open(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    out = work / "never.txt"
+    bash = {"name": "bash", "arguments": {"command": f"echo x > {out}"}}
+    provider = script(tmp_path, [{"text": "", "tool_calls": [bash]}, {"text": "ok"}])
+    client = SlowToAnswer()
+    async with agent(tmp_path, provider, client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        result: dict[str, Any] = {}
+
+        async def prompt() -> None:
+            result["done"] = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(prompt)
+            with anyio.fail_after(30):
+                await client.asked.wait()
+            await conn.cancel(session_id=sid)
+        assert result["done"].stop_reason == "cancelled"
+    assert not out.exists()
+    (call,) = client.updates("tool_call")
+    settled = [u for u in client.updates("tool_call_update") if u["status"] == "failed"]
+    assert [u["toolCallId"] for u in settled] == [call["toolCallId"]]
