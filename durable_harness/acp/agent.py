@@ -27,7 +27,13 @@ from typing import Any, Literal
 
 import anyio
 import anyio.abc
-from acp import PROTOCOL_VERSION, RequestError, update_agent_message_text
+from acp import (
+    PROTOCOL_VERSION,
+    RequestError,
+    tool_terminal_ref,
+    update_agent_message_text,
+    update_tool_call,
+)
 from acp.interfaces import Client
 from acp.schema import (
     AgentCapabilities,
@@ -35,6 +41,7 @@ from acp.schema import (
     AudioContentBlock,
     ClientCapabilities,
     EmbeddedResourceContentBlock,
+    EnvVariable,
     ImageContentBlock,
     Implementation,
     InitializeResponse,
@@ -67,7 +74,8 @@ from durable_harness.harness.core import Event
 from durable_harness.host.manager import HostOptions, SessionManager
 from durable_harness.host.record import CommandRuntime
 from durable_harness.recovery.decide import ToolCallPlan
-from durable_harness.tools.base import Tool, ToolContext
+from durable_harness.tools.base import OUTPUT_CAP_BYTES, Tool, ToolContext, ToolResult
+from durable_harness.tools.bash import BashArgs, BashTool
 
 log = logging.getLogger(__name__)
 
@@ -577,6 +585,76 @@ class DurableAgent:
             return False
         await self.client.write_text_file(session_id=session_id, path=str(path), content=content)
         return True
+
+    async def client_bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
+        """Run ``bash -c COMMAND`` in a client terminal when the client offers terminals:
+        the terminal is shown on the call (``terminal`` content), waited for up to the
+        call's timeout (then killed), its output read (the client keeps at most
+        :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES`), and released, also when the
+        call is cancelled. The result reads like the local tool's: the output, then ``exit
+        code N`` or the signal, ``is_error`` unless it exited 0."""
+        session_id = self._run_sessions.get(ctx.run_id)
+        client = self.client
+        if session_id is None or client is None or not self.client_capabilities.terminal:
+            return None
+        timeout = args.timeout or BashTool.default_timeout
+        env = [
+            EnvVariable(name="DURABLE_HARNESS_IDEMPOTENCY_KEY", value=ctx.idempotency_key),
+            EnvVariable(name="DURABLE_HARNESS_RUN_ID", value=ctx.run_id),
+            EnvVariable(name="DURABLE_HARNESS_TOOL_CALL_ID", value=ctx.tool_call_id),
+        ]
+        created = await client.create_terminal(
+            session_id=session_id,
+            command="bash",
+            args=["-c", args.command],
+            cwd=str(ctx.cwd),
+            env=env,
+            output_byte_limit=OUTPUT_CAP_BYTES,
+        )
+        terminal = created.terminal_id
+        self._push(
+            session_id,
+            update_tool_call(ctx.tool_call_id, content=[tool_terminal_ref(terminal)]),
+        )
+        finished = False
+        try:
+            exit_code: int | None = None
+            signal_name: str | None = None
+            with anyio.move_on_after(timeout) as waited:
+                status = await client.wait_for_terminal_exit(
+                    session_id=session_id, terminal_id=terminal
+                )
+                exit_code, signal_name = status.exit_code, status.signal
+            if waited.cancelled_caught:
+                await client.kill_terminal(session_id=session_id, terminal_id=terminal)
+            output = await client.terminal_output(session_id=session_id, terminal_id=terminal)
+            finished = True
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    if not finished:
+                        await client.kill_terminal(session_id=session_id, terminal_id=terminal)
+                    await client.release_terminal(session_id=session_id, terminal_id=terminal)
+                except (ConnectionError, RequestError) as exc:
+                    log.warning("releasing terminal %s: %s", terminal, exc)
+        details: dict[str, Any] = {
+            "exit_code": exit_code,
+            "signal": signal_name,
+            "timed_out": waited.cancelled_caught,
+            "truncated": output.truncated,
+            "terminal_id": terminal,
+            "via": "client",
+        }
+        text = output.output.rstrip("\n")
+        if waited.cancelled_caught:
+            note = f"command timed out after {timeout:g} seconds; its terminal was killed"
+        elif exit_code == 0:
+            return ToolResult.text(output.output or "(no output)", details=details)
+        elif signal_name:
+            note = f"killed by {signal_name}"
+        else:
+            note = f"exit code {exit_code}"
+        return ToolResult.text(f"{text}\n{note}" if text else note, is_error=True, details=details)
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from durable_harness.errors import PathEscape
 from durable_harness.fs import resolve_path
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
+from durable_harness.tools.bash import BashArgs
 from durable_harness.tools.files import ReadFileArgs, WriteFileArgs
 
 UNSAFE_TOOLS = frozenset({"bash", "write_file", "edit_file", "append_file"})
@@ -44,6 +45,10 @@ class Gate(Protocol):
         """Write the file through the client; ``False`` when the client offers no
         ``fs/write_text_file`` (the tool then writes locally)."""
 
+    async def client_bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
+        """Run the command in a client terminal, or ``None`` when the client offers no
+        terminal (the tool then runs it locally)."""
+
 
 class AcpTool(Tool):
     """Base of the wrappers :func:`acp_tools` builds (one subclass per inner tool, carrying
@@ -59,8 +64,9 @@ class AcpTool(Tool):
         self.gate = gate
 
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Ask (an unsafe tool), then run through the client's file system where it offers
-        one (``read_file``, ``write_file``), else the inner tool."""
+        """Ask (an unsafe tool), then run through the client where it offers the capability
+        (``read_file``, ``write_file``: its file system; ``bash``: its terminal), else the
+        inner tool."""
         raw = args.model_dump() if isinstance(args, BaseModel) else {}
         refusal = await self.gate.before_tool(self.name, raw, ctx)
         if refusal is not None:
@@ -93,6 +99,8 @@ class AcpTool(Tool):
                 f"wrote {size} bytes to {args.path}",
                 details={"path": str(target), "bytes": size, "via": "client"},
             )
+        if isinstance(args, BashArgs) and self.name == "bash":
+            return await self.gate.client_bash(ctx, args)
         return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -19,12 +20,16 @@ from acp.interfaces import Agent
 from acp.schema import (
     AllowedOutcome,
     ClientCapabilities,
+    CreateTerminalResponse,
     DeniedOutcome,
+    EnvVariable,
     FileSystemCapabilities,
     PermissionOption,
     ReadTextFileResponse,
     RequestPermissionResponse,
+    TerminalOutputResponse,
     ToolCallUpdate,
+    WaitForTerminalExitResponse,
     WriteTextFileResponse,
 )
 from acp.stdio import spawn_agent_process
@@ -43,10 +48,14 @@ class RecordingClient:
     answers permission requests with ``answer`` and, when ``fs`` is set, serves
     ``fs/read_text_file`` and ``fs/write_text_file`` from the local disk (recording them)."""
 
-    def __init__(self, answer: Answer | None = None, *, fs: bool = False) -> None:
+    def __init__(
+        self, answer: Answer | None = None, *, fs: bool = False, terminal: bool = False
+    ) -> None:
         self.answer: Answer = answer or (lambda _call, _options: "allow_once")
         self.fs = fs
+        self.terminal = terminal
         self.trace: list[dict[str, Any]] = []
+        self.terminals: dict[str, dict[str, Any]] = {}
 
     def updates(self, kind: str | None = None) -> list[dict[str, Any]]:
         """The recorded update payloads (of one ``sessionUpdate`` kind)."""
@@ -99,6 +108,59 @@ class RecordingClient:
         self.trace.append({"method": "fs/write_text_file", "params": {"path": path}})
         Path(path).write_text(content)
         return WriteTextFileResponse()
+
+    async def create_terminal(
+        self,
+        session_id: str,
+        command: str,
+        args: list[str] | None = None,
+        env: list[EnvVariable] | None = None,
+        cwd: str | None = None,
+        output_byte_limit: int | None = None,
+        **kwargs: Any,
+    ) -> CreateTerminalResponse:
+        """A real process, as an editor's terminal would run it."""
+        self.trace.append(
+            {"method": "terminal/create", "params": {"command": command, "args": args, "cwd": cwd}}
+        )
+        extra = {v.name: v.value for v in env or []}
+        proc = await asyncio.create_subprocess_exec(
+            command,
+            *(args or []),
+            cwd=cwd,
+            env={**os.environ, **extra},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        terminal_id = f"term-{len(self.terminals) + 1}"
+        self.terminals[terminal_id] = {"proc": proc, "output": b"", "released": False}
+        return CreateTerminalResponse(terminal_id=terminal_id)
+
+    async def wait_for_terminal_exit(
+        self, session_id: str, terminal_id: str, **kwargs: Any
+    ) -> WaitForTerminalExitResponse:
+        term = self.terminals[terminal_id]
+        proc = term["proc"]
+        assert proc.stdout is not None
+        term["output"] = await proc.stdout.read()
+        code = await proc.wait()
+        return WaitForTerminalExitResponse(exit_code=code if code >= 0 else None)
+
+    async def terminal_output(
+        self, session_id: str, terminal_id: str, **kwargs: Any
+    ) -> TerminalOutputResponse:
+        term = self.terminals[terminal_id]
+        return TerminalOutputResponse(output=term["output"].decode(), truncated=False)
+
+    async def kill_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> None:
+        self.trace.append({"method": "terminal/kill", "params": {"terminalId": terminal_id}})
+        proc = self.terminals[terminal_id]["proc"]
+        if proc.returncode is None:
+            proc.kill()
+
+    async def release_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> None:
+        self.trace.append({"method": "terminal/release", "params": {"terminalId": terminal_id}})
+        self.terminals[terminal_id]["released"] = True
 
     def on_connect(self, conn: Agent) -> None:
         pass
@@ -154,7 +216,7 @@ async def agent(
                 protocol_version=PROTOCOL_VERSION,
                 client_capabilities=ClientCapabilities(
                     fs=FileSystemCapabilities(read_text_file=client.fs, write_text_file=client.fs),
-                    terminal=False,
+                    terminal=client.terminal,
                 ),
             )
             yield conn, proc

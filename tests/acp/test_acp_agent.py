@@ -245,3 +245,54 @@ async def test_cancel_while_a_permission_question_is_open(tmp_path: Path) -> Non
     (call,) = client.updates("tool_call")
     settled = [u for u in client.updates("tool_call_update") if u["status"] == "failed"]
     assert [u["toolCallId"] for u in settled] == [call["toolCallId"]]
+
+
+async def test_bash_runs_in_the_client_terminal_where_offered(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    calls = [
+        {
+            "name": "bash",
+            "arguments": {"command": 'echo "in $PWD for $DURABLE_HARNESS_TOOL_CALL_ID"'},
+        },
+    ]
+    turns = [
+        {"text": "", "tool_calls": calls},
+        {"text": "", "tool_calls": [{"name": "bash", "arguments": {"command": "exit 3"}}]},
+        {"text": "ok"},
+    ]
+    client = RecordingClient(lambda _call, _options: "allow_always", terminal=True)
+    async with agent(tmp_path, script(tmp_path, turns), client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        done = await conn.prompt(session_id=sid, prompt=[text_block("go")])
+    assert done.stop_reason == "end_turn"
+    first, second = client.updates("tool_call")
+    created = [t["params"] for t in client.trace if t["method"] == "terminal/create"]
+    assert created == [
+        {"command": "bash", "args": ["-c", calls[0]["arguments"]["command"]], "cwd": str(work)},
+        {"command": "bash", "args": ["-c", "exit 3"], "cwd": str(work)},
+    ]
+    shown = [u for u in client.updates("tool_call_update") if "content" in u]
+    assert shown[0]["content"] == [{"type": "terminal", "terminalId": "term-1"}]
+    settled = {u["toolCallId"]: u for u in shown if u.get("status") in ("completed", "failed")}
+    ok = settled[first["toolCallId"]]
+    assert ok["status"] == "completed"
+    assert ok["content"][0]["content"]["text"] == f"in {work} for {first['toolCallId']}\n"
+    bad = settled[second["toolCallId"]]
+    assert (bad["status"], bad["content"][0]["content"]["text"]) == ("failed", "exit code 3")
+    assert all(t["released"] for t in client.terminals.values())
+
+
+async def test_a_client_terminal_past_its_timeout_is_killed_and_released(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    slow = {"name": "bash", "arguments": {"command": "echo started; sleep 60", "timeout": 0.5}}
+    turns = [{"text": "", "tool_calls": [slow]}, {"text": "ok"}]
+    client = RecordingClient(terminal=True)
+    async with agent(tmp_path, script(tmp_path, turns), client) as (conn, _proc):
+        sid = (await conn.new_session(cwd=str(work))).session_id
+        assert (
+            await conn.prompt(session_id=sid, prompt=[text_block("go")])
+        ).stop_reason == "end_turn"
+    methods = [t["method"] for t in client.trace if t["method"].startswith("terminal/")]
+    assert methods == ["terminal/create", "terminal/kill", "terminal/release"]
+    failed = next(u for u in client.updates("tool_call_update") if u.get("status") == "failed")
+    assert "timed out after 0.5 seconds" in failed["content"][0]["content"]["text"]
