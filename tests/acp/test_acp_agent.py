@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from acp import text_block
+from acp import RequestError, text_block
 from acp_helpers import RecordingClient, agent, script, until, workdir
 
 from durable_harness.storage import open_store
@@ -153,6 +153,11 @@ async def test_cancel_mid_turn_ends_the_prompt_cancelled(tmp_path: Path) -> None
         async with anyio.create_task_group() as tg:
             tg.start_soon(prompt)
             await until(lambda: bool(client.updates("agent_message_chunk")), "the first chunk")
+            # one run at a time: a second prompt meanwhile is refused, the first goes on
+            with pytest.raises(RequestError) as refused:
+                await conn.prompt(session_id=sid, prompt=[text_block("next")])
+            assert refused.value.code == -32010
+            assert refused.value.data["code"] == "run_in_progress"
             await conn.cancel(session_id=sid)
         assert result["done"].stop_reason == "cancelled"
         # the abort was durable and settled: the session takes the next prompt

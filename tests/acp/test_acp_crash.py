@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from acp import text_block
+from acp import RequestError, text_block
 from acp_helpers import RecordingClient, agent, script, until, workdir
 
 from durable_harness.acp.agent import SKIPPED_RESULT
@@ -161,3 +161,28 @@ async def test_a_bash_killed_with_its_agent_is_not_rerun_when_skipped(tmp_path: 
     assert effects.read_text() == "x\n"
     (question,) = client.questions()
     assert question["toolCall"]["_meta"]["durableHarness"]["inDoubt"] is True
+
+
+async def test_a_cancelled_question_leaves_the_session_suspended(tmp_path: Path) -> None:
+    work = workdir(tmp_path)
+    effects = work / "effects.txt"
+    provider = script(tmp_path, bash_turns(f"echo x >> {effects}"))
+    sid = await crashed_prompt(tmp_path, provider, RecordingClient(), crash_at="after_tool_started")
+    undecided = RecordingClient(lambda _call, _options: None)
+    async with agent(tmp_path, provider, undecided) as (conn, _proc):
+        loaded = await conn.load_session(cwd=str(work), session_id=sid)
+        (call,) = undecided.updates("tool_call")
+        assert (loaded.field_meta or {})["durableHarness"] == {"awaiting": [call["toolCallId"]]}
+        with pytest.raises(RequestError) as refused:
+            await conn.prompt(session_id=sid, prompt=[text_block("go on")])
+        assert refused.value.code == -32010
+        assert "suspended" in str(refused.value)
+    with open_store(f"jsonl:{tmp_path / 'store'}").open_session(sid, write=False) as store:
+        assert store.records("main", types=("decision",)) == []
+    # asked again on the next load, and this time decided
+    client = RecordingClient(lambda _call, _options: "retry")
+    async with agent(tmp_path, provider, client) as (conn, _proc):
+        loaded = await conn.load_session(cwd=str(work), session_id=sid)
+        (recovered,) = (loaded.field_meta or {})["durableHarness"]["recovered"]
+        assert recovered["outcome"] == "completed"
+    assert effects.read_text() == "x\n"
