@@ -243,7 +243,7 @@ class DurableAgent:
                     await self._send(session_id, item)
                     continue
                 if not translator.cwd:
-                    translator.cwd = await self._cwd(session_id)
+                    translator.cwd = chan.cwd or await self._cwd(session_id)
                 for update in translator.feed(item):
                     await self._send(session_id, update)
                 if item.get("type") == "run_end" and item.get("runId"):
