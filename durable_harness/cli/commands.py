@@ -152,6 +152,22 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             help="TOOL_CALL_ID=retry|fail|result:TEXT (repeatable)",
         )
         p.add_argument("--json", action="store_true", help="print JSON")
+    if name == "acp":
+        p.add_argument(
+            "--provider",
+            required=True,
+            help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
+        )
+        p.add_argument(
+            "--policy",
+            choices=POLICIES,
+            default="ask",
+            help="in-doubt tool calls after a crash: ask (put them to the client as a "
+            "permission request), retry-safe or fail-in-doubt (decide without asking)",
+        )
+        p.add_argument(
+            "--durability", choices=DURABILITY_MODES, default="sync", help="of new sessions"
+        )
     if name == "crash-test":
         from durable_harness.crashtest import configure_parser
 
@@ -846,4 +862,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     store = store_of(args, create=True)
     serve(create_app(store=store, options=options, token=token), args.host, args.port, token=token)
+
+
+@command(
+    "acp",
+    "Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).",
+    "  durable-harness acp --provider anthropic:claude-sonnet-4-5\n"
+    "  durable-harness acp --provider scripted:script.json --store sqlite:sessions.db",
+)
+def cmd_acp(args: argparse.Namespace) -> int:
+    """Run the ACP agent (``design/acp.md``) until the client closes stdin; stdout carries
+    only JSON-RPC, logs go to stderr."""
+    from durable_harness.acp import serve
+    from durable_harness.host.manager import HostOptions
+
+    require_credentials(args.provider)
+    make_provider(args.provider)
+    options = HostOptions(provider=args.provider, policy=args.policy, mode=args.durability)
+    run_async(serve, store_of(args, create=True), options)
     return 0

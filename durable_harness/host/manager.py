@@ -49,6 +49,7 @@ from durable_harness.host.record import (
     CommandRuntime,
     SessionRecord,
     lifecycle_record,
+    permission_record,
     read_record,
 )
 from durable_harness.providers import make_provider, require_credentials
@@ -573,6 +574,19 @@ class SessionManager:
             self._kill_tool_groups(proc)
             proc.scope.cancel()
         await proc.stopped.wait()
+        return proc.record
+
+    async def allow_tool(self, session_id: str, tool_name: str) -> SessionRecord:
+        """Remember durably that ``tool_name`` may run in the session without asking (a
+        ``tool_permission`` record); idempotent. Returns the record (``allowed_tools``).
+
+        Raises:
+            SessionNotLive: the session has no live generation here.
+        """
+        proc = self._live(session_id)
+        if tool_name not in proc.record.allowed_tools:
+            proc.session.store.commit([RecordOp(permission_record(tool_name))])
+            proc.record.allowed_tools = sorted({*proc.record.allowed_tools, tool_name})
         return proc.record
 
     def _kill_tool_groups(self, proc: SessionProcess) -> None:

@@ -10,6 +10,8 @@ too:
   the writer lease;
 - the lane logs: a lane with an open run makes a stored ``idle`` read ``running`` (the
   ``run_started`` record is that observation, so no extra commit is made per run);
+- the ``tool_permission`` records in lane ``main``: the tools a client allowed for good
+  (``design/acp.md``);
 - the lease: whether a live process holds it (:func:`~durable_harness.host.lifecycle.reconciled`).
 
 A session without any lifecycle record (made by ``durable-harness run``, which closes it on
@@ -18,7 +20,7 @@ exit) reads ``closed``, or ``running`` when a run is open (the CLI process died 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
 from durable_harness.harness.records import record
@@ -46,6 +48,8 @@ class SessionRecord:
         command_runtime: ``pipe`` or ``pty``, re-chosen from here on every resume.
         provider: the provider spec new runs use (``None``: the host's default).
         client_key: the ``Idempotency-Key`` the session was created with, if any.
+        allowed_tools: the tools a client allowed to run without asking ("always allow"),
+            sorted (``tool_permission`` records).
     """
 
     id: str
@@ -59,6 +63,7 @@ class SessionRecord:
     command_runtime: CommandRuntime = "pipe"
     provider: str | None = None
     client_key: str | None = None
+    allowed_tools: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (the HTTP API's session resource)."""
@@ -80,6 +85,13 @@ def read_record(store: SessionStore, spec: str, *, owner_alive: bool) -> Session
         last = rec
         if key is None and rec.get("clientKey"):
             key = str(rec["clientKey"])
+    allowed = sorted(
+        {
+            str(rec.get("toolName"))
+            for rec in store.records("main", types=("tool_permission",))
+            if rec.get("permission") == "allow_always"
+        }
+    )
     open_run = any(lane.run_id is not None for lane in store.lanes().values())
     if last is None:
         stored: State = "running" if open_run else "closed"
@@ -100,6 +112,7 @@ def read_record(store: SessionStore, spec: str, *, owner_alive: bool) -> Session
         command_runtime=cast(CommandRuntime, rec_fields.get("commandRuntime") or "pipe"),
         provider=rec_fields.get("providerSpec"),
         client_key=key,
+        allowed_tools=allowed,
     )
 
 
@@ -120,3 +133,9 @@ def lifecycle_record(
     if client_key is not None:
         fields["clientKey"] = client_key
     return record("session_lifecycle", "main", None, **fields)
+
+
+def permission_record(tool_name: str) -> dict[str, Any]:
+    """Build the ``tool_permission`` record that lets ``tool_name`` run without asking from
+    now on (declared in :mod:`durable_harness.models.records`)."""
+    return record("tool_permission", "main", None, toolName=tool_name, permission="allow_always")

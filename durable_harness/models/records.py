@@ -326,6 +326,18 @@ class SessionLifecycle(_Envelope, total=False):
     """On the first ``idle``: the ``Idempotency-Key`` the session was created with."""
 
 
+class ToolPermission(_Envelope, total=False):
+    """A client's standing permission for a tool of the session ("always allow", given over
+    ACP: ``design/acp.md``); in lane ``main``, outside any run."""
+
+    type: Required[Literal["tool_permission"]]
+    """``"tool_permission"``."""
+    toolName: str
+    """The tool the permission is for (``bash``, ``write_file``...)."""
+    permission: Literal["allow_always"]
+    """What was granted: every later call of the tool runs without asking."""
+
+
 #: Every record type, by its ``type`` value, in the order of the design brief.
 DECLARATIONS: dict[str, type] = {
     "run_started": RunStarted,
@@ -344,6 +356,7 @@ DECLARATIONS: dict[str, type] = {
     "decision": Decision,
     "run_finished": RunFinished,
     "session_lifecycle": SessionLifecycle,
+    "tool_permission": ToolPermission,
 }
 
 #: The record types, as the ``type`` values (the keys of :data:`DECLARATIONS`).

@@ -1,0 +1,44 @@
+"""Library errors as JSON-RPC errors (``design/acp.md``).
+
+Every refusal the agent gives is a JSON-RPC error whose ``message`` is the library's own
+message (it names the cause: the session id, the path, the state) and whose ``data`` carries
+the stable library ``code`` and details (:meth:`DurableHarnessError.to_json`).
+"""
+
+from __future__ import annotations
+
+from acp import RequestError
+
+from durable_harness.errors import DurableHarnessError
+
+INVALID_PARAMS = -32602
+NOT_FOUND = -32002
+CONFLICT = -32010
+INTERNAL = -32603
+
+_BY_CODE: dict[str, int] = {
+    "invalid_request": INVALID_PARAMS,
+    "message_too_large": INVALID_PARAMS,
+    "format_error": INVALID_PARAMS,
+    "missing_credential": INVALID_PARAMS,
+    "session_not_found": NOT_FOUND,
+    "ambiguous_session_prefix": NOT_FOUND,
+    "run_in_progress": CONFLICT,
+    "no_open_run": CONFLICT,
+    "lane_suspended": CONFLICT,
+    "session_live": CONFLICT,
+    "session_not_live": CONFLICT,
+    "illegal_transition": CONFLICT,
+    "lease_held": CONFLICT,
+    "recovery_error": CONFLICT,
+    "decision_required": CONFLICT,
+}
+"""JSON-RPC error code per library error code: bad parameters ``-32602``, an unknown session
+``-32002`` (ACP's "resource not found"), a request the session's state refuses ``-32010``;
+anything else ``-32603`` (internal error)."""
+
+
+def rpc_error(exc: DurableHarnessError) -> RequestError:
+    """The JSON-RPC error for a library error: its message, and ``data`` = ``exc.to_json()``
+    (``{"code", "message", ...details}``)."""
+    return RequestError(_BY_CODE.get(exc.code, INTERNAL), exc.message, exc.to_json())

@@ -1,0 +1,224 @@
+"""What the client sees: harness events and transcript entries as ACP ``session/update``
+payloads (``design/acp.md``).
+
+Two sources give the same shapes, so a live run and its replay by ``session/load`` read
+alike:
+
+- :class:`EventTranslator` turns the events of a live run (``design/run-loop.md``) into
+  updates as they happen;
+- :func:`replay` turns the transcript (the lane's entries from the root to its leaf) into
+  the updates that rebuild it.
+
+An assistant message streams as ``agent_message_chunk`` (text) and ``agent_thought_chunk``
+(thinking); each tool call it asks for is a ``tool_call`` (``pending``, with its arguments as
+``rawInput``), then a ``tool_call_update`` ``in_progress`` when it starts, and one
+``completed`` or ``failed`` carrying the result's text when it settles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from acp import (
+    start_tool_call,
+    text_block,
+    tool_content,
+    update_agent_message_text,
+    update_agent_thought_text,
+    update_tool_call,
+    update_user_message_text,
+)
+from acp.schema import (
+    AgentMessageChunk,
+    AgentPlanUpdate,
+    AgentThoughtChunk,
+    ToolCallLocation,
+    ToolCallProgress,
+    ToolCallStart,
+    ToolKind,
+    UserMessageChunk,
+)
+
+Update = (
+    UserMessageChunk
+    | AgentMessageChunk
+    | AgentThoughtChunk
+    | ToolCallStart
+    | ToolCallProgress
+    | AgentPlanUpdate
+)
+"""The ``session/update`` payloads this agent sends."""
+
+TOOL_KINDS: dict[str, ToolKind] = {
+    "read_file": "read",
+    "write_file": "edit",
+    "edit_file": "edit",
+    "append_file": "edit",
+    "bash": "execute",
+}
+"""The ACP tool kind of each built-in tool (others are ``other``)."""
+
+_TITLE_ARG = {"bash": "command"}
+_TITLE_CAP = 120
+
+
+def tool_title(name: str, arguments: dict[str, Any]) -> str:
+    """A one-line title for a call: the tool's name and its main argument (a file tool's
+    ``path``, bash's ``command``), cut at 120 characters."""
+    key = _TITLE_ARG.get(name, "path")
+    value = arguments.get(key)
+    title = f"{name}: {value}" if isinstance(value, str) and value else name
+    title = " ".join(title.split())
+    return title if len(title) <= _TITLE_CAP else title[: _TITLE_CAP - 1] + "…"
+
+
+def tool_locations(cwd: str, arguments: dict[str, Any]) -> list[ToolCallLocation] | None:
+    """The file a call touches, as an absolute path under ``cwd`` (``None`` for none)."""
+    path = arguments.get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    return [ToolCallLocation(path=str(Path(cwd) / path))]
+
+
+def tool_call_started(cwd: str, call: dict[str, Any]) -> ToolCallStart:
+    """The ``tool_call`` update (status ``pending``) of an assistant's ``toolCall`` block
+    (``{"id", "name", "arguments"}``)."""
+    name = str(call.get("name", ""))
+    arguments = call.get("arguments")
+    args = arguments if isinstance(arguments, dict) else {}
+    return start_tool_call(
+        str(call.get("id", "")),
+        tool_title(name, args),
+        kind=TOOL_KINDS.get(name, "other"),
+        status="pending",
+        locations=tool_locations(cwd, args),
+        raw_input=args,
+    )
+
+
+def tool_call_running(tool_call_id: str) -> ToolCallProgress:
+    """The ``tool_call_update`` saying a call's tool is now running."""
+    return update_tool_call(tool_call_id, status="in_progress")
+
+
+def tool_call_settled(result: dict[str, Any]) -> ToolCallProgress:
+    """The ``tool_call_update`` of a ``toolResult`` message: ``failed`` when it is an error,
+    else ``completed``, with its text blocks as content."""
+    texts = [
+        str(block.get("text", ""))
+        for block in result.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "text"
+    ]
+    return update_tool_call(
+        str(result.get("toolCallId", "")),
+        status="failed" if result.get("isError") else "completed",
+        content=[tool_content(text_block("".join(texts)))],
+    )
+
+
+def _assistant_blocks(cwd: str, message: dict[str, Any], *, text: bool) -> list[Update]:
+    out: list[Update] = []
+    for block in message.get("content") or []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and text and block.get("text"):
+            out.append(update_agent_message_text(str(block["text"])))
+        elif kind == "thinking" and text and block.get("thinking"):
+            out.append(update_agent_thought_text(str(block["thinking"])))
+        elif kind == "toolCall":
+            out.append(tool_call_started(cwd, block))
+    return out
+
+
+def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
+    """The updates that rebuild a transcript for a client (``session/load``): user text as
+    ``user_message_chunk``, assistant text and thinking as chunks, each tool call as a
+    ``tool_call`` and, once its result is in the transcript, its settling update. Entries
+    other than messages (model changes, labels, compaction summaries) are not shown."""
+    out: list[Update] = []
+    for entry in entries:
+        message = entry.get("message") if entry.get("type") == "message" else None
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                out.append(update_user_message_text(content))
+                continue
+            for block in content or []:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    out.append(update_user_message_text(str(block.get("text", ""))))
+        elif role == "assistant":
+            out.extend(_assistant_blocks(cwd, message, text=True))
+        elif role == "toolResult":
+            out.append(tool_call_settled(message))
+    return out
+
+
+class EventTranslator:
+    """Turns one session's harness events into updates, in order.
+
+    Args:
+        cwd: the session's working directory (tool locations are absolute paths under it).
+        result_of: ``tool call id -> toolResult message or None``: reads a settled call's
+            result from the transcript (the ``tool_execution_end`` event carries no content).
+    """
+
+    def __init__(self, cwd: str, result_of: Callable[[str], dict[str, Any] | None]) -> None:
+        self.cwd = cwd
+        self.result_of = result_of
+        self.stop_reasons: dict[str, str] = {}  # run id -> the last assistant stopReason
+        self.open_calls: dict[str, list[str]] = {}  # run id -> announced, unsettled call ids
+
+    def feed(self, event: dict[str, Any]) -> list[Update]:
+        """The updates ``event`` makes (often none)."""
+        etype = event.get("type")
+        if event.get("purpose", "turn") != "turn":
+            return []  # a compaction or branch summary is not part of the conversation
+        if etype == "message_update":
+            if isinstance(event.get("delta"), str) and event["delta"]:
+                return [update_agent_message_text(event["delta"])]
+            if isinstance(event.get("thinking"), str) and event["thinking"]:
+                return [update_agent_thought_text(event["thinking"])]
+            return []
+        if etype == "message_end":
+            message = event.get("message")
+            if not isinstance(message, dict):
+                return []
+            run_id = str(event.get("runId"))
+            self.stop_reasons[run_id] = str(message.get("stopReason", ""))
+            started = _assistant_blocks(self.cwd, message, text=False)
+            self.open_calls.setdefault(run_id, []).extend(
+                u.tool_call_id for u in started if isinstance(u, ToolCallStart)
+            )
+            return started
+        if etype == "run_end":
+            # an abort settles its open calls in one commit, without tool events: their
+            # results are in the transcript (a suspended run's calls stay open: in doubt)
+            open_calls = self.open_calls.pop(str(event.get("runId")), [])
+            if event.get("outcome") == "suspended":
+                return []
+            ends: list[Update] = []
+            for call_id in open_calls:
+                result = self.result_of(call_id)
+                ends.append(
+                    tool_call_settled(result)
+                    if result is not None
+                    else update_tool_call(call_id, status="failed")
+                )
+            return ends
+        if etype == "tool_execution_end":
+            call_id = str(event.get("toolCallId", ""))
+            calls = self.open_calls.get(str(event.get("runId")), [])
+            if call_id in calls:
+                calls.remove(call_id)
+            result = self.result_of(call_id)
+            if result is None:
+                failed = bool(event.get("isError"))
+                return [update_tool_call(call_id, status="failed" if failed else "completed")]
+            return [tool_call_settled(result)]
+        return []
