@@ -1,0 +1,662 @@
+"""One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
+:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
+
+A commit is one transaction: lock the session's row and its lease row (``FOR UPDATE``), check
+this writer's fencing generation against the lease row (else
+:class:`~durable_harness.errors.StaleGeneration`), insert the entries, records and lane ops
+numbered past ``sessions.last_seq`` (the tree and every lane's log share that one counter),
+update the lanes and ``last_seq``, commit. The database enforces structure: a missing parent or
+leaf is a foreign-key violation (:class:`~durable_harness.errors.UnknownEntry`), a taken id a
+primary-key one (:class:`~durable_harness.errors.IdConflict`); both roll the whole commit back.
+
+``batch`` is group commit: commits that arrive while a transaction runs (threads), or that are
+queued when a task resumes (``commit_async``), go into the next transaction together (one fence,
+one ``last_seq`` update, one WAL flush); a call that fails is rolled back alone (the group is
+rerun with a savepoint per call). ``none`` commits with ``synchronous_commit = off``.
+
+A commit whose connection is lost is resolved, not guessed: the store reconnects (for up to
+:data:`~durable_harness.storage.postgres.connection.RECONNECT_DEADLINE_S`), reads ``last_seq``
+and the generation, and returns (the commit landed), commits again (it did not), or raises
+``StaleGeneration`` (another writer took over meanwhile). See ``design/postgres.md``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from durable_harness.errors import (
+    IdConflict,
+    InvalidOp,
+    ReadOnlySession,
+    SessionNotFound,
+    StaleGeneration,
+    StorageIOError,
+    UnknownEntry,
+)
+from durable_harness.ids import now_iso
+from durable_harness.storage import codec
+from durable_harness.storage.base import (
+    Durability,
+    EntryOp,
+    LaneOp,
+    LaneState,
+    Op,
+    PendingCommit,
+    RecordOp,
+    SessionStore,
+    continuity_damage,
+    damage,
+    queued_commit,
+)
+from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
+from durable_harness.storage.postgres.lease import DbLease
+from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
+
+Conn = psycopg.Connection[Any]
+
+
+class _Retry(Exception):
+    """Internal: the connection was lost before the commit was sent; run it again."""
+
+
+class PostgresSessionStore(SessionStore):
+    """One session of a PostgreSQL store. Thread-safe; not bound to an event loop.
+
+    Attributes (besides :class:`~durable_harness.storage.base.SessionStore`'s):
+        db: the shared :class:`~durable_harness.storage.postgres.connection.Database`.
+        lease: the writer lease (``None`` when read-only).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        session_id: str,
+        *,
+        read_only: bool,
+        durability: Durability,
+        lease: DbLease | None,
+        break_lease: bool = False,
+    ) -> None:
+        """Open ``session_id``; with a ``lease``, take it (generation bumped).
+
+        Raises:
+            SessionNotFound: no such session.
+            LeaseHeld: a live writer holds it and ``break_lease`` is False.
+        """
+        self.db = db
+        self.session_id = session_id
+        self.read_only = read_only
+        self.durability = durability
+        self.location = f"{db.display}#{session_id}"
+        self.lease = lease
+        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._queue: list[PendingCommit] = []
+        self._async_queue: list[PendingCommit] = []
+        self._leader = False
+        self._damage: list[dict[str, Any]] | None = None
+        self._closed = False
+        self._txn_start = -1
+        row = db.run(
+            lambda c: c.execute(
+                "SELECT header FROM sessions WHERE id = %s", (session_id,)
+            ).fetchone()
+        )
+        if row is None:
+            raise SessionNotFound(f"no session {session_id} in {db.display}", session_id=session_id)
+        self.header = codec.loads(bytes(row[0]))
+        self.generation = 0
+        if lease is not None:
+            self.generation = lease.acquire(break_lease=break_lease)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _rows(self, query: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        return self.db.run(lambda c: c.execute(query, args).fetchall())
+
+    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        rows = self._rows(
+            "SELECT id, seq, body FROM entries WHERE session_id = %s AND id = %s",
+            (self.session_id, entry_id),
+        )
+        return None if not rows else self._decode("entries", *rows[0])
+
+    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        query = "SELECT id, seq, body FROM entries WHERE session_id = %s"
+        args: list[Any] = [self.session_id]
+        if types is not None:
+            query += " AND type = ANY(%s)"
+            args.append(list(types))
+        rows = self._rows(query + " ORDER BY seq", args)
+        return [d for r in rows if (d := self._decode("entries", *r)) is not None]
+
+    def entry_count(self) -> int:
+        rows = self._rows("SELECT COUNT(*) FROM entries WHERE session_id = %s", (self.session_id,))
+        return int(rows[0][0])
+
+    def lanes(self) -> dict[str, LaneState]:
+        rows = self._rows(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
+            (self.session_id,),
+        )
+        out = {r[0]: _lane(r) for r in rows}
+        out.setdefault("main", LaneState("main"))
+        return out
+
+    def lane(self, name: str) -> LaneState:
+        rows = self._rows(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s "
+            "AND name = %s",
+            (self.session_id, name),
+        )
+        return _lane(rows[0]) if rows else LaneState(name)
+
+    def records(
+        self,
+        lane: str | None = None,
+        *,
+        run_id: str | None = None,
+        since_seq: int = 0,
+        types: tuple[str, ...] | None = None,
+    ) -> list[dict[str, Any]]:
+        query = "SELECT id, seq, body FROM records WHERE session_id = %s AND seq > %s"
+        args: list[Any] = [self.session_id, since_seq]
+        if lane is not None:
+            query += " AND lane = %s"
+            args.append(lane)
+        if run_id is not None:
+            query += " AND run_id = %s"
+            args.append(run_id)
+        if types is not None:
+            query += " AND type = ANY(%s)"
+            args.append(list(types))
+        rows = self._rows(query + " ORDER BY seq", args)
+        return [d for r in rows if (d := self._decode("records", *r)) is not None]
+
+    def last_seq(self) -> int:
+        rows = self._rows("SELECT last_seq FROM sessions WHERE id = %s", (self.session_id,))
+        if not rows:
+            raise SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        return int(rows[0][0])
+
+    def lease_holder(self) -> dict[str, Any] | None:
+        """The live holder of the writer lease (``{"pid", "host", "generation", "owner",
+        "expires", "broken", "self"}``), or ``None`` when nobody holds an unexpired lease."""
+        probe = self.lease or DbLease(self.db, self.session_id, self.location, 1.0)
+        return probe.probe()
+
+    # -- writing ---------------------------------------------------------------------------
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+        """Commit ``ops`` in one transaction (see the module docstring). ``wait`` is ignored:
+        each commit is its own durability point (the server flushes its WAL at COMMIT, except in
+        ``none`` mode).
+
+        Raises:
+            ReadOnlySession, StaleGeneration, IdConflict, UnknownEntry, InvalidOp: as
+                :meth:`SessionStore.commit`.
+            StorageIOError: the server could not be reached again to finish the commit.
+        """
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if not ops:
+            return self.last_seq()
+        self._check_shapes(ops)
+        item = PendingCommit(ops)
+        if self.durability != "batch":
+            with self._lock:
+                self._run_batch([item])
+        else:
+            with self._cond:
+                self._queue.append(item)
+                while not item.done:
+                    if self._leader:
+                        self._cond.wait()
+                        continue
+                    self._leader = True
+                    batch, self._queue = self._queue, []
+                    self._cond.release()
+                    try:
+                        with self._lock:
+                            self._run_batch(batch)
+                    finally:
+                        self._cond.acquire()
+                        self._leader = False
+                        self._cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
+    async def commit_async(self, ops: list[Op]) -> int:
+        """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
+        transaction (see :func:`~durable_harness.storage.base.queued_commit`).
+
+        Raises:
+            as :meth:`commit`.
+        """
+        if self.durability != "batch":
+            return await super().commit_async(ops)
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if not ops:
+            return self.last_seq()
+        self._check_shapes(ops)
+
+        def run(batch: list[PendingCommit]) -> None:
+            with self._lock:
+                self._run_batch(batch)
+
+        return await queued_commit(self._async_queue, ops, run)
+
+    def _check_shapes(self, ops: list[Op]) -> None:
+        for op in ops:
+            problem = op_shape_error(op)
+            if problem is not None:
+                raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
+
+    def _run_batch(self, batch: list[PendingCommit]) -> None:
+        """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or
+        ``error`` and ``done``. Resolves a lost connection (see the module docstring)."""
+        deadline = time.monotonic() + RECONNECT_DEADLINE_S
+        while True:
+            self._txn_start = -1
+            lost: BaseException | None = None
+            try:
+                with self.db.connection() as conn:
+                    try:
+                        self._transaction(conn, batch)
+                        return
+                    except psycopg.OperationalError as exc:
+                        if not conn.broken:
+                            raise
+                        lost = exc
+            except BaseException as exc:
+                if lost is None:
+                    for item in batch:
+                        item.error, item.done = item.error or exc, True
+                    return
+            if self._resolve(batch, self._txn_start, lost, deadline):
+                return
+
+    def _resolve(
+        self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
+    ) -> bool:
+        """After the connection was lost mid-commit: learn from a new connection whether the
+        group landed. Returns ``True`` when every item is settled, ``False`` to run it again."""
+        while True:
+            try:
+                row = self.db.run(
+                    lambda c: c.execute(
+                        "SELECT s.last_seq, l.generation FROM sessions s JOIN leases l ON "
+                        "l.session_id = s.id WHERE s.id = %s",
+                        (self.session_id,),
+                    ).fetchone()
+                )
+                break
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    err = StorageIOError(
+                        f"{self.location}: the connection was lost during a commit and the "
+                        f"server could not be reached again within {RECONNECT_DEADLINE_S:g} s, "
+                        f"so whether the commit landed is unknown ({exc}); reopen the session "
+                        "to see",
+                        path=self.location,
+                        errno="ECONNRESET",
+                        outcome="unknown",
+                    )
+                    for item in batch:
+                        item.error, item.done = err, True
+                    return True
+                time.sleep(0.2)
+        if row is None:
+            for item in batch:
+                item.error = SessionNotFound(
+                    f"session {self.location} was deleted", session_id=self.session_id
+                )
+                item.done = True
+            return True
+        last_seq, generation = int(row[0]), int(row[1])
+        if generation != self.generation:
+            stale = self._stale(generation)
+            for item in batch:
+                item.error, item.done = stale, True
+            return True
+        want = [item for item in batch if not item.done]
+        if start >= 0 and want and last_seq == want[-1].seq and last_seq > start:
+            return True  # it landed: the COMMIT was durable before the reply was lost
+        for item in want:
+            item.error, item.seq = None, 0
+        if start < 0 or last_seq == start:
+            return False  # nothing landed: run the group again
+        err2 = StorageIOError(
+            f"{self.location}: the connection was lost during a commit and last_seq moved "
+            f"from {start} to {last_seq}, not to the commit's end; reopen the session",
+            path=self.location,
+            cause=str(lost),
+        )
+        for item in want:
+            item.error, item.done = err2, True
+        return True
+
+    def _stale(self, current: int) -> StaleGeneration:
+        if self.lease is not None:
+            self.lease.lost = True
+        return StaleGeneration(
+            f"session {self.location}: this writer holds generation {self.generation} but the "
+            f"lease is now at generation {current}; the commit was refused",
+            generation=self.generation,
+            current=current,
+        )
+
+    def _transaction(self, conn: Conn, batch: list[PendingCommit]) -> None:
+        """Run ``batch`` in one transaction on ``conn``, noting the ``last_seq`` it started from
+        in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
+        connection."""
+        pending = [item for item in batch if not item.done]
+        with conn.transaction():
+            if self.durability == "none":
+                conn.execute("SET LOCAL synchronous_commit TO off")
+            row = conn.execute(
+                "SELECT l.generation, s.last_seq FROM sessions s JOIN leases l ON "
+                "l.session_id = s.id WHERE s.id = %s FOR UPDATE",
+                (self.session_id,),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFound(
+                    f"session {self.location} was deleted", session_id=self.session_id
+                )
+            if int(row[0]) != self.generation:
+                raise self._stale(int(row[0]))
+            seq = self._txn_start = int(row[1])
+            if len(pending) == 1:
+                pending[0].seq = seq = self._apply(conn, pending[0].ops, seq)
+            else:
+                for item in pending:
+                    try:
+                        with conn.transaction():  # a savepoint: a bad call fails alone
+                            item.seq = seq = self._apply(conn, item.ops, seq)
+                    except psycopg.OperationalError:
+                        raise
+                    except Exception as exc:
+                        item.error, item.done = exc, True
+            if any(item.error is None for item in pending):
+                conn.execute(
+                    "UPDATE sessions SET last_seq = %s, modified = %s WHERE id = %s",
+                    (seq, now_iso(), self.session_id),
+                )
+        for item in pending:
+            item.done = True
+
+    def _apply(self, conn: Conn, ops: list[Op], seq: int) -> int:
+        """Insert ``ops`` after ``seq`` in the open transaction; return the last seq.
+
+        Raises:
+            IdConflict, UnknownEntry: from the database's keys.
+        """
+        for op in ops:
+            seq += 1
+            if isinstance(op, EntryOp):
+                self._insert_entry(conn, op, seq)
+            elif isinstance(op, RecordOp):
+                self._insert_record(conn, op, seq)
+            else:
+                self._update_lane(conn, op, seq)
+        return seq
+
+    def _insert_entry(self, conn: Conn, op: EntryOp, seq: int) -> None:
+        entry = dict(op.entry)
+        eid, parent = entry.get("id"), entry.get("parentId")
+        if not isinstance(eid, str) or not eid:
+            raise UnknownEntry("an entry needs a non-empty string id")
+        entry["seq"] = seq
+        try:
+            conn.execute(
+                "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
+            )
+        except psycopg.errors.UniqueViolation as exc:
+            raise IdConflict(
+                f"entry id {eid} already exists in {self.location}", entry_id=eid
+            ) from exc
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise UnknownEntry(
+                f"parent {parent} of entry {eid} does not exist in {self.location}",
+                entry_id=parent,
+            ) from exc
+        if op.lane is not None:
+            conn.execute(
+                "INSERT INTO lanes (session_id, name, leaf_id, config) VALUES (%s, %s, %s, "
+                "'{}') ON CONFLICT (session_id, name) DO UPDATE SET leaf_id = excluded.leaf_id",
+                (self.session_id, op.lane, eid),
+            )
+
+    def _ensure_lane(self, conn: Conn, name: str) -> None:
+        conn.execute(
+            "INSERT INTO lanes (session_id, name, config) VALUES (%s, %s, '{}') "
+            "ON CONFLICT (session_id, name) DO NOTHING",
+            (self.session_id, name),
+        )
+
+    def _insert_record(self, conn: Conn, op: RecordOp, seq: int) -> None:
+        rec = dict(op.record)
+        rid = rec.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise UnknownEntry("a record needs a non-empty string id")
+        rec["seq"] = seq
+        lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
+        try:
+            conn.execute(
+                "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
+            )
+        except psycopg.errors.UniqueViolation as exc:
+            raise IdConflict(
+                f"record id {rid} already exists in {self.location}", record_id=rid
+            ) from exc
+        if lane is None:
+            return
+        if rtype == "run_started":
+            conn.execute(
+                "INSERT INTO lanes (session_id, name, config, run_id, run_seq) VALUES "
+                "(%s, %s, '{}', %s, %s) ON CONFLICT (session_id, name) DO UPDATE SET "
+                "run_id = excluded.run_id, run_seq = excluded.run_seq",
+                (self.session_id, lane, run_id, seq),
+            )
+            return
+        self._ensure_lane(conn, lane)
+        if rtype == "run_finished":
+            conn.execute(
+                "UPDATE lanes SET run_id = NULL, run_seq = NULL WHERE session_id = %s AND "
+                "name = %s AND run_id = %s",
+                (self.session_id, lane, run_id),
+            )
+
+    def _update_lane(self, conn: Conn, op: LaneOp, seq: int) -> None:
+        self._ensure_lane(conn, op.lane)
+        body: dict[str, Any] = {"lane": op.lane, "seq": seq}
+        if op.sets_leaf():
+            body["leafId"] = op.leaf_id
+        if op.config:
+            body["config"] = op.config
+        conn.execute(
+            "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (%s, %s, %s, %s)",
+            (self.session_id, seq, op.lane, codec.dumps(body)),
+        )
+        if op.sets_leaf():
+            try:
+                conn.execute(
+                    "UPDATE lanes SET leaf_id = %s WHERE session_id = %s AND name = %s",
+                    (op.leaf_id, self.session_id, op.lane),
+                )
+            except psycopg.errors.ForeignKeyViolation as exc:
+                raise UnknownEntry(
+                    f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
+                ) from exc
+        if op.config:
+            row = conn.execute(
+                "SELECT config FROM lanes WHERE session_id = %s AND name = %s",
+                (self.session_id, op.lane),
+            ).fetchone()
+            assert row is not None
+            config = {**codec.loads(bytes(row[0])), **op.config}
+            conn.execute(
+                "UPDATE lanes SET config = %s WHERE session_id = %s AND name = %s",
+                (codec.dumps(config), self.session_id, op.lane),
+            )
+
+    # -- damage ----------------------------------------------------------------------------
+    def _decode(self, table: str, ident: str, seq: int, body: Any) -> dict[str, Any] | None:
+        """A stored body as a dict; a damaged one is reported in :attr:`damage` (``bad_row``)
+        and left out, never raised."""
+        value, problem = _row_problem(table, ident, int(seq), bytes(body))
+        if problem is not None:
+            item = _bad_row(self.location, table, ident, int(seq), problem)
+            with self._lock:
+                if item not in self.damage:
+                    self.damage.append(item)
+            return None
+        return value
+
+    @property
+    def damage(self) -> list[dict[str, Any]]:
+        """Damage in this session, from one :meth:`scan` on first use (opening stays one row
+        read), plus any damaged row a later read meets."""
+        with self._lock:
+            if self._damage is None:
+                self._damage = self.scan()
+            return self._damage
+
+    @damage.setter
+    def damage(self, value: list[dict[str, Any]]) -> None:
+        self._damage = value
+
+    def scan(self) -> list[dict[str, Any]]:
+        """Check the whole session in one snapshot (``REPEATABLE READ``); return its damage.
+
+        The database enforces ids, parents, leaves and unique seqs, so what can still be found
+        is what bypassed it: a body that does not decode or names another id or seq than its
+        row (``bad_row``), a deleted row (``seq_gap`` below ``last_seq``, or ``truncated`` when
+        the last seqs are gone), an entry whose parent was deleted with the constraint off
+        (``orphan_parent``), a seq stored in two tables (``seq_regression``).
+        """
+        sid = self.session_id
+
+        def read(conn: Conn) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[Any]]:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                head = conn.execute("SELECT last_seq FROM sessions WHERE id = %s", (sid,))
+                got = head.fetchone()
+                last = int(got[0]) if got else 0
+                entries = conn.execute(
+                    "SELECT id, seq, parent_id, body FROM entries WHERE session_id = %s", (sid,)
+                ).fetchall()
+                records = conn.execute(
+                    "SELECT id, seq, body FROM records WHERE session_id = %s", (sid,)
+                ).fetchall()
+                lane_ops = conn.execute(
+                    "SELECT seq, lane FROM lane_ops WHERE session_id = %s", (sid,)
+                ).fetchall()
+            return last, entries, records, lane_ops
+
+        last_seq, entries, records, lane_ops = self.db.run(read)
+        out: list[dict[str, Any]] = []
+        stored: list[tuple[int, str, str]] = []
+        entry_ids = {r[0] for r in entries}
+        for rid, seq, parent, body in entries:
+            stored.append((int(seq), "entries", rid))
+            problem = _row_problem("entries", rid, int(seq), bytes(body))[1]
+            if problem is not None:
+                out.append(_bad_row(self.location, "entries", rid, int(seq), problem))
+            if parent is not None and parent not in entry_ids:
+                out.append(
+                    damage(
+                        "orphan_parent",
+                        f"entry {rid} of {self.location} names parent {parent}, which is missing",
+                        table="entries",
+                        id=rid,
+                        seq=int(seq),
+                        parentId=parent,
+                    )
+                )
+        for rid, seq, body in records:
+            stored.append((int(seq), "records", rid))
+            problem = _row_problem("records", rid, int(seq), bytes(body))[1]
+            if problem is not None:
+                out.append(_bad_row(self.location, "records", rid, int(seq), problem))
+        stored.extend((int(seq), "lane_ops", lane) for seq, lane in lane_ops)
+        stored.sort()
+        checked: list[tuple[int, dict[str, Any]]] = []
+        for i, (seq, table, rid) in enumerate(stored):
+            if i and stored[i - 1][0] == seq:
+                out.append(
+                    damage(
+                        "seq_regression",
+                        f"seq {seq} is stored twice ({stored[i - 1][1]} and {table})",
+                        table=table,
+                        id=rid,
+                        seq=seq,
+                    )
+                )
+            else:
+                checked.append(
+                    (seq, {"table": table, ("lane" if table == "lane_ops" else "id"): rid})
+                )
+        out.extend(
+            continuity_damage(
+                checked, 0, last_seq, {"table": "sessions", "id": sid, "seq": last_seq}
+            )
+        )
+        return out
+
+    def close(self) -> None:
+        """Release the lease (if still ours). The connections stay in the process's pool.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.lease is not None:
+            lease, self.lease = self.lease, None
+            lease.release()
+
+
+def _lane(r: tuple[Any, ...]) -> LaneState:
+    return LaneState(
+        r[0], r[1], codec.loads(bytes(r[2])), r[3], None if r[4] is None else int(r[4])
+    )
+
+
+def _row_problem(
+    table: str, ident: str, seq: int, body: bytes
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Decode one stored body: ``(value, None)``, or ``(None, why it is damaged)``."""
+    try:
+        value = codec.loads(body)
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, "not an object"
+    problem = entry_shape_error(value) if table == "entries" else record_shape_error(value)
+    if problem is None and (value.get("id") != ident or value.get("seq") != seq):
+        problem = (
+            f"the body names id {value.get('id')!r} seq {value.get('seq')!r}, the row id "
+            f"{ident!r} seq {seq}"
+        )
+    return (None, problem) if problem is not None else (dict(value), None)
+
+
+def _bad_row(location: str, table: str, ident: str, seq: int, problem: str) -> dict[str, Any]:
+    what = "entry" if table == "entries" else "record"
+    return damage(
+        "bad_row",
+        f"{what} {ident} (seq {seq}) of {location}: {problem}; left out",
+        table=table,
+        id=ident,
+        seq=seq,
+    )
