@@ -16,7 +16,7 @@ from durable_harness.errors import (
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
-from durable_harness.storage.postgres.connection import Database
+from durable_harness.storage.postgres.connection import Database, redact_dsn
 from durable_harness.storage.postgres.lease import DbLease, held_error, lease_seconds, live_holder
 from durable_harness.storage.postgres.store import PostgresSessionStore
 
@@ -42,6 +42,7 @@ class PostgresStore(Store):
             StorageIOError: the server cannot be reached (named without the password).
         """
         self.spec = spec
+        self.location = redact_dsn(spec)  # until the server is known (errors name it)
         self.db = Database.get(spec)
         self.location = self.db.display
         self.lease_s = lease_seconds(lease_s)

@@ -136,11 +136,15 @@ def parse(spec: str) -> dict[str, str]:
     if not is_postgres_spec(spec):
         raise FormatError(f"store spec {redact_dsn(spec)!r} is not a postgresql:// URL")
     try:
-        return {k: str(v) for k, v in conninfo_to_dict(spec).items() if v is not None}
-    except psycopg.ProgrammingError as exc:
+        params = {k: str(v) for k, v in conninfo_to_dict(spec).items() if v is not None}
+    except psycopg.Error as exc:
         raise FormatError(
             f"store spec {redact_dsn(spec)!r} is not a valid PostgreSQL URL: {redact_dsn(str(exc))}"
         ) from None
+    port = params.get("port", "")
+    if port and not all(p.strip().isdigit() for p in port.split(",")):
+        raise FormatError(f"store spec {redact_dsn(spec)!r}: port {port!r} is not a number")
+    return params
 
 
 def translate_psycopg(exc: BaseException, where: str | None) -> BaseException:
