@@ -58,28 +58,17 @@ def unprivileged(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return prefix
 
 
-def _missing_postgres(reason: str) -> None:
-    """Skip for want of PostgreSQL, or fail under CI (``CI=true``), where nothing may skip."""
-    import os
-
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Any]:
     """A throw-away PostgreSQL cluster for the whole run (``initdb`` + ``pg_ctl`` as an
     unprivileged user, a free loopback port; stopped and removed at the end): a
     :class:`~durable_harness.testing.pgcluster.TemporaryCluster`. Without the server binaries
     the tests that use it skip naming PostgreSQL; under ``CI=true`` they error instead."""
-    try:
-        from durable_harness.testing.pgcluster import TemporaryCluster, find_bindir
-    except ImportError as exc:  # psycopg missing
-        _missing_postgres(f"PostgreSQL tests need psycopg: {exc}")
+    from durable_harness.testing.pgcluster import TemporaryCluster, find_bindir, missing_postgres
+
     bindir = find_bindir()
     if bindir is None:
-        _missing_postgres(
+        missing_postgres(
             "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in "
             "/usr/lib/postgresql/*/bin: install the server (apt-get install postgresql)"
         )

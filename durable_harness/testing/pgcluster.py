@@ -43,6 +43,20 @@ def find_bindir() -> str | None:
     return None
 
 
+def missing_postgres(reason: str) -> None:
+    """In a pytest fixture: skip for want of PostgreSQL (``reason`` says what is missing), or,
+    under CI (``CI=true``), fail: CI never skips a PostgreSQL test.
+
+    Raises:
+        pytest.skip.Exception, pytest.fail.Exception: always.
+    """
+    import pytest
+
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

@@ -32,8 +32,6 @@ from durable_harness.storage.postgres import MIGRATIONS, PostgresSessionStore, P
 
 from .util import ent, ids, rec
 
-pytestmark = pytest.mark.postgres
-
 # A writer in its own process: opens SID of SPEC for writing (lease duration from
 # $DURABLE_HARNESS_PG_LEASE_S), says "ready GEN", then for each stdin line "commit ID" commits
 # one record and answers "ok SEQ" or "err CODE".
@@ -133,6 +131,30 @@ def _expire(cluster: Any, spec: str, sid: str) -> None:
     )
 
 
+# -- the fixture's rule: skip locally, fail under CI ------------------------------------------
+def test_a_missing_server_skips_locally_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_harness.testing.pgcluster import missing_postgres
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="PostgreSQL server binaries"):
+        missing_postgres("PostgreSQL server binaries (initdb, pg_ctl) not found")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true but PostgreSQL"):
+        missing_postgres("PostgreSQL server binaries (initdb, pg_ctl) not found")
+
+
+def test_the_server_binaries_are_found_off_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_harness.testing import pgcluster
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(pgcluster.glob, "glob", lambda pattern: [])
+    assert pgcluster.find_bindir() is None
+    monkeypatch.undo()
+    found = pgcluster.find_bindir()
+    if found is not None:  # this machine has a server: both initdb and pg_ctl are there
+        assert os.access(os.path.join(found, "initdb"), os.X_OK)
+
+
 # -- specs, errors, migrations ----------------------------------------------------------------
 def test_both_url_schemes_open_the_same_store(pg_spec: str) -> None:
     a = open_store(pg_spec)
@@ -147,6 +169,7 @@ def test_both_url_schemes_open_the_same_store(pg_spec: str) -> None:
 
 
 def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None:
+    """Needs psycopg only, no server: nothing listens on the port."""
     from durable_harness.testing.pgcluster import free_port
 
     spec = f"postgresql://agent:hunter2-secret@127.0.0.1:{free_port()}/agents?connect_timeout=5"
