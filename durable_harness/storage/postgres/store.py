@@ -22,6 +22,7 @@ and the generation, and returns (the commit landed), commits again (it did not),
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -356,47 +357,126 @@ class PostgresSessionStore(SessionStore):
     def _transaction(self, conn: Conn, batch: list[PendingCommit]) -> None:
         """Run ``batch`` in one transaction on ``conn``, noting the ``last_seq`` it started from
         in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
-        connection."""
+        connection.
+
+        The fast path sends the whole transaction as a pipeline: two round trips (BEGIN and
+        the fence, then every insert, the ``last_seq`` update and COMMIT), whatever the number
+        of ops. When a group of several calls fails, it is rolled back and run again one call
+        per savepoint, so the bad call fails alone."""
         pending = [item for item in batch if not item.done]
-        with conn.transaction():
-            if self.durability == "none":
-                conn.execute("SET LOCAL synchronous_commit TO off")
-            row = conn.execute(
-                "SELECT l.generation, s.last_seq FROM sessions s JOIN leases l ON "
-                "l.session_id = s.id WHERE s.id = %s FOR UPDATE",
-                (self.session_id,),
-            ).fetchone()
-            if row is None:
-                raise SessionNotFound(
-                    f"session {self.location} was deleted", session_id=self.session_id
-                )
-            if int(row[0]) != self.generation:
-                raise self._stale(int(row[0]))
-            seq = self._txn_start = int(row[1])
+        try:
+            with conn.pipeline():
+                self._fast(conn, pending)
+        except psycopg.OperationalError:
+            raise
+        except (StaleGeneration, SessionNotFound):
+            raise
+        except Exception:
             if len(pending) == 1:
-                pending[0].seq = seq = self._apply(conn, pending[0].ops, seq)
-            else:
-                for item in pending:
-                    try:
-                        with conn.transaction():  # a savepoint: a bad call fails alone
-                            item.seq = seq = self._apply(conn, item.ops, seq)
-                    except psycopg.OperationalError:
-                        raise
-                    except Exception as exc:
-                        item.error, item.done = exc, True
-            if any(item.error is None for item in pending):
-                conn.execute(
-                    "UPDATE sessions SET last_seq = %s, modified = %s WHERE id = %s",
-                    (seq, now_iso(), self.session_id),
-                )
+                raise
+            for item in pending:
+                item.seq = 0
+            self._stepwise(conn, pending)
         for item in pending:
             item.done = True
 
-    def _apply(self, conn: Conn, ops: list[Op], seq: int) -> int:
-        """Insert ``ops`` after ``seq`` in the open transaction; return the last seq.
+    def _fence(self, conn: Conn) -> int:
+        """In the open transaction: lock the session and lease rows, check this writer's
+        generation and return ``last_seq``.
 
         Raises:
-            IdConflict, UnknownEntry: from the database's keys.
+            StaleGeneration: another writer took the lease. SessionNotFound: it was deleted.
+        """
+        if self.durability == "none":
+            conn.execute("SET LOCAL synchronous_commit TO off")
+        row = conn.execute(
+            "SELECT l.generation, s.last_seq FROM sessions s JOIN leases l ON "
+            "l.session_id = s.id WHERE s.id = %s FOR UPDATE",
+            (self.session_id,),
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        if int(row[0]) != self.generation:
+            raise self._stale(int(row[0]))
+        self._txn_start = int(row[1])
+        return self._txn_start
+
+    def _set_last_seq(self, conn: Conn, seq: int) -> None:
+        conn.execute(
+            "UPDATE sessions SET last_seq = %s, modified = %s WHERE id = %s",
+            (seq, now_iso(), self.session_id),
+        )
+
+    def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
+        """Every item in one pipelined transaction, no savepoints; any failure fails all."""
+        ops = [op for item in pending for op in item.ops]
+        try:
+            with conn.transaction():
+                seq = self._fence(conn)
+                for item in pending:
+                    item.seq = seq = self._apply(conn, item.ops, seq)
+                self._set_last_seq(conn, seq)
+        except psycopg.errors.IntegrityError as exc:
+            raise self._key_error(exc, ops) from exc
+
+    def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
+        """Every item in one transaction, each in its own savepoint (no pipeline): a failing
+        item gets its error, the others commit."""
+        with conn.transaction():
+            seq = self._fence(conn)
+            for item in pending:
+                try:
+                    with conn.transaction():  # a savepoint
+                        item.seq = seq = self._apply(conn, item.ops, seq)
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.errors.IntegrityError as exc:
+                    item.error, item.done = self._key_error(exc, item.ops), True
+                except Exception as exc:
+                    item.error, item.done = exc, True
+            if any(item.error is None for item in pending):
+                self._set_last_seq(conn, seq)
+
+    def _key_error(self, exc: psycopg.errors.IntegrityError, ops: list[Op]) -> Exception:
+        """The typed error for a key the database refused (by the constraint's name), or
+        ``exc`` itself for one no op can cause (the boundary then names it)."""
+        name = exc.diag.constraint_name or ""
+        detail = exc.diag.message_detail or ""
+        found = re.search(r"=\((.*)\) (?:already exists|is not present)", detail)
+        value = found.group(1) if found else "?"
+        if value.startswith(f"{self.session_id}, "):
+            value = value[len(self.session_id) + 2 :]
+        where = self.location
+        if name == "entries_pkey":
+            return IdConflict(f"entry id {value} already exists in {where}", entry_id=value)
+        if name == "records_pkey":
+            return IdConflict(f"record id {value} already exists in {where}", record_id=value)
+        if name == "entries_parent":
+            child = next(
+                (
+                    op.entry.get("id")
+                    for op in ops
+                    if isinstance(op, EntryOp) and op.entry.get("parentId") == value
+                ),
+                "?",
+            )
+            return UnknownEntry(
+                f"parent {value} of entry {child} does not exist in {where}", entry_id=value
+            )
+        if name == "lanes_leaf":
+            return UnknownEntry(f"leaf {value} does not exist in {where}", entry_id=value)
+        return exc
+
+    def _apply(self, conn: Conn, ops: list[Op], seq: int) -> int:
+        """Send the statements of ``ops`` after ``seq`` in the open transaction (pipelined:
+        a refused key surfaces at the next sync, and :meth:`_key_error` names it); return the
+        last seq.
+
+        Raises:
+            UnknownEntry: an entry or record without a string id (checked here).
+            psycopg.errors.IntegrityError: a key the database refused (outside a pipeline).
         """
         for op in ops:
             seq += 1
@@ -414,21 +494,11 @@ class PostgresSessionStore(SessionStore):
         if not isinstance(eid, str) or not eid:
             raise UnknownEntry("an entry needs a non-empty string id")
         entry["seq"] = seq
-        try:
-            conn.execute(
-                "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
-                "VALUES (%s, %s, %s, %s, %s, %s)",
-                (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
-            )
-        except psycopg.errors.UniqueViolation as exc:
-            raise IdConflict(
-                f"entry id {eid} already exists in {self.location}", entry_id=eid
-            ) from exc
-        except psycopg.errors.ForeignKeyViolation as exc:
-            raise UnknownEntry(
-                f"parent {parent} of entry {eid} does not exist in {self.location}",
-                entry_id=parent,
-            ) from exc
+        conn.execute(
+            "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
+        )
         if op.lane is not None:
             conn.execute(
                 "INSERT INTO lanes (session_id, name, leaf_id, config) VALUES (%s, %s, %s, "
@@ -450,16 +520,11 @@ class PostgresSessionStore(SessionStore):
             raise UnknownEntry("a record needs a non-empty string id")
         rec["seq"] = seq
         lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
-        try:
-            conn.execute(
-                "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
-            )
-        except psycopg.errors.UniqueViolation as exc:
-            raise IdConflict(
-                f"record id {rid} already exists in {self.location}", record_id=rid
-            ) from exc
+        conn.execute(
+            "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
+        )
         if lane is None:
             return
         if rtype == "run_started":
@@ -490,15 +555,10 @@ class PostgresSessionStore(SessionStore):
             (self.session_id, seq, op.lane, codec.dumps(body)),
         )
         if op.sets_leaf():
-            try:
-                conn.execute(
-                    "UPDATE lanes SET leaf_id = %s WHERE session_id = %s AND name = %s",
-                    (op.leaf_id, self.session_id, op.lane),
-                )
-            except psycopg.errors.ForeignKeyViolation as exc:
-                raise UnknownEntry(
-                    f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
-                ) from exc
+            conn.execute(
+                "UPDATE lanes SET leaf_id = %s WHERE session_id = %s AND name = %s",
+                (op.leaf_id, self.session_id, op.lane),
+            )
         if op.config:
             row = conn.execute(
                 "SELECT config FROM lanes WHERE session_id = %s AND name = %s",
