@@ -164,8 +164,15 @@ def test_both_url_schemes_open_the_same_store(pg_spec: str) -> None:
     other = open_store("postgres://" + pg_spec[len("postgresql://") :])
     assert isinstance(other, PostgresStore)
     assert [i.id for i in other.list_sessions("/p")] == [s.session_id]
-    assert a.location.startswith("postgresql://postgres@127.0.0.1:")
+    assert a.location == pg_spec  # no password in it: the location is the URL
     assert s.location == f"{a.location}#{s.session_id}"
+    from durable_harness.testing import open_reader
+
+    reader = open_reader(s.location)  # a second view from the location alone
+    try:
+        assert ids(reader.iter_entries()) == ["e1"] and reader.read_only
+    finally:
+        reader.close()
 
 
 def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None:

@@ -111,20 +111,19 @@ def redact_dsn(text: str) -> str:
 
 
 def describe(spec: str) -> str:
-    """The server and database ``spec`` names, as ``postgresql://user@host:port/dbname`` (no
-    password, no other parameter); with ``options=-csearch_path=S`` also ``?schema=S``.
+    """``spec`` without its password: the printable name of the store, and a URL that reopens
+    it wherever the password comes from ``PGPASSWORD`` or ``~/.pgpass`` (every other parameter
+    is kept; ``postgres://`` is written ``postgresql://``).
 
     Raises:
         FormatError: ``spec`` is not a valid libpq URL.
     """
-    params = parse(spec)
-    user = params.get("user") or os.environ.get("PGUSER") or ""
-    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
-    port = params.get("port") or os.environ.get("PGPORT") or "5432"
-    db = params.get("dbname") or os.environ.get("PGDATABASE") or user or ""
-    text = f"postgresql://{user + '@' if user else ''}{host}:{port}/{db}"
-    schema = re.search(r"search_path\s*=\s*([^\s,]+)", params.get("options", ""))
-    return text + (f"?schema={schema.group(1)}" if schema else "")
+    parse(spec)
+    text = "postgresql://" + spec.split("://", 1)[1]
+    text = re.sub(r"^(postgresql://[^:/@?]*):[^@/?]*@", r"\1@", text)
+    base, sep, query = text.partition("?")
+    kept = [p for p in query.split("&") if p and not p.lower().startswith("password=")]
+    return base + ("?" + "&".join(kept) if kept else "")
 
 
 def parse(spec: str) -> dict[str, str]:
