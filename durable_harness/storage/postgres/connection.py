@@ -121,7 +121,7 @@ def describe(spec: str) -> str:
     parse(spec)
     text = "postgresql://" + spec.split("://", 1)[1]
     text = re.sub(r"^(postgresql://[^:/@?]*):[^@/?]*@", r"\1@", text)
-    base, sep, query = text.partition("?")
+    base, _sep, query = text.partition("?")
     kept = [p for p in query.split("&") if p and not p.lower().startswith("password=")]
     return base + ("?" + "&".join(kept) if kept else "")
 

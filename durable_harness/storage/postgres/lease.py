@@ -3,7 +3,8 @@
 time on the **database's** clock (``clock_timestamp()``), so hosts' clocks never matter.
 
 * **Acquire** (one transaction, the row locked ``FOR UPDATE``): a live lease (``owner`` set,
-  ``expires`` in the future) refuses with :class:`~durable_harness.errors.LeaseHeld` unless
+  ``expires`` in the future, and not held by a process of this host that has died:
+  :func:`dead_here`) refuses with :class:`~durable_harness.errors.LeaseHeld` unless
   ``break_lease``; otherwise ``generation + 1``, a fresh owner token, ``expires = now +
   duration``. Taking over an expired lease and breaking a live one both bump the generation.
 * **Renew**: one heartbeat thread per database per process (:class:`Heartbeat`) renews every
@@ -75,11 +76,48 @@ def _holder_dict(row: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def owner_token() -> str:
+    """A new owner token: ``host:pid:pid-namespace:random``. The host and pid namespace let a
+    process on the same machine tell that a holder's process is gone (:func:`dead_here`)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_pid_namespace()}:{secrets.token_hex(8)}"
+
+
+def dead_here(owner: str | None, pid: int | None) -> bool:
+    """True when ``owner`` names a process on this host, in this pid namespace, that no longer
+    exists: its lease cannot be renewed any more, so it is taken over at once instead of after
+    it expires (as a ``flock`` is freed when its process dies). A reused pid reads as alive,
+    which only means waiting for the expiry."""
+    if not owner or pid is None:
+        return False
+    parts = owner.split(":")
+    if len(parts) != 4 or parts[0] != socket.gethostname() or parts[2] != _pid_namespace():
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def live_holder(conn: psycopg.Connection[Any], session_id: str) -> dict[str, Any] | None:
     """The live holder of ``session_id``'s lease (``{"pid", "host", "generation", "owner",
-    "expires", "broken"}``), or ``None`` when it is free or expired."""
+    "expires", "broken"}``), or ``None`` when it is free, expired, or held by a process of this
+    host that has died (:func:`dead_here`)."""
     row = conn.execute(_HOLDER, (session_id,)).fetchone()
-    return None if row is None else _holder_dict(row)
+    if row is None or dead_here(row[3], row[0]):
+        return None
+    return _holder_dict(row)
 
 
 def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
@@ -121,7 +159,7 @@ class DbLease:
             SessionNotFound: the session has no row.
             LeaseHeld: a live holder has it and ``break_lease`` is False.
         """
-        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+        owner = owner_token()
 
         def take(conn: psycopg.Connection[Any]) -> int:
             with conn.transaction():
@@ -131,19 +169,17 @@ class DbLease:
                     (self.session_id,),
                 )
                 row = conn.execute(
-                    "SELECT owner IS NOT NULL AND expires > clock_timestamp() FROM leases "
-                    "WHERE session_id = %s FOR UPDATE",
-                    (self.session_id,),
+                    "SELECT 1 FROM leases WHERE session_id = %s FOR UPDATE", (self.session_id,)
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(
                         f"no session {self.session_id} in {self.db.display}",
                         session_id=self.session_id,
                     )
-                live = bool(row[0])
-                if live and not break_lease:
-                    holder = live_holder(conn, self.session_id)
-                    raise held_error(self.what, holder or {})
+                holder = live_holder(conn, self.session_id)
+                live = holder is not None
+                if holder is not None and not break_lease:
+                    raise held_error(self.what, holder)
                 got = conn.execute(
                     "UPDATE leases SET generation = generation + 1, owner = %s, host = %s, "
                     "pid = %s, acquired = clock_timestamp(), broken = %s, "
