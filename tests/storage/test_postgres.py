@@ -507,3 +507,67 @@ def test_a_commit_whose_reply_was_lost_is_not_applied_twice(
     assert calls == [1]  # resolved by reading last_seq, not run again
     assert ids(s.iter_entries()) == ["e1"] and s.last_seq() == 2
     s.close()
+
+
+# -- worker claims ------------------------------------------------------------------------------
+# A claiming worker: claims up to 3 crashed sessions at a time until none is left, commits one
+# record into each ("claimed-by-PID"), prints each claimed id, then "done".
+CLAIMER = """
+import os, sys
+from durable_harness.storage import RecordOp, open_store
+store = open_store(sys.argv[1])
+while True:
+    got = store.claim_expired(3)
+    if not got:
+        break
+    for s in got:
+        s.commit([RecordOp({"type": "note", "id": f"claimed-by-{os.getpid()}", "lane": "main",
+                            "timestamp": "2026-01-01T00:00:00.000Z"})])
+        print(s.session_id, s.generation, flush=True)
+        s.close()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.crash
+def test_two_workers_claim_ten_crashed_sessions_each_exactly_once(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    sids = []
+    for _ in range(10):
+        s = pg_store.create_session("/p")
+        s.commit([RecordOp(rec("before-crash"))])
+        sids.append(s.session_id)
+        s.lease = None  # "crash": the lease is left held, as a killed process leaves it
+        s.close()
+    closed = pg_store.create_session("/p")
+    closed.close()  # a cleanly closed session is not a crashed one: never claimed
+    # the crashed holders ran elsewhere, and their leases ran out
+    pg_cluster.execute(
+        "UPDATE leases SET host = 'elsewhere', owner = 'elsewhere:1:1:dead', "
+        "expires = clock_timestamp() - interval '1 second' WHERE owner IS NOT NULL",
+        pg_store.spec,
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, pg_store.spec], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60)[0].split("\n") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    claimed = {
+        proc.pid: [line.split()[0] for line in out if line and line != "done"]
+        for proc, out in zip(procs, outs, strict=True)
+    }
+    every = [sid for got in claimed.values() for sid in got]
+    assert sorted(every) == sorted(sids)  # each crashed session exactly once, none other
+    for pid, got in claimed.items():
+        for sid in got:
+            ro = pg_store.open_session(sid, write=False)
+            try:
+                assert ids(ro.records()) == ["before-crash", f"claimed-by-{pid}"]
+                assert ro.lease_holder() is None  # released by the claimer's close
+            finally:
+                ro.close()
+    assert pg_store.claim_expired() == []

@@ -3,6 +3,8 @@ sessions of one database (``open_store("postgresql://...")``)."""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import psycopg
@@ -17,7 +19,13 @@ from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
 from durable_harness.storage.postgres.connection import Database, redact_dsn
-from durable_harness.storage.postgres.lease import DbLease, held_error, lease_seconds, live_holder
+from durable_harness.storage.postgres.lease import (
+    DbLease,
+    held_error,
+    lease_seconds,
+    live_holder,
+    owner_token,
+)
 from durable_harness.storage.postgres.store import PostgresSessionStore
 
 _INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
@@ -193,3 +201,48 @@ class PostgresStore(Store):
                 conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
 
         self.db.run(delete, idempotent=False)
+
+    def claim_expired(
+        self, limit: int = 10, *, durability: Durability = "sync"
+    ) -> list[SessionStore]:
+        """Take over up to ``limit`` sessions whose writer died: a lease that is held (owner
+        set) but expired. One statement claims them (``FOR UPDATE SKIP LOCKED``: workers
+        claiming at once never wait for each other and never get the same session), bumping
+        each one's generation; each comes back open for writing, its lease renewed by this
+        process's heartbeat. Sessions closed cleanly (lease released) are not claimed: nobody
+        crashed. Oldest expiry first. A worker loop calls this on start and periodically.
+
+        Raises:
+            StorageIOError: the server cannot be reached.
+        """
+        prefix = owner_token().rsplit(":", 1)[0] + ":"
+
+        def claim(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+            with conn.transaction():
+                return conn.execute(
+                    "WITH c AS (SELECT session_id FROM leases WHERE owner IS NOT NULL AND "
+                    "expires < clock_timestamp() ORDER BY expires LIMIT %s "
+                    "FOR UPDATE SKIP LOCKED) "
+                    "UPDATE leases l SET generation = l.generation + 1, "
+                    "owner = %s || substr(md5(random()::text || l.session_id), 1, 16), "
+                    "host = %s, pid = %s, acquired = clock_timestamp(), broken = FALSE, "
+                    "expires = clock_timestamp() + make_interval(secs => %s) "
+                    "FROM c WHERE l.session_id = c.session_id "
+                    "RETURNING l.session_id, l.generation, l.owner",
+                    (limit, prefix, socket.gethostname(), os.getpid(), self.lease_s),
+                ).fetchall()
+
+        out: list[SessionStore] = []
+        for sid, generation, owner in self.db.run(claim, idempotent=False):
+            lease = self._lease(str(sid))
+            lease.adopt(int(generation), str(owner))
+            try:
+                out.append(
+                    PostgresSessionStore(
+                        self.db, str(sid), read_only=False, durability=durability, lease=lease
+                    )
+                )
+            except BaseException:
+                lease.release()
+                raise
+        return out

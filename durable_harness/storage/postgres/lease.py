@@ -196,6 +196,12 @@ class DbLease:
         Heartbeat.of(self.db).add(self)
         return self.generation
 
+    def adopt(self, generation: int, owner: str) -> None:
+        """Hold a lease taken for us by a claim (``PostgresStore.claim_expired``): record it
+        and start renewing it."""
+        self.generation, self.owner, self.lost = generation, owner, False
+        Heartbeat.of(self.db).add(self)
+
     def probe(self) -> dict[str, Any] | None:
         """The live holder (``"self": True`` when it is this lease), or ``None``."""
         holder = self.db.run(lambda conn: live_holder(conn, self.session_id))

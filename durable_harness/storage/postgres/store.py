@@ -113,7 +113,8 @@ class PostgresSessionStore(SessionStore):
         self.header = codec.loads(bytes(row[0]))
         self.generation = 0
         if lease is not None:
-            self.generation = lease.acquire(break_lease=break_lease)
+            # a lease claimed by the catalogue (claim_expired) is already held
+            self.generation = lease.generation or lease.acquire(break_lease=break_lease)
 
     # -- reading ---------------------------------------------------------------------------
     def _rows(self, query: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
