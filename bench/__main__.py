@@ -15,7 +15,11 @@ from typing import Any
 
 from bench.common import fmt
 
-BENCHMARKS = {"storage": "bench.bench_storage", "harness": "bench.bench_harness"}
+BENCHMARKS = {
+    "storage": "bench.bench_storage",
+    "harness": "bench.bench_harness",
+    "postgres": "bench.bench_postgres",
+}
 
 
 def _print_summary(name: str, results: dict[str, Any], seconds: float) -> int:
