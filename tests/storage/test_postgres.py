@@ -203,6 +203,25 @@ def test_migrations_are_versioned_and_applied_once(pg_cluster: Any, pg_spec: str
     assert open_store(pg_spec, create=False).list_sessions() == []
 
 
+def test_processes_starting_together_migrate_once(pg_cluster: Any, pg_spec: str) -> None:
+    script = (
+        "import sys, time\n"
+        "from durable_harness.storage import open_store\n"
+        "t = float(sys.argv[2])\n"
+        "while time.time() < t: time.sleep(0.005)\n"
+        "open_store(sys.argv[1]).list_sessions()\n"
+    )
+    start = str(time.time() + 2.0)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, pg_spec, start], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errs
+    rows = pg_cluster.execute("SELECT version FROM migrations ORDER BY version", pg_spec)
+    assert rows == [(v,) for v in range(1, len(MIGRATIONS) + 1)]
+
+
 def test_migrate_prints_what_it_applied(pg_spec: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", "--store", pg_spec, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)

@@ -349,14 +349,17 @@ def migrate(conn: psycopg.Connection[Any], display: str) -> list[int]:
     Raises:
         StorageError: the schema is newer than this code knows.
     """
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied TEXT NOT NULL)"
-    )
     applied: list[int] = []
     for version, script in enumerate(MIGRATIONS, start=1):
         with conn.transaction():
+            # the lock first: two processes creating the table at once collide in the
+            # catalogue even with IF NOT EXISTS
             conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.durable_harness'))"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, "
+                "applied TEXT NOT NULL)"
             )
             row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()
             current = int(row[0]) if row else 0
