@@ -590,3 +590,63 @@ def test_two_workers_claim_ten_crashed_sessions_each_exactly_once(
             finally:
                 ro.close()
     assert pg_store.claim_expired() == []
+
+
+# -- the writer's commit path -------------------------------------------------------------------
+def test_unwaited_commits_skip_the_wal_flush_until_the_barrier(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = pg_store.create_session("/p")
+    assert isinstance(s, PostgresSessionStore)
+    flushed: list[bool] = []
+    real = PostgresSessionStore._fast
+
+    def spy(self: Any, conn: psycopg.Connection[Any], pending: Any) -> None:
+        flushed.append(self._sync_commit)
+        real(self, conn, pending)
+
+    monkeypatch.setattr(PostgresSessionStore, "_fast", spy)
+    s.commit([RecordOp(rec("w1"))])
+    s.commit([RecordOp(rec("u1"))], wait=False)
+    s.commit([RecordOp(rec("u2"))], wait=False)
+    assert flushed == [True, False, False]
+    assert s._unsynced
+    s.wait_durable()
+    assert not s._unsynced and s.last_seq() == 3
+    s.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_barrier_makes_unwaited_commits_survive_a_server_crash(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    s = pg_store.create_session("/p")
+    for i in range(10):
+        s.commit([RecordOp(rec(f"u{i}"))], wait=False)
+    s.wait_durable()
+    pg_cluster.restart("immediate")
+    again = open_store(pg_store.spec).open_session(s.session_id, write=False)
+    try:
+        assert ids(again.records()) == [f"u{i}" for i in range(10)]
+    finally:
+        again.close()
+    s.close()
+
+
+def test_a_writer_whose_last_seq_moved_reloads_and_goes_on(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    s = pg_store.create_session("/p")
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    # something outside the lease protocol moved last_seq (a hand edit): the fence sees it
+    pg_cluster.execute(
+        f"UPDATE sessions SET last_seq = 5 WHERE id = '{s.session_id}'", pg_store.spec
+    )
+    assert s.commit([EntryOp(ent("e2", "e1"), lane="main")]) == 6
+    assert s.last_seq() == 6 and s.lane("main").leaf_id == "e2"
+    s.close()
+    ro = pg_store.open_session(s.session_id, write=False)
+    try:
+        assert [(d["kind"], d["seq"]) for d in ro.damage] == [("seq_gap", 6)]
+    finally:
+        ro.close()

@@ -93,6 +93,32 @@ MIGRATIONS: list[str] = [
         seq BIGINT NOT NULL, lane TEXT NOT NULL, body BYTEA NOT NULL,
         CONSTRAINT lane_ops_pkey PRIMARY KEY (session_id, seq));
     """,
+    # 2: the fence as one call, so a commit needs no round trip before its inserts: a writer
+    # that knows its session's last_seq (it holds the lease: nobody else moves it) sends the
+    # fence, the inserts, the last_seq update and COMMIT in one pipeline; a failed fence aborts
+    # the transaction, so COMMIT rolls back. SQLSTATEs DH001-DH003 are ours.
+    """
+    CREATE FUNCTION dh_fence(p_session TEXT, p_generation BIGINT, p_last_seq BIGINT)
+    RETURNS VOID LANGUAGE plpgsql AS $fence$
+    DECLARE
+        g BIGINT;
+        l BIGINT;
+    BEGIN
+        SELECT lz.generation, s.last_seq INTO g, l
+            FROM sessions s JOIN leases lz ON lz.session_id = s.id
+            WHERE s.id = p_session FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'session % does not exist', p_session USING ERRCODE = 'DH001';
+        END IF;
+        IF g <> p_generation THEN
+            RAISE EXCEPTION 'lease generation is %', g USING ERRCODE = 'DH002';
+        END IF;
+        IF l <> p_last_seq THEN
+            RAISE EXCEPTION 'last_seq is %', l USING ERRCODE = 'DH003';
+        END IF;
+    END
+    $fence$;
+    """,
 ]
 
 _PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
@@ -366,9 +392,7 @@ def migrate(conn: psycopg.Connection[Any], display: str) -> list[int]:
             check_not_newer(current, display)
             if current >= version:
                 continue
-            for stmt in script.split(";"):
-                if stmt.strip():
-                    conn.execute(stmt.strip())
+            conn.execute(script)  # several statements, no parameters: one simple query
             conn.execute("INSERT INTO migrations VALUES (%s, %s)", (version, now_iso()))
             applied.append(version)
     return applied

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import psycopg
@@ -36,6 +37,7 @@ from durable_harness.errors import (
     ReadOnlySession,
     SessionNotFound,
     StaleGeneration,
+    StorageError,
     StorageIOError,
     UnknownEntry,
 )
@@ -61,8 +63,16 @@ from durable_harness.storage.shapes import entry_shape_error, op_shape_error, re
 Conn = psycopg.Connection[Any]
 
 
-class _Retry(Exception):
-    """Internal: the connection was lost before the commit was sent; run it again."""
+class _StaleState(Exception):
+    """Internal: the writer's cached ``last_seq`` was behind the database (``DH003``)."""
+
+
+RECENT_BODIES = 4096
+"""Entry bodies a writer keeps (those it committed or read), so that walking a context from the
+leaf costs no round trip for recent entries."""
+
+_USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
+"""Errors of one call whose transaction was rolled back: the writer's cache stays right."""
 
 
 class PostgresSessionStore(SessionStore):
@@ -103,6 +113,14 @@ class PostgresSessionStore(SessionStore):
         self._damage: list[dict[str, Any]] | None = None
         self._closed = False
         self._txn_start = -1
+        # The writer's view of its own session (valid while it holds the lease: nobody else
+        # writes): last_seq, the lanes, recent entry bodies. Reloaded after any doubt.
+        self._state_ok = False
+        self._last = 0
+        self._lane_state: dict[str, LaneState] = {}
+        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._sync_commit = True  # this transaction waits for the WAL flush
+        self._unsynced = False  # a commit made with wait=False is not yet known durable
         row = db.run(
             lambda c: c.execute(
                 "SELECT header FROM sessions WHERE id = %s", (session_id,)
@@ -115,17 +133,104 @@ class PostgresSessionStore(SessionStore):
         if lease is not None:
             # a lease claimed by the catalogue (claim_expired) is already held
             self.generation = lease.generation or lease.acquire(break_lease=break_lease)
+            self.db.run(self._load_state)
+
+    def _load_state(self, conn: Conn) -> None:
+        """(Writer) read ``last_seq`` and every lane into the writer's cache."""
+        row = conn.execute(
+            "SELECT last_seq FROM sessions WHERE id = %s", (self.session_id,)
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        lanes = conn.execute(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
+            (self.session_id,),
+        ).fetchall()
+        self._last = int(row[0])
+        self._lane_state = {r[0]: _lane(r) for r in lanes}
+        self._state_ok = True
+
+    def _cached(self) -> bool:
+        """True when reads may be answered from the writer's cache."""
+        if self.read_only or self.lease is None:
+            return False
+        if not self._state_ok:
+            with self._lock:
+                if not self._state_ok:
+                    self.db.run(self._load_state)
+        return True
+
+    def _remember(self, entry_id: str, body: bytes) -> None:
+        self._bodies[entry_id] = body
+        if len(self._bodies) > RECENT_BODIES:
+            self._bodies.popitem(last=False)
+
+    def _after(self, batch: list[PendingCommit]) -> None:
+        """After a batch: fold each committed item's ops into the writer's cache, in seq
+        order; any error that leaves the stored state in doubt drops the cache."""
+        if any(
+            item.error is not None and not isinstance(item.error, _USER_ERRORS) for item in batch
+        ):
+            self._state_ok = False
+            self._bodies.clear()
+            return
+        for item in sorted(batch, key=lambda i: i.seq):
+            if item.error is not None:
+                continue
+            seq = item.seq - len(item.ops)
+            for op in item.ops:
+                seq += 1
+                self._fold(op, seq)
+            self._last = max(self._last, item.seq)
+
+    def _fold(self, op: Op, seq: int) -> None:
+        """Apply one committed op to the cached lanes (the rules of the SQL in ``_apply``)."""
+        lanes = self._lane_state
+        if isinstance(op, EntryOp):
+            eid = str(op.entry["id"])
+            self._remember(eid, codec.dumps({**op.entry, "seq": seq}))
+            if op.lane is not None:
+                lanes.setdefault(op.lane, LaneState(op.lane)).leaf_id = eid
+        elif isinstance(op, RecordOp):
+            lane, run_id = op.record.get("lane"), op.record.get("runId")
+            if lane is None:
+                return
+            state = lanes.setdefault(str(lane), LaneState(str(lane)))
+            rtype = op.record.get("type")
+            if rtype == "run_started":
+                state.run_id, state.run_seq = run_id, seq
+            elif rtype == "run_finished" and state.run_id == run_id and run_id is not None:
+                state.run_id, state.run_seq = None, None
+        else:
+            state = lanes.setdefault(op.lane, LaneState(op.lane))
+            if op.sets_leaf():
+                state.leaf_id = op.leaf_id
+            if op.config:
+                state.config = {**state.config, **op.config}
 
     # -- reading ---------------------------------------------------------------------------
     def _rows(self, query: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
         return self.db.run(lambda c: c.execute(query, args).fetchall())
 
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        cached = self._cached()
+        if cached:
+            body = self._bodies.get(entry_id)
+            if body is not None:
+                value = codec.loads(body)
+                return value if isinstance(value, dict) else None
         rows = self._rows(
             "SELECT id, seq, body FROM entries WHERE session_id = %s AND id = %s",
             (self.session_id, entry_id),
         )
-        return None if not rows else self._decode("entries", *rows[0])
+        if not rows:
+            return None
+        got = self._decode("entries", *rows[0])
+        if cached and got is not None:
+            self._remember(entry_id, bytes(rows[0][2]))
+        return got
 
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         query = "SELECT id, seq, body FROM entries WHERE session_id = %s"
@@ -141,6 +246,10 @@ class PostgresSessionStore(SessionStore):
         return int(rows[0][0])
 
     def lanes(self) -> dict[str, LaneState]:
+        if self._cached():
+            out = {k: _copy_lane(v) for k, v in self._lane_state.items()}
+            out.setdefault("main", LaneState("main"))
+            return out
         rows = self._rows(
             "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
             (self.session_id,),
@@ -150,6 +259,9 @@ class PostgresSessionStore(SessionStore):
         return out
 
     def lane(self, name: str) -> LaneState:
+        if self._cached():
+            got = self._lane_state.get(name)
+            return LaneState(name) if got is None else _copy_lane(got)
         rows = self._rows(
             "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s "
             "AND name = %s",
@@ -180,6 +292,8 @@ class PostgresSessionStore(SessionStore):
         return [d for r in rows if (d := self._decode("records", *r)) is not None]
 
     def last_seq(self) -> int:
+        if self._cached():
+            return self._last
         rows = self._rows("SELECT last_seq FROM sessions WHERE id = %s", (self.session_id,))
         if not rows:
             raise SessionNotFound(
@@ -195,9 +309,10 @@ class PostgresSessionStore(SessionStore):
 
     # -- writing ---------------------------------------------------------------------------
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
-        """Commit ``ops`` in one transaction (see the module docstring). ``wait`` is ignored:
-        each commit is its own durability point (the server flushes its WAL at COMMIT, except in
-        ``none`` mode).
+        """Commit ``ops`` in one transaction (see the module docstring). With ``wait`` (and
+        not in ``none`` mode) COMMIT waits for the server's WAL flush; with ``wait=False`` it
+        does not (``synchronous_commit = off`` for that transaction) and :meth:`wait_durable`
+        makes it durable.
 
         Raises:
             ReadOnlySession, StaleGeneration, IdConflict, UnknownEntry, InvalidOp: as
@@ -210,9 +325,15 @@ class PostgresSessionStore(SessionStore):
             return self.last_seq()
         self._check_shapes(ops)
         item = PendingCommit(ops)
-        if self.durability != "batch":
+        if self.durability != "batch" or not wait:
             with self._lock:
-                self._run_batch([item])
+                self._sync_commit = wait and self.durability != "none"
+                try:
+                    self._run_batch([item])
+                finally:
+                    self._sync_commit = True
+                if not wait and item.error is None and self.durability != "none":
+                    self._unsynced = True
         else:
             with self._cond:
                 self._queue.append(item)
@@ -261,7 +382,7 @@ class PostgresSessionStore(SessionStore):
             if problem is not None:
                 raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
 
-    def _run_batch(self, batch: list[PendingCommit]) -> None:
+    def _commit_batch(self, batch: list[PendingCommit]) -> None:
         """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or
         ``error`` and ``done``. Resolves a lost connection (see the module docstring)."""
         deadline = time.monotonic() + RECONNECT_DEADLINE_S
@@ -284,6 +405,13 @@ class PostgresSessionStore(SessionStore):
                     return
             if self._resolve(batch, self._txn_start, lost, deadline):
                 return
+
+    def _run_batch(self, batch: list[PendingCommit]) -> None:
+        """:meth:`_commit_batch`, then the writer's cache follows what was committed."""
+        try:
+            self._commit_batch(batch)
+        finally:
+            self._after(batch)
 
     def _resolve(
         self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
@@ -360,24 +488,37 @@ class PostgresSessionStore(SessionStore):
         in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
         connection.
 
-        The fast path sends the whole transaction as a pipeline: two round trips (BEGIN and
-        the fence, then every insert, the ``last_seq`` update and COMMIT), whatever the number
-        of ops. When a group of several calls fails, it is rolled back and run again one call
-        per savepoint, so the bad call fails alone."""
+        The fast path (a writer, which knows its ``last_seq``) sends the whole transaction as
+        one pipeline: BEGIN, ``dh_fence`` (migration 2: the generation and ``last_seq`` checked
+        with the rows locked), every insert, the ``last_seq`` update and COMMIT, in one round
+        trip whatever the number of ops; a failed fence aborts the transaction. When a group of
+        several calls fails, it is rolled back and run again one call per savepoint, so the bad
+        call fails alone."""
         pending = [item for item in batch if not item.done]
-        try:
-            with conn.pipeline():
-                self._fast(conn, pending)
-        except psycopg.OperationalError:
-            raise
-        except (StaleGeneration, SessionNotFound):
-            raise
-        except Exception:
-            if len(pending) == 1:
+        for attempt in (1, 2):
+            if not self._state_ok:
+                self._load_state(conn)
+            try:
+                with conn.pipeline():
+                    self._fast(conn, pending)
+                break
+            except _StaleState:  # the cache was behind the database: reload it once
+                self._state_ok = False
+                if attempt == 2:
+                    raise StorageError(
+                        f"{self.location}: last_seq moved under this writer's lease twice; "
+                        "reopen the session",
+                        path=self.location,
+                    ) from None
+            except (psycopg.OperationalError, StaleGeneration, SessionNotFound):
                 raise
-            for item in pending:
-                item.seq = 0
-            self._stepwise(conn, pending)
+            except Exception:
+                if len(pending) == 1:
+                    raise
+                for item in pending:
+                    item.seq = 0
+                self._stepwise(conn, pending)
+                break
         for item in pending:
             item.done = True
 
@@ -388,7 +529,7 @@ class PostgresSessionStore(SessionStore):
         Raises:
             StaleGeneration: another writer took the lease. SessionNotFound: it was deleted.
         """
-        if self.durability == "none":
+        if not self._sync_commit:
             conn.execute("SET LOCAL synchronous_commit TO off")
         row = conn.execute(
             "SELECT l.generation, s.last_seq FROM sessions s JOIN leases l ON "
@@ -415,12 +556,27 @@ class PostgresSessionStore(SessionStore):
         ops = [op for item in pending for op in item.ops]
         try:
             with conn.transaction():
-                seq = self._fence(conn)
+                if not self._sync_commit:
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                seq = self._txn_start = self._last
+                conn.execute("SELECT dh_fence(%s, %s, %s)", (self.session_id, self.generation, seq))
                 for item in pending:
                     item.seq = seq = self._apply(conn, item.ops, seq)
                 self._set_last_seq(conn, seq)
         except psycopg.errors.IntegrityError as exc:
             raise self._key_error(exc, ops) from exc
+        except psycopg.Error as exc:
+            state = getattr(exc, "sqlstate", None)
+            number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
+            if state == "DH002":
+                raise self._stale(int(number.group(1)) if number else -1) from exc
+            if state == "DH001":
+                raise SessionNotFound(
+                    f"session {self.location} was deleted", session_id=self.session_id
+                ) from exc
+            if state == "DH003":
+                raise _StaleState() from exc
+            raise
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
         """Every item in one transaction, each in its own savepoint (no pipeline): a failing
@@ -508,6 +664,8 @@ class PostgresSessionStore(SessionStore):
             )
 
     def _ensure_lane(self, conn: Conn, name: str) -> None:
+        if self._state_ok and name in self._lane_state:
+            return  # the writer's cache knows the lane exists (lanes are never deleted)
         conn.execute(
             "INSERT INTO lanes (session_id, name, config) VALUES (%s, %s, '{}') "
             "ON CONFLICT (session_id, name) DO NOTHING",
@@ -676,15 +834,56 @@ class PostgresSessionStore(SessionStore):
         )
         return out
 
+    def wait_durable(self) -> None:
+        """Make every commit so far durable: after a ``commit(wait=False)``, one synchronous
+        write (this session's lease row: renewed if still ours, else rewritten as it is) whose
+        COMMIT flushes the server's WAL past every earlier commit of any connection."""
+        if not self._unsynced:
+            return
+        with self._lock:
+            if not self._unsynced:
+                return
+            self._unsynced = False
+            owner = self.lease.owner if self.lease is not None else None
+            seconds = self.lease.seconds if self.lease is not None else 0.0
+            try:
+                self.db.run(
+                    lambda c: c.execute(
+                        "UPDATE leases SET expires = CASE WHEN owner = %s THEN "
+                        "clock_timestamp() + make_interval(secs => %s) ELSE expires END "
+                        "WHERE session_id = %s",
+                        (owner, seconds, self.session_id),
+                    ),
+                    idempotent=True,
+                )
+            except BaseException:
+                self._unsynced = True
+                raise
+
+    async def wait_durable_async(self) -> None:
+        """As :meth:`wait_durable`, on the event loop's thread (one round trip, as a commit)."""
+        self.wait_durable()
+
     def close(self) -> None:
-        """Release the lease (if still ours). The connections stay in the process's pool.
-        Idempotent."""
+        """Make earlier commits durable, release the lease (if still ours). The connections
+        stay in the process's pool. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        try:
+            if not self.read_only:
+                self.wait_durable()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         if self.lease is not None:
             lease, self.lease = self.lease, None
             lease.release()
+
+
+def _copy_lane(lane: LaneState) -> LaneState:
+    return LaneState(lane.name, lane.leaf_id, dict(lane.config), lane.run_id, lane.run_seq)
 
 
 def _lane(r: tuple[Any, ...]) -> LaneState:
