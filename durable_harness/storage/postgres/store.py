@@ -1,18 +1,21 @@
 """One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
 :class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
 
-A commit is one transaction: lock the session's row and its lease row (``FOR UPDATE``), check
-this writer's fencing generation against the lease row (else
-:class:`~durable_harness.errors.StaleGeneration`), insert the entries, records and lane ops
-numbered past ``sessions.last_seq`` (the tree and every lane's log share that one counter),
-update the lanes and ``last_seq``, commit. The database enforces structure: a missing parent or
-leaf is a foreign-key violation (:class:`~durable_harness.errors.UnknownEntry`), a taken id a
-primary-key one (:class:`~durable_harness.errors.IdConflict`); both roll the whole commit back.
+A commit is one transaction sent as one pipeline: ``dh_fence`` (the session and lease rows
+locked, this writer's generation and ``last_seq`` checked, else
+:class:`~durable_harness.errors.StaleGeneration`), the entries, records and lane ops numbered
+past ``last_seq`` (the tree and every lane's log share that one counter), the lanes and
+``last_seq`` updated, COMMIT. The writer knows ``last_seq`` and its lanes because it holds the
+lease (a cache loaded with the lease, dropped on any doubt). The database enforces structure: a
+missing parent or leaf is a foreign-key violation (:class:`~durable_harness.errors.UnknownEntry`),
+a taken id a primary-key one (:class:`~durable_harness.errors.IdConflict`); both roll the whole
+commit back.
 
-``batch`` is group commit: commits that arrive while a transaction runs (threads), or that are
-queued when a task resumes (``commit_async``), go into the next transaction together (one fence,
-one ``last_seq`` update, one WAL flush); a call that fails is rolled back alone (the group is
-rerun with a savepoint per call). ``none`` commits with ``synchronous_commit = off``.
+``commit(wait=False)`` commits without waiting for the WAL flush; :meth:`wait_durable` makes
+one flushing write. ``batch`` is group commit: commits that arrive while a transaction runs
+(threads), or that are queued when a task resumes (``commit_async``), go into the next
+transaction together; a call that fails is rolled back alone (the group is rerun with a
+savepoint per call). ``none`` never waits for the flush.
 
 A commit whose connection is lost is resolved, not guessed: the store reconnects (for up to
 :data:`~durable_harness.storage.postgres.connection.RECONNECT_DEADLINE_S`), reads ``last_seq``
