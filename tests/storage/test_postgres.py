@@ -255,6 +255,9 @@ def test_cli_lists_and_checks_a_postgres_store(
     report = json.loads(capsys.readouterr().out)
     assert (report["ok"], report["entries"], report["records"]) == (True, 1, 1)
     assert report["format"] == "postgres"
+    assert main(["fsck", pg_store.spec, "--json"]) == 0  # the whole store, by its URL
+    whole = json.loads(capsys.readouterr().out)
+    assert (whole["ok"], whole["sessions"], whole["path"]) == (True, 1, pg_store.location)
 
 
 def test_a_deleted_row_is_reported_as_a_gap(pg_cluster: Any, pg_store: PostgresStore) -> None:
