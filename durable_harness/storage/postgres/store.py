@@ -220,7 +220,8 @@ class PostgresSessionStore(SessionStore):
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
         cached = self._cached()
         if cached:
-            body = self._bodies.get(entry_id)
+            with self._lock:
+                body = self._bodies.get(entry_id)
             if body is not None:
                 value = codec.loads(body)
                 return value if isinstance(value, dict) else None
@@ -232,7 +233,8 @@ class PostgresSessionStore(SessionStore):
             return None
         got = self._decode("entries", *rows[0])
         if cached and got is not None:
-            self._remember(entry_id, bytes(rows[0][2]))
+            with self._lock:
+                self._remember(entry_id, bytes(rows[0][2]))
         return got
 
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
@@ -250,7 +252,8 @@ class PostgresSessionStore(SessionStore):
 
     def lanes(self) -> dict[str, LaneState]:
         if self._cached():
-            out = {k: _copy_lane(v) for k, v in self._lane_state.items()}
+            with self._lock:  # a commit folding into the cache must not be seen halfway
+                out = {k: _copy_lane(v) for k, v in self._lane_state.items()}
             out.setdefault("main", LaneState("main"))
             return out
         rows = self._rows(
@@ -263,8 +266,9 @@ class PostgresSessionStore(SessionStore):
 
     def lane(self, name: str) -> LaneState:
         if self._cached():
-            got = self._lane_state.get(name)
-            return LaneState(name) if got is None else _copy_lane(got)
+            with self._lock:
+                got = self._lane_state.get(name)
+                return LaneState(name) if got is None else _copy_lane(got)
         rows = self._rows(
             "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s "
             "AND name = %s",
