@@ -491,16 +491,16 @@ def test_a_connection_lost_before_commit_is_committed_again(
     s = pg_store.create_session("/p")
     assert isinstance(s, PostgresSessionStore)
     s.commit([EntryOp(ent("e1"), lane="main")])
-    real = PostgresSessionStore._apply
+    real = PostgresSessionStore._send
     calls = []
 
-    def dropping(self: Any, conn: psycopg.Connection[Any], ops: Any, seq: int) -> int:
+    def dropping(self: Any, conn: psycopg.Connection[Any], ops: Any, seq: int) -> None:
         calls.append(seq)
-        if len(calls) == 1:  # the network drops in the middle of the first attempt
+        if len(calls) == 1:  # the network drops just before the first attempt is sent
             _kill_backend(pg_cluster, pg_store.spec, conn)
-        return real(self, conn, ops, seq)
+        real(self, conn, ops, seq)
 
-    monkeypatch.setattr(PostgresSessionStore, "_apply", dropping)
+    monkeypatch.setattr(PostgresSessionStore, "_send", dropping)
     assert s.commit([EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r1"))]) == 3
     assert calls == [1, 1]
     assert ids(s.iter_entries()) == ["e1", "e2"] and ids(s.records()) == ["r1"]

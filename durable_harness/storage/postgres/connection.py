@@ -119,6 +119,77 @@ MIGRATIONS: list[str] = [
     END
     $fence$;
     """,
+    # 3: a whole commit as one statement (one parse, one round trip; PL/pgSQL keeps its plans):
+    # the fence, then each op, numbered past p_last_seq, then last_seq. The ops come as
+    # parallel arrays (kind e/r/l, id, parent or a lane op's leaf, type, lane, run id, body,
+    # whether a lane op sets the leaf, a lane op's merged config as JSON text). The writer
+    # merges configs itself: it holds the lease and knows each lane's config.
+    """
+    CREATE FUNCTION dh_commit(
+        p_session TEXT, p_generation BIGINT, p_last_seq BIGINT, p_sync BOOLEAN,
+        p_modified TEXT, p_kinds TEXT[], p_ids TEXT[], p_parents TEXT[], p_types TEXT[],
+        p_lanes TEXT[], p_runs TEXT[], p_bodies BYTEA[], p_set_leaf BOOLEAN[],
+        p_configs TEXT[])
+    RETURNS BIGINT LANGUAGE plpgsql AS $commit$
+    DECLARE
+        i INT;
+        seq BIGINT := p_last_seq;
+    BEGIN
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        PERFORM dh_fence(p_session, p_generation, p_last_seq);
+        FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+            seq := seq + 1;
+            IF p_kinds[i] = 'e' THEN
+                INSERT INTO entries (session_id, id, seq, parent_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_parents[i], p_types[i], p_bodies[i]);
+                IF p_lanes[i] IS NOT NULL THEN
+                    INSERT INTO lanes (session_id, name, leaf_id, config)
+                        VALUES (p_session, p_lanes[i], p_ids[i], '{}')
+                        ON CONFLICT (session_id, name) DO UPDATE SET leaf_id = excluded.leaf_id;
+                END IF;
+            ELSIF p_kinds[i] = 'r' THEN
+                INSERT INTO records (session_id, id, seq, lane, run_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_lanes[i], p_runs[i], p_types[i],
+                            p_bodies[i]);
+                IF p_lanes[i] IS NOT NULL THEN
+                    IF p_types[i] = 'run_started' THEN
+                        INSERT INTO lanes (session_id, name, config, run_id, run_seq)
+                            VALUES (p_session, p_lanes[i], '{}', p_runs[i], seq)
+                            ON CONFLICT (session_id, name) DO UPDATE
+                            SET run_id = excluded.run_id, run_seq = excluded.run_seq;
+                    ELSE
+                        INSERT INTO lanes (session_id, name, config)
+                            VALUES (p_session, p_lanes[i], '{}')
+                            ON CONFLICT (session_id, name) DO NOTHING;
+                        IF p_types[i] = 'run_finished' THEN
+                            UPDATE lanes SET run_id = NULL, run_seq = NULL
+                                WHERE session_id = p_session AND name = p_lanes[i]
+                                AND run_id = p_runs[i];
+                        END IF;
+                    END IF;
+                END IF;
+            ELSE
+                INSERT INTO lanes (session_id, name, config) VALUES (p_session, p_lanes[i], '{}')
+                    ON CONFLICT (session_id, name) DO NOTHING;
+                INSERT INTO lane_ops (session_id, seq, lane, body)
+                    VALUES (p_session, seq, p_lanes[i], p_bodies[i]);
+                IF p_set_leaf[i] THEN
+                    UPDATE lanes SET leaf_id = p_parents[i]
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+                IF p_configs[i] IS NOT NULL THEN
+                    UPDATE lanes SET config = convert_to(p_configs[i], 'UTF8')
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+            END IF;
+        END LOOP;
+        UPDATE sessions SET last_seq = seq, modified = p_modified WHERE id = p_session;
+        RETURN seq;
+    END
+    $commit$;
+    """,
 ]
 
 _PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")

@@ -506,8 +506,7 @@ class PostgresSessionStore(SessionStore):
             if not self._state_ok:
                 self._load_state(conn)
             try:
-                with conn.pipeline():
-                    self._fast(conn, pending)
+                self._fast(conn, pending)
                 break
             except _StaleState:  # the cache was behind the database: reload it once
                 self._state_ok = False
@@ -559,17 +558,15 @@ class PostgresSessionStore(SessionStore):
         )
 
     def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
-        """Every item in one pipelined transaction, no savepoints; any failure fails all."""
+        """Every item in one statement, ``dh_commit`` (migration 3): one transaction, no
+        savepoints; any failure fails all."""
         ops = [op for item in pending for op in item.ops]
+        seq = self._txn_start = self._last
+        for item in pending:
+            seq += len(item.ops)
+            item.seq = seq
         try:
-            with conn.transaction():
-                if not self._sync_commit:
-                    conn.execute("SET LOCAL synchronous_commit TO off")
-                seq = self._txn_start = self._last
-                conn.execute("SELECT dh_fence(%s, %s, %s)", (self.session_id, self.generation, seq))
-                for item in pending:
-                    item.seq = seq = self._apply(conn, item.ops, seq)
-                self._set_last_seq(conn, seq)
+            self._send(conn, ops, self._txn_start)
         except psycopg.errors.IntegrityError as exc:
             raise self._key_error(exc, ops) from exc
         except psycopg.Error as exc:
@@ -584,6 +581,96 @@ class PostgresSessionStore(SessionStore):
             if state == "DH003":
                 raise _StaleState() from exc
             raise
+
+    def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
+        """One ``SELECT dh_commit(...)`` (autocommit: its own transaction) for ``ops`` after
+        ``last_seq``.
+
+        Raises:
+            UnknownEntry: an entry or record without a string id (checked before sending).
+            psycopg.Error: the database refused it (a key, the fence).
+        """
+        kinds: list[str] = []
+        idents: list[str | None] = []
+        parents: list[Any] = []
+        types: list[str | None] = []
+        lanes: list[str | None] = []
+        runs: list[str | None] = []
+        bodies: list[bytes] = []
+        set_leaf: list[bool] = []
+        configs: list[str | None] = []
+        merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
+        seq = last_seq
+        for op in ops:
+            seq += 1
+            if isinstance(op, EntryOp):
+                eid = op.entry.get("id")
+                if not isinstance(eid, str) or not eid:
+                    raise UnknownEntry("an entry needs a non-empty string id")
+                parent = op.entry.get("parentId")
+                kinds.append("e")
+                idents.append(eid)
+                parents.append(None if parent is None else str(parent))
+                types.append(str(op.entry.get("type", "")))
+                lanes.append(op.lane)
+                runs.append(None)
+                bodies.append(codec.dumps({**op.entry, "seq": seq}))
+                set_leaf.append(False)
+                configs.append(None)
+            elif isinstance(op, RecordOp):
+                rid = op.record.get("id")
+                if not isinstance(rid, str) or not rid:
+                    raise UnknownEntry("a record needs a non-empty string id")
+                lane, run_id = op.record.get("lane"), op.record.get("runId")
+                kinds.append("r")
+                idents.append(rid)
+                parents.append(None)
+                types.append(str(op.record.get("type", "")))
+                lanes.append(None if lane is None else str(lane))
+                runs.append(None if run_id is None else str(run_id))
+                bodies.append(codec.dumps({**op.record, "seq": seq}))
+                set_leaf.append(False)
+                configs.append(None)
+            else:
+                body: dict[str, Any] = {"lane": op.lane, "seq": seq}
+                if op.sets_leaf():
+                    body["leafId"] = op.leaf_id
+                config = None
+                if op.config:
+                    body["config"] = op.config
+                    known = self._lane_state.get(op.lane)
+                    base = merged.get(op.lane, known.config if known is not None else {})
+                    merged[op.lane] = {**base, **op.config}
+                    config = codec.dumps(merged[op.lane]).decode()
+                kinds.append("l")
+                idents.append(None)
+                parents.append(op.leaf_id if op.sets_leaf() else None)
+                types.append(None)
+                lanes.append(op.lane)
+                runs.append(None)
+                bodies.append(codec.dumps(body))
+                set_leaf.append(op.sets_leaf())
+                configs.append(config)
+        conn.execute(
+            "SELECT dh_commit(%s, %s, %s, %s, %s, %s::text[], %s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::text[], %s::bytea[], %s::boolean[], %s::text[])",
+            (
+                self.session_id,
+                self.generation,
+                last_seq,
+                self._sync_commit,
+                now_iso(),
+                kinds,
+                idents,
+                parents,
+                types,
+                lanes,
+                runs,
+                bodies,
+                set_leaf,
+                configs,
+            ),
+        )
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
         """Every item in one transaction, each in its own savepoint (no pipeline): a failing
