@@ -95,7 +95,7 @@ MIGRATIONS: list[str] = [
     """,
     # 2: the fence as one call, so a commit needs no round trip before its inserts: a writer
     # that knows its session's last_seq (it holds the lease: nobody else moves it) sends the
-    # fence, the inserts, the last_seq update and COMMIT in one pipeline; a failed fence aborts
+    # fence, the inserts, the last_seq update and COMMIT in one transaction; a failed fence aborts
     # the transaction, so COMMIT rolls back. SQLSTATEs DH001-DH003 are ours.
     """
     CREATE FUNCTION dh_fence(p_session TEXT, p_generation BIGINT, p_last_seq BIGINT)

@@ -1,15 +1,15 @@
 """One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
 :class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
 
-A commit is one transaction sent as one pipeline: ``dh_fence`` (the session and lease rows
-locked, this writer's generation and ``last_seq`` checked, else
+A commit is one statement, ``SELECT dh_commit(...)`` (migrations 2 and 3): the fence (the
+session and lease rows locked, this writer's generation and ``last_seq`` checked, else
 :class:`~durable_harness.errors.StaleGeneration`), the entries, records and lane ops numbered
 past ``last_seq`` (the tree and every lane's log share that one counter), the lanes and
-``last_seq`` updated, COMMIT. The writer knows ``last_seq`` and its lanes because it holds the
-lease (a cache loaded with the lease, dropped on any doubt). The database enforces structure: a
-missing parent or leaf is a foreign-key violation (:class:`~durable_harness.errors.UnknownEntry`),
-a taken id a primary-key one (:class:`~durable_harness.errors.IdConflict`); both roll the whole
-commit back.
+``last_seq`` updated, in one transaction. The writer knows ``last_seq`` and its lanes because
+it holds the lease (a cache loaded with the lease, dropped on any doubt). The database enforces
+structure: a missing parent or leaf is a foreign-key violation
+(:class:`~durable_harness.errors.UnknownEntry`), a taken id a primary-key one
+(:class:`~durable_harness.errors.IdConflict`); both roll the whole commit back.
 
 ``commit(wait=False)`` commits without waiting for the WAL flush; :meth:`wait_durable` makes
 one flushing write. ``batch`` is group commit: commits that arrive while a transaction runs
@@ -495,12 +495,10 @@ class PostgresSessionStore(SessionStore):
         in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
         connection.
 
-        The fast path (a writer, which knows its ``last_seq``) sends the whole transaction as
-        one pipeline: BEGIN, ``dh_fence`` (migration 2: the generation and ``last_seq`` checked
-        with the rows locked), every insert, the ``last_seq`` update and COMMIT, in one round
-        trip whatever the number of ops; a failed fence aborts the transaction. When a group of
-        several calls fails, it is rolled back and run again one call per savepoint, so the bad
-        call fails alone."""
+        The fast path (a writer, which knows its ``last_seq``) is one ``dh_commit`` statement
+        (:meth:`_send`): one round trip whatever the number of ops; a failed fence aborts it.
+        When a group of several calls fails, it is rolled back and run again one call per
+        savepoint, so the bad call fails alone."""
         pending = [item for item in batch if not item.done]
         for attempt in (1, 2):
             if not self._state_ok:
@@ -721,13 +719,12 @@ class PostgresSessionStore(SessionStore):
         return exc
 
     def _apply(self, conn: Conn, ops: list[Op], seq: int) -> int:
-        """Send the statements of ``ops`` after ``seq`` in the open transaction (pipelined:
-        a refused key surfaces at the next sync, and :meth:`_key_error` names it); return the
-        last seq.
+        """Send the statements of ``ops`` after ``seq`` in the open transaction (the savepoint
+        path, :meth:`_stepwise`); return the last seq.
 
         Raises:
             UnknownEntry: an entry or record without a string id (checked here).
-            psycopg.errors.IntegrityError: a key the database refused (outside a pipeline).
+            psycopg.errors.IntegrityError: a key the database refused.
         """
         for op in ops:
             seq += 1
