@@ -27,7 +27,7 @@ from durable_harness.errors import (
     StorageIOError,
     StoreNotFound,
 )
-from durable_harness.storage import EntryOp, RecordOp, open_store
+from durable_harness.storage import EntryOp, LaneOp, RecordOp, open_store
 from durable_harness.storage.postgres import MIGRATIONS, PostgresSessionStore, PostgresStore
 
 from .util import ent, ids, rec
@@ -651,5 +651,40 @@ def test_a_writer_whose_last_seq_moved_reloads_and_goes_on(
     ro = pg_store.open_session(s.session_id, write=False)
     try:
         assert [(d["kind"], d["seq"]) for d in ro.damage] == [("seq_gap", 6)]
+    finally:
+        ro.close()
+
+
+def test_a_bad_call_in_a_commit_group_fails_alone(pg_store: PostgresStore) -> None:
+    import anyio
+
+    from durable_harness.errors import IdConflict
+
+    s = pg_store.create_session("/p", durability="batch")
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    got: dict[str, Any] = {}
+
+    async def call(name: str, ops: list[Any]) -> None:
+        try:
+            got[name] = await s.commit_async(ops)
+        except IdConflict as exc:
+            got[name] = exc
+
+    async def main_() -> None:
+        async with anyio.create_task_group() as tg:  # queued together: one group
+            tg.start_soon(call, "a", [RecordOp(rec("ra")), LaneOp("side", config={"m": 1})])
+            tg.start_soon(call, "bad", [RecordOp(rec("rb")), EntryOp(ent("e1"))])
+            tg.start_soon(call, "c", [EntryOp(ent("e2", "e1"), lane="main")])
+
+    anyio.run(main_)
+    assert isinstance(got["bad"], IdConflict) and "e1" in str(got["bad"])
+    assert (got["a"], got["c"]) == (3, 4)
+    assert s.last_seq() == 4 and s.lane("main").leaf_id == "e2"
+    assert s.lane("side").config == {"m": 1}
+    s.close()
+    ro = pg_store.open_session(s.session_id, write=False)
+    try:
+        assert ids(ro.records()) == ["ra"] and ids(ro.iter_entries()) == ["e1", "e2"]
+        assert ro.lanes()["side"].config == {"m": 1} and ro.damage == []
     finally:
         ro.close()

@@ -49,7 +49,6 @@ from durable_harness.storage import codec
 from durable_harness.storage.base import (
     Durability,
     EntryOp,
-    LaneOp,
     LaneState,
     Op,
     PendingCommit,
@@ -189,7 +188,7 @@ class PostgresSessionStore(SessionStore):
             self._last = max(self._last, item.seq)
 
     def _fold(self, op: Op, seq: int) -> None:
-        """Apply one committed op to the cached lanes (the rules of the SQL in ``_apply``)."""
+        """Apply one committed op to the cached lanes (the rules of ``dh_commit``, migration 3)."""
         lanes = self._lane_state
         if isinstance(op, EntryOp):
             eid = str(op.entry["id"])
@@ -526,35 +525,6 @@ class PostgresSessionStore(SessionStore):
         for item in pending:
             item.done = True
 
-    def _fence(self, conn: Conn) -> int:
-        """In the open transaction: lock the session and lease rows, check this writer's
-        generation and return ``last_seq``.
-
-        Raises:
-            StaleGeneration: another writer took the lease. SessionNotFound: it was deleted.
-        """
-        if not self._sync_commit:
-            conn.execute("SET LOCAL synchronous_commit TO off")
-        row = conn.execute(
-            "SELECT l.generation, s.last_seq FROM sessions s JOIN leases l ON "
-            "l.session_id = s.id WHERE s.id = %s FOR UPDATE",
-            (self.session_id,),
-        ).fetchone()
-        if row is None:
-            raise SessionNotFound(
-                f"session {self.location} was deleted", session_id=self.session_id
-            )
-        if int(row[0]) != self.generation:
-            raise self._stale(int(row[0]))
-        self._txn_start = int(row[1])
-        return self._txn_start
-
-    def _set_last_seq(self, conn: Conn, seq: int) -> None:
-        conn.execute(
-            "UPDATE sessions SET last_seq = %s, modified = %s WHERE id = %s",
-            (seq, now_iso(), self.session_id),
-        )
-
     def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
         """Every item in one statement, ``dh_commit`` (migration 3): one transaction, no
         savepoints; any failure fails all."""
@@ -567,18 +537,25 @@ class PostgresSessionStore(SessionStore):
             self._send(conn, ops, self._txn_start)
         except psycopg.errors.IntegrityError as exc:
             raise self._key_error(exc, ops) from exc
-        except psycopg.Error as exc:
-            state = getattr(exc, "sqlstate", None)
-            number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
-            if state == "DH002":
-                raise self._stale(int(number.group(1)) if number else -1) from exc
-            if state == "DH001":
-                raise SessionNotFound(
-                    f"session {self.location} was deleted", session_id=self.session_id
-                ) from exc
-            if state == "DH003":
-                raise _StaleState() from exc
+        except psycopg.OperationalError:
             raise
+        except psycopg.Error as exc:
+            raise self._fence_error(exc) from exc
+
+    def _fence_error(self, exc: psycopg.Error) -> Exception:
+        """The error for a refused fence (``DH001``-``DH003``, raised by ``dh_fence``), or
+        ``exc`` itself for anything else."""
+        state = getattr(exc, "sqlstate", None)
+        number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
+        if state == "DH002":
+            return self._stale(int(number.group(1)) if number else -1)
+        if state == "DH001":
+            return SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        if state == "DH003":
+            return _StaleState()
+        return exc
 
     def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
         """One ``SELECT dh_commit(...)`` (autocommit: its own transaction) for ``ops`` after
@@ -671,22 +648,24 @@ class PostgresSessionStore(SessionStore):
         )
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
-        """Every item in one transaction, each in its own savepoint (no pipeline): a failing
-        item gets its error, the others commit."""
+        """Every item in one transaction, each its own ``dh_commit`` in its own savepoint: a
+        failing item gets its error, the others commit (each call's fence sees the
+        ``last_seq`` the call before it left)."""
+        seq = self._txn_start = self._last
         with conn.transaction():
-            seq = self._fence(conn)
             for item in pending:
                 try:
                     with conn.transaction():  # a savepoint
-                        item.seq = seq = self._apply(conn, item.ops, seq)
+                        self._send(conn, item.ops, seq)
+                    item.seq = seq = seq + len(item.ops)
                 except psycopg.OperationalError:
                     raise
                 except psycopg.errors.IntegrityError as exc:
                     item.error, item.done = self._key_error(exc, item.ops), True
+                except psycopg.Error as exc:
+                    item.error, item.done = self._fence_error(exc), True
                 except Exception as exc:
                     item.error, item.done = exc, True
-            if any(item.error is None for item in pending):
-                self._set_last_seq(conn, seq)
 
     def _key_error(self, exc: psycopg.errors.IntegrityError, ops: list[Op]) -> Exception:
         """The typed error for a key the database refused (by the constraint's name), or
@@ -718,110 +697,6 @@ class PostgresSessionStore(SessionStore):
             return UnknownEntry(f"leaf {value} does not exist in {where}", entry_id=value)
         return exc
 
-    def _apply(self, conn: Conn, ops: list[Op], seq: int) -> int:
-        """Send the statements of ``ops`` after ``seq`` in the open transaction (the savepoint
-        path, :meth:`_stepwise`); return the last seq.
-
-        Raises:
-            UnknownEntry: an entry or record without a string id (checked here).
-            psycopg.errors.IntegrityError: a key the database refused.
-        """
-        for op in ops:
-            seq += 1
-            if isinstance(op, EntryOp):
-                self._insert_entry(conn, op, seq)
-            elif isinstance(op, RecordOp):
-                self._insert_record(conn, op, seq)
-            else:
-                self._update_lane(conn, op, seq)
-        return seq
-
-    def _insert_entry(self, conn: Conn, op: EntryOp, seq: int) -> None:
-        entry = dict(op.entry)
-        eid, parent = entry.get("id"), entry.get("parentId")
-        if not isinstance(eid, str) or not eid:
-            raise UnknownEntry("an entry needs a non-empty string id")
-        entry["seq"] = seq
-        conn.execute(
-            "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
-            "VALUES (%s, %s, %s, %s, %s, %s)",
-            (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
-        )
-        if op.lane is not None:
-            conn.execute(
-                "INSERT INTO lanes (session_id, name, leaf_id, config) VALUES (%s, %s, %s, "
-                "'{}') ON CONFLICT (session_id, name) DO UPDATE SET leaf_id = excluded.leaf_id",
-                (self.session_id, op.lane, eid),
-            )
-
-    def _ensure_lane(self, conn: Conn, name: str) -> None:
-        if self._state_ok and name in self._lane_state:
-            return  # the writer's cache knows the lane exists (lanes are never deleted)
-        conn.execute(
-            "INSERT INTO lanes (session_id, name, config) VALUES (%s, %s, '{}') "
-            "ON CONFLICT (session_id, name) DO NOTHING",
-            (self.session_id, name),
-        )
-
-    def _insert_record(self, conn: Conn, op: RecordOp, seq: int) -> None:
-        rec = dict(op.record)
-        rid = rec.get("id")
-        if not isinstance(rid, str) or not rid:
-            raise UnknownEntry("a record needs a non-empty string id")
-        rec["seq"] = seq
-        lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
-        conn.execute(
-            "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
-        )
-        if lane is None:
-            return
-        if rtype == "run_started":
-            conn.execute(
-                "INSERT INTO lanes (session_id, name, config, run_id, run_seq) VALUES "
-                "(%s, %s, '{}', %s, %s) ON CONFLICT (session_id, name) DO UPDATE SET "
-                "run_id = excluded.run_id, run_seq = excluded.run_seq",
-                (self.session_id, lane, run_id, seq),
-            )
-            return
-        self._ensure_lane(conn, lane)
-        if rtype == "run_finished":
-            conn.execute(
-                "UPDATE lanes SET run_id = NULL, run_seq = NULL WHERE session_id = %s AND "
-                "name = %s AND run_id = %s",
-                (self.session_id, lane, run_id),
-            )
-
-    def _update_lane(self, conn: Conn, op: LaneOp, seq: int) -> None:
-        self._ensure_lane(conn, op.lane)
-        body: dict[str, Any] = {"lane": op.lane, "seq": seq}
-        if op.sets_leaf():
-            body["leafId"] = op.leaf_id
-        if op.config:
-            body["config"] = op.config
-        conn.execute(
-            "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (%s, %s, %s, %s)",
-            (self.session_id, seq, op.lane, codec.dumps(body)),
-        )
-        if op.sets_leaf():
-            conn.execute(
-                "UPDATE lanes SET leaf_id = %s WHERE session_id = %s AND name = %s",
-                (op.leaf_id, self.session_id, op.lane),
-            )
-        if op.config:
-            row = conn.execute(
-                "SELECT config FROM lanes WHERE session_id = %s AND name = %s",
-                (self.session_id, op.lane),
-            ).fetchone()
-            assert row is not None
-            config = {**codec.loads(bytes(row[0])), **op.config}
-            conn.execute(
-                "UPDATE lanes SET config = %s WHERE session_id = %s AND name = %s",
-                (codec.dumps(config), self.session_id, op.lane),
-            )
-
-    # -- damage ----------------------------------------------------------------------------
     def _decode(self, table: str, ident: str, seq: int, body: Any) -> dict[str, Any] | None:
         """A stored body as a dict; a damaged one is reported in :attr:`damage` (``bad_row``)
         and left out, never raised."""
