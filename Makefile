@@ -25,6 +25,7 @@ test: lint
 
 crash-test: $(STAMP)
 	$(BIN)/durable-harness crash-test --jobs 2
+	$(BIN)/durable-harness crash-test --backend postgres --jobs 2
 	$(BIN)/durable-harness crash-test --power-cut --jobs 2
 
 bench: $(STAMP)

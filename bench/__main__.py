@@ -22,6 +22,7 @@ BENCHMARKS = {
     "harness": "bench.bench_harness",
     "sessions": "bench.bench_sessions",
     "host": "bench.bench_host",
+    "postgres": "bench.bench_postgres",
 }
 
 

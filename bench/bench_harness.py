@@ -160,6 +160,11 @@ def _open_session(backend: str, mode: str, work: Path) -> Any:
         return Session(MemorySessionStore({"id": "bench-memory", "cwd": str(work)}))
     if backend == "jsonl":
         return Session(JsonlStore(work / "jsonl").create_session(str(work), durability=durability))
+    if backend == "postgres":  # bench/bench_postgres.py names the server
+        from durable_harness.storage import open_store
+
+        store = open_store(os.environ["DH_BENCH_PG"])
+        return Session(store.create_session(str(work), durability=durability))
     return Session(
         SqliteStore(work / "sqlite" / "h.db").create_session(str(work), durability=durability)
     )
@@ -459,8 +464,9 @@ def child_langgraph(workdir: str, n: int) -> dict[str, Any]:
     }
 
 
-def child_dbos(workdir: str, n: int) -> dict[str, Any]:
-    """(fresh process) A DBOS workflow of ``n`` turns, two steps each, SQLite system DB."""
+def child_dbos(workdir: str, n: int, system_database_url: str | None = None) -> dict[str, Any]:
+    """(fresh process) A DBOS workflow of ``n`` turns, two steps each, SQLite system DB (or
+    the PostgreSQL one ``system_database_url`` names: ``bench/bench_postgres.py``)."""
     try:
         from dbos import DBOS, DBOSConfig
     except ImportError as exc:
@@ -470,7 +476,8 @@ def child_dbos(workdir: str, n: int) -> dict[str, Any]:
 
     turns = script(n)
     db = os.path.join(workdir, "dbos.sqlite")
-    config: DBOSConfig = {"name": "dh-bench", "system_database_url": f"sqlite:///{db}"}
+    url = system_database_url or f"sqlite:///{db}"
+    config: DBOSConfig = {"name": "dh-bench", "system_database_url": url}
     DBOS(config=config)
 
     @DBOS.step()
@@ -527,6 +534,16 @@ def child_dbos(workdir: str, n: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - t0
     finally:
         DBOS.destroy()
+    if system_database_url:
+        return {
+            "version": version("dbos"),
+            "seconds": elapsed,
+            "us_per_turn": elapsed / n * 1e6,
+            "steps": 2 * n + 1,
+            "us_per_step": elapsed / (2 * n + 1) * 1e6,
+            "messages": count,
+            "system_database": "postgresql",
+        }
     conn = sqlite3.connect(db)
     pragmas = {
         p: conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous")

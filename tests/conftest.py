@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -63,3 +65,64 @@ def unprivileged(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         f"setpriv did not drop CAP_DAC_OVERRIDE: {proc.stderr}"
     )
     return prefix
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A throw-away PostgreSQL cluster for the whole run (``initdb`` + ``pg_ctl`` as an
+    unprivileged user, a free loopback port; stopped and removed at the end): a
+    :class:`~durable_harness.testing.pgcluster.TemporaryCluster`. Without the server binaries
+    the tests that use it skip naming PostgreSQL; under ``CI=true`` they error instead."""
+    from durable_harness.testing.pgcluster import TemporaryCluster, find_bindir, missing_postgres
+
+    bindir = find_bindir()
+    if bindir is None:
+        missing_postgres(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in "
+            "/usr/lib/postgresql/*/bin: install the server (apt-get install postgresql)"
+        )
+    assert bindir is not None
+    cluster = TemporaryCluster(bindir)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.cleanup()
+        raise
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture
+def pg_spec_factory(pg_cluster: Any) -> Iterator[Callable[[], str]]:
+    """``make()`` returns the spec of a fresh, empty PostgreSQL store (a schema of its own in
+    the run's cluster: ``?options=-csearch_path=...``); every one is dropped after the test."""
+    import uuid
+
+    from durable_harness.storage.postgres.connection import Database
+
+    made: list[tuple[str, str]] = []
+
+    def make() -> str:
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+        pg_cluster.execute(f"CREATE SCHEMA {schema}")
+        spec = f"{pg_cluster.spec}?options=-csearch_path%3D{schema}"
+        made.append((schema, spec))
+        return spec
+
+    yield make
+    for schema, spec in made:
+        Database.forget(spec)
+        pg_cluster.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def pg_spec(pg_spec_factory: Callable[[], str]) -> str:
+    """The spec of one fresh, empty PostgreSQL store (see ``pg_spec_factory``)."""
+    return pg_spec_factory()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the PostgreSQL cluster carries the ``postgres`` marker."""
+    for item in items:
+        if "pg_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

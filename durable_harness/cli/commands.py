@@ -53,6 +53,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         "import",
         "crash-points",
         "fork",
+        "migrate",
     ):
         p.add_argument("--json", action="store_true", help="print JSON")
     if name == "sessions":
@@ -393,7 +394,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     is found. A path that exists (or a ``jsonl:``/``sqlite:`` spec) is checked as given;
     anything else is a session id looked up in the store, as the other commands do."""
     target = str(args.path)
-    spec = target.startswith(("jsonl:", "sqlite:"))
+    spec = target.startswith(("jsonl:", "sqlite:", "postgresql://", "postgres://"))
     if spec or os.path.exists(target):
         result = fsck_path(target)
     else:
@@ -880,4 +881,41 @@ def cmd_acp(args: argparse.Namespace) -> int:
     make_provider(args.provider)
     options = HostOptions(provider=args.provider, policy=args.policy, mode=args.durability)
     run_async(serve, store_of(args, create=True), options)
+
+
+@command(
+    "migrate",
+    "Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at start).",
+    "  durable-harness migrate --store postgresql://agent@db.internal/agents\n"
+    "  durable-harness migrate --store sqlite:agent.db --json",
+)
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Bring the store named by ``--store`` (or ``$DURABLE_HARNESS_STORE``) to the current
+    schema and print the versions applied. A PostgreSQL database without our tables gets
+    them; a JSONL store has no schema (nothing to do). Opening a store for writing applies the
+    same migrations, so this is for operators who upgrade the schema before the workers."""
+    spec = getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or ""
+    if spec.startswith(("postgresql://", "postgres://")):
+        from durable_harness.storage.postgres import migrate_spec
+
+        result = migrate_spec(spec)
+    elif spec.startswith("sqlite:"):
+        store = open_store(spec, create=True)  # SqliteStore migrates when it opens
+        result = {"store": store.spec, "applied": None, "version": None}
+    else:
+        store = open_store(spec or None, create=True)
+        result = {"store": store.spec, "applied": [], "version": None}
+    if args.json:
+        out(result)
+    else:
+        applied = result["applied"]
+        done = (
+            "up to date"
+            if applied == []
+            else "migrated"
+            if applied is None
+            else "applied migration(s) " + ", ".join(str(v) for v in applied)
+        )
+        version = "" if result["version"] is None else f" (schema version {result['version']})"
+        print(f"{result['store']}: {done}{version}")
     return 0

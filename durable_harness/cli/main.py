@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--store",
-            help="jsonl:DIR or sqlite:PATH (default: JSONL under $DURABLE_HARNESS_HOME, "
+            help="jsonl:DIR, sqlite:PATH or postgresql://USER@HOST/DB (default: JSONL under "
+            "$DURABLE_HARNESS_HOME, "
             "else ~/.durable-harness)",
         )
         commands.configure(name, p)

@@ -4,7 +4,10 @@ crossed with every crash point they reach, on each backend (see :mod:`.runner`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +41,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         action="append",
-        choices=("jsonl", "sqlite"),
+        choices=("jsonl", "sqlite", "postgres"),
         default=[],
-        help="only this backend (repeatable; default: both)",
+        help="only this backend (repeatable; default: jsonl and sqlite; postgres starts a "
+        "throw-away PostgreSQL cluster unless $DURABLE_HARNESS_CRASHTEST_PG names a database)",
     )
     p.add_argument(
         "--point",
@@ -166,6 +170,48 @@ def run_cli(args: argparse.Namespace) -> int:
             "crash-test: --durability chooses the modes of a power-cut run; add --power-cut"
         )
     modes = (args.durability or list(DURABILITIES)) if args.power_cut else None
+    if modes and "postgres" in backends:
+        raise FormatError(
+            "crash-test: --power-cut cuts files (JSONL, SQLite); PostgreSQL's own WAL is "
+            "the server's to keep: run the postgres backend without --power-cut"
+        )
+    with _postgres_for(backends):
+        return _run_cli(args, scenarios, backends, modes)
+
+
+@contextlib.contextmanager
+def _postgres_for(backends: list[str]) -> Iterator[None]:
+    """For a run with the ``postgres`` backend and no ``$DURABLE_HARNESS_CRASHTEST_PG``: a
+    throw-away cluster for the run (``testing/pgcluster.py`` ``TemporaryCluster``)."""
+    from durable_harness.crashtest.runner import PG_ENV
+
+    if "postgres" not in backends or os.environ.get(PG_ENV):
+        yield
+        return
+    from durable_harness.testing.pgcluster import TemporaryCluster, find_bindir
+
+    bindir = find_bindir()
+    if bindir is None:
+        raise FormatError(
+            "crash-test --backend postgres: no PostgreSQL server binaries (initdb, pg_ctl) "
+            f"found; install the server or set ${PG_ENV} to a database URL"
+        )
+    cluster = TemporaryCluster(bindir)
+    try:
+        cluster.start()
+        os.environ[PG_ENV] = cluster.spec
+        yield
+    finally:
+        os.environ.pop(PG_ENV, None)
+        cluster.cleanup()
+
+
+def _run_cli(
+    args: argparse.Namespace,
+    scenarios: list[Any],
+    backends: list[str],
+    modes: list[str] | None,
+) -> int:
     from durable_harness.terminal import MatrixProgress
 
     with MatrixProgress() as progress:  # drawn only when stderr is a terminal
@@ -180,7 +226,7 @@ def run_cli(args: argparse.Namespace) -> int:
         )
     width = max(len(f"{c.scenario} {c.label}") for c in cells) if cells else 10
     for backend in backends:
-        for mode in modes or [None]:
+        for mode in [*modes] if modes else [None]:
             print(f"\n{backend}" + (f", power cut, durability {mode}:" if mode else ":"))
             for c in sorted(
                 (c for c in cells if c.backend == backend and c.durability == mode),

@@ -43,6 +43,7 @@ from durable_harness.crashtest.scenario import (
     scenario_tools,
     tool_effects,
 )
+from durable_harness.errors import FormatError
 from durable_harness.harness.records import idempotency_key
 from durable_harness.models.messages import text_of
 from durable_harness.recovery.audit import plan_followed
@@ -100,12 +101,55 @@ class Baseline:
     hits: Counter[str]
 
 
+PG_ENV = "DURABLE_HARNESS_CRASHTEST_PG"
+"""The PostgreSQL URL the ``postgres`` backend's cells use (each cell in a schema of its own);
+``crash-test --backend postgres`` starts a throw-away cluster and sets it when unset."""
+
+
 def _store_spec(backend: str, root: Path) -> str:
+    if backend == "postgres":
+        return _postgres_spec(root)
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
 
 
+def _postgres_spec(root: Path) -> str:
+    """The spec of the cell in folder ``root``: the run's database, a schema named after the
+    folder (created here, once)."""
+    import hashlib
+
+    import psycopg
+
+    base = os.environ.get(PG_ENV)
+    if not base:
+        raise FormatError(f"the postgres backend needs ${PG_ENV} (crash-test sets it)")
+    schema = "ct_" + hashlib.sha1(str(root).encode()).hexdigest()[:20]
+    marker = root / ".pg-schema"
+    if not marker.exists():
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        marker.write_text(schema)
+    return base + ("&" if "?" in base else "?") + f"options=-csearch_path%3D{schema}"
+
+
+def _drop_store(root: Path) -> None:
+    """After a ``postgres`` cell in ``root``: close this process's pool on its schema and drop
+    the schema (a cell leaves nothing behind in the database)."""
+    marker = root / ".pg-schema"
+    base = os.environ.get(PG_ENV)
+    if not base or not marker.exists():
+        return
+    import psycopg
+
+    from durable_harness.storage.postgres.connection import Database
+
+    Database.forget(_postgres_spec(root))
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {marker.read_text().strip()} CASCADE")
+
+
 def store_spec(backend: str, root: Path) -> str:
-    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``/``sqlite``)."""
+    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``, ``sqlite``
+    or ``postgres``)."""
     return _store_spec(backend, root)
 
 
@@ -240,6 +284,7 @@ def baseline(
             conv = conversation(s)
         return Baseline(conv, _effects(work, tools, per_tool=True), hits)
     finally:
+        _drop_store(root)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -463,6 +508,7 @@ def run_cell(
         cell.failures.append(f"{type(exc).__name__}: {exc}"[:500])
     finally:
         if not keep:
+            _drop_store(root)
             shutil.rmtree(root, ignore_errors=True)
         cell.seconds = time.monotonic() - start
     if cell.failures and cell.status == "pass":

@@ -37,8 +37,9 @@ from durable_harness.storage.sqlite import SqliteSessionStore, connect_read_only
 
 def fsck_path(path: str) -> dict[str, Any]:
     """Check ``path``: a durable-harness JSONL file, a pi file, a SQLite store (``PATH`` or
-    ``sqlite:PATH``; ``sqlite:PATH#ID`` checks one session of it), or a JSONL store folder
-    (every session file below it).
+    ``sqlite:PATH``; ``sqlite:PATH#ID`` checks one session of it), a PostgreSQL store
+    (``postgresql://...``, ``#ID`` likewise), or a JSONL store folder (every session file
+    below it).
 
     Returns ``{"ok", "damage", "entries", "records", "format", "path"}`` (a folder adds
     ``files``, one result per file; a file adds ``session_id``; a database ``sessions``);
@@ -51,6 +52,9 @@ def fsck_path(path: str) -> dict[str, Any]:
             it, or a SQLite database without the durable-harness tables.
     """
     only: str | None = None
+    if path.startswith(("postgresql://", "postgres://")):
+        spec, _, only_ref = path.partition("#")
+        return _fsck_postgres(spec, only_ref or None)
     if path.startswith("sqlite:"):
         path, _, only_ref = path[len("sqlite:") :].partition("#")
         only = only_ref or None
@@ -76,7 +80,43 @@ def fsck_session(ref: str, store: Store) -> dict[str, Any]:
     Raises:
         SessionNotFound, AmbiguousSessionPrefix: as :meth:`Store.resolve`.
     """
+    if store.spec.startswith(("postgresql://", "postgres://")):
+        return _fsck_postgres(store.spec, store.resolve(ref).id)
     return fsck_path(store.resolve(ref).path)
+
+
+def _fsck_postgres(spec: str, only: str | None) -> dict[str, Any]:
+    """Check a PostgreSQL store (every session, or the one ``only`` names by id or prefix),
+    read-only: each session's scan (``PostgresSessionStore.scan``; the database enforces
+    structure, so what is left to find is listed in ``design/postgres.md``). The result's
+    ``path`` names the server without its password.
+
+    Raises:
+        StoreNotFound: the database holds no durable-harness store.
+        SessionNotFound, AmbiguousSessionPrefix: ``only`` names no single session.
+    """
+    from durable_harness.storage import open_store
+
+    store = open_store(spec, create=False)
+    where = str(getattr(store, "location", "postgresql"))
+    result = _result(where, "postgres")
+    if only is not None:
+        ids = [store.resolve(only).id]
+        result["session_id"] = ids[0]
+    else:
+        ids = sorted(i.id for i in store.list_sessions())
+    result["sessions"] = len(ids)
+    for sid in ids:
+        session = store.open_session(sid, write=False)
+        try:
+            result["entries"] += session.entry_count()
+            result["records"] += len(session.records())
+            found = take_snapshot(session).all_damage()
+            result["damage"].extend({**d, "session_id": sid} for d in found)
+        finally:
+            session.close()
+    result["ok"] = _ok(result["damage"])
+    return result
 
 
 def damage_location(item: dict[str, Any]) -> str:

@@ -5,6 +5,8 @@
 * ``None`` or ``""``: JSONL under ``$DURABLE_HARNESS_HOME`` (default ``~/.durable-harness``);
 * ``jsonl:DIR``: JSONL files under ``DIR``;
 * ``sqlite:PATH``: one SQLite database at ``PATH``;
+* ``postgresql://...`` (or ``postgres://...``): a PostgreSQL database
+  (:class:`~.postgres.PostgresStore`; imported only when named, see ``design/postgres.md``);
 * ``memory:``: sessions kept in this process only (:class:`~.memory.MemoryStore`), for one-off
   scripts and tests: nothing is durable.
 """
@@ -65,12 +67,16 @@ def open_store(spec: str | None = None, *, create: bool = True) -> Store:
     not exist is an error, and the default store, when missing, reads as empty.
 
     Raises:
-        FormatError: the spec's scheme is not ``jsonl``, ``sqlite`` or ``memory``, or a
-            ``memory:`` spec carries a path.
+        FormatError: the spec's scheme is not ``jsonl``, ``sqlite``, ``memory`` or
+            ``postgresql``, or a ``memory:`` spec carries a path.
         StoreNotFound: ``create=False`` and the named store does not exist.
     """
     if not spec:
         return JsonlStore(default_home())
+    if spec.startswith(("postgresql://", "postgres://")):
+        from durable_harness.storage.postgres import PostgresStore
+
+        return PostgresStore(spec, create=create)
     scheme, sep, rest = spec.partition(":")
     if scheme == "memory" and sep:
         if rest.strip():
@@ -89,4 +95,6 @@ def open_store(spec: str | None = None, *, create: bool = True) -> Store:
                 f"no such store: {root} is not a folder (nothing was created)", path=root
             )
         return JsonlStore(rest)
-    raise FormatError(f"unknown store spec {spec!r}: use jsonl:DIR, sqlite:PATH or memory:")
+    raise FormatError(
+        f"unknown store spec {spec!r}: use jsonl:DIR, sqlite:PATH, postgresql://... or memory:"
+    )

@@ -52,6 +52,24 @@ _SQLITE_AS_OS: dict[str, tuple[str, str]] = {
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+Translator = Callable[[BaseException, "str | None"], BaseException]
+_FAMILIES: list[tuple[type[BaseException], Translator]] = []
+CAUGHT: tuple[type[BaseException], ...] = (OSError, sqlite3.Error)
+"""The exception types the boundary catches: ``OSError``, ``sqlite3.Error`` and every family a
+backend registered with :func:`register_family` (read at match time, so a family registered
+after a class was guarded is still caught)."""
+
+
+def register_family(kind: type[BaseException], translator: Translator) -> None:
+    """Make the boundary catch ``kind`` (a database driver's base error, e.g. ``psycopg.Error``)
+    and turn it into a typed error with ``translator(exc, where)``. A backend registers its
+    driver's family when it is imported, so this module never imports an optional driver.
+    Registering the same ``kind`` again replaces its translator."""
+    global CAUGHT
+    _FAMILIES[:] = [(k, t) for k, t in _FAMILIES if k is not kind]
+    _FAMILIES.append((kind, translator))
+    CAUGHT = (OSError, sqlite3.Error, *(k for k, _t in _FAMILIES))
+
 
 def busy_timeout_s() -> float:
     """The SQLite busy timeout in seconds (see :data:`DEFAULT_BUSY_TIMEOUT_S`).
@@ -83,6 +101,9 @@ def translate(exc: BaseException, where: str | None = None) -> BaseException:
     """
     if isinstance(exc, DurableHarnessError):
         return exc
+    for kind, translator in _FAMILIES:
+        if isinstance(exc, kind):
+            return translator(exc, where)
     if isinstance(exc, OSError):
         path = _path_of(exc) or where
         name = errno.errorcode.get(exc.errno or -1, "") if exc.errno else ""
@@ -161,7 +182,7 @@ def storage_boundary(where: str | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except (OSError, sqlite3.Error) as exc:
+    except CAUGHT as exc:
         raise translate(exc, where) from exc
 
 
@@ -197,7 +218,7 @@ def guarded(fn: F) -> F:
         async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 return await fn(self, *args, **kwargs)
-            except (OSError, sqlite3.Error) as exc:
+            except CAUGHT as exc:
                 raise translate(exc, _where(self, args)) from exc
 
         wrapper: Any = async_wrapper
@@ -207,7 +228,7 @@ def guarded(fn: F) -> F:
         def sync_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(self, *args, **kwargs)
-            except (OSError, sqlite3.Error) as exc:
+            except CAUGHT as exc:
                 raise translate(exc, _where(self, args)) from exc
 
         wrapper = sync_wrapper

@@ -10,12 +10,16 @@ from durable_harness.storage import JsonlSessionStore, SessionStore, open_store
 
 def open_reader(store_location: str) -> SessionStore:
     """Open a second, read-only view of a session from its ``store.location`` (a JSONL file
-    path, or ``sqlite:PATH#SESSION_ID``), reading what is on disk now.
+    path, ``sqlite:PATH#SESSION_ID`` or ``postgresql://...#SESSION_ID``), reading what is
+    stored now.
 
     Raises:
         AssertionError: a JSONL location that is not a file.
         StorageError: the session cannot be opened (see :mod:`durable_harness.errors`).
     """
+    if store_location.startswith(("postgresql://", "postgres://")):
+        spec, _, session_id = store_location.rpartition("#")
+        return open_store(spec, create=False).open_session(session_id, write=False)
     if store_location.startswith("sqlite:"):
         db_path, _, session_id = store_location[len("sqlite:") :].rpartition("#")
         return open_store(f"sqlite:{db_path}").open_session(session_id, write=False)

@@ -37,7 +37,7 @@ def _memory_store() -> Store:
         pytest.skip("this build has no open_store('memory:') (it comes with the top-level API)")
 
 
-def _factory(kind: str, tmp: Path) -> Any:
+def _factory(kind: str, tmp: Path, request: pytest.FixtureRequest | None = None) -> Any:
     count = 0
 
     def make() -> Store:
@@ -45,6 +45,9 @@ def _factory(kind: str, tmp: Path) -> Any:
         count += 1
         if kind == "memory":
             return _memory_store()
+        if kind == "postgres":
+            assert request is not None
+            return open_store(request.getfixturevalue("pg_spec_factory")())
         if kind == "jsonl":
             return open_store(f"jsonl:{tmp / str(count)}")
         return open_store(f"sqlite:{tmp / f'{count}.db'}")
@@ -53,14 +56,17 @@ def _factory(kind: str, tmp: Path) -> Any:
 
 
 @pytest.mark.parametrize("check", list(CHECKS))
-@pytest.mark.parametrize("kind", ["memory", "jsonl", "sqlite"])
-def test_backend_keeps_the_contract(kind: str, check: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "kind", ["memory", "jsonl", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_backend_keeps_the_contract(
+    kind: str, check: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if kind == "memory" and check in MEMORY_EXEMPT:
         pytest.skip(f"memory store: {MEMORY_EXEMPT[check]}")
     reopen = None if kind == "memory" else (lambda s: open_store(s.spec))
-    assert check_session_store(_factory(kind, tmp_path), reopen_store=reopen, only=[check]) == [
-        check
-    ]
+    factory = _factory(kind, tmp_path, request)
+    assert check_session_store(factory, reopen_store=reopen, only=[check]) == [check]
 
 
 class _OffByOneStore:

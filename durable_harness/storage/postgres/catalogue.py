@@ -1,0 +1,248 @@
+"""The catalogue of a PostgreSQL store (:class:`PostgresStore`): create, open, list and delete
+sessions of one database (``open_store("postgresql://...")``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from durable_harness.errors import (
+    AmbiguousSessionPrefix,
+    SessionExists,
+    SessionNotFound,
+)
+from durable_harness.ids import now_iso, uuid7
+from durable_harness.storage import codec
+from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
+from durable_harness.storage.postgres.connection import Database, redact_dsn
+from durable_harness.storage.postgres.lease import (
+    DbLease,
+    held_error,
+    lease_seconds,
+    live_holder,
+    owner_token,
+)
+from durable_harness.storage.postgres.store import PostgresSessionStore
+
+_INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
+
+
+class PostgresStore(Store):
+    """Sessions in one PostgreSQL database (``spec``: a ``postgresql://`` URL; see
+    :mod:`durable_harness.storage.postgres.connection`).
+
+    Attributes:
+        spec: the URL as given (it may hold a password: print :attr:`location` instead).
+        location: the server as ``postgresql://user@host:port/dbname`` (no password).
+        lease_s: the writer lease duration in seconds (``design/postgres.md``).
+    """
+
+    def __init__(self, spec: str, *, create: bool = True, lease_s: float | None = None) -> None:
+        """Open the store; apply pending migrations (once per process).
+
+        Raises:
+            FormatError: ``spec`` is not a valid PostgreSQL URL.
+            StoreNotFound: ``create=False`` and the database holds no durable-harness store.
+            StorageIOError: the server cannot be reached (named without the password).
+        """
+        self.spec = spec
+        self.location = redact_dsn(spec)  # until the server is known (errors name it)
+        self.db = Database.get(spec)
+        self.location = self.db.display
+        self.lease_s = lease_seconds(lease_s)
+        self.db.ensure_schema(create=create)
+
+    def _lease(self, sid: str) -> DbLease:
+        return DbLease(self.db, sid, f"session {sid} in {self.location}", self.lease_s)
+
+    def create_session(
+        self,
+        cwd: str,
+        *,
+        session_id: str | None = None,
+        parent_session: str | None = None,
+        header_extra: dict[str, Any] | None = None,
+        durability: Durability = "sync",
+    ) -> SessionStore:
+        sid = session_id or uuid7()
+        ts = now_iso()
+        header: dict[str, Any] = {
+            "type": "session",
+            "version": 3,
+            "format": "durable-harness/1",
+            "id": sid,
+            "timestamp": ts,
+            "cwd": cwd,
+        }
+        if parent_session:
+            header["parentSession"] = parent_session
+        header.update(header_extra or {})
+
+        def insert(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO sessions (id, cwd, created, modified, header, parent_session) "
+                    "VALUES (%s, %s, %s, %s, %s, %s)",
+                    (sid, cwd, ts, ts, codec.dumps(header), parent_session),
+                )
+                conn.execute(
+                    "INSERT INTO lanes (session_id, name, config) VALUES (%s, 'main', '{}')",
+                    (sid,),
+                )
+                conn.execute("INSERT INTO leases (session_id) VALUES (%s)", (sid,))
+
+        try:
+            self.db.run(insert, idempotent=False)
+        except psycopg.errors.UniqueViolation as exc:
+            raise SessionExists(
+                f"session {sid} already exists in {self.location}", session_id=sid
+            ) from exc
+        return PostgresSessionStore(
+            self.db, sid, read_only=False, durability=durability, lease=self._lease(sid)
+        )
+
+    def open_session(
+        self,
+        ref: str,
+        *,
+        write: bool = True,
+        durability: Durability = "sync",
+        break_lease: bool = False,
+    ) -> SessionStore:
+        sid = self.resolve(ref).id
+        return PostgresSessionStore(
+            self.db,
+            sid,
+            read_only=not write,
+            durability=durability,
+            lease=self._lease(sid) if write else None,
+            break_lease=break_lease,
+        )
+
+    def _info(self, r: tuple[Any, ...]) -> SessionInfo:
+        return SessionInfo(
+            id=r[0],
+            cwd=r[1],
+            path=f"{self.location}#{r[0]}",
+            created=r[2],
+            modified=r[3],
+            parent_session=r[4],
+        )
+
+    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
+        """Every session (of one cwd by :class:`CwdMatcher`), most recently modified first.
+        Each distinct recorded cwd is resolved once, then the rows are read by index."""
+
+        def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+            if cwd is None:
+                return conn.execute(_INFO + " ORDER BY modified DESC, id").fetchall()
+            match = CwdMatcher(cwd)
+            spellings = [
+                r[0] for r in conn.execute("SELECT DISTINCT cwd FROM sessions") if match(r[0])
+            ]
+            return conn.execute(
+                _INFO + " WHERE cwd = ANY(%s) ORDER BY modified DESC, id", (spellings,)
+            ).fetchall()
+
+        return [self._info(r) for r in self.db.run(read)]
+
+    def resolve(self, ref: str) -> SessionInfo:
+        """Find one session by exact id or unique prefix, by index (not a full listing).
+
+        Raises:
+            SessionNotFound, AmbiguousSessionPrefix: as :meth:`Store.resolve`.
+        """
+
+        def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+            exact = conn.execute(_INFO + " WHERE id = %s", (ref,)).fetchall()
+            if exact or not ref:
+                return exact
+            pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            return conn.execute(
+                _INFO + " WHERE id LIKE %s ORDER BY id LIMIT 50", (pattern,)
+            ).fetchall()
+
+        rows = self.db.run(read)
+        if not rows:
+            raise SessionNotFound(f"no session matches {ref!r} in {self.location}", ref=ref)
+        if len(rows) > 1:
+            ids = sorted(r[0] for r in rows)
+            raise AmbiguousSessionPrefix(
+                f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids
+            )
+        return self._info(rows[0])
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete one session and every row of it (one transaction, the lease row locked
+        first: a session whose lease is live is never deleted).
+
+        Raises:
+            SessionNotFound: no session has this id.
+            LeaseHeld: a live writer holds it.
+        """
+
+        def delete(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
+                ).fetchone()
+                if row is None:
+                    raise SessionNotFound(
+                        f"no session {session_id} in {self.location}", session_id=session_id
+                    )
+                conn.execute("SELECT 1 FROM leases WHERE session_id = %s FOR UPDATE", (session_id,))
+                holder = live_holder(conn, session_id)
+                if holder is not None:
+                    raise held_error(f"session {session_id} in {self.location}", holder)
+                conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
+
+        self.db.run(delete, idempotent=False)
+
+    def claim_expired(
+        self, limit: int = 10, *, durability: Durability = "sync"
+    ) -> list[SessionStore]:
+        """Take over up to ``limit`` sessions whose writer died: a lease that is held (owner
+        set) but expired. One statement claims them (``FOR UPDATE SKIP LOCKED``: workers
+        claiming at once never wait for each other and never get the same session), bumping
+        each one's generation; each comes back open for writing, its lease renewed by this
+        process's heartbeat. Sessions closed cleanly (lease released) are not claimed: nobody
+        crashed. Oldest expiry first. A worker loop calls this on start and periodically.
+
+        Raises:
+            StorageIOError: the server cannot be reached.
+        """
+        prefix = owner_token().rsplit(":", 1)[0] + ":"
+
+        def claim(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+            with conn.transaction():
+                return conn.execute(
+                    "WITH c AS (SELECT session_id FROM leases WHERE owner IS NOT NULL AND "
+                    "expires < clock_timestamp() ORDER BY expires LIMIT %s "
+                    "FOR UPDATE SKIP LOCKED) "
+                    "UPDATE leases l SET generation = l.generation + 1, "
+                    "owner = %s || substr(md5(random()::text || l.session_id), 1, 16), "
+                    "host = %s, pid = %s, acquired = clock_timestamp(), broken = FALSE, "
+                    "expires = clock_timestamp() + make_interval(secs => %s) "
+                    "FROM c WHERE l.session_id = c.session_id "
+                    "RETURNING l.session_id, l.generation, l.owner",
+                    (limit, prefix, socket.gethostname(), os.getpid(), self.lease_s),
+                ).fetchall()
+
+        out: list[SessionStore] = []
+        for sid, generation, owner in self.db.run(claim, idempotent=False):
+            lease = self._lease(str(sid))
+            lease.adopt(int(generation), str(owner))
+            try:
+                out.append(
+                    PostgresSessionStore(
+                        self.db, str(sid), read_only=False, durability=durability, lease=lease
+                    )
+                )
+            except BaseException:
+                lease.release()
+                raise
+        return out

@@ -1,0 +1,484 @@
+"""Connections to the PostgreSQL store: spec parsing, one pool per database per process, the
+versioned schema migrations, and the boundary that turns ``psycopg`` errors into typed ones.
+
+A spec is a libpq URL, ``postgresql://[user[:password]@]host[:port]/dbname[?param=value...]``
+(``postgres://`` is accepted too; every libpq parameter works, ``options=-csearch_path=NAME``
+puts the store in its own schema). A password in the spec works but is never shown: every
+message, location and listing names the server as :func:`describe` prints it
+(``postgresql://user@host:port/dbname``). Prefer ``PGPASSWORD`` or ``~/.pgpass``.
+
+Schema changes are :data:`MIGRATIONS`, an ordered list applied past the highest version in the
+``migrations`` table, each in one transaction with its version row (PostgreSQL's DDL is
+transactional), under a transaction-scoped advisory lock so that workers starting together
+apply each migration once. An old migration is never edited. See ``design/postgres.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, TypeVar
+
+import psycopg
+import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from durable_harness.errors import (
+    DatabaseLocked,
+    FormatError,
+    StorageError,
+    StorageIOError,
+    StoreNotFound,
+)
+from durable_harness.ids import now_iso
+from durable_harness.storage.oserrors import register_family
+
+SCHEMES = ("postgresql://", "postgres://")
+
+CONNECT_TIMEOUT_S = 10
+"""Seconds to wait for a connection (a new one, or a free one from the pool) before the call
+fails with :class:`~durable_harness.errors.StorageIOError` naming the server."""
+
+POOL_MAX_ENV = "DURABLE_HARNESS_PG_POOL_MAX"
+DEFAULT_POOL_MAX = 8
+"""Connections one process keeps to one database at most (``$DURABLE_HARNESS_PG_POOL_MAX``)."""
+
+RECONNECT_DEADLINE_S = 30.0
+"""How long a commit whose connection was lost keeps trying to reach the server again to learn
+whether the commit landed (see :meth:`Database.connection`)."""
+
+MIGRATIONS: list[str] = [
+    # 1: the tables. Bodies are the exact JSON bytes the codec wrote (BYTEA, not JSONB: JSONB
+    # reorders keys and refuses \u0000, and an entry must read back as it was written).
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY, cwd TEXT NOT NULL, created TEXT NOT NULL, modified TEXT NOT NULL,
+        header BYTEA NOT NULL, last_seq BIGINT NOT NULL DEFAULT 0, name TEXT,
+        parent_session TEXT);
+    CREATE INDEX sessions_cwd ON sessions (cwd, modified);
+    CREATE INDEX sessions_modified ON sessions (modified);
+    CREATE TABLE leases (
+        session_id TEXT PRIMARY KEY REFERENCES sessions (id) ON DELETE CASCADE,
+        generation BIGINT NOT NULL DEFAULT 0, owner TEXT, host TEXT, pid INTEGER,
+        acquired TIMESTAMPTZ, expires TIMESTAMPTZ, broken BOOLEAN NOT NULL DEFAULT FALSE);
+    CREATE INDEX leases_expires ON leases (expires);
+    CREATE TABLE entries (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        id TEXT NOT NULL, seq BIGINT NOT NULL, parent_id TEXT, type TEXT NOT NULL,
+        body BYTEA NOT NULL,
+        CONSTRAINT entries_pkey PRIMARY KEY (session_id, id),
+        CONSTRAINT entries_seq UNIQUE (session_id, seq),
+        CONSTRAINT entries_parent FOREIGN KEY (session_id, parent_id)
+            REFERENCES entries (session_id, id));
+    CREATE TABLE records (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        id TEXT NOT NULL, seq BIGINT NOT NULL, lane TEXT, run_id TEXT, type TEXT NOT NULL,
+        body BYTEA NOT NULL,
+        CONSTRAINT records_pkey PRIMARY KEY (session_id, id),
+        CONSTRAINT records_seq UNIQUE (session_id, seq));
+    CREATE INDEX records_lane ON records (session_id, lane, seq);
+    CREATE INDEX records_run ON records (session_id, run_id, seq);
+    CREATE TABLE lanes (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        name TEXT NOT NULL, leaf_id TEXT, config BYTEA NOT NULL, run_id TEXT, run_seq BIGINT,
+        CONSTRAINT lanes_pkey PRIMARY KEY (session_id, name),
+        CONSTRAINT lanes_leaf FOREIGN KEY (session_id, leaf_id)
+            REFERENCES entries (session_id, id));
+    CREATE TABLE lane_ops (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        seq BIGINT NOT NULL, lane TEXT NOT NULL, body BYTEA NOT NULL,
+        CONSTRAINT lane_ops_pkey PRIMARY KEY (session_id, seq));
+    """,
+    # 2: the fence as one call, so a commit needs no round trip before its inserts: a writer
+    # that knows its session's last_seq (it holds the lease: nobody else moves it) sends the
+    # fence, the inserts, the last_seq update and COMMIT in one transaction; a failed fence aborts
+    # the transaction, so COMMIT rolls back. SQLSTATEs DH001-DH003 are ours.
+    """
+    CREATE FUNCTION dh_fence(p_session TEXT, p_generation BIGINT, p_last_seq BIGINT)
+    RETURNS VOID LANGUAGE plpgsql AS $fence$
+    DECLARE
+        g BIGINT;
+        l BIGINT;
+    BEGIN
+        SELECT lz.generation, s.last_seq INTO g, l
+            FROM sessions s JOIN leases lz ON lz.session_id = s.id
+            WHERE s.id = p_session FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'session % does not exist', p_session USING ERRCODE = 'DH001';
+        END IF;
+        IF g <> p_generation THEN
+            RAISE EXCEPTION 'lease generation is %', g USING ERRCODE = 'DH002';
+        END IF;
+        IF l <> p_last_seq THEN
+            RAISE EXCEPTION 'last_seq is %', l USING ERRCODE = 'DH003';
+        END IF;
+    END
+    $fence$;
+    """,
+    # 3: a whole commit as one statement (one parse, one round trip; PL/pgSQL keeps its plans):
+    # the fence, then each op, numbered past p_last_seq, then last_seq. The ops come as
+    # parallel arrays (kind e/r/l, id, parent or a lane op's leaf, type, lane, run id, body,
+    # whether a lane op sets the leaf, a lane op's merged config as JSON text). The writer
+    # merges configs itself: it holds the lease and knows each lane's config.
+    """
+    CREATE FUNCTION dh_commit(
+        p_session TEXT, p_generation BIGINT, p_last_seq BIGINT, p_sync BOOLEAN,
+        p_modified TEXT, p_kinds TEXT[], p_ids TEXT[], p_parents TEXT[], p_types TEXT[],
+        p_lanes TEXT[], p_runs TEXT[], p_bodies BYTEA[], p_set_leaf BOOLEAN[],
+        p_configs TEXT[])
+    RETURNS BIGINT LANGUAGE plpgsql AS $commit$
+    DECLARE
+        i INT;
+        seq BIGINT := p_last_seq;
+    BEGIN
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        PERFORM dh_fence(p_session, p_generation, p_last_seq);
+        FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+            seq := seq + 1;
+            IF p_kinds[i] = 'e' THEN
+                INSERT INTO entries (session_id, id, seq, parent_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_parents[i], p_types[i], p_bodies[i]);
+                IF p_lanes[i] IS NOT NULL THEN
+                    INSERT INTO lanes (session_id, name, leaf_id, config)
+                        VALUES (p_session, p_lanes[i], p_ids[i], '{}')
+                        ON CONFLICT (session_id, name) DO UPDATE SET leaf_id = excluded.leaf_id;
+                END IF;
+            ELSIF p_kinds[i] = 'r' THEN
+                INSERT INTO records (session_id, id, seq, lane, run_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_lanes[i], p_runs[i], p_types[i],
+                            p_bodies[i]);
+                IF p_lanes[i] IS NOT NULL THEN
+                    IF p_types[i] = 'run_started' THEN
+                        INSERT INTO lanes (session_id, name, config, run_id, run_seq)
+                            VALUES (p_session, p_lanes[i], '{}', p_runs[i], seq)
+                            ON CONFLICT (session_id, name) DO UPDATE
+                            SET run_id = excluded.run_id, run_seq = excluded.run_seq;
+                    ELSE
+                        INSERT INTO lanes (session_id, name, config)
+                            VALUES (p_session, p_lanes[i], '{}')
+                            ON CONFLICT (session_id, name) DO NOTHING;
+                        IF p_types[i] = 'run_finished' THEN
+                            UPDATE lanes SET run_id = NULL, run_seq = NULL
+                                WHERE session_id = p_session AND name = p_lanes[i]
+                                AND run_id = p_runs[i];
+                        END IF;
+                    END IF;
+                END IF;
+            ELSE
+                INSERT INTO lanes (session_id, name, config) VALUES (p_session, p_lanes[i], '{}')
+                    ON CONFLICT (session_id, name) DO NOTHING;
+                INSERT INTO lane_ops (session_id, seq, lane, body)
+                    VALUES (p_session, seq, p_lanes[i], p_bodies[i]);
+                IF p_set_leaf[i] THEN
+                    UPDATE lanes SET leaf_id = p_parents[i]
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+                IF p_configs[i] IS NOT NULL THEN
+                    UPDATE lanes SET config = convert_to(p_configs[i], 'UTF8')
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+            END IF;
+        END LOOP;
+        UPDATE sessions SET last_seq = seq, modified = p_modified WHERE id = p_session;
+        RETURN seq;
+    END
+    $commit$;
+    """,
+]
+
+_PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
+_PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
+
+
+def is_postgres_spec(spec: str) -> bool:
+    """True when ``spec`` names a PostgreSQL store (``postgresql://`` or ``postgres://``)."""
+    return spec.startswith(SCHEMES)
+
+
+def redact_dsn(text: str) -> str:
+    """``text`` with any password in a libpq URL or ``password=`` parameter replaced by
+    ``***``."""
+    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", text))
+
+
+def describe(spec: str) -> str:
+    """``spec`` without its password: the printable name of the store, and a URL that reopens
+    it wherever the password comes from ``PGPASSWORD`` or ``~/.pgpass`` (every other parameter
+    is kept; ``postgres://`` is written ``postgresql://``).
+
+    Raises:
+        FormatError: ``spec`` is not a valid libpq URL.
+    """
+    parse(spec)
+    text = "postgresql://" + spec.split("://", 1)[1]
+    text = re.sub(r"^(postgresql://[^:/@?]*):[^@/?]*@", r"\1@", text)
+    base, _sep, query = text.partition("?")
+    kept = [p for p in query.split("&") if p and not p.lower().startswith("password=")]
+    return base + ("?" + "&".join(kept) if kept else "")
+
+
+def parse(spec: str) -> dict[str, str]:
+    """The libpq parameters of ``spec`` (``postgres://`` read as ``postgresql://``).
+
+    Raises:
+        FormatError: ``spec`` is not a valid libpq URL (the message never shows a password).
+    """
+    if not is_postgres_spec(spec):
+        raise FormatError(f"store spec {redact_dsn(spec)!r} is not a postgresql:// URL")
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(spec).items() if v is not None}
+    except psycopg.Error as exc:
+        raise FormatError(
+            f"store spec {redact_dsn(spec)!r} is not a valid PostgreSQL URL: {redact_dsn(str(exc))}"
+        ) from None
+    port = params.get("port", "")
+    if port and not all(p.strip().isdigit() for p in port.split(",")):
+        raise FormatError(f"store spec {redact_dsn(spec)!r}: port {port!r} is not a number")
+    return params
+
+
+def translate_psycopg(exc: BaseException, where: str | None) -> BaseException:
+    """The typed error for a ``psycopg`` error (registered with the storage boundary,
+    :func:`~durable_harness.storage.oserrors.register_family`).
+
+    * a lost or refused connection, a pool that found no connection in time, a server
+      shutting down: :class:`~durable_harness.errors.StorageIOError` naming the server;
+    * a lock or statement timeout, a deadlock: :class:`~durable_harness.errors.DatabaseLocked`;
+    * anything else: :class:`~durable_harness.errors.StorageIOError` with the server's text.
+
+    Passwords are removed from every message.
+    """
+    server = redact_dsn(where or "PostgreSQL server")
+    text = redact_dsn(str(exc)).strip() or type(exc).__name__
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(
+        exc,
+        psycopg.errors.LockNotAvailable
+        | psycopg.errors.DeadlockDetected
+        | psycopg.errors.QueryCanceled,
+    ):
+        return DatabaseLocked(
+            f"{server}: {text}; retry once the other connection has finished",
+            path=server,
+            sqlstate=sqlstate,
+        )
+    if isinstance(exc, PoolTimeout):
+        cause = f"no connection to the server within {CONNECT_TIMEOUT_S} s ({text})"
+        return StorageIOError(f"{server}: {cause}", path=server, errno="ETIMEDOUT", cause=cause)
+    if isinstance(exc, psycopg.OperationalError):
+        cause = f"connection to the PostgreSQL server failed or was lost: {text}"
+        return StorageIOError(
+            f"{server}: {cause}", path=server, errno="ECONNRESET", cause=cause, sqlstate=sqlstate
+        )
+    return StorageIOError(
+        f"{server}: database error: {text}", path=server, errno=sqlstate, cause=text
+    )
+
+
+register_family(psycopg.Error, translate_psycopg)
+
+
+T = TypeVar("T")
+
+
+class Database:
+    """One PostgreSQL database as this process uses it: a connection pool (autocommit
+    connections; writes open explicit transactions) and the schema, migrated on first use.
+
+    Get one with :meth:`get`: one object per (process, spec), shared by every store object
+    opened on the same spec, so reopening a store opens no new connections.
+
+    Attributes:
+        spec: the libpq URL as given (may hold a password: never print it).
+        display: the server as :func:`describe` names it (printable).
+    """
+
+    _cache: ClassVar[dict[tuple[int, str], Database]] = {}
+    _cache_lock = threading.Lock()
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.display = describe(spec)
+        self._params = parse(spec)
+        self._migrated = False
+        self._pool_opened = False
+        self._lock = threading.Lock()
+        self.heartbeat: Any = None  # set by storage/postgres/lease.py (one per database)
+        try:
+            pool_max = int(os.environ.get(POOL_MAX_ENV) or DEFAULT_POOL_MAX)
+        except ValueError:
+            raise StorageError(
+                f"{POOL_MAX_ENV}={os.environ.get(POOL_MAX_ENV)!r} is not a whole number",
+                env=POOL_MAX_ENV,
+            ) from None
+        self.pool = ConnectionPool(
+            spec,
+            min_size=0,
+            max_size=max(1, pool_max),
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+            timeout=CONNECT_TIMEOUT_S,
+            open=False,
+            name=self.display,
+        )
+
+    @classmethod
+    def get(cls, spec: str) -> Database:
+        """The process's :class:`Database` for ``spec`` (made on first use; a forked child gets
+        its own, never its parent's connections).
+
+        Raises:
+            FormatError: ``spec`` is not a valid libpq URL.
+        """
+        key = (os.getpid(), spec)
+        with cls._cache_lock:
+            db = cls._cache.get(key)
+            if db is None:
+                db = cls._cache[key] = cls(spec)
+            return db
+
+    @classmethod
+    def forget(cls, spec: str) -> None:
+        """Close this process's pool for ``spec`` and drop it from the cache (tests, which
+        make a schema per test; stores still open on it fail afterwards)."""
+        with cls._cache_lock:
+            db = cls._cache.pop((os.getpid(), spec), None)
+        if db is not None and db._pool_opened:
+            db.pool.close(timeout=5)
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new connection of its own (not from the pool), autocommit.
+
+        Raises:
+            psycopg.OperationalError: the server cannot be reached (translated by the boundary).
+        """
+        return psycopg.connect(self.spec, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+
+    def _open_pool(self) -> None:
+        if not self._pool_opened:
+            with self._lock:
+                if not self._pool_opened:
+                    self.pool.open(wait=False)
+                    self._pool_opened = True
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled autocommit connection for the block. A connection found broken when it is
+        returned (the server restarted, the network dropped) is discarded by the pool."""
+        self._open_pool()
+        with self.pool.connection() as conn:
+            yield conn
+
+    def run(self, fn: Callable[[psycopg.Connection[Any]], T], *, idempotent: bool = True) -> T:
+        """``fn(conn)`` on a pooled connection. When ``idempotent`` (reads) and the connection
+        turns out broken (a server restart closed it while it sat in the pool), ``fn`` runs once
+        more on a fresh connection; the second failure is raised."""
+        for attempt in (1, 2):
+            with self.connection() as conn:
+                try:
+                    return fn(conn)
+                except psycopg.OperationalError:
+                    if attempt == 2 or not idempotent or not conn.broken:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The highest migration applied (``None`` when there is no ``migrations`` table)."""
+        found = conn.execute("SELECT to_regclass('migrations') IS NOT NULL").fetchone()
+        if not found or not found[0]:
+            return None
+        row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()
+        return int(row[0]) if row else 0
+
+    def ensure_schema(self, *, create: bool) -> None:
+        """Apply the migrations this database lacks (once per process), or with ``create=False``
+        only check that it is a durable-harness store (a store behind the current schema is
+        still migrated: an upgrade must not need a separate step before reading).
+
+        Raises:
+            StoreNotFound: ``create=False`` and the database holds no durable-harness store.
+            StorageError: the database was migrated by a newer durable-harness.
+            StorageIOError: the server cannot be reached.
+        """
+        if self._migrated:
+            return
+        with self._lock:
+            if self._migrated:
+                return
+            with self.connect() as conn:
+                version = self.schema_version(conn)
+                if version is None and not create:
+                    raise StoreNotFound(
+                        f"no such store: {self.display} holds no durable-harness tables "
+                        "(nothing was created; `durable-harness migrate --store SPEC` makes "
+                        "them)",
+                        path=self.display,
+                    )
+                if version is None or version < len(MIGRATIONS):
+                    migrate(conn, self.display)
+                else:
+                    check_not_newer(version, self.display)
+            self._migrated = True
+
+
+def check_not_newer(version: int, display: str) -> None:
+    """Raise :class:`StorageError` when ``version`` is past the migrations this code knows."""
+    if version > len(MIGRATIONS):
+        raise StorageError(
+            f"{display}: the store's schema is at version {version}, newer than this "
+            f"durable-harness knows ({len(MIGRATIONS)}): upgrade durable-harness",
+            path=display,
+            version=version,
+        )
+
+
+def migrate(conn: psycopg.Connection[Any], display: str) -> list[int]:
+    """Apply every migration past the database's version; return the versions applied.
+
+    Each runs in one transaction with its version row, under an advisory lock held for that
+    transaction, so concurrent callers apply it once (the others find its row and skip it).
+
+    Raises:
+        StorageError: the schema is newer than this code knows.
+    """
+    applied: list[int] = []
+    for version, script in enumerate(MIGRATIONS, start=1):
+        with conn.transaction():
+            # the lock first: two processes creating the table at once collide in the
+            # catalogue even with IF NOT EXISTS
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.durable_harness'))"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, "
+                "applied TEXT NOT NULL)"
+            )
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM migrations").fetchone()
+            current = int(row[0]) if row else 0
+            check_not_newer(current, display)
+            if current >= version:
+                continue
+            conn.execute(script)  # several statements, no parameters: one simple query
+            conn.execute("INSERT INTO migrations VALUES (%s, %s)", (version, now_iso()))
+            applied.append(version)
+    return applied
+
+
+def migrate_spec(spec: str) -> dict[str, Any]:
+    """``durable-harness migrate``: apply the pending migrations of the store at ``spec``;
+    return ``{"store", "applied": [versions], "version"}``.
+
+    Raises:
+        FormatError: not a PostgreSQL URL. StorageIOError: the server cannot be reached.
+    """
+    db = Database.get(spec)
+    with db.connect() as conn:
+        applied = migrate(conn, db.display)
+        version = db.schema_version(conn) or 0
+    db._migrated = True
+    return {"store": db.display, "applied": applied, "version": version}

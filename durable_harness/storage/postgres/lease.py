@@ -1,0 +1,319 @@
+"""Writer leases in the database: one ``leases`` row per session, with the holder (a random
+``owner`` token per acquisition, ``host``, ``pid``), the fencing ``generation`` and an ``expires``
+time on the **database's** clock (``clock_timestamp()``), so hosts' clocks never matter.
+
+* **Acquire** (one transaction, the row locked ``FOR UPDATE``): a live lease (``owner`` set,
+  ``expires`` in the future, and not held by a process of this host that has died:
+  :func:`dead_here`) refuses with :class:`~durable_harness.errors.LeaseHeld` unless
+  ``break_lease``; otherwise ``generation + 1``, a fresh owner token, ``expires = now +
+  duration``. Taking over an expired lease and breaking a live one both bump the generation.
+* **Renew**: one heartbeat thread per database per process (:class:`Heartbeat`) renews every
+  lease the process holds there in one ``UPDATE`` every ``duration / 3``, matched by owner
+  token: a lease another writer took (new token) is not renewed, and its holder is marked
+  :attr:`DbLease.lost`. A lease that expired but that nobody took is renewed (the generation
+  did not move, so nobody else can have written).
+* **Fence**: every commit reads the generation with its rows locked in the commit's own
+  transaction (``storage/postgres/store.py``); a lower one than the row's is
+  :class:`~durable_harness.errors.StaleGeneration`, so a paused or partitioned old owner cannot
+  write after a takeover, however late it wakes up.
+* **Release** (``close``): clears the owner and expiry if the token is still ours; the generation
+  stays.
+
+Duration: :data:`DEFAULT_LEASE_S`, or ``$DURABLE_HARNESS_PG_LEASE_S``, or the store's
+``lease_seconds``. See ``design/postgres.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from durable_harness.errors import LeaseHeld, SessionNotFound, StorageError
+from durable_harness.storage.postgres.connection import Database
+
+DEFAULT_LEASE_S = 30.0
+LEASE_ENV = "DURABLE_HARNESS_PG_LEASE_S"
+
+
+def lease_seconds(value: float | None = None) -> float:
+    """The lease duration in seconds: ``value``, else ``$DURABLE_HARNESS_PG_LEASE_S``, else
+    :data:`DEFAULT_LEASE_S`.
+
+    Raises:
+        StorageError: the duration is not a positive number.
+    """
+    raw: Any = value if value is not None else os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S
+    try:
+        secs = float(raw)
+    except (TypeError, ValueError):
+        secs = -1.0
+    if not secs > 0:
+        raise StorageError(f"lease duration {raw!r} is not a positive number of seconds")
+    return secs
+
+
+_HOLDER = (
+    "SELECT pid, host, generation, owner, expires, broken FROM leases WHERE session_id = %s "
+    "AND owner IS NOT NULL AND expires > clock_timestamp()"
+)
+
+
+def _holder_dict(row: tuple[Any, ...]) -> dict[str, Any]:
+    pid, host, generation, owner, expires, broken = row
+    return {
+        "pid": pid,
+        "host": host,
+        "generation": int(generation),
+        "owner": owner,
+        "expires": expires.isoformat() if expires is not None else None,
+        "broken": bool(broken),
+    }
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def owner_token() -> str:
+    """A new owner token: ``host:pid:pid-namespace:random``. The host and pid namespace let a
+    process on the same machine tell that a holder's process is gone (:func:`dead_here`)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_pid_namespace()}:{secrets.token_hex(8)}"
+
+
+def dead_here(owner: str | None, pid: int | None) -> bool:
+    """True when ``owner`` names a process on this host, in this pid namespace, that no longer
+    exists: its lease cannot be renewed any more, so it is taken over at once instead of after
+    it expires (as a ``flock`` is freed when its process dies). A reused pid reads as alive,
+    which only means waiting for the expiry."""
+    if not owner or pid is None:
+        return False
+    parts = owner.split(":")
+    if len(parts) != 4 or parts[0] != socket.gethostname() or parts[2] != _pid_namespace():
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def live_holder(conn: psycopg.Connection[Any], session_id: str) -> dict[str, Any] | None:
+    """The live holder of ``session_id``'s lease (``{"pid", "host", "generation", "owner",
+    "expires", "broken"}``), or ``None`` when it is free, expired, or held by a process of this
+    host that has died (:func:`dead_here`)."""
+    row = conn.execute(_HOLDER, (session_id,)).fetchone()
+    if row is None or dead_here(row[3], row[0]):
+        return None
+    return _holder_dict(row)
+
+
+def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
+    """The :class:`LeaseHeld` for a live ``holder`` of ``what``."""
+    return LeaseHeld(
+        f"{what} is open for writing by another live process (pid {holder.get('pid')} on "
+        f"{holder.get('host')}, generation {holder.get('generation')}, lease until "
+        f"{holder.get('expires')}); open it read-only, stop that process, or wait for its "
+        "lease to expire",
+        holder_pid=holder.get("pid"),
+        holder_host=holder.get("host"),
+        generation=holder.get("generation"),
+    )
+
+
+class DbLease:
+    """The writer lease of one session, held through a :class:`Database`.
+
+    Attributes:
+        generation: this holder's fencing generation (positive once acquired).
+        owner: this acquisition's random token (``None`` before acquiring).
+        lost: set by the heartbeat when another writer took the lease.
+        seconds: the lease duration.
+    """
+
+    def __init__(self, db: Database, session_id: str, what: str, seconds: float) -> None:
+        self.db = db
+        self.session_id = session_id
+        self.what = what
+        self.seconds = seconds
+        self.generation = 0
+        self.owner: str | None = None
+        self.lost = False
+
+    def acquire(self, *, break_lease: bool = False) -> int:
+        """Take the lease; return the new generation.
+
+        Raises:
+            SessionNotFound: the session has no row.
+            LeaseHeld: a live holder has it and ``break_lease`` is False.
+        """
+        owner = owner_token()
+
+        def take(conn: psycopg.Connection[Any]) -> int:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO leases (session_id) SELECT id FROM sessions WHERE id = %s "
+                    "ON CONFLICT (session_id) DO NOTHING",
+                    (self.session_id,),
+                )
+                row = conn.execute(
+                    "SELECT 1 FROM leases WHERE session_id = %s FOR UPDATE", (self.session_id,)
+                ).fetchone()
+                if row is None:
+                    raise SessionNotFound(
+                        f"no session {self.session_id} in {self.db.display}",
+                        session_id=self.session_id,
+                    )
+                holder = live_holder(conn, self.session_id)
+                live = holder is not None
+                if holder is not None and not break_lease:
+                    raise held_error(self.what, holder)
+                got = conn.execute(
+                    "UPDATE leases SET generation = generation + 1, owner = %s, host = %s, "
+                    "pid = %s, acquired = clock_timestamp(), broken = %s, "
+                    "expires = clock_timestamp() + make_interval(secs => %s) "
+                    "WHERE session_id = %s RETURNING generation",
+                    (owner, socket.gethostname(), os.getpid(), live, self.seconds, self.session_id),
+                ).fetchone()
+                assert got is not None
+                return int(got[0])
+
+        self.generation = self.db.run(take, idempotent=False)
+        self.owner = owner
+        self.lost = False
+        Heartbeat.of(self.db).add(self)
+        return self.generation
+
+    def adopt(self, generation: int, owner: str) -> None:
+        """Hold a lease taken for us by a claim (``PostgresStore.claim_expired``): record it
+        and start renewing it."""
+        self.generation, self.owner, self.lost = generation, owner, False
+        Heartbeat.of(self.db).add(self)
+
+    def probe(self) -> dict[str, Any] | None:
+        """The live holder (``"self": True`` when it is this lease), or ``None``."""
+        holder = self.db.run(lambda conn: live_holder(conn, self.session_id))
+        if holder is not None:
+            holder["self"] = holder.get("owner") == self.owner and self.owner is not None
+        return holder
+
+    def release(self) -> None:
+        """Give the lease up if it is still ours (owner and expiry cleared, generation kept).
+        Idempotent; a lease taken over meanwhile is left to its new holder."""
+        if self.owner is None:
+            return
+        owner, self.owner = self.owner, None
+        Heartbeat.of(self.db).remove(self)
+        self.db.run(
+            lambda conn: conn.execute(
+                "UPDATE leases SET owner = NULL, expires = NULL, pid = NULL WHERE "
+                "session_id = %s AND owner = %s",
+                (self.session_id, owner),
+            ),
+            idempotent=True,
+        )
+
+    def renew(self) -> bool:
+        """Renew this lease now (the heartbeat does this on its own); ``False`` (and
+        :attr:`lost` set) when another writer has taken it."""
+        Heartbeat.of(self.db).beat([self])
+        return not self.lost
+
+
+class Heartbeat:
+    """The thread that renews every lease one process holds in one database (one ``UPDATE``
+    per beat, every third of the shortest held lease's duration). It starts with the first
+    lease and ends when the last is released. A beat that cannot reach the server is retried
+    at the next tick; leases then expire on the server, which is the point."""
+
+    _guard = threading.Lock()
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._leases: dict[int, DbLease] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+        self.failures = 0
+
+    @classmethod
+    def of(cls, db: Database) -> Heartbeat:
+        """The heartbeat of ``db`` in this process."""
+        with cls._guard:
+            hb = db.heartbeat
+            if not isinstance(hb, Heartbeat):
+                hb = db.heartbeat = cls(db)
+            return hb
+
+    def add(self, lease: DbLease) -> None:
+        """Start renewing ``lease``."""
+        with self._cond:
+            self._leases[id(lease)] = lease
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"lease-heartbeat {self.db.display}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def remove(self, lease: DbLease) -> None:
+        """Stop renewing ``lease``."""
+        with self._cond:
+            self._leases.pop(id(lease), None)
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._leases:
+                    self._thread = None
+                    return
+                interval = min(lease.seconds for lease in self._leases.values()) / 3
+                deadline = time.monotonic() + interval
+                while self._leases and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                leases = list(self._leases.values())
+            if leases:
+                try:
+                    self.beat(leases)
+                except Exception:  # the server is away: the next tick tries again
+                    self.failures += 1
+
+    def beat(self, leases: list[DbLease]) -> None:
+        """Renew ``leases`` in one statement; mark those another writer took as lost."""
+        held = [lease for lease in leases if lease.owner is not None]
+        if not held:
+            return
+
+        def renew(conn: psycopg.Connection[Any]) -> set[str]:
+            rows = conn.execute(
+                "UPDATE leases AS l SET "
+                "expires = clock_timestamp() + make_interval(secs => h.secs) "
+                "FROM unnest(%s::text[], %s::text[], %s::float8[]) AS h(sid, owner, secs) "
+                "WHERE l.session_id = h.sid AND l.owner = h.owner RETURNING l.owner",
+                (
+                    [lease.session_id for lease in held],
+                    [lease.owner for lease in held],
+                    [lease.seconds for lease in held],
+                ),
+            ).fetchall()
+            return {str(r[0]) for r in rows}
+
+        renewed = self.db.run(renew)
+        self.beats += 1
+        for lease in held:
+            if lease.owner is not None and lease.owner not in renewed:
+                lease.lost = True
+                self.remove(lease)

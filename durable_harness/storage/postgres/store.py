@@ -1,0 +1,888 @@
+"""One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
+:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
+
+A commit is one statement, ``SELECT dh_commit(...)`` (migrations 2 and 3): the fence (the
+session and lease rows locked, this writer's generation and ``last_seq`` checked, else
+:class:`~durable_harness.errors.StaleGeneration`), the entries, records and lane ops numbered
+past ``last_seq`` (the tree and every lane's log share that one counter), the lanes and
+``last_seq`` updated, in one transaction. The writer knows ``last_seq`` and its lanes because
+it holds the lease (a cache loaded with the lease, dropped on any doubt). The database enforces
+structure: a missing parent or leaf is a foreign-key violation
+(:class:`~durable_harness.errors.UnknownEntry`), a taken id a primary-key one
+(:class:`~durable_harness.errors.IdConflict`); both roll the whole commit back.
+
+``commit(wait=False)`` commits without waiting for the WAL flush; :meth:`wait_durable` makes
+one flushing write. ``batch`` is group commit: commits that arrive while a transaction runs
+(threads), or that are queued when a task resumes (``commit_async``), go into the next
+transaction together; a call that fails is rolled back alone (the group is rerun with a
+savepoint per call). ``none`` never waits for the flush.
+
+A commit whose connection is lost is resolved, not guessed: the store reconnects (for up to
+:data:`~durable_harness.storage.postgres.connection.RECONNECT_DEADLINE_S`), reads ``last_seq``
+and the generation, and returns (the commit landed), commits again (it did not), or raises
+``StaleGeneration`` (another writer took over meanwhile). See ``design/postgres.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from durable_harness.errors import (
+    IdConflict,
+    InvalidOp,
+    ReadOnlySession,
+    SessionNotFound,
+    StaleGeneration,
+    StorageError,
+    StorageIOError,
+    UnknownEntry,
+)
+from durable_harness.ids import now_iso
+from durable_harness.storage import codec
+from durable_harness.storage.base import (
+    Durability,
+    EntryOp,
+    LaneState,
+    Op,
+    PendingCommit,
+    RecordOp,
+    SessionStore,
+    continuity_damage,
+    damage,
+    queued_commit,
+)
+from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
+from durable_harness.storage.postgres.lease import DbLease
+from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
+
+Conn = psycopg.Connection[Any]
+
+
+class _StaleState(Exception):
+    """Internal: the writer's cached ``last_seq`` was behind the database (``DH003``)."""
+
+
+RECENT_BODIES = 4096
+"""Entry bodies a writer keeps (those it committed or read), so that walking a context from the
+leaf costs no round trip for recent entries."""
+
+_USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
+"""Errors of one call whose transaction was rolled back: the writer's cache stays right."""
+
+
+class PostgresSessionStore(SessionStore):
+    """One session of a PostgreSQL store. Thread-safe; not bound to an event loop.
+
+    Attributes (besides :class:`~durable_harness.storage.base.SessionStore`'s):
+        db: the shared :class:`~durable_harness.storage.postgres.connection.Database`.
+        lease: the writer lease (``None`` when read-only).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        session_id: str,
+        *,
+        read_only: bool,
+        durability: Durability,
+        lease: DbLease | None,
+        break_lease: bool = False,
+    ) -> None:
+        """Open ``session_id``; with a ``lease``, take it (generation bumped).
+
+        Raises:
+            SessionNotFound: no such session.
+            LeaseHeld: a live writer holds it and ``break_lease`` is False.
+        """
+        self.db = db
+        self.session_id = session_id
+        self.read_only = read_only
+        self.durability = durability
+        self.location = f"{db.display}#{session_id}"
+        self.lease = lease
+        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._queue: list[PendingCommit] = []
+        self._async_queue: list[PendingCommit] = []
+        self._leader = False
+        self._damage: list[dict[str, Any]] | None = None
+        self._closed = False
+        self._txn_start = -1
+        # The writer's view of its own session (valid while it holds the lease: nobody else
+        # writes): last_seq, the lanes, recent entry bodies. Reloaded after any doubt.
+        self._state_ok = False
+        self._last = 0
+        self._lane_state: dict[str, LaneState] = {}
+        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._sync_commit = True  # this transaction waits for the WAL flush
+        self._unsynced = False  # a commit made with wait=False is not yet known durable
+        row = db.run(
+            lambda c: c.execute(
+                "SELECT header FROM sessions WHERE id = %s", (session_id,)
+            ).fetchone()
+        )
+        if row is None:
+            raise SessionNotFound(f"no session {session_id} in {db.display}", session_id=session_id)
+        self.header = codec.loads(bytes(row[0]))
+        self.generation = 0
+        if lease is not None:
+            # a lease claimed by the catalogue (claim_expired) is already held
+            self.generation = lease.generation or lease.acquire(break_lease=break_lease)
+            self.db.run(self._load_state)
+
+    def _load_state(self, conn: Conn) -> None:
+        """(Writer) read ``last_seq`` and every lane into the writer's cache."""
+        row = conn.execute(
+            "SELECT last_seq FROM sessions WHERE id = %s", (self.session_id,)
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        lanes = conn.execute(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
+            (self.session_id,),
+        ).fetchall()
+        self._last = int(row[0])
+        self._lane_state = {r[0]: _lane(r) for r in lanes}
+        self._state_ok = True
+
+    def _cached(self) -> bool:
+        """True when reads may be answered from the writer's cache."""
+        if self.read_only or self.lease is None:
+            return False
+        if not self._state_ok:
+            with self._lock:
+                if not self._state_ok:
+                    self.db.run(self._load_state)
+        return True
+
+    def _remember(self, entry_id: str, body: bytes) -> None:
+        self._bodies[entry_id] = body
+        if len(self._bodies) > RECENT_BODIES:
+            self._bodies.popitem(last=False)
+
+    def _after(self, batch: list[PendingCommit]) -> None:
+        """After a batch: fold each committed item's ops into the writer's cache, in seq
+        order; any error that leaves the stored state in doubt drops the cache."""
+        if any(
+            item.error is not None and not isinstance(item.error, _USER_ERRORS) for item in batch
+        ):
+            self._state_ok = False
+            self._bodies.clear()
+            return
+        for item in sorted(batch, key=lambda i: i.seq):
+            if item.error is not None:
+                continue
+            seq = item.seq - len(item.ops)
+            for op in item.ops:
+                seq += 1
+                self._fold(op, seq)
+            self._last = max(self._last, item.seq)
+
+    def _fold(self, op: Op, seq: int) -> None:
+        """Apply one committed op to the cached lanes (the rules of ``dh_commit``, migration 3)."""
+        lanes = self._lane_state
+        if isinstance(op, EntryOp):
+            eid = str(op.entry["id"])
+            self._remember(eid, codec.dumps({**op.entry, "seq": seq}))
+            if op.lane is not None:
+                lanes.setdefault(op.lane, LaneState(op.lane)).leaf_id = eid
+        elif isinstance(op, RecordOp):
+            lane, run_id = op.record.get("lane"), op.record.get("runId")
+            if lane is None:
+                return
+            state = lanes.setdefault(str(lane), LaneState(str(lane)))
+            rtype = op.record.get("type")
+            if rtype == "run_started":
+                state.run_id, state.run_seq = run_id, seq
+            elif rtype == "run_finished" and state.run_id == run_id and run_id is not None:
+                state.run_id, state.run_seq = None, None
+        else:
+            state = lanes.setdefault(op.lane, LaneState(op.lane))
+            if op.sets_leaf():
+                state.leaf_id = op.leaf_id
+            if op.config:
+                state.config = {**state.config, **op.config}
+
+    # -- reading ---------------------------------------------------------------------------
+    def _rows(self, query: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        return self.db.run(lambda c: c.execute(query, args).fetchall())
+
+    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        cached = self._cached()
+        if cached:
+            with self._lock:
+                body = self._bodies.get(entry_id)
+            if body is not None:
+                value = codec.loads(body)
+                return value if isinstance(value, dict) else None
+        rows = self._rows(
+            "SELECT id, seq, body FROM entries WHERE session_id = %s AND id = %s",
+            (self.session_id, entry_id),
+        )
+        if not rows:
+            return None
+        got = self._decode("entries", *rows[0])
+        if cached and got is not None:
+            with self._lock:
+                self._remember(entry_id, bytes(rows[0][2]))
+        return got
+
+    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        query = "SELECT id, seq, body FROM entries WHERE session_id = %s"
+        args: list[Any] = [self.session_id]
+        if types is not None:
+            query += " AND type = ANY(%s)"
+            args.append(list(types))
+        rows = self._rows(query + " ORDER BY seq", args)
+        return [d for r in rows if (d := self._decode("entries", *r)) is not None]
+
+    def entry_count(self) -> int:
+        rows = self._rows("SELECT COUNT(*) FROM entries WHERE session_id = %s", (self.session_id,))
+        return int(rows[0][0])
+
+    def lanes(self) -> dict[str, LaneState]:
+        if self._cached():
+            with self._lock:  # a commit folding into the cache must not be seen halfway
+                out = {k: _copy_lane(v) for k, v in self._lane_state.items()}
+            out.setdefault("main", LaneState("main"))
+            return out
+        rows = self._rows(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
+            (self.session_id,),
+        )
+        out = {r[0]: _lane(r) for r in rows}
+        out.setdefault("main", LaneState("main"))
+        return out
+
+    def lane(self, name: str) -> LaneState:
+        if self._cached():
+            with self._lock:
+                got = self._lane_state.get(name)
+                return LaneState(name) if got is None else _copy_lane(got)
+        rows = self._rows(
+            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s "
+            "AND name = %s",
+            (self.session_id, name),
+        )
+        return _lane(rows[0]) if rows else LaneState(name)
+
+    def records(
+        self,
+        lane: str | None = None,
+        *,
+        run_id: str | None = None,
+        since_seq: int = 0,
+        types: tuple[str, ...] | None = None,
+    ) -> list[dict[str, Any]]:
+        query = "SELECT id, seq, body FROM records WHERE session_id = %s AND seq > %s"
+        args: list[Any] = [self.session_id, since_seq]
+        if lane is not None:
+            query += " AND lane = %s"
+            args.append(lane)
+        if run_id is not None:
+            query += " AND run_id = %s"
+            args.append(run_id)
+        if types is not None:
+            query += " AND type = ANY(%s)"
+            args.append(list(types))
+        rows = self._rows(query + " ORDER BY seq", args)
+        return [d for r in rows if (d := self._decode("records", *r)) is not None]
+
+    def last_seq(self) -> int:
+        if self._cached():
+            return self._last
+        rows = self._rows("SELECT last_seq FROM sessions WHERE id = %s", (self.session_id,))
+        if not rows:
+            raise SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        return int(rows[0][0])
+
+    def lease_holder(self) -> dict[str, Any] | None:
+        """The live holder of the writer lease (``{"pid", "host", "generation", "owner",
+        "expires", "broken", "self"}``), or ``None`` when nobody holds an unexpired lease."""
+        probe = self.lease or DbLease(self.db, self.session_id, self.location, 1.0)
+        return probe.probe()
+
+    # -- writing ---------------------------------------------------------------------------
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+        """Commit ``ops`` in one transaction (see the module docstring). With ``wait`` (and
+        not in ``none`` mode) COMMIT waits for the server's WAL flush; with ``wait=False`` it
+        does not (``synchronous_commit = off`` for that transaction) and :meth:`wait_durable`
+        makes it durable.
+
+        Raises:
+            ReadOnlySession, StaleGeneration, IdConflict, UnknownEntry, InvalidOp: as
+                :meth:`SessionStore.commit`.
+            StorageIOError: the server could not be reached again to finish the commit.
+        """
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if not ops:
+            return self.last_seq()
+        self._check_shapes(ops)
+        item = PendingCommit(ops)
+        if self.durability != "batch" or not wait:
+            with self._lock:
+                self._sync_commit = wait and self.durability != "none"
+                try:
+                    self._run_batch([item])
+                finally:
+                    self._sync_commit = True
+                if not wait and item.error is None and self.durability != "none":
+                    self._unsynced = True
+        else:
+            with self._cond:
+                self._queue.append(item)
+                while not item.done:
+                    if self._leader:
+                        self._cond.wait()
+                        continue
+                    self._leader = True
+                    batch, self._queue = self._queue, []
+                    self._cond.release()
+                    try:
+                        with self._lock:
+                            self._run_batch(batch)
+                    finally:
+                        self._cond.acquire()
+                        self._leader = False
+                        self._cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
+    async def commit_async(self, ops: list[Op]) -> int:
+        """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
+        transaction (see :func:`~durable_harness.storage.base.queued_commit`).
+
+        Raises:
+            as :meth:`commit`.
+        """
+        if self.durability != "batch":
+            return await super().commit_async(ops)
+        if self.read_only:
+            raise ReadOnlySession(f"session {self.location} is open read-only")
+        if not ops:
+            return self.last_seq()
+        self._check_shapes(ops)
+
+        def run(batch: list[PendingCommit]) -> None:
+            with self._lock:
+                self._run_batch(batch)
+
+        return await queued_commit(self._async_queue, ops, run)
+
+    def _check_shapes(self, ops: list[Op]) -> None:
+        for op in ops:
+            problem = op_shape_error(op)
+            if problem is not None:
+                raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
+
+    def _commit_batch(self, batch: list[PendingCommit]) -> None:
+        """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or
+        ``error`` and ``done``. Resolves a lost connection (see the module docstring)."""
+        deadline = time.monotonic() + RECONNECT_DEADLINE_S
+        while True:
+            self._txn_start = -1
+            lost: BaseException | None = None
+            try:
+                with self.db.connection() as conn:
+                    try:
+                        self._transaction(conn, batch)
+                        return
+                    except psycopg.OperationalError as exc:
+                        if not conn.broken:
+                            raise
+                        lost = exc
+            except BaseException as exc:
+                if lost is None:
+                    for item in batch:
+                        item.error, item.done = item.error or exc, True
+                    return
+            if self._resolve(batch, self._txn_start, lost, deadline):
+                return
+
+    def _run_batch(self, batch: list[PendingCommit]) -> None:
+        """:meth:`_commit_batch`, then the writer's cache follows what was committed."""
+        try:
+            self._commit_batch(batch)
+        finally:
+            self._after(batch)
+
+    def _resolve(
+        self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
+    ) -> bool:
+        """After the connection was lost mid-commit: learn from a new connection whether the
+        group landed. Returns ``True`` when every item is settled, ``False`` to run it again."""
+        while True:
+            try:
+                row = self.db.run(
+                    lambda c: c.execute(
+                        "SELECT s.last_seq, l.generation FROM sessions s JOIN leases l ON "
+                        "l.session_id = s.id WHERE s.id = %s",
+                        (self.session_id,),
+                    ).fetchone()
+                )
+                break
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    err = StorageIOError(
+                        f"{self.location}: the connection was lost during a commit and the "
+                        f"server could not be reached again within {RECONNECT_DEADLINE_S:g} s, "
+                        f"so whether the commit landed is unknown ({exc}); reopen the session "
+                        "to see",
+                        path=self.location,
+                        errno="ECONNRESET",
+                        outcome="unknown",
+                    )
+                    for item in batch:
+                        item.error, item.done = err, True
+                    return True
+                time.sleep(0.2)
+        if row is None:
+            for item in batch:
+                item.error = SessionNotFound(
+                    f"session {self.location} was deleted", session_id=self.session_id
+                )
+                item.done = True
+            return True
+        last_seq, generation = int(row[0]), int(row[1])
+        if generation != self.generation:
+            stale = self._stale(generation)
+            for item in batch:
+                item.error, item.done = stale, True
+            return True
+        want = [item for item in batch if not item.done]
+        if start >= 0 and want and last_seq == want[-1].seq and last_seq > start:
+            return True  # it landed: the COMMIT was durable before the reply was lost
+        for item in want:
+            item.error, item.seq = None, 0
+        if start < 0 or last_seq == start:
+            return False  # nothing landed: run the group again
+        err2 = StorageIOError(
+            f"{self.location}: the connection was lost during a commit and last_seq moved "
+            f"from {start} to {last_seq}, not to the commit's end; reopen the session",
+            path=self.location,
+            cause=str(lost),
+        )
+        for item in want:
+            item.error, item.done = err2, True
+        return True
+
+    def _stale(self, current: int) -> StaleGeneration:
+        if self.lease is not None:
+            self.lease.lost = True
+        return StaleGeneration(
+            f"session {self.location}: this writer holds generation {self.generation} but the "
+            f"lease is now at generation {current}; the commit was refused",
+            generation=self.generation,
+            current=current,
+        )
+
+    def _transaction(self, conn: Conn, batch: list[PendingCommit]) -> None:
+        """Run ``batch`` in one transaction on ``conn``, noting the ``last_seq`` it started from
+        in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
+        connection.
+
+        The fast path (a writer, which knows its ``last_seq``) is one ``dh_commit`` statement
+        (:meth:`_send`): one round trip whatever the number of ops; a failed fence aborts it.
+        When a group of several calls fails, it is rolled back and run again one call per
+        savepoint, so the bad call fails alone."""
+        pending = [item for item in batch if not item.done]
+        for attempt in (1, 2):
+            if not self._state_ok:
+                self._load_state(conn)
+            try:
+                self._fast(conn, pending)
+                break
+            except _StaleState:  # the cache was behind the database: reload it once
+                self._state_ok = False
+                if attempt == 2:
+                    raise StorageError(
+                        f"{self.location}: last_seq moved under this writer's lease twice; "
+                        "reopen the session",
+                        path=self.location,
+                    ) from None
+            except (psycopg.OperationalError, StaleGeneration, SessionNotFound):
+                raise
+            except Exception:
+                if len(pending) == 1:
+                    raise
+                for item in pending:
+                    item.seq = 0
+                self._stepwise(conn, pending)
+                break
+        for item in pending:
+            item.done = True
+
+    def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
+        """Every item in one statement, ``dh_commit`` (migration 3): one transaction, no
+        savepoints; any failure fails all."""
+        ops = [op for item in pending for op in item.ops]
+        seq = self._txn_start = self._last
+        for item in pending:
+            seq += len(item.ops)
+            item.seq = seq
+        try:
+            self._send(conn, ops, self._txn_start)
+        except psycopg.errors.IntegrityError as exc:
+            raise self._key_error(exc, ops) from exc
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            raise self._fence_error(exc) from exc
+
+    def _fence_error(self, exc: psycopg.Error) -> Exception:
+        """The error for a refused fence (``DH001``-``DH003``, raised by ``dh_fence``), or
+        ``exc`` itself for anything else."""
+        state = getattr(exc, "sqlstate", None)
+        number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
+        if state == "DH002":
+            return self._stale(int(number.group(1)) if number else -1)
+        if state == "DH001":
+            return SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        if state == "DH003":
+            return _StaleState()
+        return exc
+
+    def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
+        """One ``SELECT dh_commit(...)`` (autocommit: its own transaction) for ``ops`` after
+        ``last_seq``.
+
+        Raises:
+            UnknownEntry: an entry or record without a string id (checked before sending).
+            psycopg.Error: the database refused it (a key, the fence).
+        """
+        kinds: list[str] = []
+        idents: list[str | None] = []
+        parents: list[Any] = []
+        types: list[str | None] = []
+        lanes: list[str | None] = []
+        runs: list[str | None] = []
+        bodies: list[bytes] = []
+        set_leaf: list[bool] = []
+        configs: list[str | None] = []
+        merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
+        seq = last_seq
+        for op in ops:
+            seq += 1
+            if isinstance(op, EntryOp):
+                eid = op.entry.get("id")
+                if not isinstance(eid, str) or not eid:
+                    raise UnknownEntry("an entry needs a non-empty string id")
+                parent = op.entry.get("parentId")
+                kinds.append("e")
+                idents.append(eid)
+                parents.append(None if parent is None else str(parent))
+                types.append(str(op.entry.get("type", "")))
+                lanes.append(op.lane)
+                runs.append(None)
+                bodies.append(codec.dumps({**op.entry, "seq": seq}))
+                set_leaf.append(False)
+                configs.append(None)
+            elif isinstance(op, RecordOp):
+                rid = op.record.get("id")
+                if not isinstance(rid, str) or not rid:
+                    raise UnknownEntry("a record needs a non-empty string id")
+                lane, run_id = op.record.get("lane"), op.record.get("runId")
+                kinds.append("r")
+                idents.append(rid)
+                parents.append(None)
+                types.append(str(op.record.get("type", "")))
+                lanes.append(None if lane is None else str(lane))
+                runs.append(None if run_id is None else str(run_id))
+                bodies.append(codec.dumps({**op.record, "seq": seq}))
+                set_leaf.append(False)
+                configs.append(None)
+            else:
+                body: dict[str, Any] = {"lane": op.lane, "seq": seq}
+                if op.sets_leaf():
+                    body["leafId"] = op.leaf_id
+                config = None
+                if op.config:
+                    body["config"] = op.config
+                    known = self._lane_state.get(op.lane)
+                    base = merged.get(op.lane, known.config if known is not None else {})
+                    merged[op.lane] = {**base, **op.config}
+                    config = codec.dumps(merged[op.lane]).decode()
+                kinds.append("l")
+                idents.append(None)
+                parents.append(op.leaf_id if op.sets_leaf() else None)
+                types.append(None)
+                lanes.append(op.lane)
+                runs.append(None)
+                bodies.append(codec.dumps(body))
+                set_leaf.append(op.sets_leaf())
+                configs.append(config)
+        conn.execute(
+            "SELECT dh_commit(%s, %s, %s, %s, %s, %s::text[], %s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::text[], %s::bytea[], %s::boolean[], %s::text[])",
+            (
+                self.session_id,
+                self.generation,
+                last_seq,
+                self._sync_commit,
+                now_iso(),
+                kinds,
+                idents,
+                parents,
+                types,
+                lanes,
+                runs,
+                bodies,
+                set_leaf,
+                configs,
+            ),
+        )
+
+    def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
+        """Every item in one transaction, each its own ``dh_commit`` in its own savepoint: a
+        failing item gets its error, the others commit (each call's fence sees the
+        ``last_seq`` the call before it left)."""
+        seq = self._txn_start = self._last
+        with conn.transaction():
+            for item in pending:
+                try:
+                    with conn.transaction():  # a savepoint
+                        self._send(conn, item.ops, seq)
+                    item.seq = seq = seq + len(item.ops)
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.errors.IntegrityError as exc:
+                    item.error, item.done = self._key_error(exc, item.ops), True
+                except psycopg.Error as exc:
+                    item.error, item.done = self._fence_error(exc), True
+                except Exception as exc:
+                    item.error, item.done = exc, True
+
+    def _key_error(self, exc: psycopg.errors.IntegrityError, ops: list[Op]) -> Exception:
+        """The typed error for a key the database refused (by the constraint's name), or
+        ``exc`` itself for one no op can cause (the boundary then names it)."""
+        name = exc.diag.constraint_name or ""
+        detail = exc.diag.message_detail or ""
+        found = re.search(r"=\((.*)\) (?:already exists|is not present)", detail)
+        value = found.group(1) if found else "?"
+        if value.startswith(f"{self.session_id}, "):
+            value = value[len(self.session_id) + 2 :]
+        where = self.location
+        if name == "entries_pkey":
+            return IdConflict(f"entry id {value} already exists in {where}", entry_id=value)
+        if name == "records_pkey":
+            return IdConflict(f"record id {value} already exists in {where}", record_id=value)
+        if name == "entries_parent":
+            child = next(
+                (
+                    op.entry.get("id")
+                    for op in ops
+                    if isinstance(op, EntryOp) and op.entry.get("parentId") == value
+                ),
+                "?",
+            )
+            return UnknownEntry(
+                f"parent {value} of entry {child} does not exist in {where}", entry_id=value
+            )
+        if name == "lanes_leaf":
+            return UnknownEntry(f"leaf {value} does not exist in {where}", entry_id=value)
+        return exc
+
+    def _decode(self, table: str, ident: str, seq: int, body: Any) -> dict[str, Any] | None:
+        """A stored body as a dict; a damaged one is reported in :attr:`damage` (``bad_row``)
+        and left out, never raised."""
+        value, problem = _row_problem(table, ident, int(seq), bytes(body))
+        if problem is not None:
+            item = _bad_row(self.location, table, ident, int(seq), problem)
+            with self._lock:
+                if item not in self.damage:
+                    self.damage.append(item)
+            return None
+        return value
+
+    @property
+    def damage(self) -> list[dict[str, Any]]:
+        """Damage in this session, from one :meth:`scan` on first use (opening stays one row
+        read), plus any damaged row a later read meets."""
+        with self._lock:
+            if self._damage is None:
+                self._damage = self.scan()
+            return self._damage
+
+    @damage.setter
+    def damage(self, value: list[dict[str, Any]]) -> None:
+        self._damage = value
+
+    def scan(self) -> list[dict[str, Any]]:
+        """Check the whole session in one snapshot (``REPEATABLE READ``); return its damage.
+
+        The database enforces ids, parents, leaves and unique seqs, so what can still be found
+        is what bypassed it: a body that does not decode or names another id or seq than its
+        row (``bad_row``), a deleted row (``seq_gap`` below ``last_seq``, or ``truncated`` when
+        the last seqs are gone), an entry whose parent was deleted with the constraint off
+        (``orphan_parent``), a seq stored in two tables (``seq_regression``).
+        """
+        sid = self.session_id
+
+        def read(conn: Conn) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[Any]]:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                head = conn.execute("SELECT last_seq FROM sessions WHERE id = %s", (sid,))
+                got = head.fetchone()
+                last = int(got[0]) if got else 0
+                entries = conn.execute(
+                    "SELECT id, seq, parent_id, body FROM entries WHERE session_id = %s", (sid,)
+                ).fetchall()
+                records = conn.execute(
+                    "SELECT id, seq, body FROM records WHERE session_id = %s", (sid,)
+                ).fetchall()
+                lane_ops = conn.execute(
+                    "SELECT seq, lane FROM lane_ops WHERE session_id = %s", (sid,)
+                ).fetchall()
+            return last, entries, records, lane_ops
+
+        last_seq, entries, records, lane_ops = self.db.run(read)
+        out: list[dict[str, Any]] = []
+        stored: list[tuple[int, str, str]] = []
+        entry_ids = {r[0] for r in entries}
+        for rid, seq, parent, body in entries:
+            stored.append((int(seq), "entries", rid))
+            problem = _row_problem("entries", rid, int(seq), bytes(body))[1]
+            if problem is not None:
+                out.append(_bad_row(self.location, "entries", rid, int(seq), problem))
+            if parent is not None and parent not in entry_ids:
+                out.append(
+                    damage(
+                        "orphan_parent",
+                        f"entry {rid} of {self.location} names parent {parent}, which is missing",
+                        table="entries",
+                        id=rid,
+                        seq=int(seq),
+                        parentId=parent,
+                    )
+                )
+        for rid, seq, body in records:
+            stored.append((int(seq), "records", rid))
+            problem = _row_problem("records", rid, int(seq), bytes(body))[1]
+            if problem is not None:
+                out.append(_bad_row(self.location, "records", rid, int(seq), problem))
+        stored.extend((int(seq), "lane_ops", lane) for seq, lane in lane_ops)
+        stored.sort()
+        checked: list[tuple[int, dict[str, Any]]] = []
+        for i, (seq, table, rid) in enumerate(stored):
+            if i and stored[i - 1][0] == seq:
+                out.append(
+                    damage(
+                        "seq_regression",
+                        f"seq {seq} is stored twice ({stored[i - 1][1]} and {table})",
+                        table=table,
+                        id=rid,
+                        seq=seq,
+                    )
+                )
+            else:
+                checked.append(
+                    (seq, {"table": table, ("lane" if table == "lane_ops" else "id"): rid})
+                )
+        out.extend(
+            continuity_damage(
+                checked, 0, last_seq, {"table": "sessions", "id": sid, "seq": last_seq}
+            )
+        )
+        return out
+
+    def wait_durable(self) -> None:
+        """Make every commit so far durable: after a ``commit(wait=False)``, one synchronous
+        write (this session's lease row: renewed if still ours, else rewritten as it is) whose
+        COMMIT flushes the server's WAL past every earlier commit of any connection."""
+        if not self._unsynced:
+            return
+        with self._lock:
+            if not self._unsynced:
+                return
+            self._unsynced = False
+            owner = self.lease.owner if self.lease is not None else None
+            seconds = self.lease.seconds if self.lease is not None else 0.0
+            try:
+                self.db.run(
+                    lambda c: c.execute(
+                        "UPDATE leases SET expires = CASE WHEN owner = %s THEN "
+                        "clock_timestamp() + make_interval(secs => %s) ELSE expires END "
+                        "WHERE session_id = %s",
+                        (owner, seconds, self.session_id),
+                    ),
+                    idempotent=True,
+                )
+            except BaseException:
+                self._unsynced = True
+                raise
+
+    async def wait_durable_async(self) -> None:
+        """As :meth:`wait_durable`, on the event loop's thread (one round trip, as a commit)."""
+        self.wait_durable()
+
+    def close(self) -> None:
+        """Make earlier commits durable, release the lease (if still ours). The connections
+        stay in the process's pool. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self.read_only:
+                self.wait_durable()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            lease, self.lease = self.lease, None
+            lease.release()
+
+
+def _copy_lane(lane: LaneState) -> LaneState:
+    return LaneState(lane.name, lane.leaf_id, dict(lane.config), lane.run_id, lane.run_seq)
+
+
+def _lane(r: tuple[Any, ...]) -> LaneState:
+    return LaneState(
+        r[0], r[1], codec.loads(bytes(r[2])), r[3], None if r[4] is None else int(r[4])
+    )
+
+
+def _row_problem(
+    table: str, ident: str, seq: int, body: bytes
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Decode one stored body: ``(value, None)``, or ``(None, why it is damaged)``."""
+    try:
+        value = codec.loads(body)
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, "not an object"
+    problem = entry_shape_error(value) if table == "entries" else record_shape_error(value)
+    if problem is None and (value.get("id") != ident or value.get("seq") != seq):
+        problem = (
+            f"the body names id {value.get('id')!r} seq {value.get('seq')!r}, the row id "
+            f"{ident!r} seq {seq}"
+        )
+    return (None, problem) if problem is not None else (dict(value), None)
+
+
+def _bad_row(location: str, table: str, ident: str, seq: int, problem: str) -> dict[str, Any]:
+    what = "entry" if table == "entries" else "record"
+    return damage(
+        "bad_row",
+        f"{what} {ident} (seq {seq}) of {location}: {problem}; left out",
+        table=table,
+        id=ident,
+        seq=seq,
+    )
