@@ -847,6 +847,7 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
 )
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
+    from durable_harness.console import console_router, is_console_path
     from durable_harness.host import HostOptions
     from durable_harness.http import create_app, serve
     from durable_harness.http.control import control_endpoint
@@ -862,7 +863,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         control=control_endpoint(token=token) if args.control_ports else None,
     )
     store = store_of(args, create=True)
-    serve(create_app(store=store, options=options, token=token), args.host, args.port, token=token)
+    app = create_app(store=store, options=options, token=token, own_auth=is_console_path)
+    app.include_router(console_router(lambda: app.state.manager, token=token))
+    serve(app, args.host, args.port, token=token)
+    return 0
 
 
 @command(
@@ -881,6 +885,7 @@ def cmd_acp(args: argparse.Namespace) -> int:
     make_provider(args.provider)
     options = HostOptions(provider=args.provider, policy=args.policy, mode=args.durability)
     run_async(serve, store_of(args, create=True), options)
+    return 0
 
 
 @command(

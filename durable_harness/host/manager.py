@@ -84,7 +84,7 @@ MAX_MESSAGE_BYTES = 1 << 20
 
 def default_tools(runtime: CommandRuntime) -> Mapping[str, Tool]:
     """The built-in tools, their bash running commands through ``runtime``."""
-    return builtin_tools()
+    return builtin_tools(runtime=runtime)
 
 
 @dataclass

@@ -85,6 +85,7 @@ def create_app(
     options: HostOptions | None = None,
     token: str | None = None,
     metrics: MetricsSink | None = None,
+    own_auth: Callable[[str], bool] | None = None,
 ) -> FastAPI:
     """Build the API.
 
@@ -96,6 +97,9 @@ def create_app(
         token: when given, every request (``/metrics`` and ``/openapi.json`` included) needs
             ``Authorization: Bearer <token>``. The CLI requires one off loopback.
         metrics: the ``/metrics`` sink (default: :func:`~durable_harness.http.metrics.make_sink`).
+        own_auth: ``path -> bool``: paths of a front mounted beside the API that checks the
+            token itself (the console, which also takes it from a login cookie); the bearer
+            header check lets them through.
 
     Returns:
         The FastAPI application (OpenAPI at ``/openapi.json``).
@@ -130,7 +134,7 @@ def create_app(
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     max_message = (options or HostOptions()).max_message_bytes
     app.add_middleware(BodyLimit, limit=body_limit_for(max_message))
-    app.add_middleware(BearerAuth, token=token)  # added last: runs first
+    app.add_middleware(BearerAuth, token=token, own_auth=own_auth)  # added last: runs first
     return app
 
 

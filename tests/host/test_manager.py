@@ -393,3 +393,24 @@ async def test_a_run_that_ends_while_being_accepted_leaves_the_session_idle(
             await state_is(m, rec.id, "idle")
         await m.close(rec.id)
     assert len(records(spec, rec.id, "run_finished")) == 5
+
+
+async def test_the_command_runtime_is_recorded_and_chosen_again_on_resume(tmp_path: Path) -> None:
+    """A PTY session's bash sees a terminal, in generation 1 and again after a resume."""
+    spec = f"jsonl:{tmp_path / 'store'}"
+    work = Path(workdir(tmp_path))
+    probe = f"test -t 1 && echo tty >> {work / 'seen'} || echo pipe >> {work / 'seen'}"
+    call = {"text": "", "tool_calls": [{"name": "bash", "arguments": {"command": probe}}]}
+    provider = script(tmp_path, [call, {"text": "ok"}])
+    async with SessionManager(spec, HostOptions(provider=provider)) as m:
+        rec = await m.create(str(work), command_runtime="pty")
+        await m.send(rec.id, "probe")
+        await state_is(m, rec.id, "idle")
+        await m.close(rec.id)
+    async with SessionManager(spec, HostOptions(provider=provider)) as m:
+        back = await m.resume(rec.id)
+        assert back.command_runtime == "pty"
+        await m.send(rec.id, "probe again")
+        await state_is(m, rec.id, "idle")
+        await m.close(rec.id)
+    assert (work / "seen").read_text() == "tty\ntty\n"
