@@ -113,6 +113,7 @@ def create_app(
         try:
             manager = factory()
             manager.observe(sink.observe)  # before entering: resumed at start-up too
+            sink.start()  # commit and fsync latency from storage.timing
             entered = await manager.__aenter__()
         except BaseException as exc:
             app.state.startup_error = root_cause(exc)  # serve() raises it as itself
@@ -121,7 +122,10 @@ def create_app(
         try:
             yield
         finally:
-            await manager.__aexit__(None, None, None)
+            try:
+                await manager.__aexit__(None, None, None)
+            finally:
+                sink.close()
 
     app = FastAPI(
         title="durable-harness host",

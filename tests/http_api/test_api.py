@@ -329,7 +329,7 @@ def test_metrics_count_sessions_by_state_and_runs(start_server, script, workdir)
         assert _metric(text, 'durable_harness_sessions{state="closed"}') == 1
         assert _metric(text, 'durable_harness_sessions{state="suspended"}') == 0
         assert _metric(text, 'durable_harness_runs_total{outcome="completed"}') == 1
-        assert _metric(text, "durable_harness_in_doubt_awaiting_decision") == 0
+        assert _metric(text, "durable_harness_tool_calls_awaiting_decision") == 0
 
 
 def test_token_from_the_environment_guards_a_loopback_server(start_server, script, workdir):

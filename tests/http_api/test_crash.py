@@ -72,7 +72,7 @@ def test_server_killed_mid_tool_restarts_with_plans_and_decisions_finish_the_run
         awaiting = [
             line
             for line in metrics.splitlines()
-            if line.startswith("durable_harness_in_doubt_awaiting_decision ")
+            if line.startswith("durable_harness_tool_calls_awaiting_decision ")
         ]
         assert awaiting and float(awaiting[0].split()[1]) >= len(suspended)
 
