@@ -414,3 +414,26 @@ async def test_the_command_runtime_is_recorded_and_chosen_again_on_resume(tmp_pa
         await state_is(m, rec.id, "idle")
         await m.close(rec.id)
     assert (work / "seen").read_text() == "tty\ntty\n"
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+async def test_forget_deletes_a_closed_session_and_only_that_one(
+    tmp_path: Path, backend: str
+) -> None:
+    spec = f"jsonl:{tmp_path / 'store'}" if backend == "jsonl" else f"sqlite:{tmp_path / 'h.db'}"
+    provider = script(tmp_path, [{"text": "hello"}])
+    async with SessionManager(spec, HostOptions(provider=provider)) as m:
+        gone = await m.create(workdir(tmp_path))
+        kept = await m.create(workdir(tmp_path))
+        await m.send(gone.id, "hi")
+        await state_is(m, gone.id, "idle")
+        with pytest.raises(SessionLive):
+            await m.forget(gone.id)
+        await m.close(gone.id)
+        await m.forget(gone.id)
+        with pytest.raises(SessionNotFound):
+            await m.get(gone.id)
+        assert [r.id for r in await m.list()] == [kept.id]
+        assert (await m.get(kept.id)).state == "idle"
+        await m.close(kept.id)
+    assert [i.id for i in open_store(spec).list_sessions()] == [kept.id]

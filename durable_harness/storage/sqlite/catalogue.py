@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import SessionExists, StoreNotFound
+from durable_harness.errors import SessionExists, SessionNotFound, StoreNotFound
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
@@ -191,6 +191,28 @@ class SqliteStore(Store):
     ) -> SessionStore:
         sid = self.resolve(ref).id
         return self._open(sid, write=write, durability=durability, break_lease=break_lease)
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete the session's rows (entries, records, lanes, lane ops, the session row) in
+        one transaction under its writer lease, then its lock file (see
+        :meth:`Store.delete_session`)."""
+        if not any(i.id == session_id for i in self.list_sessions()):
+            raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
+        lease = self._lease(session_id)
+        lease.acquire()
+        try:
+            conn = connection.connect(self.path)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for table in ("entries", "records", "lanes", "lane_ops"):
+                    conn.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))
+                conn.execute("DELETE FROM sessions WHERE id=?", (session_id,))
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            os.unlink(lease.lock_path)
+        finally:
+            lease.release()
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
