@@ -1,7 +1,8 @@
 """Host benchmark: many sessions in one :class:`~durable_harness.host.SessionManager` on one
 SQLite store (issue 12).
 
-Measured in one run, on one store (``sqlite:PATH``, every session in ``sync`` mode), each run
+Measured in one run, on one store (``sqlite:PATH``, every session in ``sync`` mode, or the mode
+``DH_BENCH_MODE`` names, e.g. ``batch``, where commits of different sessions share groups), each run
 of a session being ``TOOL_TURNS`` turns calling the replay-safe ``echo`` tool, then a final
 answer (so ``TOOL_TURNS + 1`` turns; a turn is one assistant message and its tool calls):
 
@@ -225,7 +226,10 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             reached[sid].set()
 
     options = HostOptions(
-        provider=f"scripted:{script_path}", mode="sync", auto_resume="never", tools=_tools
+        provider=f"scripted:{script_path}",
+        mode=os.environ.get("DH_BENCH_MODE", "sync"),
+        auto_resume="never",
+        tools=_tools,
     )
     out: dict[str, Any] = {"sizes": sizes, "turns_per_run": TOOL_TURNS + 1}
     async with SessionManager(store, options) as manager, anyio.create_task_group() as tg:
