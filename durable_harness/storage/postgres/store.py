@@ -60,7 +60,8 @@ from durable_harness.storage.base import (
 )
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
-from durable_harness.storage.shapes import entry_shape_error, op_shape_error, record_shape_error
+from durable_harness.storage.rows import bad_row, row_problem
+from durable_harness.storage.shapes import op_shape_error
 
 Conn = psycopg.Connection[Any]
 
@@ -700,9 +701,9 @@ class PostgresSessionStore(SessionStore):
     def _decode(self, table: str, ident: str, seq: int, body: Any) -> dict[str, Any] | None:
         """A stored body as a dict; a damaged one is reported in :attr:`damage` (``bad_row``)
         and left out, never raised."""
-        value, problem = _row_problem(table, ident, int(seq), bytes(body))
+        value, problem = row_problem(table, ident, int(seq), bytes(body))
         if problem is not None:
-            item = _bad_row(self.location, table, ident, int(seq), problem)
+            item = bad_row(self.location, table, ident, int(seq), problem)
             with self._lock:
                 if item not in self.damage:
                     self.damage.append(item)
@@ -756,9 +757,9 @@ class PostgresSessionStore(SessionStore):
         entry_ids = {r[0] for r in entries}
         for rid, seq, parent, body in entries:
             stored.append((int(seq), "entries", rid))
-            problem = _row_problem("entries", rid, int(seq), bytes(body))[1]
+            problem = row_problem("entries", rid, int(seq), bytes(body))[1]
             if problem is not None:
-                out.append(_bad_row(self.location, "entries", rid, int(seq), problem))
+                out.append(bad_row(self.location, "entries", rid, int(seq), problem))
             if parent is not None and parent not in entry_ids:
                 out.append(
                     damage(
@@ -772,9 +773,9 @@ class PostgresSessionStore(SessionStore):
                 )
         for rid, seq, body in records:
             stored.append((int(seq), "records", rid))
-            problem = _row_problem("records", rid, int(seq), bytes(body))[1]
+            problem = row_problem("records", rid, int(seq), bytes(body))[1]
             if problem is not None:
-                out.append(_bad_row(self.location, "records", rid, int(seq), problem))
+                out.append(bad_row(self.location, "records", rid, int(seq), problem))
         stored.extend((int(seq), "lane_ops", lane) for seq, lane in lane_ops)
         stored.sort()
         checked: list[tuple[int, dict[str, Any]]] = []
@@ -855,34 +856,4 @@ def _copy_lane(lane: LaneState) -> LaneState:
 def _lane(r: tuple[Any, ...]) -> LaneState:
     return LaneState(
         r[0], r[1], codec.loads(bytes(r[2])), r[3], None if r[4] is None else int(r[4])
-    )
-
-
-def _row_problem(
-    table: str, ident: str, seq: int, body: bytes
-) -> tuple[dict[str, Any] | None, str | None]:
-    """Decode one stored body: ``(value, None)``, or ``(None, why it is damaged)``."""
-    try:
-        value = codec.loads(body)
-    except ValueError as exc:
-        return None, f"not JSON: {exc}"
-    if not isinstance(value, dict):
-        return None, "not an object"
-    problem = entry_shape_error(value) if table == "entries" else record_shape_error(value)
-    if problem is None and (value.get("id") != ident or value.get("seq") != seq):
-        problem = (
-            f"the body names id {value.get('id')!r} seq {value.get('seq')!r}, the row id "
-            f"{ident!r} seq {seq}"
-        )
-    return (None, problem) if problem is not None else (dict(value), None)
-
-
-def _bad_row(location: str, table: str, ident: str, seq: int, problem: str) -> dict[str, Any]:
-    what = "entry" if table == "entries" else "record"
-    return damage(
-        "bad_row",
-        f"{what} {ident} (seq {seq}) of {location}: {problem}; left out",
-        table=table,
-        id=ident,
-        seq=seq,
     )

@@ -45,12 +45,13 @@ from durable_harness.storage.base import (
     SessionStore,
 )
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.rows import bad_row, row_problem
 from durable_harness.storage.shapes import op_shape_error
 from durable_harness.storage.sqlite import group_commit
 from durable_harness.storage.sqlite.connection import rollback
 from durable_harness.storage.sqlite.database import SharedDatabase
 from durable_harness.storage.sqlite.group_commit import GroupQueues, SessionCommit
-from durable_harness.storage.sqlite.scan import bad_row, row_problem, scan_session
+from durable_harness.storage.sqlite.scan import scan_session
 
 RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
 
