@@ -138,6 +138,30 @@ class SessionInfo:
         )
 
 
+def new_header(
+    sid: str,
+    timestamp: str,
+    cwd: str,
+    parent_session: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The header of a new session (``type="session"``, version 3, our format name, ``id``,
+    ``timestamp``, ``cwd``, ``parentSession`` when forked), plus ``extra``
+    (``design/storage.md``)."""
+    header: dict[str, Any] = {
+        "type": "session",
+        "version": 3,
+        "format": "durable-harness/1",
+        "id": sid,
+        "timestamp": timestamp,
+        "cwd": cwd,
+    }
+    if parent_session:
+        header["parentSession"] = parent_session
+    header.update(extra or {})
+    return header
+
+
 def errno_name(exc: OSError) -> str:
     """The symbolic name of ``exc``'s errno (``EACCES``, ``EIO``...); ``EIO`` when it has none."""
     return errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"

@@ -11,7 +11,14 @@ from typing import Any
 
 from durable_harness.errors import SessionExists, SessionNotFound
 from durable_harness.ids import now_iso, uuid7
-from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
+from durable_harness.storage.base import (
+    CwdMatcher,
+    Durability,
+    SessionInfo,
+    SessionStore,
+    Store,
+    new_header,
+)
 from durable_harness.storage.indexed import MemorySessionStore
 
 
@@ -47,17 +54,7 @@ class MemoryStore(Store):
         sid = session_id or uuid7()
         if sid in self._sessions:
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
-        header: dict[str, Any] = {
-            "type": "session",
-            "version": 3,
-            "format": "durable-harness/1",
-            "id": sid,
-            "timestamp": now_iso(),
-            "cwd": cwd,
-        }
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
+        header = new_header(sid, now_iso(), cwd, parent_session, header_extra)
         store = MemorySessionStore(header, location=f"{self.spec}#{sid}")
         self._sessions[sid] = store
         return store

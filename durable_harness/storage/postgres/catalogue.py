@@ -17,7 +17,14 @@ from durable_harness.errors import (
 )
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
-from durable_harness.storage.base import CwdMatcher, Durability, SessionInfo, SessionStore, Store
+from durable_harness.storage.base import (
+    CwdMatcher,
+    Durability,
+    SessionInfo,
+    SessionStore,
+    Store,
+    new_header,
+)
 from durable_harness.storage.postgres.connection import Database, redact_dsn
 from durable_harness.storage.postgres.lease import (
     DbLease,
@@ -70,17 +77,7 @@ class PostgresStore(Store):
     ) -> SessionStore:
         sid = session_id or uuid7()
         ts = now_iso()
-        header: dict[str, Any] = {
-            "type": "session",
-            "version": 3,
-            "format": "durable-harness/1",
-            "id": sid,
-            "timestamp": ts,
-            "cwd": cwd,
-        }
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
+        header = new_header(sid, ts, cwd, parent_session, header_extra)
 
         def insert(conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():

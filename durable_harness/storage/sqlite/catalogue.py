@@ -18,6 +18,7 @@ from durable_harness.storage.base import (
     SessionInfo,
     SessionStore,
     Store,
+    new_header,
     unreadable_error,
 )
 from durable_harness.storage.lease import FileLease
@@ -148,17 +149,7 @@ class SqliteStore(Store):
     ) -> SessionStore:
         sid = session_id or uuid7()
         ts = now_iso()
-        header: dict[str, Any] = {
-            "type": "session",
-            "version": 3,
-            "format": "durable-harness/1",
-            "id": sid,
-            "timestamp": ts,
-            "cwd": cwd,
-        }
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
+        header = new_header(sid, ts, cwd, parent_session, header_extra)
         conn = connection.connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
