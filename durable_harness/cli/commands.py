@@ -153,30 +153,16 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
             help="TOOL_CALL_ID=retry|fail|result:TEXT (repeatable)",
         )
         p.add_argument("--json", action="store_true", help="print JSON")
-    if name == "acp":
-        p.add_argument(
-            "--provider",
-            required=True,
-            help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
-        )
-        p.add_argument(
-            "--policy",
-            choices=POLICIES,
-            default="ask",
-            help="in-doubt tool calls after a crash: ask (put them to the client as a "
-            "permission request), retry-safe or fail-in-doubt (decide without asking)",
-        )
-        p.add_argument(
-            "--durability", choices=DURABILITY_MODES, default="sync", help="of new sessions"
-        )
     if name == "crash-test":
         from durable_harness.crashtest import configure_parser
 
         configure_parser(p)
     if name == "demo":
         p.add_argument("--dir", help="scratch folder (default: a new temporary one)")
-    if name == "serve":
-        _configure_serve(p)
+    if name in ("serve", "acp"):
+        from durable_harness.cli.host_commands import configure_host
+
+        configure_host(name, p)
 
 
 def _open(args: argparse.Namespace, *, write: bool = False, durability: str = "sync") -> Session:
@@ -801,126 +787,4 @@ def cmd_fork(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configure_serve(p: argparse.ArgumentParser) -> None:
-    """The options of ``serve``."""
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
-    p.add_argument("--port", type=int, default=8421, help="port (0: a free one; default 8421)")
-    p.add_argument("--provider", help="provider of sessions created without one")
-    p.add_argument(
-        "--mode",
-        choices=DURABILITY_MODES,
-        default="sync",
-        help="durability mode of sessions created without one (default sync)",
-    )
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default="ask",
-        help="in-doubt tool calls on resume: ask (wait for a decision through the API), "
-        "retry-safe, fail-in-doubt",
-    )
-    p.add_argument(
-        "--auto-resume",
-        choices=("no_decision", "never"),
-        default="no_decision",
-        help="at start-up, resume crashed sessions whose plan needs no decision (default), "
-        "or leave all suspended",
-    )
-    p.add_argument(
-        "--token",
-        help="bearer token every request must carry (default: $DURABLE_HARNESS_TOKEN); "
-        "required off loopback",
-    )
-    p.add_argument(
-        "--control-ports",
-        action="store_true",
-        help="give each live session its own loopback control port (/agent/send, status, "
-        "abort, messages; the port is in .../agent/status)",
-    )
-
-
-@command(
-    "serve",
-    "Serve the store's sessions over HTTP (see design/http.md).",
-    "  durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5\n"
-    "  DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db",
-)
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
-    from durable_harness.console import console_router, is_console_path
-    from durable_harness.host import HostOptions
-    from durable_harness.http import create_app, serve
-    from durable_harness.http.control import control_endpoint
-    from durable_harness.http.server import require_token
-
-    token = args.token or os.environ.get("DURABLE_HARNESS_TOKEN") or None
-    require_token(args.host, token)  # before the store is opened: a refusal creates nothing
-    options = HostOptions(
-        provider=args.provider,
-        mode=args.mode,
-        policy=args.policy,
-        auto_resume=args.auto_resume,
-        control=control_endpoint(token=token) if args.control_ports else None,
-    )
-    store = store_of(args, create=True)
-    app = create_app(store=store, options=options, token=token, own_auth=is_console_path)
-    app.include_router(console_router(lambda: app.state.manager, token=token))
-    serve(app, args.host, args.port, token=token)
-    return 0
-
-
-@command(
-    "acp",
-    "Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).",
-    "  durable-harness acp --provider anthropic:claude-sonnet-4-5\n"
-    "  durable-harness acp --provider scripted:script.json --store sqlite:sessions.db",
-)
-def cmd_acp(args: argparse.Namespace) -> int:
-    """Run the ACP agent (``design/acp.md``) until the client closes stdin; stdout carries
-    only JSON-RPC, logs go to stderr."""
-    from durable_harness.acp import serve
-    from durable_harness.host.manager import HostOptions
-
-    require_credentials(args.provider)
-    make_provider(args.provider)
-    options = HostOptions(provider=args.provider, policy=args.policy, mode=args.durability)
-    run_async(serve, store_of(args, create=True), options)
-    return 0
-
-
-@command(
-    "migrate",
-    "Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at start).",
-    "  durable-harness migrate --store postgresql://agent@db.internal/agents\n"
-    "  durable-harness migrate --store sqlite:agent.db --json",
-)
-def cmd_migrate(args: argparse.Namespace) -> int:
-    """Bring the store named by ``--store`` (or ``$DURABLE_HARNESS_STORE``) to the current
-    schema and print the versions applied. A PostgreSQL database without our tables gets
-    them; a JSONL store has no schema (nothing to do). Opening a store for writing applies the
-    same migrations, so this is for operators who upgrade the schema before the workers."""
-    spec = getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or ""
-    if spec.startswith(("postgresql://", "postgres://")):
-        from durable_harness.storage.postgres import migrate_spec
-
-        result = migrate_spec(spec)
-    elif spec.startswith("sqlite:"):
-        store = open_store(spec, create=True)  # SqliteStore migrates when it opens
-        result = {"store": store.spec, "applied": None, "version": None}
-    else:
-        store = open_store(spec or None, create=True)
-        result = {"store": store.spec, "applied": [], "version": None}
-    if args.json:
-        out(result)
-    else:
-        applied = result["applied"]
-        done = (
-            "up to date"
-            if applied == []
-            else "migrated"
-            if applied is None
-            else "applied migration(s) " + ", ".join(str(v) for v in applied)
-        )
-        version = "" if result["version"] is None else f" (schema version {result['version']})"
-        print(f"{result['store']}: {done}{version}")
-    return 0
+from durable_harness.cli import host_commands  # noqa: E402,F401  (registers serve, acp, migrate)
