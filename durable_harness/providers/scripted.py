@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -202,6 +203,10 @@ class ScriptedProvider:
         Raises:
             ProviderError: retryable 503 for the turn's first ``fail_attempts`` attempts.
         """
+        # a network provider suspends while its request is on the wire: so does this one,
+        # once, so other sessions and lanes of the event loop run between turns as they do
+        # with a real provider (design/run-loop.md)
+        await anyio.lowlevel.checkpoint()
         if request.purpose != "turn":
             text = " / ".join(text_of(m.get("content"))[:80] for m in request.messages[-6:])
             summary = f"Summary of {len(request.messages)} messages: {text}"
