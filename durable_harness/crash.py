@@ -18,6 +18,7 @@ CRASH_POINTS: dict[str, str] = {
     "mid_provider_stream": "the provider is streaming its answer; nothing of it is stored",
     "after_assistant_entry": "the assistant entry and its settlement are durable; no tool begun",
     "after_tool_started": "a tool_started intent is durable; the tool's effect has not begun",
+    "after_tool_spawned": "bash's process group exists, unrecorded; its command has not begun",
     "after_tool_effect": "the tool's effect is done; its result is not written",
     "after_tool_finished": "the tool result entry and tool_finished are durable",
     "before_save_point": "every tool call of the turn is settled; the save point is not written",

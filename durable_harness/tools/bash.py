@@ -12,6 +12,13 @@ Two command runtimes, chosen per tool instance (:data:`Runtime`): ``pipe`` (the 
 ``/dev/null``, stdout and stderr one pipe) and ``pty`` (stdin, stdout and stderr a
 pseudo-terminal, so ``isatty`` is true in the command). Everything else is the same: group,
 timeouts, cleanup, the ``tool_process`` record, the output cap.
+
+**The start gate.** The shell is spawned behind a gate (:func:`_gate`): it waits on a pipe
+before it runs the command, and the harness opens the gate only once the ``tool_process``
+record naming the new process group has been committed (``ToolContext.on_process``). If the
+harness dies in between (crash point ``after_tool_spawned``), the pipe's write end closes with
+it, the gate reads end of file and exits with status 125 without running anything, so no
+command ever runs that recovery cannot find by its recorded group (``design/recovery.md``).
 """
 
 from __future__ import annotations
@@ -29,11 +36,22 @@ import anyio.abc
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
+from durable_harness import crash
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
 from durable_harness.tools.env import tool_environment
 from durable_harness.tools.processes import group_alive, signal_group
 
 __all__ = ["RUNTIMES", "BashArgs", "BashTool", "Runtime"]
+
+
+def _gate(fd: int) -> str:
+    """The start gate's script, run as ``bash -c SCRIPT bash COMMAND`` with the gate pipe's
+    read end as file descriptor ``fd``: wait for a line on ``fd`` (exit 125 at end of file: the
+    harness died before it recorded the group), then replace itself, same process and group,
+    with ``bash -c COMMAND`` (so ``$0``, exit status and error messages are those of a plain
+    ``bash -c``) with ``fd`` closed."""
+    return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
+
 
 Runtime = Literal["pipe", "pty"]
 """How ``bash`` connects a command: ``pipe`` (stdin ``/dev/null``, stdout+stderr a pipe) or
@@ -249,6 +267,7 @@ class BashTool(Tool):
             "DURABLE_HARNESS_TOOL_CALL_ID": ctx.tool_call_id,
         }
         master: int | None = None
+        gate, opener = os.pipe()  # both close-on-exec; the read end is passed as fd 3
         try:
             # Shielded: a cancel landing mid-spawn would make asyncio kill the shell alone and
             # leave its children running; unshielded, it lands below, where the group is killed.
@@ -256,14 +275,15 @@ class BashTool(Tool):
                 if self.runtime == "pty":
                     master, slave = _open_pty()
                     try:
-                        process = await self._spawn(args.command, ctx, env, slave, slave)
+                        process = await self._spawn(args.command, ctx, env, slave, slave, gate)
                     finally:
                         os.close(slave)  # the command holds it now; EOF once it lets go
                 else:
                     process = await self._spawn(
-                        args.command, ctx, env, subprocess.DEVNULL, subprocess.PIPE
+                        args.command, ctx, env, subprocess.DEVNULL, subprocess.PIPE, gate
                     )
         except OSError as exc:
+            os.close(opener)
             if master is not None:
                 os.close(master)
             return ToolResult.text(
@@ -271,6 +291,8 @@ class BashTool(Tool):
                 is_error=True,
                 details={"error": "spawn_failed", "runtime": self.runtime},
             )
+        finally:
+            os.close(gate)
         pgid = process.pid  # start_new_session: the shell leads its own group
         tail = _Tail(OUTPUT_CAP_BYTES)
         if master is not None:
@@ -287,11 +309,17 @@ class BashTool(Tool):
 
         finished = False
         try:
+            crash.crash_point("after_tool_spawned")
             if ctx.on_process is not None:
-                ctx.on_process(pgid)
+                ctx.on_process(pgid)  # committed before the gate opens
+            os.write(opener, b"\n")
+            os.close(opener)
+            opener = -1
             timed_out = await self._run(process, pgid, pump, timeout)
             finished = True
         finally:
+            if opener >= 0:
+                os.close(opener)  # not opened: the gate exits without running the command
             if not finished:
                 # Cancelled (abort) or failed: kill everything now, reap the shell, and let
                 # the exception propagate.
@@ -307,12 +335,14 @@ class BashTool(Tool):
 
     @staticmethod
     async def _spawn(
-        command: str, ctx: ToolContext, env: dict[str, str], stdin: int, stdout: int
+        command: str, ctx: ToolContext, env: dict[str, str], stdin: int, stdout: int, gate: int
     ) -> anyio.abc.Process:
-        """Start ``bash -c command`` in a new session (so a new process group it leads),
-        stderr joined to stdout."""
+        """Start ``bash -c command`` behind the start gate (:func:`_gate`, reading the pipe
+        end ``gate``) in a new session (so a new process group it leads), stderr joined to
+        stdout."""
         return await anyio.open_process(
-            ["bash", "-c", command],
+            ["bash", "-c", _gate(gate), "bash", command],
+            pass_fds=(gate,),
             stdin=stdin,
             stdout=stdout,
             stderr=subprocess.STDOUT,

@@ -25,8 +25,13 @@ from durable_harness.crash import CRASH_POINTS
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
 
-# every point a run with one tool call passes (all but the queue and abort points)
-RUN_POINTS = set(CRASH_POINTS) - {"after_queue_enqueued", "after_abort_requested"}
+# every point a run with one tool call passes (all but the queue and abort points, and the one
+# only the bash tool reaches)
+RUN_POINTS = set(CRASH_POINTS) - {
+    "after_queue_enqueued",
+    "after_abort_requested",
+    "after_tool_spawned",
+}
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

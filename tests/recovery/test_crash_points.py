@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,67 @@ def test_resume_with_policy_needs_no_decision(policy: str, tmp_path: Path) -> No
     (result,) = [m for m in messages if m.get("toolCallId") == bash_call]
     assert result["isError"] is True
     assert "not retried" in json.dumps(result["content"])
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of this user's processes whose environment holds ``marker`` (``/proc``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or not ours
+        if marker.encode() in environ.split(b"\0"):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bash_spawned_but_unrecorded_never_runs_its_command(backend: str, tmp_path: Path) -> None:
+    """SIGKILL between bash's spawn and its ``tool_process`` record: the start gate sees the
+    harness gone and exits, so the command never runs unseen; the call is in doubt and a retry
+    runs it once."""
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = store_spec(backend, tmp_path)
+    turns = [
+        {
+            "text": "Deploying.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": "echo t1 >> effects.log"}}],
+        },
+        {"text": "Deployed once."},
+    ]
+    script = write_script(tmp_path / "script.json", turns)
+    first = dh(
+        "run",
+        PROMPT,
+        "--provider",
+        f"scripted:{script}",
+        "--store",
+        spec,
+        "--cwd",
+        str(work),
+        crash_at="after_tool_spawned",
+    )
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr)
+    sid = session_id(first)
+    lane = main_lane(plan_json(sid, spec))
+    assert lane["next_action"] == "await_decision"
+    (call,) = lane["tool_calls"]
+    assert call["status"] == "in_doubt"
+    records, _entries, _loc = read_session(spec, sid)
+    assert not [r for r in records if r["type"] == "tool_process"]
+    # the shell the dead harness spawned is gone without running the command
+    marker = f"DURABLE_HARNESS_TOOL_CALL_ID={call['tool_call_id']}"
+    deadline = time.monotonic() + 30
+    while _processes_with(marker):
+        assert time.monotonic() < deadline, "the spawned shell outlived its harness"
+        time.sleep(0.05)
+    assert effects(work) == {}
+    resumed = dh("resume", sid, "--store", spec, "--decide", f"{call['tool_call_id']}=retry")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert effects(work) == {"t1": 1}
