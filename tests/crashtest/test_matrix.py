@@ -33,6 +33,7 @@ RUN_POINTS = {
     "mid_provider_stream",
     "after_assistant_entry",
     "after_tool_started",
+    "after_tool_spawned",  # the scenarios' tool is bash
     "after_tool_effect",
     "after_tool_finished",
     "before_save_point",
@@ -115,6 +116,8 @@ def test_single_tool_and_steer_cells(full_matrix: MatrixRun, backend: str) -> No
         # the in-doubt cells needed the operator's decision, and got the right one
         by_label = {c.label: c for c in mine}
         assert [d.split("=")[1] for d in by_label["after_tool_started"].decisions] == ["retry"]
+        # spawned but held at its start gate: the effect never happened, so retry again
+        assert [d.split("=")[1] for d in by_label["after_tool_spawned"].decisions] == ["retry"]
         assert [d.split("=")[1] for d in by_label["after_tool_effect"].decisions] == ["result"]
         assert not by_label["after_tool_finished"].decisions
 
