@@ -141,7 +141,11 @@ def cmd_acp(args: argparse.Namespace) -> int:
 
     require_credentials(args.provider)
     make_provider(args.provider)
-    options = HostOptions(provider=args.provider, policy=args.policy, mode=args.durability)
+    # an editor's agent serves its client's sessions; claiming crashed workers' sessions is
+    # for `serve` (design/host.md, "Workers")
+    options = HostOptions(
+        provider=args.provider, policy=args.policy, mode=args.durability, claim_interval=None
+    )
     run_async(serve, store_of(args, create=True), options)
     return 0
 
