@@ -89,6 +89,27 @@ async def test_a_running_manager_claims_a_session_whose_writer_died(
 
 
 @pytest.mark.postgres
+async def test_an_idle_generation_whose_lease_was_taken_is_stopped_writing_nothing(
+    pg_spec: str, tmp_path: Path
+) -> None:
+    store = PostgresStore(pg_spec, lease_s=1)
+    options = HostOptions(provider=provider(tmp_path, [{"text": "hi"}]), claim_interval=0.2)
+    async with SessionManager(store, options) as m:
+        sid = (await m.create(str(tmp_path))).id
+        events = m.listen(sid)
+        # another writer breaks the lease (as a claim after a pause would take it)
+        thief = PostgresStore(pg_spec).open_session(sid, break_lease=True)
+        await until(lambda: sid not in m._procs, "the fenced generation to stop")
+        seen = [e.get("state") async for e in events]  # the stream ends with the generation
+        assert seen[-1:] == ["suspended"], seen
+        thief.commit([RecordOp({"type": "note", "id": "n", "lane": "main", "timestamp": "x"})])
+        states = [r["state"] for r in log(pg_spec, sid) if r["type"] == "session_lifecycle"]
+        assert states == ["idle"]  # nothing written over the new owner
+        assert (await m.get(sid)).state == "idle"  # read from the store: the new holder is live
+        thief.close()
+
+
+@pytest.mark.postgres
 @pytest.mark.slow
 async def test_a_database_away_past_the_reconnect_deadline_hands_the_session_back(
     pg_cluster: Any, pg_spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
