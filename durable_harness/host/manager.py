@@ -433,7 +433,7 @@ class SessionManager:
                 if rec.client_key:
                     self._keys.setdefault(rec.client_key, rec.id)
             except BaseException as exc:
-                worker.let_go(store, lost=worker.writer_lost(exc, store))
+                await worker.let_go(store, lost=worker.writer_lost(exc, store))
                 raise
             if rec.state != "suspended":  # a crash after `closed`, before the release
                 store.close()
@@ -462,7 +462,7 @@ class SessionManager:
                 rec.cwd or None,
             )
         except BaseException as exc:
-            worker.let_go(store, lost=worker.writer_lost(exc, store))
+            await worker.let_go(store, lost=worker.writer_lost(exc, store))
             raise
         if not start or needs_decision(recovery.plan):
             _record_decisions(store, recovery)
@@ -585,7 +585,7 @@ class SessionManager:
                 elif lost and rec.state in LIVE:
                     self._move(proc, "suspended")  # no record: the new owner's is the truth
                 hand_over = self.worker is not None and self.worker.stopping
-                worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
+                await worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
                 proc.harness = None
                 self._procs.pop(rec.id, None)
                 proc.end_listeners()

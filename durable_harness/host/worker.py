@@ -21,7 +21,7 @@ that can tell it was fenced out and hand its session over).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import anyio
 import anyio.abc
@@ -105,7 +105,7 @@ def fenced_out(store: SessionStore) -> bool:
     return isinstance(store, HandsBack) and store.writer_lost
 
 
-def let_go(store: SessionStore, *, lost: bool = False, hand_over: bool = False) -> None:
+async def let_go(store: SessionStore, *, lost: bool = False, hand_over: bool = False) -> None:
     """Let go of a session open for writing.
 
     * by default: close it (barrier, lease released);
@@ -116,20 +116,26 @@ def let_go(store: SessionStore, *, lost: bool = False, hand_over: bool = False) 
       workers claim its sessions at once instead of leaving them to the next start-up.
 
     On a store that cannot hand sessions back both are a plain close. On one that can, this
-    never raises (a failing close hands back too), so one session's lost database never
-    stops the host."""
+    runs on a worker thread (an unreachable server blocks for its connect timeout: that must
+    not stall the host's other sessions) and never raises (a failing close hands back too),
+    so one session's lost database never stops the host."""
     if not isinstance(store, HandsBack):
         store.close()
         return
+    with anyio.CancelScope(shield=True):  # also on the way out of a cancelled task
+        await anyio.to_thread.run_sync(_let_go_blocking, store, lost, hand_over)
+
+
+def _let_go_blocking(store: HandsBack, lost: bool, hand_over: bool) -> None:
     if lost or hand_over:
         store.hand_back(flush=hand_over and not lost)
         return
     try:
-        store.close()
+        cast(SessionStore, store).close()
     except Exception as exc:
         log.warning(
             "session %s: closing failed (%s); left for the next claim",
-            store.session_id,
+            cast(SessionStore, store).session_id,
             root_cause(exc),
         )
         store.hand_back()

@@ -22,6 +22,7 @@ from durable_harness.harness.records import record
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.host import worker as host_worker
 from durable_harness.storage import RecordOp, open_store
+from durable_harness.storage.postgres import connection as pg_connection
 from durable_harness.storage.postgres import store as pg_session_store
 from durable_harness.storage.postgres.catalogue import PostgresStore
 
@@ -114,7 +115,10 @@ async def test_an_idle_generation_whose_lease_was_taken_is_stopped_writing_nothi
 async def test_a_database_away_past_the_reconnect_deadline_hands_the_session_back(
     pg_cluster: Any, pg_spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a commit gives up reconnecting after 1 s, a connection attempt after 2 s (30 s and 10 s
+    # in production): the test's outage outlasts both in seconds, not minutes
     monkeypatch.setattr(pg_session_store, "RECONNECT_DEADLINE_S", 1.0)
+    monkeypatch.setattr(pg_connection, "CONNECT_TIMEOUT_S", 2)
     turns = 40
     spec = provider(
         tmp_path,
