@@ -182,13 +182,14 @@ def test_a_worker_paused_past_its_lease_is_refused_and_the_other_finishes_its_se
             "B to claim every session of the paused A",
             timeout=60,
         )
-        gate.touch()
-        poll(lambda: finished(pg_spec, sids), "B to finish every run", timeout=60)
     finally:
         paused.proc.send_signal(signal.SIGCONT)
+    # A wakes up and both workers' providers see the gate at once: B's turns go on, A's
+    # commits are refused by the fence, and A stops those sessions (writing nothing) while
+    # it goes on serving
+    gate.touch()
+    poll(lambda: finished(pg_spec, sids), "B to finish every run", timeout=60)
 
-    # A wakes up: its providers see the gate, its commits are refused by the fence, and it
-    # stops those sessions (writing nothing), while it goes on serving
     def refused() -> bool:
         log = paused.stderr()
         return all(f"session {sid} stopped: " in log for sid in sids)
