@@ -197,8 +197,9 @@ class SessionManager:
 
     async def shutdown(self) -> None:
         """Stop every live generation without closing its session: runs are left open as a
-        crash would leave them, leases are released, and the next start-up reconciles them.
-        Idempotent."""
+        crash would leave them, leases are released (on a worker, handed back instead, so
+        the other workers claim them: ``host/worker.py``), and the next start-up reconciles
+        them. Idempotent."""
         if self.worker is not None:
             self.worker.stop()
         procs = list(self._procs.values())
