@@ -22,7 +22,7 @@ from .util import Server, poll
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.crash]
 
-LEASE_S = "2"  # short leases, so a dead or paused worker's sessions are claimed quickly
+LEASE_S = "3"  # short leases, so a dead or paused worker's sessions are claimed quickly
 FAST = {"DURABLE_HARNESS_PG_LEASE_S": LEASE_S}
 
 
