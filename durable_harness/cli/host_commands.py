@@ -34,6 +34,21 @@ def configure_host(name: str, p: argparse.ArgumentParser) -> None:
         )
 
 
+def _seconds(text: str) -> float:
+    """A non-negative number of seconds (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or negative.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of seconds")
+    return value
+
+
 def _configure_serve(p: argparse.ArgumentParser) -> None:
     """The options of ``serve``."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
@@ -58,6 +73,14 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         default="no_decision",
         help="at start-up, resume crashed sessions whose plan needs no decision (default), "
         "or leave all suspended",
+    )
+    p.add_argument(
+        "--claim-interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="on a PostgreSQL store, seconds between two rounds of claiming the sessions of "
+        "crashed workers (also one at start-up; 0: never claim; default: "
+        "HostOptions.claim_interval, 5; design/host.md)",
     )
     p.add_argument(
         "--token",
@@ -95,6 +118,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         auto_resume=args.auto_resume,
         control=control_endpoint(token=token) if args.control_ports else None,
     )
+    if args.claim_interval is not None:
+        options.claim_interval = args.claim_interval or None
     store = store_of(args, create=True)
     app = create_app(store=store, options=options, token=token, own_auth=is_console_path)
     app.include_router(console_router(lambda: app.state.manager, token=token))
@@ -116,7 +141,11 @@ def cmd_acp(args: argparse.Namespace) -> int:
 
     require_credentials(args.provider)
     make_provider(args.provider)
-    options = HostOptions(provider=args.provider, policy=args.policy, mode=args.durability)
+    # an editor's agent serves its client's sessions; claiming crashed workers' sessions is
+    # for `serve` (design/host.md, "Workers")
+    options = HostOptions(
+        provider=args.provider, policy=args.policy, mode=args.durability, claim_interval=None
+    )
     run_async(serve, store_of(args, create=True), options)
     return 0
 

@@ -42,7 +42,7 @@ from durable_harness.errors import (
 )
 from durable_harness.harness.core import Event, HarnessOptions
 from durable_harness.harness.harness import Harness
-from durable_harness.host import lifecycle
+from durable_harness.host import lifecycle, worker
 from durable_harness.host.lifecycle import LIVE, State
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.record import (
@@ -106,6 +106,9 @@ class HostOptions:
             each generation's own control endpoint, entered once the generation is up and
             left when it stops (the HTTP front's is
             ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
+        claim_interval: on a store that can claim crashed sessions (PostgreSQL), seconds
+            between two claim rounds of the worker loop (``host/worker.py``; also one at
+            start-up); ``None``: no claiming.
     """
 
     provider: str | None = None
@@ -117,6 +120,7 @@ class HostOptions:
     tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools
     harness: HarnessOptions = field(default_factory=HarnessOptions)
     control: ControlFactory | None = None
+    claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:
@@ -149,6 +153,7 @@ class SessionManager:
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()  # lifecycle moves of different sessions never interleave
         self.unreadable: list[dict[str, Any]] = []
+        self.worker: worker.Worker | None = None  # the claim loop, on stores that claim
 
     # -- the manager's own lifetime ---------------------------------------------------------
 
@@ -157,6 +162,10 @@ class SessionManager:
         await self._tg.__aenter__()
         try:
             await self.reconcile()
+            interval = self.options.claim_interval
+            if interval is not None and worker.can_claim(self.store):
+                self.worker = worker.Worker(self, interval)
+                await self._tg.start(self.worker.run)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -168,6 +177,18 @@ class SessionManager:
         if tg is not None:
             await tg.__aexit__(None, None, None)
 
+    def stop_fenced(self) -> list[str]:
+        """Stop every generation whose writer lease another writer took (it was paused or
+        cut off past its lease: ``host/worker.py``), writing nothing; returns their ids."""
+        fenced = [p for p in self._procs.values() if worker.fenced_out(p.session.store)]
+        for proc in fenced:
+            worker.log.warning(
+                "session %s: the lease was taken over by another writer; stopped here",
+                proc.record.id,
+            )
+            proc.scope.cancel()
+        return [p.record.id for p in fenced]
+
     def observe(self, callback: Callable[[str, Event], None]) -> None:
         """Call ``callback(session_id, event)`` for every event of every generation started
         from now on (harness events, plus ``lifecycle`` events ``{"type": "lifecycle",
@@ -176,8 +197,11 @@ class SessionManager:
 
     async def shutdown(self) -> None:
         """Stop every live generation without closing its session: runs are left open as a
-        crash would leave them, leases are released, and the next start-up reconciles them.
-        Idempotent."""
+        crash would leave them, leases are released (on a worker, handed back instead, so
+        the other workers claim them: ``host/worker.py``), and the next start-up reconciles
+        them. Idempotent."""
+        if self.worker is not None:
+            self.worker.stop()
         procs = list(self._procs.values())
         for proc in procs:
             proc.scope.cancel()
@@ -389,27 +413,67 @@ class SessionManager:
                 store = self.store.open_session(session_id, write=True, durability=rec.mode)
             except LeaseHeld as exc:
                 raise SessionLive(exc.message, session_id=session_id) from exc
-            session = Session(store)
+            return await self._resume_held(rec, store, decisions)
+
+    async def adopt(self, store: SessionStore) -> SessionRecord:
+        """Recover a session whose writer lease this process already holds, taken over from
+        a dead writer by the worker loop (``host/worker.py``): exactly what start-up
+        reconciliation does for it (the same planner as :meth:`resume`), so it resumes when
+        its plan needs no decision and ``options.auto_resume`` allows, else stays
+        ``suspended`` with its plan and the lease released. Takes ``store`` over (started,
+        closed, or handed back on failure). Returns the record."""
+        async with self._lock:
+            sid = store.session_id
+            old = self._procs.get(sid)
+            if old is not None:  # a generation of ours the claim fenced out (it was paused)
+                old.scope.cancel()
+                await old.stopped.wait()
             try:
-                recovery = await plan_recovery(
-                    store,
-                    self.options.tools(rec.command_runtime),
-                    self.options.policy,
-                    decisions,
-                    rec.cwd or None,
-                )
-            except BaseException:
-                session.close()
+                rec = read_record(store, self.store.spec, owner_alive=False)
+                store.durability = rec.mode
+                if rec.client_key:
+                    self._keys.setdefault(rec.client_key, rec.id)
+            except BaseException as exc:
+                await worker.let_go(store, lost=worker.writer_lost(exc, store))
                 raise
-            if needs_decision(recovery.plan):
-                _record_decisions(store, recovery)
-                session.close()
-                return await self._read(session_id)
-            rec.generation = store.generation
-            rec.state = "creating"
-            rec.last_error = None
-            await self._start(rec, session, recovery, None)
-            return rec
+            if rec.state != "suspended":  # a crash after `closed`, before the release
+                store.close()
+                return await self._read(sid)
+            start = self.options.auto_resume == "no_decision"
+            return await self._resume_held(rec, store, None, start=start)
+
+    async def _resume_held(
+        self,
+        rec: SessionRecord,
+        store: SessionStore,
+        decisions: Mapping[str, Mapping[str, Any]] | None,
+        *,
+        start: bool = True,
+    ) -> SessionRecord:
+        """Plan ``rec``'s session on ``store`` (open for writing, lease held) and start its
+        next generation, unless the plan needs a decision (or not ``start``): then the
+        decisions are recorded, the lease released, and the session stays suspended."""
+        session = Session(store)
+        try:
+            recovery = await plan_recovery(
+                store,
+                self.options.tools(rec.command_runtime),
+                self.options.policy,
+                decisions,
+                rec.cwd or None,
+            )
+        except BaseException as exc:
+            await worker.let_go(store, lost=worker.writer_lost(exc, store))
+            raise
+        if not start or needs_decision(recovery.plan):
+            _record_decisions(store, recovery)
+            session.close()
+            return await self._read(rec.id)
+        rec.generation = store.generation
+        rec.state = "creating"
+        rec.last_error = None
+        await self._start(rec, session, recovery, None)
+        return rec
 
     async def decide(self, session_id: str, tool_call_id: str, decision: str) -> SessionRecord:
         """Decide one in-doubt call of a suspended session (``retry``, ``fail`` or
@@ -474,6 +538,7 @@ class SessionManager:
         """The body of one generation: the harness, then the release of the lease."""
         rec = proc.record
         started = False
+        lost = False  # the writer lost the session: fenced out, or the database lost
         try:
             with proc.scope:
                 spec = rec.provider or self._recorded_spec(proc) or self.options.provider
@@ -496,20 +561,32 @@ class SessionManager:
         except Exception as exc:
             cause = root_cause(exc)
             rec.last_error = str(getattr(cause, "message", None) or cause)
-            if rec.state != "closing":
+            lost = worker.writer_lost(cause, proc.session.store)
+            if lost:
+                worker.log.warning(
+                    "generation %s of session %s stopped: %s",
+                    proc.generation,
+                    rec.id,
+                    rec.last_error,
+                )
+            elif rec.state != "closing":
                 try:
                     self._write(proc, "error", error=rec.last_error)
                 except Exception:
                     rec.state = "error"  # the store itself failed: the record says so here
         finally:
             with anyio.CancelScope(shield=True):
-                if rec.state == "closing":
+                lost = lost or worker.fenced_out(proc.session.store)
+                if rec.state == "closing" and not lost:
                     try:
                         self._write(proc, "closed")
                     except Exception as exc:
                         rec.last_error = str(root_cause(exc))
                         rec.state = "closed"
-                proc.session.close()
+                elif lost and rec.state in LIVE:
+                    self._move(proc, "suspended")  # no record: the new owner's is the truth
+                hand_over = self.worker is not None and self.worker.stopping
+                await worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
                 proc.harness = None
                 self._procs.pop(rec.id, None)
                 proc.end_listeners()

@@ -385,6 +385,9 @@ class Database:
                 except psycopg.OperationalError:
                     if attempt == 2 or not idempotent or not conn.broken:
                         raise
+            # the server restarted: the other idle connections are dead too; test them all
+            # now (the dead are dropped) rather than meet them one failure at a time
+            self.pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def schema_version(self, conn: psycopg.Connection[Any]) -> int | None:

@@ -225,6 +225,27 @@ class DbLease:
             idempotent=True,
         )
 
+    def expire(self) -> None:
+        """Stop renewing this lease and make it expire now, keeping its owner set (a crash,
+        not a clean close), so that any worker's claim takes it over at once. Only a lease
+        still ours is touched; when the server cannot be reached it runs out on its own.
+        Never raises."""
+        owner, self.owner = self.owner, None
+        if owner is None:
+            return
+        Heartbeat.of(self.db).remove(self)
+        try:
+            self.db.run(
+                lambda conn: conn.execute(
+                    "UPDATE leases SET expires = clock_timestamp() WHERE session_id = %s "
+                    "AND owner = %s",
+                    (self.session_id, owner),
+                ),
+                idempotent=True,
+            )
+        except Exception:  # the server is away: the lease runs out by itself
+            pass
+
     def renew(self) -> bool:
         """Renew this lease now (the heartbeat does this on its own); ``False`` (and
         :attr:`lost` set) when another writer has taken it."""

@@ -848,6 +848,32 @@ class PostgresSessionStore(SessionStore):
             lease, self.lease = self.lease, None
             lease.release()
 
+    @property
+    def writer_lost(self) -> bool:
+        """True when this writer was fenced out: the heartbeat or a commit found another
+        writer's generation on the lease (every later commit is refused)."""
+        return self.lease is not None and self.lease.lost
+
+    def hand_back(self, *, flush: bool = False) -> None:
+        """Stop writing and leave the session to whichever worker claims it next: the lease
+        is not released but marked expired (if it is still ours), so
+        ``PostgresStore.claim_expired`` takes it over at once with the next generation. With
+        ``flush``, earlier commits are made durable first (:meth:`wait_durable`, a worker
+        shutting down); without, no barrier is tried (the server may be unreachable, or this
+        writer fenced out). When the server cannot be reached the lease simply runs out.
+        Never raises; idempotent. Used by the host (``design/postgres.md``, "Workers")."""
+        if self._closed:
+            return
+        self._closed = True
+        if flush and not self.writer_lost:
+            try:
+                self.wait_durable()
+            except Exception:  # the lease runs out; unwaited commits are the barrier's doubt
+                pass
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.expire()
+
 
 def _copy_lane(lane: LaneState) -> LaneState:
     return LaneState(lane.name, lane.leaf_id, dict(lane.config), lane.run_id, lane.run_seq)

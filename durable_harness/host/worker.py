@@ -1,0 +1,217 @@
+"""The host as a worker of a shared store (``design/host.md``, "Workers";
+``design/postgres.md``, "Worker claims").
+
+On a store whose sessions any host may take over (PostgreSQL: leases that expire), the
+manager claims the sessions whose writer died, at start-up and every ``claim_interval``
+seconds, and recovers each exactly once: the claim itself is the arbiter (one statement,
+``FOR UPDATE SKIP LOCKED``, the generation bumped), so many workers share one database
+without a coordinator. Each claimed session goes to :meth:`SessionManager.adopt`, which plans
+it with the same planner as ``resume`` and ``recover`` and resumes it only when the plan needs
+no decision; the others are left ``suspended`` with their lease released.
+
+The same loop stops the generations whose lease another worker took (the writer was paused
+or cut off past its lease): their commits are refused by the fence anyway; stopping them
+frees the memory and never writes over the new owner's record.
+
+The capabilities are two small protocols, so the host never asks which backend it runs on:
+:class:`ClaimingStore` (a catalogue that can claim) and :class:`HandsBack` (a session store
+that can tell it was fenced out and hand its session over).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from durable_harness.errors import (
+    DurableHarnessError,
+    SessionUnreadable,
+    StaleGeneration,
+    StorageIOError,
+    root_cause,
+)
+from durable_harness.storage.base import Durability, SessionStore, Store
+
+if TYPE_CHECKING:
+    from durable_harness.host.manager import SessionManager
+
+log = logging.getLogger("durable_harness.host.worker")
+
+CLAIM_BATCH = 16
+"""Sessions claimed per statement; a full batch is followed at once by the next one."""
+
+DEFAULT_CLAIM_INTERVAL_S = 5.0
+"""Seconds between two claim rounds when ``HostOptions.claim_interval`` is not given."""
+
+
+@runtime_checkable
+class ClaimingStore(Protocol):
+    """A store whose crashed sessions a worker can claim (``PostgresStore``)."""
+
+    def claim_expired(
+        self, limit: int = 10, *, durability: Durability = "sync"
+    ) -> list[SessionStore]:
+        """Take over up to ``limit`` sessions whose writer's lease expired; each comes back
+        open for writing under a new generation (``design/postgres.md``)."""
+        ...
+
+
+@runtime_checkable
+class HandsBack(Protocol):
+    """A session store whose writer can be fenced out and can hand its session over
+    (``PostgresSessionStore``)."""
+
+    @property
+    def writer_lost(self) -> bool:
+        """True once another writer took the lease."""
+        ...
+
+    def hand_back(self, *, flush: bool = False) -> None:
+        """Stop writing and leave the session claimable at once (after a barrier when
+        ``flush``); never raises."""
+        ...
+
+
+def can_claim(store: Store) -> bool:
+    """Whether ``store`` supports claims (so the host runs the worker loop on it)."""
+    return isinstance(store, ClaimingStore)
+
+
+def writer_lost(exc: BaseException, store: SessionStore) -> bool:
+    """Whether ``exc``, which ended a generation on ``store``, means the writer lost the
+    session rather than that the session failed: fenced out (``StaleGeneration``: another
+    writer owns it; writing ``error`` would be refused and must not be tried over the new
+    owner), or, on a store that hands sessions back, the database lost (``StorageIOError``:
+    a commit whose outcome is unknown, a server restart longer than the reconnect deadline).
+    Such a generation is stopped without a lifecycle record and its session handed back for a
+    claim, which reloads it from what the database holds (``design/host.md``)."""
+    cause = root_cause(exc)
+    if isinstance(cause, StaleGeneration):
+        return True
+    return (
+        isinstance(store, HandsBack)
+        and isinstance(cause, StorageIOError)
+        and not isinstance(cause, SessionUnreadable)
+    )
+
+
+def fenced_out(store: SessionStore) -> bool:
+    """Whether another writer took ``store``'s lease (only stores with expiring leases can
+    tell; a ``flock`` cannot be lost)."""
+    return isinstance(store, HandsBack) and store.writer_lost
+
+
+async def let_go(store: SessionStore, *, lost: bool = False, hand_over: bool = False) -> None:
+    """Let go of a session open for writing.
+
+    * by default: close it (barrier, lease released);
+    * ``lost`` (:func:`writer_lost`, :func:`fenced_out`): hand it back without a barrier (the
+      server may be away, or the writer fenced out); the lease, if still ours, is marked
+      expired so the next claim anywhere takes it over;
+    * ``hand_over`` (a worker shutting down): barrier, then hand it back, so the other
+      workers claim its sessions at once instead of leaving them to the next start-up.
+
+    On a store that cannot hand sessions back both are a plain close. On one that can, this
+    runs on a worker thread (an unreachable server blocks for its connect timeout: that must
+    not stall the host's other sessions) and never raises (a failing close hands back too),
+    so one session's lost database never stops the host."""
+    if not isinstance(store, HandsBack):
+        store.close()
+        return
+    with anyio.CancelScope(shield=True):  # also on the way out of a cancelled task
+        await anyio.to_thread.run_sync(_let_go_blocking, store, lost, hand_over)
+
+
+def _let_go_blocking(store: HandsBack, lost: bool, hand_over: bool) -> None:
+    if lost or hand_over:
+        store.hand_back(flush=hand_over and not lost)
+        return
+    try:
+        cast(SessionStore, store).close()
+    except Exception as exc:
+        log.warning(
+            "session %s: closing failed (%s); left for the next claim",
+            cast(SessionStore, store).session_id,
+            root_cause(exc),
+        )
+        store.hand_back()
+
+
+class Worker:
+    """The claim loop of one manager (started by the manager when its store can claim).
+
+    Args:
+        manager: the :class:`~durable_harness.host.manager.SessionManager`.
+        interval: seconds between claim rounds.
+
+    Attributes:
+        claimed: ids of the sessions this worker claimed, in order (each at most once per
+            crash: a claim bumps the generation).
+        failures: claim rounds that failed (the database unreachable); the next round retries.
+    """
+
+    def __init__(self, manager: SessionManager, interval: float) -> None:
+        self.manager = manager
+        self.interval = interval
+        self.claimed: list[str] = []
+        self.failures = 0
+        self.stopping = False
+        self._scope = anyio.CancelScope()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Claim once (before ``task_status.started()``: start-up reconciliation includes
+        it), then every :attr:`interval` seconds until :meth:`stop`."""
+        with self._scope:
+            await self.tick()
+            task_status.started()
+            while True:
+                await anyio.sleep(self.interval)
+                await self.tick()
+
+    def stop(self) -> None:
+        """End the loop (the manager's shutdown: its generations are then handed over)."""
+        self.stopping = True
+        self._scope.cancel()
+
+    async def tick(self) -> None:
+        """One round: stop the generations fenced out, then claim until none is left. A
+        failure is logged and counted; the next round tries again."""
+        self.manager.stop_fenced()
+        try:
+            while await self.claim_once() == CLAIM_BATCH:
+                pass
+        except DurableHarnessError as exc:
+            self.failures += 1
+            log.warning("claiming crashed sessions failed: %s (retrying)", exc.message)
+
+    async def claim_once(self) -> int:
+        """Claim up to :data:`CLAIM_BATCH` sessions and hand each to
+        :meth:`SessionManager.adopt`; returns how many were claimed.
+
+        Raises:
+            StorageIOError: the claim itself failed (nothing was claimed).
+        """
+        store = self.manager.store
+        assert isinstance(store, ClaimingStore)
+        # off the event loop: an unreachable server blocks for its connect timeout
+        stores = await anyio.to_thread.run_sync(store.claim_expired, CLAIM_BATCH)
+        for claimed in stores:
+            self.claimed.append(claimed.session_id)
+            try:
+                rec = await self.manager.adopt(claimed)
+            except DurableHarnessError as exc:
+                log.warning("session %s: claimed but not recovered: %s", claimed.session_id, exc)
+                continue
+            log.info(
+                "session %s: claimed (generation %s), now %s",
+                rec.id,
+                rec.generation,
+                rec.state,
+            )
+        return len(stores)
