@@ -585,6 +585,8 @@ class SessionManager:
                         rec.state = "closed"
                 elif lost and rec.state in LIVE:
                     self._move(proc, "suspended")  # no record: the new owner's is the truth
+                if lost and self.worker is not None:
+                    self.worker.lost += 1
                 hand_over = self.worker is not None and self.worker.stopping
                 await worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
                 proc.harness = None

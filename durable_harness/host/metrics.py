@@ -96,7 +96,11 @@ class HostMetrics:
     - ``tool_calls_awaiting_decision``: in-doubt calls waiting for a decision, over sessions;
     - ``sessions{state}``: sessions by lifecycle state (:meth:`set_state_counts`);
     - ``commit_seconds``, ``fsync_seconds``: storage latency
-      (:mod:`~durable_harness.storage.timing`).
+      (:mod:`~durable_harness.storage.timing`);
+    - on a worker (a store that claims, ``design/host.md``): ``worker_claims_total``
+      (sessions claimed), ``worker_claim_failures_total`` (claim rounds that failed),
+      ``worker_sessions_lost_total`` (generations stopped because their writer lost the
+      session) (:meth:`set_worker_counts`).
 
     Args:
         refresh: called with this object at the start of every :meth:`render` (a scrape), to
@@ -158,6 +162,21 @@ class HostMetrics:
         self.sessions = Gauge(
             PREFIX + "sessions", "Sessions by lifecycle state.", ["state"], registry=reg
         )
+        self.worker_claims = Counter(
+            PREFIX + "worker_claims", "Crashed sessions this worker claimed.", registry=reg
+        )
+        self.worker_claim_failures = Counter(
+            PREFIX + "worker_claim_failures",
+            "Claim rounds that failed (the store unreachable).",
+            registry=reg,
+        )
+        self.worker_sessions_lost = Counter(
+            PREFIX + "worker_sessions_lost",
+            "Generations stopped because their writer lost the session (fenced out, or the "
+            "database lost).",
+            registry=reg,
+        )
+        self._worker_seen = (0, 0, 0)
         self.commit_seconds = Histogram(
             PREFIX + "commit_seconds",
             "Storage commit latency (the write, and its fsync when the commit waits for it).",
@@ -364,6 +383,21 @@ class HostMetrics:
             self._states |= set(counts)
 
     # -- exposition --------------------------------------------------------------------------
+
+    def set_worker_counts(self, claims: int, failures: int, lost: int) -> None:
+        """Bring the worker counters up to the worker's own totals (counts since the host
+        started; the counters only ever move up by the difference)."""
+        with self._lock:
+            seen = self._worker_seen
+            for counter, now, before in zip(
+                (self.worker_claims, self.worker_claim_failures, self.worker_sessions_lost),
+                (claims, failures, lost),
+                seen,
+                strict=True,
+            ):
+                if now > before:
+                    counter.inc(now - before)
+            self._worker_seen = (max(claims, seen[0]), max(failures, seen[1]), max(lost, seen[2]))
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition for a scrape: ``(body, content type)``. ``accept`` is the request's

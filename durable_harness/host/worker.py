@@ -152,6 +152,11 @@ class Worker:
         claimed: ids of the sessions this worker claimed, in order (each at most once per
             crash: a claim bumps the generation).
         failures: claim rounds that failed (the database unreachable); the next round retries.
+        lost: generations of this host stopped because their writer lost the session (fenced
+            out by another worker's claim, or the database lost past its reconnect deadline).
+
+    The three are exported as ``durable_harness_worker_*`` series by
+    :meth:`~durable_harness.host.metrics.HostMetrics.set_worker_counts`.
     """
 
     def __init__(self, manager: SessionManager, interval: float) -> None:
@@ -159,6 +164,7 @@ class Worker:
         self.interval = interval
         self.claimed: list[str] = []
         self.failures = 0
+        self.lost = 0
         self.stopping = False
         self._scope = anyio.CancelScope()
 

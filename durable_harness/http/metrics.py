@@ -4,7 +4,7 @@
 The front only wires: :class:`~durable_harness.host.metrics.HostMetrics` is subscribed to every
 generation's events through :meth:`~durable_harness.host.manager.SessionManager.observe`, told
 at each scrape the in-doubt calls awaiting a decision and the sessions by state
-(:func:`refresh`), and rendered.
+(:func:`refresh`), and, on a worker, its claim counts, and rendered.
 """
 
 from __future__ import annotations
@@ -34,3 +34,6 @@ async def refresh(manager: SessionManager, sink: HostMetrics, known: set[str]) -
     known.update(sid for sid, n in awaiting.items() if n)
     counts = Counter(rec.state for rec in await manager.list())
     sink.set_state_counts({state: counts.get(state, 0) for state in STATES})
+    if manager.worker is not None:
+        w = manager.worker
+        sink.set_worker_counts(len(w.claimed), w.failures, w.lost)

@@ -205,3 +205,14 @@ def test_tool_names_beyond_the_cap_count_as_other() -> None:
         value(samples(metrics.render()[0]), P + "tool_calls_total", tool=names[0], outcome="ok")
         == 1
     )
+
+
+def test_worker_counters_follow_the_workers_totals_and_never_go_down() -> None:
+    m = HostMetrics()
+    m.set_worker_counts(3, 0, 1)
+    m.set_worker_counts(5, 1, 1)
+    m.set_worker_counts(5, 1, 1)  # a scrape with nothing new adds nothing
+    text = m.render()[0].decode()
+    assert "durable_harness_worker_claims_total 5.0" in text
+    assert "durable_harness_worker_claim_failures_total 1.0" in text
+    assert "durable_harness_worker_sessions_lost_total 1.0" in text

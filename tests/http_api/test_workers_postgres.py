@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.crash]
 
 LEASE_S = "3"  # short leases, so a dead or paused worker's sessions are claimed quickly
 FAST = {"DURABLE_HARNESS_PG_LEASE_S": LEASE_S}
+METRIC_CLAIMS = "durable_harness_worker_claims_total"
 
 
 def main_log(spec: str, sid: str) -> list[dict[str, Any]]:
@@ -143,6 +144,14 @@ def test_two_workers_recover_ten_crashed_sessions_each_exactly_once(
         # no tool ran twice: each call started once, each effect done once, in order
         assert set(tool_starts(records).values()) == {1}, tool_starts(records)
         assert effect(cwd) == "ab", (sid, effect(cwd))
+    # each worker's /metrics counts the claims it made; together, the ten crashed sessions
+    claims = {}
+    for w in workers:
+        with w.client() as c:
+            text = c.get("/metrics").text
+        (line,) = [ln for ln in text.splitlines() if ln.startswith(METRIC_CLAIMS + " ")]
+        claims[w.proc.pid] = int(float(line.split()[1]))
+    assert claims == {pid: holders.get(pid, 0) for pid in worker_pids}, (claims, holders)
     print(f"sessions recovered per worker pid: {dict(holders)}")
 
 
