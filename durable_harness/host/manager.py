@@ -248,8 +248,8 @@ class SessionManager:
 
     def _open_read(self, session_id: str) -> SessionStore:
         self._check_id(session_id)
-        # One lookup: open_session resolves the reference itself (a store lists its sessions
-        # to resolve one, so a second resolve here doubled the cost of every read).
+        # One lookup: open_session resolves the reference itself (by the store's exact-id
+        # fast path, Store.find_exact), so a second resolve here would only repeat it.
         store = self.store.open_session(session_id, write=False)
         if store.session_id != session_id:  # a unique prefix of another id: ids here are exact
             store.close()

@@ -30,6 +30,9 @@ from durable_harness.storage.sqlite.database import SharedDatabase, WriteStats
 from durable_harness.storage.sqlite.group_commit import GroupQueues
 from durable_harness.storage.sqlite.session import SqliteSessionStore
 
+_INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
+_TOP = "\U0010ffff"  # above every character: ``prefix + _TOP`` bounds the ids starting with it
+
 
 class SqliteStore(Store):
     """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
@@ -56,6 +59,8 @@ class SqliteStore(Store):
         self._shared: SharedDatabase | None = None
         self._shared_lock = threading.Lock()
         self._queues = GroupQueues()
+        self._lookup: sqlite3.Connection | None = None  # exact id and prefix lookups
+        self._lookup_lock = threading.Lock()
         self._stats = WriteStats()
         if os.path.exists(self.path):
             try:  # SQLite would say only "unable to open database file"
@@ -187,7 +192,7 @@ class SqliteStore(Store):
         """Delete the session's rows (entries, records, lanes, lane ops, the session row) in
         one transaction under its writer lease, then its lock file (see
         :meth:`Store.delete_session`)."""
-        if not any(i.id == session_id for i in self.list_sessions()):
+        if self.find_exact(session_id) is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
         lease = self._lease(session_id)
         lease.acquire()
@@ -205,13 +210,50 @@ class SqliteStore(Store):
         finally:
             lease.release()
 
+    def find_exact(self, session_id: str) -> SessionInfo | None:
+        """The session row of ``session_id`` by its primary key (see :meth:`Store.find_exact`);
+        ``None``: no such id (the lookup is exact and complete)."""
+        return next(iter(self._rows(f"{_INFO} WHERE id = ?", (session_id,))), None)
+
+    def find_prefixed(self, prefix: str) -> list[SessionInfo]:
+        """The rows whose id starts with ``prefix``, read by a range of the primary key
+        (``BINARY`` order: exactly the ids that start with it), at most 50."""
+        return self._rows(
+            f"{_INFO} WHERE id >= ? AND id < ? ORDER BY id LIMIT 50",
+            (prefix, prefix + _TOP),
+        )
+
+    def _rows(self, sql: str, params: tuple[str, ...]) -> list[SessionInfo]:
+        """Run one catalogue query on this object's lookup connection (opened on first use and
+        kept: opening one costs ~30x the query; closed with the object, dropped on an error)."""
+        with self._lookup_lock:
+            if self._lookup is None:
+                self._lookup = connection.connect(self.path, "NORMAL")
+            try:
+                rows = self._lookup.execute(sql, params).fetchall()
+            except BaseException:
+                self._lookup.close()
+                self._lookup = None
+                raise
+        return [self._info(r) for r in rows]
+
+    def _info(self, r: tuple[Any, ...]) -> SessionInfo:
+        return SessionInfo(
+            id=r[0],
+            cwd=r[1],
+            path=f"{self.spec}#{r[0]}",
+            created=r[2],
+            modified=r[3],
+            parent_session=r[4],
+        )
+
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
         as real paths), most recently modified first. Each distinct recorded cwd is resolved
         once; the rows are then read through the ``(cwd, modified)`` index."""
         conn = connection.connect(self.path)
         try:
-            sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
+            sql = _INFO
             if cwd is None:
                 rows = conn.execute(sql + " ORDER BY modified DESC").fetchall()
             else:
@@ -227,14 +269,4 @@ class SqliteStore(Store):
                 rows.sort(key=lambda r: r[3], reverse=True)
         finally:
             conn.close()
-        return [
-            SessionInfo(
-                id=r[0],
-                cwd=r[1],
-                path=f"{self.spec}#{r[0]}",
-                created=r[2],
-                modified=r[3],
-                parent_session=r[4],
-            )
-            for r in rows
-        ]
+        return [self._info(r) for r in rows]
