@@ -148,6 +148,7 @@ class SessionManager:
         self.options = options or HostOptions()
         self._procs: dict[str, SessionProcess] = {}
         self._plans: dict[str, RecoveryPlan] = {}
+        self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see _read
         self._keys: dict[str, str] = {}  # creation Idempotency-Key -> session id
         self._observers: list[Callable[[str, Event], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
@@ -257,18 +258,38 @@ class SessionManager:
         return store
 
     async def _read(self, session_id: str) -> SessionRecord:
-        """The record of a session this process does not run, and its plan when suspended."""
+        """The record of a session this process does not run, and its plan when suspended.
+
+        Both are kept, keyed by what any change to the session changes (its last seq, its
+        lease generation, whether a live process holds it): a session nobody changed since it
+        was last read is not read and planned again. A plan that asked a tool's reconcile hook
+        (which looks at the world, not the log) is never kept (``design/host.md``, "Reading
+        a session")."""
         with self._open_read(session_id) as store:
-            rec = read_record(store, self.store.spec, owner_alive=store.lease_holder() is not None)
+            alive = store.lease_holder() is not None
+            key = (store.last_seq(), store.generation, alive)
+            seen = self._seen.get(session_id)
+            if (
+                seen is not None
+                and seen[0] == key
+                and (seen[1].state != "suspended" or session_id in self._plans)
+            ):
+                return _copy(seen[1])
+            rec = read_record(store, self.store.spec, owner_alive=alive)
             if rec.client_key:
                 self._keys.setdefault(rec.client_key, rec.id)
+            keep = True
             if rec.state == "suspended":
-                recovery = await plan_recovery(
-                    store, self.options.tools(rec.command_runtime), self.options.policy, None, None
-                )
+                tools = self.options.tools(rec.command_runtime)
+                recovery = await plan_recovery(store, tools, self.options.policy, None, None)
                 self._plans[rec.id] = recovery.plan
+                keep = not _asks_hooks(recovery.plan, tools)
             else:
                 self._plans.pop(rec.id, None)
+            if keep:
+                self._seen[rec.id] = (key, _copy(rec))
+            else:
+                self._seen.pop(rec.id, None)
         return rec
 
     async def get(self, session_id: str) -> SessionRecord:
@@ -732,6 +753,7 @@ class SessionManager:
             except LeaseHeld as exc:
                 raise SessionLive(exc.message, session_id=session_id) from exc
             self._plans.pop(session_id, None)
+            self._seen.pop(session_id, None)
             if rec.client_key:
                 self._keys.pop(rec.client_key, None)
 
@@ -882,6 +904,20 @@ class SessionManager:
             SessionNotLive.
         """
         return self._live(session_id).listen()
+
+
+def _copy(rec: SessionRecord) -> SessionRecord:
+    """A record the caller may change without changing the kept one."""
+    return dataclasses.replace(rec, allowed_tools=[*rec.allowed_tools])
+
+
+def _asks_hooks(plan: RecoveryPlan, tools: Mapping[str, Tool]) -> bool:
+    """Whether planning asked a reconcile hook: some call is in doubt and its tool has one."""
+    for call in plan.open_calls():
+        tool = tools.get(call.tool_name)
+        if tool is not None and tool.can_reconcile:
+            return True
+    return False
 
 
 def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:
