@@ -33,7 +33,6 @@ from durable_harness.errors import (
     LeaseHeld,
     MessageTooLarge,
     NoOpenRun,
-    RecoveryError,
     RunInProgress,
     SessionLive,
     SessionNotFound,
@@ -53,14 +52,16 @@ from durable_harness.host.record import (
     read_record,
 )
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import Policy, RecoveryPlan
+from durable_harness.recovery.decide import Policy, RecoveryPlan, resolve_decisions
 from durable_harness.recovery.resume import (
     Recovery,
+    declarations,
     parse_decision,
     plan_recovery,
     recorded_provider_spec,
     resume_lane,
 )
+from durable_harness.recovery.snapshot import take_snapshot
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
 from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
@@ -430,6 +431,8 @@ class SessionManager:
                     session_id=session_id,
                 )
             lifecycle.check(rec.id, rec.state, "creating")
+            if decisions:
+                self._check_decisions(session_id, rec, decisions)
             try:
                 store = self.store.open_session(session_id, write=True, durability=rec.mode)
             except LeaseHeld as exc:
@@ -496,37 +499,33 @@ class SessionManager:
         await self._start(rec, session, recovery, None)
         return rec
 
+    def _check_decisions(
+        self, session_id: str, rec: SessionRecord, decisions: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Refuse decisions that name no call in doubt before the lease is taken, so a mistyped
+        id changes nothing (the rule: :func:`~durable_harness.recovery.decide.resolve_decisions`,
+        on a read-only snapshot; the plan applies it again under the lease).
+
+        Raises:
+            RecoveryError: as ``resolve_decisions``.
+        """
+        with self._open_read(session_id) as store:
+            tools = declarations(self.options.tools(rec.command_runtime))
+            resolve_decisions(take_snapshot(store), decisions, tools)
+
     async def decide(self, session_id: str, tool_call_id: str, decision: str) -> SessionRecord:
         """Decide one in-doubt call of a suspended session (``retry``, ``fail`` or
         ``result:TEXT``) and resume it when no other call still waits.
 
         Raises:
             InvalidRequest: a malformed decision.
-            RecoveryError: the call is not awaiting a decision.
+            RecoveryError: no call in doubt has this id (the rule: ``resolve_decisions``).
             SessionLive: the session is live.
         """
         try:
             key, value = parse_decision(f"{tool_call_id}={decision}")
         except DurableHarnessError as exc:
             raise InvalidRequest(exc.message, decision=decision) from exc
-        if self._check_id(session_id) not in self._procs:
-            # the planner keeps a decision that names no call, so check here: a mistyped id
-            # must not resume (reopen) a closed or failed session
-            await self._read(session_id)
-            plan = self._plans.get(session_id)
-            waiting = [c for lp in plan.lanes for c in lp.waiting()] if plan else []
-            if not any(key in (c.tool_call_id, c.call_key) for c in waiting):
-                raise RecoveryError(
-                    f"session {session_id} has no call {key!r} awaiting a decision"
-                    + (
-                        f" (awaiting: {', '.join(c.tool_call_id for c in waiting)})"
-                        if waiting
-                        else ""
-                    ),
-                    session_id=session_id,
-                    tool_call_id=key,
-                    awaiting=[c.tool_call_id for c in waiting],
-                )
         return await self.resume(session_id, {key: value})
 
     async def _start(
