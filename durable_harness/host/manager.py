@@ -896,13 +896,14 @@ class SessionManager:
         more = len(records) > limit
         return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
 
-    def listen(self, session_id: str) -> Any:
-        """The live generation's event stream (see :meth:`SessionProcess.listen`).
+    def listen(self, session_id: str, after: tuple[int, int] | None = None) -> Any:
+        """The live generation's event stream, from now on or after the event ``after``
+        (``(generation, eventId)``) a reader saw (see :meth:`SessionProcess.listen`).
 
         Raises:
-            SessionNotLive.
+            SessionNotLive. InvalidRequest: ``after`` names an event not sent.
         """
-        return self._live(session_id).listen()
+        return self._live(session_id).listen(after)
 
 
 def _copy(rec: SessionRecord) -> SessionRecord:
