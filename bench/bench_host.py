@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -414,10 +415,13 @@ def child_reconcile(store: str, script_path: str, sessions: int) -> dict[str, An
             t1 = time.perf_counter()
             manager.store.list_sessions()
             listing = time.perf_counter() - t1
-            t2 = time.perf_counter()
-            for sid in ids:
-                manager.store.resolve(sid)
-            lookups = time.perf_counter() - t2
+            # as reconciliation looks ids up: inside open_session, on the connection the
+            # session then reads through (one session held open here provides it)
+            with manager.store.open_session(ids[0], write=False) if ids else nullcontext():
+                t2 = time.perf_counter()
+                for sid in ids:
+                    manager.store.resolve(sid)
+                lookups = time.perf_counter() - t2
             return {
                 "sessions": len(ids),
                 "plans_known": len(known),

@@ -59,8 +59,6 @@ class SqliteStore(Store):
         self._shared: SharedDatabase | None = None
         self._shared_lock = threading.Lock()
         self._queues = GroupQueues()
-        self._lookup: sqlite3.Connection | None = None  # exact id and prefix lookups
-        self._lookup_lock = threading.Lock()
         self._stats = WriteStats()
         if os.path.exists(self.path):
             try:  # SQLite would say only "unable to open database file"
@@ -123,11 +121,7 @@ class SqliteStore(Store):
     ) -> SessionStore:
         """Open session ``sid`` through this object's shared connections (opened when none
         is open)."""
-        with self._shared_lock:
-            shared = self._shared
-            if shared is None or not shared.acquire():
-                shared = self._shared = SharedDatabase(self.path)
-                shared.acquire()
+        shared = self._acquire_shared()
         return SqliteSessionStore(
             self.path,
             sid,
@@ -138,6 +132,16 @@ class SqliteStore(Store):
             shared=shared,
             queues=self._queues,
         )
+
+    def _acquire_shared(self) -> SharedDatabase:
+        """This object's shared connections, counted one more user (the caller releases
+        them, or hands them to a session that does); opened when none are open."""
+        with self._shared_lock:
+            shared = self._shared
+            if shared is None or not shared.acquire():
+                shared = self._shared = SharedDatabase(self.path)
+                shared.acquire()
+        return shared
 
     def _lease(self, sid: str) -> FileLease:
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
@@ -185,8 +189,12 @@ class SqliteStore(Store):
         durability: Durability = "sync",
         break_lease: bool = False,
     ) -> SessionStore:
-        sid = self.resolve(ref).id
-        return self._open(sid, write=write, durability=durability, break_lease=break_lease)
+        shared = self._acquire_shared()  # held: the lookup and the session share a connection
+        try:
+            sid = self.resolve(ref).id
+            return self._open(sid, write=write, durability=durability, break_lease=break_lease)
+        finally:
+            shared.release()
 
     def delete_session(self, session_id: str) -> None:
         """Delete the session's rows (entries, records, lanes, lane ops, the session row) in
@@ -224,17 +232,14 @@ class SqliteStore(Store):
         )
 
     def _rows(self, sql: str, params: tuple[str, ...]) -> list[SessionInfo]:
-        """Run one catalogue query on this object's lookup connection (opened on first use and
-        kept: opening one costs ~30x the query; closed with the object, dropped on an error)."""
-        with self._lookup_lock:
-            if self._lookup is None:
-                self._lookup = connection.connect(self.path, "NORMAL")
-            try:
-                rows = self._lookup.execute(sql, params).fetchall()
-            except BaseException:
-                self._lookup.close()
-                self._lookup = None
-                raise
+        """Run one catalogue query on the shared reader connection (the sessions' own, when
+        any is open: no connection of its own is opened or kept for a lookup)."""
+        shared = self._acquire_shared()
+        try:
+            with shared.read_lock:
+                rows = shared.reader.execute(sql, params).fetchall()
+        finally:
+            shared.release()
         return [self._info(r) for r in rows]
 
     def _info(self, r: tuple[Any, ...]) -> SessionInfo:
