@@ -116,3 +116,24 @@ async def test_a_lease_taken_and_dropped_elsewhere_is_seen(tmp_path: Path) -> No
         await state_is(m, sid, "idle")
         await m.close(sid)
     assert out.read_text() == "x\n"
+
+
+async def test_a_plan_that_asked_a_reconcile_hook_is_planned_again(tmp_path: Path) -> None:
+    """The hook looks at the world, which changes without the log: a write_file in doubt
+    whose file appears (written by hand) is planned ``reconcile`` at the next read."""
+    spec = f"jsonl:{tmp_path / 'store'}"
+    target = Path(workdir(tmp_path)) / "out.txt"
+    call = {"name": "write_file", "arguments": {"path": "out.txt", "content": "hello"}}
+    provider = script(tmp_path, [{"text": "", "tool_calls": [call]}, {"text": "done"}])
+    sid = crashed_cli_run(tmp_path, spec, provider, "after_tool_started")
+    assert not target.exists()
+    async with SessionManager(spec, HostOptions(provider=provider, auto_resume="never")) as m:
+        (rec,) = await m.list()
+        plan = m.plan(sid)
+        assert rec.state == "suspended" and plan is not None
+        assert [c.action for c in plan.open_calls()] == ["await_decision"]
+        target.write_text("hello")  # the operator finds it was written after all
+        await m.list()
+        plan = m.plan(sid)
+        assert plan is not None
+        assert [c.action for c in plan.open_calls()] == ["reconcile"]
