@@ -33,7 +33,6 @@ from durable_harness.errors import (
     LeaseHeld,
     MessageTooLarge,
     NoOpenRun,
-    RecoveryError,
     RunInProgress,
     SessionLive,
     SessionNotFound,
@@ -53,14 +52,16 @@ from durable_harness.host.record import (
     read_record,
 )
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import Policy, RecoveryPlan
+from durable_harness.recovery.decide import Policy, RecoveryPlan, resolve_decisions
 from durable_harness.recovery.resume import (
     Recovery,
+    declarations,
     parse_decision,
     plan_recovery,
     recorded_provider_spec,
     resume_lane,
 )
+from durable_harness.recovery.snapshot import take_snapshot
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
 from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
@@ -148,6 +149,7 @@ class SessionManager:
         self.options = options or HostOptions()
         self._procs: dict[str, SessionProcess] = {}
         self._plans: dict[str, RecoveryPlan] = {}
+        self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see _read
         self._keys: dict[str, str] = {}  # creation Idempotency-Key -> session id
         self._observers: list[Callable[[str, Event], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
@@ -248,8 +250,8 @@ class SessionManager:
 
     def _open_read(self, session_id: str) -> SessionStore:
         self._check_id(session_id)
-        # One lookup: open_session resolves the reference itself (a store lists its sessions
-        # to resolve one, so a second resolve here doubled the cost of every read).
+        # One lookup: open_session resolves the reference itself (by the store's exact-id
+        # fast path, Store.find_exact), so a second resolve here would only repeat it.
         store = self.store.open_session(session_id, write=False)
         if store.session_id != session_id:  # a unique prefix of another id: ids here are exact
             store.close()
@@ -257,18 +259,38 @@ class SessionManager:
         return store
 
     async def _read(self, session_id: str) -> SessionRecord:
-        """The record of a session this process does not run, and its plan when suspended."""
+        """The record of a session this process does not run, and its plan when suspended.
+
+        Both are kept, keyed by what any change to the session changes (its last seq, its
+        lease generation, whether a live process holds it): a session nobody changed since it
+        was last read is not read and planned again. A plan that asked a tool's reconcile hook
+        (which looks at the world, not the log) is never kept (``design/host.md``, "Reading
+        a session")."""
         with self._open_read(session_id) as store:
-            rec = read_record(store, self.store.spec, owner_alive=store.lease_holder() is not None)
+            alive = store.lease_holder() is not None
+            key = (store.last_seq(), store.generation, alive)
+            seen = self._seen.get(session_id)
+            if (
+                seen is not None
+                and seen[0] == key
+                and (seen[1].state != "suspended" or session_id in self._plans)
+            ):
+                return _copy(seen[1])
+            rec = read_record(store, self.store.spec, owner_alive=alive)
             if rec.client_key:
                 self._keys.setdefault(rec.client_key, rec.id)
+            keep = True
             if rec.state == "suspended":
-                recovery = await plan_recovery(
-                    store, self.options.tools(rec.command_runtime), self.options.policy, None, None
-                )
+                tools = self.options.tools(rec.command_runtime)
+                recovery = await plan_recovery(store, tools, self.options.policy, None, None)
                 self._plans[rec.id] = recovery.plan
+                keep = not _asks_hooks(recovery.plan, tools)
             else:
                 self._plans.pop(rec.id, None)
+            if keep:
+                self._seen[rec.id] = (key, _copy(rec))
+            else:
+                self._seen.pop(rec.id, None)
         return rec
 
     async def get(self, session_id: str) -> SessionRecord:
@@ -409,6 +431,8 @@ class SessionManager:
                     session_id=session_id,
                 )
             lifecycle.check(rec.id, rec.state, "creating")
+            if decisions:
+                self._check_decisions(session_id, rec, decisions)
             try:
                 store = self.store.open_session(session_id, write=True, durability=rec.mode)
             except LeaseHeld as exc:
@@ -475,37 +499,33 @@ class SessionManager:
         await self._start(rec, session, recovery, None)
         return rec
 
+    def _check_decisions(
+        self, session_id: str, rec: SessionRecord, decisions: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Refuse decisions that name no call in doubt before the lease is taken, so a mistyped
+        id changes nothing (the rule: :func:`~durable_harness.recovery.decide.resolve_decisions`,
+        on a read-only snapshot; the plan applies it again under the lease).
+
+        Raises:
+            RecoveryError: as ``resolve_decisions``.
+        """
+        with self._open_read(session_id) as store:
+            tools = declarations(self.options.tools(rec.command_runtime))
+            resolve_decisions(take_snapshot(store), decisions, tools)
+
     async def decide(self, session_id: str, tool_call_id: str, decision: str) -> SessionRecord:
         """Decide one in-doubt call of a suspended session (``retry``, ``fail`` or
         ``result:TEXT``) and resume it when no other call still waits.
 
         Raises:
             InvalidRequest: a malformed decision.
-            RecoveryError: the call is not awaiting a decision.
+            RecoveryError: no call in doubt has this id (the rule: ``resolve_decisions``).
             SessionLive: the session is live.
         """
         try:
             key, value = parse_decision(f"{tool_call_id}={decision}")
         except DurableHarnessError as exc:
             raise InvalidRequest(exc.message, decision=decision) from exc
-        if self._check_id(session_id) not in self._procs:
-            # the planner keeps a decision that names no call, so check here: a mistyped id
-            # must not resume (reopen) a closed or failed session
-            await self._read(session_id)
-            plan = self._plans.get(session_id)
-            waiting = [c for lp in plan.lanes for c in lp.waiting()] if plan else []
-            if not any(key in (c.tool_call_id, c.call_key) for c in waiting):
-                raise RecoveryError(
-                    f"session {session_id} has no call {key!r} awaiting a decision"
-                    + (
-                        f" (awaiting: {', '.join(c.tool_call_id for c in waiting)})"
-                        if waiting
-                        else ""
-                    ),
-                    session_id=session_id,
-                    tool_call_id=key,
-                    awaiting=[c.tool_call_id for c in waiting],
-                )
         return await self.resume(session_id, {key: value})
 
     async def _start(
@@ -734,6 +754,7 @@ class SessionManager:
             except LeaseHeld as exc:
                 raise SessionLive(exc.message, session_id=session_id) from exc
             self._plans.pop(session_id, None)
+            self._seen.pop(session_id, None)
             if rec.client_key:
                 self._keys.pop(rec.client_key, None)
 
@@ -877,13 +898,28 @@ class SessionManager:
         more = len(records) > limit
         return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
 
-    def listen(self, session_id: str) -> Any:
-        """The live generation's event stream (see :meth:`SessionProcess.listen`).
+    def listen(self, session_id: str, after: tuple[int, int] | None = None) -> Any:
+        """The live generation's event stream, from now on or after the event ``after``
+        (``(generation, eventId)``) a reader saw (see :meth:`SessionProcess.listen`).
 
         Raises:
-            SessionNotLive.
+            SessionNotLive. InvalidRequest: ``after`` names an event not sent.
         """
-        return self._live(session_id).listen()
+        return self._live(session_id).listen(after)
+
+
+def _copy(rec: SessionRecord) -> SessionRecord:
+    """A record the caller may change without changing the kept one."""
+    return dataclasses.replace(rec, allowed_tools=[*rec.allowed_tools])
+
+
+def _asks_hooks(plan: RecoveryPlan, tools: Mapping[str, Tool]) -> bool:
+    """Whether planning asked a reconcile hook: some call is in doubt and its tool has one."""
+    for call in plan.open_calls():
+        tool = tools.get(call.tool_name)
+        if tool is not None and tool.can_reconcile:
+            return True
+    return False
 
 
 def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from durable_harness.errors import InvalidRequest
 from durable_harness.harness.core import Event
 from durable_harness.harness.harness import Harness
 from durable_harness.host.record import SessionRecord
@@ -23,6 +24,9 @@ from durable_harness.session.session import Session
 
 #: Events a listener may fall behind by before it is dropped (its stream ends).
 LISTENER_BUFFER = 1024
+
+#: The last events of a generation kept for a listener that resumes after one it saw.
+REPLAY_EVENTS = 1024
 
 
 class SessionProcess:
@@ -49,6 +53,8 @@ class SessionProcess:
         self.ended: deque[str] = deque(maxlen=64)  # ids of the runs that ended last
         self._listeners: list[MemoryObjectSendStream[dict[str, Any]]] = []
         self._event_ids = itertools.count(1)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY_EVENTS)
+        self.last_event_id = 0  # the eventId of the last event published
         self._observers: list[Callable[[Event], None]] = []
 
     def observe(self, callback: Callable[[Event], None]) -> None:
@@ -59,6 +65,8 @@ class SessionProcess:
         """Number ``event`` (``eventId``, rising per generation) and hand it to every observer
         and listener; a listener more than :data:`LISTENER_BUFFER` events behind is dropped."""
         event = {**event, "eventId": next(self._event_ids), "generation": self.generation}
+        self.last_event_id = event["eventId"]
+        self._recent.append(event)
         for callback in list(self._observers):
             callback(event)
         for stream in list(self._listeners):
@@ -68,10 +76,48 @@ class SessionProcess:
                 self._listeners.remove(stream)
                 stream.close()
 
-    def listen(self) -> MemoryObjectReceiveStream[dict[str, Any]]:
-        """A stream of this generation's events from now on, in order; it ends when the
-        generation stops (or the reader falls too far behind)."""
-        send, receive = anyio.create_memory_object_stream[dict[str, Any]](LISTENER_BUFFER)
+    def listen(self, after: tuple[int, int] | None = None) -> MemoryObjectReceiveStream[Event]:
+        """A stream of this generation's events, in order; it ends when the generation stops
+        (or the reader falls too far behind).
+
+        ``after``: ``None``, from now on; ``(generation, eventId)`` of the last event a reader
+        saw, the events after it first (kept: the last :data:`REPLAY_EVENTS`), then the live
+        ones, none twice. From an earlier generation, this one's from its first event. When
+        kept events cannot cover the rest (some were dropped, or the reader's generation ended
+        since), a ``{"type": "gap", "reason": "dropped"|"generation", "after": [generation,
+        eventId], "resumes": [generation, eventId]}`` notice (no ``eventId``) comes first
+        (``design/http.md``, "Events").
+
+        Raises:
+            InvalidRequest: ``after`` names an event this generation has not sent (a later
+                generation, or an eventId above the last one).
+        """
+        replay: list[Event] = []
+        if after is not None:
+            generation, seen = after
+            if generation > self.generation or (
+                generation == self.generation and seen > self.last_event_id
+            ):
+                raise InvalidRequest(
+                    f"event {generation}-{seen} was not sent by session {self.record.id} "
+                    f"(generation {self.generation}, last event {self.last_event_id})",
+                    session_id=self.record.id,
+                )
+            if generation < self.generation:
+                seen = 0
+            replay = [e for e in self._recent if e["eventId"] > seen]
+            first = replay[0]["eventId"] if replay else self.last_event_id + 1
+            if generation < self.generation or first > seen + 1:
+                gap = {
+                    "type": "gap",
+                    "reason": "generation" if generation < self.generation else "dropped",
+                    "after": list(after),
+                    "resumes": [self.generation, first],
+                }
+                replay.insert(0, gap)
+        send, receive = anyio.create_memory_object_stream[Event](LISTENER_BUFFER + len(replay))
+        for event in replay:
+            send.send_nowait(event)
         if self.stopped.is_set():
             send.close()
         else:

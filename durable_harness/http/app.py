@@ -69,6 +69,25 @@ IdempotencyKey = Annotated[
     ),
 ]
 
+LastEventId = Annotated[
+    str | None,
+    Header(
+        alias="Last-Event-ID",
+        pattern=r"^[0-9]{1,18}-[0-9]{1,18}$",
+        description="the `id` of the last event a reader saw (`GENERATION-EVENTID`): the "
+        "stream resumes after it",
+    ),
+]
+
+
+def event_id(event: dict[str, Any]) -> str:
+    """The SSE ``id`` of a generation's event: ``GENERATION-EVENTID`` (``design/http.md``,
+    "Events"), unique and ordered across the session's generations; ``""`` for a notice that
+    is not an event of the generation (a ``gap``)."""
+    if "eventId" not in event:
+        return ""
+    return f"{event.get('generation', 0)}-{event['eventId']}"
+
 
 def _manager(request: Request) -> SessionManager:
     manager: SessionManager = request.app.state.manager
@@ -285,20 +304,28 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         },
         tags=["agent"],
     )
-    async def events(session_id: SessionId, manager: Manager) -> EventSourceResponse:
-        """The live generation's events from now on, one SSE event each (``id`` = the
-        event's ``eventId``, ``event`` = its type, ``data`` = the event as JSON), in order;
-        the stream ends when the generation stops."""
-        stream = manager.listen(session_id)
+    async def events(
+        session_id: SessionId, manager: Manager, last_event_id: LastEventId = None
+    ) -> EventSourceResponse:
+        """The live generation's events, one SSE event each (``id`` = ``GENERATION-EVENTID``,
+        ``event`` = its type, ``data`` = the event as JSON), in order, from now on; with
+        ``Last-Event-ID``, from the event after that one (a ``gap`` event, without an id,
+        first when they cannot all be replayed). The stream ends when the generation stops."""
+        after = None
+        if last_event_id is not None:
+            generation, _, seen = last_event_id.partition("-")
+            after = (int(generation), int(seen))
+        stream = manager.listen(session_id, after)
 
         async def frames() -> AsyncIterator[dict[str, str]]:
             async with stream:
                 async for event in stream:
-                    yield {
-                        "id": str(event.get("eventId", "")),
+                    frame = {
                         "event": str(event.get("type", "message")),
                         "data": orjson.dumps(event, default=str).decode(),
                     }
+                    ident = event_id(event)
+                    yield {"id": ident, **frame} if ident else frame
 
         return EventSourceResponse(frames(), ping=SSE_PING_SECONDS)
 

@@ -159,18 +159,47 @@ class RecoveryPlan:
         ]
 
 
+def in_doubt(call: ToolCallState, declared: str | None, damaged: bool) -> str | None:
+    """Why ``call`` is in doubt, or ``None``: ``intent_unsettled`` (an intent without its
+    settlement), ``damaged_log`` (not started as far as the log shows, but the log lost records,
+    so its intent may be among them; a tool declared replay-safe today is run again instead).
+    The one definition, used by the plan and by :func:`resolve_decisions`."""
+    if call.status == "in_doubt":
+        return "intent_unsettled"
+    if call.status == "not_started" and damaged and declared != "safe":
+        return "damaged_log"
+    return None
+
+
 def resolve_decisions(
-    snapshot: Snapshot, decisions: Mapping[str, Mapping[str, Any]]
+    snapshot: Snapshot,
+    decisions: Mapping[str, Mapping[str, Any]],
+    tools: Mapping[str, ToolDeclaration],
 ) -> dict[str, dict[str, Any]]:
-    """Key decisions by call key. A decision may name a call key, or a tool call id that
-    names exactly one open call of the session.
+    """Key decisions by call key: the one rule of what a decision may name.
+
+    A decision names a call a decision can settle: one :func:`in_doubt` in a run that is not
+    being aborted (an abort settles its calls itself; a call not started needs no decision,
+    it runs; a finished one has its result). It names it by call key, or by a tool call id that
+    names exactly one such call. ``tools``: today's declarations (a not-started call on a
+    damaged log is in doubt unless its tool is replay-safe).
 
     Raises:
-        RecoveryError: a name matches no open call, or a tool call id matches several (the
-            error lists the call keys to use instead).
+        RecoveryError: a name matches no call in doubt (the message names it and lists the
+            calls that can be decided, ``details['in_doubt']`` their tool call ids and
+            ``details['call_keys']`` their keys), or a tool call id matches several (the error
+            lists the call keys to use instead).
     """
-    calls = [c for ls in snapshot.lanes if ls.run for c in ls.run.tool_calls]
+    damaged = log_damaged(snapshot.all_damage())
+    calls = [
+        c
+        for ls in snapshot.lanes
+        if ls.run is not None and not ls.run.abort_requested
+        for c in ls.run.tool_calls
+        if in_doubt(c, _declared(tools, c.tool_name), damaged)
+    ]
     out: dict[str, dict[str, Any]] = {}
+    unknown: list[str] = []
     for name, decision in decisions.items():
         by_key = [c for c in calls if c.key == name]
         matches = by_key or [c for c in calls if c.tool_call_id == name]
@@ -181,8 +210,30 @@ def resolve_decisions(
                 ambiguous=name,
                 call_keys=[c.key for c in matches],
             )
-        out[matches[0].key if matches else name] = dict(decision)
+        if not matches:
+            unknown.append(name)
+            continue
+        out[matches[0].key] = dict(decision)
+    if unknown:
+        known = ", ".join(f"{c.tool_call_id} ({c.key})" for c in calls)
+        raise RecoveryError(
+            f"no tool call in doubt is named {', '.join(map(repr, unknown))} in session "
+            f"{snapshot.session_id} (a call not started needs no decision; a finished or "
+            f"aborted one takes none); "
+            + (f"in doubt: {known}" if calls else "no call of it is in doubt")
+            + " (see `durable-harness recover`)",
+            session_id=snapshot.session_id,
+            tool_call_id=unknown[0],
+            unknown=unknown,
+            in_doubt=[c.tool_call_id for c in calls],
+            call_keys=[c.key for c in calls],
+        )
     return out
+
+
+def _declared(tools: Mapping[str, ToolDeclaration], name: str) -> str | None:
+    decl = tools.get(name)
+    return decl.replay if decl is not None else None
 
 
 def plan(
@@ -206,9 +257,10 @@ def plan(
             a call whose hook could not tell needs a decision.
 
     Raises:
-        RecoveryError: a decision names no call or an ambiguous tool call id.
+        RecoveryError: a decision names no call in doubt, or an ambiguous tool call id
+            (:func:`resolve_decisions`).
     """
-    given = resolve_decisions(snapshot, decisions or {})
+    given = resolve_decisions(snapshot, decisions or {}, tools)
     reconciled = reconciled or {}
     damage = snapshot.all_damage()
     damaged = log_damaged(damage)
@@ -296,11 +348,8 @@ def _call_plan(
     damaged: bool,
 ) -> ToolCallPlan:
     declared = decl.replay if decl else None
-    status: CallStatus = call.status
-    doubt = "intent_unsettled" if status == "in_doubt" else None
-    if status == "not_started" and damaged and declared != "safe":
-        # the intent may sit in a lost record: as far as anyone can tell, it may have run
-        status, doubt = "in_doubt", "damaged_log"
+    doubt = in_doubt(call, declared, damaged)
+    status: CallStatus = "in_doubt" if doubt is not None else call.status
     cp = ToolCallPlan(
         call.tool_call_id,
         call.tool_name,

@@ -106,7 +106,7 @@ async def plan_recovery(
         decisions=decisions,
         reconciled={k: v is not None for k, v in probed.items()},
     )
-    given = resolve_decisions(snapshot, decisions or {})
+    given = resolve_decisions(snapshot, decisions or {}, declarations(tools))
     results = {k: v for k, v in probed.items() if v is not None}
     return Recovery(the_plan, results, given)
 
@@ -205,17 +205,6 @@ async def resume_session(
     names = lanes or sorted(session.store.lanes())
     cwd = str(session.cwd) if session.cwd else None
     rec = recovery or await plan_recovery(session.store, tools, policy, decisions, cwd)
-    named = {c.call_key: c.tool_call_id for c in rec.plan.open_calls()}
-    unknown = sorted(k for k in rec.decisions if k not in named)
-    if unknown:
-        raise RecoveryError(
-            f"no tool call awaiting a decision is named {', '.join(unknown)} in session "
-            f"{session.id} (a call not yet started needs none); in doubt: "
-            f"{', '.join(f'{v} ({k})' for k, v in sorted(named.items())) or 'none'} "
-            "(see `durable-harness recover`)",
-            unknown=unknown,
-            open_calls=sorted(named),
-        )
     opts = options or HarnessOptions()
     for lane in names:
         lane_plan = rec.plan.lane(lane)

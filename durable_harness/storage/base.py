@@ -559,26 +559,52 @@ class Store(abc.ABC):
         raise StorageError(f"{self.spec} cannot delete sessions", session_id=session_id)
 
     def resolve(self, ref: str) -> SessionInfo:
-        """Find one session by exact id or unique prefix.
+        """Find one session by exact id or unique prefix: the exact id first, by the backend's
+        own fast path (:meth:`find_exact`: one file or one indexed row, not a listing), then
+        every session whose id starts with ``ref`` (:meth:`find_prefixed`). An exact id wins
+        over a longer id it prefixes (``design/storage.md``, "Finding a session").
 
         Raises:
             SessionNotFound: nothing matches.
             AmbiguousSessionPrefix: several match; ``details['candidates']`` lists their ids.
             SessionUnreadable: the one match is a session file that cannot be read.
         """
-        infos = self.list_sessions()
-        exact = [i for i in infos if i.id == ref]
+        hit = self.find_exact(ref) if ref else None
+        if hit is not None:
+            return _readable(hit)
+        matches = self.find_prefixed(ref) if ref else []
+        exact = [i for i in matches if i.id == ref]
         if exact:
             return _readable(exact[0])
-        matches = [i for i in infos if i.id.startswith(ref)] if ref else []
         if not matches:
-            raise SessionNotFound(f"no session matches {ref!r} in {self.spec}", ref=ref)
+            raise SessionNotFound(f"no session matches {ref!r} in {self.where()}", ref=ref)
         if len(matches) > 1:
             ids = sorted(i.id for i in matches)
             raise AmbiguousSessionPrefix(
                 f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids
             )
         return _readable(matches[0])
+
+    def where(self) -> str:
+        """The store as an error message names it: its spec (a backend whose spec may hold a
+        credential names its location instead)."""
+        return self.spec
+
+    def find_exact(self, session_id: str) -> SessionInfo | None:
+        """The catalogue row of the session whose id is exactly ``session_id``, found without
+        listing the store, or ``None`` when this fast path does not find it (then
+        :meth:`resolve` asks :meth:`find_prefixed`, which decides). A row may carry an
+        ``error`` (a file that cannot be read), as in :meth:`list_sessions`.
+
+        Backends override it (an indexed row, one known file); this default finds nothing.
+        """
+        return None
+
+    def find_prefixed(self, prefix: str) -> list[SessionInfo]:
+        """The catalogue rows whose id starts with ``prefix`` (an exact id included), in any
+        order. The default filters :meth:`list_sessions`; database backends ask their index.
+        A backend may cap the number of rows (at least two, so ambiguity is still seen)."""
+        return [i for i in self.list_sessions() if i.id.startswith(prefix)]
 
     def most_recent(self, cwd: str) -> SessionInfo | None:
         """Return the most recently modified session of ``cwd`` (see :class:`CwdMatcher`), or

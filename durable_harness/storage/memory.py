@@ -85,18 +85,26 @@ class MemoryStore(Store):
         if self._sessions.pop(session_id, None) is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
 
+    def find_exact(self, session_id: str) -> SessionInfo | None:
+        """The row of ``session_id`` (one dictionary lookup), or ``None``: no such id."""
+        session = self._sessions.get(session_id)
+        return self._info(session_id, session) if session is not None else None
+
+    def _info(self, sid: str, s: MemorySessionStore) -> SessionInfo:
+        return SessionInfo(
+            id=sid,
+            cwd=str(s.header.get("cwd", "")),
+            path=f"{self.spec}#{sid}",
+            created=str(s.header.get("timestamp", "")),
+            modified=str(s.header.get("timestamp", "")),
+            parent_session=s.header.get("parentSession"),
+        )
+
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """This store's sessions (of ``cwd`` by :class:`CwdMatcher`), newest first."""
         match = CwdMatcher(cwd) if cwd is not None else None
         rows = [
-            SessionInfo(
-                id=sid,
-                cwd=str(s.header.get("cwd", "")),
-                path=f"{self.spec}#{sid}",
-                created=str(s.header.get("timestamp", "")),
-                modified=str(s.header.get("timestamp", "")),
-                parent_session=s.header.get("parentSession"),
-            )
+            self._info(sid, s)
             for sid, s in self._sessions.items()
             if match is None or match(str(s.header.get("cwd", "")))
         ]

@@ -153,7 +153,8 @@ def check_catalogue(c: _Ctx) -> None:
 
 
 def check_prefixes(c: _Ctx) -> None:
-    """Open by unique prefix; an exact id wins; an ambiguous prefix lists its candidates."""
+    """Open by unique prefix; an exact id wins; an ambiguous prefix lists its candidates;
+    ``find_exact`` never answers a prefix nor another session."""
     store = c.store
     a, b = "aaaa1111-0000-7000-8000-000000000001", "bbbb2222-0000-7000-8000-000000000002"
     store.create_session("/p", session_id=a).close()
@@ -164,6 +165,9 @@ def check_prefixes(c: _Ctx) -> None:
     finally:
         s.close()
     _eq(store.resolve("bbbb2").id, b, "resolve by prefix")
+    hit = store.find_exact(a)  # a fast path may find nothing, never another session
+    _eq(hit.id if hit is not None else a, a, "find_exact of an id")
+    _eq(store.find_exact("aaaa"), None, "find_exact of a prefix")
     store.create_session("/p", session_id="cccc").close()
     store.create_session("/p", session_id="cccc-longer").close()
     _eq(store.resolve("cccc").id, "cccc", "an exact id wins over a prefix")

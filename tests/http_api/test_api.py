@@ -239,10 +239,13 @@ def test_event_stream_delivers_a_runs_events_in_order(start_server, script, work
             with server.client() as other:
                 run_id = send(other, sid, "read f.txt").json()["run_id"]
             events = _sse_events(resp, until="run_end")
-        ids = [int(e["id"]) for e in events]
+        ids = [int(e["id"].split("-")[1]) for e in events]  # GENERATION-EVENTID
         assert ids == list(range(ids[0], ids[0] + len(ids))), ids  # consecutive, in order
         data = [json.loads(e["data"]) for e in events]
-        assert all(d["eventId"] == i for d, i in zip(data, ids, strict=True))
+        assert all(
+            e["id"] == f"{d['generation']}-{d['eventId']}"
+            for d, e in zip(data, events, strict=True)
+        )
         assert data[0] == {**data[0], "type": "lifecycle", "state": "running"}
         types = [e["event"] for e in events if e["event"] != "lifecycle"]
         assert types[0] == "run_start" and types[-1] == "run_end"

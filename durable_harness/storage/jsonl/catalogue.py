@@ -1,5 +1,6 @@
 """The catalogue of a JSONL store: session files under ``root/sessions/<encoded cwd>/``,
-listing, lookup by cwd, and reading a file's header without opening the session."""
+listing, lookup by cwd and by exact id (the ``root/ids/<id>`` links), and reading a file's
+header without opening the session."""
 
 from __future__ import annotations
 
@@ -41,7 +42,14 @@ def cwd_dir_name(cwd: str) -> str:
 
 
 class JsonlStore(Store):
-    """Session files under ``root/sessions/<encoded cwd>/<time>_<id>.jsonl``."""
+    """Session files under ``root/sessions/<encoded cwd>/<time>_<id>.jsonl``, and for each one
+    a symbolic link ``root/ids/<id>`` to it, so an exact id is found without listing the store.
+
+    The links are a hint, never the truth: a link is made after its session file (a crash in
+    between leaves a session without one), is not fsynced, and is followed only to a file whose
+    header names the same id; whenever the link is missing or wrong, :meth:`resolve` lists the
+    store as it always could (``design/storage.md``, "Finding a session by id").
+    """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser()
@@ -50,6 +58,11 @@ class JsonlStore(Store):
     @property
     def sessions_dir(self) -> Path:
         return self.root / "sessions"
+
+    @property
+    def ids_dir(self) -> Path:
+        """The folder of the id links (``root/ids``)."""
+        return self.root / "ids"
 
     def create_session(
         self,
@@ -73,7 +86,49 @@ class JsonlStore(Store):
             header["parentSession"] = parent_session
         header.update(header_extra or {})
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
-        return JsonlSessionStore.create(str(folder / name), header, durability=durability)
+        store = JsonlSessionStore.create(str(folder / name), header, durability=durability)
+        self._link(sid, folder.name, name)
+        return store
+
+    def _link(self, sid: str, folder: str, name: str) -> None:
+        """Point ``ids/<sid>`` at ``sessions/<folder>/<name>`` (relative, so the store can be
+        moved). Best effort: a link that cannot be made only costs a listing later."""
+        link = str(self.ids_dir / sid)
+        target = os.path.join(os.pardir, "sessions", folder, name)
+        try:
+            make_private_dirs(self.ids_dir)
+            try:
+                os.symlink(target, link)
+            except FileExistsError:  # a stale link (a crash after a delete): replace it
+                tmp = f"{link}.{os.getpid()}.tmp"
+                os.symlink(target, tmp)
+                os.replace(tmp, link)
+        except OSError:
+            pass
+
+    def find_exact(self, session_id: str) -> SessionInfo | None:
+        """The row of ``session_id`` through its link ``ids/<id>``: one ``readlink`` and one
+        header read (see :meth:`Store.find_exact`). ``None`` when there is no usable link (none,
+        dangling, pointing outside ``sessions/<folder>/``, or at a file whose header names
+        another id): :meth:`resolve` then lists the store."""
+        if not _SAFE_ID.fullmatch(session_id):
+            return None
+        try:
+            target = os.readlink(self.ids_dir / session_id)
+        except OSError:
+            return None
+        parts = target.split(os.sep)
+        if (
+            len(parts) != 4
+            or parts[:2] != [os.pardir, "sessions"]
+            or not parts[3].endswith(".jsonl")
+            or not all(p and p not in (os.curdir, os.pardir) for p in parts[2:])
+        ):
+            return None
+        info = _row(os.path.join(str(self.sessions_dir), parts[2], parts[3]))
+        if info is None or info.id != session_id:
+            return None
+        return _iso_modified(info)
 
     def open_session(
         self,
@@ -91,7 +146,9 @@ class JsonlStore(Store):
     def delete_session(self, session_id: str) -> None:
         """Delete the session file, its lock file and its quarantine side files (see
         :meth:`Store.delete_session`): under the writer lease, then the folder is fsynced."""
-        info = next((i for i in self.list_sessions() if i.id == session_id), None)
+        info = self.find_exact(session_id) or next(
+            (i for i in self.list_sessions() if i.id == session_id), None
+        )
         if info is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
         store = JsonlSessionStore.open_path(info.path, write=True)
@@ -103,6 +160,11 @@ class JsonlStore(Store):
                     os.unlink(os.path.join(folder, name))
             os.unlink(info.path + ".lock")
             fsync_dir(folder)
+            try:
+                if os.path.basename(os.readlink(self.ids_dir / session_id)) == base:
+                    os.unlink(self.ids_dir / session_id)
+            except OSError:
+                pass  # no link (a session made before links, or the link failed): fine
         finally:
             store.close()
 
@@ -121,25 +183,9 @@ class JsonlStore(Store):
         hinted = {cwd_dir_name(s) for s in match.spellings} if match is not None else set()
         out: list[SessionInfo] = []
         for path in _session_files(str(self.sessions_dir), out):
-            try:
-                header, mtime = _read_header(path)
-            except OSError as exc:
-                if not os.path.lexists(path):
-                    continue  # removed since the folder was listed: no longer a session
-                out.append(_unreadable(path, exc))
-                continue
-            if header is None:
-                continue
-            out.append(
-                SessionInfo(
-                    id=str(header["id"]),
-                    cwd=str(header.get("cwd") or ""),
-                    path=path,
-                    created=str(header.get("timestamp", "")),
-                    modified=f"{mtime:.6f}",
-                    parent_session=header.get("parentSession"),
-                )
-            )
+            info = _row(path)
+            if info is not None:
+                out.append(info)
         if match is not None:
             # a row whose cwd is unknown (unreadable, or a damaged header that lost it) is
             # shown where its folder name points; every other row by its recorded cwd alone
@@ -196,6 +242,28 @@ def _session_files(sessions_dir: str, out: list[SessionInfo]) -> list[str]:
         except OSError as exc:
             out.append(SessionInfo.unreadable(folder, exc))
     return found
+
+
+def _row(path: str) -> SessionInfo | None:
+    """The catalogue row of the session file at ``path`` (``modified`` in seconds since the
+    epoch, as a string), an unreadable row when it cannot be read, or ``None`` when it is gone
+    or is not a durable-harness session."""
+    try:
+        header, mtime = _read_header(path)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            return None  # removed since the folder was listed: no longer a session
+        return _unreadable(path, exc)
+    if header is None:
+        return None
+    return SessionInfo(
+        id=str(header["id"]),
+        cwd=str(header.get("cwd") or ""),
+        path=path,
+        created=str(header.get("timestamp", "")),
+        modified=f"{mtime:.6f}",
+        parent_session=header.get("parentSession"),
+    )
 
 
 def _unreadable(path: str, exc: OSError) -> SessionInfo:

@@ -10,11 +10,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from durable_harness.errors import (
-    AmbiguousSessionPrefix,
-    SessionExists,
-    SessionNotFound,
-)
+from durable_harness.errors import SessionExists, SessionNotFound
 from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
@@ -147,31 +143,31 @@ class PostgresStore(Store):
 
         return [self._info(r) for r in self.db.run(read)]
 
-    def resolve(self, ref: str) -> SessionInfo:
-        """Find one session by exact id or unique prefix, by index (not a full listing).
+    def where(self) -> str:
+        """The server as ``postgresql://user@host:port/dbname``: never the password."""
+        return self.location
 
-        Raises:
-            SessionNotFound, AmbiguousSessionPrefix: as :meth:`Store.resolve`.
-        """
+    def find_exact(self, session_id: str) -> SessionInfo | None:
+        """The session row of ``session_id`` by its primary key (see :meth:`Store.find_exact`);
+        ``None``: no such id."""
 
         def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-            exact = conn.execute(_INFO + " WHERE id = %s", (ref,)).fetchall()
-            if exact or not ref:
-                return exact
-            pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            return conn.execute(_INFO + " WHERE id = %s", (session_id,)).fetchall()
+
+        rows = self.db.run(read)
+        return self._info(rows[0]) if rows else None
+
+    def find_prefixed(self, prefix: str) -> list[SessionInfo]:
+        """The rows whose id starts with ``prefix`` (``LIKE``, its wildcards escaped), at most
+        50."""
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+        def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
             return conn.execute(
                 _INFO + " WHERE id LIKE %s ORDER BY id LIMIT 50", (pattern,)
             ).fetchall()
 
-        rows = self.db.run(read)
-        if not rows:
-            raise SessionNotFound(f"no session matches {ref!r} in {self.location}", ref=ref)
-        if len(rows) > 1:
-            ids = sorted(r[0] for r in rows)
-            raise AmbiguousSessionPrefix(
-                f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids
-            )
-        return self._info(rows[0])
+        return [self._info(r) for r in self.db.run(read)]
 
     def delete_session(self, session_id: str) -> None:
         """Delete one session and every row of it (one transaction, the lease row locked

@@ -30,6 +30,9 @@ from durable_harness.storage.sqlite.database import SharedDatabase, WriteStats
 from durable_harness.storage.sqlite.group_commit import GroupQueues
 from durable_harness.storage.sqlite.session import SqliteSessionStore
 
+_INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
+_TOP = "\U0010ffff"  # above every character: ``prefix + _TOP`` bounds the ids starting with it
+
 
 class SqliteStore(Store):
     """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
@@ -118,11 +121,7 @@ class SqliteStore(Store):
     ) -> SessionStore:
         """Open session ``sid`` through this object's shared connections (opened when none
         is open)."""
-        with self._shared_lock:
-            shared = self._shared
-            if shared is None or not shared.acquire():
-                shared = self._shared = SharedDatabase(self.path)
-                shared.acquire()
+        shared = self._acquire_shared()
         return SqliteSessionStore(
             self.path,
             sid,
@@ -133,6 +132,16 @@ class SqliteStore(Store):
             shared=shared,
             queues=self._queues,
         )
+
+    def _acquire_shared(self) -> SharedDatabase:
+        """This object's shared connections, counted one more user (the caller releases
+        them, or hands them to a session that does); opened when none are open."""
+        with self._shared_lock:
+            shared = self._shared
+            if shared is None or not shared.acquire():
+                shared = self._shared = SharedDatabase(self.path)
+                shared.acquire()
+        return shared
 
     def _lease(self, sid: str) -> FileLease:
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
@@ -180,14 +189,18 @@ class SqliteStore(Store):
         durability: Durability = "sync",
         break_lease: bool = False,
     ) -> SessionStore:
-        sid = self.resolve(ref).id
-        return self._open(sid, write=write, durability=durability, break_lease=break_lease)
+        shared = self._acquire_shared()  # held: the lookup and the session share a connection
+        try:
+            sid = self.resolve(ref).id
+            return self._open(sid, write=write, durability=durability, break_lease=break_lease)
+        finally:
+            shared.release()
 
     def delete_session(self, session_id: str) -> None:
         """Delete the session's rows (entries, records, lanes, lane ops, the session row) in
         one transaction under its writer lease, then its lock file (see
         :meth:`Store.delete_session`)."""
-        if not any(i.id == session_id for i in self.list_sessions()):
+        if self.find_exact(session_id) is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
         lease = self._lease(session_id)
         lease.acquire()
@@ -205,13 +218,47 @@ class SqliteStore(Store):
         finally:
             lease.release()
 
+    def find_exact(self, session_id: str) -> SessionInfo | None:
+        """The session row of ``session_id`` by its primary key (see :meth:`Store.find_exact`);
+        ``None``: no such id (the lookup is exact and complete)."""
+        return next(iter(self._rows(f"{_INFO} WHERE id = ?", (session_id,))), None)
+
+    def find_prefixed(self, prefix: str) -> list[SessionInfo]:
+        """The rows whose id starts with ``prefix``, read by a range of the primary key
+        (``BINARY`` order: exactly the ids that start with it), at most 50."""
+        return self._rows(
+            f"{_INFO} WHERE id >= ? AND id < ? ORDER BY id LIMIT 50",
+            (prefix, prefix + _TOP),
+        )
+
+    def _rows(self, sql: str, params: tuple[str, ...]) -> list[SessionInfo]:
+        """Run one catalogue query on the shared reader connection (the sessions' own, when
+        any is open: no connection of its own is opened or kept for a lookup)."""
+        shared = self._acquire_shared()
+        try:
+            with shared.read_lock:
+                rows = shared.reader.execute(sql, params).fetchall()
+        finally:
+            shared.release()
+        return [self._info(r) for r in rows]
+
+    def _info(self, r: tuple[Any, ...]) -> SessionInfo:
+        return SessionInfo(
+            id=r[0],
+            cwd=r[1],
+            path=f"{self.spec}#{r[0]}",
+            created=r[2],
+            modified=r[3],
+            parent_session=r[4],
+        )
+
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
         as real paths), most recently modified first. Each distinct recorded cwd is resolved
         once; the rows are then read through the ``(cwd, modified)`` index."""
         conn = connection.connect(self.path)
         try:
-            sql = "SELECT id, cwd, created, modified, parent_session FROM sessions"
+            sql = _INFO
             if cwd is None:
                 rows = conn.execute(sql + " ORDER BY modified DESC").fetchall()
             else:
@@ -227,14 +274,4 @@ class SqliteStore(Store):
                 rows.sort(key=lambda r: r[3], reverse=True)
         finally:
             conn.close()
-        return [
-            SessionInfo(
-                id=r[0],
-                cwd=r[1],
-                path=f"{self.spec}#{r[0]}",
-                created=r[2],
-                modified=r[3],
-                parent_session=r[4],
-            )
-            for r in rows
-        ]
+        return [self._info(r) for r in rows]
