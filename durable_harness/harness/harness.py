@@ -49,6 +49,7 @@ from durable_harness.models.entries import validate_message
 from durable_harness.providers.base import Provider
 from durable_harness.session.context import estimate_tokens
 from durable_harness.session.session import Session
+from durable_harness.storage import codec
 from durable_harness.storage.base import EntryOp, Op, RecordOp, SessionStore
 from durable_harness.tools.base import Tool, ToolResult
 
@@ -604,12 +605,16 @@ def _keep_client_key(rec: dict[str, Any], client_key: str | None) -> None:
 
 def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
     """A user-role message from text, or a caller's message dict validated at acceptance.
+    Lone UTF-16 surrogates become U+FFFD here, as storage writes them
+    (:func:`~durable_harness.storage.codec.scrub`), so what the run's events carry, what the
+    provider is sent and what is stored are the same text.
 
     Raises:
         FormatError: the dict is not a valid message (nothing is written).
     """
     if isinstance(text, dict):
-        return validate_message({"timestamp": now_ms(), **text})
+        return validate_message(codec.scrub({"timestamp": now_ms(), **text}))
+    text = codec.scrub(text)
     return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": now_ms()}
 
 

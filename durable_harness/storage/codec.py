@@ -24,6 +24,14 @@ import orjson
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def scrub(value: Any) -> Any:
+    """``value`` with every lone UTF-16 surrogate in its strings (keys included) replaced by
+    U+FFFD, as it is written; ``value`` itself when it holds none (a scan, no copy)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    return _scrub(value)
+
+
 def _scrub(value: Any) -> Any:
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value)
@@ -46,6 +54,25 @@ def dumps(value: Any) -> bytes:
         if "surrogates" not in str(exc) and "str is not valid UTF-8" not in str(exc):
             raise TypeError(str(exc)) from exc
         return orjson.dumps(_scrub(value))
+
+
+def dumps_held(value: Any, *, line: bool = False) -> tuple[bytes, Any]:
+    """:func:`dumps` (with ``line``: :func:`dumps_line`), and the value the bytes hold:
+    ``value`` itself, or, when it held lone surrogates, a copy with each one replaced by
+    U+FFFD. A store that keeps committed values in memory keeps the second, so what it
+    returns before and after a reopen is the same.
+
+    Raises:
+        TypeError: ``value`` holds something JSON cannot represent.
+    """
+    option = orjson.OPT_APPEND_NEWLINE if line else None
+    try:
+        return orjson.dumps(value, option=option), value
+    except orjson.JSONEncodeError as exc:
+        if "surrogates" not in str(exc) and "str is not valid UTF-8" not in str(exc):
+            raise TypeError(str(exc)) from exc
+        clean = _scrub(value)
+        return orjson.dumps(clean, option=option), clean
 
 
 def dumps_line(value: Any) -> bytes:

@@ -276,7 +276,15 @@ class MemorySessionStore(IndexedSessionStore):
 
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
         try:
-            return [codec.dumps(op["entry"]) if "entry" in op else None for op in numbered]
+            out: list[Any] = []
+            for op in numbered:
+                if "entry" in op:
+                    out.append(codec.dumps(op["entry"]))
+                    continue
+                if "record" in op:  # kept as a file backend would read it back
+                    op["record"] = codec.dumps_held(op["record"])[1]
+                out.append(None)
+            return out
         except TypeError as exc:  # what a file backend could not write either
             raise InvalidOp(
                 f"session {self.session_id}: an entry holds a value JSON cannot represent: {exc}"

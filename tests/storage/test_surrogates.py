@@ -233,3 +233,31 @@ def test_standard_library_agrees_on_which_strings_hold_lone_halves() -> None:
     raw = rb'{"a":["ok","\udfff"],"b":{"c":"\ud83d\ude00"}}'
     assert json.loads(raw)["a"][1] == "\udfff"
     assert codec.lone_surrogate_paths(raw) == [("a", 1)]
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite", "memory"])
+def test_a_lone_surrogate_committed_reads_back_as_stored_before_and_after_reopen(
+    backend: str, tmp_path: Path
+) -> None:
+    """A Python string with a lone half (from ``surrogateescape``, or a JSON body's
+    ``\\udc00``) is written with U+FFFD; the writer's own reads give what was written, not the
+    raw half, so the session reads the same before and after a reopen (and serialises)."""
+    spec = {"jsonl": f"jsonl:{tmp_path / 'j'}", "sqlite": f"sqlite:{tmp_path / 's.db'}"}
+    store = open_store(spec.get(backend, "memory:"))
+    session = store.create_session(str(tmp_path))
+    session.commit(
+        [
+            EntryOp(ent("e1", None, text="a\udc00b"), lane="main"),
+            RecordOp({**rec("r1", "note"), "prompt": "a\udc00b", "x\ud800": 1}),
+        ]
+    )
+    want = {"prompt": "a\ufffdb", "x\ufffd": 1}
+    (got,) = session.records()
+    assert {k: got[k] for k in want} == want
+    orjson.dumps(got)  # a front can serialise what the store returns
+    assert session.get_entry("e1")["text"] == "a\ufffdb"  # type: ignore[index]
+    session.close()
+    if backend != "memory":
+        with store.open_session(session.session_id, write=False) as again:
+            (stored,) = again.records()
+            assert {k: stored[k] for k in want} == want

@@ -26,6 +26,21 @@ same 600-byte line on the development machine. Readers skip empty lines; ``close
 padding off. See ``design/storage.md``."""
 
 
+def commit_line(generation: int, numbered: list[dict[str, Any]]) -> bytes:
+    """The line of one commit: ``{"gen": generation, "ops": numbered}`` and its ``\n``. Where
+    an op held lone surrogates the line holds U+FFFD instead, and so do the ops of ``numbered``
+    (replaced in place), so the index keeps what the file holds (:func:`codec.dumps_held`).
+
+    Raises:
+        TypeError: an op holds something JSON cannot represent.
+    """
+    payload = {"gen": generation, "ops": numbered}
+    line, held = codec.dumps_held(payload, line=True)
+    if held is not payload:
+        numbered[:] = held["ops"]
+    return line
+
+
 def is_own_format(header: dict[str, Any]) -> bool:
     """True when a parsed first line is a durable-harness header (not a pi file)."""
     return header.get("type") == "session" and header.get("format") == FORMAT

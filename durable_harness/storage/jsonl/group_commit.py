@@ -11,9 +11,8 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from durable_harness.storage import codec
 from durable_harness.storage.base import PendingCommit
-from durable_harness.storage.jsonl.framing import barrier
+from durable_harness.storage.jsonl.framing import barrier, commit_line
 from durable_harness.storage.jsonl.mark import set_mark
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ def commit_group(store: JsonlSessionStore, batch: list[PendingCommit]) -> None:
                 try:
                     store._check_ops(item.ops)
                     numbered = store._number(item.ops)
-                    line = codec.dumps_line({"gen": store.generation, "ops": numbered})
+                    line = commit_line(store.generation, numbered)
                 except Exception as exc:  # nothing of this call is indexed yet
                     item.error = exc
                     continue

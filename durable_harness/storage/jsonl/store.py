@@ -31,6 +31,7 @@ from durable_harness.storage.jsonl.framing import (
     PAD_MAX,
     PAD_MIN,
     barrier,
+    commit_line,
     op_seq,
     open_and_read,
     pwrite_all,
@@ -157,7 +158,7 @@ class JsonlSessionStore(IndexedSessionStore):
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
         assert self._fd is not None and self._lease is not None
         self._lease.check()
-        line = codec.dumps_line({"gen": self.generation, "ops": numbered})
+        line = commit_line(self.generation, numbered)
         offset = self._end
         self._append(line, 1, op_seq(numbered[-1]))
         if sync and self.durability == "sync":
