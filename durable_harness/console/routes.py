@@ -38,7 +38,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
 from durable_harness.console.timeline import build_timeline, fmt_duration
 from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
-from durable_harness.errors import DurableHarnessError, SessionNotLive
+from durable_harness.errors import DurableHarnessError, SessionNotLive, encodable
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.manager import needs_decision
 
@@ -174,7 +174,7 @@ def console_router(
             "error.html",
             STATUS_OF_CODE.get(exc.code, 500),
             title=exc.code,
-            message=exc.message,
+            message=encodable(exc.message),
         )
 
     def back(session_id: str, notice: str) -> RedirectResponse:
