@@ -882,7 +882,8 @@ class SessionManager:
         was accepted before (nothing is sent twice).
 
         Raises:
-            SessionNotLive, InvalidRequest, MessageTooLarge, RunInProgress (a prompt while a
+            SessionLive (another process holds it), SessionNotLive, InvalidRequest (a bad
+            lane name), MessageTooLarge, IdempotencyKeyReused, RunInProgress (a prompt while a
             run is open on the lane), NoOpenRun (a steer with no run), LaneSuspended.
         """
         self.check_message(message)
@@ -922,7 +923,8 @@ class SessionManager:
         ``{"lane", "returned"}``: the steer and follow-up messages handed back.
 
         Raises:
-            SessionNotLive, NoOpenRun.
+            SessionLive (another process holds it), SessionNotLive, NoOpenRun,
+            InvalidRequest (a bad lane name).
         """
         check_lane(lane)
         proc = self._live(session_id)
@@ -988,7 +990,8 @@ class SessionManager:
         (``(generation, eventId)``) a reader saw (see :meth:`SessionProcess.listen`).
 
         Raises:
-            SessionNotLive. InvalidRequest: ``after`` names an event not sent.
+            SessionLive (another process holds it), SessionNotLive. InvalidRequest: ``after``
+            names an event not sent.
         """
         return self._live(session_id).listen(after)
 

@@ -27,6 +27,7 @@ from durable_harness.host.manager import SESSION_ID_PATTERN, HostOptions, Sessio
 from durable_harness.http import errors, models
 from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
 from durable_harness.http.metrics import MetricsSink, make_sink, refresh
+from durable_harness.http.streams import SLOTS
 from durable_harness.storage.base import Store
 
 ManagerFactory = Callable[[], SessionManager]
@@ -319,6 +320,9 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         ``event`` = its type, ``data`` = the event as JSON), in order, from now on; with
         ``Last-Event-ID``, from the event after that one (a ``gap`` event, without an id,
         first when they cannot all be replayed). The stream ends when the generation stops."""
+        refused = SLOTS.refusal()
+        if refused is not None:
+            return refused  # type: ignore[return-value]
         after = None
         if last_event_id is not None:
             generation, _, seen = last_event_id.partition("-")
@@ -335,7 +339,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
                     ident = event_id(event)
                     yield {"id": ident, **frame} if ident else frame
 
-        return EventSourceResponse(frames(), ping=SSE_PING_SECONDS)
+        return SLOTS.response(frames(), ping=SSE_PING_SECONDS)
 
     awaiting_known: set[str] = set()
 

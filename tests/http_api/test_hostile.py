@@ -4,11 +4,14 @@ and the JSON error body, never a 500 (``design/http.md``)."""
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import pytest
 
-from .util import wait_state
+from durable_harness.http.streams import MAX_EVENT_STREAMS
+
+from .util import poll, wait_state
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -206,3 +209,48 @@ def test_held_elsewhere_is_session_live_and_decisions_are_checked(
                 "invalid_request",
             )
             assert "non-empty" in err["message"]
+
+
+def _open_stream(url: str, path: str) -> tuple[socket.socket, bytes]:
+    """Open a raw event-stream request; the socket and the response's status line."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = b""
+    while b"\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the connection"
+        head += chunk
+    return sock, head.split(b"\r\n", 1)[0]
+
+
+def test_event_streams_are_capped_per_server(start_server, script, workdir):
+    server = start_server()
+    with server.client() as c:
+        sid = c.post(
+            "/sessions", json={"cwd": str(workdir), "provider": script([{"text": "x"}])}
+        ).json()["id"]
+        wait_state(c, sid, "idle")
+        path = f"/sessions/{sid}/agent/events"
+        socks = []
+        try:
+            for _ in range(MAX_EVENT_STREAMS):
+                sock, status = _open_stream(server.url, path)
+                socks.append(sock)
+                assert b" 200 " in status, status
+            err = _error(c.get(path), 503, "too_many_streams")
+            assert err["limit"] == MAX_EVENT_STREAMS
+            assert c.get("/sessions").status_code == 200  # everything else still answers
+            socks.pop().close()
+
+            def reopened() -> socket.socket | None:
+                sock, status = _open_stream(server.url, path)
+                if b" 200 " in status:
+                    return sock
+                sock.close()
+                return None
+
+            socks.append(poll(reopened, "a slot to be given back"))
+        finally:
+            for sock in socks:
+                sock.close()
