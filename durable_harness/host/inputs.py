@@ -1,5 +1,6 @@
 """What the host takes from a client, checked before it reaches the operating system or a
-store (``design/host.md``, "Inputs"): text fields, the working directory, lane names.
+store (``design/host.md``, "Inputs"): text fields, the working directory, lane names, and a
+send's ``Idempotency-Key`` against the request it was first used for.
 
 Every front (HTTP, console, ACP) goes through :class:`~durable_harness.host.SessionManager`,
 which applies these checks, so a bad value is the same :class:`InvalidRequest` everywhere
@@ -12,8 +13,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
-from durable_harness.errors import InvalidRequest
+from durable_harness.errors import IdempotencyKeyReused, InvalidRequest
 
 LANE_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
 """What a lane name looks like: a letter or digit, then up to 127 letters, digits, ``.``,
@@ -109,3 +111,32 @@ def check_lane(lane: str) -> str:
             lane=str(lane)[:200],
         )
     return lane
+
+
+def check_same_send(prior: dict[str, Any], client_key: str, message: str, mode: str) -> None:
+    """Refuse a send whose ``client_key`` accepted a different message or mode before (the
+    record that accepted it: ``run_started`` keeps the prompt, ``queue_enqueued`` the queue
+    and message).
+
+    Raises:
+        IdempotencyKeyReused: naming the key and what differs.
+    """
+    if prior.get("type") == "run_started":
+        had_mode, had = "prompt", prior.get("prompt")
+    elif prior.get("type") == "queue_enqueued":
+        had_mode, had = str(prior.get("queue")), prior.get("message")
+    else:
+        return  # a deferred write: no message to compare
+    content = had.get("content") if isinstance(had, dict) else None
+    if isinstance(content, list):
+        content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    checks = (("mode", had_mode == mode), ("message", content == message))
+    differ = [name for name, same in checks if not same]
+    if differ:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {client_key[:200]!r} was used for another {' and '.join(differ)}"
+            f" (accepted as {prior.get('runId') or prior.get('itemId')}); use a new key for a "
+            "different request",
+            key=client_key[:200],
+            fields=differ,
+        )

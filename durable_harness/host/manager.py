@@ -43,7 +43,7 @@ from durable_harness.errors import (
 from durable_harness.harness.core import Event, HarnessOptions
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
-from durable_harness.host.inputs import check_lane, check_text, working_directory
+from durable_harness.host.inputs import check_lane, check_same_send, check_text, working_directory
 from durable_harness.host.lifecycle import LIVE, State
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.record import (
@@ -896,7 +896,7 @@ class SessionManager:
         if client_key is not None:
             prior = harness.accepted(client_key, lane)
             if prior is not None:
-                _check_same_send(prior, client_key, message, mode)
+                check_same_send(prior, client_key, message, mode)
                 return _acceptance(prior, lane, duplicate=True)
         if mode == "prompt":
             if proc.accepting or lane in proc.running:
@@ -1008,35 +1008,6 @@ def _asks_hooks(plan: RecoveryPlan, tools: Mapping[str, Tool]) -> bool:
         if tool is not None and tool.can_reconcile:
             return True
     return False
-
-
-def _check_same_send(prior: dict[str, Any], client_key: str, message: str, mode: str) -> None:
-    """Refuse a send whose ``client_key`` accepted a different message or mode before (the
-    record that accepted it: ``run_started`` keeps the prompt, ``queue_enqueued`` the queue
-    and message).
-
-    Raises:
-        IdempotencyKeyReused: naming the key and what differs.
-    """
-    if prior.get("type") == "run_started":
-        had_mode, had = "prompt", prior.get("prompt")
-    elif prior.get("type") == "queue_enqueued":
-        had_mode, had = str(prior.get("queue")), prior.get("message")
-    else:
-        return  # a deferred write: no message to compare
-    content = had.get("content") if isinstance(had, dict) else None
-    if isinstance(content, list):
-        content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    checks = (("mode", had_mode == mode), ("message", content == message))
-    differ = [name for name, same in checks if not same]
-    if differ:
-        raise IdempotencyKeyReused(
-            f"Idempotency-Key {client_key[:200]!r} was used for another {' and '.join(differ)}"
-            f" (accepted as {prior.get('runId') or prior.get('itemId')}); use a new key for a "
-            "different request",
-            key=client_key[:200],
-            fields=differ,
-        )
 
 
 def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:
