@@ -197,6 +197,9 @@ def test_deeply_nested_and_over_long_lines_are_refused_and_the_agent_lives_on(
     err = raw.request("session/new", {"cwd": "/" + "c" * (10 << 20), "mcpServers": []})
     assert len(json.dumps(err)) < 16384
     assert err["error"]["code"] == -32602
+    # a long line under the limit is read whole (in 1 MiB pieces) and served
+    pad = {"protocolVersion": 1, "_meta": {"pad": "p" * (3 << 20)}}
+    assert raw.request("initialize", pad)["result"]["protocolVersion"] == 1
     # still serving
     work = str(workdir(tmp_path))
     sid = raw.request("session/new", {"cwd": work, "mcpServers": []})["result"]["sessionId"]
