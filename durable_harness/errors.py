@@ -39,6 +39,7 @@ The tree::
         ├── IllegalTransition           illegal_transition
         ├── SessionLive                 session_live
         ├── SessionNotLive              session_not_live
+        ├── IdempotencyKeyReused        idempotency_key_reused
         └── Unauthorized                unauthorized
 
 Messages name the file, session or id involved and never carry a credential: the provider
@@ -332,6 +333,14 @@ class SessionNotLive(HostError):
     code = "session_not_live"
 
 
+class IdempotencyKeyReused(HostError):
+    """An ``Idempotency-Key`` seen before came with a different request (another working
+    directory, mode, message...): refused rather than answered with the first request's
+    result (``details``: ``key``, ``fields`` that differ; ``design/http.md``)."""
+
+    code = "idempotency_key_reused"
+
+
 class Unauthorized(HostError):
     """The request carried no bearer token, or the wrong one."""
 
@@ -374,3 +383,22 @@ _SECRET = re.compile(
 def redact(text: str) -> str:
     """Replace anything shaped like an API key or bearer token with ``[redacted]``."""
     return _SECRET.sub("[redacted]", text)
+
+
+def encodable(value: Any) -> Any:
+    """``value`` (an error body: strings, lists, dicts, scalars) with every string made
+    encodable as UTF-8: a character that is not (a lone surrogate such as ``\\ud800``, which
+    JSON text may carry) is replaced by its ``\\uXXXX`` escape. Every front renders errors
+    through this, so rendering an error that quotes hostile input never fails itself
+    (``design/http.md``, "Errors")."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encodable(v) for v in value]
+    return value

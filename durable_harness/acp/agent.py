@@ -69,7 +69,7 @@ from durable_harness.acp.updates import (
     tool_call_running,
     tool_title,
 )
-from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionNotLive
+from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
 from durable_harness.harness.core import Event
 from durable_harness.host.manager import HostOptions, SessionManager
 from durable_harness.host.record import CommandRuntime
@@ -407,7 +407,7 @@ class DurableAgent:
         to do when no run is open (a notification has no answer)."""
         try:
             await self._manager().abort(session_id)
-        except (NoOpenRun, SessionNotLive):
+        except (NoOpenRun, SessionNotLive, SessionLive):
             return
         except DurableHarnessError as exc:
             log.warning("session/cancel of %s: %s", session_id, exc.message)

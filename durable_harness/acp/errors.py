@@ -21,6 +21,7 @@ _BY_CODE: dict[str, int] = {
     "message_too_large": INVALID_PARAMS,
     "format_error": INVALID_PARAMS,
     "missing_credential": INVALID_PARAMS,
+    "idempotency_key_reused": INVALID_PARAMS,
     "session_not_found": NOT_FOUND,
     "ambiguous_session_prefix": NOT_FOUND,
     "run_in_progress": CONFLICT,

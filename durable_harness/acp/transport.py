@@ -10,11 +10,22 @@ each line before the connection sees it and answers, as JSON-RPC 2.0 says:
   number or null): ``-32600`` (invalid request), with the message's ``id`` when it has a
   usable one.
 
-The process lives on either way; only well-formed messages reach the agent.
+The process lives on either way; only well-formed messages reach the agent. Two more bounds
+keep one hostile line from stopping it:
+
+- a line over :data:`MAX_LINE_BYTES` (16 MiB) is read to its end and discarded without being
+  kept in memory, and answered ``-32600`` (nothing of it is parsed);
+- JSON nested too deeply for the parser (``[[[[...]]]]``) is a ``-32700``, not a
+  ``RecursionError`` that would end the receive loop.
+
+Every error this process sends passes through :func:`clip_error_data` first, so an error
+never echoes a large input back (the SDK's ``-32602`` puts the offending value in
+``data.errors[].input``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -26,6 +37,54 @@ log = logging.getLogger(__name__)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+
+MAX_LINE_BYTES = 16 << 20
+"""The longest line (one JSON-RPC message) taken, in bytes (16 MiB; ``design/acp.md``)."""
+
+READ_CHUNK_BYTES = 1 << 20
+"""The stream reader's buffer limit: an over-long line is consumed in pieces of about this
+size, so discarding it never holds more than this much of it."""
+
+MAX_ECHO_CHARS = 200
+"""The longest string an error's ``data`` carries (longer ones are cut, their length said)."""
+
+MAX_ERROR_MESSAGE_CHARS = 2000
+"""The longest ``message`` an error carries (a library message quotes the input it refuses)."""
+
+MAX_ECHO_ITEMS = 20
+"""The most items of one list or object an error's ``data`` carries."""
+
+MAX_ECHO_DEPTH = 6
+"""The deepest nesting an error's ``data`` carries."""
+
+
+def clip_error_data(value: Any, depth: int = 0) -> Any:
+    """``value`` (an error's ``data``) cut to a bounded size: strings to
+    :data:`MAX_ECHO_CHARS`, lists and objects to :data:`MAX_ECHO_ITEMS` items, nesting to
+    :data:`MAX_ECHO_DEPTH`; anything that is not JSON becomes its (cut) ``str``. The cut is
+    said in the text, never silent."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        if len(value) <= MAX_ECHO_CHARS:
+            return value
+        return f"{value[:MAX_ECHO_CHARS]}... ({len(value)} characters in all)"
+    if isinstance(value, (list, tuple, dict)) and depth >= MAX_ECHO_DEPTH:
+        return f"(a {type(value).__name__} nested too deeply to show)"
+    if isinstance(value, (list, tuple)):
+        items = [clip_error_data(v, depth + 1) for v in value[:MAX_ECHO_ITEMS]]
+        if len(value) > MAX_ECHO_ITEMS:
+            items.append(f"... ({len(value)} items in all)")
+        return items
+    if isinstance(value, dict):
+        out = {
+            str(k)[:MAX_ECHO_CHARS]: clip_error_data(v, depth + 1)
+            for k, v in list(value.items())[:MAX_ECHO_ITEMS]
+        }
+        if len(value) > MAX_ECHO_ITEMS:
+            out["..."] = f"{len(value)} keys in all"
+        return out
+    return clip_error_data(str(value), depth)
 
 
 def check_message(message: Any) -> tuple[str, Any] | None:
@@ -58,7 +117,11 @@ class CheckedNdjsonTransport(NdjsonTransport):
     async def receive(self) -> dict[str, Any] | None:
         """The next well-formed message, or ``None`` at end of input."""
         while True:
-            line = await self._read_line()
+            line, size = await self._read_bounded()
+            if size > MAX_LINE_BYTES:
+                details = f"the line is {size} bytes, over the limit of {MAX_LINE_BYTES}; discarded"
+                await self._refuse(INVALID_REQUEST, "Invalid request", details, None)
+                continue
             if not line:
                 return None
             line = line.strip()
@@ -69,11 +132,48 @@ class CheckedNdjsonTransport(NdjsonTransport):
             except ValueError as exc:
                 await self._refuse(PARSE_ERROR, "Parse error", f"not JSON: {exc}", None)
                 continue
+            except RecursionError:
+                details = "the JSON is nested too deeply to parse"
+                await self._refuse(PARSE_ERROR, "Parse error", details, None)
+                continue
             problem = check_message(message)
             if problem is None:
                 assert isinstance(message, dict)
                 return message
             await self._refuse(INVALID_REQUEST, "Invalid request", *problem)
+
+    async def _read_bounded(self) -> tuple[bytes, int]:
+        """The next line and its size in bytes; ``b""`` at end of input. A line over
+        :data:`MAX_LINE_BYTES` is read to its end but not kept (``(b"", size)``)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            done = True
+            try:
+                piece = await self._wait_for_reader(self._reader.readuntil(b"\n"))
+            except asyncio.LimitOverrunError as exc:
+                piece = await self._wait_for_reader(self._reader.readexactly(exc.consumed))
+                done = False
+            except asyncio.IncompleteReadError as exc:
+                piece = exc.partial
+            size += len(piece)
+            if size <= MAX_LINE_BYTES:
+                chunks.append(piece)
+            else:
+                chunks.clear()
+            if done:
+                return b"".join(chunks), size
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Send ``message``; an error's ``data`` is cut first (:func:`clip_error_data`)."""
+        error = message.get("error")
+        if isinstance(error, dict) and "data" in error:
+            error = {**error, "data": clip_error_data(error["data"])}
+            text = error.get("message")
+            if isinstance(text, str) and len(text) > MAX_ERROR_MESSAGE_CHARS:
+                error["message"] = text[:MAX_ERROR_MESSAGE_CHARS] + "..."
+            message = {**message, "error": error}
+        await super().send(message)
 
     async def _refuse(self, code: int, message: str, details: str, mid: Any) -> None:
         log.warning("refused a malformed JSON-RPC message: %s", details)
@@ -84,12 +184,17 @@ class CheckedNdjsonTransport(NdjsonTransport):
 async def stdio_transport() -> tuple[CheckedNdjsonTransport, TaskSupervisor]:
     """The checked transport over this process's stdin and stdout, and the supervisor of its
     writer task (shut it down when done)."""
-    from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
     from acp.stdio import stdio_streams
 
-    reader, writer = await stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    reader, writer = await stdio_streams(limit=READ_CHUNK_BYTES)
     supervisor = TaskSupervisor(source="durable_harness.acp.transport")
     return CheckedNdjsonTransport(reader, MessageSender(writer, supervisor)), supervisor
 
 
-__all__ = ["CheckedNdjsonTransport", "check_message", "stdio_transport"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "CheckedNdjsonTransport",
+    "check_message",
+    "clip_error_data",
+    "stdio_transport",
+]

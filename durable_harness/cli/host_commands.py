@@ -121,7 +121,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.claim_interval is not None:
         options.claim_interval = args.claim_interval or None
     store = store_of(args, create=True)
-    app = create_app(store=store, options=options, token=token, own_auth=is_console_path)
+    app = create_app(
+        store=store,
+        options=options,
+        token=token,
+        own_auth=is_console_path,
+        loopback_hosts_only=token is None,  # a tokenless server is loopback: DNS rebinding
+    )
     app.include_router(console_router(lambda: app.state.manager, token=token))
     serve(app, args.host, args.port, token=token)
     return 0

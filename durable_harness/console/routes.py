@@ -31,16 +31,16 @@ import jinja2
 import orjson
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
 from durable_harness.console.timeline import build_timeline, fmt_duration
 from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
-from durable_harness.errors import DurableHarnessError, SessionNotLive
+from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.manager import needs_decision
+from durable_harness.http.streams import SLOTS
 
 if TYPE_CHECKING:
     from durable_harness.host.manager import SessionManager
@@ -174,7 +174,7 @@ def console_router(
             "error.html",
             STATUS_OF_CODE.get(exc.code, 500),
             title=exc.code,
-            message=exc.message,
+            message=encodable(exc.message),
         )
 
     def back(session_id: str, notice: str) -> RedirectResponse:
@@ -318,14 +318,17 @@ def console_router(
         try:
             await manager.get(session_id)
         except DurableHarnessError as exc:
-            return Response(exc.message, STATUS_OF_CODE.get(exc.code, 500))
+            return Response(encodable(exc.message), STATUS_OF_CODE.get(exc.code, 500))
+        refused = SLOTS.refusal()
+        if refused is not None:
+            return refused
 
         async def stream() -> AsyncIterator[dict[str, Any]]:
             yield {"event": "hello", "data": "{}", "retry": 2000}
             while True:
                 try:
                     events = manager.listen(session_id)
-                except SessionNotLive:
+                except (SessionNotLive, SessionLive):  # not live here (yet)
                     await anyio.sleep(LISTEN_POLL_S)
                     continue
                 # subscribed: anything that happened before is fetched by this refresh
@@ -340,7 +343,7 @@ def console_router(
                         yield {"event": "update", "data": orjson.dumps(data).decode()}
                 yield {"event": "state", "data": '{"live": false}'}
 
-        return EventSourceResponse(stream(), ping=15)
+        return SLOTS.response(stream(), ping=15)
 
     @router.get("/console/static/{name}")
     async def static(name: str) -> Response:

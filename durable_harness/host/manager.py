@@ -28,6 +28,7 @@ import anyio.abc
 
 from durable_harness.errors import (
     DurableHarnessError,
+    IdempotencyKeyReused,
     IllegalTransition,
     InvalidRequest,
     LeaseHeld,
@@ -42,6 +43,7 @@ from durable_harness.errors import (
 from durable_harness.harness.core import Event, HarnessOptions
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
+from durable_harness.host.inputs import check_lane, check_same_send, check_text, working_directory
 from durable_harness.host.lifecycle import LIVE, State
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.record import (
@@ -361,17 +363,13 @@ class SessionManager:
                 ``command_runtime``, or no provider (none given, no host default).
             FormatError, MissingCredential: the provider spec cannot be built.
         """
+        for name, value in (("cwd", cwd), ("provider", provider), ("mode", mode)):
+            check_text(name, value)
         if client_key is not None and client_key in self._keys:
-            return await self.get(self._keys[client_key])
-        try:
-            path = Path(cwd).expanduser() if cwd else None
-        except RuntimeError:  # "~nobody/x": no such user's home
-            path = None
-        if path is None or not path.is_absolute() or not path.is_dir():
-            raise InvalidRequest(
-                f"working directory {cwd!r} must be an absolute path to an existing directory",
-                cwd=cwd,
+            return await self._created_before(
+                client_key, cwd, mode=mode, command_runtime=command_runtime, provider=provider
             )
+        path = working_directory(cwd)
         durability = cast(Durability, mode or self.options.mode)
         if durability not in DURABILITY_MODES:
             raise InvalidRequest(
@@ -400,6 +398,51 @@ class SessionManager:
         if client_key is not None:
             self._keys[client_key] = rec.id
         await self._start(rec, Session(store), None, client_key)
+        return rec
+
+    async def _created_before(
+        self,
+        client_key: str,
+        cwd: str,
+        *,
+        mode: str | None,
+        command_runtime: str,
+        provider: str | None,
+    ) -> SessionRecord:
+        """The session a create with ``client_key`` made before, when this request asks for
+        the same session (same working directory, mode, command runtime and provider, the
+        host's defaults filling what is not given).
+
+        Raises:
+            IdempotencyKeyReused: the key came with a different request (``design/http.md``,
+                "Idempotency").
+        """
+        rec = await self.get(self._keys[client_key])
+        asked = {
+            "cwd": cwd,
+            "mode": mode or self.options.mode,
+            "command_runtime": command_runtime,
+            "provider": provider or self.options.provider,
+        }
+        try:
+            resolved = str(Path(cwd).expanduser().resolve())
+        except (OSError, RuntimeError, ValueError):
+            resolved = cwd
+        had = {
+            "cwd": rec.cwd,
+            "mode": rec.mode,
+            "command_runtime": rec.command_runtime,
+            "provider": rec.provider,
+        }
+        differ = [k for k in asked if (resolved if k == "cwd" else asked[k]) != had[k]]
+        if differ:
+            raise IdempotencyKeyReused(
+                f"Idempotency-Key {client_key[:200]!r} created session {rec.id} with another "
+                f"{', '.join(differ)}; use a new key for a different request",
+                key=client_key[:200],
+                session_id=rec.id,
+                fields=differ,
+            )
         return rec
 
     async def resume(
@@ -522,10 +565,22 @@ class SessionManager:
             RecoveryError: no call in doubt has this id (the rule: ``resolve_decisions``).
             SessionLive: the session is live.
         """
+        if decision.startswith("result:") and not decision[len("result:") :].strip():
+            raise InvalidRequest(
+                "the decision result:TEXT needs a non-empty TEXT (it becomes the call's result)",
+                decision=decision,
+            )
         try:
             key, value = parse_decision(f"{tool_call_id}={decision}")
         except DurableHarnessError as exc:
-            raise InvalidRequest(exc.message, decision=decision) from exc
+            raise InvalidRequest(exc.message, decision=decision[:200]) from exc
+        if self._check_id(session_id) in self._procs:
+            raise SessionLive(
+                f"session {session_id} is live here (generation "
+                f"{self._procs[session_id].generation}): only a suspended session waits for "
+                "a decision",
+                session_id=session_id,
+            )
         return await self.resume(session_id, {key: value})
 
     async def _start(
@@ -761,13 +816,40 @@ class SessionManager:
     # -- the agent verbs --------------------------------------------------------------------
 
     def _live(self, session_id: str) -> SessionProcess:
+        """The live generation of ``session_id`` in this process.
+
+        Raises:
+            SessionLive: another live process holds the session (``design/host.md``: every
+                verb on a session another host holds is ``session_live``).
+            SessionNotLive: no live generation anywhere (or the session exists nowhere).
+        """
         proc = self._procs.get(self._check_id(session_id))
+        if proc is None:
+            holder = self._holder_elsewhere(session_id)
+            if holder is not None:
+                raise SessionLive(
+                    f"session {session_id} is live in another process (pid "
+                    f"{holder.get('pid')} on {holder.get('host')}); use that host, or close "
+                    "it there first",
+                    session_id=session_id,
+                    holder_pid=holder.get("pid"),
+                )
         if proc is None or proc.harness is None or proc.record.state not in LIVE:
             raise SessionNotLive(
                 f"session {session_id} has no live generation here; resume it first",
                 session_id=session_id,
             )
         return proc
+
+    def _holder_elsewhere(self, session_id: str) -> dict[str, Any] | None:
+        """The live process holding the writer lease of a session this process does not run
+        (``{"pid", "host", "generation"}``), or ``None`` (also for a session that exists
+        nowhere or cannot be read: the caller's own error says so)."""
+        try:
+            with self._open_read(session_id) as store:
+                return store.lease_holder()
+        except DurableHarnessError:
+            return None
 
     def check_message(self, message: str) -> None:
         """Refuse an empty message or one over ``options.max_message_bytes``.
@@ -800,10 +882,12 @@ class SessionManager:
         was accepted before (nothing is sent twice).
 
         Raises:
-            SessionNotLive, InvalidRequest, MessageTooLarge, RunInProgress (a prompt while a
+            SessionLive (another process holds it), SessionNotLive, InvalidRequest (a bad
+            lane name), MessageTooLarge, IdempotencyKeyReused, RunInProgress (a prompt while a
             run is open on the lane), NoOpenRun (a steer with no run), LaneSuspended.
         """
         self.check_message(message)
+        check_lane(lane)
         if mode not in ("prompt", "steer", "follow_up"):
             raise InvalidRequest(f"mode {mode!r} is not prompt, steer or follow_up")
         proc = self._live(session_id)
@@ -812,6 +896,7 @@ class SessionManager:
         if client_key is not None:
             prior = harness.accepted(client_key, lane)
             if prior is not None:
+                check_same_send(prior, client_key, message, mode)
                 return _acceptance(prior, lane, duplicate=True)
         if mode == "prompt":
             if proc.accepting or lane in proc.running:
@@ -838,8 +923,10 @@ class SessionManager:
         ``{"lane", "returned"}``: the steer and follow-up messages handed back.
 
         Raises:
-            SessionNotLive, NoOpenRun.
+            SessionLive (another process holds it), SessionNotLive, NoOpenRun,
+            InvalidRequest (a bad lane name).
         """
+        check_lane(lane)
         proc = self._live(session_id)
         assert proc.harness is not None
         returned = await proc.harness.abort(lane=lane)
@@ -903,7 +990,8 @@ class SessionManager:
         (``(generation, eventId)``) a reader saw (see :meth:`SessionProcess.listen`).
 
         Raises:
-            SessionNotLive. InvalidRequest: ``after`` names an event not sent.
+            SessionLive (another process holds it), SessionNotLive. InvalidRequest: ``after``
+            names an event not sent.
         """
         return self._live(session_id).listen(after)
 

@@ -22,10 +22,12 @@ from sse_starlette import EventSourceResponse
 
 from durable_harness import __version__
 from durable_harness.errors import root_cause
+from durable_harness.host.inputs import LANE_PATTERN
 from durable_harness.host.manager import SESSION_ID_PATTERN, HostOptions, SessionManager
 from durable_harness.http import errors, models
-from durable_harness.http.guard import BearerAuth, BodyLimit
+from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
 from durable_harness.http.metrics import MetricsSink, make_sink, refresh
+from durable_harness.http.streams import SLOTS
 from durable_harness.storage.base import Store
 
 ManagerFactory = Callable[[], SessionManager]
@@ -105,6 +107,7 @@ def create_app(
     token: str | None = None,
     metrics: MetricsSink | None = None,
     own_auth: Callable[[str], bool] | None = None,
+    loopback_hosts_only: bool = False,
 ) -> FastAPI:
     """Build the API.
 
@@ -119,6 +122,10 @@ def create_app(
         own_auth: ``path -> bool``: paths of a front mounted beside the API that checks the
             token itself (the console, which also takes it from a login cookie); the bearer
             header check lets them through.
+        loopback_hosts_only: answer only requests whose ``Host`` is ``localhost``,
+            ``127.0.0.1`` or ``[::1]`` (any port); others are 400 ``host_not_allowed``
+            (:class:`~durable_harness.http.guard.LoopbackHosts`). The CLI sets it when it
+            serves without a token (which it does only on loopback): DNS rebinding.
 
     Returns:
         The FastAPI application (OpenAPI at ``/openapi.json``).
@@ -157,7 +164,9 @@ def create_app(
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     max_message = (options or HostOptions()).max_message_bytes
     app.add_middleware(BodyLimit, limit=body_limit_for(max_message))
-    app.add_middleware(BearerAuth, token=token, own_auth=own_auth)  # added last: runs first
+    app.add_middleware(BearerAuth, token=token, own_auth=own_auth)
+    if loopback_hosts_only:
+        app.add_middleware(LoopbackHosts)  # added last: runs first
     return app
 
 
@@ -277,7 +286,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         manager: Manager,
         since_seq: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
         limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-        lane: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+        lane: Annotated[str | None, Query(pattern=f"^{LANE_PATTERN}$")] = None,
     ) -> dict[str, Any]:
         """A page of the operation log (records with ``seq`` above ``since_seq``)."""
         return manager.log(session_id, lane=lane, since_seq=since_seq, limit=limit)
@@ -311,6 +320,9 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         ``event`` = its type, ``data`` = the event as JSON), in order, from now on; with
         ``Last-Event-ID``, from the event after that one (a ``gap`` event, without an id,
         first when they cannot all be replayed). The stream ends when the generation stops."""
+        refused = SLOTS.refusal()
+        if refused is not None:
+            return refused  # type: ignore[return-value]
         after = None
         if last_event_id is not None:
             generation, _, seen = last_event_id.partition("-")
@@ -327,7 +339,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
                     ident = event_id(event)
                     yield {"id": ident, **frame} if ident else frame
 
-        return EventSourceResponse(frames(), ping=SSE_PING_SECONDS)
+        return SLOTS.response(frames(), ping=SSE_PING_SECONDS)
 
     awaiting_known: set[str] = set()
 
@@ -408,7 +420,7 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
         session_id: str = Depends(session),
         offset: Annotated[int, Query(ge=0, le=1 << 40)] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        lane: Annotated[str, Query(min_length=1, max_length=128)] = "main",
+        lane: Annotated[str, Query(pattern=f"^{LANE_PATTERN}$")] = "main",
     ) -> dict[str, Any]:
         """A page of the lane's transcript, root to leaf."""
         return manager.messages(session_id, lane=lane, offset=offset, limit=limit)

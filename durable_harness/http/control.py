@@ -26,7 +26,7 @@ from durable_harness.errors import InvalidRequest
 from durable_harness.host.manager import ControlFactory, SessionManager
 from durable_harness.http import errors
 from durable_harness.http.app import agent_routes, body_limit_for, openapi_builder
-from durable_harness.http.guard import BearerAuth, BodyLimit
+from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
 from durable_harness.http.server import bind
 
 log = logging.getLogger("durable_harness.http")
@@ -39,7 +39,8 @@ def create_control_app(
     manager: SessionManager, session_id: str, *, token: str | None = None
 ) -> FastAPI:
     """The control endpoint's application: the four agent routes of ``session_id`` under
-    ``/agent``, the API's error bodies, and the same bearer token as the main server."""
+    ``/agent``, the API's error bodies, and the same bearer token as the main server (without
+    one, only loopback ``Host`` values are answered, as on the main server)."""
     app = FastAPI(
         title=f"durable-harness session {session_id} control",
         description="One session generation's control endpoint (design/http.md).",
@@ -50,6 +51,8 @@ def create_control_app(
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimit, limit=body_limit_for(manager.options.max_message_bytes))
     app.add_middleware(BearerAuth, token=token)
+    if token is None:  # always on loopback: refuse a DNS-rebinding page's Host
+        app.add_middleware(LoopbackHosts)
     return app
 
 

@@ -25,6 +25,7 @@ from durable_harness.errors import (
     RecoveryError,
     RunError,
     StorageError,
+    encodable,
     root_cause,
 )
 
@@ -43,6 +44,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_lane": 400,
     "tool_error": 400,
     "path_escape": 400,
+    "host_not_allowed": 400,
     # no bearer token, or the wrong one
     "unauthorized": 401,
     "method_not_allowed": 405,
@@ -58,6 +60,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "recovery_error": 409,
     "attempt_cap_reached": 409,
     "session_exists": 409,
+    # an Idempotency-Key reused for a different request
+    "idempotency_key_reused": 422,
     # too big to take
     "message_too_large": 413,
     # the store is busy: try again
@@ -91,12 +95,17 @@ def status_of(error: DurableHarnessError) -> int:
 
 def error_response(status: int, body: dict[str, Any]) -> Response:
     """A JSON error response: ``body`` is ``{"code", "message", **details}`` (details may
-    hold any key, ``status`` included)."""
+    hold any key, ``status`` included). Total: a string that UTF-8 cannot encode (a lone
+    surrogate quoted from the request) is escaped (:func:`~durable_harness.errors.encodable`)."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 503:
         headers = {"Retry-After": "1"}
+    try:
+        content = orjson.dumps(body, default=str)
+    except TypeError:
+        content = orjson.dumps(encodable(body), default=lambda v: encodable(str(v)))
     return Response(
-        orjson.dumps(body, default=str),
+        content,
         status_code=status,
         headers=headers,
         media_type="application/json",

@@ -1,7 +1,7 @@
-"""ASGI middleware in front of every route: the bearer token and the body limit
-(``design/http.md``).
+"""ASGI middleware in front of every route: the Host check of a tokenless loopback server,
+the bearer token and the body limit (``design/http.md``).
 
-Both answer before the application reads anything: a request without the right token, or
+Each answers before the application reads anything: a request without the right token, or
 with a body over the limit, is refused with the API's JSON error body and never reaches a
 route, so nothing is parsed and nothing changes on disk.
 """
@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from durable_harness.errors import MessageTooLarge
+from durable_harness.errors import MessageTooLarge, encodable
 
 
 async def _reply(send: Send, status: int, code: str, message: str, **details: Any) -> None:
-    body = orjson.dumps({"code": code, "message": message, **details})
+    body = orjson.dumps(encodable({"code": code, "message": message, **details}))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -30,6 +30,61 @@ async def _reply(send: Send, status: int, code: str, message: str, **details: An
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+LOOPBACK_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+"""The ``Host`` header values (any port) a tokenless loopback server answers."""
+
+
+def host_name(header: bytes) -> str:
+    """The host of a ``Host`` header value without its port, lower-cased: ``[::1]:8080`` ->
+    ``[::1]``, ``LocalHost:80`` -> ``localhost``; ``""`` for an empty or undecodable one."""
+    try:
+        text = header.decode("ascii").strip().lower()
+    except UnicodeDecodeError:
+        return ""
+    if text.startswith("["):
+        end = text.find("]")
+        return text[: end + 1] if end > 0 else ""
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+class LoopbackHosts:
+    """Refuse every request whose ``Host`` is not one of :data:`LOOPBACK_HOST_NAMES` (any
+    port) with 400 ``host_not_allowed``, a missing ``Host`` included.
+
+    For a server without a token on a loopback address: there, any local program may call
+    it, but a web page must not. A DNS-rebinding page (``evil.example`` re-pointed at
+    127.0.0.1) sends its own name as ``Host``, so checking it keeps the page from reading
+    the API or the console's CSRF token (``design/http.md``, "Security")."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"host":
+                given = value
+                break
+        if host_name(given) in LOOPBACK_HOST_NAMES:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        shown = given[:200].decode("ascii", "backslashreplace")
+        await _reply(
+            send,
+            400,
+            "host_not_allowed",
+            f"Host {shown!r} is not allowed: this server has no token and answers only "
+            "localhost, 127.0.0.1 and [::1]",
+            host=shown,
+        )
 
 
 class BearerAuth:

@@ -13,13 +13,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from durable_harness.host.inputs import LANE_PATTERN
+
 State = Literal["creating", "idle", "running", "closing", "closed", "suspended", "error"]
 Mode = Literal["sync", "batch", "none"]
 CommandRuntime = Literal["pipe", "pty"]
 SendMode = Literal["prompt", "steer", "follow_up"]
 
 LANE_FIELD = Field(
-    default="main", min_length=1, max_length=128, description="the lane (default main)"
+    default="main",
+    pattern=f"^{LANE_PATTERN}$",
+    description="the lane (default main): a letter or digit, then letters, digits, '.', '_', '-'",
 )
 
 

@@ -162,3 +162,45 @@ def test_bad_parameters_are_invalid_params(raw: RawAgent, tmp_path: Path) -> Non
     prompt = [{"type": "text", "text": "hi"}]
     done = raw.request("session/prompt", {"sessionId": sid, "prompt": prompt})
     assert done["result"]["stopReason"] == "end_turn"
+
+
+def test_deeply_nested_and_over_long_lines_are_refused_and_the_agent_lives_on(
+    raw: RawAgent, tmp_path: Path
+) -> None:
+    depth = 100_000
+    raw.send_line(
+        '{"jsonrpc":"2.0","id":4,"method":"session/new","params":' + "[" * depth + "]" * depth + "}"
+    )
+    err = raw.read()
+    assert err["id"] is None
+    assert err["error"]["code"] == -32700
+    assert "nested too deeply" in err["error"]["message"]
+    # a line over the 16 MiB limit is discarded, answered, and not echoed
+    raw.send_line(b'{"jsonrpc":"2.0","id":5,"method":"x","params":{"p":"' + b"a" * (17 << 20))
+    assert raw.proc.stdout is not None
+    line = raw.proc.stdout.readline()
+    assert len(line) < 4096, len(line)
+    err = json.loads(line)
+    assert err["error"]["code"] == -32600
+    assert "over the limit of 16777216" in err["error"]["message"]
+    # errors never echo a large input: the SDK's -32602 (data.errors[].input) ...
+    huge = "b" * (10 << 20)
+    raw.send_line(
+        json.dumps(
+            {"jsonrpc": "2.0", "id": 6, "method": "session/new", "params": {"cwd": 1, "x": huge}}
+        )
+    )
+    line = raw.proc.stdout.readline()
+    assert len(line) < 16384, len(line)
+    assert json.loads(line)["error"]["code"] == -32602
+    # ... and a library error quoting the refused value
+    err = raw.request("session/new", {"cwd": "/" + "c" * (10 << 20), "mcpServers": []})
+    assert len(json.dumps(err)) < 16384
+    assert err["error"]["code"] == -32602
+    # a long line under the limit is read whole (in 1 MiB pieces) and served
+    pad = {"protocolVersion": 1, "_meta": {"pad": "p" * (3 << 20)}}
+    assert raw.request("initialize", pad)["result"]["protocolVersion"] == 1
+    # still serving
+    work = str(workdir(tmp_path))
+    sid = raw.request("session/new", {"cwd": work, "mcpServers": []})["result"]["sessionId"]
+    assert sid

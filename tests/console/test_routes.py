@@ -205,6 +205,32 @@ async def test_an_in_doubt_call_is_shown_confirmed_and_decided(tmp_path: Path) -
     assert finished["outcome"] == "completed"
 
 
+async def test_an_empty_result_decision_and_a_bad_lane_are_refused(tmp_path: Path) -> None:
+    spec = f"jsonl:{tmp_path / 'store'}"
+    out = Path(workdir(tmp_path)) / "effects.txt"
+    provider = in_doubt_script(tmp_path, out)
+    sid = crashed_cli_run(tmp_path, spec, provider, "after_tool_effect")
+    async with console(spec, HostOptions(provider=provider)) as (m, c):
+        token = csrf_of((await c.get(f"/console/sessions/{sid}")).text)
+        (call,) = m.plan(sid).open_calls()  # type: ignore[union-attr]
+        form = {"csrf_token": token, "call_key": call.call_key, "tool_call_id": call.tool_call_id}
+        for text in ("", "   "):
+            r = await c.post(
+                f"/console/sessions/{sid}/decide",
+                data={**form, "decision": "result", "result": text, "confirmed": "yes"},
+            )
+            assert r.status_code == 400 and "invalid_request" in r.text, r.text[:500]
+            assert "non-empty" in r.text
+        assert records(spec, sid, "decision") == []
+        assert (await m.get(sid)).state == "suspended"
+        for lane in ("../x", "<img>"):
+            r = await c.post(
+                f"/console/sessions/{sid}/send",
+                data={"csrf_token": token, "message": "hi", "lane": lane},
+            )
+            assert r.status_code == 400 and "not a lane name" in r.text, lane
+
+
 async def test_html_in_a_prompt_is_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = f"jsonl:{tmp_path / 'store'}"
     provider = script(tmp_path, [{"text": "<b>bold</b> & <i>more</i>"}])

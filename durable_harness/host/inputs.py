@@ -1,0 +1,142 @@
+"""What the host takes from a client, checked before it reaches the operating system or a
+store (``design/host.md``, "Inputs"): text fields, the working directory, lane names, and a
+send's ``Idempotency-Key`` against the request it was first used for.
+
+Every front (HTTP, console, ACP) goes through :class:`~durable_harness.host.SessionManager`,
+which applies these checks, so a bad value is the same :class:`InvalidRequest` everywhere
+(HTTP 400, JSON-RPC ``-32602``), never an ``OSError`` or a ``UnicodeEncodeError`` from deep
+inside.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from durable_harness.errors import IdempotencyKeyReused, InvalidRequest
+
+LANE_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
+"""What a lane name looks like: a letter or digit, then up to 127 letters, digits, ``.``,
+``_`` or ``-`` (so no path separator, control character or markup). The one definition: the
+manager checks it (:func:`check_lane`) and the HTTP models show it in the OpenAPI document."""
+
+_LANE = re.compile(LANE_PATTERN)
+
+MAX_PATH_BYTES = 4096
+"""The longest working directory taken, in bytes of UTF-8 (Linux's ``PATH_MAX``)."""
+
+MAX_NAME_BYTES = 255
+"""The longest component of a working directory, in bytes (Linux's ``NAME_MAX``)."""
+
+
+def _quote(value: str) -> str:
+    """``value`` as a message quotes it: ``repr``, cut to 200 characters."""
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(value)} characters)"
+
+
+def check_text(name: str, value: str | None) -> None:
+    """Refuse a text field that cannot be stored or handed to the OS: one with a NUL or a
+    character UTF-8 cannot encode (a lone surrogate such as ``\\ud800``).
+
+    Raises:
+        InvalidRequest: naming the field and the cause.
+    """
+    if value is None:
+        return
+    if "\x00" in value:
+        raise InvalidRequest(f"{name} {_quote(value)} contains a NUL character", field=name)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"{name} {_quote(value)} is not valid Unicode text: character {exc.start} is a "
+            "lone surrogate",
+            field=name,
+        ) from exc
+
+
+def working_directory(cwd: str) -> Path:
+    """The session directory ``cwd`` names (``~`` expanded): it must be an absolute path to
+    an existing directory, at most :data:`MAX_PATH_BYTES` long with no component over
+    :data:`MAX_NAME_BYTES`.
+
+    Raises:
+        InvalidRequest: naming ``cwd`` and which rule it breaks (or the OS's reason).
+    """
+    check_text("cwd", cwd)
+    shown = _quote(cwd)
+    size = len(cwd.encode("utf-8"))
+    if size > MAX_PATH_BYTES:
+        raise InvalidRequest(
+            f"working directory {shown} is {size} bytes long; the limit is {MAX_PATH_BYTES}",
+            cwd=cwd[:200],
+        )
+    try:
+        path = Path(cwd).expanduser() if cwd else None
+    except RuntimeError:  # "~nobody/x": no such user's home
+        path = None
+    if path is not None and any(len(p.encode("utf-8")) > MAX_NAME_BYTES for p in path.parts):
+        raise InvalidRequest(
+            f"working directory {shown} has a component over {MAX_NAME_BYTES} bytes",
+            cwd=cwd[:200],
+        )
+    try:
+        is_dir = path is not None and path.is_absolute() and path.is_dir()
+    except OSError as exc:  # ELOOP, EACCES on a parent...
+        raise InvalidRequest(
+            f"working directory {shown} cannot be used: {os.strerror(exc.errno or 0)}",
+            cwd=cwd[:200],
+        ) from exc
+    if not is_dir or path is None:
+        raise InvalidRequest(
+            f"working directory {shown} must be an absolute path to an existing directory",
+            cwd=cwd[:200],
+        )
+    return path
+
+
+def check_lane(lane: str) -> str:
+    """``lane`` when it is a lane name (:data:`LANE_PATTERN`).
+
+    Raises:
+        InvalidRequest: naming the value and the rule.
+    """
+    if not isinstance(lane, str) or not _LANE.fullmatch(lane):
+        raise InvalidRequest(
+            f"{_quote(str(lane))} is not a lane name (a letter or digit, then up to 127 "
+            "letters, digits, '.', '_' or '-')",
+            lane=str(lane)[:200],
+        )
+    return lane
+
+
+def check_same_send(prior: dict[str, Any], client_key: str, message: str, mode: str) -> None:
+    """Refuse a send whose ``client_key`` accepted a different message or mode before (the
+    record that accepted it: ``run_started`` keeps the prompt, ``queue_enqueued`` the queue
+    and message).
+
+    Raises:
+        IdempotencyKeyReused: naming the key and what differs.
+    """
+    if prior.get("type") == "run_started":
+        had_mode, had = "prompt", prior.get("prompt")
+    elif prior.get("type") == "queue_enqueued":
+        had_mode, had = str(prior.get("queue")), prior.get("message")
+    else:
+        return  # a deferred write: no message to compare
+    content = had.get("content") if isinstance(had, dict) else None
+    if isinstance(content, list):
+        content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    checks = (("mode", had_mode == mode), ("message", content == message))
+    differ = [name for name, same in checks if not same]
+    if differ:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {client_key[:200]!r} was used for another {' and '.join(differ)}"
+            f" (accepted as {prior.get('runId') or prior.get('itemId')}); use a new key for a "
+            "different request",
+            key=client_key[:200],
+            fields=differ,
+        )
