@@ -14,6 +14,7 @@ plan needs no decision are resumed when ``options.auto_resume`` says so) before 
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -37,9 +38,11 @@ from durable_harness.errors import (
     SessionLive,
     SessionNotFound,
     SessionNotLive,
+    ToolProcessRunning,
     root_cause,
 )
 from durable_harness.harness.core import Event, HarnessOptions
+from durable_harness.harness.groups import kill_groups, live_groups, open_calls
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
 from durable_harness.host.lifecycle import LIVE, State
@@ -67,7 +70,6 @@ from durable_harness.storage import open_store
 from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
 from durable_harness.tools.base import Tool
 from durable_harness.tools.builtin import builtin_tools
-from durable_harness.tools.processes import kill_group
 
 ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
 """Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
@@ -213,8 +215,10 @@ class SessionManager:
     async def reconcile(self) -> list[SessionRecord]:
         """Start-up reconciliation: read every session of the store; a stored live state
         whose owner is gone becomes ``suspended`` with its recovery plan (``closing``
-        becomes ``closed``); then, per ``options.auto_resume``, resume each suspended
-        session whose plan needs no decision. Returns the records after it."""
+        becomes ``closed``, after the process groups its unsettled tool calls left running
+        are killed under its lease: :meth:`_close_stored`); then, per
+        ``options.auto_resume``, resume each suspended session whose plan needs no decision.
+        Returns the records after it."""
         self.unreadable = []
         records: list[SessionRecord] = []
         for info in self.store.list_sessions():
@@ -225,7 +229,13 @@ class SessionManager:
                 records.append(self._procs[info.id].record)
                 continue
             try:
-                records.append(await self._read(info.id))
+                rec = await self._read(info.id)
+                if rec.state == "closed" and self._live_groups(info.id):
+                    # a close a crash interrupted (stored ``closing``): finish it, groups first
+                    rec = await self._close_stored(info.id)
+                records.append(rec)
+            except (SessionLive, LeaseHeld):
+                records.append(await self._read(info.id))  # another host took it meanwhile
             except DurableHarnessError as exc:
                 self.unreadable.append({"id": info.id, "path": info.path, "error": exc.to_json()})
         if self.options.auto_resume == "no_decision":
@@ -284,7 +294,7 @@ class SessionManager:
                 tools = self.options.tools(rec.command_runtime)
                 recovery = await plan_recovery(store, tools, self.options.policy, None, None)
                 self._plans[rec.id] = recovery.plan
-                keep = not _asks_hooks(recovery.plan, tools)
+                keep = not _asks_hooks(recovery.plan, tools) and not _sees_live_group(recovery.plan)
             else:
                 self._plans.pop(rec.id, None)
             if keep:
@@ -689,24 +699,26 @@ class SessionManager:
         return proc.record
 
     def _kill_tool_groups(self, proc: SessionProcess) -> None:
-        """SIGKILL the process groups of tool calls still in doubt in this generation."""
-        harness = proc.harness
-        if harness is None:
-            return
-        for lane in proc.session.store.lanes():
-            run = harness.load_run(lane)
-            for call in run.tool_calls if run is not None else []:
-                process = call.process or {}
-                if call.status == "in_doubt" and isinstance(process.get("pgid"), int):
-                    start = process.get("startTime")
-                    kill_group(process["pgid"], start if isinstance(start, int) else None)
+        """SIGKILL the live process groups of this generation's unsettled tool calls and wait
+        until they are gone (:func:`~durable_harness.harness.groups.kill_groups`)."""
+        kill_groups(open_calls(proc.session.store), proc.record.id)
+
+    def _live_groups(self, session_id: str) -> builtins.list[int]:
+        """The pgids of the live process groups recorded for the session's unsettled tool
+        calls, read without the writer lease (reporting only, never killing)."""
+        with self._open_read(session_id) as store:
+            calls = live_groups(open_calls(store))
+        return [(c.process or {}).get("pgid", 0) for c in calls]
 
     async def _close_stored(self, session_id: str) -> SessionRecord:
-        """Close a session no generation of this process runs: write ``closed`` under its
-        lease (a suspended or failed session), or nothing when it is closed already."""
+        """Close a session no generation of this process runs: under its lease, kill the live
+        process groups its crashed generation left for unsettled tool calls, then write
+        ``closed`` (a suspended or failed session, or one whose close a crash interrupted:
+        stored ``closing``, read as ``closed``). A closed session with no live group is left
+        as it is."""
         async with self._lock:
             rec = await self._read(session_id)
-            if rec.state == "closed":
+            if rec.state == "closed" and not self._live_groups(session_id):
                 return rec
             if rec.state in LIVE or rec.state == "creating":
                 raise SessionLive(
@@ -719,6 +731,8 @@ class SessionManager:
             except LeaseHeld as exc:
                 raise SessionLive(exc.message, session_id=session_id) from exc
             with store:
+                # the lease proves the generation that started them dead: nothing else will
+                kill_groups(open_calls(store), session_id)
                 rec.generation = store.generation
                 store.commit([RecordOp(lifecycle_record(rec, "closed"))])
             return await self._read(session_id)
@@ -729,6 +743,9 @@ class SessionManager:
         Raises:
             SessionLive: the session is live (here or elsewhere): close it first.
             IllegalTransition: the session is not closed (suspended or failed: close it).
+            ToolProcessRunning: closed, but a process group recorded for one of its unsettled
+                tool calls still runs (a close a crash interrupted, seen by a host started
+                before it): close it again, which kills the group.
         """
         async with self._lock:
             if self._check_id(session_id) in self._procs:
@@ -748,6 +765,15 @@ class SessionManager:
                     "forgotten; close it first",
                     session_id=session_id,
                     **{"from": rec.state, "to": "forgotten"},
+                )
+            pgids = self._live_groups(session_id)
+            if pgids:
+                raise ToolProcessRunning(
+                    f"session {session_id} is closed but the process groups {pgids} of its "
+                    "unsettled tool calls still run; close it again (which kills them) before "
+                    "forgetting it",
+                    session_id=session_id,
+                    pgids=pgids,
                 )
             try:
                 self.store.delete_session(session_id)
@@ -920,6 +946,13 @@ def _asks_hooks(plan: RecoveryPlan, tools: Mapping[str, Tool]) -> bool:
         if tool is not None and tool.can_reconcile:
             return True
     return False
+
+
+def _sees_live_group(plan: RecoveryPlan) -> bool:
+    """Whether the plan reports a live process group: like a reconcile hook's answer, that
+    is an observation of the world (the group may end at any moment), so such a plan is read
+    again rather than kept."""
+    return any((c.process or {}).get("alive") for lane in plan.lanes for c in lane.tool_calls)
 
 
 def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:
