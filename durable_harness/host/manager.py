@@ -152,6 +152,9 @@ class SessionManager:
         self._procs: dict[str, SessionProcess] = {}
         self._plans: dict[str, RecoveryPlan] = {}
         self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see _read
+        # closed sessions (as last read) with a run still open: only these can have a live
+        # recorded tool group (see _live_groups), so only these are probed for one
+        self._closed_open: set[str] = set()
         self._keys: dict[str, str] = {}  # creation Idempotency-Key -> session id
         self._observers: list[Callable[[str, Event], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
@@ -287,6 +290,10 @@ class SessionManager:
             ):
                 return _copy(seen[1])
             rec = read_record(store, self.store.spec, owner_alive=alive)
+            if rec.state == "closed" and any(ln.run_id for ln in store.lanes().values()):
+                self._closed_open.add(rec.id)
+            else:
+                self._closed_open.discard(rec.id)
             if rec.client_key:
                 self._keys.setdefault(rec.client_key, rec.id)
             keep = True
@@ -704,8 +711,12 @@ class SessionManager:
         kill_groups(open_calls(proc.session.store), proc.record.id)
 
     def _live_groups(self, session_id: str) -> builtins.list[int]:
-        """The pgids of the live process groups recorded for the session's unsettled tool
-        calls, read without the writer lease (reporting only, never killing)."""
+        """The pgids of the live process groups recorded for the unsettled tool calls of a
+        closed session (as last read by :meth:`_read`), read without the writer lease
+        (reporting only, never killing). A closed session with no open run has none, and is
+        not opened again."""
+        if session_id not in self._closed_open:
+            return []
         with self._open_read(session_id) as store:
             calls = live_groups(open_calls(store))
         return [(c.process or {}).get("pgid", 0) for c in calls]
@@ -781,6 +792,7 @@ class SessionManager:
                 raise SessionLive(exc.message, session_id=session_id) from exc
             self._plans.pop(session_id, None)
             self._seen.pop(session_id, None)
+            self._closed_open.discard(session_id)
             if rec.client_key:
                 self._keys.pop(rec.client_key, None)
 
