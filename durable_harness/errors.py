@@ -26,7 +26,8 @@ The tree::
     │   ├── RunInProgress               run_in_progress
     │   ├── NoOpenRun                   no_open_run
     │   ├── LaneSuspended               lane_suspended
-    │   └── AttemptCapReached           attempt_cap_reached
+    │   ├── AttemptCapReached           attempt_cap_reached
+    │   └── ToolProcessRunning          tool_process_running
     ├── ProviderError                   provider_error
     │   └── MissingCredential           missing_credential
     ├── ToolError                       tool_error
@@ -244,6 +245,14 @@ class AttemptCapReached(RunError):
     """A provider request hit the durable attempt cap (attempts counted across restarts)."""
 
     code = "attempt_cap_reached"
+
+
+class ToolProcessRunning(RunError):
+    """A process group recorded for an unsettled tool call is still running (``details``:
+    ``session_id``, ``pgids``): the session cannot be forgotten, or the call settled, while the
+    call's effect may still land (``design/recovery.md``, "Process groups left running")."""
+
+    code = "tool_process_running"
 
 
 class ProviderError(DurableHarnessError):

@@ -10,6 +10,7 @@ import anyio
 from durable_harness import crash
 from durable_harness.errors import ToolError
 from durable_harness.harness.core import HarnessCore, _LiveRun, _Suspend
+from durable_harness.harness.groups import kill_groups
 from durable_harness.harness.records import idempotency_key, record
 from durable_harness.harness.state import (
     RunState,
@@ -19,7 +20,7 @@ from durable_harness.harness.steps import RUNS_TOOL, Step
 from durable_harness.ids import new_id, now_ms
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ToolContext, ToolResult
-from durable_harness.tools.processes import kill_group, process_start_time
+from durable_harness.tools.processes import process_start_time
 
 ABORTED_TOOL_TEXT = (
     "Tool call aborted: the run was aborted while it ran; its effect may be partial."
@@ -75,8 +76,8 @@ class ToolCalls:
         live.waiting = []
         for call in [c for c in s.tool_calls if c.status != "completed"]:
             action = step.calls.get(call.key, "execute")
-            if call.status == "in_doubt":
-                self._kill_leftover(live, call)
+            if call.status == "in_doubt":  # before it re-runs, waits or is settled
+                self.stop_leftover(live, call)
             if action in RUNS_TOOL:
                 to_run.append(call)
             elif action == "await_decision":
@@ -100,20 +101,26 @@ class ToolCalls:
             self.core.emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
             raise _Suspend()
 
-    def _kill_leftover(self, live: _LiveRun, call: ToolCallState) -> None:
-        """Kill a process group the crashed harness left running for an in-doubt call: the
-        lease proves its harness is dead, and nothing may be settled or re-run while the
-        effect may still be under way."""
-        if call.process and isinstance(call.process.get("pgid"), int):
-            start = call.process.get("startTime")
-            if kill_group(call.process["pgid"], start if isinstance(start, int) else None):
-                self.core.emit(
-                    "tool_process_killed",
-                    live,
-                    toolCallId=call.tool_call_id,
-                    pgid=call.process["pgid"],
-                )
-            call.process = None
+    def stop_leftover(self, live: _LiveRun, call: ToolCallState) -> None:
+        """Kill the process group recorded for ``call`` if it is still alive, and wait until
+        it is gone, before the call is settled or re-run (:func:`~durable_harness.harness.
+        groups.kill_groups`, the one rule shared with the host). A group left by a crashed
+        harness may still be producing the call's effect; the lease proves that harness dead.
+        A group this harness runs itself is gone by the time its tool returns, so for a call
+        settled by its own tool this is a check and nothing more.
+
+        Raises:
+            ToolProcessRunning: the group outlived SIGKILL by ``KILL_WAIT`` seconds (nothing
+                is settled).
+        """
+        for killed in kill_groups([call], self.core.session.id):
+            self.core.emit(
+                "tool_process_killed",
+                live,
+                toolCallId=killed.tool_call_id,
+                pgid=(killed.process or {}).get("pgid"),
+            )
+        call.process = None
 
     def _apply_decision(self, live: _LiveRun, call: ToolCallState) -> None:
         """Settle a call by its recorded ``fail`` or ``result`` decision."""
@@ -234,7 +241,7 @@ class ToolCalls:
         result_id: str | None = None,
     ) -> None:
         """Commit a tool call's result entry and its ``tool_finished`` record together."""
-        self.core.commit(self._settlement_ops(live.state, call, result, outcome, result_id), live)
+        self.core.commit(self._settlement_ops(live, call, result, outcome, result_id), live)
         self.core.emit(
             "tool_execution_end",
             live,
@@ -246,7 +253,7 @@ class ToolCalls:
 
     def _settlement_ops(
         self,
-        s: RunState,
+        live: _LiveRun,
         call: ToolCallState,
         result: ToolResult,
         outcome: str,
@@ -254,7 +261,13 @@ class ToolCalls:
         parent: str | Literal[False] | None = False,
     ) -> list[Op]:
         """The result entry (under the lane's leaf, or ``parent``) and its ``tool_finished``
-        record. The id is the one provisioned by the intent, unless it is taken already."""
+        record. The id is the one provisioned by the intent, unless it is taken already.
+
+        Every settlement comes through here, so this is where a group recorded for the call
+        is killed first (:meth:`stop_leftover`): no call is settled while its effect may still
+        land."""
+        self.stop_leftover(live, call)
+        s = live.state
         rid = result_id or call.result_entry_id or new_id()
         if self.core.store.get_entry(rid) is not None:
             rid = new_id()
@@ -329,7 +342,7 @@ class ToolCalls:
                 continue
             text = ABORTED_TOOL_TEXT if call.status == "in_doubt" else NOT_RUN_TEXT
             settled = self._settlement_ops(
-                s, call, ToolResult.text(text, is_error=True), "aborted", parent=leaf
+                live, call, ToolResult.text(text, is_error=True), "aborted", parent=leaf
             )
             ops += settled
             leaf = settled[0].entry["id"]  # type: ignore[union-attr]

@@ -14,6 +14,7 @@ plan needs no decision are resumed when ``options.auto_resume`` says so) before 
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -38,9 +39,11 @@ from durable_harness.errors import (
     SessionLive,
     SessionNotFound,
     SessionNotLive,
+    ToolProcessRunning,
     root_cause,
 )
 from durable_harness.harness.core import Event, HarnessOptions
+from durable_harness.harness.groups import kill_groups, live_groups, open_calls
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
 from durable_harness.host.inputs import check_lane, check_same_send, check_text, working_directory
@@ -69,7 +72,6 @@ from durable_harness.storage import open_store
 from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
 from durable_harness.tools.base import Tool
 from durable_harness.tools.builtin import builtin_tools
-from durable_harness.tools.processes import kill_group
 
 ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
 """Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
@@ -152,6 +154,9 @@ class SessionManager:
         self._procs: dict[str, SessionProcess] = {}
         self._plans: dict[str, RecoveryPlan] = {}
         self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see _read
+        # closed sessions (as last read) with a run still open: only these can have a live
+        # recorded tool group (see _live_groups), so only these are probed for one
+        self._closed_open: set[str] = set()
         self._keys: dict[str, str] = {}  # creation Idempotency-Key -> session id
         self._observers: list[Callable[[str, Event], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
@@ -215,8 +220,10 @@ class SessionManager:
     async def reconcile(self) -> list[SessionRecord]:
         """Start-up reconciliation: read every session of the store; a stored live state
         whose owner is gone becomes ``suspended`` with its recovery plan (``closing``
-        becomes ``closed``); then, per ``options.auto_resume``, resume each suspended
-        session whose plan needs no decision. Returns the records after it."""
+        becomes ``closed``, after the process groups its unsettled tool calls left running
+        are killed under its lease: :meth:`_close_stored`); then, per
+        ``options.auto_resume``, resume each suspended session whose plan needs no decision.
+        Returns the records after it."""
         self.unreadable = []
         records: list[SessionRecord] = []
         for info in self.store.list_sessions():
@@ -227,7 +234,13 @@ class SessionManager:
                 records.append(self._procs[info.id].record)
                 continue
             try:
-                records.append(await self._read(info.id))
+                rec = await self._read(info.id)
+                if rec.state == "closed" and self._live_groups(info.id):
+                    # a close a crash interrupted (stored ``closing``): finish it, groups first
+                    rec = await self._close_stored(info.id)
+                records.append(rec)
+            except (SessionLive, LeaseHeld):
+                records.append(await self._read(info.id))  # another host took it meanwhile
             except DurableHarnessError as exc:
                 self.unreadable.append({"id": info.id, "path": info.path, "error": exc.to_json()})
         if self.options.auto_resume == "no_decision":
@@ -279,6 +292,10 @@ class SessionManager:
             ):
                 return _copy(seen[1])
             rec = read_record(store, self.store.spec, owner_alive=alive)
+            if rec.state == "closed" and any(ln.run_id for ln in store.lanes().values()):
+                self._closed_open.add(rec.id)
+            else:
+                self._closed_open.discard(rec.id)
             if rec.client_key:
                 self._keys.setdefault(rec.client_key, rec.id)
             keep = True
@@ -286,7 +303,7 @@ class SessionManager:
                 tools = self.options.tools(rec.command_runtime)
                 recovery = await plan_recovery(store, tools, self.options.policy, None, None)
                 self._plans[rec.id] = recovery.plan
-                keep = not _asks_hooks(recovery.plan, tools)
+                keep = not _asks_hooks(recovery.plan, tools) and not _sees_live_group(recovery.plan)
             else:
                 self._plans.pop(rec.id, None)
             if keep:
@@ -744,24 +761,30 @@ class SessionManager:
         return proc.record
 
     def _kill_tool_groups(self, proc: SessionProcess) -> None:
-        """SIGKILL the process groups of tool calls still in doubt in this generation."""
-        harness = proc.harness
-        if harness is None:
-            return
-        for lane in proc.session.store.lanes():
-            run = harness.load_run(lane)
-            for call in run.tool_calls if run is not None else []:
-                process = call.process or {}
-                if call.status == "in_doubt" and isinstance(process.get("pgid"), int):
-                    start = process.get("startTime")
-                    kill_group(process["pgid"], start if isinstance(start, int) else None)
+        """SIGKILL the live process groups of this generation's unsettled tool calls and wait
+        until they are gone (:func:`~durable_harness.harness.groups.kill_groups`)."""
+        kill_groups(open_calls(proc.session.store), proc.record.id)
+
+    def _live_groups(self, session_id: str) -> builtins.list[int]:
+        """The pgids of the live process groups recorded for the unsettled tool calls of a
+        closed session (as last read by :meth:`_read`), read without the writer lease
+        (reporting only, never killing). A closed session with no open run has none, and is
+        not opened again."""
+        if session_id not in self._closed_open:
+            return []
+        with self._open_read(session_id) as store:
+            calls = live_groups(open_calls(store))
+        return [(c.process or {}).get("pgid", 0) for c in calls]
 
     async def _close_stored(self, session_id: str) -> SessionRecord:
-        """Close a session no generation of this process runs: write ``closed`` under its
-        lease (a suspended or failed session), or nothing when it is closed already."""
+        """Close a session no generation of this process runs: under its lease, kill the live
+        process groups its crashed generation left for unsettled tool calls, then write
+        ``closed`` (a suspended or failed session, or one whose close a crash interrupted:
+        stored ``closing``, read as ``closed``). A closed session with no live group is left
+        as it is."""
         async with self._lock:
             rec = await self._read(session_id)
-            if rec.state == "closed":
+            if rec.state == "closed" and not self._live_groups(session_id):
                 return rec
             if rec.state in LIVE or rec.state == "creating":
                 raise SessionLive(
@@ -774,6 +797,8 @@ class SessionManager:
             except LeaseHeld as exc:
                 raise SessionLive(exc.message, session_id=session_id) from exc
             with store:
+                # the lease proves the generation that started them dead: nothing else will
+                kill_groups(open_calls(store), session_id)
                 rec.generation = store.generation
                 store.commit([RecordOp(lifecycle_record(rec, "closed"))])
             return await self._read(session_id)
@@ -784,6 +809,9 @@ class SessionManager:
         Raises:
             SessionLive: the session is live (here or elsewhere): close it first.
             IllegalTransition: the session is not closed (suspended or failed: close it).
+            ToolProcessRunning: closed, but a process group recorded for one of its unsettled
+                tool calls still runs (a close a crash interrupted, seen by a host started
+                before it): close it again, which kills the group.
         """
         async with self._lock:
             if self._check_id(session_id) in self._procs:
@@ -804,12 +832,22 @@ class SessionManager:
                     session_id=session_id,
                     **{"from": rec.state, "to": "forgotten"},
                 )
+            pgids = self._live_groups(session_id)
+            if pgids:
+                raise ToolProcessRunning(
+                    f"session {session_id} is closed but the process groups {pgids} of its "
+                    "unsettled tool calls still run; close it again (which kills them) before "
+                    "forgetting it",
+                    session_id=session_id,
+                    pgids=pgids,
+                )
             try:
                 self.store.delete_session(session_id)
             except LeaseHeld as exc:
                 raise SessionLive(exc.message, session_id=session_id) from exc
             self._plans.pop(session_id, None)
             self._seen.pop(session_id, None)
+            self._closed_open.discard(session_id)
             if rec.client_key:
                 self._keys.pop(rec.client_key, None)
 
@@ -1008,6 +1046,13 @@ def _asks_hooks(plan: RecoveryPlan, tools: Mapping[str, Tool]) -> bool:
         if tool is not None and tool.can_reconcile:
             return True
     return False
+
+
+def _sees_live_group(plan: RecoveryPlan) -> bool:
+    """Whether the plan reports a live process group: like a reconcile hook's answer, that
+    is an observation of the world (the group may end at any moment), so such a plan is read
+    again rather than kept."""
+    return any((c.process or {}).get("alive") for lane in plan.lanes for c in lane.tool_calls)
 
 
 def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:

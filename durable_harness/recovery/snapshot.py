@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from durable_harness.harness.groups import recorded_group
 from durable_harness.harness.state import LaneLog, RunState, fold_lane, fold_run
 from durable_harness.storage.base import LaneState, SessionStore
 from durable_harness.tools.processes import group_alive
@@ -100,9 +101,9 @@ def build_snapshot(
             ]
             run = fold_run(state.run_id, state.name, run_records, get_entry)
             for call in run.tool_calls:
-                if alive is not None and call.process and isinstance(call.process.get("pgid"), int):
-                    start = call.process.get("startTime")
-                    up = alive(call.process["pgid"], start if isinstance(start, int) else None)
+                group = recorded_group(call)
+                if alive is not None and call.process is not None:
+                    up = group is not None and alive(*group)
                     call.process = {**call.process, "alive": up}
         findings = _findings(state.name, recs, run, run_records, get_entry)
         out.append(

@@ -1,0 +1,103 @@
+"""The process groups recorded for a session's unsettled tool calls: which are alive, and
+killing them before anything settles, re-runs or forgets the call.
+
+A ``bash`` call's group is recorded in a ``tool_process`` record (pgid and the leader's start
+time, :mod:`durable_harness.tools.processes`); the fold (``harness/state.py``) keeps it on the
+call while the call is in doubt. A group recorded for a call that is not settled yet may be
+left running by a harness that died: its effect can still land. So one rule, here, for every
+place that ends the life of such a call (``design/recovery.md``, "Process groups left
+running"):
+
+- the harness, before it settles a call (any outcome: aborted, failed, decided, reconciled,
+  not run) or re-runs it (:meth:`~durable_harness.harness.tool_calls.ToolCalls.stop_leftover`);
+- the host, when it closes a session (live or not), when start-up reconciliation finds a
+  closed session with a live group, and when it refuses to forget one
+  (``design/host.md``);
+- recovery's snapshot, which only reports whether the group is alive (``recover`` never kills).
+
+Killing checks the leader's start time (a reused pgid is never signalled) and waits, bounded,
+until no member runs: a call is never settled while its group may still write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from durable_harness.errors import ToolProcessRunning
+from durable_harness.harness.state import ToolCallState, fold_run
+from durable_harness.storage.base import SessionStore
+from durable_harness.tools.processes import group_alive, kill_group
+
+__all__ = ["KILL_WAIT", "kill_groups", "live_groups", "open_calls", "recorded_group"]
+
+KILL_WAIT = 5.0
+"""Seconds to wait, after SIGKILL, for a recorded group to have no running member."""
+
+
+def recorded_group(call: ToolCallState) -> tuple[int, int | None] | None:
+    """``(pgid, leader start time or None)`` of the group recorded for ``call``, or ``None``
+    when none is recorded (or the record is unusable: a pgid of 0 or 1 would name our own
+    group or init's, so it is never taken)."""
+    process = call.process or {}
+    pgid = process.get("pgid")
+    if type(pgid) is not int or pgid <= 1:
+        return None
+    start = process.get("startTime")
+    return pgid, start if type(start) is int else None
+
+
+def _unsettled(calls: Iterable[ToolCallState]) -> list[tuple[ToolCallState, int, int | None]]:
+    out = []
+    for call in calls:
+        group = recorded_group(call)
+        if call.status != "completed" and group is not None:
+            out.append((call, *group))
+    return out
+
+
+def live_groups(calls: Iterable[ToolCallState]) -> list[ToolCallState]:
+    """The unsettled calls among ``calls`` whose recorded group is alive
+    (:func:`~durable_harness.tools.processes.group_alive`, with the start-time check)."""
+    return [call for call, pgid, start in _unsettled(calls) if group_alive(pgid, start)]
+
+
+def kill_groups(
+    calls: Iterable[ToolCallState], session_id: str, *, wait: float = KILL_WAIT
+) -> list[ToolCallState]:
+    """SIGKILL the live recorded group of every unsettled call among ``calls`` and wait up to
+    ``wait`` seconds for each to have no running member. Returns the calls whose group was
+    killed. Only call this where the group's harness is known dead or is this process (the
+    caller holds the session's writer lease).
+
+    Raises:
+        ToolProcessRunning: a group still has a running member after ``wait`` seconds (a
+            process stuck in the kernel): nothing about its call may be settled yet.
+    """
+    killed: list[ToolCallState] = []
+    for call, pgid, start in _unsettled(calls):
+        if kill_group(pgid, start, grace=wait):
+            killed.append(call)
+        if group_alive(pgid, start):
+            raise ToolProcessRunning(
+                f"session {session_id}: process group {pgid} of tool call {call.tool_call_id} "
+                f"is still running {wait:g} s after SIGKILL",
+                session_id=session_id,
+                pgids=[pgid],
+            )
+    return killed
+
+
+def open_calls(store: SessionStore) -> list[ToolCallState]:
+    """The tool calls of every lane's open run, folded from ``store`` (read-only or
+    writable), each with its recorded process group if any.
+
+    Raises:
+        StorageError: the session cannot be read.
+    """
+    out: list[ToolCallState] = []
+    for lane in store.lanes().values():
+        if lane.run_id is None or lane.run_seq is None:
+            continue
+        recs = store.records(lane.name, run_id=lane.run_id, since_seq=lane.run_seq - 1)
+        out += fold_run(lane.run_id, lane.name, recs, store.get_entry).tool_calls
+    return out

@@ -1,0 +1,189 @@
+"""A host SIGKILLed while a session's ``bash`` group runs: no host path lets that group land its
+effect behind the record (``design/host.md``, "What happens to a running tool's group").
+
+The child (:mod:`.group_child`) runs ``echo x >> effect; <hold until gate>; echo y >> effect``
+and dies by SIGKILL with the group alive: killed by the test (the session is then
+``suspended``), or by its own crash point after the abort is durable (a run settled
+``aborted`` on resume), or the same in the middle of a close (stored ``closing``, read as
+``closed``). Every check is that the recorded group is gone before the host reports the
+session settled, closed or deletable; opening the gate afterwards must not produce ``y``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from durable_harness.errors import IllegalTransition, ToolProcessRunning
+from durable_harness.host import HostOptions, SessionManager
+from durable_harness.http.errors import status_of
+from durable_harness.storage import open_store
+from durable_harness.tools.processes import group_alive
+
+from .group_child import write_script
+
+pytestmark = [pytest.mark.crash, pytest.mark.timeout(120)]
+
+CHILD = Path(__file__).with_name("group_child.py")
+DEADLINE = 30.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The restarted host runs on asyncio (the harness tests cover trio)."""
+    return "asyncio"
+
+
+def _until(what: str, probe: Callable[[], Any]) -> Any:
+    """Poll ``probe`` until it returns something truthy (deadline: ``DEADLINE``)."""
+    end = time.monotonic() + DEADLINE
+    while not (value := probe()):
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {DEADLINE:.0f} s waiting for {what}")
+        time.sleep(0.02)
+    return value
+
+
+class Crashed:
+    """What a crashed child left: the store spec, session id, work dir and recorded group."""
+
+    def __init__(self, spec: str, sid: str, work: Path, group: tuple[int, int | None]):
+        self.spec, self.sid, self.work, self.group = spec, sid, work, group
+
+    def options(self, **kw: Any) -> HostOptions:
+        """Host options of the restarted host (the child's provider script)."""
+        return HostOptions(provider=f"scripted:{self.work.parent / 'script.json'}", **kw)
+
+    def records(self, *types: str) -> list[dict[str, Any]]:
+        """The session's records of ``types``, read without the lease."""
+        with open_store(self.spec).open_session(self.sid, write=False) as store:
+            return store.records(None, types=types or None)
+
+    def assert_no_second_effect(self) -> None:
+        """The group is gone; opening the gate lets nothing write ``y``."""
+        assert not group_alive(*self.group), "the host let the tool's process group run on"
+        (self.work / "gate").touch()
+        assert (self.work / "effect").read_text() == "x\n"
+
+
+@pytest.fixture
+def crash(tmp_path: Path) -> Iterator[Callable[[str], Crashed]]:
+    """``crash(verb)``: run the child with ``verb`` until it dies by SIGKILL, group alive."""
+    works: list[Path] = []
+
+    def run(verb: str) -> Crashed:
+        work = tmp_path / "work"
+        work.mkdir()
+        works.append(work)
+        spec = f"sqlite:{tmp_path}/host.db"
+        write_script(tmp_path / "script.json")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS_CRASH")}
+        if verb != "hold":
+            env["DURABLE_HARNESS_CRASH_AT"] = "after_abort_requested"
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), verb, spec, str(work), str(tmp_path / "script.json")],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: killing it never touches the bash group
+        )
+        try:
+            if verb == "hold":
+                _until("x", lambda: (work / "effect").exists() and (work / "effect").read_text())
+                os.killpg(child.pid, signal.SIGKILL)
+            assert child.wait(DEADLINE) == -signal.SIGKILL, child.stderr and child.stderr.read()
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        sid = (work / "id").read_text()
+        with open_store(spec).open_session(sid, write=False) as store:
+            (rec,) = store.records(None, types=("tool_process",))
+        group = (int(rec["pgid"]), rec.get("startTime"))
+        assert group_alive(*group), "the bash group should outlive its host"
+        return Crashed(spec, sid, work, group)
+
+    yield run
+    for work in works:
+        (work / "gate").touch()  # whatever failed, no bash is left waiting
+
+
+async def _until_state(manager: SessionManager, sid: str, state: str) -> None:
+    with anyio.fail_after(DEADLINE):
+        while (await manager.get(sid)).state != state:
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+async def test_restart_settles_the_aborted_run_only_after_killing_its_group(
+    crash: Callable[[str], Crashed],
+) -> None:
+    c = crash("abort")
+    async with SessionManager(c.spec, c.options(auto_resume="no_decision")) as manager:
+        await _until_state(manager, c.sid, "idle")  # resumed: settled aborted
+        assert [r["outcome"] for r in c.records("run_finished")] == ["aborted"]
+        c.assert_no_second_effect()
+
+
+@pytest.mark.anyio
+async def test_closing_a_suspended_session_kills_its_group_before_closed(
+    crash: Callable[[str], Crashed],
+) -> None:
+    c = crash("hold")
+    async with SessionManager(c.spec, c.options()) as manager:
+        rec = await manager.get(c.sid)
+        assert rec.state == "suspended"  # the call waits for a decision
+        plan = manager.plan(c.sid)
+        assert plan is not None
+        (call,) = plan.lanes[0].tool_calls
+        assert call.process is not None and call.process["alive"] is True
+        with pytest.raises(IllegalTransition):
+            await manager.forget(c.sid)
+        assert (await manager.close(c.sid)).state == "closed"
+        c.assert_no_second_effect()
+        # the plan shown before the close is not kept once the group is gone
+        await manager.forget(c.sid)
+
+
+@pytest.mark.anyio
+async def test_a_close_interrupted_by_a_crash_is_finished_at_start_up(
+    crash: Callable[[str], Crashed],
+) -> None:
+    c = crash("close")
+    stored = [r["state"] for r in c.records("session_lifecycle")]
+    assert stored[-1] == "closing"
+    async with SessionManager(c.spec, c.options(auto_resume="never")) as manager:
+        assert (await manager.get(c.sid)).state == "closed"
+        c.assert_no_second_effect()
+        assert [r["state"] for r in c.records("session_lifecycle")][-1] == "closed"
+        await manager.forget(c.sid)
+
+
+@pytest.mark.anyio
+async def test_forget_refuses_a_closed_session_whose_group_still_runs(
+    tmp_path: Path, crash: Callable[[str], Crashed]
+) -> None:
+    # the host starts before the other one crashes mid-close: its start-up saw nothing
+    spec = f"sqlite:{tmp_path}/host.db"
+    write_script(tmp_path / "script.json")
+    options = HostOptions(provider=f"scripted:{tmp_path / 'script.json'}", auto_resume="never")
+    async with SessionManager(spec, options) as manager:
+        c = crash("close")
+        assert (await manager.get(c.sid)).state == "closed"
+        with pytest.raises(ToolProcessRunning) as refused:
+            await manager.forget(c.sid)
+        assert refused.value.details["pgids"] == [c.group[0]]
+        assert status_of(refused.value) == 409
+        assert group_alive(*c.group)  # refusing kills nothing
+        assert (await manager.close(c.sid)).state == "closed"  # closing again kills it
+        c.assert_no_second_effect()
+        await manager.forget(c.sid)
