@@ -58,6 +58,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "illegal_transition": 409,
     "decision_required": 409,
     "recovery_error": 409,
+    "tool_process_running": 409,
     "attempt_cap_reached": 409,
     "session_exists": 409,
     # an Idempotency-Key reused for a different request
