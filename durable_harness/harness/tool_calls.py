@@ -64,6 +64,8 @@ class ToolCalls:
 
     def __init__(self, core: HarnessCore) -> None:
         self.core = core
+        # groups this harness started (``on_process``): not leftovers of a dead harness
+        self._own_groups: set[int] = set()
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -106,20 +108,20 @@ class ToolCalls:
         it is gone, before the call is settled or re-run (:func:`~durable_harness.harness.
         groups.kill_groups`, the one rule shared with the host). A group left by a crashed
         harness may still be producing the call's effect; the lease proves that harness dead.
-        A group this harness runs itself is gone by the time its tool returns, so for a call
-        settled by its own tool this is a check and nothing more.
+        A group this harness started itself is killed by its tool on the way out (return,
+        timeout or abort), so for such a call this is a check, or a wait for the last member
+        of an aborted group to die, and no ``tool_process_killed`` event: that event means a
+        dead harness's leftover was found.
 
         Raises:
             ToolProcessRunning: the group outlived SIGKILL by ``KILL_WAIT`` seconds (nothing
                 is settled).
         """
         for killed in kill_groups([call], self.core.session.id):
-            self.core.emit(
-                "tool_process_killed",
-                live,
-                toolCallId=killed.tool_call_id,
-                pgid=(killed.process or {}).get("pgid"),
-            )
+            pgid = (killed.process or {}).get("pgid")
+            if pgid in self._own_groups:
+                continue  # started here: its tool's own cleanup was finishing (an abort)
+            self.core.emit("tool_process_killed", live, toolCallId=killed.tool_call_id, pgid=pgid)
         call.process = None
 
     def _apply_decision(self, live: _LiveRun, call: ToolCallState) -> None:
@@ -148,6 +150,7 @@ class ToolCalls:
             # serves to find a process group the crashed harness left behind.
             if type(pgid) is not int or pgid <= 0:
                 raise ToolError(f"on_process needs a positive process group id, not {pgid!r}")
+            self._own_groups.add(pgid)
             rec = record(
                 "tool_process",
                 s.lane,
