@@ -109,6 +109,25 @@ def test_readme_library_example_runs_as_written(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["example.py", "script.json"]
 
 
+def test_readme_host_example_runs_after_the_library_example(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Library use") : text.index("## Crash-test your own agent")]
+    library, host = re.findall(r"```python\n(.*?)```", section, re.S)
+    script = re.search(r"`(\{\"turns\".*?\})`", text)
+    assert script
+    (tmp_path / "script.json").write_text(script.group(1))
+    (tmp_path / "example.py").write_text(library + "\n" + host)
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::ResourceWarning", "example.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["completed", "idle"]
+
+
 def test_the_harness_is_composed_not_mixed_in() -> None:
     from durable_harness.harness.tool_calls import ToolCalls
     from durable_harness.harness.turns import Turns
