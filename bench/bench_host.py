@@ -399,7 +399,7 @@ def child_reconcile(store: str, script_path: str, sessions: int) -> dict[str, An
     """In a fresh process: time ``SessionManager.__aenter__`` (reconciliation, no resume)
     until every session is ``suspended`` with its plan."""
     from durable_harness.host import HostOptions, SessionManager
-    from durable_harness.host.manager import needs_decision
+    from durable_harness.host.options import needs_decision
 
     async def main() -> dict[str, Any]:
         options = HostOptions(provider=f"scripted:{script_path}", auto_resume="never", tools=_tools)

@@ -15,7 +15,8 @@ from acp.interfaces import Agent
 
 from durable_harness.acp.agent import DurableAgent, acp_options
 from durable_harness.acp.transport import stdio_transport
-from durable_harness.host.manager import HostOptions, SessionManager
+from durable_harness.host.manager import SessionManager
+from durable_harness.host.options import HostOptions
 from durable_harness.storage.base import Store
 
 __all__ = ["DurableAgent", "serve"]

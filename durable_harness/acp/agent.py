@@ -71,7 +71,8 @@ from durable_harness.acp.updates import (
 )
 from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
 from durable_harness.harness.core import Event
-from durable_harness.host.manager import HostOptions, SessionManager
+from durable_harness.host.manager import SessionManager
+from durable_harness.host.options import HostOptions
 from durable_harness.host.record import CommandRuntime
 from durable_harness.recovery.decide import ToolCallPlan
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Tool, ToolContext, ToolResult

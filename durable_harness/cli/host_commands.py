@@ -143,7 +143,7 @@ def cmd_acp(args: argparse.Namespace) -> int:
     """Run the ACP agent (``design/acp.md``) until the client closes stdin; stdout carries
     only JSON-RPC, logs go to stderr."""
     from durable_harness.acp import serve
-    from durable_harness.host.manager import HostOptions
+    from durable_harness.host.options import HostOptions
 
     require_credentials(args.provider)
     make_provider(args.provider)

@@ -39,7 +39,7 @@ from durable_harness.console.timeline import build_timeline, fmt_duration
 from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.host.lifecycle import LIVE, STATES
-from durable_harness.host.manager import needs_decision
+from durable_harness.host.options import needs_decision
 from durable_harness.http.streams import SLOTS
 
 if TYPE_CHECKING:

@@ -17,6 +17,12 @@ from typing import Any
 
 from durable_harness.errors import IdempotencyKeyReused, InvalidRequest
 
+SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}"
+"""What a session id looks like (the manager checks it; the HTTP API's OpenAPI document shows
+it)."""
+
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
+
 LANE_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
 """What a lane name looks like: a letter or digit, then up to 127 letters, digits, ``.``,
 ``_`` or ``-`` (so no path separator, control character or markup). The one definition: the

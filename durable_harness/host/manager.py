@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import re
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Self, cast
+from typing import Any, Self, cast
 
 import anyio
 import anyio.abc
@@ -42,22 +40,41 @@ from durable_harness.errors import (
     ToolProcessRunning,
     root_cause,
 )
-from durable_harness.harness.core import Event, HarnessOptions
+from durable_harness.harness.core import Event
 from durable_harness.harness.groups import kill_groups, live_groups, open_calls
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
-from durable_harness.host.inputs import check_lane, check_same_send, check_text, working_directory
+from durable_harness.host.inputs import (
+    SESSION_ID,
+    check_lane,
+    check_same_send,
+    check_text,
+    working_directory,
+)
 from durable_harness.host.lifecycle import LIVE, State
+from durable_harness.host.options import (
+    HostOptions,
+    SendMode,
+    needs_decision,
+)
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.record import (
-    CommandRuntime,
     SessionRecord,
     lifecycle_record,
     permission_record,
     read_record,
 )
+from durable_harness.host.views import (
+    acceptance,
+    asks_hooks,
+    copy_record,
+    log_page,
+    sees_live_group,
+    status_view,
+    transcript_page,
+)
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import Policy, RecoveryPlan, resolve_decisions
+from durable_harness.recovery.decide import RecoveryPlan, resolve_decisions
 from durable_harness.recovery.resume import (
     Recovery,
     declarations,
@@ -70,67 +87,6 @@ from durable_harness.recovery.snapshot import take_snapshot
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
 from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
-from durable_harness.tools.base import Tool
-from durable_harness.tools.builtin import builtin_tools
-
-ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
-"""Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
-
-SendMode = Literal["prompt", "steer", "follow_up"]
-"""How a message enters a session: a new run, a steer into the running one, a follow-up."""
-
-_SESSION_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
-SESSION_ID_PATTERN = _SESSION_ID.pattern
-"""What a session id looks like (the HTTP API's OpenAPI document shows it)."""
-
-MAX_MESSAGE_BYTES = 1 << 20
-"""The default limit of one message, in bytes of UTF-8 (1 MiB)."""
-
-
-def default_tools(runtime: CommandRuntime) -> Mapping[str, Tool]:
-    """The built-in tools, their bash running commands through ``runtime``."""
-    return builtin_tools(runtime=runtime)
-
-
-@dataclass
-class HostOptions:
-    """How the manager runs sessions.
-
-    Attributes:
-        provider: the provider spec of sessions created without one (``scripted:FILE``...).
-        mode: the durability mode of sessions created without one.
-        policy: the recovery policy for in-doubt calls (``ask``: wait for a decision).
-        auto_resume: at start-up, resume the suspended sessions whose plan needs no decision
-            (``no_decision``), or leave every one suspended (``never``).
-        close_grace: seconds a running turn is given to stop after the abort, before its tool
-            process groups are killed.
-        max_message_bytes: the largest message accepted, in bytes of UTF-8.
-        tools: ``runtime -> {name: tool}``: the tools of a generation.
-        harness: run-loop settings (the provider spec is set per session).
-        control: ``(manager, session id) -> async context manager yielding a port or None``:
-            each generation's own control endpoint, entered once the generation is up and
-            left when it stops (the HTTP front's is
-            ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
-        claim_interval: on a store that can claim crashed sessions (PostgreSQL), seconds
-            between two claim rounds of the worker loop (``host/worker.py``; also one at
-            start-up); ``None``: no claiming.
-    """
-
-    provider: str | None = None
-    mode: Durability = "sync"
-    policy: Policy = "ask"
-    auto_resume: Literal["never", "no_decision"] = "no_decision"
-    close_grace: float = 5.0
-    max_message_bytes: int = MAX_MESSAGE_BYTES
-    tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools
-    harness: HarnessOptions = field(default_factory=HarnessOptions)
-    control: ControlFactory | None = None
-    claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
-
-
-def needs_decision(plan: RecoveryPlan) -> bool:
-    """Whether resuming by ``plan`` would stop at an in-doubt call waiting for a decision."""
-    return any(lp.waiting() or lp.next_action == "await_decision" for lp in plan.lanes)
 
 
 class SessionManager:
@@ -256,7 +212,7 @@ class SessionManager:
     # -- reading ----------------------------------------------------------------------------
 
     def _check_id(self, session_id: str) -> str:
-        if not _SESSION_ID.fullmatch(session_id):
+        if not SESSION_ID.fullmatch(session_id):
             raise InvalidRequest(
                 f"{session_id[:200]!r} is not a session id (letters, digits, '-' and '_')",
                 session_id=session_id[:200],
@@ -290,7 +246,7 @@ class SessionManager:
                 and seen[0] == key
                 and (seen[1].state != "suspended" or session_id in self._plans)
             ):
-                return _copy(seen[1])
+                return copy_record(seen[1])
             rec = read_record(store, self.store.spec, owner_alive=alive)
             if rec.state == "closed" and any(ln.run_id for ln in store.lanes().values()):
                 self._closed_open.add(rec.id)
@@ -303,11 +259,11 @@ class SessionManager:
                 tools = self.options.tools(rec.command_runtime)
                 recovery = await plan_recovery(store, tools, self.options.policy, None, None)
                 self._plans[rec.id] = recovery.plan
-                keep = not _asks_hooks(recovery.plan, tools) and not _sees_live_group(recovery.plan)
+                keep = not asks_hooks(recovery.plan, tools) and not sees_live_group(recovery.plan)
             else:
                 self._plans.pop(rec.id, None)
             if keep:
-                self._seen[rec.id] = (key, _copy(rec))
+                self._seen[rec.id] = (key, copy_record(rec))
             else:
                 self._seen.pop(rec.id, None)
         return rec
@@ -935,7 +891,7 @@ class SessionManager:
             prior = harness.accepted(client_key, lane)
             if prior is not None:
                 check_same_send(prior, client_key, message, mode)
-                return _acceptance(prior, lane, duplicate=True)
+                return acceptance(prior, lane, duplicate=True)
         if mode == "prompt":
             if proc.accepting or lane in proc.running:
                 raise RunInProgress(
@@ -976,11 +932,11 @@ class SessionManager:
         (``durable-harness recover --json``) when suspended, else ``None``."""
         proc = self._procs.get(self._check_id(session_id))
         if proc is not None:
-            return _status(proc.record, proc.session.store, proc.running, None, proc.port)
+            return status_view(proc.record, proc.session.store, proc.running, None, proc.port)
         rec = await self._read(session_id)
         with self._open_read(session_id) as store:
             plan = self._plans.get(session_id) if rec.state == "suspended" else None
-            return _status(rec, store, set(), plan, None)
+            return status_view(rec, store, set(), plan, None)
 
     def _reader(self, session_id: str) -> tuple[SessionStore, bool]:
         proc = self._procs.get(self._check_id(session_id))
@@ -991,37 +947,24 @@ class SessionManager:
     def messages(
         self, session_id: str, *, lane: str = "main", offset: int = 0, limit: int = 100
     ) -> dict[str, Any]:
-        """A page of the lane's transcript (the entries from the root to its leaf):
-        ``{"lane", "total", "offset", "limit", "entries"}``."""
+        """A page of the lane's transcript (:func:`~durable_harness.host.views.transcript_page`)."""
         store, owned = self._reader(session_id)
         try:
-            session = Session(store)
-            path = session.path(session.leaf(lane))
+            return transcript_page(store, lane, offset, limit)
         finally:
             if owned:
                 store.close()
-        return {
-            "lane": lane,
-            "total": len(path),
-            "offset": offset,
-            "limit": limit,
-            "entries": path[offset : offset + limit],
-        }
 
     def log(
         self, session_id: str, *, lane: str | None = None, since_seq: int = 0, limit: int = 100
     ) -> dict[str, Any]:
-        """A page of the operation log: ``{"records", "next_since_seq"}`` (records with a
-        ``seq`` above ``since_seq``; ``next_since_seq`` is ``None`` on the last page)."""
+        """A page of the operation log (:func:`~durable_harness.host.views.log_page`)."""
         store, owned = self._reader(session_id)
         try:
-            records = store.records(lane, since_seq=since_seq)
+            return log_page(store, lane, since_seq, limit)
         finally:
             if owned:
                 store.close()
-        page = records[:limit]
-        more = len(records) > limit
-        return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
 
     def listen(self, session_id: str, after: tuple[int, int] | None = None) -> Any:
         """The live generation's event stream, from now on or after the event ``after``
@@ -1032,58 +975,6 @@ class SessionManager:
             names an event not sent.
         """
         return self._live(session_id).listen(after)
-
-
-def _copy(rec: SessionRecord) -> SessionRecord:
-    """A record the caller may change without changing the kept one."""
-    return dataclasses.replace(rec, allowed_tools=[*rec.allowed_tools])
-
-
-def _asks_hooks(plan: RecoveryPlan, tools: Mapping[str, Tool]) -> bool:
-    """Whether planning asked a reconcile hook: some call is in doubt and its tool has one."""
-    for call in plan.open_calls():
-        tool = tools.get(call.tool_name)
-        if tool is not None and tool.can_reconcile:
-            return True
-    return False
-
-
-def _sees_live_group(plan: RecoveryPlan) -> bool:
-    """Whether the plan reports a live process group: like a reconcile hook's answer, that
-    is an observation of the world (the group may end at any moment), so such a plan is read
-    again rather than kept."""
-    return any((c.process or {}).get("alive") for lane in plan.lanes for c in lane.tool_calls)
-
-
-def _acceptance(rec: dict[str, Any], lane: str, *, duplicate: bool) -> dict[str, Any]:
-    if rec.get("type") == "run_started":
-        out = {"mode": "prompt", "lane": lane, "run_id": rec.get("runId")}
-    else:
-        out = {"mode": rec.get("queue", "write"), "lane": lane, "item_id": rec.get("itemId")}
-    out["duplicate"] = duplicate
-    return out
-
-
-def _status(
-    rec: SessionRecord,
-    store: SessionStore,
-    running: set[str],
-    plan: RecoveryPlan | None,
-    port: int | None,
-) -> dict[str, Any]:
-    lanes = [
-        {"lane": name, "leaf": lane.leaf_id, "run_id": lane.run_id, "live": name in running}
-        for name, lane in sorted(store.lanes().items())
-    ]
-    return {
-        "id": rec.id,
-        "state": rec.state,
-        "generation": rec.generation,
-        "lanes": lanes,
-        "plan": plan.to_json() if plan is not None else None,
-        "port": port,
-        "last_error": rec.last_error,
-    }
 
 
 def _record_decisions(store: SessionStore, recovery: Recovery) -> None:

@@ -22,8 +22,9 @@ from sse_starlette import EventSourceResponse
 
 from durable_harness import __version__
 from durable_harness.errors import root_cause
-from durable_harness.host.inputs import LANE_PATTERN
-from durable_harness.host.manager import SESSION_ID_PATTERN, HostOptions, SessionManager
+from durable_harness.host.inputs import LANE_PATTERN, SESSION_ID_PATTERN
+from durable_harness.host.manager import SessionManager
+from durable_harness.host.options import HostOptions
 from durable_harness.http import errors, models
 from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
 from durable_harness.http.metrics import MetricsSink, make_sink, refresh

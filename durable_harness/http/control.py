@@ -23,7 +23,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from durable_harness.errors import InvalidRequest
-from durable_harness.host.manager import ControlFactory, SessionManager
+from durable_harness.host.manager import SessionManager
+from durable_harness.host.options import ControlFactory
 from durable_harness.http import errors
 from durable_harness.http.app import agent_routes, body_limit_for, openapi_builder
 from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
@@ -57,7 +58,7 @@ def create_control_app(
 
 
 def control_endpoint(*, token: str | None = None, host: str = "127.0.0.1") -> ControlFactory:
-    """A :attr:`~durable_harness.host.manager.HostOptions.control` factory: per generation,
+    """A :attr:`~durable_harness.host.options.HostOptions.control` factory: per generation,
     bind ``host`` at port 0, serve :func:`create_control_app` there until the generation
     stops, and yield the port (``None``, with a warning, when binding is refused)."""
 

@@ -1,0 +1,76 @@
+"""How a :class:`~durable_harness.host.manager.SessionManager` runs its sessions
+(``design/host.md``): :class:`HostOptions`, the default tools, and the rule for whether a
+recovery plan needs a decision before a session may be resumed unattended."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from durable_harness.harness.core import HarnessOptions
+from durable_harness.host import worker
+from durable_harness.host.record import CommandRuntime
+from durable_harness.recovery.decide import Policy, RecoveryPlan
+from durable_harness.storage.base import Durability
+from durable_harness.tools.base import Tool
+from durable_harness.tools.builtin import builtin_tools
+
+if TYPE_CHECKING:
+    from durable_harness.host.manager import SessionManager
+
+ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
+"""Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
+
+SendMode = Literal["prompt", "steer", "follow_up"]
+"""How a message enters a session: a new run, a steer into the running one, a follow-up."""
+
+MAX_MESSAGE_BYTES = 1 << 20
+"""The default limit of one message, in bytes of UTF-8 (1 MiB)."""
+
+
+def default_tools(runtime: CommandRuntime) -> Mapping[str, Tool]:
+    """The built-in tools, their bash running commands through ``runtime``."""
+    return builtin_tools(runtime=runtime)
+
+
+@dataclass
+class HostOptions:
+    """How the manager runs sessions.
+
+    Attributes:
+        provider: the provider spec of sessions created without one (``scripted:FILE``...).
+        mode: the durability mode of sessions created without one.
+        policy: the recovery policy for in-doubt calls (``ask``: wait for a decision).
+        auto_resume: at start-up, resume the suspended sessions whose plan needs no decision
+            (``no_decision``), or leave every one suspended (``never``).
+        close_grace: seconds a running turn is given to stop after the abort, before its tool
+            process groups are killed.
+        max_message_bytes: the largest message accepted, in bytes of UTF-8.
+        tools: ``runtime -> {name: tool}``: the tools of a generation.
+        harness: run-loop settings (the provider spec is set per session).
+        control: ``(manager, session id) -> async context manager yielding a port or None``:
+            each generation's own control endpoint, entered once the generation is up and
+            left when it stops (the HTTP front's is
+            ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
+        claim_interval: on a store that can claim crashed sessions (PostgreSQL), seconds
+            between two claim rounds of the worker loop (``host/worker.py``; also one at
+            start-up); ``None``: no claiming.
+    """
+
+    provider: str | None = None
+    mode: Durability = "sync"
+    policy: Policy = "ask"
+    auto_resume: Literal["never", "no_decision"] = "no_decision"
+    close_grace: float = 5.0
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools
+    harness: HarnessOptions = field(default_factory=HarnessOptions)
+    control: ControlFactory | None = None
+    claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
+
+
+def needs_decision(plan: RecoveryPlan) -> bool:
+    """Whether resuming by ``plan`` would stop at an in-doubt call waiting for a decision."""
+    return any(lp.waiting() or lp.next_action == "await_decision" for lp in plan.lanes)
