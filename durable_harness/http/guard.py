@@ -49,6 +49,14 @@ def host_name(header: bytes) -> str:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
+def _header(scope: Scope, name: bytes) -> bytes:
+    """The first value of header ``name`` (lower case) in an ASGI ``scope``, or ``b""``."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return b""
+
+
 class LoopbackHosts:
     """Refuse every request whose ``Host`` is not one of :data:`LOOPBACK_HOST_NAMES` (any
     port) with 400 ``host_not_allowed``, a missing ``Host`` included.
@@ -65,11 +73,7 @@ class LoopbackHosts:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        given = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"host":
-                given = value
-                break
+        given = _header(scope, b"host")
         if host_name(given) in LOOPBACK_HOST_NAMES:
             await self.app(scope, receive, send)
             return
@@ -107,11 +111,7 @@ class BearerAuth:
         ):
             await self.app(scope, receive, send)
             return
-        given = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                given = value
-                break
+        given = _header(scope, b"authorization")
         if not hmac.compare_digest(given, self.expected):
             why = "a wrong bearer token" if given else "no bearer token"
             await _reply(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_harness.storage import codec
-from durable_harness.storage.base import damage
+from durable_harness.storage.base import SessionInfo, damage
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 
@@ -39,4 +39,17 @@ def bad_row(location: str, table: str, ident: str, seq: int, problem: str) -> di
         table=table,
         id=ident,
         seq=seq,
+    )
+
+
+def session_info(location: str, row: tuple[Any, ...]) -> SessionInfo:
+    """A catalogue row ``(id, cwd, created, modified, parent_session)`` of the store at
+    ``location`` (its spec) as a :class:`SessionInfo` whose path is ``LOCATION#ID``."""
+    return SessionInfo(
+        id=row[0],
+        cwd=row[1],
+        path=f"{location}#{row[0]}",
+        created=row[2],
+        modified=row[3],
+        parent_session=row[4],
     )

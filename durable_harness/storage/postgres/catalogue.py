@@ -30,6 +30,7 @@ from durable_harness.storage.postgres.lease import (
     owner_token,
 )
 from durable_harness.storage.postgres.store import PostgresSessionStore
+from durable_harness.storage.rows import session_info
 
 _INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
 
@@ -117,14 +118,7 @@ class PostgresStore(Store):
         )
 
     def _info(self, r: tuple[Any, ...]) -> SessionInfo:
-        return SessionInfo(
-            id=r[0],
-            cwd=r[1],
-            path=f"{self.location}#{r[0]}",
-            created=r[2],
-            modified=r[3],
-            parent_session=r[4],
-        )
+        return session_info(self.location, r)
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session (of one cwd by :class:`CwdMatcher`), most recently modified first.

@@ -24,6 +24,7 @@ from durable_harness.storage.base import (
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.oserrors import busy_timeout_s
 from durable_harness.storage.private import make_private_dirs, private_fd, tighten_path
+from durable_harness.storage.rows import session_info
 from durable_harness.storage.sqlite import connection
 from durable_harness.storage.sqlite.connection import MIGRATIONS, migrate
 from durable_harness.storage.sqlite.database import SharedDatabase, WriteStats
@@ -243,14 +244,7 @@ class SqliteStore(Store):
         return [self._info(r) for r in rows]
 
     def _info(self, r: tuple[Any, ...]) -> SessionInfo:
-        return SessionInfo(
-            id=r[0],
-            cwd=r[1],
-            path=f"{self.spec}#{r[0]}",
-            created=r[2],
-            modified=r[3],
-            parent_session=r[4],
-        )
+        return session_info(self.spec, r)
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
