@@ -6,11 +6,10 @@ the API and every run finishes, each tool's effect done exactly once."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from .util import poll, run_records
+from .util import make_sessions, poll, run_records
 
 SESSIONS = 20
 CRASH_AT = 10  # the 10th tool start of the server SIGKILLs it
@@ -37,16 +36,8 @@ def test_server_killed_mid_tool_restarts_with_plans_and_decisions_finish_the_run
     crashing = start_server(
         store, env={"DURABLE_HARNESS_CRASH_AT": f"after_tool_started:{CRASH_AT}"}
     )
-    dirs: dict[str, Path] = {}
+    dirs = make_sessions(crashing, SESSIONS, tmp_path, provider)
     with crashing.client() as c:
-        for i in range(SESSIONS):
-            cwd = tmp_path / f"s{i}"
-            cwd.mkdir()
-            resp = c.post("/sessions", json={"cwd": str(cwd), "provider": provider})
-            assert resp.status_code == 201, resp.text
-            dirs[resp.json()["id"]] = cwd
-        for sid in dirs:
-            assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
         poll(
             lambda: all(c.get(f"/sessions/{s}").json()["state"] == "running" for s in dirs),
             "every session running",

@@ -18,7 +18,7 @@ import pytest
 from durable_harness.errors import StorageError
 from durable_harness.storage import open_store
 
-from .util import Server, poll
+from .util import Server, make_sessions, poll
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.crash]
 
@@ -65,21 +65,6 @@ def lifecycle(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
 def tool_starts(records: list[dict[str, Any]]) -> Counter[str]:
     """How many times each tool call was started (by call key)."""
     return Counter(r["callKey"] for r in records if r["type"] == "tool_started")
-
-
-def make_sessions(server: Server, n: int, tmp_path: Path, provider: str) -> dict[str, Path]:
-    """Create ``n`` sessions on ``server``, each in its own folder, and prompt each."""
-    dirs: dict[str, Path] = {}
-    with server.client() as c:
-        for i in range(n):
-            cwd = tmp_path / f"s{i}"
-            cwd.mkdir()
-            resp = c.post("/sessions", json={"cwd": str(cwd), "provider": provider})
-            assert resp.status_code == 201, resp.text
-            dirs[resp.json()["id"]] = cwd
-        for sid in dirs:
-            assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
-    return dirs
 
 
 def effect(cwd: Path) -> str:

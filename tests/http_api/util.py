@@ -147,3 +147,19 @@ def run_records(client: httpx.Client, sid: str, rtype: str) -> list[dict[str, An
         if page["next_since_seq"] is None:
             return out
         since = page["next_since_seq"]
+
+
+def make_sessions(server: Server, n: int, tmp_path: Path, provider: str) -> dict[str, Path]:
+    """Create ``n`` sessions on ``server``, each in its own folder ``tmp_path/sI``, and prompt
+    each; returns ``{session id: folder}``."""
+    dirs: dict[str, Path] = {}
+    with server.client() as c:
+        for i in range(n):
+            cwd = tmp_path / f"s{i}"
+            cwd.mkdir()
+            resp = c.post("/sessions", json={"cwd": str(cwd), "provider": provider})
+            assert resp.status_code == 201, resp.text
+            dirs[resp.json()["id"]] = cwd
+        for sid in dirs:
+            assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
+    return dirs
