@@ -205,7 +205,7 @@ class ScriptedProvider:
         """
         # a network provider suspends while its request is on the wire: so does this one,
         # once, so other sessions and lanes of the event loop run between turns as they do
-        # with a real provider (design/run-loop.md)
+        # with a real provider (design/host.md, "Many sessions in one process: measured")
         await anyio.lowlevel.checkpoint()
         if request.purpose != "turn":
             text = " / ".join(text_of(m.get("content"))[:80] for m in request.messages[-6:])

@@ -267,7 +267,7 @@ class BashTool(Tool):
             "DURABLE_HARNESS_TOOL_CALL_ID": ctx.tool_call_id,
         }
         master: int | None = None
-        gate, opener = os.pipe()  # both close-on-exec; the read end is passed as fd 3
+        gate, opener = os.pipe()  # both close-on-exec; only the read end is passed (pass_fds)
         try:
             # Shielded: a cancel landing mid-spawn would make asyncio kill the shell alone and
             # leave its children running; unshielded, it lands below, where the group is killed.

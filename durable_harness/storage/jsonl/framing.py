@@ -27,7 +27,7 @@ padding off. See ``design/storage.md``."""
 
 
 def commit_line(generation: int, numbered: list[dict[str, Any]]) -> bytes:
-    """The line of one commit: ``{"gen": generation, "ops": numbered}`` and its ``\n``. Where
+    """The line of one commit: ``{"gen": generation, "ops": numbered}`` and its ``\\n``. Where
     an op held lone surrogates the line holds U+FFFD instead, and so do the ops of ``numbered``
     (replaced in place), so the index keeps what the file holds (:func:`codec.dumps_held`).
 
