@@ -268,6 +268,30 @@ class SessionManager:
                 self._seen.pop(rec.id, None)
         return rec
 
+    async def _read_not_live(self, session_id: str, before: str) -> SessionRecord:
+        """The stored record of a session that no live generation holds, here or in another
+        process (``before``: what the caller is about to do, for the message).
+
+        Raises:
+            SessionLive: a generation of this process runs it, or another live process holds
+                it (its record says ``creating``, ``idle`` or ``running`` and its owner lives).
+        """
+        proc = self._procs.get(self._check_id(session_id))
+        if proc is not None:
+            raise SessionLive(
+                f"session {session_id} is live here (generation {proc.generation}); close it "
+                f"before {before}",
+                session_id=session_id,
+            )
+        rec = await self._read(session_id)
+        if rec.state in LIVE or rec.state == "creating":
+            raise SessionLive(
+                f"session {session_id} is held by another live process; close it there before "
+                f"{before}",
+                session_id=session_id,
+            )
+        return rec
+
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record (live ones from memory, others read from the store).
 
@@ -434,18 +458,7 @@ class SessionManager:
             RecoveryError: a decision names no call in doubt.
         """
         async with self._lock:
-            if self._check_id(session_id) in self._procs:
-                raise SessionLive(
-                    f"session {session_id} is live here (generation "
-                    f"{self._procs[session_id].generation}); close it before resuming",
-                    session_id=session_id,
-                )
-            rec = await self._read(session_id)
-            if rec.state in LIVE or rec.state == "creating":
-                raise SessionLive(
-                    f"session {session_id} is held by another live process; stop it first",
-                    session_id=session_id,
-                )
+            rec = await self._read_not_live(session_id, "resuming it")
             lifecycle.check(rec.id, rec.state, "creating")
             if decisions:
                 self._check_decisions(session_id, rec, decisions)
@@ -739,14 +752,9 @@ class SessionManager:
         stored ``closing``, read as ``closed``). A closed session with no live group is left
         as it is."""
         async with self._lock:
-            rec = await self._read(session_id)
+            rec = await self._read_not_live(session_id, "closing it")
             if rec.state == "closed" and not self._live_groups(session_id):
                 return rec
-            if rec.state in LIVE or rec.state == "creating":
-                raise SessionLive(
-                    f"session {session_id} is held by another live process; close it there",
-                    session_id=session_id,
-                )
             lifecycle.check(rec.id, rec.state, "closed")
             try:
                 store = self.store.open_session(session_id, write=True, durability=rec.mode)
@@ -770,17 +778,7 @@ class SessionManager:
                 before it): close it again, which kills the group.
         """
         async with self._lock:
-            if self._check_id(session_id) in self._procs:
-                raise SessionLive(
-                    f"session {session_id} is live; close it before forgetting it",
-                    session_id=session_id,
-                )
-            rec = await self._read(session_id)
-            if rec.state in LIVE or rec.state == "creating":
-                raise SessionLive(
-                    f"session {session_id} is held by another live process",
-                    session_id=session_id,
-                )
+            rec = await self._read_not_live(session_id, "forgetting it")
             if rec.state != "closed":
                 raise IllegalTransition(
                     f"session {session_id} is {rec.state}: only a closed session can be "
