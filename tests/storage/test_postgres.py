@@ -602,13 +602,14 @@ def test_unwaited_commits_skip_the_wal_flush_until_the_barrier(
     s = pg_store.create_session("/p")
     assert isinstance(s, PostgresSessionStore)
     flushed: list[bool] = []
-    real = PostgresSessionStore._fast
+    real = PostgresSessionStore._commit_params
 
-    def spy(self: Any, conn: psycopg.Connection[Any], pending: Any) -> None:
-        flushed.append(self._sync_commit)
-        real(self, conn, pending)
+    def spy(self: Any, ops: Any, last_seq: int) -> list[Any]:
+        params = real(self, ops, last_seq)
+        flushed.append(params[3])  # p_sync: does this commit wait for the WAL flush
+        return params
 
-    monkeypatch.setattr(PostgresSessionStore, "_fast", spy)
+    monkeypatch.setattr(PostgresSessionStore, "_commit_params", spy)
     s.commit([RecordOp(rec("w1"))])
     s.commit([RecordOp(rec("u1"))], wait=False)
     s.commit([RecordOp(rec("u2"))], wait=False)

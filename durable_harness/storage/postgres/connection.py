@@ -47,6 +47,10 @@ POOL_MAX_ENV = "DURABLE_HARNESS_PG_POOL_MAX"
 DEFAULT_POOL_MAX = 8
 """Connections one process keeps to one database at most (``$DURABLE_HARNESS_PG_POOL_MAX``)."""
 
+HELD_SPARE = 2
+"""Pool connections never held past a call (:meth:`Database.hold`): with the default pool, six
+sessions at a time may have an unwaited commit in flight."""
+
 RECONNECT_DEADLINE_S = 30.0
 """How long a commit whose connection was lost keeps trying to reach the server again to learn
 whether the commit landed (see :meth:`Database.connection`)."""
@@ -190,6 +194,97 @@ MIGRATIONS: list[str] = [
     END
     $commit$;
     """,
+    # 4: dh_write, the commit with less work per call (design/postgres.md, "Commit"): the
+    # fence is the session row's own update (its last_seq checked in the UPDATE's WHERE,
+    # so the row lock and the check are one step) and a shared lock on the lease row at the
+    # writer's generation (a takeover's UPDATE of that row waits for this commit, or this
+    # commit sees the new generation): locks taken session row first, lease row second, as
+    # a delete takes them. A lane row is inserted only for the lanes the writer names as new
+    # (p_new_lanes); every other lane change is a plain UPDATE. The rules for the tree, the
+    # lanes and the numbering are migration 3's.
+    """
+    DROP FUNCTION dh_commit(TEXT, BIGINT, BIGINT, BOOLEAN, TEXT, TEXT[], TEXT[], TEXT[], TEXT[],
+        TEXT[], TEXT[], BYTEA[], BOOLEAN[], TEXT[]);
+    DROP FUNCTION dh_fence(TEXT, BIGINT, BIGINT);
+    CREATE FUNCTION dh_write(
+        p_session TEXT, p_generation BIGINT, p_last_seq BIGINT, p_sync BOOLEAN,
+        p_modified TEXT, p_kinds TEXT[], p_ids TEXT[], p_parents TEXT[], p_types TEXT[],
+        p_lanes TEXT[], p_runs TEXT[], p_bodies BYTEA[], p_set_leaf BOOLEAN[],
+        p_configs TEXT[], p_new_lanes TEXT[])
+    RETURNS BIGINT LANGUAGE plpgsql AS $write$
+    DECLARE
+        i INT;
+        n INT := coalesce(array_length(p_kinds, 1), 0);
+        seq BIGINT := p_last_seq;
+        g BIGINT;
+        l BIGINT;
+    BEGIN
+        IF NOT p_sync THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        UPDATE sessions SET last_seq = p_last_seq + n, modified = p_modified
+            WHERE id = p_session AND last_seq = p_last_seq;
+        IF NOT FOUND THEN
+            SELECT s.last_seq, lz.generation INTO l, g
+                FROM sessions s LEFT JOIN leases lz ON lz.session_id = s.id
+                WHERE s.id = p_session;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'session % does not exist', p_session USING ERRCODE = 'DH001';
+            END IF;
+            IF g IS DISTINCT FROM p_generation THEN
+                RAISE EXCEPTION 'lease generation is %', coalesce(g, 0) USING ERRCODE = 'DH002';
+            END IF;
+            RAISE EXCEPTION 'last_seq is %', l USING ERRCODE = 'DH003';
+        END IF;
+        SELECT generation INTO g FROM leases WHERE session_id = p_session FOR SHARE;
+        IF g IS DISTINCT FROM p_generation THEN
+            RAISE EXCEPTION 'lease generation is %', coalesce(g, 0) USING ERRCODE = 'DH002';
+        END IF;
+        IF p_new_lanes IS NOT NULL THEN
+            INSERT INTO lanes (session_id, name, config)
+                SELECT p_session, x, '{}' FROM unnest(p_new_lanes) AS x
+                ON CONFLICT (session_id, name) DO NOTHING;
+        END IF;
+        FOR i IN 1 .. n LOOP
+            seq := seq + 1;
+            IF p_kinds[i] = 'e' THEN
+                INSERT INTO entries (session_id, id, seq, parent_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_parents[i], p_types[i], p_bodies[i]);
+                IF p_lanes[i] IS NOT NULL THEN
+                    UPDATE lanes SET leaf_id = p_ids[i]
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+            ELSIF p_kinds[i] = 'r' THEN
+                INSERT INTO records (session_id, id, seq, lane, run_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_lanes[i], p_runs[i], p_types[i],
+                            p_bodies[i]);
+                IF p_lanes[i] IS NOT NULL THEN
+                    IF p_types[i] = 'run_started' THEN
+                        UPDATE lanes SET run_id = p_runs[i], run_seq = seq
+                            WHERE session_id = p_session AND name = p_lanes[i];
+                    ELSIF p_types[i] = 'run_finished' THEN
+                        UPDATE lanes SET run_id = NULL, run_seq = NULL
+                            WHERE session_id = p_session AND name = p_lanes[i]
+                            AND run_id = p_runs[i];
+                    END IF;
+                END IF;
+            ELSE
+                INSERT INTO lane_ops (session_id, seq, lane, body)
+                    VALUES (p_session, seq, p_lanes[i], p_bodies[i]);
+                IF p_set_leaf[i] THEN
+                    UPDATE lanes SET leaf_id = p_parents[i]
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+                IF p_configs[i] IS NOT NULL THEN
+                    UPDATE lanes SET config = convert_to(p_configs[i], 'UTF8')
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+            END IF;
+        END LOOP;
+        RETURN seq;
+    END
+    $write$;
+    """,
 ]
 
 _PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
@@ -308,6 +403,7 @@ class Database:
         self._params = parse(spec)
         self._migrated = False
         self._pool_opened = False
+        self._held = 0  # connections out through hold()
         self._lock = threading.Lock()
         self.heartbeat: Any = None  # set by storage/postgres/lease.py (one per database)
         try:
@@ -373,6 +469,40 @@ class Database:
         self._open_pool()
         with self.pool.connection() as conn:
             yield conn
+
+    def hold(self) -> psycopg.Connection[Any] | None:
+        """A pooled connection kept past the call that took it (an unwaited commit's, until its
+        reply is read), or ``None`` when :data:`HELD_SPARE` connections would no longer stay
+        for everyone else. Those spare connections are what makes holding safe: a caller
+        that cannot hold commits the waited way on one of them, so a process whose sessions
+        hold connections across an event loop's turns never waits on itself. Give it back
+        with :meth:`unhold`.
+
+        Raises:
+            psycopg_pool.PoolTimeout: no connection within the pool's timeout.
+        """
+        with self._lock:
+            if self._held >= self.pool.max_size - HELD_SPARE:
+                return None
+            self._held += 1
+        try:
+            self._open_pool()
+            return self.pool.getconn()
+        except BaseException:
+            with self._lock:
+                self._held -= 1
+            raise
+
+    def unhold(self, conn: psycopg.Connection[Any], *, discard: bool = False) -> None:
+        """Give back a connection from :meth:`hold`; with ``discard`` (its state is unknown:
+        a reply not read, a broken link) it is closed rather than reused."""
+        try:
+            if discard and not conn.closed:
+                conn.close()
+            self.pool.putconn(conn)
+        finally:
+            with self._lock:
+                self._held -= 1
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T], *, idempotent: bool = True) -> T:
         """``fn(conn)`` on a pooled connection. When ``idempotent`` (reads) and the connection

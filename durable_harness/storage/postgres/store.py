@@ -1,7 +1,7 @@
 """One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
 :class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
 
-A commit is one statement, ``SELECT dh_commit(...)`` (migrations 2 and 3): the fence (the
+A commit is one statement, ``SELECT dh_write(...)`` (migration 4): the fence (the
 session and lease rows locked, this writer's generation and ``last_seq`` checked, else
 :class:`~durable_harness.errors.StaleGeneration`), the entries, records and lane ops numbered
 past ``last_seq`` (the tree and every lane's log share that one counter), the lanes and
@@ -58,6 +58,7 @@ from durable_harness.storage.base import (
     damage,
     queued_commit,
 )
+from durable_harness.storage.postgres import unwaited
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
 from durable_harness.storage.rows import bad_row, row_problem
@@ -76,6 +77,28 @@ leaf costs no round trip for recent entries."""
 
 _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 """Errors of one call whose transaction was rolled back: the writer's cache stays right."""
+
+_WRITE_TYPES = ("text", "bigint", "bigint", "boolean", "text", "text[]", "text[]", "text[]",
+                "text[]", "text[]", "text[]", "bytea[]", "boolean[]", "text[]", "text[]")  # fmt: skip
+"""The parameters of ``dh_write`` (migration 4), in order."""
+
+
+def _write_sql(placeholder: str) -> str:
+    args = ", ".join(f"{placeholder.format(i + 1)}::{t}" for i, t in enumerate(_WRITE_TYPES))
+    return f"SELECT dh_write({args})"
+
+
+_WRITE = _write_sql("%s")
+_WRITE_UNWAITED = _write_sql("${}").encode()
+
+_BARRIER_SQL = (
+    "UPDATE leases SET expires = CASE WHEN owner = {0}::text THEN clock_timestamp() + "
+    "make_interval(secs => {1}::float8) ELSE expires END WHERE session_id = {2}::text"
+)
+"""The barrier's write (:meth:`PostgresSessionStore.wait_durable`): this session's lease row,
+renewed if still ours, else rewritten as it is; its COMMIT flushes the WAL."""
+_BARRIER = _BARRIER_SQL.format("%s", "%s", "%s")
+_BARRIER_UNWAITED = _BARRIER_SQL.format("$1", "$2", "$3").encode()
 
 
 class PostgresSessionStore(SessionStore):
@@ -123,6 +146,7 @@ class PostgresSessionStore(SessionStore):
         self._lane_state: dict[str, LaneState] = {}
         self._bodies: OrderedDict[str, bytes] = OrderedDict()
         self._sync_commit = True  # this transaction waits for the WAL flush
+        self._pipe: unwaited.Pipeline | None = None  # unwaited commits whose replies are unread
         self._unsynced = False  # a commit made with wait=False is not yet known durable
         row = db.run(
             lambda c: c.execute(
@@ -161,6 +185,7 @@ class PostgresSessionStore(SessionStore):
             return False
         if not self._state_ok:
             with self._lock:
+                self._settle()
                 if not self._state_ok:
                     self.db.run(self._load_state)
         return True
@@ -189,7 +214,7 @@ class PostgresSessionStore(SessionStore):
             self._last = max(self._last, item.seq)
 
     def _fold(self, op: Op, seq: int) -> None:
-        """Apply one committed op to the cached lanes (the rules of ``dh_commit``, migration 3)."""
+        """Apply one committed op to the cached lanes (the rules of ``dh_write``, migration 4)."""
         lanes = self._lane_state
         if isinstance(op, EntryOp):
             eid = str(op.entry["id"])
@@ -215,6 +240,9 @@ class PostgresSessionStore(SessionStore):
 
     # -- reading ---------------------------------------------------------------------------
     def _rows(self, query: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        if self._pipe is not None:
+            with self._lock:
+                self._settle()
         return self.db.run(lambda c: c.execute(query, args).fetchall())
 
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
@@ -336,7 +364,8 @@ class PostgresSessionStore(SessionStore):
             with self._lock:
                 self._sync_commit = wait and self.durability != "none"
                 try:
-                    self._run_batch([item])
+                    if wait or not self._send_unwaited(item):
+                        self._run_batch([item])
                 finally:
                     self._sync_commit = True
                 if not wait and item.error is None and self.durability != "none":
@@ -414,54 +443,152 @@ class PostgresSessionStore(SessionStore):
                 return
 
     def _run_batch(self, batch: list[PendingCommit]) -> None:
-        """:meth:`_commit_batch`, then the writer's cache follows what was committed."""
+        """:meth:`_commit_batch`, then the writer's cache follows what was committed. An
+        unwaited commit still in flight is settled first; its error, if any, is every item's
+        (none of them is sent)."""
+        try:
+            self._settle()
+        except BaseException as exc:
+            for item in batch:
+                item.error, item.done = exc, True
+            return
         try:
             self._commit_batch(batch)
         finally:
             self._after(batch)
+
+    # -- unwaited commits (design/postgres.md, "Unwaited commits") -------------------------
+    def _send_unwaited(self, item: PendingCommit) -> bool:
+        """Send ``item`` on this writer's pipeline (:mod:`.unwaited`) and return without its
+        reply, folding it into the writer's cache now; the replies are read by the next call
+        that must know them (:meth:`_settle`). Returns ``False``, having sent nothing, when
+        the waited path must run instead: not a writer with a loaded cache, or no connection
+        may be held (``Database.hold``).
+
+        Raises:
+            as :meth:`commit` (an earlier unwaited commit's failure, or this one's own before
+            anything is sent).
+        """
+        pipe = self._pipe
+        if pipe is not None:
+            try:
+                pipe.poll()
+            except psycopg.OperationalError:
+                pass  # _settle resolves it
+            if pipe.failed or pipe.conn.broken:
+                self._settle()
+                pipe = None
+        if self.lease is None or not self._state_ok or self.writer_lost:
+            self._settle()
+            return False
+        start = self._last
+        params = self._commit_params(item.ops, start)
+        if pipe is None:
+            conn = self.db.hold()
+            if conn is None:
+                return False
+            pipe = self._pipe = unwaited.Pipeline(conn)
+        item.seq = start + len(item.ops)
+        try:
+            pipe.send("dh_write", _WRITE_UNWAITED, params, (item, start))
+        except psycopg.OperationalError:
+            pass  # whether it got there is for _settle to learn, as for a reply lost
+        item.done = True
+        self._after([item])
+        return True
+
+    def _settle(self) -> None:
+        """Read every reply of the pipeline, if there is one, and give its connection back
+        (caller holds ``_lock``). When all landed, nothing more happens. Otherwise the commits
+        before the first that did not land are kept, the writer's cache is dropped, and:
+
+        * a refusal that sending again cures (``last_seq`` moved under the lease, a prepared
+          statement the connection lost) sends that commit and those after it again, waited;
+        * any other refusal is raised (the commits after it were refused by the fence);
+        * a lost connection is resolved from ``last_seq``, as for a waited commit: the
+          commits it shows landed are kept, the rest sent again, waited.
+
+        Raises:
+            StaleGeneration, SessionNotFound, IdConflict, UnknownEntry, StorageIOError,
+            StorageError: an unwaited commit's failure, raised to whichever call came next.
+        """
+        pipe, self._pipe = self._pipe, None
+        if pipe is None:
+            return
+        sent = list(pipe.units)
+        lost: psycopg.OperationalError | None = None
+        try:
+            pipe.read_all()
+            pipe.close()
+        except psycopg.OperationalError as exc:
+            lost = exc
+        self.db.unhold(pipe.conn, discard=lost is not None)
+        units = [u for u in [*pipe.failed, *sent] if u.tag is not None]
+        units = sorted({id(u): u for u in units}.values(), key=lambda u: u.tag[0].seq)
+        bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
+        if bad is None:
+            if lost is not None:  # only the barrier's reply was lost: the commits are in
+                self._state_ok = False
+            return
+        self._state_ok = False
+        self._bodies.clear()
+        rest: list[PendingCommit] = [u.tag[0] for u in units[bad:]]
+        first = units[bad]
+        if first.error is None or isinstance(first.error, psycopg.OperationalError):
+            # lost before its reply (or the server said it was going away): learn what landed
+            last_seq = self._landed(rest, first.tag[1], lost or OSError("connection lost"))
+            rest = [item for item in rest if item.seq > last_seq]
+        elif not _resend_cures(first.error):
+            raise self._refusal(first.error, rest[0].ops) from None
+        for item in rest:
+            item.done, item.error, item.seq = False, None, 0
+            self._run_batch([item])
+            if item.error is not None:
+                raise item.error
+
+    def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
+        """After a lost connection: the ``last_seq`` the unread ``items`` (sent in order after
+        ``start``) reached, which must be ``start`` or the end of one of them.
+
+        Raises:
+            StorageIOError: the server is unreachable past the deadline, or ``last_seq`` is
+                none of those (reopen the session).
+            StaleGeneration, SessionNotFound: another writer took over, the session is gone.
+        """
+        last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
+        if last_seq != start and last_seq not in {item.seq for item in items}:
+            raise StorageIOError(
+                f"{self.location}: the connection was lost with commits in flight and "
+                f"last_seq moved from {start} to {last_seq}, not to the end of one of them; "
+                "reopen the session",
+                path=self.location,
+                cause=str(lost),
+            )
+        return last_seq
+
+    def _refusal(self, exc: psycopg.Error, ops: list[Op]) -> Exception:
+        """The typed error for a commit the server refused (one mapping for every path)."""
+        if isinstance(exc, psycopg.errors.IntegrityError):
+            return self._key_error(exc, ops)
+        return self._fence_error(exc)
+
+    def _drop_pipe(self) -> None:
+        """Give up the pipeline's replies unread (its connection is closed): whether those
+        commits landed is left to whoever reads the session next."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            self.db.unhold(pipe.conn, discard=True)
 
     def _resolve(
         self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
     ) -> bool:
         """After the connection was lost mid-commit: learn from a new connection whether the
         group landed. Returns ``True`` when every item is settled, ``False`` to run it again."""
-        while True:
-            try:
-                row = self.db.run(
-                    lambda c: c.execute(
-                        "SELECT s.last_seq, l.generation FROM sessions s JOIN leases l ON "
-                        "l.session_id = s.id WHERE s.id = %s",
-                        (self.session_id,),
-                    ).fetchone()
-                )
-                break
-            except psycopg.OperationalError as exc:
-                if time.monotonic() > deadline:
-                    err = StorageIOError(
-                        f"{self.location}: the connection was lost during a commit and the "
-                        f"server could not be reached again within {RECONNECT_DEADLINE_S:g} s, "
-                        f"so whether the commit landed is unknown ({exc}); reopen the session "
-                        "to see",
-                        path=self.location,
-                        errno="ECONNRESET",
-                        outcome="unknown",
-                    )
-                    for item in batch:
-                        item.error, item.done = err, True
-                    return True
-                time.sleep(0.2)
-        if row is None:
+        try:
+            last_seq = self._head(lost, deadline)
+        except StorageError as exc:
             for item in batch:
-                item.error = SessionNotFound(
-                    f"session {self.location} was deleted", session_id=self.session_id
-                )
-                item.done = True
-            return True
-        last_seq, generation = int(row[0]), int(row[1])
-        if generation != self.generation:
-            stale = self._stale(generation)
-            for item in batch:
-                item.error, item.done = stale, True
+                item.error, item.done = exc, True
             return True
         want = [item for item in batch if not item.done]
         if start >= 0 and want and last_seq == want[-1].seq and last_seq > start:
@@ -480,6 +607,46 @@ class PostgresSessionStore(SessionStore):
             item.error, item.done = err2, True
         return True
 
+    def _head(self, lost: BaseException, deadline: float) -> int:
+        """The stored ``last_seq``, read on a new connection after ``lost`` (retried until
+        ``deadline``, a ``time.monotonic()`` value).
+
+        Raises:
+            StorageIOError: the server could not be reached again by ``deadline``.
+            SessionNotFound: the session was deleted.
+            StaleGeneration: another writer holds the lease now.
+        """
+        while True:
+            try:
+                row = self.db.run(
+                    lambda c: c.execute(
+                        "SELECT s.last_seq, l.generation FROM sessions s JOIN leases l ON "
+                        "l.session_id = s.id WHERE s.id = %s",
+                        (self.session_id,),
+                    ).fetchone()
+                )
+                break
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise StorageIOError(
+                        f"{self.location}: the connection was lost during a commit and the "
+                        f"server could not be reached again within {RECONNECT_DEADLINE_S:g} s, "
+                        f"so whether the commit landed is unknown ({exc}); reopen the session "
+                        "to see",
+                        path=self.location,
+                        errno="ECONNRESET",
+                        outcome="unknown",
+                        cause=str(lost),
+                    ) from None
+                time.sleep(0.2)
+        if row is None:
+            raise SessionNotFound(
+                f"session {self.location} was deleted", session_id=self.session_id
+            )
+        if int(row[1]) != self.generation:
+            raise self._stale(int(row[1]))
+        return int(row[0])
+
     def _stale(self, current: int) -> StaleGeneration:
         if self.lease is not None:
             self.lease.lost = True
@@ -495,7 +662,7 @@ class PostgresSessionStore(SessionStore):
         in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
         connection.
 
-        The fast path (a writer, which knows its ``last_seq``) is one ``dh_commit`` statement
+        The fast path (a writer, which knows its ``last_seq``) is one ``dh_write`` statement
         (:meth:`_send`): one round trip whatever the number of ops; a failed fence aborts it.
         When a group of several calls fails, it is rolled back and run again one call per
         savepoint, so the bad call fails alone."""
@@ -527,7 +694,7 @@ class PostgresSessionStore(SessionStore):
             item.done = True
 
     def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
-        """Every item in one statement, ``dh_commit`` (migration 3): one transaction, no
+        """Every item in one statement, ``dh_write`` (migration 4): one transaction, no
         savepoints; any failure fails all."""
         ops = [op for item in pending for op in item.ops]
         seq = self._txn_start = self._last
@@ -544,7 +711,7 @@ class PostgresSessionStore(SessionStore):
             raise self._fence_error(exc) from exc
 
     def _fence_error(self, exc: psycopg.Error) -> Exception:
-        """The error for a refused fence (``DH001``-``DH003``, raised by ``dh_fence``), or
+        """The error for a refused fence (``DH001``-``DH003``, raised by ``dh_write``), or
         ``exc`` itself for anything else."""
         state = getattr(exc, "sqlstate", None)
         number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
@@ -559,12 +726,22 @@ class PostgresSessionStore(SessionStore):
         return exc
 
     def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
-        """One ``SELECT dh_commit(...)`` (autocommit: its own transaction) for ``ops`` after
+        """One ``SELECT dh_write(...)`` (autocommit: its own transaction) for ``ops`` after
         ``last_seq``.
 
         Raises:
             UnknownEntry: an entry or record without a string id (checked before sending).
             psycopg.Error: the database refused it (a key, the fence).
+        """
+        conn.execute(_WRITE, self._commit_params(ops, last_seq))
+
+    def _commit_params(self, ops: list[Op], last_seq: int) -> list[Any]:
+        """The parameters of ``dh_write`` (:data:`_WRITE_TYPES`) for ``ops`` after
+        ``last_seq``. The lanes the writer's cache does not know go in ``p_new_lanes``
+        (``dh_write`` inserts their rows; a lane already stored is only updated).
+
+        Raises:
+            UnknownEntry: an entry or record without a string id.
         """
         kinds: list[str] = []
         idents: list[str | None] = []
@@ -627,29 +804,27 @@ class PostgresSessionStore(SessionStore):
                 bodies.append(codec.dumps(body))
                 set_leaf.append(op.sets_leaf())
                 configs.append(config)
-        conn.execute(
-            "SELECT dh_commit(%s, %s, %s, %s, %s, %s::text[], %s::text[], %s::text[], "
-            "%s::text[], %s::text[], %s::text[], %s::bytea[], %s::boolean[], %s::text[])",
-            (
-                self.session_id,
-                self.generation,
-                last_seq,
-                self._sync_commit,
-                now_iso(),
-                kinds,
-                idents,
-                parents,
-                types,
-                lanes,
-                runs,
-                bodies,
-                set_leaf,
-                configs,
-            ),
-        )
+        new_lanes = sorted({x for x in lanes if x is not None} - self._lane_state.keys())
+        return [
+            self.session_id,
+            self.generation,
+            last_seq,
+            self._sync_commit,
+            now_iso(),
+            kinds,
+            idents,
+            parents,
+            types,
+            lanes,
+            runs,
+            bodies,
+            set_leaf,
+            configs,
+            new_lanes or None,
+        ]
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
-        """Every item in one transaction, each its own ``dh_commit`` in its own savepoint: a
+        """Every item in one transaction, each its own ``dh_write`` in its own savepoint: a
         failing item gets its error, the others commit (each call's fence sees the
         ``last_seq`` the call before it left)."""
         seq = self._txn_start = self._last
@@ -751,6 +926,8 @@ class PostgresSessionStore(SessionStore):
                 ).fetchall()
             return last, entries, records, lane_ops
 
+        with self._lock:
+            self._settle()
         last_seq, entries, records, lane_ops = self.db.run(read)
         out: list[dict[str, Any]] = []
         stored: list[tuple[int, str, str]] = []
@@ -805,27 +982,48 @@ class PostgresSessionStore(SessionStore):
         """Make every commit so far durable: after a ``commit(wait=False)``, one synchronous
         write (this session's lease row: renewed if still ours, else rewritten as it is) whose
         COMMIT flushes the server's WAL past every earlier commit of any connection."""
-        if not self._unsynced:
+        if not self._unsynced and self._pipe is None:
             return
         with self._lock:
             if not self._unsynced:
+                self._settle()
                 return
             self._unsynced = False
             owner = self.lease.owner if self.lease is not None else None
             seconds = self.lease.seconds if self.lease is not None else 0.0
+            params = [owner, seconds, self.session_id]
             try:
-                self.db.run(
-                    lambda c: c.execute(
-                        "UPDATE leases SET expires = CASE WHEN owner = %s THEN "
-                        "clock_timestamp() + make_interval(secs => %s) ELSE expires END "
-                        "WHERE session_id = %s",
-                        (owner, seconds, self.session_id),
-                    ),
-                    idempotent=True,
-                )
+                if self._pipe is not None:  # the barrier rides the pipeline: one round trip
+                    unit = self._pipe.send("dh_barrier", _BARRIER_UNWAITED, params, None)
+                    self._settle()
+                    if unit.done and unit.error is None:
+                        return
+                    if unit.error is not None and not isinstance(
+                        unit.error, psycopg.OperationalError
+                    ):
+                        raise unit.error
+                self._barrier(params)
             except BaseException:
                 self._unsynced = True
                 raise
+
+    def _barrier(self, params: list[Any]) -> None:
+        """The barrier's write on a pooled connection, tried again while the server cannot be
+        reached, for up to :data:`RECONNECT_DEADLINE_S` (it only renews a lease: running it
+        twice does no harm).
+
+        Raises:
+            psycopg.OperationalError: the server stayed unreachable.
+        """
+        deadline = time.monotonic() + RECONNECT_DEADLINE_S
+        while True:
+            try:
+                self.db.run(lambda c: c.execute(_BARRIER, params), idempotent=True)
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     async def wait_durable_async(self) -> None:
         """As :meth:`wait_durable`, on the event loop's thread (one round trip, as a commit)."""
@@ -870,9 +1068,18 @@ class PostgresSessionStore(SessionStore):
                 self.wait_durable()
             except Exception:  # the lease runs out; unwaited commits are the barrier's doubt
                 pass
+        with self._lock:
+            self._drop_pipe()
         lease, self.lease = self.lease, None
         if lease is not None:
             lease.expire()
+
+
+def _resend_cures(exc: psycopg.Error) -> bool:
+    """True for a refusal that sending the commit again cures: ``last_seq`` moved under the
+    lease (``DH003``: a hand edit; the cache is reloaded first), or the connection lost the
+    prepared statement (psycopg deallocates its statements after a rollback)."""
+    return exc.sqlstate in ("DH003", "26000")
 
 
 def _copy_lane(lane: LaneState) -> LaneState:

@@ -1,0 +1,162 @@
+"""Commits sent without waiting for their replies, and the replies read later
+(``design/postgres.md``, "Unwaited commits").
+
+``commit(wait=False)`` on PostgreSQL hands the statement's bytes to the kernel and returns: the
+server runs it while the harness goes on, and the replies are read by the session's next call
+that must know them (the barrier, a read, a waited commit). A :class:`Pipeline` holds one
+pooled connection in libpq's pipeline mode, so several commits can be on the way at once.
+Each is sent as its own unit, the statement followed by ``Sync``, so the server commits it as
+soon as its bytes arrive, whether or not this process is still alive to read the reply: a
+SIGKILL after :meth:`Pipeline.send` returned keeps the commit, as a SIGKILL after a file
+backend's ``write`` does. A unit the server refuses does not stop the units after it; the
+store's fence (each commit names the ``last_seq`` it follows) refuses those.
+
+Only the documented layers of psycopg are used: :class:`psycopg.adapt.Transformer` to dump
+parameters as the connection would, and the libpq calls of :mod:`psycopg.pq`
+(``PQenterPipelineMode``, ``PQsendPrepare``, ``PQsendQueryPrepared``, ``PQpipelineSync``,
+``PQconsumeInput``, ``PQgetResult``) on the connection's ``pgconn``, which psycopg keeps in
+non-blocking mode.
+"""
+
+from __future__ import annotations
+
+import select
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
+
+Conn = psycopg.Connection[Any]
+
+_PREPARED = "_dh_prepared"  # attribute on a connection: the statement names prepared on it
+
+MAX_UNITS = 64
+"""Units one pipeline may have unanswered; a send past it first waits for the oldest replies."""
+
+
+@dataclass
+class Unit:
+    """One statement sent in a :class:`Pipeline`, and what its reply said once read.
+
+    Attributes:
+        tag: the caller's (the store keeps its commit and ``last_seq`` before it there).
+        done: the reply was read.
+        error: the server's refusal, when it refused.
+    """
+
+    tag: Any
+    done: bool = False
+    error: psycopg.Error | None = None
+
+
+@dataclass
+class Pipeline:
+    """A held connection in pipeline mode and the units sent on it whose replies are unread,
+    oldest first. Not thread-safe: its owner serialises calls.
+
+    Attributes:
+        conn: the connection (from ``Database.hold``).
+        units: the units sent and not yet read (:meth:`read_all` empties it).
+        failed: the units read so far that the server refused, oldest first.
+    """
+
+    conn: Conn
+    units: deque[Unit] = field(default_factory=deque)
+    failed: list[Unit] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.conn.pgconn.enter_pipeline_mode()
+
+    def send(self, name: str, query: bytes, params: list[Any], tag: Any) -> Unit:
+        """Send ``query`` (``$1``-style placeholders, every one cast in the query) as the
+        prepared statement ``name`` (prepared on this connection the first time) with
+        ``params`` in text format, then ``Sync``; return once every byte is with the kernel.
+
+        Raises:
+            psycopg.OperationalError: the connection broke while sending (whether the server
+                got the whole unit is then unknown; the unit is queued all the same).
+        """
+        pgconn = self.conn.pgconn
+        if len(self.units) >= MAX_UNITS:
+            self._read(block=True, keep=MAX_UNITS // 2)
+        tx = Transformer(self.conn)
+        dumped = tx.dump_sequence(params, [PyFormat.TEXT] * len(params))
+        unit = Unit(tag)
+        self.units.append(unit)
+        prepared: set[str] = getattr(self.conn, _PREPARED, set())
+        key = name.encode()
+        if name not in prepared:
+            pgconn.send_prepare(key, query)
+            prepared.add(name)
+            setattr(self.conn, _PREPARED, prepared)
+        pgconn.send_query_prepared(key, dumped)
+        pgconn.pipeline_sync()  # queues Sync and flushes what it can
+        while pgconn.flush():
+            # the server may be blocked writing replies to us: read them while we wait
+            readable, _w, _x = select.select([pgconn.socket], [pgconn.socket], [])
+            if readable:
+                self._read(block=False)
+        return unit
+
+    def poll(self) -> None:
+        """Read the replies that have already arrived, without waiting.
+
+        Raises:
+            psycopg.OperationalError: the connection was lost.
+        """
+        self._read(block=False)
+
+    def read_all(self) -> list[Unit]:
+        """Wait for the reply of every unit sent; return them in order (the queue is then
+        empty and the connection can leave pipeline mode).
+
+        Raises:
+            psycopg.OperationalError: the connection was lost before every reply arrived (the
+                units whose replies were read have ``done`` set).
+        """
+        units = list(self.units)
+        self._read(block=True)
+        return units
+
+    def close(self) -> None:
+        """Leave pipeline mode (every reply read).
+
+        Raises:
+            psycopg.OperationalError: replies are still unread.
+        """
+        self.conn.pgconn.exit_pipeline_mode()
+
+    def _read(self, *, block: bool, keep: int = 0) -> None:
+        """Read replies until at most ``keep`` units are unanswered (``block``) or until none
+        that has arrived is left (not ``block``)."""
+        pgconn = self.conn.pgconn
+        encoding = self.conn.info.encoding
+        while len(self.units) > keep:
+            pgconn.consume_input()
+            nulls = 0
+            while len(self.units) > keep and not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:  # the end of one statement's results
+                    nulls += 1
+                    if nulls > 1:
+                        break
+                    continue
+                nulls = 0
+                unit = self.units[0]
+                status = result.status
+                if status == pq.ExecStatus.PIPELINE_SYNC:
+                    unit.done = True
+                    self.units.popleft()
+                    if unit.error is not None:
+                        self.failed.append(unit)
+                elif status == pq.ExecStatus.FATAL_ERROR and unit.error is None:
+                    unit.error = psycopg.errors.error_from_result(result, encoding=encoding)
+                    if unit.error.sqlstate == "26000":  # the statement was never prepared
+                        getattr(self.conn, _PREPARED, set()).clear()
+            if len(self.units) <= keep or not block:
+                return
+            select.select([pgconn.socket], [], [])
