@@ -264,7 +264,10 @@ class ToolCalls:
         parent: str | Literal[False] | None = False,
     ) -> list[Op]:
         """The result entry (under the lane's leaf, or ``parent``) and its ``tool_finished``
-        record. The id is the one provisioned by the intent, unless it is taken already.
+        record. The id is the one provisioned by the intent, unless it is taken already: a
+        ``result_id`` this harness made for the intent it has just committed cannot be (this
+        writer holds the lease and has not used it), so only a provisioned id read back from
+        the log (a recovered call) is looked up.
 
         Every settlement comes through here, so this is where a group recorded for the call
         is killed first (:meth:`stop_leftover`): no call is settled while its effect may still
@@ -272,7 +275,7 @@ class ToolCalls:
         self.stop_leftover(live, call)
         s = live.state
         rid = result_id or call.result_entry_id or new_id()
-        if self.core.store.get_entry(rid) is not None:
+        if result_id is None and self.core.store.get_entry(rid) is not None:
             rid = new_id()
         message: dict[str, Any] = {
             "role": "toolResult",

@@ -44,7 +44,6 @@ from durable_harness.errors import (
     StorageIOError,
     UnknownEntry,
 )
-from durable_harness.ids import now_iso
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
     Durability,
@@ -58,7 +57,7 @@ from durable_harness.storage.base import (
     damage,
     queued_commit,
 )
-from durable_harness.storage.postgres import unwaited
+from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
 from durable_harness.storage.rows import bad_row, row_problem
@@ -77,28 +76,6 @@ leaf costs no round trip for recent entries."""
 
 _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 """Errors of one call whose transaction was rolled back: the writer's cache stays right."""
-
-_WRITE_TYPES = ("text", "bigint", "bigint", "boolean", "text", "text[]", "text[]", "text[]",
-                "text[]", "text[]", "text[]", "bytea[]", "boolean[]", "text[]", "text[]")  # fmt: skip
-"""The parameters of ``dh_write`` (migration 4), in order."""
-
-
-def _write_sql(placeholder: str) -> str:
-    args = ", ".join(f"{placeholder.format(i + 1)}::{t}" for i, t in enumerate(_WRITE_TYPES))
-    return f"SELECT dh_write({args})"
-
-
-_WRITE = _write_sql("%s")
-_WRITE_UNWAITED = _write_sql("${}").encode()
-
-_BARRIER_SQL = (
-    "UPDATE leases SET expires = CASE WHEN owner = {0}::text THEN clock_timestamp() + "
-    "make_interval(secs => {1}::float8) ELSE expires END WHERE session_id = {2}::text"
-)
-"""The barrier's write (:meth:`PostgresSessionStore.wait_durable`): this session's lease row,
-renewed if still ours, else rewritten as it is; its COMMIT flushes the WAL."""
-_BARRIER = _BARRIER_SQL.format("%s", "%s", "%s")
-_BARRIER_UNWAITED = _BARRIER_SQL.format("$1", "$2", "$3").encode()
 
 
 class PostgresSessionStore(SessionStore):
@@ -490,7 +467,7 @@ class PostgresSessionStore(SessionStore):
             pipe = self._pipe = unwaited.Pipeline(conn)
         item.seq = start + len(item.ops)
         try:
-            pipe.send("dh_write", _WRITE_UNWAITED, params, (item, start))
+            pipe.send("dh_write", write.WRITE_PIPELINED, params, (item, start))
         except psycopg.OperationalError:
             pass  # whether it got there is for _settle to learn, as for a reply lost
         item.done = True
@@ -733,95 +710,19 @@ class PostgresSessionStore(SessionStore):
             UnknownEntry: an entry or record without a string id (checked before sending).
             psycopg.Error: the database refused it (a key, the fence).
         """
-        conn.execute(_WRITE, self._commit_params(ops, last_seq))
+        conn.execute(write.WRITE, self._commit_params(ops, last_seq))
 
-    def _commit_params(self, ops: list[Op], last_seq: int) -> list[Any]:
-        """The parameters of ``dh_write`` (:data:`_WRITE_TYPES`) for ``ops`` after
-        ``last_seq``. The lanes the writer's cache does not know go in ``p_new_lanes``
-        (``dh_write`` inserts their rows; a lane already stored is only updated).
+    def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
+        """The parameters of ``dh_write`` for ``ops`` after ``last_seq``
+        (:func:`~durable_harness.storage.postgres.write.write_params`; the writer's cached
+        lanes say which lanes are new).
 
         Raises:
             UnknownEntry: an entry or record without a string id.
         """
-        kinds: list[str] = []
-        idents: list[str | None] = []
-        parents: list[Any] = []
-        types: list[str | None] = []
-        lanes: list[str | None] = []
-        runs: list[str | None] = []
-        bodies: list[bytes] = []
-        set_leaf: list[bool] = []
-        configs: list[str | None] = []
-        merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
-        seq = last_seq
-        for op in ops:
-            seq += 1
-            if isinstance(op, EntryOp):
-                eid = op.entry.get("id")
-                if not isinstance(eid, str) or not eid:
-                    raise UnknownEntry("an entry needs a non-empty string id")
-                parent = op.entry.get("parentId")
-                kinds.append("e")
-                idents.append(eid)
-                parents.append(None if parent is None else str(parent))
-                types.append(str(op.entry.get("type", "")))
-                lanes.append(op.lane)
-                runs.append(None)
-                bodies.append(codec.dumps({**op.entry, "seq": seq}))
-                set_leaf.append(False)
-                configs.append(None)
-            elif isinstance(op, RecordOp):
-                rid = op.record.get("id")
-                if not isinstance(rid, str) or not rid:
-                    raise UnknownEntry("a record needs a non-empty string id")
-                lane, run_id = op.record.get("lane"), op.record.get("runId")
-                kinds.append("r")
-                idents.append(rid)
-                parents.append(None)
-                types.append(str(op.record.get("type", "")))
-                lanes.append(None if lane is None else str(lane))
-                runs.append(None if run_id is None else str(run_id))
-                bodies.append(codec.dumps({**op.record, "seq": seq}))
-                set_leaf.append(False)
-                configs.append(None)
-            else:
-                body: dict[str, Any] = {"lane": op.lane, "seq": seq}
-                if op.sets_leaf():
-                    body["leafId"] = op.leaf_id
-                config = None
-                if op.config:
-                    body["config"] = op.config
-                    known = self._lane_state.get(op.lane)
-                    base = merged.get(op.lane, known.config if known is not None else {})
-                    merged[op.lane] = {**base, **op.config}
-                    config = codec.dumps(merged[op.lane]).decode()
-                kinds.append("l")
-                idents.append(None)
-                parents.append(op.leaf_id if op.sets_leaf() else None)
-                types.append(None)
-                lanes.append(op.lane)
-                runs.append(None)
-                bodies.append(codec.dumps(body))
-                set_leaf.append(op.sets_leaf())
-                configs.append(config)
-        new_lanes = sorted({x for x in lanes if x is not None} - self._lane_state.keys())
-        return [
-            self.session_id,
-            self.generation,
-            last_seq,
-            self._sync_commit,
-            now_iso(),
-            kinds,
-            idents,
-            parents,
-            types,
-            lanes,
-            runs,
-            bodies,
-            set_leaf,
-            configs,
-            new_lanes or None,
-        ]
+        return write.write_params(
+            self.session_id, self.generation, last_seq, self._sync_commit, ops, self._lane_state
+        )
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
         """Every item in one transaction, each its own ``dh_write`` in its own savepoint: a
@@ -991,10 +892,12 @@ class PostgresSessionStore(SessionStore):
             self._unsynced = False
             owner = self.lease.owner if self.lease is not None else None
             seconds = self.lease.seconds if self.lease is not None else 0.0
-            params = [owner, seconds, self.session_id]
+            params = write.barrier_params(owner, seconds, self.session_id)
             try:
                 if self._pipe is not None:  # the barrier rides the pipeline: one round trip
-                    unit = self._pipe.send("dh_barrier", _BARRIER_UNWAITED, params, None)
+                    unit = self._pipe.send(
+                        "dh_barrier", write.BARRIER_PIPELINED, params, None, behind=True
+                    )
                     self._settle()
                     if unit.done and unit.error is None:
                         return
@@ -1007,7 +910,7 @@ class PostgresSessionStore(SessionStore):
                 self._unsynced = True
                 raise
 
-    def _barrier(self, params: list[Any]) -> None:
+    def _barrier(self, params: list[str | None]) -> None:
         """The barrier's write on a pooled connection, tried again while the server cannot be
         reached, for up to :data:`RECONNECT_DEADLINE_S` (it only renews a lease: running it
         twice does no harm).
@@ -1018,7 +921,7 @@ class PostgresSessionStore(SessionStore):
         deadline = time.monotonic() + RECONNECT_DEADLINE_S
         while True:
             try:
-                self.db.run(lambda c: c.execute(_BARRIER, params), idempotent=True)
+                self.db.run(lambda c: c.execute(write.BARRIER, params), idempotent=True)
                 return
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:

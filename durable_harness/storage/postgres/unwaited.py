@@ -11,8 +11,8 @@ SIGKILL after :meth:`Pipeline.send` returned keeps the commit, as a SIGKILL afte
 backend's ``write`` does. A unit the server refuses does not stop the units after it; the
 store's fence (each commit names the ``last_seq`` it follows) refuses those.
 
-Only the documented layers of psycopg are used: :class:`psycopg.adapt.Transformer` to dump
-parameters as the connection would, and the libpq calls of :mod:`psycopg.pq`
+Parameters arrive already in PostgreSQL's text input format (:mod:`.write`). Only the
+documented layer of psycopg below its cursors is used: the libpq calls of :mod:`psycopg.pq`
 (``PQenterPipelineMode``, ``PQsendPrepare``, ``PQsendQueryPrepared``, ``PQpipelineSync``,
 ``PQconsumeInput``, ``PQgetResult``) on the connection's ``pgconn``, which psycopg keeps in
 non-blocking mode.
@@ -28,13 +28,12 @@ from typing import Any
 import psycopg
 import psycopg.errors
 from psycopg import pq
-from psycopg.adapt import PyFormat, Transformer
 
 Conn = psycopg.Connection[Any]
 
 _PREPARED = "_dh_prepared"  # attribute on a connection: the statement names prepared on it
 
-MAX_UNITS = 64
+MAX_UNITS = 2
 """Units one pipeline may have unanswered; a send past it first waits for the oldest replies."""
 
 
@@ -71,20 +70,29 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.conn.pgconn.enter_pipeline_mode()
 
-    def send(self, name: str, query: bytes, params: list[Any], tag: Any) -> Unit:
+    def send(
+        self,
+        name: str,
+        query: bytes,
+        params: list[str | None],
+        tag: Any,
+        *,
+        behind: bool = False,
+    ) -> Unit:
         """Send ``query`` (``$1``-style placeholders, every one cast in the query) as the
         prepared statement ``name`` (prepared on this connection the first time) with
-        ``params`` in text format, then ``Sync``; return once every byte is with the kernel.
+        ``params`` (each in PostgreSQL's text input format, ``None`` for ``NULL``), then
+        ``Sync``; return once every byte is with the kernel.
 
         Raises:
             psycopg.OperationalError: the connection broke while sending (whether the server
                 got the whole unit is then unknown; the unit is queued all the same).
         """
         pgconn = self.conn.pgconn
-        if len(self.units) >= MAX_UNITS:
-            self._read(block=True, keep=MAX_UNITS // 2)
-        tx = Transformer(self.conn)
-        dumped = tx.dump_sequence(params, [PyFormat.TEXT] * len(params))
+        if len(self.units) >= MAX_UNITS and not behind:
+            self._read(block=True, keep=MAX_UNITS - 1)
+        encoding = self.conn.info.encoding
+        dumped = [None if p is None else p.encode(encoding) for p in params]
         unit = Unit(tag)
         self.units.append(unit)
         prepared: set[str] = getattr(self.conn, _PREPARED, set())

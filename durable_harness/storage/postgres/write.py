@@ -1,0 +1,182 @@
+"""The statements a PostgreSQL writer sends, and their parameters, written once for both ways
+of sending them (waited, through psycopg; unwaited, on a pipeline: :mod:`.unwaited`).
+
+* :data:`WRITE`: one commit, ``SELECT dh_write(...)`` (migration 4: the fence, the rows, the
+  lanes, ``last_seq``; ``design/postgres.md``, "Commit"). :func:`write_params` builds its
+  parameters from the ops.
+* :data:`BARRIER`: the barrier's synchronous write (this session's lease row, renewed when it
+  is still ours, else rewritten as it is); its ``COMMIT`` flushes the WAL past every earlier
+  commit.
+
+Every parameter is a ``str`` (or ``None`` for SQL ``NULL``) in PostgreSQL's text input format,
+cast in the statement itself, so no per-call type adaptation runs: arrays are written as array
+literals (``{"a","b",NULL}``; ``bytea`` elements in hex), which is what the server's
+``array_in`` and ``byteain`` read (PostgreSQL manual, "Arrays: Array Value Input" and "Binary
+Data Types: bytea Hex Format").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from durable_harness.errors import UnknownEntry
+from durable_harness.ids import now_iso
+from durable_harness.storage import codec
+from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
+
+_WRITE_TYPES = (
+    *("text", "bigint", "bigint", "boolean", "text"),
+    *("text[]", "text[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "boolean[]"),
+    *("text[]", "text[]"),
+)
+"""The parameters of ``dh_write`` (migration 4), in order."""
+
+_BARRIER = (
+    "UPDATE leases SET expires = CASE WHEN owner = {0}::text THEN clock_timestamp() + "
+    "make_interval(secs => {1}::float8) ELSE expires END WHERE session_id = {2}::text"
+)
+
+
+def _cast(placeholders: Sequence[str], types: Sequence[str]) -> str:
+    return ", ".join(f"{p}::{t}" for p, t in zip(placeholders, types, strict=True))
+
+
+WRITE = f"SELECT dh_write({_cast(['%s'] * len(_WRITE_TYPES), _WRITE_TYPES)})"
+"""``dh_write`` with psycopg's placeholders."""
+WRITE_PIPELINED = (
+    f"SELECT dh_write({_cast([f'${i + 1}' for i in range(len(_WRITE_TYPES))], _WRITE_TYPES)})"
+).encode()
+"""``dh_write`` with libpq's placeholders (:mod:`.unwaited`)."""
+BARRIER = _BARRIER.format("%s", "%s", "%s")
+"""The barrier's write with psycopg's placeholders (parameters: :func:`barrier_params`)."""
+BARRIER_PIPELINED = _BARRIER.format("$1", "$2", "$3").encode()
+"""The barrier's write with libpq's placeholders."""
+
+
+def text_array(values: Sequence[str | None]) -> str:
+    """A ``text[]`` literal: each element double-quoted with ``\\`` and ``"`` escaped, ``None``
+    as ``NULL``."""
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for v in values
+        )
+        + "}"
+    )
+
+
+def bytea_array(values: Sequence[bytes]) -> str:
+    """A ``bytea[]`` literal, each element in hex format (``"\\\\x..."``)."""
+    return "{" + ",".join('"\\\\x' + v.hex() + '"' for v in values) + "}"
+
+
+def bool_array(values: Sequence[bool]) -> str:
+    """A ``boolean[]`` literal."""
+    return "{" + ",".join("t" if v else "f" for v in values) + "}"
+
+
+def write_params(
+    session_id: str,
+    generation: int,
+    last_seq: int,
+    sync: bool,
+    ops: Sequence[Op],
+    lanes_known: Mapping[str, LaneState],
+) -> list[str | None]:
+    """The parameters of :data:`WRITE` for ``ops`` numbered after ``last_seq``: the session,
+    the writer's lease ``generation``, ``last_seq``, whether the commit waits for the WAL
+    flush (``sync``), the time, then the ops as parallel arrays (kind ``e``/``r``/``l``, id,
+    parent or a lane op's leaf, type, lane, run id, body with its ``seq``, whether a lane op
+    sets the leaf, a lane op's config merged over the lane's), then the lanes the ops name
+    that ``lanes_known`` (the writer's view of the stored lanes) lacks.
+
+    Raises:
+        UnknownEntry: an entry or record without a non-empty string id.
+    """
+    kinds: list[str | None] = []
+    idents: list[str | None] = []
+    parents: list[str | None] = []
+    types: list[str | None] = []
+    lanes: list[str | None] = []
+    runs: list[str | None] = []
+    bodies: list[bytes] = []
+    set_leaf: list[bool] = []
+    configs: list[str | None] = []
+    merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
+    seq = last_seq
+    for op in ops:
+        seq += 1
+        if isinstance(op, EntryOp):
+            eid = op.entry.get("id")
+            if not isinstance(eid, str) or not eid:
+                raise UnknownEntry("an entry needs a non-empty string id")
+            parent = op.entry.get("parentId")
+            kinds.append("e")
+            idents.append(eid)
+            parents.append(None if parent is None else str(parent))
+            types.append(str(op.entry.get("type", "")))
+            lanes.append(op.lane)
+            runs.append(None)
+            bodies.append(codec.dumps({**op.entry, "seq": seq}))
+            set_leaf.append(False)
+            configs.append(None)
+        elif isinstance(op, RecordOp):
+            rid = op.record.get("id")
+            if not isinstance(rid, str) or not rid:
+                raise UnknownEntry("a record needs a non-empty string id")
+            lane, run_id = op.record.get("lane"), op.record.get("runId")
+            kinds.append("r")
+            idents.append(rid)
+            parents.append(None)
+            types.append(str(op.record.get("type", "")))
+            lanes.append(None if lane is None else str(lane))
+            runs.append(None if run_id is None else str(run_id))
+            bodies.append(codec.dumps({**op.record, "seq": seq}))
+            set_leaf.append(False)
+            configs.append(None)
+        else:
+            body: dict[str, Any] = {"lane": op.lane, "seq": seq}
+            if op.sets_leaf():
+                body["leafId"] = op.leaf_id
+            config = None
+            if op.config:
+                body["config"] = op.config
+                known = lanes_known.get(op.lane)
+                base = merged.get(op.lane, known.config if known is not None else {})
+                merged[op.lane] = {**base, **op.config}
+                config = codec.dumps(merged[op.lane]).decode()
+            kinds.append("l")
+            idents.append(None)
+            parents.append(op.leaf_id if op.sets_leaf() else None)
+            types.append(None)
+            lanes.append(op.lane)
+            runs.append(None)
+            bodies.append(codec.dumps(body))
+            set_leaf.append(op.sets_leaf())
+            configs.append(config)
+    new_lanes = sorted({x for x in lanes if x is not None} - lanes_known.keys())
+    return [
+        session_id,
+        str(generation),
+        str(last_seq),
+        "t" if sync else "f",
+        now_iso(),
+        text_array(kinds),
+        text_array(idents),
+        text_array(parents),
+        text_array(types),
+        text_array(lanes),
+        text_array(runs),
+        bytea_array(bodies),
+        bool_array(set_leaf),
+        text_array(configs),
+        text_array(new_lanes) if new_lanes else None,
+    ]
+
+
+def barrier_params(owner: str | None, seconds: float, session_id: str) -> list[str | None]:
+    """The parameters of :data:`BARRIER`: the lease's ``owner`` (``None`` when this writer
+    holds none), its length in ``seconds``, the session."""
+    return [owner, repr(float(seconds)), session_id]
