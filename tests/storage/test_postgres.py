@@ -606,7 +606,7 @@ def test_unwaited_commits_skip_the_wal_flush_until_the_barrier(
 
     def spy(self: Any, ops: Any, last_seq: int) -> list[Any]:
         params = real(self, ops, last_seq)
-        flushed.append(params[3])  # p_sync: does this commit wait for the WAL flush
+        flushed.append(params[3] == "t")  # p_sync: does this commit wait for the WAL flush
         return params
 
     monkeypatch.setattr(PostgresSessionStore, "_commit_params", spy)
