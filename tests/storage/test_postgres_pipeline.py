@@ -1,0 +1,324 @@
+"""Unwaited commits on PostgreSQL (``design/postgres.md``, "Unwaited commits"): sent on a held
+connection in pipeline mode and answered later. What must hold: the call returns before the
+server has run the commit; the writer reads its own commits; a SIGKILL right after the call
+keeps what was sent; a refusal, a takeover or a lost connection surfaces at the next call with
+nothing applied twice; a process whose pool has no room to hold a connection commits the waited
+way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from durable_harness.errors import IdConflict, StaleGeneration
+from durable_harness.storage import EntryOp, RecordOp, open_store
+from durable_harness.storage.postgres import PostgresSessionStore, PostgresStore
+from durable_harness.storage.postgres.connection import Database
+
+from .util import ent, ids, rec
+
+
+@pytest.fixture
+def pg_store(pg_spec: str) -> PostgresStore:
+    store = open_store(pg_spec)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+def _writer(store: PostgresStore) -> PostgresSessionStore:
+    s = store.create_session("/p")
+    assert isinstance(s, PostgresSessionStore)
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    return s
+
+
+def _stored(spec: str, sid: str) -> list[str]:
+    """The record ids stored for ``sid``, read on a connection of its own."""
+    with psycopg.connect(spec, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT id FROM records WHERE session_id = %s ORDER BY seq", (sid,)
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+class LeaseLock:
+    """A transaction holding the session's lease row ``FOR UPDATE``: a commit's fence (a shared
+    lock on that row) waits until :meth:`release`."""
+
+    def __init__(self, spec: str, sid: str) -> None:
+        self.conn = psycopg.connect(spec)
+        self.conn.execute("SELECT 1 FROM leases WHERE session_id = %s FOR UPDATE", (sid,))
+
+    def release(self) -> None:
+        if not self.conn.closed:
+            self.conn.rollback()
+            self.conn.close()
+
+
+@pytest.fixture
+def lease_locks() -> Iterator[list[LeaseLock]]:
+    made: list[LeaseLock] = []
+    yield made
+    for lock in made:
+        lock.release()
+
+
+def _in_thread(fn: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """``fn()`` on a thread; fail if it has not returned within ``timeout`` seconds."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        pytest.fail(f"{fn} did not return within {timeout} s")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_an_unwaited_commit_returns_while_the_server_still_holds_it(
+    pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    s = _writer(pg_store)
+    lock = LeaseLock(pg_store.spec, s.session_id)
+    lease_locks.append(lock)
+    # the server cannot finish this commit until the lock goes: returning proves no wait
+    _in_thread(lambda: s.commit([RecordOp(rec("u1"))], wait=False))
+    assert _stored(pg_store.spec, s.session_id) == []
+    lock.release()
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["u1"]
+    s.close()
+
+
+def test_the_writer_reads_its_own_unwaited_commits(pg_store: PostgresStore) -> None:
+    s = _writer(pg_store)
+    s.commit([EntryOp(ent("e2", "e1"), lane="side"), RecordOp(rec("r1", lane="side"))], wait=False)
+    s.commit([RecordOp(rec("r2"))], wait=False)
+    # no barrier: every read goes through the replies first
+    assert ids(s.records()) == ["r1", "r2"]
+    assert ids(s.iter_entries()) == ["e1", "e2"] and s.entry_count() == 2
+    assert s.last_seq() == 4 and s.lane("side").leaf_id == "e2"
+    s.close()
+    ro = pg_store.open_session(s.session_id, write=False)
+    try:
+        assert ro.lanes()["side"].leaf_id == "e2" and ro.damage == []
+    finally:
+        ro.close()
+
+
+# A writer that commits two records without waiting and is SIGKILLed at once: reads SPEC and SID,
+# says "ready", waits for a line, commits "a" and "b" (wait=False), says "sent", dies.
+KILLED_WRITER = """
+import os, signal, sys
+from durable_harness.storage import RecordOp, open_store
+s = open_store(sys.argv[1]).open_session(sys.argv[2], write=True)
+print("ready", flush=True)
+sys.stdin.readline()
+for rid in ("a", "b"):
+    s.commit([RecordOp({"type": "note", "id": rid, "lane": "main",
+                        "timestamp": "2026-01-01T00:00:00.000Z"})], wait=False)
+print("sent", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.crash
+def test_a_sigkill_right_after_unwaited_commits_keeps_them(
+    pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    s = _writer(pg_store)
+    sid = s.session_id
+    s.close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, pg_store.spec, sid],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        lock = LeaseLock(pg_store.spec, sid)  # the server holds both commits until the child died
+        lease_locks.append(lock)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "sent"
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert _stored(pg_store.spec, sid) == []
+        lock.release()
+        deadline = time.monotonic() + 30
+        while _stored(pg_store.spec, sid) != ["a", "b"]:
+            assert time.monotonic() < deadline, _stored(pg_store.spec, sid)
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    ro = pg_store.open_session(sid, write=False)
+    try:
+        assert ids(ro.records()) == ["a", "b"] and ro.last_seq() == 3 and ro.damage == []
+    finally:
+        ro.close()
+
+
+def test_a_refused_unwaited_commit_is_raised_by_the_next_call(pg_store: PostgresStore) -> None:
+    s = _writer(pg_store)
+    s.commit([RecordOp(rec("dup"))])
+    s.commit([RecordOp(rec("dup"))], wait=False)  # returns: the refusal is not read yet
+    with pytest.raises(IdConflict, match="dup"):
+        s.commit([RecordOp(rec("after"))], wait=False)
+        s.wait_durable()
+    # the refused commit and the one sent behind it (its fence saw last_seq unmoved) are out
+    assert ids(s.records()) == ["dup"] and s.last_seq() == 2
+    s.commit([RecordOp(rec("next"))], wait=False)
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["dup", "next"]
+    s.close()
+
+
+def test_a_writer_fenced_out_with_a_commit_in_flight_gets_stale_generation(
+    pg_store: PostgresStore,
+) -> None:
+    s = _writer(pg_store)
+    s.commit([RecordOp(rec("mine"))], wait=False)
+    s.wait_durable()
+    other = pg_store.open_session(s.session_id, write=True, break_lease=True)
+    try:
+        s.commit([RecordOp(rec("late"))], wait=False)
+        with pytest.raises(StaleGeneration):
+            s.wait_durable()
+        assert ids(other.records()) == ["mine"]
+    finally:
+        other.close()
+        s.close()
+
+
+def _kill_pipeline_backend(cluster: Any, spec: str, s: PostgresSessionStore) -> None:
+    assert s._pipe is not None, "no commit in flight"
+    pid = s._pipe.conn.info.backend_pid
+    cluster.execute(f"SELECT pg_terminate_backend({pid})", spec)
+
+
+def test_a_connection_lost_after_a_commit_landed_sends_only_the_rest(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    s = _writer(pg_store)
+    s.commit([RecordOp(rec("a"))], wait=False)
+    deadline = time.monotonic() + 30
+    while _stored(pg_store.spec, s.session_id) != ["a"]:  # landed; its reply is unread
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    _kill_pipeline_backend(pg_cluster, pg_store.spec, s)
+    s.commit([RecordOp(rec("b"))], wait=False)
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["a", "b"]
+    assert s.last_seq() == 3
+    s.close()
+
+
+def test_a_connection_lost_before_commits_landed_sends_them_again(
+    pg_cluster: Any, pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    s = _writer(pg_store)
+    lock = LeaseLock(pg_store.spec, s.session_id)
+    lease_locks.append(lock)
+    _in_thread(lambda: s.commit([RecordOp(rec("a"))], wait=False))
+    _in_thread(lambda: s.commit([RecordOp(rec("b"))], wait=False))
+    _kill_pipeline_backend(pg_cluster, pg_store.spec, s)  # both die with it, unapplied
+    lock.release()
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["a", "b"]
+    ro = pg_store.open_session(s.session_id, write=False)
+    try:
+        assert ro.last_seq() == 3 and ro.damage == []
+    finally:
+        ro.close()
+    s.close()
+
+
+def test_a_statement_the_connection_lost_is_prepared_again(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _writer(pg_store)
+    real = Database.hold
+
+    def forgetful(self: Database) -> Any:
+        conn = real(self)
+        if conn is not None:  # as after psycopg's DEALLOCATE ALL: we think it is prepared
+            conn._dh_prepared = {"dh_write"}  # type: ignore[attr-defined]
+        return conn
+
+    monkeypatch.setattr(Database, "hold", forgetful)
+    s.commit([RecordOp(rec("a"))], wait=False)
+    s.commit([RecordOp(rec("b"))], wait=False)
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["a", "b"]
+    s.close()
+
+
+def test_large_unwaited_commits_do_not_stall_the_pipeline(pg_store: PostgresStore) -> None:
+    s = _writer(pg_store)
+    big = "x" * (4 << 20)
+    for i in range(3):
+        s.commit([RecordOp(rec(f"big{i}", text=big))], wait=False)
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["big0", "big1", "big2"]
+    s.close()
+
+
+@pytest.mark.parametrize("pool_max", [2, 3])
+def test_a_pool_without_room_to_hold_commits_the_waited_way(
+    pg_spec_factory: Callable[[], str], monkeypatch: pytest.MonkeyPatch, pool_max: int
+) -> None:
+    monkeypatch.setenv("DURABLE_HARNESS_PG_POOL_MAX", str(pool_max))
+    store = open_store(pg_spec_factory())
+    assert isinstance(store, PostgresStore)
+    sessions = [_writer(store) for _ in range(3)]
+    for i in range(5):  # interleaved, as a host's sessions on one event loop
+        for n, s in enumerate(sessions):
+            _in_thread(lambda s=s, n=n: s.commit([RecordOp(rec(f"s{n}-{i}"))], wait=False))
+    holding = [s for s in sessions if s._pipe is not None]
+    assert len(holding) == pool_max - 2  # Database.HELD_SPARE stay free for everyone else
+    for n, s in enumerate(sessions):
+        s.wait_durable()
+        assert _stored(store.spec, s.session_id) == [f"s{n}-{i}" for i in range(5)]
+        s.close()
+
+
+def test_a_third_commit_waits_for_the_first_reply(
+    pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    # Two in flight is what a SIGKILL keeps: the server finishes the first unit and writes its
+    # reply to the dead client, which succeeds, finishes the second and fails to write that
+    # reply, and then gives up the connection before a third (design/postgres.md).
+    s = _writer(pg_store)
+    lock = LeaseLock(pg_store.spec, s.session_id)
+    lease_locks.append(lock)
+    _in_thread(lambda: s.commit([RecordOp(rec("a"))], wait=False))
+    _in_thread(lambda: s.commit([RecordOp(rec("b"))], wait=False))
+    third = threading.Thread(target=lambda: s.commit([RecordOp(rec("c"))], wait=False))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive(), "a third commit was sent with two unanswered"
+    lock.release()
+    third.join(15)
+    assert not third.is_alive()
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["a", "b", "c"]
+    s.close()
