@@ -7,7 +7,6 @@ way."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -292,7 +291,7 @@ def test_a_pool_without_room_to_hold_commits_the_waited_way(
     sessions = [_writer(store) for _ in range(3)]
     for i in range(5):  # interleaved, as a host's sessions on one event loop
         for n, s in enumerate(sessions):
-            _in_thread(lambda s=s, n=n: s.commit([RecordOp(rec(f"s{n}-{i}"))], wait=False))
+            _in_thread(lambda s=s, n=n, i=i: s.commit([RecordOp(rec(f"s{n}-{i}"))], wait=False))
     holding = [s for s in sessions if s._pipe is not None]
     assert len(holding) == pool_max - 2  # Database.HELD_SPARE stay free for everyone else
     for n, s in enumerate(sessions):
