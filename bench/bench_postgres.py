@@ -3,8 +3,9 @@
 
 * **per turn, ours vs DBOS on the same PostgreSQL**: the harness's tool turn (``child_ours``
   of ``bench_harness``, ``sync``) against a DBOS workflow of two steps per turn whose system
-  database is on the same server (``child_dbos``), ``ROUNDS`` rounds of fresh processes, the
-  median of the per-round ratios (goal: at most 1/3). Ours on SQLite beside it.
+  database is on the same server (``child_dbos``), ``ROUNDS`` rounds of fresh processes after
+  one uncounted warm-up round, the two taking turns going first, the median of the per-round
+  ratios (goal: at most 1/3). Ours on SQLite beside it.
 * **commits per second with 1, 2 and 4 writer processes**, each committing one record per
   commit into a session of its own (``sync``), all starting at one instant; beside SQLite
   (one database file, a session per process).
@@ -171,46 +172,48 @@ def claims_per_second(base: str, workers: int) -> dict[str, Any]:
 
 def per_turn(base: str, port: int, work: Path) -> dict[str, Any]:
     """Ours (PostgreSQL, SQLite) vs DBOS on the same server, ``ROUNDS`` rounds of fresh
-    processes; the ratio is taken within each round, then the median."""
+    processes; the ratio is taken within each round, then the median. The server was made a
+    moment ago, so one warm-up round of both runs first and is not counted, and the two take
+    turns going first (whichever ran first in a round met a colder server)."""
     runs: dict[str, list[dict[str, Any]]] = {"ours_postgres": [], "ours_sqlite": [], "dbos": []}
-    for r in range(ROUNDS):
-        sub = work / f"round{r}"
-        sub.mkdir()
-        os.environ["DH_BENCH_PG"] = _schema_spec(base)
+
+    def one(name: str, sub: Path, r: int) -> dict[str, Any]:
         args = {"workdir": str(sub), "n": N_TURNS}
-        runs["ours_postgres"].append(
-            run_child(
-                "bench.bench_harness",
-                "child_ours",
-                {**args, "backend": "postgres", "mode": "sync"},
-                timeout=CHILD_TIMEOUT,
-            )
-        )
-        runs["ours_sqlite"].append(
-            run_child(
-                "bench.bench_harness",
-                "child_ours",
-                {**args, "backend": "sqlite", "mode": "sync"},
-                timeout=CHILD_TIMEOUT,
-            )
-        )
-        dburl = f"postgresql://postgres@127.0.0.1:{port}/dbos_bench_{r}"
-        runs["dbos"].append(
-            run_child(
+        if name == "dbos":
+            dburl = f"postgresql://postgres@127.0.0.1:{port}/dbos_bench_{r}"
+            return run_child(
                 "bench.bench_harness",
                 "child_dbos",
                 {**args, "system_database_url": dburl},
                 timeout=CHILD_TIMEOUT,
             )
+        backend = "postgres" if name == "ours_postgres" else "sqlite"
+        return run_child(
+            "bench.bench_harness",
+            "child_ours",
+            {**args, "backend": backend, "mode": "sync"},
+            timeout=CHILD_TIMEOUT,
         )
-        for name, rs in runs.items():
-            got = rs[-1]
+
+    for r in range(-1, ROUNDS):  # round -1: the warm-up
+        sub = work / f"round{r}"
+        sub.mkdir()
+        os.environ["DH_BENCH_PG"] = _schema_spec(base)
+        order = ["ours_postgres", "ours_sqlite", "dbos"]
+        if r % 2:
+            order.reverse()
+        got = {name: one(name, sub, r + 1) for name in order}
+        if r < 0:
+            log("  warm-up round done (not counted)")
+            continue
+        for name in runs:
+            runs[name].append(got[name])
             log(
                 f"  round {r + 1}: {name}: "
                 + (
-                    f"{got['us_per_turn']:,.0f} us/turn"
-                    if "us_per_turn" in got
-                    else str(got.get("error") or got.get("skipped"))[:200]
+                    f"{got[name]['us_per_turn']:,.0f} us/turn"
+                    if "us_per_turn" in got[name]
+                    else str(got[name].get("error") or got[name].get("skipped"))[:200]
                 )
             )
     out: dict[str, Any] = {}

@@ -447,14 +447,9 @@ class PostgresSessionStore(SessionStore):
             anything is sent).
         """
         pipe = self._pipe
-        if pipe is not None:
-            try:
-                pipe.poll()
-            except psycopg.OperationalError:
-                pass  # _settle resolves it
-            if pipe.failed or pipe.conn.broken:
-                self._settle()
-                pipe = None
+        if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
+            self._settle()
+            pipe = None
         if self.lease is None or not self._state_ok or self.writer_lost:
             self._settle()
             return False

@@ -116,14 +116,6 @@ class Pipeline:
                 self._read(block=False)
         return unit
 
-    def poll(self) -> None:
-        """Read the replies that have already arrived, without waiting.
-
-        Raises:
-            psycopg.OperationalError: the connection was lost.
-        """
-        self._read(block=False)
-
     def read_all(self) -> list[Unit]:
         """Wait for the reply of every unit sent; return them in order (the queue is then
         empty and the connection can leave pipeline mode).
