@@ -91,14 +91,29 @@ def _in_thread(fn: Callable[[], Any], timeout: float = 15.0) -> Any:
     return out.get("value")
 
 
+def _held_writer(
+    store: PostgresStore, locks: list[LeaseLock]
+) -> tuple[PostgresSessionStore, LeaseLock]:
+    """A writer (one entry committed) whose next commits the server cannot finish until the
+    returned lock is released."""
+    s = _writer(store)
+    lock = LeaseLock(store.spec, s.session_id)
+    locks.append(lock)
+    return s, lock
+
+
+def _unwaited(s: PostgresSessionStore, *rids: str) -> None:
+    """Commit one record per id without waiting; each call must return (on a thread, checked
+    with a deadline) whatever the server is doing."""
+    for rid in rids:
+        _in_thread(lambda rid=rid: s.commit([RecordOp(rec(rid))], wait=False))
+
+
 def test_an_unwaited_commit_returns_while_the_server_still_holds_it(
     pg_store: PostgresStore, lease_locks: list[LeaseLock]
 ) -> None:
-    s = _writer(pg_store)
-    lock = LeaseLock(pg_store.spec, s.session_id)
-    lease_locks.append(lock)
-    # the server cannot finish this commit until the lock goes: returning proves no wait
-    _in_thread(lambda: s.commit([RecordOp(rec("u1"))], wait=False))
+    s, lock = _held_writer(pg_store, lease_locks)
+    _unwaited(s, "u1")  # the server cannot finish it until the lock goes: no wait
     assert _stored(pg_store.spec, s.session_id) == []
     lock.release()
     s.wait_durable()
@@ -234,11 +249,8 @@ def test_a_connection_lost_after_a_commit_landed_sends_only_the_rest(
 def test_a_connection_lost_before_commits_landed_sends_them_again(
     pg_cluster: Any, pg_store: PostgresStore, lease_locks: list[LeaseLock]
 ) -> None:
-    s = _writer(pg_store)
-    lock = LeaseLock(pg_store.spec, s.session_id)
-    lease_locks.append(lock)
-    _in_thread(lambda: s.commit([RecordOp(rec("a"))], wait=False))
-    _in_thread(lambda: s.commit([RecordOp(rec("b"))], wait=False))
+    s, lock = _held_writer(pg_store, lease_locks)
+    _unwaited(s, "a", "b")
     _kill_pipeline_backend(pg_cluster, pg_store.spec, s)  # both die with it, unapplied
     lock.release()
     s.wait_durable()
@@ -306,11 +318,8 @@ def test_a_third_commit_waits_for_the_first_reply(
     # Two in flight is what a SIGKILL keeps: the server finishes the first unit and writes its
     # reply to the dead client, which succeeds, finishes the second and fails to write that
     # reply, and then gives up the connection before a third (design/postgres.md).
-    s = _writer(pg_store)
-    lock = LeaseLock(pg_store.spec, s.session_id)
-    lease_locks.append(lock)
-    _in_thread(lambda: s.commit([RecordOp(rec("a"))], wait=False))
-    _in_thread(lambda: s.commit([RecordOp(rec("b"))], wait=False))
+    s, lock = _held_writer(pg_store, lease_locks)
+    _unwaited(s, "a", "b")
     third = threading.Thread(target=lambda: s.commit([RecordOp(rec("c"))], wait=False))
     third.start()
     third.join(0.5)
