@@ -498,9 +498,7 @@ class PostgresSessionStore(SessionStore):
         units = [u for u in [*pipe.failed, *sent] if u.tag is not None]
         units = sorted({id(u): u for u in units}.values(), key=lambda u: u.tag[0].seq)
         bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
-        if bad is None:
-            if lost is not None:  # only the barrier's reply was lost: the commits are in
-                self._state_ok = False
+        if bad is None:  # every commit landed (a lost barrier reply is the barrier's to redo)
             return
         self._state_ok = False
         self._bodies.clear()

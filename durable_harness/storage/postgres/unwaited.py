@@ -116,17 +116,15 @@ class Pipeline:
                 self._read(block=False)
         return unit
 
-    def read_all(self) -> list[Unit]:
-        """Wait for the reply of every unit sent; return them in order (the queue is then
-        empty and the connection can leave pipeline mode).
+    def read_all(self) -> None:
+        """Wait for the reply of every unit sent (the queue is then empty and the connection
+        can leave pipeline mode).
 
         Raises:
             psycopg.OperationalError: the connection was lost before every reply arrived (the
                 units whose replies were read have ``done`` set).
         """
-        units = list(self.units)
         self._read(block=True)
-        return units
 
     def close(self) -> None:
         """Leave pipeline mode (every reply read).
