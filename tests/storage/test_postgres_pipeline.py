@@ -321,3 +321,51 @@ def test_a_third_commit_waits_for_the_first_reply(
     s.wait_durable()
     assert _stored(pg_store.spec, s.session_id) == ["a", "b", "c"]
     s.close()
+
+
+def test_a_third_commit_sent_when_the_connection_is_lost_is_not_dropped(
+    pg_cluster: Any, pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    # The third commit first waits for the oldest reply; when that wait finds the connection
+    # lost, the third was never sent, yet its call returned: it must still be sent (found by
+    # the next call's resolution), never dropped.
+    s = _writer(pg_store)
+    lock = LeaseLock(pg_store.spec, s.session_id)
+    lease_locks.append(lock)
+    _in_thread(lambda: s.commit([RecordOp(rec("a"))], wait=False))
+    _in_thread(lambda: s.commit([RecordOp(rec("b"))], wait=False))
+    _kill_pipeline_backend(pg_cluster, pg_store.spec, s)  # both die with it, unapplied
+    lock.release()
+    third = _in_thread(lambda: s.commit([RecordOp(rec("c"))], wait=False))
+    assert third == 4
+    assert ids(s.records()) == ["a", "b", "c"]  # the next call resolves the lost connection
+    assert s.last_seq() == 4
+    s.close()
+
+
+def test_a_barrier_after_commits_sent_into_a_lost_connection_resolves_them(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    # A commit sent on a connection the server has dropped returns (its fate is the next
+    # call's to learn); the barrier is that next call: it resolves the loss, it does not fail.
+    s = _writer(pg_store)
+    s.commit([RecordOp(rec("a"))], wait=False)
+    s.wait_durable()
+    s.commit([RecordOp(rec("b"))], wait=False)
+    s.wait_durable()  # the pipeline is given back; the next commit holds one again
+    s.commit([RecordOp(rec("c"))], wait=False)
+    _kill_pipeline_backend(pg_cluster, pg_store.spec, s)
+    deadline = time.monotonic() + 30
+    while True:  # until the server has closed the connection
+        with psycopg.connect(pg_store.spec, autocommit=True) as c:
+            pids = [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity").fetchall()]
+        assert s._pipe is not None
+        if s._pipe.conn.info.backend_pid not in pids:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    s.commit([RecordOp(rec("d"))], wait=False)
+    s.commit([RecordOp(rec("e"))], wait=False)
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["a", "b", "c", "d", "e"]
+    s.close()
