@@ -330,3 +330,103 @@ def test_a_third_commit_waits_for_the_first_reply(
     s.wait_durable()
     assert _stored(pg_store.spec, s.session_id) == ["a", "b", "c"]
     s.close()
+
+
+def test_a_third_commit_sent_when_the_connection_is_lost_is_not_dropped(
+    pg_cluster: Any, pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    # The third commit first waits for the oldest reply; when that wait finds the connection
+    # lost, the third was never sent, yet its call returned: it must still be sent (found by
+    # the next call's resolution), never dropped.
+    s = _writer(pg_store)
+    lock = LeaseLock(pg_store.spec, s.session_id)
+    lease_locks.append(lock)
+    _in_thread(lambda: s.commit([RecordOp(rec("a"))], wait=False))
+    _in_thread(lambda: s.commit([RecordOp(rec("b"))], wait=False))
+    _kill_pipeline_backend(pg_cluster, pg_store.spec, s)  # both die with it, unapplied
+    lock.release()
+    third = _in_thread(lambda: s.commit([RecordOp(rec("c"))], wait=False))
+    assert third == 4
+    assert ids(s.records()) == ["a", "b", "c"]  # the next call resolves the lost connection
+    assert s.last_seq() == 4
+    s.close()
+
+
+def test_a_barrier_after_commits_sent_into_a_lost_connection_resolves_them(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    # A commit sent on a connection the server has dropped returns (its fate is the next
+    # call's to learn); the barrier is that next call: it resolves the loss, it does not fail.
+    s = _writer(pg_store)
+    s.commit([RecordOp(rec("a"))], wait=False)
+    s.wait_durable()
+    s.commit([RecordOp(rec("b"))], wait=False)
+    s.wait_durable()  # the pipeline is given back; the next commit holds one again
+    s.commit([RecordOp(rec("c"))], wait=False)
+    _kill_pipeline_backend(pg_cluster, pg_store.spec, s)
+    deadline = time.monotonic() + 30
+    while True:  # until the server has closed the connection
+        with psycopg.connect(pg_store.spec, autocommit=True) as c:
+            pids = [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity").fetchall()]
+        assert s._pipe is not None
+        if s._pipe.conn.info.backend_pid not in pids:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    s.commit([RecordOp(rec("d"))], wait=False)
+    s.commit([RecordOp(rec("e"))], wait=False)
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["a", "b", "c", "d", "e"]
+    s.close()
+
+
+# A writer whose pool's connections died in a server restart between its commits: commits "a"
+# and barriers (its pooled connections are now idle), says "ready", waits for a line (the
+# server is restarted meanwhile), commits "b" without waiting, says "sent", dies.
+WRITER_ACROSS_A_RESTART = """
+import os, signal, sys
+from durable_harness.storage import RecordOp, open_store
+s = open_store(sys.argv[1]).open_session(sys.argv[2], write=True)
+def note(rid):
+    return RecordOp({"type": "note", "id": rid, "lane": "main",
+                     "timestamp": "2026-01-01T00:00:00.000Z"})
+s.commit([note("a")], wait=False)
+s.wait_durable()
+print("ready", flush=True)
+sys.stdin.readline()
+s.commit([note("b")], wait=False)
+print("sent", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.crash
+def test_an_unwaited_commit_after_a_server_restart_survives_a_sigkill(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    # The server was up for the whole commit call: the commit must not go out on a pooled
+    # connection the restart closed (it would reach no server, and the SIGKILL would lose it).
+    s = _writer(pg_store)
+    sid = s.session_id
+    s.close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER_ACROSS_A_RESTART, pg_store.spec, sid],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        pg_cluster.restart("fast")
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "sent"
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while _stored(pg_store.spec, sid) != ["a", "b"]:
+            assert time.monotonic() < deadline, _stored(pg_store.spec, sid)
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait(timeout=30)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -487,6 +488,14 @@ class Database:
             self._held += 1
         try:
             self._open_pool()
+            conn = self.pool.getconn()
+            if not _closed_by_server(conn):
+                return conn
+            # a server restart closed the pooled connections: a commit sent on one would
+            # reach no server, and a SIGKILL before its reply is read would lose it
+            conn.close()
+            self.pool.putconn(conn)
+            self.pool.check()
             return self.pool.getconn()
         except BaseException:
             with self._lock:
@@ -615,3 +624,15 @@ def migrate_spec(spec: str) -> dict[str, Any]:
         version = db.schema_version(conn) or 0
     db._migrated = True
     return {"store": db.display, "applied": applied, "version": version}
+
+
+def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """True when ``conn``, idle in the pool, is closed or has something to read: the server
+    sends an idle connection nothing but its goodbye (a restart's or an administrator's
+    ``terminating connection``, then the end) short of a rare spontaneous notice, so a
+    readable one is not trusted with a commit that must reach the server. One non-blocking
+    ``select``, no round trip."""
+    if conn.closed:
+        return True
+    readable, _w, _x = select.select([conn.pgconn.socket], [], [], 0)
+    return bool(readable)

@@ -888,14 +888,20 @@ class PostgresSessionStore(SessionStore):
             params = write.barrier_params(owner, seconds, self.session_id)
             try:
                 if self._pipe is not None:  # the barrier rides the pipeline: one round trip
-                    unit = self._pipe.send(
-                        "dh_barrier", write.BARRIER_PIPELINED, params, None, behind=True
-                    )
+                    unit: unwaited.Unit | None = None
+                    try:
+                        unit = self._pipe.send(
+                            "dh_barrier", write.BARRIER_PIPELINED, params, None, behind=True
+                        )
+                    except psycopg.OperationalError:
+                        pass  # the connection is lost: _settle resolves the commits
                     self._settle()
-                    if unit.done and unit.error is None:
+                    if unit is not None and unit.done and unit.error is None:
                         return
-                    if unit.error is not None and not isinstance(
-                        unit.error, psycopg.OperationalError
+                    if (
+                        unit is not None
+                        and unit.error is not None
+                        and not isinstance(unit.error, psycopg.OperationalError)
                     ):
                         raise unit.error
                 self._barrier(params)

@@ -95,12 +95,14 @@ class Pipeline:
                 got the whole unit is then unknown; the unit is queued all the same).
         """
         pgconn = self.conn.pgconn
-        if len(self.units) >= MAX_UNITS and not behind:
-            self._read(block=True, keep=MAX_UNITS - 1)
         encoding = self.conn.info.encoding
         dumped = [None if p is None else p.encode(encoding) for p in params]
         unit = Unit(tag)
+        # queued before waiting: a connection found lost while waiting for the oldest reply
+        # leaves this unit unsent and unanswered, to be resolved with the rest
         self.units.append(unit)
+        if len(self.units) > MAX_UNITS and not behind:
+            self._read(block=True, keep=MAX_UNITS)  # until the oldest reply is read
         prepared: set[str] = getattr(self.conn, _PREPARED, set())
         key = name.encode()
         if name not in prepared:
