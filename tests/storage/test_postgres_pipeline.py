@@ -430,3 +430,18 @@ def test_an_unwaited_commit_after_a_server_restart_survives_a_sigkill(
     finally:
         child.kill()
         child.wait(timeout=30)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_nul_in_a_text_field_is_refused_before_anything_is_sent(
+    pg_store: PostgresStore, wait: bool
+) -> None:
+    from durable_harness.errors import InvalidOp
+
+    s = _writer(pg_store)
+    with pytest.raises(InvalidOp, match="NUL"):
+        s.commit([RecordOp(rec("r1", lane="ma\x00in"))], wait=wait)
+    s.commit([RecordOp(rec("r2"))], wait=wait)  # the writer goes on
+    s.wait_durable()
+    assert _stored(pg_store.spec, s.session_id) == ["r2"]
+    s.close()

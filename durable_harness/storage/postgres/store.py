@@ -526,6 +526,14 @@ class PostgresSessionStore(SessionStore):
             StaleGeneration, SessionNotFound: another writer took over, the session is gone.
         """
         last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
+        if last_seq < start:
+            raise StorageIOError(
+                f"{self.location}: the server lost commits made since the last barrier "
+                f"(last_seq went back from {start} to {last_seq}: it restarted before flushing "
+                "them, which the barrier contract allows); reopen the session",
+                path=self.location,
+                cause=str(lost),
+            )
         if last_seq != start and last_seq not in {item.seq for item in items}:
             raise StorageIOError(
                 f"{self.location}: the connection was lost with commits in flight and "
@@ -896,15 +904,12 @@ class PostgresSessionStore(SessionStore):
                     except psycopg.OperationalError:
                         pass  # the connection is lost: _settle resolves the commits
                     self._settle()
-                    if unit is not None and unit.done and unit.error is None:
-                        return
-                    if (
-                        unit is not None
-                        and unit.error is not None
-                        and not isinstance(unit.error, psycopg.OperationalError)
-                    ):
-                        raise unit.error
-                self._barrier(params)
+                    if unit is not None and unit.done:
+                        if unit.error is None:
+                            return
+                        if not isinstance(unit.error, psycopg.OperationalError):
+                            raise unit.error
+                self._barrier(params)  # no pipeline, or it was lost before the reply
             except BaseException:
                 self._unsynced = True
                 raise

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from durable_harness.errors import UnknownEntry
+from durable_harness.errors import InvalidOp, UnknownEntry
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec
 from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
@@ -94,6 +94,7 @@ def write_params(
 
     Raises:
         UnknownEntry: an entry or record without a non-empty string id.
+        InvalidOp: an id, parent, type, lane or run id holding a NUL character.
     """
     kinds: list[str | None] = []
     idents: list[str | None] = []
@@ -156,6 +157,11 @@ def write_params(
             bodies.append(codec.dumps(body))
             set_leaf.append(op.sets_leaf())
             configs.append(config)
+    for name, values in (("id", idents), ("parent", parents), ("type", types), ("lane", lanes),
+                         ("run id", runs)):  # fmt: skip
+        if any(v is not None and "\x00" in v for v in values):
+            raise InvalidOp(f"an op's {name} holds a NUL character, which PostgreSQL text "
+                            "cannot store", op=name)  # fmt: skip
     new_lanes = sorted({x for x in lanes if x is not None} - lanes_known.keys())
     return [
         session_id,
