@@ -8,6 +8,7 @@ table, each in the same transaction as its version row. An old entry is never ed
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -58,13 +59,28 @@ def connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
     Raises:
         sqlite3.Error: the database cannot be opened or switched to WAL.
     """
-    conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s()
-    )
-    conn.execute("PRAGMA journal_mode=WAL")
+    timeout = busy_timeout_s()
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout)
+    _set_wal(conn, timeout)
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
+
+
+def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """``PRAGMA journal_mode=WAL``, tried again for up to ``timeout`` seconds while another
+    process holds the lock: SQLite answers a journal-mode change that meets another
+    connection's lock with ``SQLITE_BUSY`` at once, without its busy handler, so processes
+    opening a new database together would otherwise fail (seen with 4 at once, 1 run in 6)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def rollback(conn: sqlite3.Connection) -> None:
