@@ -153,15 +153,12 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.crash
-def test_a_sigkill_right_after_unwaited_commits_keeps_them(
-    pg_store: PostgresStore, lease_locks: list[LeaseLock]
-) -> None:
-    s = _writer(pg_store)
-    sid = s.session_id
-    s.close()
+def _kill_after_sending(script: str, spec: str, sid: str, between: Callable[[], Any]) -> None:
+    """Run ``script`` in a child (it says "ready", waits for a line, commits without waiting,
+    says "sent" and SIGKILLs itself) on ``spec``/``sid``; call ``between()`` after "ready";
+    return once the child is dead."""
     child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, pg_store.spec, sid],
+        [sys.executable, "-c", script, spec, sid],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -169,21 +166,39 @@ def test_a_sigkill_right_after_unwaited_commits_keeps_them(
     try:
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "ready"
-        lock = LeaseLock(pg_store.spec, sid)  # the server holds both commits until the child died
-        lease_locks.append(lock)
+        between()
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "sent"
         assert child.wait(timeout=30) == -signal.SIGKILL
-        assert _stored(pg_store.spec, sid) == []
-        lock.release()
-        deadline = time.monotonic() + 30
-        while _stored(pg_store.spec, sid) != ["a", "b"]:
-            assert time.monotonic() < deadline, _stored(pg_store.spec, sid)
-            time.sleep(0.05)
     finally:
         child.kill()
         child.wait(timeout=30)
+
+
+def _until_stored(spec: str, sid: str, want: list[str], timeout: float = 30.0) -> None:
+    """Poll until the stored record ids of ``sid`` are ``want``; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while (got := _stored(spec, sid)) != want:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+
+
+@pytest.mark.crash
+def test_a_sigkill_right_after_unwaited_commits_keeps_them(
+    pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    s = _writer(pg_store)
+    sid = s.session_id
+    s.close()
+
+    def hold() -> None:  # the server holds both commits on the lock until the child is dead
+        lease_locks.append(LeaseLock(pg_store.spec, sid))
+
+    _kill_after_sending(KILLED_WRITER, pg_store.spec, sid, hold)
+    assert _stored(pg_store.spec, sid) == []
+    lease_locks[-1].release()
+    _until_stored(pg_store.spec, sid, ["a", "b"])
     ro = pg_store.open_session(sid, write=False)
     try:
         assert ids(ro.records()) == ["a", "b"] and ro.last_seq() == 3 and ro.damage == []
@@ -409,27 +424,8 @@ def test_an_unwaited_commit_after_a_server_restart_survives_a_sigkill(
     s = _writer(pg_store)
     sid = s.session_id
     s.close()
-    child = subprocess.Popen(
-        [sys.executable, "-c", WRITER_ACROSS_A_RESTART, pg_store.spec, sid],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline().strip() == "ready"
-        pg_cluster.restart("fast")
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "sent"
-        assert child.wait(timeout=30) == -signal.SIGKILL
-        deadline = time.monotonic() + 30
-        while _stored(pg_store.spec, sid) != ["a", "b"]:
-            assert time.monotonic() < deadline, _stored(pg_store.spec, sid)
-            time.sleep(0.05)
-    finally:
-        child.kill()
-        child.wait(timeout=30)
+    _kill_after_sending(WRITER_ACROSS_A_RESTART, pg_store.spec, sid, lambda: pg_cluster.restart())
+    _until_stored(pg_store.spec, sid, ["a", "b"])
 
 
 @pytest.mark.parametrize("wait", [True, False])
