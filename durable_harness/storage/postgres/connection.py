@@ -16,6 +16,7 @@ import os
 import re
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
@@ -293,6 +294,22 @@ class Database:
             # now (the dead are dropped) rather than meet them one failure at a time
             self.pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def run_until(self, fn: Callable[[psycopg.Connection[Any]], T], deadline: float) -> T:
+        """``fn(conn)`` (idempotent) as :meth:`run`, tried again every 0.2 s while the server
+        cannot be reached, until ``deadline`` (a ``time.monotonic()`` value): what a writer
+        uses to learn the outcome of a commit whose connection was lost, or to redo a barrier.
+
+        Raises:
+            psycopg.OperationalError: the server was still unreachable at ``deadline``.
+        """
+        while True:
+            try:
+                return self.run(fn, idempotent=True)
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
         """The highest migration applied (``None`` when there is no ``migrations`` table)."""

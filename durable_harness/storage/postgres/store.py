@@ -594,29 +594,26 @@ class PostgresSessionStore(SessionStore):
             SessionNotFound: the session was deleted.
             StaleGeneration: another writer holds the lease now.
         """
-        while True:
-            try:
-                row = self.db.run(
-                    lambda c: c.execute(
-                        "SELECT s.last_seq, l.generation FROM sessions s JOIN leases l ON "
-                        "l.session_id = s.id WHERE s.id = %s",
-                        (self.session_id,),
-                    ).fetchone()
-                )
-                break
-            except psycopg.OperationalError as exc:
-                if time.monotonic() > deadline:
-                    raise StorageIOError(
-                        f"{self.location}: the connection was lost during a commit and the "
-                        f"server could not be reached again within {RECONNECT_DEADLINE_S:g} s, "
-                        f"so whether the commit landed is unknown ({exc}); reopen the session "
-                        "to see",
-                        path=self.location,
-                        errno="ECONNRESET",
-                        outcome="unknown",
-                        cause=str(lost),
-                    ) from None
-                time.sleep(0.2)
+        try:
+            row = self.db.run_until(
+                lambda c: c.execute(
+                    "SELECT s.last_seq, l.generation FROM sessions s JOIN leases l ON "
+                    "l.session_id = s.id WHERE s.id = %s",
+                    (self.session_id,),
+                ).fetchone(),
+                deadline,
+            )
+        except psycopg.OperationalError as exc:
+            raise StorageIOError(
+                f"{self.location}: the connection was lost during a commit and the "
+                f"server could not be reached again within {RECONNECT_DEADLINE_S:g} s, "
+                f"so whether the commit landed is unknown ({exc}); reopen the session "
+                "to see",
+                path=self.location,
+                errno="ECONNRESET",
+                outcome="unknown",
+                cause=str(lost),
+            ) from None
         if row is None:
             raise SessionNotFound(
                 f"session {self.location} was deleted", session_id=self.session_id
@@ -922,15 +919,10 @@ class PostgresSessionStore(SessionStore):
         Raises:
             psycopg.OperationalError: the server stayed unreachable.
         """
-        deadline = time.monotonic() + RECONNECT_DEADLINE_S
-        while True:
-            try:
-                self.db.run(lambda c: c.execute(write.BARRIER, params), idempotent=True)
-                return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        self.db.run_until(
+            lambda c: c.execute(write.BARRIER, params),
+            time.monotonic() + RECONNECT_DEADLINE_S,
+        )
 
     async def wait_durable_async(self) -> None:
         """As :meth:`wait_durable`, on the event loop's thread (one round trip, as a commit)."""
