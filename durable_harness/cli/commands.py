@@ -433,6 +433,11 @@ def _printer(quiet: bool) -> Any:
             print(e["delta"], end="", flush=True)
         elif t == "message_end":
             print(flush=True)
+        elif t == "provider_request_end" and e.get("outcome") == "error":
+            # the text printed so far was no answer: say so, so a retry's is not read as its end
+            print(flush=True)
+            again = "; retrying" if e.get("retryable") else ""
+            ui.say(f"  [attempt {e.get('attempt')} failed: {e.get('error')}{again}]", "yellow")
         elif t == "tool_execution_start":
             ui.say_parts(("  [tool] ", "cyan"), f"{e['toolName']} {_json_text(e['arguments'])}")
         elif t == "tool_execution_end":

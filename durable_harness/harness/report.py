@@ -61,7 +61,8 @@ def _summary(rec: dict[str, Any]) -> str:
             f"{usage.get('totalTokens', 0)} cost ${(usage.get('cost') or {}).get('total', 0):.6f}"
         )
     if t == "provider_request_failed":
-        return f"turn {f('turn')} attempt {f('attempt')}: {f('error')}"
+        reason = f" [{rec['reason']}]" if rec.get("reason") else ""
+        return f"turn {f('turn')} attempt {f('attempt')}{reason}: {f('error')}"
     if t == "tool_started":
         return f"{f('toolName')} {f('toolCallId')} replay={f('replay')}"
     if t == "tool_finished":

@@ -23,6 +23,7 @@ from durable_harness.harness.state import (
 from durable_harness.ids import new_id, now_ms
 from durable_harness.models.messages import text_of, unique_tool_call_ids
 from durable_harness.providers.base import (
+    STREAM_TRUNCATED,
     Done,
     ProviderRequest,
     TextDelta,
@@ -168,9 +169,7 @@ class Turns:
                                 s.run_id,
                                 turn=turn,
                                 attempt=attempt,
-                                error=exc.message,
-                                status=exc.status,
-                                retryable=exc.retryable,
+                                **failure_fields(exc),
                             )
                         )
                     ],
@@ -210,14 +209,9 @@ class Turns:
         try:
             message = await self._play(live, request)
         except ProviderError as exc:
+            live.partial = []  # a failed attempt's text is no answer, not even an aborted one
             self.core.emit(
-                "provider_request_end",
-                live,
-                **ident,
-                outcome="error",
-                error=exc.message,
-                status=exc.status,
-                retryable=exc.retryable,
+                "provider_request_end", live, **ident, outcome="error", **failure_fields(exc)
             )
             raise
         except anyio.get_cancelled_exc_class():
@@ -274,7 +268,9 @@ class Turns:
                 self.core.emit("message_end", live, message=message, purpose=purpose)
                 return message
         raise ProviderError(
-            f"provider {self.core.provider.name} ended its stream without a message", retryable=True
+            f"provider {self.core.provider.name} ended its stream without a message",
+            retryable=True,
+            reason=STREAM_TRUNCATED,
         )
 
     # -- compaction and navigation ---------------------------------------------------------
@@ -392,9 +388,7 @@ class Turns:
                     lane,
                     run_id,
                     **started,
-                    error=exc.message,
-                    status=exc.status,
-                    retryable=exc.retryable,
+                    **failure_fields(exc),
                 )
                 self.core.commit([RecordOp(failed)], live)
             raise
@@ -478,6 +472,22 @@ class Turns:
         self._settle_summary(lane, entry, message, attempt, "branch_summary", None)
         await self.core.barrier()
         return entry
+
+
+def failure_fields(exc: ProviderError) -> dict[str, Any]:
+    """The fields a failed provider attempt's ``provider_request_failed`` record (and its
+    ``provider_request_end`` event) carry: ``error`` (the message), ``status``, ``retryable``,
+    and ``reason`` when the provider classified the failure (``stream_truncated``,
+    ``stream_idle_timeout``: :mod:`durable_harness.providers.failures`)."""
+    fields: dict[str, Any] = {
+        "error": exc.message,
+        "status": exc.status,
+        "retryable": exc.retryable,
+    }
+    reason = exc.details.get("reason")
+    if isinstance(reason, str) and reason:
+        fields["reason"] = reason
+    return fields
 
 
 def _cap_reached(what: str, used: int, cap: int, exc: ProviderError) -> AttemptCapReached:

@@ -134,6 +134,10 @@ class ProviderRequestFailed(_Envelope, total=False):
     """HTTP status of the failure, when there was one."""
     retryable: bool
     """Whether the harness may try again."""
+    reason: str
+    """Why, when the provider classified the failure: ``stream_truncated`` (the stream ended,
+    or its connection broke, before its end marker) or ``stream_idle_timeout`` (the stream went
+    silent); absent otherwise."""
     costUnknown: bool
     """True when the attempt was cut off, so its cost is unknown."""
 

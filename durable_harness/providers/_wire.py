@@ -36,10 +36,11 @@ def setting(value: str | None, env: str) -> str | None:
 
 
 def client_options(
-    *, provider: str, api_key: str | None, key_env: str, base_url: str | None, timeout: float
+    *, provider: str, api_key: str | None, key_env: str, base_url: str | None, timeout: Any
 ) -> dict[str, Any]:
     """Keyword arguments for an SDK client (``openai.AsyncOpenAI``,
-    ``anthropic.AsyncAnthropic``): ``api_key``, ``base_url``, ``timeout`` (seconds) and
+    ``anthropic.AsyncAnthropic``): ``api_key``, ``base_url``, ``timeout`` (the SDK's
+    ``Timeout``: seconds per phase, the read one being the provider's idle timeout) and
     ``max_retries=0``: the SDK never retries, the harness does (one
     ``provider_request_started`` record per attempt; the rule is
     :mod:`durable_harness.providers.failures`).

@@ -29,7 +29,9 @@ Wire mapping (pi message shapes -> Messages API):
 
 Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 :class:`ThinkingDelta`, ``input_json_delta`` accumulated per block and yielded as one
-:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done`.
+:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done`. A stream without
+``message_stop`` is cut short, never an answer
+(:func:`~durable_harness.providers.failures.stream_ended_early`).
 """
 
 from __future__ import annotations
@@ -68,11 +70,13 @@ from durable_harness.providers.base import (
 from durable_harness.providers.failures import (
     TRANSPORT_ERRORS,
     error_body,
+    idle_timeout_setting,
     retry_after,
     retryable_error_type,
     retryable_status,
     scrub,
-    transport_error,
+    stream_broken,
+    stream_ended_early,
 )
 
 __all__ = [
@@ -110,7 +114,13 @@ class AnthropicProvider:
             Because a key is always passed explicitly, the SDK never loads profiles from disk.
         context_window: the model's context window in tokens (default 200000).
         max_tokens: output cap in tokens when the request sets none (default 4096).
-        timeout: seconds allowed per request (connect, each read, whole request; default 600).
+        timeout: seconds allowed for each phase of a request: connecting, sending, waiting
+            for a pooled connection, and each read (default 600).
+        idle_timeout: seconds the server may stay silent while the request waits for its
+            answer or its stream runs: each read of the connection, at most ``timeout``
+            (``ping`` events reset it). ``None`` takes ``DURABLE_HARNESS_STREAM_IDLE_TIMEOUT``,
+            else 300 (the default of OpenAI Codex's ``stream_idle_timeout_ms``). Past it the
+            attempt fails with reason ``stream_idle_timeout`` (retryable).
         pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
             ``cacheWrite`` (missing keys cost 0); ``None`` leaves every cost at 0.
         reasoning: enable extended thinking from the request's ``thinking_level`` (budget
@@ -118,6 +128,7 @@ class AnthropicProvider:
         name: provider name written on assistant messages (default ``anthropic``).
 
     Raises:
+        FormatError: ``idle_timeout`` (or its environment variable) is not a positive number.
         ProviderError: (from :meth:`stream`) no API key is configured (``retryable=False``).
     """
 
@@ -130,6 +141,7 @@ class AnthropicProvider:
         context_window: int = 200_000,
         max_tokens: int = 4096,
         timeout: float = 600.0,
+        idle_timeout: float | None = None,
         pricing: Mapping[str, float] | None = None,
         reasoning: bool = False,
         name: str = "anthropic",
@@ -141,6 +153,8 @@ class AnthropicProvider:
         self.base_url = setting(base_url, "ANTHROPIC_BASE_URL")
         self._api_key = setting(api_key, _KEY_ENV)
         self.timeout = timeout
+        self.idle_timeout = idle_timeout_setting(idle_timeout)
+        self.read_timeout = min(self.timeout, self.idle_timeout)
         self.pricing = dict(pricing) if pricing else None
         self.reasoning = reasoning
 
@@ -158,7 +172,7 @@ class AnthropicProvider:
             api_key=self._api_key,
             key_env=_KEY_ENV,
             base_url=self.base_url,
-            timeout=self.timeout,
+            timeout=anthropic.Timeout(self.timeout, read=self.read_timeout),
         )
         return anthropic.AsyncAnthropic(**options)
 
@@ -196,12 +210,19 @@ class AnthropicProvider:
         (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
         Thinking blocks keep their signature as ``thinkingSignature``.
 
+        Only a stream that delivered ``message_stop`` is an answer: one that ends without it
+        (cleanly, or by a dropped or reset connection, a tool_use input cut mid-way included)
+        fails with ``details["reason"] == "stream_truncated"``, one silent for
+        ``idle_timeout`` with ``"stream_idle_timeout"``; both retryable, and no
+        :class:`Done` is yielded (the deltas and tool calls already yielded are no answer).
+
         Raises:
             ProviderError: ``retryable`` follows the one rule in
                 :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx including 529,
-                connection failures, timeouts, mid-stream overloaded/api errors: retryable);
-                a missing key and unparseable tool arguments are not retryable. ``status``
-                holds the HTTP status when known.
+                connection failures, timeouts, a cut stream, mid-stream overloaded/api
+                errors: retryable); a missing key and unparseable tool arguments of a
+                complete answer are not retryable. ``status`` holds the HTTP status when
+                known.
         """
         return stream_closing(self._client, lambda client: self._stream(client, request))
 
@@ -216,9 +237,15 @@ class AnthropicProvider:
         stop_reason: str | None = None
         try:
             stream = await client.messages.create(**params)
-            items = stream.__aiter__()
+        except anthropic.AnthropicError as exc:
+            raise _map_error(exc, self.name, self._api_key) from None
+        items = stream.__aiter__()
+        received = 0
+        stopped = False
+        try:
             try:
                 async for raw in items:
+                    received += 1
                     event: dict[str, Any] = cast(Any, raw).model_dump()
                     etype = event.get("type")
                     if etype == "message_start":
@@ -253,13 +280,19 @@ class AnthropicProvider:
                         if delta.get("stop_reason"):
                             stop_reason = str(delta["stop_reason"])
                         _merge_usage(wire_usage, event.get("usage"))
+                    elif etype == "message_stop":
+                        stopped = True
             finally:
                 with anyio.CancelScope(shield=True):
                     await close_stream(stream, items)
-        except anthropic.AnthropicError as exc:
+        except (anthropic.APIConnectionError, *TRANSPORT_ERRORS) as exc:  # timeouts included
+            raise stream_broken(
+                exc, self.name, self._api_key, received, self.read_timeout
+            ) from None
+        except anthropic.AnthropicError as exc:  # an error event inside the stream
             raise _map_error(exc, self.name, self._api_key) from None
-        except TRANSPORT_ERRORS as exc:
-            raise transport_error(exc, self.name, self._api_key) from None
+        if not stopped:  # cut short: never an answer, whatever arrived
+            raise stream_ended_early(self.name, "message_stop", received)
 
         content = [blocks[i] for i in sorted(blocks)]
         stop = _STOP_REASONS.get(stop_reason or "", "stop")

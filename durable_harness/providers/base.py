@@ -12,6 +12,11 @@ Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable``
 rule in :mod:`durable_harness.providers.failures` (HTTP 408, 409, 429, 5xx, connection errors and
 timeouts). Providers never retry by themselves: the harness does, writing a
 ``provider_request_started`` record per attempt.
+
+A stream is an answer only when it ends with :class:`Done`; a provider yields ``Done`` only once
+the wire's own end marker arrived. A stream cut short fails with ``details["reason"]``
+:data:`STREAM_TRUNCATED`, one that went silent with :data:`STREAM_IDLE_TIMEOUT` (both
+retryable); the harness copies the reason into ``provider_request_failed.reason``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+STREAM_TRUNCATED = "stream_truncated"
+"""``ProviderError.details["reason"]`` of a stream that ended before its end marker (OpenAI's
+``finish_reason``, Anthropic's ``message_stop``, or no :class:`Done` at all): cleanly, or by the
+connection dropping or being reset mid-stream."""
+
+STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
+"""``ProviderError.details["reason"]`` of a stream that sent nothing (not even a keep-alive)
+for the provider's idle timeout."""
 
 
 @dataclass(frozen=True)

@@ -21,28 +21,55 @@ harness applies is therefore the SDKs' own (``_should_retry`` in ``openai-python
 
 A missing API key and tool arguments that are not a JSON object are never retryable; the
 providers raise those themselves.
+
+A stream is an answer only once its end marker arrived: OpenAI's ``finish_reason`` (the chunk
+that carries it), Anthropic's ``message_stop``. A stream that ends without it, cleanly or by a
+connection drop or reset, failed with ``details["reason"]`` :data:`STREAM_TRUNCATED`
+(:func:`stream_ended_early`, :func:`stream_broken`); one that went silent for the provider's
+``idle_timeout`` failed with :data:`STREAM_IDLE_TIMEOUT`. Both are retryable (rule 3: no
+complete answer came) and nothing of the partial answer is kept: the harness records the
+reason in ``provider_request_failed.reason`` and retries under the durable attempt cap
+(``design/providers-and-tools.md``, "A stream is an answer only when it ends").
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from durable_harness.errors import ProviderError, redact
+from durable_harness.errors import FormatError, ProviderError, redact
+from durable_harness.providers.base import STREAM_IDLE_TIMEOUT, STREAM_TRUNCATED
 
 __all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
     "ERROR_TYPE_STATUS",
+    "IDLE_TIMEOUT_ENV",
     "RETRYABLE_STATUSES",
+    "STREAM_IDLE_TIMEOUT",
+    "STREAM_TRUNCATED",
     "TRANSPORT_ERRORS",
     "error_body",
+    "idle_timeout_setting",
     "retry_after",
     "retryable_error_type",
     "retryable_status",
     "scrub",
-    "transport_error",
+    "stream_broken",
+    "stream_ended_early",
 ]
+
+DEFAULT_IDLE_TIMEOUT = 300.0
+"""Seconds a stream may stay silent before it counts as dead: the default of OpenAI Codex's
+``stream_idle_timeout_ms`` (300000). Servers send keep-alives while a model thinks (Anthropic's
+``ping`` events), which reset the clock."""
+
+IDLE_TIMEOUT_ENV = "DURABLE_HARNESS_STREAM_IDLE_TIMEOUT"
+"""The environment variable setting the idle timeout (seconds) of a provider built without
+``idle_timeout=`` (how the CLI and the host take it)."""
 
 RETRYABLE_STATUSES: frozenset[int] = frozenset({408, 409, 429})
 """The 4xx statuses worth a retry (rule 2); every status from 500 up is retryable too."""
@@ -137,9 +164,63 @@ TRANSPORT_ERRORS = _load_transport_errors()
 """The HTTP libraries' transport failures that reach a provider unwrapped (rule 3)."""
 
 
-def transport_error(exc: BaseException, provider: str, secret: str | None) -> ProviderError:
-    """Map a mid-stream ``httpx``/``httpx2`` transport failure: always ``retryable=True``
-    (rule 3), no ``status``."""
-    kind = "timed out" if "Timeout" in type(exc).__name__ else "connection lost"
-    message = f"{provider}: {kind} while streaming ({type(exc).__name__})"
-    return ProviderError(scrub(message, secret), retryable=True, status=None, provider=provider)
+def idle_timeout_setting(value: float | None) -> float:
+    """The idle timeout in seconds: ``value`` when given, else :data:`IDLE_TIMEOUT_ENV` when
+    set and non-empty, else :data:`DEFAULT_IDLE_TIMEOUT`.
+
+    Raises:
+        FormatError: the value (given or from the environment) is not a positive finite number
+            of seconds (the message names the variable).
+    """
+    source = "idle_timeout"
+    if value is None:
+        text = os.environ.get(IDLE_TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_IDLE_TIMEOUT
+        source = f"environment variable {IDLE_TIMEOUT_ENV}"
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise FormatError(
+            f"{source} must be a positive number of seconds, not {value!r}",
+            setting=IDLE_TIMEOUT_ENV if source != "idle_timeout" else "idle_timeout",
+        )
+    return float(value)
+
+
+def stream_ended_early(provider: str, missing: str, received: int) -> ProviderError:
+    """The failure of a stream that ended without its end marker ``missing`` (``finish_reason``,
+    ``message_stop``) after ``received`` events: retryable, ``reason``
+    :data:`STREAM_TRUNCATED`, no ``status``."""
+    return ProviderError(
+        f"{provider}: the stream ended after {received} event(s) without {missing}: "
+        "the answer is incomplete",
+        retryable=True,
+        provider=provider,
+        reason=STREAM_TRUNCATED,
+    )
+
+
+def stream_broken(
+    exc: BaseException, provider: str, secret: str | None, received: int, idle_timeout: float
+) -> ProviderError:
+    """The failure of a stream whose connection broke after the HTTP 200 answer: a read timeout
+    (``idle_timeout`` seconds of silence, the provider's read timeout: reason
+    :data:`STREAM_IDLE_TIMEOUT`) or a dropped or
+    reset connection (reason :data:`STREAM_TRUNCATED`). ``exc`` is the ``httpx``/``httpx2``
+    transport error or the SDK's ``APIConnectionError``/``APITimeoutError`` wrapping one;
+    always ``retryable=True`` (rule 3), no ``status``."""
+    names = [type(exc).__name__, type(exc.__cause__).__name__ if exc.__cause__ else ""]
+    cause = names[1] or names[0]
+    if any("Timeout" in name for name in names):
+        reason = STREAM_IDLE_TIMEOUT
+        what = f"the stream timed out: nothing received for {idle_timeout:g} s"
+    else:
+        reason = STREAM_TRUNCATED
+        what = "the connection was lost mid-stream"
+    message = f"{provider}: {what} after {received} event(s) ({cause}): the answer is incomplete"
+    return ProviderError(
+        scrub(message, secret), retryable=True, status=None, provider=provider, reason=reason
+    )

@@ -24,7 +24,8 @@ Wire mapping (pi message shapes -> chat completions):
 Stream mapping: ``content`` deltas -> :class:`TextDelta`; ``reasoning_content`` / ``reasoning``
 deltas (sent by several compatible servers) -> :class:`ThinkingDelta`; tool-call deltas are
 accumulated by ``index`` and each complete call is yielded once as a :class:`ToolCallEvent`
-after the stream ends; then :class:`Done`.
+after the stream ends; then :class:`Done`. A stream without a ``finish_reason`` is cut short,
+never an answer (:func:`~durable_harness.providers.failures.stream_ended_early`).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ from durable_harness.providers.base import (
 from durable_harness.providers.failures import (
     TRANSPORT_ERRORS,
     error_body,
+    idle_timeout_setting,
     retry_after,
     retryable_error_type,
     retryable_status,
     scrub,
-    transport_error,
+    stream_broken,
+    stream_ended_early,
 )
 
 __all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
@@ -97,7 +100,13 @@ class OpenAIProvider:
             ``OPENAI_BASE_URL`` environment variable, then the SDK default.
         api_key: the API key; falls back to ``OPENAI_API_KEY``. Never appears in errors.
         context_window: the model's context window in tokens (default 128000).
-        timeout: seconds allowed per request (connect, each read, whole request; default 600).
+        timeout: seconds allowed for each phase of a request: connecting, sending, waiting
+            for a pooled connection, and each read (default 600).
+        idle_timeout: seconds the server may stay silent while the request waits for its
+            answer or its stream runs: each read of the connection, at most ``timeout``
+            (keep-alives reset it). ``None`` takes ``DURABLE_HARNESS_STREAM_IDLE_TIMEOUT``,
+            else 300 (the default of OpenAI Codex's ``stream_idle_timeout_ms``). Past it the
+            attempt fails with reason ``stream_idle_timeout`` (retryable).
         pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
             ``cacheWrite`` (missing keys cost 0); ``None`` leaves every cost at 0.
         reasoning: send ``reasoning_effort`` derived from the request's ``thinking_level``
@@ -107,6 +116,7 @@ class OpenAIProvider:
         name: provider name written on assistant messages (default ``openai``).
 
     Raises:
+        FormatError: ``idle_timeout`` (or its environment variable) is not a positive number.
         ProviderError: (from :meth:`stream`) no API key is configured (``retryable=False``).
     """
 
@@ -118,6 +128,7 @@ class OpenAIProvider:
         api_key: str | None = None,
         context_window: int = 128_000,
         timeout: float = 600.0,
+        idle_timeout: float | None = None,
         pricing: Mapping[str, float] | None = None,
         reasoning: bool = False,
         max_tokens_param: str = "max_completion_tokens",
@@ -129,6 +140,8 @@ class OpenAIProvider:
         self.base_url = setting(base_url, "OPENAI_BASE_URL")
         self._api_key = setting(api_key, _KEY_ENV)
         self.timeout = timeout
+        self.idle_timeout = idle_timeout_setting(idle_timeout)
+        self.read_timeout = min(self.timeout, self.idle_timeout)
         self.pricing = dict(pricing) if pricing else None
         self.reasoning = reasoning
         self.max_tokens_param = max_tokens_param
@@ -147,7 +160,7 @@ class OpenAIProvider:
             api_key=self._api_key,
             key_env=_KEY_ENV,
             base_url=self.base_url,
-            timeout=self.timeout,
+            timeout=openai.Timeout(self.timeout, read=self.read_timeout),
         )
         return openai.AsyncOpenAI(**options)
 
@@ -180,12 +193,18 @@ class OpenAIProvider:
         totalTokens (tokens), cost{input, output, cacheRead, cacheWrite, total} (USD)},
         "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
 
+        Only a stream that delivered its ``finish_reason`` is an answer: one that ends
+        without it (cleanly, or by a dropped or reset connection, a tool call's arguments cut
+        mid-way included) fails with ``details["reason"] == "stream_truncated"``, one silent
+        for ``idle_timeout`` with ``"stream_idle_timeout"``; both retryable, and no
+        :class:`Done` is yielded (the deltas already yielded are no answer).
+
         Raises:
             ProviderError: ``retryable`` follows the one rule in
                 :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx, connection
-                failures, timeouts, mid-stream server errors: retryable); a missing key and
-                unparseable tool arguments are not retryable. ``status`` holds the HTTP status
-                when known.
+                failures, timeouts, a cut stream, mid-stream server errors: retryable); a
+                missing key and unparseable tool arguments of a complete answer are not
+                retryable. ``status`` holds the HTTP status when known.
         """
         return stream_closing(self._client, lambda client: self._stream(client, request))
 
@@ -201,9 +220,14 @@ class OpenAIProvider:
         wire_usage: dict[str, Any] | None = None
         try:
             stream = await client.chat.completions.create(**params)
-            items = stream.__aiter__()
+        except openai.OpenAIError as exc:
+            raise _map_error(exc, self.name, self._api_key) from None
+        items = stream.__aiter__()
+        received = 0
+        try:
             try:
                 async for chunk in items:
+                    received += 1
                     data: dict[str, Any] = cast(Any, chunk).model_dump()
                     if data.get("model"):
                         model = str(data["model"])
@@ -228,10 +252,14 @@ class OpenAIProvider:
             finally:
                 with anyio.CancelScope(shield=True):
                     await close_stream(stream, items)
-        except openai.OpenAIError as exc:
+        except (openai.APIConnectionError, *TRANSPORT_ERRORS) as exc:  # timeouts included
+            raise stream_broken(
+                exc, self.name, self._api_key, received, self.read_timeout
+            ) from None
+        except openai.OpenAIError as exc:  # an error event inside the stream
             raise _map_error(exc, self.name, self._api_key) from None
-        except TRANSPORT_ERRORS as exc:
-            raise transport_error(exc, self.name, self._api_key) from None
+        if finish_reason is None:  # cut short: never an answer, whatever arrived
+            raise stream_ended_early(self.name, "a finish_reason", received)
 
         blocks: list[dict[str, Any]] = []
         thinking = "".join(thinking_parts)
