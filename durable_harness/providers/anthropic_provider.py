@@ -87,6 +87,10 @@ __all__ = [
     "wire_tool_id",
 ]
 
+_BROKEN: tuple[type[BaseException], ...] = (anthropic.APIConnectionError, *TRANSPORT_ERRORS)
+"""A stream's connection breaking after the HTTP 200 answer (the SDK's ``APIConnectionError``
+and its ``APITimeoutError`` subclass, or the HTTP library's own error): ``stream_broken``."""
+
 _KEY_ENV = CREDENTIAL_ENV["anthropic"]
 """The environment variable holding the API key when ``api_key`` is not given."""
 
@@ -285,7 +289,7 @@ class AnthropicProvider:
             finally:
                 with anyio.CancelScope(shield=True):
                     await close_stream(stream, items)
-        except (anthropic.APIConnectionError, *TRANSPORT_ERRORS) as exc:  # timeouts included
+        except _BROKEN as exc:
             raise stream_broken(
                 exc, self.name, self._api_key, received, self.read_timeout
             ) from None

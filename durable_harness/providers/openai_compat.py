@@ -78,6 +78,10 @@ from durable_harness.providers.failures import (
 
 __all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
 
+_BROKEN: tuple[type[BaseException], ...] = (openai.APIConnectionError, *TRANSPORT_ERRORS)
+"""A stream's connection breaking after the HTTP 200 answer (the SDK's ``APIConnectionError``
+and its ``APITimeoutError`` subclass, or the HTTP library's own error): ``stream_broken``."""
+
 _KEY_ENV = CREDENTIAL_ENV["openai"]
 """The environment variable holding the API key when ``api_key`` is not given."""
 
@@ -252,7 +256,7 @@ class OpenAIProvider:
             finally:
                 with anyio.CancelScope(shield=True):
                     await close_stream(stream, items)
-        except (openai.APIConnectionError, *TRANSPORT_ERRORS) as exc:  # timeouts included
+        except _BROKEN as exc:
             raise stream_broken(
                 exc, self.name, self._api_key, received, self.read_timeout
             ) from None

@@ -29,6 +29,8 @@ with ``"no scripted response"``. Every request is recorded in :attr:`FakeLLMServ
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -66,7 +68,12 @@ class Turn:
         signature: the Anthropic thinking block's signature.
         stop_reason: override of the wire stop/finish reason (default: derived from tool calls).
         chunk_size: characters per text delta.
-        drop_after: close the connection abruptly after this many SSE events (mid-stream failure).
+        drop_after: close the connection abruptly after this many SSE events (mid-stream failure:
+            the chunked body never ends).
+        end_after: end the stream cleanly (a well-formed end of the body, no ``[DONE]``) after
+            this many SSE events; negative counts from the end (``-1``: all but the last).
+        reset_after: reset the connection (TCP RST: ``SO_LINGER`` 0, then close) after this
+            many SSE events.
         error_after: send a mid-stream error event after this many SSE events and stop.
         error: the mid-stream error object (``{"type", "message"}``) sent with ``error_after``.
         delay: seconds to stall before answering (or after ``delay_after`` SSE events), to
@@ -82,6 +89,8 @@ class Turn:
     stop_reason: str | None = None
     chunk_size: int = 4
     drop_after: int | None = None
+    end_after: int | None = None
+    reset_after: int | None = None
     error_after: int | None = None
     error: dict[str, Any] = field(
         default_factory=lambda: {"type": "overloaded_error", "message": "Overloaded"}
@@ -145,6 +154,13 @@ _ANTHROPIC_ERROR_TYPES = {
 
 class _Drop(Exception):
     """Raised inside the handler to abort the connection without a proper ending."""
+
+
+def _cut(turn: Turn, n: int, total: int) -> bool:
+    """True when ``turn`` ends its stream cleanly before SSE event ``n`` of ``total``."""
+    if turn.end_after is None:
+        return False
+    return n >= (turn.end_after if turn.end_after >= 0 else total + turn.end_after)
 
 
 class FakeLLMServer:
@@ -310,6 +326,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         raise _Drop
 
+    def _faults(self, turn: Turn, n: int, total: int) -> bool:
+        """Apply ``turn``'s scripted fault before SSE event ``n``: stall, drop or reset the
+        connection (raising :class:`_Drop`), or end the body cleanly (returning ``True``)."""
+        self._stall(turn, n)
+        if turn.drop_after is not None and n >= turn.drop_after:
+            self._drop()
+        if turn.reset_after is not None and n >= turn.reset_after:
+            self.close_connection = True
+            self.wfile.flush()
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()  # with a zero linger: an RST, not a FIN
+            raise _Drop
+        if _cut(turn, n, total):
+            self._end_sse()
+            return True
+        return False
+
     # -- dispatch ------------------------------------------------------------------------------
 
     def do_POST(self) -> None:
@@ -427,9 +460,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._stall(turn, None)
         self._start_sse()
         for n, chunk in enumerate(chunks):
-            self._stall(turn, n)
-            if turn.drop_after is not None and n >= turn.drop_after:
-                self._drop()
+            if self._faults(turn, n, len(chunks)):
+                return
             if turn.error_after is not None and n >= turn.error_after:
                 self._chunk(f"data: {json.dumps({'error': turn.error})}\n\n".encode())
                 self._end_sse()
@@ -541,9 +573,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._stall(turn, None)
         self._start_sse()
         for n, (name, data) in enumerate(events):
-            self._stall(turn, n)
-            if turn.drop_after is not None and n >= turn.drop_after:
-                self._drop()
+            if self._faults(turn, n, len(events)):
+                return
             if turn.error_after is not None and n >= turn.error_after:
                 err = {"type": "error", "error": turn.error}
                 self._chunk(f"event: error\ndata: {json.dumps(err)}\n\n".encode())
