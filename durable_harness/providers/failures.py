@@ -212,8 +212,13 @@ def stream_broken(
     reset connection (reason :data:`STREAM_TRUNCATED`). ``exc`` is the ``httpx``/``httpx2``
     transport error or the SDK's ``APIConnectionError``/``APITimeoutError`` wrapping one;
     always ``retryable=True`` (rule 3), no ``status``."""
-    names = [type(exc).__name__, type(exc.__cause__).__name__ if exc.__cause__ else ""]
-    cause = names[1] or names[0]
+    chain = [exc]
+    while len(chain) < 8 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    names = [type(e).__name__ for e in chain]
+    shown = chain[1] if len(chain) > 1 else exc  # the HTTP library's error under the SDK's
+    detail = next((str(e).strip() for e in reversed(chain) if str(e).strip()), "")[:200]
+    cause = f"{type(shown).__name__}: {detail}" if detail else type(shown).__name__
     if any("Timeout" in name for name in names):
         reason = STREAM_IDLE_TIMEOUT
         what = f"the stream timed out: nothing received for {idle_timeout:g} s"

@@ -156,6 +156,10 @@ class _Drop(Exception):
     """Raised inside the handler to abort the connection without a proper ending."""
 
 
+class _Reset(Exception):
+    """Raised inside the handler once the connection was reset (nothing more to do with it)."""
+
+
 def _cut(turn: Turn, n: int, total: int) -> bool:
     """True when ``turn`` ends its stream cleanly before SSE event ``n`` of ``total``."""
     if turn.end_after is None:
@@ -336,8 +340,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.wfile.flush()
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.connection.close()  # with a zero linger: an RST, not a FIN
-            raise _Drop
+            # the socket closes for real once its file objects are closed too: with a zero
+            # linger, that sends an RST, not a FIN
+            self.rfile.close()
+            self.wfile.close()
+            self.connection.close()
+            raise _Reset
         if _cut(turn, n, total):
             self._end_sse()
             return True
@@ -359,6 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._anthropic(response, body)
             else:
                 self._send_json(404, {"error": {"message": f"no route {path}"}})
+        except _Reset:
+            self.close_connection = True
         except _Drop:
             self.close_connection = True
             try:

@@ -101,6 +101,8 @@ async def test_a_cut_stream_is_a_retryable_truncation(
     assert "incomplete" in err.message
     assert KEY not in err.message
     assert not any(isinstance(e, Done) for e in seen)
+    if cut == "reset":  # a real RST, told apart from the FIN of "dropped"
+        assert "Connection reset" in err.message, err.message
     if cut != "in_tool_arguments":  # the partial text did stream (so the test is not vacuous)
         assert "".join(e.text for e in seen if isinstance(e, TextDelta)).startswith("PART")
 
