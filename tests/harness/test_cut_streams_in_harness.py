@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from providers.servers import FakeLLMServer, ToolCallSpec, Turn
 
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.providers.anthropic_provider import AnthropicProvider
-from durable_harness.providers.base import Provider
+from durable_harness.providers.base import Done, Provider, ProviderEvent, ProviderRequest, TextDelta
 from durable_harness.providers.openai_compat import OpenAIProvider
 from durable_harness.storage import Store, open_store
 
@@ -195,6 +195,38 @@ async def test_an_abort_during_the_retry_keeps_only_the_retry_text(
         "stream_truncated",
         None,
     ]
+    session_id = session.id
+    session.close()
+    assert "PARTIAL" not in stored_bytes(store, session_id)
+
+
+class _EndsWithoutDone:
+    """A provider whose first attempt's stream stops without :class:`Done` (any provider's
+    fault, not only a wire's): the harness's own check."""
+
+    name = "no-done"
+    model = "m"
+    context_window = 100_000
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        yield TextDelta("PARTIAL-")
+        if request.attempt > 1:
+            message = {"role": "assistant", "content": [{"type": "text", "text": ANSWER}]}
+            yield Done(
+                {**message, "provider": self.name, "model": self.model, "stopReason": "stop"}
+            )
+
+
+async def test_a_stream_without_done_is_a_truncated_attempt(store: Store, workdir: Path) -> None:
+    session = new_session(store, workdir)
+    options = HarnessOptions(retry_initial=0.01, retry_max=0.05)
+    async with Harness(session, _EndsWithoutDone(), [EchoTool()], options=options) as h:
+        handle = await h.prompt("answer me")
+        assert await handle.wait() == "completed"
+    recs = session.store.records("main")
+    assert [r["reason"] for r in of_type(recs, "provider_request_failed")] == ["stream_truncated"]
+    path = messages_on_path(session)
+    assert path[-1]["message"]["content"] == [{"type": "text", "text": ANSWER}]
     session_id = session.id
     session.close()
     assert "PARTIAL" not in stored_bytes(store, session_id)
