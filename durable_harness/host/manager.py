@@ -74,7 +74,8 @@ from durable_harness.host.views import (
     transcript_page,
 )
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import RecoveryPlan, resolve_decisions
+from durable_harness.recovery.decide import RecoveryPlan, refuse_decided, resolve_decisions
+from durable_harness.recovery.decisions import decision_ops
 from durable_harness.recovery.resume import (
     Recovery,
     declarations,
@@ -455,6 +456,7 @@ class SessionManager:
         Raises:
             SessionLive: a live generation holds the session (here or in another process).
             IllegalTransition: the session is closing.
+            AlreadyDecided: a decision names a call attempt decided already.
             RecoveryError: a decision names no call in doubt.
         """
         async with self._lock:
@@ -548,6 +550,8 @@ class SessionManager:
 
         Raises:
             InvalidRequest: a malformed decision.
+            AlreadyDecided: the call's current attempt was decided already (also while the
+                session is live again, its run still open).
             RecoveryError: no call in doubt has this id (the rule: ``resolve_decisions``).
             SessionLive: the session is live.
         """
@@ -561,6 +565,8 @@ class SessionManager:
         except DurableHarnessError as exc:
             raise InvalidRequest(exc.message, decision=decision[:200]) from exc
         if self._check_id(session_id) in self._procs:
+            with self._open_read(session_id) as store:  # a decided call says so, even here
+                refuse_decided(take_snapshot(store), key, value)
             raise SessionLive(
                 f"session {session_id} is live here (generation "
                 f"{self._procs[session_id].generation}): only a suspended session waits for "
@@ -976,28 +982,14 @@ class SessionManager:
 
 
 def _record_decisions(store: SessionStore, recovery: Recovery) -> None:
-    """Write the given decisions as ``decision`` records (the plan reads recorded decisions
-    back from the log, so a decision given while others are still missing is kept)."""
-    from durable_harness.harness.records import record
-
-    ops: list[RecordOp] = []
-    for lane_plan in recovery.plan.lanes:
-        for call in lane_plan.tool_calls:
-            decision = recovery.decisions.get(call.call_key)
-            if decision is None or lane_plan.run_id is None:
-                continue
-            ops.append(
-                RecordOp(
-                    record(
-                        "decision",
-                        lane_plan.lane,
-                        lane_plan.run_id,
-                        toolCallId=call.tool_call_id,
-                        callKey=call.call_key,
-                        decision=decision.get("decision"),
-                        result=decision.get("result"),
-                    )
-                )
-            )
+    """Write the given decisions (one commit; the records:
+    :func:`~durable_harness.recovery.decisions.decision_ops`): the plan reads recorded
+    decisions back from the log, so a decision given while others are still missing is kept."""
+    ops = [
+        op
+        for lp in recovery.plan.lanes
+        if lp.run_id is not None
+        for op in decision_ops(lp.lane, lp.run_id, lp.tool_calls, recovery.decisions)
+    ]
     if ops:
         store.commit(list(ops))
