@@ -52,6 +52,7 @@ from durable_harness.host.inputs import (
     working_directory,
 )
 from durable_harness.host.lifecycle import LIVE, State
+from durable_harness.host.listing import check_states, read_listed, waiting_calls
 from durable_harness.host.options import (
     HostOptions,
     SendMode,
@@ -248,7 +249,9 @@ class SessionManager:
                 and (seen[1].state != "suspended" or session_id in self._plans)
             ):
                 return copy_record(seen[1])
-            rec = read_record(store, self.store.spec, owner_alive=alive)
+            rec, plan = await read_listed(
+                store, self.store.spec, self.options.tools, self.options.policy
+            )
             if rec.state == "closed" and any(ln.run_id for ln in store.lanes().values()):
                 self._closed_open.add(rec.id)
             else:
@@ -256,11 +259,10 @@ class SessionManager:
             if rec.client_key:
                 self._keys.setdefault(rec.client_key, rec.id)
             keep = True
-            if rec.state == "suspended":
+            if plan is not None:
+                self._plans[rec.id] = plan
                 tools = self.options.tools(rec.command_runtime)
-                recovery = await plan_recovery(store, tools, self.options.policy, None, None)
-                self._plans[rec.id] = recovery.plan
-                keep = not asks_hooks(recovery.plan, tools) and not sees_live_group(recovery.plan)
+                keep = not asks_hooks(plan, tools) and not sees_live_group(plan)
             else:
                 self._plans.pop(rec.id, None)
             if keep:
@@ -302,18 +304,32 @@ class SessionManager:
         proc = self._procs.get(self._check_id(session_id))
         return proc.record if proc is not None else await self._read(session_id)
 
-    async def list(self) -> list[SessionRecord]:
+    async def list(self, states: builtins.list[str] | None = None) -> builtins.list[SessionRecord]:
         """Every readable session of the store, most recently modified first (unreadable
-        ones are in :attr:`unreadable`)."""
+        ones are in :attr:`unreadable`); with ``states``, only those in one of them.
+
+        Raises:
+            InvalidRequest: a value of ``states`` is no lifecycle state
+                (:func:`~durable_harness.host.listing.check_states`).
+        """
+        chosen = check_states(states)
         out: list[SessionRecord] = []
         for info in self.store.list_sessions():
             if info.error:
                 continue
             try:
-                out.append(await self.get(info.id))
+                rec = await self.get(info.id)
             except DurableHarnessError:
                 continue
+            if chosen is None or rec.state in chosen:
+                out.append(rec)
         return out
+
+    def waiting(self, session_id: str) -> builtins.list[dict[str, Any]]:
+        """The in-doubt calls a suspended session waits on for a decision (as last read),
+        each with its tool, call id and arguments or their digest
+        (:func:`~durable_harness.host.listing.waiting_calls`); ``[]`` otherwise."""
+        return waiting_calls(self.plan(session_id))
 
     def plan(self, session_id: str) -> RecoveryPlan | None:
         """The recovery plan of a suspended session (as last read), else ``None``."""
