@@ -84,7 +84,7 @@ def list_sessions(args: argparse.Namespace) -> int:
                 str(r["id"] or "-"),
                 _shown(_when(str(r.get("modified") or ""))),
                 str(r["state"] or "UNREADABLE"),
-                str(len(r["waiting"])),
+                "-" if r["state"] is None else str(len(r["waiting"])),
                 str(r["error"]["message"] if r.get("error") else r["cwd"]),
             )
             for r in rows
