@@ -17,12 +17,13 @@ from durable_harness.storage.base import SessionInfo, Store
 from durable_harness.tools.builtin import builtin_tools
 
 HEADER = ("ID", "MODIFIED", "STATE", "WAITING", "CWD")
-"""The columns of the human listing; rows are sorted by MODIFIED, most recent first."""
+"""The columns of the human listing; rows are sorted by MODIFIED (as the catalogue gives it:
+ISO 8601 UTC with milliseconds on every backend, ``design/cli.md``), most recent first."""
 
 
 def _when(value: str) -> datetime:
-    """A catalogue time (ISO 8601, or seconds since the epoch) as an aware datetime; an
-    unknown one sorts last."""
+    """A catalogue time (ISO 8601; seconds since the epoch in older catalogues) as an aware
+    datetime, the sort key; an unknown one sorts last."""
     try:
         return datetime.fromtimestamp(float(value), UTC)
     except ValueError:
@@ -32,12 +33,6 @@ def _when(value: str) -> datetime:
     except ValueError:
         return datetime.min.replace(tzinfo=UTC)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _shown(when: datetime) -> str:
-    if when == datetime.min.replace(tzinfo=UTC):
-        return "-"
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def _rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
@@ -82,7 +77,7 @@ def list_sessions(args: argparse.Namespace) -> int:
         table = [HEADER] + [
             (
                 str(r["id"] or "-"),
-                _shown(_when(str(r.get("modified") or ""))),
+                str(r.get("modified") or "-"),
                 str(r["state"] or "UNREADABLE"),
                 "-" if r["state"] is None else str(len(r["waiting"])),
                 str(r["error"]["message"] if r.get("error") else r["cwd"]),
