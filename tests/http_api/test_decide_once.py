@@ -1,11 +1,11 @@
 """A decision on record is never replaced (issue 20), and the listing shows what waits.
 
 A real server runs a turn with two replay-never bash calls (run at once) and is SIGKILLed
-after both effects, neither settled; restarted on the same store, ``GET /sessions?state=suspended`` lists the
-session with both in-doubt calls straight away. Deciding one ``result:...`` keeps the session
-suspended (the other still waits); a second decision for it (``retry``) is 409
-``already_decided`` naming the call and the decision on record, writes nothing, and re-runs
-nothing: each effect happened exactly once.
+after both effects, neither settled; restarted on the same store,
+``GET /sessions?state=suspended`` lists the session with both in-doubt calls straight away.
+Deciding one ``result:...`` keeps the session suspended (the other still waits); a second
+decision for it (``retry``) is 409 ``already_decided`` naming the call and the decision on
+record, writes nothing, and re-runs nothing: each effect happened exactly once.
 """
 
 from __future__ import annotations

@@ -141,3 +141,25 @@ def test_cli_resume_decide_twice_is_refused_and_a_new_attempt_is_decided_anew(
         ("call_b", "result", 2),
     ]
     assert effects(work) == {"a": 1, "b": 2}
+
+
+def test_decision_records_have_one_writer() -> None:
+    """Every ``decision`` record is built by ``recovery/decisions.py`` (the harness and the
+    host both call it): no other module of the package builds one."""
+    import ast
+
+    import durable_harness
+
+    root = Path(durable_harness.__file__).parent
+    writers = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == "decision"
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "record"
+            ):
+                writers.add(str(path.relative_to(root)))
+    assert writers == {"recovery/decisions.py"}
