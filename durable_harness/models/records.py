@@ -276,7 +276,8 @@ class AbortRequested(_Envelope, total=False):
 
 
 class Decision(_Envelope, total=False):
-    """A human's (or policy's) decision on an in-doubt tool call, durable before it acts."""
+    """A human's (or policy's) decision on an in-doubt tool call's attempt, durable before it
+    acts; at most one per attempt, never replaced (``design/recovery.md``, "Attempts")."""
 
     type: Required[Literal["decision"]]
     """``"decision"``."""
