@@ -76,7 +76,7 @@ from durable_harness.host.views import (
 )
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import RecoveryPlan, refuse_decided, resolve_decisions
-from durable_harness.recovery.decisions import decision_ops
+from durable_harness.recovery.decisions import commit_decisions
 from durable_harness.recovery.resume import (
     Recovery,
     declarations,
@@ -537,7 +537,7 @@ class SessionManager:
             await worker.let_go(store, lost=worker.writer_lost(exc, store))
             raise
         if not start or needs_decision(recovery.plan):
-            _record_decisions(store, recovery)
+            commit_decisions(store, recovery.plan, recovery.decisions)
             session.close()
             return await self._read(rec.id)
         rec.generation = store.generation
@@ -995,17 +995,3 @@ class SessionManager:
             names an event not sent.
         """
         return self._live(session_id).listen(after)
-
-
-def _record_decisions(store: SessionStore, recovery: Recovery) -> None:
-    """Write the given decisions (one commit; the records:
-    :func:`~durable_harness.recovery.decisions.decision_ops`): the plan reads recorded
-    decisions back from the log, so a decision given while others are still missing is kept."""
-    ops = [
-        op
-        for lp in recovery.plan.lanes
-        if lp.run_id is not None
-        for op in decision_ops(lp.lane, lp.run_id, lp.tool_calls, recovery.decisions)
-    ]
-    if ops:
-        store.commit(list(ops))

@@ -12,10 +12,13 @@ decision on record for an attempt is never replaced, is decided before anything 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_harness.harness.records import BuiltRecord, record
-from durable_harness.storage.base import RecordOp
+from durable_harness.storage.base import RecordOp, SessionStore
+
+if TYPE_CHECKING:
+    from durable_harness.recovery.decide import RecoveryPlan
 
 
 class DecidableCall(Protocol):
@@ -70,3 +73,23 @@ def decision_ops(
         for c in calls
         if c.key in decisions
     ]
+
+
+def commit_decisions(
+    store: SessionStore, plan: RecoveryPlan, decisions: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Make ``decisions`` (by call key, as resolved for ``plan``) durable in one commit on
+    ``store`` (open for writing) without acting on them: the host's way to keep a decision
+    given while other calls still wait (the plan reads recorded decisions back from the log).
+
+    Raises:
+        StorageError: the commit failed (then nothing of it is stored).
+    """
+    ops = [
+        op
+        for lp in plan.lanes
+        if lp.run_id is not None
+        for op in decision_ops(lp.lane, lp.run_id, lp.tool_calls, decisions)
+    ]
+    if ops:
+        store.commit(list(ops))
