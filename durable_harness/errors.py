@@ -33,7 +33,8 @@ The tree::
     ├── ToolError                       tool_error
     │   └── PathEscape                  path_escape
     ├── RecoveryError                   recovery_error
-    │   └── DecisionRequired            decision_required
+    │   ├── DecisionRequired            decision_required
+    │   └── AlreadyDecided              already_decided
     └── HostError                       host_error
         ├── InvalidRequest              invalid_request
         ├── MessageTooLarge             message_too_large
@@ -300,6 +301,19 @@ class DecisionRequired(RecoveryError):
     """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
 
     code = "decision_required"
+
+
+class AlreadyDecided(RecoveryError):
+    """A decision was given for a call attempt that already has one on record: a decision,
+    once durable, is never replaced (``design/recovery.md``, "Attempts"). Nothing was written.
+
+    ``details``: ``session_id``, ``tool_call_id``, ``call_key``, ``lane``, ``run_id``,
+    ``attempt`` (the intent the decision on record decides), ``on_record`` (``{"decision",
+    "result"?, "seq"}``) and ``given`` (the refused decision). A retried call that is in doubt
+    again is a new attempt and takes a new decision.
+    """
+
+    code = "already_decided"
 
 
 class HostError(DurableHarnessError):

@@ -469,7 +469,8 @@ class DurableAgent:
         ends = {str(lp.run_id): self._end(str(lp.run_id)) for lp in lanes}
         try:
             resumed = await manager.resume(session_id, decisions or None)
-        except DurableHarnessError as exc:
+        except DurableHarnessError as exc:  # e.g. already_decided: nothing was written
+            self._approved -= {(session_id, call_id) for call_id in decisions}
             raise rpc_error(exc) from exc
         if resumed.state not in ("idle", "running"):
             raise rpc_error(

@@ -33,6 +33,7 @@ _BY_CODE: dict[str, int] = {
     "lease_held": CONFLICT,
     "recovery_error": CONFLICT,
     "decision_required": CONFLICT,
+    "already_decided": CONFLICT,
 }
 """JSON-RPC error code per library error code: bad parameters ``-32602``, an unknown session
 ``-32002`` (ACP's "resource not found"), a request the session's state refuses ``-32010``;

@@ -58,6 +58,13 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print JSON")
     if name == "sessions":
         p.add_argument("--cwd", help="only sessions of this working directory")
+        p.add_argument(
+            "--state",
+            action="append",
+            metavar="STATE",
+            help="only sessions in this state (repeatable): creating, idle, running, closing, "
+            "closed, suspended (crashed or waiting for a decision), error",
+        )
     if name == "show":
         p.add_argument("--tree", action="store_true", help="print the whole tree")
     if name == "context":
@@ -209,30 +216,20 @@ settlement is *started, outcome unknown*, never "ran"."""
 
 @command(
     "sessions",
-    "List sessions, most recent first.",
+    "List sessions, most recently modified first, with their state and the calls they wait on.",
     "  durable-harness sessions\n"
-    "  durable-harness sessions --json --store sqlite:agent.db\n"
+    "  durable-harness sessions --state suspended --json --store sqlite:agent.db\n"
     "  durable-harness sessions --cwd ~/project",
 )
 def cmd_sessions(args: argparse.Namespace) -> int:
-    """List the sessions of the store (``--cwd`` narrows to one directory: the cwd recorded in
-    each session, compared as real paths). A session file that cannot be read is listed with its
-    error, and the exit status is then 1."""
-    infos = store_of(args).list_sessions(args.cwd)
-    broken = [i for i in infos if i.error is not None]
-    if args.json:
-        out([vars(i) for i in infos])
-        return 1 if broken else 0
-    for i in infos:
-        if i.error is not None:
-            print(f"{i.id or '-'}  UNREADABLE  {i.error['message']}")
-        else:
-            print(f"{i.id}  {i.created}  {i.cwd}")
-    if not infos:
-        print("no sessions", file=sys.stderr)
-    if broken:
-        print(f"{len(broken)} session file(s) cannot be read", file=sys.stderr)
-    return 1 if broken else 0
+    """List the sessions of the store: a header, then per session its id, last modification,
+    state, number of in-doubt calls waiting for a decision and cwd (``--cwd`` narrows to one
+    directory, compared as real paths; ``--state`` to some states). A session file that cannot
+    be read is listed with its error, and the exit status is then 1
+    (:func:`durable_harness.cli.listing.list_sessions`)."""
+    from durable_harness.cli.listing import list_sessions
+
+    return list_sessions(args)
 
 
 def _describe(e: dict[str, Any]) -> str:

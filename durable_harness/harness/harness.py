@@ -47,6 +47,7 @@ from durable_harness.harness.turns import Turns
 from durable_harness.ids import new_id, now_ms, uuid7
 from durable_harness.models.entries import validate_message
 from durable_harness.providers.base import Provider
+from durable_harness.recovery.decisions import decision_ops
 from durable_harness.session.context import estimate_tokens
 from durable_harness.session.session import Session
 from durable_harness.storage import codec
@@ -423,20 +424,11 @@ class Harness:
                 lane=lane,
             )
         live = _LiveRun(state, first=step, results=dict(results or {}))
-        for key, decision in (decisions or {}).items():
-            call = state.call(key)
-            if call is None or call.status == "completed":
-                continue
-            rec = record(
-                "decision",
-                lane,
-                state.run_id,
-                toolCallId=call.tool_call_id,
-                callKey=call.key,
-                decision=decision.get("decision"),
-                result=decision.get("result"),
-            )
-            self._core.commit([RecordOp(rec)], live)
+        open_calls = [c for c in state.tool_calls if c.status != "completed"]
+        keyed = {c.key: d for k, d in (decisions or {}).items() if (c := state.call(k))}
+        ops = decision_ops(lane, state.run_id, open_calls, keyed)
+        if ops:
+            self._core.commit(list(ops), live)
         await self._core.barrier()  # every decision is durable before it acts
         return self._launch(live)
 

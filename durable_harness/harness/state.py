@@ -82,7 +82,10 @@ class ToolCallState:
     provider sees (made unique within its message before it is stored). ``status``:
     ``not_started`` (no intent), ``in_doubt`` (intent without settlement) or ``completed``
     (settled). ``replay`` is the intent's recorded declaration (``None`` before the intent).
-    ``attempts`` counts ``tool_started`` intents for this call.
+    ``attempts`` counts ``tool_started`` intents for this call: the call's current attempt
+    (0 before its first intent). ``decision`` (``{"decision", "result"}``) and ``decided_seq``
+    are the decision on record for the current attempt, if any (``design/recovery.md``,
+    "Attempts"); a new intent clears them.
     """
 
     key: str
@@ -94,6 +97,7 @@ class ToolCallState:
     result_entry_id: str | None = None
     attempts: int = 0
     decision: dict[str, Any] | None = None
+    decided_seq: int | None = None
     process: dict[str, Any] | None = None
 
 
@@ -242,6 +246,7 @@ class RunState:
                 # a decision covers the intent it was given for: a new intent (the retry it
                 # allowed) that is in doubt again needs a new decision
                 c.decision = None
+                c.decided_seq = None
                 c.process = None
         elif rtype == "tool_process":
             c = self._target(rec, ("in_doubt",))
@@ -254,8 +259,11 @@ class RunState:
                 c.result_entry_id = rec.get("resultEntryId")
         elif rtype == "decision":
             c = self._target(rec, ("in_doubt", "not_started"))
-            if c is not None:
+            # a decision decides the attempt it names (``attempt``; records written before
+            # attempts were named decide the current one)
+            if c is not None and rec.get("attempt", c.attempts) == c.attempts:
                 c.decision = {"decision": rec.get("decision"), "result": rec.get("result")}
+                c.decided_seq = rec.get("seq")
         elif rtype == "save_point":
             self.save_point_after = True
         elif rtype == "abort_requested":

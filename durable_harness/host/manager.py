@@ -52,6 +52,7 @@ from durable_harness.host.inputs import (
     working_directory,
 )
 from durable_harness.host.lifecycle import LIVE, State
+from durable_harness.host.listing import check_states, read_listed, waiting_calls
 from durable_harness.host.options import (
     HostOptions,
     SendMode,
@@ -74,7 +75,8 @@ from durable_harness.host.views import (
     transcript_page,
 )
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import RecoveryPlan, resolve_decisions
+from durable_harness.recovery.decide import RecoveryPlan, refuse_decided, resolve_decisions
+from durable_harness.recovery.decisions import commit_decisions
 from durable_harness.recovery.resume import (
     Recovery,
     declarations,
@@ -247,7 +249,9 @@ class SessionManager:
                 and (seen[1].state != "suspended" or session_id in self._plans)
             ):
                 return copy_record(seen[1])
-            rec = read_record(store, self.store.spec, owner_alive=alive)
+            rec, plan = await read_listed(
+                store, self.store.spec, self.options.tools, self.options.policy
+            )
             if rec.state == "closed" and any(ln.run_id for ln in store.lanes().values()):
                 self._closed_open.add(rec.id)
             else:
@@ -255,11 +259,10 @@ class SessionManager:
             if rec.client_key:
                 self._keys.setdefault(rec.client_key, rec.id)
             keep = True
-            if rec.state == "suspended":
+            if plan is not None:
+                self._plans[rec.id] = plan
                 tools = self.options.tools(rec.command_runtime)
-                recovery = await plan_recovery(store, tools, self.options.policy, None, None)
-                self._plans[rec.id] = recovery.plan
-                keep = not asks_hooks(recovery.plan, tools) and not sees_live_group(recovery.plan)
+                keep = not asks_hooks(plan, tools) and not sees_live_group(plan)
             else:
                 self._plans.pop(rec.id, None)
             if keep:
@@ -301,18 +304,32 @@ class SessionManager:
         proc = self._procs.get(self._check_id(session_id))
         return proc.record if proc is not None else await self._read(session_id)
 
-    async def list(self) -> list[SessionRecord]:
+    async def list(self, states: builtins.list[str] | None = None) -> builtins.list[SessionRecord]:
         """Every readable session of the store, most recently modified first (unreadable
-        ones are in :attr:`unreadable`)."""
+        ones are in :attr:`unreadable`); with ``states``, only those in one of them.
+
+        Raises:
+            InvalidRequest: a value of ``states`` is no lifecycle state
+                (:func:`~durable_harness.host.listing.check_states`).
+        """
+        chosen = check_states(states)
         out: list[SessionRecord] = []
         for info in self.store.list_sessions():
             if info.error:
                 continue
             try:
-                out.append(await self.get(info.id))
+                rec = await self.get(info.id)
             except DurableHarnessError:
                 continue
+            if chosen is None or rec.state in chosen:
+                out.append(rec)
         return out
+
+    def waiting(self, session_id: str) -> builtins.list[dict[str, Any]]:
+        """The in-doubt calls a suspended session waits on for a decision (as last read),
+        each with its tool, call id and arguments or their digest
+        (:func:`~durable_harness.host.listing.waiting_calls`); ``[]`` otherwise."""
+        return waiting_calls(self.plan(session_id))
 
     def plan(self, session_id: str) -> RecoveryPlan | None:
         """The recovery plan of a suspended session (as last read), else ``None``."""
@@ -455,6 +472,7 @@ class SessionManager:
         Raises:
             SessionLive: a live generation holds the session (here or in another process).
             IllegalTransition: the session is closing.
+            AlreadyDecided: a decision names a call attempt decided already.
             RecoveryError: a decision names no call in doubt.
         """
         async with self._lock:
@@ -519,7 +537,7 @@ class SessionManager:
             await worker.let_go(store, lost=worker.writer_lost(exc, store))
             raise
         if not start or needs_decision(recovery.plan):
-            _record_decisions(store, recovery)
+            commit_decisions(store, recovery.plan, recovery.decisions)
             session.close()
             return await self._read(rec.id)
         rec.generation = store.generation
@@ -548,6 +566,8 @@ class SessionManager:
 
         Raises:
             InvalidRequest: a malformed decision.
+            AlreadyDecided: the call's current attempt was decided already (also while the
+                session is live again, its run still open).
             RecoveryError: no call in doubt has this id (the rule: ``resolve_decisions``).
             SessionLive: the session is live.
         """
@@ -561,6 +581,8 @@ class SessionManager:
         except DurableHarnessError as exc:
             raise InvalidRequest(exc.message, decision=decision[:200]) from exc
         if self._check_id(session_id) in self._procs:
+            with self._open_read(session_id) as store:  # a decided call says so, even here
+                refuse_decided(take_snapshot(store), key, value)
             raise SessionLive(
                 f"session {session_id} is live here (generation "
                 f"{self._procs[session_id].generation}): only a suspended session waits for "
@@ -973,31 +995,3 @@ class SessionManager:
             names an event not sent.
         """
         return self._live(session_id).listen(after)
-
-
-def _record_decisions(store: SessionStore, recovery: Recovery) -> None:
-    """Write the given decisions as ``decision`` records (the plan reads recorded decisions
-    back from the log, so a decision given while others are still missing is kept)."""
-    from durable_harness.harness.records import record
-
-    ops: list[RecordOp] = []
-    for lane_plan in recovery.plan.lanes:
-        for call in lane_plan.tool_calls:
-            decision = recovery.decisions.get(call.call_key)
-            if decision is None or lane_plan.run_id is None:
-                continue
-            ops.append(
-                RecordOp(
-                    record(
-                        "decision",
-                        lane_plan.lane,
-                        lane_plan.run_id,
-                        toolCallId=call.tool_call_id,
-                        callKey=call.call_key,
-                        decision=decision.get("decision"),
-                        result=decision.get("result"),
-                    )
-                )
-            )
-    if ops:
-        store.commit(list(ops))

@@ -229,12 +229,20 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         )
         return rec.to_json()
 
-    @app.get("/sessions", response_model=models.SessionList, tags=["sessions"])
-    async def list_sessions(manager: Manager) -> dict[str, Any]:
-        """Every readable session of the store (most recently modified first), and the
-        unreadable ones with why."""
-        records = await manager.list()
-        return {"sessions": [r.to_json() for r in records], "unreadable": manager.unreadable}
+    @app.get(
+        "/sessions", response_model=models.SessionList, responses={400: _ERROR}, tags=["sessions"]
+    )
+    async def list_sessions(
+        manager: Manager,
+        state: Annotated[list[str] | None, Query()] = None,
+    ) -> dict[str, Any]:
+        """Every readable session of the store (most recently modified first), only those in
+        one of the ``state`` values when given (repeatable: ``?state=suspended&state=error``),
+        each with the in-doubt calls it waits on (``waiting``); and the unreadable ones with
+        why. An unknown state is 400 ``invalid_request``."""
+        records = await manager.list(state)
+        sessions = [r.to_json() | {"waiting": manager.waiting(r.id)} for r in records]
+        return {"sessions": sessions, "unreadable": manager.unreadable}
 
     @app.get(
         "/sessions/{id}",

@@ -57,6 +57,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "lane_suspended": 409,
     "illegal_transition": 409,
     "decision_required": 409,
+    "already_decided": 409,
     "recovery_error": 409,
     "tool_process_running": 409,
     "attempt_cap_reached": 409,

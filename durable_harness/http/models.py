@@ -92,10 +92,34 @@ class Unreadable(BaseModel):
     error: Any = None
 
 
-class SessionList(BaseModel):
-    """``GET /sessions``: every readable session, most recently modified first."""
+class WaitingCall(BaseModel):
+    """An in-doubt tool call a suspended session waits on for a decision
+    (``host/listing.waiting_calls``): arguments up to 1 KiB of JSON, else their digest."""
 
-    sessions: list[Session]
+    lane: str
+    run_id: str | None
+    tool_name: str
+    tool_call_id: str
+    call_key: str
+    attempt: int = Field(description="the call's attempt (tool_started intents) a decision decides")
+    doubt: str | None
+    arguments: dict[str, Any] | None = None
+    arguments_digest: str | None = Field(None, description="sha256:HEX of the arguments' JSON")
+    arguments_bytes: int | None = None
+
+
+class ListedSession(Session):
+    """A session of ``GET /sessions``: its record, and the calls it waits on (``[]`` unless
+    it is suspended waiting for a decision)."""
+
+    waiting: list[WaitingCall]
+
+
+class SessionList(BaseModel):
+    """``GET /sessions``: every readable session (of the ``state`` values asked for, if any),
+    most recently modified first."""
+
+    sessions: list[ListedSession]
     unreadable: list[Unreadable]
 
 

@@ -280,7 +280,8 @@ class AbortRequested(_Envelope, total=False):
 
 
 class Decision(_Envelope, total=False):
-    """A human's (or policy's) decision on an in-doubt tool call, durable before it acts."""
+    """A human's (or policy's) decision on an in-doubt tool call's attempt, durable before it
+    acts; at most one per attempt, never replaced (``design/recovery.md``, "Attempts")."""
 
     type: Required[Literal["decision"]]
     """``"decision"``."""
@@ -288,6 +289,10 @@ class Decision(_Envelope, total=False):
     """The tool call's id."""
     callKey: str
     """The call's key (``"<assistant entry id>/<index>"``)."""
+    attempt: int
+    """The attempt it decides: the number of ``tool_started`` intents of the call when it was
+    given (0: a call whose intent a damaged log may have lost). Absent in older logs (then it
+    decides the call's current attempt)."""
     decision: Literal["retry", "fail", "result"]
     """Run it again, settle it as failed, or settle it with ``result``."""
     result: str | None

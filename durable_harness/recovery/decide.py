@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
-from durable_harness.errors import RecoveryError
+from durable_harness.errors import AlreadyDecided, RecoveryError
 from durable_harness.harness.state import RunLimits, ToolCallState
 from durable_harness.harness.steps import CallAction, LaneAction, Step, next_step
 from durable_harness.recovery.snapshot import LaneSnapshot, Snapshot
@@ -79,6 +79,11 @@ class ToolCallPlan:
     decision: dict[str, Any] | None = None
     arguments: dict[str, Any] | None = None
     process: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        """The call key (what :mod:`durable_harness.recovery.decisions` names a call by)."""
+        return self.call_key
 
 
 @dataclass
@@ -180,15 +185,20 @@ def resolve_decisions(
 
     A decision names a call a decision can settle: one :func:`in_doubt` in a run that is not
     being aborted (an abort settles its calls itself; a call not started needs no decision,
-    it runs; a finished one has its result). It names it by call key, or by a tool call id that
-    names exactly one such call. ``tools``: today's declarations (a not-started call on a
-    damaged log is in doubt unless its tool is replay-safe).
+    it runs; a finished one has its result), whose current attempt has no decision on record
+    (a decision, once durable, is never replaced: ``design/recovery.md``, "Attempts"). It
+    names it by call key, or by a tool call id that names exactly one such call. ``tools``:
+    today's declarations (a not-started call on a damaged log is in doubt unless its tool is
+    replay-safe).
 
     Raises:
+        AlreadyDecided: a name is a call of an open run whose current attempt was decided
+            already (in doubt still, or settled by that decision); ``details`` name the call
+            and the decision on record.
         RecoveryError: a name matches no call in doubt (the message names it and lists the
             calls that can be decided, ``details['in_doubt']`` their tool call ids and
-            ``details['call_keys']`` their keys), or a tool call id matches several (the error
-            lists the call keys to use instead).
+            ``details['call_keys']`` their keys), a tool call id matches several (the error
+            lists the call keys to use instead), or two names are the same call.
     """
     damaged = log_damaged(snapshot.all_damage())
     calls = [
@@ -210,9 +220,19 @@ def resolve_decisions(
                 ambiguous=name,
                 call_keys=[c.key for c in matches],
             )
+        if matches and matches[0].decision is not None:
+            raise _already_decided(snapshot, matches[0], decision)
         if not matches:
+            refuse_decided(snapshot, name, decision)
             unknown.append(name)
             continue
+        if matches[0].key in out:
+            raise RecoveryError(
+                f"two decisions name tool call {matches[0].tool_call_id} ({matches[0].key}) "
+                f"in session {snapshot.session_id}; give one",
+                session_id=snapshot.session_id,
+                call_key=matches[0].key,
+            )
         out[matches[0].key] = dict(decision)
     if unknown:
         known = ", ".join(f"{c.tool_call_id} ({c.key})" for c in calls)
@@ -229,6 +249,55 @@ def resolve_decisions(
             call_keys=[c.key for c in calls],
         )
     return out
+
+
+def refuse_decided(snapshot: Snapshot, name: str, given: Mapping[str, Any]) -> None:
+    """Refuse ``given`` when ``name`` (a call key, or a tool call id naming one call) is a
+    call of an open run's current turn whose current attempt has a decision on record (still
+    in doubt, or settled by it). Part of :func:`resolve_decisions`; the host also asks it of
+    a session that is live (so a second decision reads ``already_decided`` there too).
+
+    Raises:
+        AlreadyDecided: naming the call, its attempt and the decision on record.
+    """
+    calls = [c for ls in snapshot.lanes if ls.run is not None for c in ls.run.tool_calls]
+    named = [c for c in calls if c.key == name] or [c for c in calls if c.tool_call_id == name]
+    if len(named) == 1 and named[0].decision is not None:
+        raise _already_decided(snapshot, named[0], given)
+
+
+def _already_decided(
+    snapshot: Snapshot, call: ToolCallState, given: Mapping[str, Any]
+) -> AlreadyDecided:
+    """The refusal of ``given`` for ``call``, whose current attempt was decided already."""
+    ls = next(
+        ls
+        for ls in snapshot.lanes
+        if ls.run is not None and any(c is call for c in ls.run.tool_calls)
+    )
+    assert ls.run is not None
+    held = dict(call.decision or {})
+    on_record = {"decision": held.get("decision"), "seq": call.decided_seq}
+    if held.get("decision") == "result":
+        on_record["result"] = held.get("result")
+    shown = str(held.get("decision")) + (
+        f":{str(held.get('result'))[:80]}" if held.get("decision") == "result" else ""
+    )
+    settled = " and settled by it" if call.status == "completed" else ""
+    return AlreadyDecided(
+        f"tool call {call.tool_call_id} ({call.key}) of run {ls.run.run_id} in session "
+        f"{snapshot.session_id} was already decided {shown!r} (record seq {call.decided_seq}, "
+        f"attempt {call.attempts}){settled}; a decision on record is never replaced, so "
+        f"{given.get('decision')!r} was refused and nothing was written",
+        session_id=snapshot.session_id,
+        lane=ls.lane.name,
+        run_id=ls.run.run_id,
+        tool_call_id=call.tool_call_id,
+        call_key=call.key,
+        attempt=call.attempts,
+        on_record=on_record,
+        given=dict(given),
+    )
 
 
 def _declared(tools: Mapping[str, ToolDeclaration], name: str) -> str | None:

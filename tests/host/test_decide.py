@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_harness.errors import RecoveryError
+from durable_harness.errors import AlreadyDecided, RecoveryError, SessionLive
 from durable_harness.host import HostOptions, SessionManager
 
-from .test_manager import crashed_cli_run, script, state_is, workdir
+from .test_manager import crashed_cli_run, records, script, state_is, until, workdir
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.crash]
 
@@ -52,5 +52,45 @@ async def test_an_unknown_call_id_is_refused_and_changes_nothing(tmp_path: Path)
         resumed = await m.decide(sid, doubt.tool_call_id, "result:ran once")
         assert resumed.state in ("idle", "running")
         await state_is(m, sid, "idle")
+        await m.close(sid)
+    assert out.read_text() == "x\n"
+
+
+async def test_a_second_decision_is_already_decided_while_the_resumed_run_is_open(
+    tmp_path: Path,
+) -> None:
+    """The decision resumed the session; its run is still open (the next provider turn waits
+    on a gate): a second decision for the call reads ``already_decided`` (naming the decision
+    on record), not just ``session_live``, and nothing is written."""
+    root = tmp_path / "store"
+    spec = f"jsonl:{root}"
+    out = Path(workdir(tmp_path)) / "effects.txt"
+    gate = tmp_path / "gate"
+    call = {"name": "bash", "arguments": {"command": f"echo x >> {out}"}}
+    turns = [{"text": "", "tool_calls": [call]}, {"text": "done", "wait_for": str(gate)}]
+    provider = script(tmp_path, turns)
+    sid = crashed_cli_run(tmp_path, spec, provider, "after_tool_effect")
+    async with SessionManager(spec, HostOptions(provider=provider, auto_resume="never")) as m:
+        plan = m.plan(sid)
+        assert plan is not None
+        (doubt,) = plan.open_calls()
+        resumed = await m.decide(sid, doubt.tool_call_id, "result:ran once")
+        assert resumed.state in ("idle", "running")
+        await state_is(m, sid, "running")
+
+        async def asked_turn_2() -> bool:  # its intent durable: the provider waits on the gate
+            return len(records(spec, sid, "provider_request_started")) == 2
+
+        await until(asked_turn_2, "the resumed run to wait on turn 2")
+        before = _files(root)
+        with pytest.raises(AlreadyDecided) as caught:
+            await m.decide(sid, doubt.tool_call_id, "retry")
+        assert caught.value.details["on_record"]["decision"] == "result"
+        assert caught.value.details["call_key"] == doubt.call_key
+        assert _files(root) == before
+        gate.touch()
+        await state_is(m, sid, "idle")
+        with pytest.raises(SessionLive):  # the run is over: nothing of it is open to decide
+            await m.decide(sid, doubt.tool_call_id, "retry")
         await m.close(sid)
     assert out.read_text() == "x\n"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from durable_harness.host import HostOptions, SessionManager
+from durable_harness.host import listing as listing_module
 from durable_harness.host import manager as manager_module
 
 from .test_manager import crashed_cli_run, script, state_is, workdir
@@ -41,7 +42,9 @@ def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(store.session_id)
         return await real(store, *args, **kwargs)
 
+    # a read plans in host/listing.py (shared with the CLI), a resume in the manager
     monkeypatch.setattr(manager_module, "plan_recovery", counting)
+    monkeypatch.setattr(listing_module, "plan_recovery", counting)
     return seen
 
 

@@ -1,0 +1,99 @@
+"""Listing sessions: what a session record plus its recovery plan says at a glance, written
+once for the host (``GET /sessions``) and the CLI (``durable-harness sessions``).
+
+- :func:`read_listed`: a session's record and, when suspended, its plan, from a read-only
+  open (the manager's :meth:`~durable_harness.host.manager.SessionManager.get` and the CLI both
+  read a session this way).
+- :func:`waiting_calls`: the in-doubt calls a suspended session waits on, each with its tool,
+  call id and arguments (or their digest when long).
+- :func:`check_states`: the ``state`` filter's values, checked against the lifecycle states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from durable_harness.errors import InvalidRequest
+from durable_harness.host.lifecycle import STATES, State
+from durable_harness.host.record import CommandRuntime, SessionRecord, read_record
+from durable_harness.recovery.decide import Policy, RecoveryPlan
+from durable_harness.recovery.resume import plan_recovery
+from durable_harness.storage.base import SessionStore
+from durable_harness.tools.base import Tool
+
+ARGUMENTS_INLINE_BYTES = 1024
+"""A waiting call's arguments are listed as they are up to this many bytes of JSON; longer
+ones as ``arguments_digest`` (``sha256:HEX`` of the JSON, keys sorted) and
+``arguments_bytes``: a listing of many sessions stays small, and the full arguments are in the
+session's plan (``GET /sessions/{id}/agent/status``, ``durable-harness recover``)."""
+
+
+async def read_listed(
+    store: SessionStore,
+    spec: str,
+    tools: Callable[[CommandRuntime], Mapping[str, Tool]],
+    policy: Policy = "ask",
+) -> tuple[SessionRecord, RecoveryPlan | None]:
+    """The record of an open session (``spec``: its store's spec) and, when it reads
+    ``suspended``, its recovery plan with today's tools (``tools(command runtime)``) and
+    ``policy`` (reconcile hooks are asked; they only look). Writes nothing.
+
+    Raises:
+        StorageError: the session cannot be read.
+    """
+    alive = store.lease_holder() is not None
+    rec = read_record(store, spec, owner_alive=alive)
+    if rec.state != "suspended":
+        return rec, None
+    recovery = await plan_recovery(store, tools(rec.command_runtime), policy, None, None)
+    return rec, recovery.plan
+
+
+def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
+    """The calls ``plan`` waits on for a decision, in lane order: ``{"lane", "run_id",
+    "tool_name", "tool_call_id", "call_key", "attempt", "doubt"}`` plus ``arguments`` (at most
+    :data:`ARGUMENTS_INLINE_BYTES` of JSON) or ``arguments_digest`` and ``arguments_bytes``."""
+    out: list[dict[str, Any]] = []
+    for lp in plan.lanes if plan is not None else []:
+        for call in lp.waiting():
+            item: dict[str, Any] = {
+                "lane": lp.lane,
+                "run_id": lp.run_id,
+                "tool_name": call.tool_name,
+                "tool_call_id": call.tool_call_id,
+                "call_key": call.call_key,
+                "attempt": call.attempts,
+                "doubt": call.doubt,
+            }
+            args = call.arguments or {}
+            raw = orjson.dumps(args, option=orjson.OPT_SORT_KEYS, default=str)
+            if len(raw) <= ARGUMENTS_INLINE_BYTES:
+                item["arguments"] = args
+            else:
+                item["arguments_digest"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+                item["arguments_bytes"] = len(raw)
+            out.append(item)
+    return out
+
+
+def check_states(states: Iterable[str] | None) -> frozenset[State] | None:
+    """The states a listing is filtered to (``None``: no filter).
+
+    Raises:
+        InvalidRequest: a value is no lifecycle state (the message lists them).
+    """
+    if not states:
+        return None
+    chosen = list(states)
+    bad = [s for s in chosen if s not in STATES]
+    if bad:
+        raise InvalidRequest(
+            f"state {bad[0][:100]!r} is not a session state ({', '.join(STATES)})",
+            state=bad[0][:100],
+            states=list(STATES),
+        )
+    return frozenset(s for s in STATES if s in chosen)
