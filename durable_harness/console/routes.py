@@ -40,25 +40,11 @@ from durable_harness.console.view import ago, idempotency_keys, read_session, tr
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.options import needs_decision
+from durable_harness.http.errors import status_of
 from durable_harness.http.streams import SLOTS
 
 if TYPE_CHECKING:
     from durable_harness.host.manager import SessionManager
-
-STATUS_OF_CODE = {
-    "invalid_request": 400,
-    "session_not_found": 404,
-    "message_too_large": 413,
-    "session_live": 409,
-    "session_not_live": 409,
-    "illegal_transition": 409,
-    "run_in_progress": 409,
-    "no_open_run": 409,
-    "lane_suspended": 409,
-    "lease_held": 409,
-    "recovery_error": 409,
-}
-"""The HTTP status of a refused action, by the error's ``code`` (others: 500)."""
 
 NOTICES = {
     "sent": "Message accepted.",
@@ -169,12 +155,13 @@ def console_router(
         return fields
 
     def error_page(request: Request, exc: DurableHarnessError) -> HTMLResponse:
+        # the API's one table of statuses, and what a remote caller may see of the error
         return render(
             request,
             "error.html",
-            STATUS_OF_CODE.get(exc.code, 500),
+            status_of(exc),
             title=exc.code,
-            message=encodable(exc.message),
+            message=encodable(str(exc.to_remote_json()["message"])),
         )
 
     def back(session_id: str, notice: str) -> RedirectResponse:
@@ -318,7 +305,7 @@ def console_router(
         try:
             await manager.get(session_id)
         except DurableHarnessError as exc:
-            return Response(encodable(exc.message), STATUS_OF_CODE.get(exc.code, 500))
+            return Response(encodable(str(exc.to_remote_json()["message"])), status_of(exc))
         refused = SLOTS.refusal()
         if refused is not None:
             return refused

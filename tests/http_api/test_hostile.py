@@ -181,7 +181,7 @@ def test_held_elsewhere_is_session_live_and_decisions_are_checked(
         with second.client() as c2:
             for resp in (
                 c2.post(f"/sessions/{sid}/agent/send", json={"message": "hi"}),
-                c2.post(f"/sessions/{sid}/agent/abort"),
+                c2.post(f"/sessions/{sid}/agent/abort", json={}),
                 c2.get(f"/sessions/{sid}/agent/events"),
             ):
                 err = _error(resp, 409, "session_live")
