@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -500,3 +502,20 @@ def test_root_confines_the_working_directories_of_new_sessions(start_server, scr
             c.post("/sessions", json={"cwd": str(other), "provider": provider}).status_code == 201
         )
     assert "sessions may be created in any directory" in anywhere.stderr()
+
+
+def test_a_root_that_is_not_a_directory_stops_serve_before_the_store_is_made(tmp_path):
+    missing = tmp_path / "no-such-dir"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "durable_harness", "serve", "--port", "0"),
+            *("--root", str(missing), "--store", f"jsonl:{tmp_path / 'store'}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DURABLE_HARNESS_HOME": str(tmp_path / "home")},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "error[invalid_request]" in proc.stderr and str(missing) in proc.stderr
+    assert not (tmp_path / "store").exists()
