@@ -76,8 +76,13 @@ class DurableHarnessError(Exception):
         self.details = details
 
     def to_json(self) -> dict[str, Any]:
-        """Return ``{"code", "message", **details}`` for CLI and HTTP fronts."""
+        """Return ``{"code", "message", **details}`` for the CLI (the store's owner)."""
         return {"code": self.code, "message": self.message, **self.details}
+
+    def to_remote_json(self) -> dict[str, Any]:
+        """What a remote front (HTTP, console, ACP) shows a caller: :meth:`to_json`, less
+        what a subclass keeps local (an ambiguous prefix's other session ids)."""
+        return self.to_json()
 
 
 class StorageError(DurableHarnessError):
@@ -121,6 +126,18 @@ class AmbiguousSessionPrefix(StorageError):
     """A session id prefix matches more than one session; ``details['candidates']`` lists them."""
 
     code = "ambiguous_session_prefix"
+
+    def to_remote_json(self) -> dict[str, Any]:
+        """The prefix and how many sessions it matches, without their ids: a caller who
+        names one session learns nothing of the others."""
+        ref = str(self.details.get("ref", ""))[:200]
+        count = len(self.details.get("candidates", ()))
+        return {
+            "code": self.code,
+            "message": f"session prefix {ref!r} matches {count} sessions; give more of the id",
+            "ref": ref,
+            "count": count,
+        }
 
 
 class SessionUnreadable(StorageIOError):
@@ -327,6 +344,14 @@ class InvalidRequest(HostError):
     directory, a malformed session id, an unknown mode. Nothing was changed."""
 
     code = "invalid_request"
+
+
+class CwdNotAllowed(HostError):
+    """A session's working directory is outside every tree the host confines sessions to
+    (``HostOptions.roots``, ``serve --root``; real paths compared). ``details``: ``cwd``,
+    ``real`` (its real path), ``roots``. Nothing was created."""
+
+    code = "cwd_not_allowed"
 
 
 class MessageTooLarge(HostError):

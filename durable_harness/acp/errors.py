@@ -18,6 +18,7 @@ INTERNAL = -32603
 
 _BY_CODE: dict[str, int] = {
     "invalid_request": INVALID_PARAMS,
+    "cwd_not_allowed": INVALID_PARAMS,
     "message_too_large": INVALID_PARAMS,
     "format_error": INVALID_PARAMS,
     "missing_credential": INVALID_PARAMS,
@@ -41,6 +42,8 @@ anything else ``-32603`` (internal error)."""
 
 
 def rpc_error(exc: DurableHarnessError) -> RequestError:
-    """The JSON-RPC error for a library error: its message, and ``data`` = ``exc.to_json()``
-    (``{"code", "message", ...details}``)."""
-    return RequestError(_BY_CODE.get(exc.code, INTERNAL), exc.message, exc.to_json())
+    """The JSON-RPC error for a library error: its message, and ``data`` =
+    ``exc.to_remote_json()`` (``{"code", "message", ...details}``, without what stays local:
+    :meth:`~durable_harness.errors.DurableHarnessError.to_remote_json`)."""
+    shown = exc.to_remote_json()
+    return RequestError(_BY_CODE.get(exc.code, INTERNAL), str(shown["message"]), shown)

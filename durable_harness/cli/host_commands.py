@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 from durable_harness.cli.main import command, out, run_async, store_of
+from durable_harness.errors import InvalidRequest
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import POLICIES
 from durable_harness.storage import DURABILITY_MODES, open_store
@@ -32,6 +35,51 @@ def configure_host(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--durability", choices=DURABILITY_MODES, default="sync", help="of new sessions"
         )
+        _add_root(p)
+
+
+def _add_root(p: argparse.ArgumentParser) -> None:
+    """The ``--root DIR`` option (repeatable) of ``serve`` and ``acp``."""
+    p.add_argument(
+        "--root",
+        action="append",
+        metavar="DIR",
+        help="a directory tree new sessions may run in (repeatable; real paths compared, "
+        "design/host.md 'Roots'); without it any directory is allowed",
+    )
+
+
+def roots_of(args: argparse.Namespace) -> tuple[Path, ...] | None:
+    """The ``--root`` directories as real paths, or ``None`` without any; each must be an
+    existing directory.
+
+    Raises:
+        InvalidRequest: a ``--root`` that is not an existing directory, naming it.
+    """
+    given: list[str] | None = getattr(args, "root", None)
+    if not given:
+        return None
+    roots = []
+    for text in given:
+        real = Path(os.path.realpath(Path(text).expanduser()))
+        if not real.is_dir():
+            raise InvalidRequest(f"--root {text!r} is not an existing directory", root=text)
+        roots.append(real)
+    return tuple(roots)
+
+
+def announce_roots(roots: tuple[Path, ...] | None, front: str) -> None:
+    """Say on stderr where sessions created through ``front`` may run."""
+    if roots is None:
+        print(
+            f"durable-harness: {front} sessions may be created in any directory "
+            "(confine them with --root DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        shown = ", ".join(str(root) for root in roots)
+        print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
 
 
 def _seconds(text: str) -> float:
@@ -93,13 +141,15 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         help="give each live session its own loopback control port (/agent/send, status, "
         "abort, messages; the port is in .../agent/status)",
     )
+    _add_root(p)
 
 
 @command(
     "serve",
     "Serve the store's sessions over HTTP (see design/http.md).",
     "  durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5\n"
-    "  DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db",
+    "  DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db\n"
+    "  durable-harness serve --root ~/projects --root /srv/agents",
 )
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
@@ -111,13 +161,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     token = args.token or os.environ.get("DURABLE_HARNESS_TOKEN") or None
     require_token(args.host, token)  # before the store is opened: a refusal creates nothing
+    roots = roots_of(args)
     options = HostOptions(
         provider=args.provider,
         mode=args.mode,
         policy=args.policy,
         auto_resume=args.auto_resume,
         control=control_endpoint(token=token) if args.control_ports else None,
+        roots=roots,
     )
+    announce_roots(roots, "API")
     if args.claim_interval is not None:
         options.claim_interval = args.claim_interval or None
     store = store_of(args, create=True)
@@ -149,9 +202,15 @@ def cmd_acp(args: argparse.Namespace) -> int:
     make_provider(args.provider)
     # an editor's agent serves its client's sessions; claiming crashed workers' sessions is
     # for `serve` (design/host.md, "Workers")
+    roots = roots_of(args)
     options = HostOptions(
-        provider=args.provider, policy=args.policy, mode=args.durability, claim_interval=None
+        provider=args.provider,
+        policy=args.policy,
+        mode=args.durability,
+        claim_interval=None,
+        roots=roots,
     )
+    announce_roots(roots, "ACP")
     run_async(serve, store_of(args, create=True), options)
     return 0
 

@@ -156,12 +156,13 @@ def console_router(
         return fields
 
     def error_page(request: Request, exc: DurableHarnessError) -> HTMLResponse:
+        # the API's one table of statuses, and what a remote caller may see of the error
         return render(
             request,
             "error.html",
             status_of(exc),
             title=exc.code,
-            message=encodable(exc.message),
+            message=encodable(str(exc.to_remote_json()["message"])),
         )
 
     def back(session_id: str, notice: str) -> RedirectResponse:
@@ -305,7 +306,7 @@ def console_router(
         try:
             await manager.get(session_id)
         except DurableHarnessError as exc:
-            return Response(encodable(exc.message), status_of(exc))
+            return Response(encodable(str(exc.to_remote_json()["message"])), status_of(exc))
         refused = SLOTS.refusal()
         if refused is not None:
             return refused

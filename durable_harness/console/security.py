@@ -24,6 +24,8 @@ import secrets
 from starlette.requests import Request
 from starlette.responses import Response
 
+from durable_harness.http.guard import token_matches
+
 CSRF_COOKIE = "dh_console_csrf"
 """The cookie holding the browser's random CSRF id."""
 AUTH_COOKIE = "dh_console_auth"
@@ -103,11 +105,7 @@ class Guard:
         header, or a valid login cookie."""
         if self.token is None:
             return True
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), self.token.encode()
-        ):
+        if token_matches(request.headers.get("authorization", ""), self.token):
             return True
         cookie = request.cookies.get(AUTH_COOKIE, "")
         assert self._login_mac is not None

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import IdempotencyKeyReused, InvalidRequest
+from durable_harness.errors import CwdNotAllowed, IdempotencyKeyReused, InvalidRequest
 
 SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}"
 """What a session id looks like (the manager checks it; the HTTP API's OpenAPI document shows
@@ -54,6 +54,18 @@ def check_text(name: str, value: str | None) -> None:
         return
     if "\x00" in value:
         raise InvalidRequest(f"{name} {_quote(value)} contains a NUL character", field=name)
+    check_unicode(name, value)
+
+
+def check_unicode(name: str, value: str) -> None:
+    """Refuse text UTF-8 cannot encode (a lone surrogate such as ``\ud800``, which JSON text
+    may carry). A message with one is refused up front rather than stored altered (the store
+    writes U+FFFD for it), so an identical retry under the same ``Idempotency-Key`` is never
+    compared against an altered copy and refused as a different message.
+
+    Raises:
+        InvalidRequest: naming the field and the position of the first bad character.
+    """
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -102,6 +114,43 @@ def working_directory(cwd: str) -> Path:
             cwd=cwd[:200],
         )
     return path
+
+
+def check_root(path: Path, roots: tuple[Path, ...] | None) -> Path:
+    """``path``'s real path (symlinks resolved) when it is one of ``roots`` or inside one
+    (their real paths too); any path when ``roots`` is ``None`` (``HostOptions.roots``).
+
+    Raises:
+        CwdNotAllowed: naming the directory, its real path and the roots.
+    """
+    real = Path(os.path.realpath(path))
+    if roots is None:
+        return real
+    allowed = [Path(os.path.realpath(root)) for root in roots]
+    if any(real == root or real.is_relative_to(root) for root in allowed):
+        return real
+    shown = ", ".join(str(root) for root in allowed) or "(none)"
+    raise CwdNotAllowed(
+        f"working directory {_quote(str(path))} (really {_quote(str(real))}) is outside the "
+        f"directories this host lets sessions run in: {shown}",
+        cwd=str(path)[:200],
+        real=str(real)[:200],
+        roots=[str(root) for root in allowed],
+    )
+
+
+def check_key(client_key: str | None) -> None:
+    """Refuse an empty or unencodable ``Idempotency-Key`` (a client key): an empty one would
+    be recorded as no key at all, and a retry with it would not be recognised.
+
+    Raises:
+        InvalidRequest: naming the cause.
+    """
+    if client_key is None:
+        return
+    if not client_key.strip():
+        raise InvalidRequest("an Idempotency-Key must not be empty", field="Idempotency-Key")
+    check_text("Idempotency-Key", client_key)
 
 
 def check_lane(lane: str) -> str:

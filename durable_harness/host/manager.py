@@ -46,9 +46,12 @@ from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
 from durable_harness.host.inputs import (
     SESSION_ID,
+    check_key,
     check_lane,
+    check_root,
     check_same_send,
     check_text,
+    check_unicode,
     working_directory,
 )
 from durable_harness.host.lifecycle import LIVE, State
@@ -374,16 +377,19 @@ class SessionManager:
 
         Raises:
             InvalidRequest: ``cwd`` is not an existing directory, an unknown ``mode`` or
-                ``command_runtime``, or no provider (none given, no host default).
+                ``command_runtime``, an empty ``client_key``, or no provider (none given,
+                no host default).
+            CwdNotAllowed: ``cwd`` is outside ``options.roots``.
             FormatError, MissingCredential: the provider spec cannot be built.
         """
         for name, value in (("cwd", cwd), ("provider", provider), ("mode", mode)):
             check_text(name, value)
+        check_key(client_key)
         if client_key is not None and client_key in self._keys:
             return await self._created_before(
                 client_key, cwd, mode=mode, command_runtime=command_runtime, provider=provider
             )
-        path = working_directory(cwd)
+        path = check_root(working_directory(cwd), self.options.roots)
         durability = cast(Durability, mode or self.options.mode)
         if durability not in DURABILITY_MODES:
             raise InvalidRequest(
@@ -866,13 +872,15 @@ class SessionManager:
             return None
 
     def check_message(self, message: str) -> None:
-        """Refuse an empty message or one over ``options.max_message_bytes``.
+        """Refuse an empty message, one with a lone surrogate, or one over
+        ``options.max_message_bytes``.
 
         Raises:
             InvalidRequest, MessageTooLarge.
         """
         if not message.strip():
             raise InvalidRequest("the message is empty")
+        check_unicode("message", message)
         size = len(message.encode("utf-8", "surrogatepass"))
         if size > self.options.max_message_bytes:
             raise MessageTooLarge(
@@ -901,6 +909,7 @@ class SessionManager:
             run is open on the lane), NoOpenRun (a steer with no run), LaneSuspended.
         """
         self.check_message(message)
+        check_key(client_key)
         check_lane(lane)
         if mode not in ("prompt", "steer", "follow_up"):
             raise InvalidRequest(f"mode {mode!r} is not prompt, steer or follow_up")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from durable_harness.harness.core import HarnessOptions
@@ -57,6 +58,12 @@ class HostOptions:
         claim_interval: on a store that can claim crashed sessions (PostgreSQL), seconds
             between two claim rounds of the worker loop (``host/worker.py``; also one at
             start-up); ``None``: no claiming.
+        roots: the directory trees sessions may be created in (``serve --root``,
+            repeatable): a new session's working directory must be one of them or inside
+            one, real paths compared (symlinks resolved), else
+            :class:`~durable_harness.errors.CwdNotAllowed`. The manager's ``create`` checks
+            it, so the HTTP API, the console and ACP's ``session/new`` apply the one rule.
+            ``None``: any directory.
     """
 
     provider: str | None = None
@@ -69,6 +76,7 @@ class HostOptions:
     harness: HarnessOptions = field(default_factory=HarnessOptions)
     control: ControlFactory | None = None
     claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
+    roots: tuple[Path, ...] | None = None
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:

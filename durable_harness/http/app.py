@@ -26,7 +26,8 @@ from durable_harness.host.inputs import LANE_PATTERN, SESSION_ID_PATTERN
 from durable_harness.host.manager import SessionManager
 from durable_harness.host.options import HostOptions
 from durable_harness.http import errors, models
-from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
+from durable_harness.http.guard import install_guards
+from durable_harness.http.methods import SAFE_METHODS
 from durable_harness.http.metrics import MetricsSink, make_sink, refresh
 from durable_harness.http.streams import SLOTS
 from durable_harness.storage.base import Store
@@ -67,6 +68,7 @@ IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
+        min_length=1,
         max_length=256,
         description="a client key: a repeated request with the same key is not applied twice",
     ),
@@ -159,21 +161,76 @@ def create_app(
         version=__version__,
         description="Crash-durable agent sessions over HTTP (design/http.md).",
         lifespan=lifespan,
+        docs_url=None,  # no CDN script on the API's origin (design/http.md, "Documents")
+        redoc_url=None,
     )
     errors.install(app)
     _routes(app, sink)
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     max_message = (options or HostOptions()).max_message_bytes
-    app.add_middleware(BodyLimit, limit=body_limit_for(max_message))
-    app.add_middleware(BearerAuth, token=token, own_auth=own_auth)
-    if loopback_hosts_only:
-        app.add_middleware(LoopbackHosts)  # added last: runs first
+    install_guards(
+        app,
+        body_limit=body_limit_for(max_message),
+        token=token,
+        own_auth=own_auth,
+        loopback_hosts_only=loopback_hosts_only,
+    )
     return app
+
+
+_ANY_ROUTE: dict[str, str] = {
+    "400": "invalid_request (a malformed id, query, header or body); host_not_allowed (a "
+    "tokenless server answers only loopback Host values)",
+    "401": "unauthorized: the server has a bearer token and the request lacks it",
+    "503": "database_locked (with Retry-After), too_many_streams",
+}
+"""The statuses every route can answer, whatever it does (the guards, the store)."""
+
+_UNSAFE_ROUTE: dict[str, str] = {
+    "403": "cross_origin: an Origin other than the server's own, or Sec-Fetch-Site "
+    "cross-site/same-site",
+    "413": "message_too_large: the body is over the limit",
+    "415": "unsupported_media_type: the Content-Type is not application/json",
+}
+"""The statuses every POST/DELETE route can answer besides (``http/guard.py``)."""
+
+_KEYED_ROUTE: dict[str, str] = {
+    "422": "idempotency_key_reused: the Idempotency-Key came with another request before",
+}
+"""The status a route taking an ``Idempotency-Key`` can answer besides."""
+
+
+def _document_statuses(method: str, operation: dict[str, Any]) -> None:
+    """Add to one operation of the document the statuses its route can answer beyond its
+    own (:data:`_ANY_ROUTE`, :data:`_UNSAFE_ROUTE`, :data:`_KEYED_ROUTE`), each with the
+    error body; and, to a POST/DELETE without a body, the ``{}`` it takes."""
+    responses = operation.setdefault("responses", {})
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    extra = dict(_ANY_ROUTE)
+    if method.upper() not in SAFE_METHODS:
+        extra.update(_UNSAFE_ROUTE)
+        operation.setdefault(
+            "requestBody",
+            {
+                "required": True,
+                "description": "no input: send {} (Content-Type: application/json)",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+        )
+    if any(p.get("name") == "Idempotency-Key" for p in operation.get("parameters", ())):
+        extra.update(_KEYED_ROUTE)
+    for status, description in extra.items():
+        answer = responses.setdefault(status, {"description": description, "content": error})
+        if answer.get("description") != description and description not in str(
+            answer.get("description")
+        ):
+            answer["description"] = f"{answer.get('description', '')}; {description}"
 
 
 def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """The app's OpenAPI document with FastAPI's default 422 replaced by this API's 400
-    ``invalid_request`` (validation errors are rendered as 400 with the error body)."""
+    ``invalid_request`` (validation errors are rendered as 400 with the error body), and
+    every status a route can answer listed (:func:`_document_statuses`)."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is not None:
@@ -182,7 +239,7 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         for item in doc.get("paths", {}).values():
-            for operation in item.values():
+            for method, operation in item.items():
                 responses = operation.get("responses", {})
                 if responses.pop("422", None) is not None:
                     responses.setdefault(
@@ -196,6 +253,7 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
                             },
                         },
                     )
+                _document_statuses(method, operation)
         schemas = doc.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
@@ -212,7 +270,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         "/sessions",
         status_code=201,
         response_model=models.Session,
-        responses={400: _ERROR},
+        responses={400: _ERROR, 403: {**_ERROR, "description": "cwd_not_allowed (--root)"}},
         tags=["sessions"],
     )
     async def create_session(

@@ -27,7 +27,7 @@ from durable_harness.host.manager import SessionManager
 from durable_harness.host.options import ControlFactory
 from durable_harness.http import errors
 from durable_harness.http.app import agent_routes, body_limit_for, openapi_builder
-from durable_harness.http.guard import BearerAuth, BodyLimit, LoopbackHosts
+from durable_harness.http.guard import install_guards
 from durable_harness.http.server import bind
 
 log = logging.getLogger("durable_harness.http")
@@ -45,15 +45,19 @@ def create_control_app(
     app = FastAPI(
         title=f"durable-harness session {session_id} control",
         description="One session generation's control endpoint (design/http.md).",
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.manager = manager
     errors.install(app)
     agent_routes(app, "/agent", lambda: session_id)
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
-    app.add_middleware(BodyLimit, limit=body_limit_for(manager.options.max_message_bytes))
-    app.add_middleware(BearerAuth, token=token)
-    if token is None:  # always on loopback: refuse a DNS-rebinding page's Host
-        app.add_middleware(LoopbackHosts)
+    install_guards(
+        app,
+        body_limit=body_limit_for(manager.options.max_message_bytes),
+        token=token,
+        loopback_hosts_only=token is None,  # always on loopback: a DNS-rebinding page's Host
+    )
     return app
 
 

@@ -28,6 +28,7 @@ from durable_harness.errors import (
     encodable,
     root_cause,
 )
+from durable_harness.http.methods import allowed_methods
 
 log = logging.getLogger("durable_harness.http")
 
@@ -47,6 +48,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "host_not_allowed": 400,
     # no bearer token, or the wrong one
     "unauthorized": 401,
+    # a state-changing request from another origin (http/guard.py SameOrigin)
+    "cross_origin": 403,
+    # a session's working directory outside the server's --root trees
+    "cwd_not_allowed": 403,
     "method_not_allowed": 405,
     # the session's state does not allow it now
     "session_live": 409,
@@ -66,6 +71,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "idempotency_key_reused": 422,
     # too big to take
     "message_too_large": 413,
+    # a state-changing request whose body is not JSON (http/guard.py SameOrigin)
+    "unsupported_media_type": 415,
     # the store is busy: try again
     "database_locked": 503,
 }
@@ -95,13 +102,21 @@ def status_of(error: DurableHarnessError) -> int:
     return 500
 
 
-def error_response(status: int, body: dict[str, Any]) -> Response:
+def error_response(
+    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> Response:
     """A JSON error response: ``body`` is ``{"code", "message", **details}`` (details may
-    hold any key, ``status`` included). Total: a string that UTF-8 cannot encode (a lone
-    surrogate quoted from the request) is escaped (:func:`~durable_harness.errors.encodable`)."""
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    hold any key, ``status`` included), with ``headers`` and the ones the status needs
+    (``WWW-Authenticate`` on 401, ``Accept`` on 415, ``Retry-After`` on 503). Total: a string
+    that UTF-8 cannot encode (a lone surrogate quoted from the request) is escaped
+    (:func:`~durable_harness.errors.encodable`)."""
+    headers = dict(headers or {})
+    if status == 401:
+        headers.setdefault("WWW-Authenticate", "Bearer")
+    if status == 415:
+        headers.setdefault("Accept", "application/json")
     if status == 503:
-        headers = {"Retry-After": "1"}
+        headers.setdefault("Retry-After", "1")
     try:
         content = orjson.dumps(body, default=str)
     except TypeError:
@@ -115,8 +130,9 @@ def error_response(status: int, body: dict[str, Any]) -> Response:
 
 
 def library_error_response(error: DurableHarnessError) -> Response:
-    """The response of a library error: its ``to_json()`` with :func:`status_of`."""
-    return error_response(status_of(error), error.to_json())
+    """The response of a library error: its ``to_remote_json()`` (what a caller who is not
+    the store's owner may see) with :func:`status_of`."""
+    return error_response(status_of(error), error.to_remote_json())
 
 
 def _validation_problems(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -149,9 +165,13 @@ def install(app: FastAPI) -> None:
             exc.status_code, "invalid_request" if exc.status_code < 500 else "internal"
         )
         message = str(exc.detail)
+        headers = dict(exc.headers or {})
         if exc.status_code in (404, 405):
             message = f"{message}: no route {request.method} {request.url.path[:200]}"
-        return error_response(exc.status_code, {"code": code, "message": message})
+        if exc.status_code == 405:  # every method of the path, not only the first route's
+            allowed = allowed_methods(request.app.router, request.scope)
+            headers["Allow"] = ", ".join(sorted(allowed or {"GET"}))
+        return error_response(exc.status_code, {"code": code, "message": message}, headers)
 
     async def on_other(request: Request, exc: Exception) -> Response:
         cause = root_cause(exc)

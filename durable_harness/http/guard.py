@@ -1,5 +1,6 @@
 """ASGI middleware in front of every route: the Host check of a tokenless loopback server,
-the bearer token and the body limit (``design/http.md``).
+the same-origin rule of state-changing requests (CSRF), the bearer token, the body limit, and
+the Content-Security-Policy of HTML answers (``design/http.md``).
 
 Each answers before the application reads anything: a request without the right token, or
 with a body over the limit, is refused with the API's JSON error body and never reaches a
@@ -13,12 +14,23 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from starlette.applications import Starlette
+from starlette.routing import Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durable_harness.errors import MessageTooLarge, encodable
+from durable_harness.http.errors import STATUS_BY_CODE
+from durable_harness.http.methods import SAFE_METHODS, allowed_methods
+
+HTML_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+"""The Content-Security-Policy of an HTML answer that sets none itself (the console sets its
+own, ``console/security.py``): nothing loads, nothing frames it, no form posts from it."""
 
 
-async def _reply(send: Send, status: int, code: str, message: str, **details: Any) -> None:
+async def _reply(send: Send, code: str, message: str, **details: Any) -> None:
+    """Answer with the API's JSON error body; the status is ``code``'s in the one table
+    (:data:`durable_harness.http.errors.STATUS_BY_CODE`)."""
+    status = STATUS_BY_CODE[code]
     body = orjson.dumps(encodable({"code": code, "message": message, **details}))
     headers = [
         (b"content-type", b"application/json"),
@@ -28,6 +40,8 @@ async def _reply(send: Send, status: int, code: str, message: str, **details: An
         headers.append((b"www-authenticate", b"Bearer"))
     if status == 413:
         headers.append((b"connection", b"close"))
+    if status == 415:
+        headers.append((b"accept", b"application/json"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -83,7 +97,6 @@ class LoopbackHosts:
         shown = given[:200].decode("ascii", "backslashreplace")
         await _reply(
             send,
-            400,
             "host_not_allowed",
             f"Host {shown!r} is not allowed: this server has no token and answers only "
             "localhost, 127.0.0.1 and [::1]",
@@ -91,32 +104,54 @@ class LoopbackHosts:
         )
 
 
+def bearer_token(header: str | bytes) -> str | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header value, or ``None`` when
+    it is not one. The scheme is case-insensitive and separated by one or more spaces
+    (RFC 9110 11.1, 11.4; RFC 6750 2.1): ``bearer  abc`` -> ``"abc"``. The one parser of the
+    API's :class:`BearerAuth` and the console's login check."""
+    if isinstance(header, bytes):
+        header = header.decode("latin-1")
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = rest.strip(" ")
+    return token or None
+
+
+def token_matches(header: str | bytes, token: str) -> bool:
+    """Whether an ``Authorization`` header value carries bearer ``token`` (constant-time
+    comparison, :func:`hmac.compare_digest`)."""
+    given = bearer_token(header)
+    return given is not None and hmac.compare_digest(
+        given.encode("latin-1", "replace"), token.encode("utf-8")
+    )
+
+
 class BearerAuth:
     """Refuse every HTTP request whose ``Authorization`` is not ``Bearer <token>``
-    (401 ``unauthorized``); the comparison is :func:`hmac.compare_digest` (constant time).
-    With ``token=None`` every request passes (a loopback server started without one)."""
+    (401 ``unauthorized``; scheme case-insensitive: :func:`token_matches`). With
+    ``token=None`` every request passes (a loopback server started without one)."""
 
     def __init__(
         self, app: ASGIApp, token: str | None, own_auth: Callable[[str], bool] | None = None
     ) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.token = token or None
         self.own_auth = own_auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
-            self.expected is None
+            self.token is None
             or scope["type"] != "http"
             or (self.own_auth is not None and self.own_auth(scope.get("path", "")))
         ):
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"authorization")
-        if not hmac.compare_digest(given, self.expected):
+        if not token_matches(given, self.token):
             why = "a wrong bearer token" if given else "no bearer token"
             await _reply(
                 send,
-                401,
                 "unauthorized",
                 f"this server needs a bearer token; the request had {why}",
             )
@@ -185,9 +220,151 @@ class BodyLimit:
     async def _refuse(self, send: Send, size: int) -> None:
         await _reply(
             send,
-            413,
             "message_too_large",
             f"the request body is over the limit of {self.limit} bytes",
             limit=self.limit,
             size=size,
         )
+
+
+def _origin(scheme: str, host: str) -> str:
+    """``scheme://host[:port]`` lower-cased, the scheme's default port dropped (RFC 6454 4)."""
+    scheme, host = scheme.lower(), host.strip().lower()
+    default = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}.get(scheme)
+    if default and host.endswith(default) and not host.endswith("]"):
+        host = host[: -len(default)]
+    return f"{scheme}://{host}"
+
+
+def own_origin(scope: Scope) -> str:
+    """The origin a request was addressed to: its scheme and its ``Host`` header."""
+    host = _header(scope, b"host").decode("latin-1")
+    scheme = str(scope.get("scheme", "http"))
+    return _origin({"ws": "http", "wss": "https"}.get(scheme, scheme), host)
+
+
+def request_origin(header: str) -> str | None:
+    """An ``Origin`` header value normalised as :func:`own_origin` (``None``: not a
+    ``scheme://host`` origin, e.g. ``null`` from a sandboxed frame or a ``file:`` page)."""
+    scheme, sep, rest = header.strip().partition("://")
+    if not sep or not scheme or not rest or "/" in rest:
+        return None
+    return _origin(scheme, rest)
+
+
+class SameOrigin:
+    """The CSRF rule of the API (``design/http.md``, "Cross-site requests"): a request with a
+    method other than ``GET``/``HEAD``/``OPTIONS`` that a route would take is refused before
+    the route runs when
+
+    - its ``Origin`` header is present and is not the server's own (:func:`own_origin`:
+      scheme and ``Host``), ``null`` included, or its ``Sec-Fetch-Site`` is ``cross-site``
+      or ``same-site`` (another port or subdomain is another origin): 403 ``cross_origin``;
+    - its ``Content-Type`` is not ``application/json`` (parameters such as ``charset``
+      allowed): 415 ``unsupported_media_type`` with ``Accept: application/json``. A browser
+      can send a cross-origin POST without a CORS preflight only as ``text/plain``,
+      ``application/x-www-form-urlencoded`` or ``multipart/form-data`` (a ``no-cors``
+      fetch, a beacon, a form), so this alone closes that door; a route without input takes
+      ``{}``.
+
+    A request no route takes (404, 405) passes to the router, which answers it. ``exempt``:
+    ``path -> bool`` for a front with its own CSRF rule (the console's form token).
+    """
+
+    def __init__(
+        self, app: ASGIApp, router: Router, exempt: Callable[[str], bool] | None = None
+    ) -> None:
+        self.app = app
+        self.router = router
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope.get("method", "GET") in SAFE_METHODS
+            or (self.exempt is not None and self.exempt(scope.get("path", "")))
+            or scope.get("method") not in allowed_methods(self.router, scope)
+        ):
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await _reply(send, *refusal)
+
+    @staticmethod
+    def refusal(scope: Scope) -> tuple[str, str] | None:
+        """``(code, message)`` refusing a state-changing request, or ``None``."""
+        given = _header(scope, b"origin").decode("latin-1")
+        own = own_origin(scope)
+        if given and request_origin(given) != own:
+            return (
+                "cross_origin",
+                f"a request from origin {given[:200]!r} may not change anything on {own}: "
+                "state-changing requests must come from the server's own origin",
+            )
+        site = _header(scope, b"sec-fetch-site").decode("latin-1").strip().lower()
+        if site in ("cross-site", "same-site"):
+            return (
+                "cross_origin",
+                f"a {site} request (Sec-Fetch-Site) may not change anything on {own}",
+            )
+        media = _header(scope, b"content-type").decode("latin-1").split(";", 1)[0]
+        if media.strip().lower() != "application/json":
+            shown = media.strip()[:100] or "none"
+            return (
+                "unsupported_media_type",
+                f"this request needs Content-Type: application/json (it had {shown}); a "
+                "route without input takes {}",
+            )
+        return None
+
+
+class HtmlCsp:
+    """Give every ``text/html`` answer that sets no ``Content-Security-Policy`` the strict
+    :data:`HTML_CSP` (and ``X-Content-Type-Options: nosniff``): nothing HTML leaves the
+    server without a policy."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_csp(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                names = {bytes(k).lower(): bytes(v) for k, v in headers}
+                if names.get(b"content-type", b"").lower().startswith(b"text/html"):
+                    if b"content-security-policy" not in names:
+                        headers.append((b"content-security-policy", HTML_CSP.encode()))
+                    if b"x-content-type-options" not in names:
+                        headers.append((b"x-content-type-options", b"nosniff"))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_csp)
+
+
+def install_guards(
+    app: Starlette,
+    *,
+    body_limit: int,
+    token: str | None,
+    own_auth: Callable[[str], bool] | None = None,
+    loopback_hosts_only: bool = False,
+) -> None:
+    """Put the guards in front of ``app`` (the API and each control endpoint: one order,
+    written once). A request meets them in this order: :class:`LoopbackHosts` (when
+    ``loopback_hosts_only``), :class:`HtmlCsp`, :class:`SameOrigin` (``own_auth`` paths,
+    the console's, are exempt: it checks its own CSRF token), :class:`BearerAuth`,
+    :class:`BodyLimit` (``body_limit`` bytes), then the route."""
+    app.add_middleware(BodyLimit, limit=body_limit)
+    app.add_middleware(BearerAuth, token=token, own_auth=own_auth)
+    app.add_middleware(SameOrigin, router=app.router, exempt=own_auth)
+    app.add_middleware(HtmlCsp)
+    if loopback_hosts_only:
+        app.add_middleware(LoopbackHosts)  # added last: runs first

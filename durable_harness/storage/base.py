@@ -581,7 +581,7 @@ class Store(abc.ABC):
         if len(matches) > 1:
             ids = sorted(i.id for i in matches)
             raise AmbiguousSessionPrefix(
-                f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", candidates=ids
+                f"session prefix {ref!r} is ambiguous: {', '.join(ids)}", ref=ref, candidates=ids
             )
         return _readable(matches[0])
 

@@ -4,6 +4,7 @@ on a real store, a real uvicorn server for it on a free loopback port, and a rea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -118,3 +119,13 @@ def served(app: FastAPI, limit: float = 30.0) -> Iterator[str]:
         server.should_exit = True
         thread.join(limit)
         assert not thread.is_alive(), "the console server did not stop"
+
+
+def snapshot_store(root: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``root`` (what "nothing changed on
+    disk" compares)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }

@@ -47,7 +47,7 @@ def test_create_send_status_while_running_steer_abort(start_server, script, work
         assert steer.status_code == 202, steer.text
         assert steer.json()["item_id"]
 
-        aborted = c.post(f"/sessions/{sid}/agent/abort")
+        aborted = c.post(f"/sessions/{sid}/agent/abort", json={})
         assert aborted.status_code == 200, aborted.text
         assert aborted.json()["lane"] == "main"
 
@@ -105,32 +105,32 @@ def test_close_keeps_transcript_resume_is_generation_2_forget_refused_while_live
         before = c.get(f"/sessions/{sid}/agent/messages").json()["entries"]
         assert len(before) == 2
 
-        refused = c.delete(f"/sessions/{sid}")
+        refused = c.request("DELETE", f"/sessions/{sid}", json={})
         assert (refused.status_code, refused.json()["code"]) == (409, "session_live")
 
-        closed = c.post(f"/sessions/{sid}/close")
+        closed = c.post(f"/sessions/{sid}/close", json={})
         assert closed.status_code == 200 and closed.json()["state"] == "closed"
-        assert c.post(f"/sessions/{sid}/close").json()["state"] == "closed"  # idempotent
+        assert c.post(f"/sessions/{sid}/close", json={}).json()["state"] == "closed"  # idempotent
         assert c.get(f"/sessions/{sid}").json()["state"] == "closed"
         assert c.get(f"/sessions/{sid}/agent/messages").json()["entries"] == before
         dead = send(c, sid, "anyone?")
         assert (dead.status_code, dead.json()["code"]) == (409, "session_not_live")
 
-        resumed = c.post(f"/sessions/{sid}/resume")
+        resumed = c.post(f"/sessions/{sid}/resume", json={})
         assert resumed.status_code == 200, resumed.text
         assert resumed.json()["id"] == sid and resumed.json()["generation"] == 2
         assert c.get(f"/sessions/{sid}").json()["generation"] == 2
-        twice = c.post(f"/sessions/{sid}/resume")
+        twice = c.post(f"/sessions/{sid}/resume", json={})
         assert (twice.status_code, twice.json()["code"]) == (409, "session_live")
         assert send(c, sid, "again").status_code == 202
         wait_state(c, sid, "idle")
         assert len(c.get(f"/sessions/{sid}/agent/messages").json()["entries"]) == 4
 
-        assert c.delete(f"/sessions/{sid}").status_code == 409
-        assert c.post(f"/sessions/{sid}/close").json()["state"] == "closed"
+        assert c.request("DELETE", f"/sessions/{sid}", json={}).status_code == 409
+        assert c.post(f"/sessions/{sid}/close", json={}).json()["state"] == "closed"
         transcript = Path(c.get(f"/sessions/{sid}").json()["transcript"])
         assert transcript.exists()
-        assert c.delete(f"/sessions/{sid}").status_code == 204
+        assert c.request("DELETE", f"/sessions/{sid}", json={}).status_code == 204
         gone = c.get(f"/sessions/{sid}")
         assert (gone.status_code, gone.json()["code"]) == (404, "session_not_found")
         assert not transcript.exists()
@@ -264,7 +264,7 @@ def test_event_stream_delivers_a_runs_events_in_order(start_server, script, work
         # the stream ends when the generation stops
         with c.stream("GET", f"/sessions/{sid}/agent/events") as resp:
             with server.client() as other:
-                assert other.post(f"/sessions/{sid}/close").status_code == 200
+                assert other.post(f"/sessions/{sid}/close", json={}).status_code == 200
             tail = _sse_events(resp, until="never")
         assert (
             [json.loads(e["data"])["state"] for e in tail if e["event"] == "lifecycle"]
@@ -292,11 +292,11 @@ def test_second_server_resumes_a_session_closed_by_the_first(
         second = start_server(store)
         with second.client() as c2:
             # live in the first server: the second sees it and refuses to take it
-            held = c2.post(f"/sessions/{sid}/resume")
+            held = c2.post(f"/sessions/{sid}/resume", json={})
             assert (held.status_code, held.json()["code"]) == (409, "session_live")
-            assert c.post(f"/sessions/{sid}/close").json()["state"] == "closed"
+            assert c.post(f"/sessions/{sid}/close", json={}).json()["state"] == "closed"
             assert c2.get(f"/sessions/{sid}").json()["state"] == "closed"
-            resumed = c2.post(f"/sessions/{sid}/resume")
+            resumed = c2.post(f"/sessions/{sid}/resume", json={})
             assert resumed.status_code == 200, resumed.text
             assert resumed.json()["generation"] == 2
             assert send(c2, sid, "two").status_code == 202
@@ -304,7 +304,7 @@ def test_second_server_resumes_a_session_closed_by_the_first(
             entries = c2.get(f"/sessions/{sid}/agent/messages").json()["entries"]
             assert len(entries) == 4
             # the first server now sees it held by the second
-            taken = c.post(f"/sessions/{sid}/resume")
+            taken = c.post(f"/sessions/{sid}/resume", json={})
             assert (taken.status_code, taken.json()["code"]) == (409, "session_live")
 
 
@@ -323,7 +323,7 @@ def test_metrics_count_sessions_by_state_and_runs(start_server, script, workdir)
         second = create(c, workdir, provider)["id"]
         assert send(c, first, "go").status_code == 202
         wait_state(c, first, "idle")
-        assert c.post(f"/sessions/{second}/close").status_code == 200
+        assert c.post(f"/sessions/{second}/close", json={}).status_code == 200
         resp = c.get("/metrics")
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/plain")
@@ -348,7 +348,7 @@ def test_decide_refuses_a_call_not_in_doubt(start_server, script, workdir):
     server = start_server()
     with server.client() as c:
         sid = create(c, workdir, script([{"text": "ok"}]))["id"]
-        assert c.post(f"/sessions/{sid}/close").status_code == 200
+        assert c.post(f"/sessions/{sid}/close", json={}).status_code == 200
         resp = c.post(
             f"/sessions/{sid}/agent/decide",
             json={"tool_call_id": "call_x_1_1", "decision": "retry"},

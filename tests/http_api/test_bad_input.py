@@ -99,7 +99,7 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(start_server, script, work
                 ("POST", f"/sessions/{bad}/close"),
                 ("DELETE", f"/sessions/{bad}"),
             ]:
-                resp = c.request(method, path)
+                resp = c.request(method, path, json=None if method == "GET" else {})
                 assert resp.status_code in (400, 404), (method, path, resp.text)
                 assert resp.json()["code"] in ("invalid_request", "not_found"), resp.text
         _error(c.get("/sessions/..%2F.."), 404, "not_found")
@@ -110,9 +110,9 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(start_server, script, work
             ("GET", f"/sessions/{UNKNOWN}/agent/status", None),
             ("GET", f"/sessions/{UNKNOWN}/agent/messages", None),
             ("GET", f"/sessions/{UNKNOWN}/agent/log", None),
-            ("POST", f"/sessions/{UNKNOWN}/resume", None),
-            ("POST", f"/sessions/{UNKNOWN}/close", None),
-            ("DELETE", f"/sessions/{UNKNOWN}", None),
+            ("POST", f"/sessions/{UNKNOWN}/resume", {}),
+            ("POST", f"/sessions/{UNKNOWN}/close", {}),
+            ("DELETE", f"/sessions/{UNKNOWN}", {}),
             (
                 "POST",
                 f"/sessions/{UNKNOWN}/agent/decide",
@@ -122,7 +122,7 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(start_server, script, work
             _error(c.request(method, path, json=body), 404, "session_not_found")
         for method, path, body in [
             ("POST", f"/sessions/{UNKNOWN}/agent/send", {"message": "hi"}),
-            ("POST", f"/sessions/{UNKNOWN}/agent/abort", None),
+            ("POST", f"/sessions/{UNKNOWN}/agent/abort", {}),
             ("GET", f"/sessions/{UNKNOWN}/agent/events", None),
         ]:
             _error(c.request(method, path, json=body), 409, "session_not_live")

@@ -51,18 +51,18 @@ def test_control_port_serves_the_session_until_its_generation_stops(
                 for p in e["message"]["content"]
             ]
             assert texts[0] == "via the control port" and "STEER" in texts
-            refused = ctl.post("/agent/abort")
+            refused = ctl.post("/agent/abort", json={})
             assert (refused.status_code, refused.json()["code"]) == (409, "no_open_run")
             assert ctl.get("/sessions").status_code == 404  # only the four agent routes
 
-        assert c.post(f"/sessions/{sid}/close").json()["state"] == "closed"
+        assert c.post(f"/sessions/{sid}/close", json={}).json()["state"] == "closed"
         assert c.get(f"/sessions/{sid}/agent/status").json()["port"] is None
         try:
             httpx.get(f"{control}/agent/status", headers=auth, timeout=5)
             raise AssertionError("the control port still answers after close")
         except httpx.ConnectError:
             pass
-        resumed = c.post(f"/sessions/{sid}/resume").json()
+        resumed = c.post(f"/sessions/{sid}/resume", json={}).json()
         assert resumed["generation"] == 2
         new_port = c.get(f"/sessions/{sid}/agent/status").json()["port"]
         assert isinstance(new_port, int)

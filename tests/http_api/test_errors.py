@@ -35,7 +35,7 @@ def test_every_library_error_has_a_status(cls: type[errmod.DurableHarnessError])
         assert 400 <= status < 500, (cls, status)
     elif not server_side:
         assert status < 500, (cls, status)
-    assert status in (400, 401, 404, 405, 409, 413, 422, 500, 502, 503)
+    assert status in (400, 401, 403, 404, 405, 409, 413, 415, 422, 500, 502, 503)
 
 
 def test_the_issue_statuses() -> None:
@@ -51,8 +51,17 @@ def test_the_issue_statuses() -> None:
         "message_too_large": 413,
         "invalid_request": 400,
         "unauthorized": 401,
+        "cross_origin": 403,
+        "cwd_not_allowed": 403,
+        "unsupported_media_type": 415,
     }
     assert {code: STATUS_BY_CODE[code] for code in expected} == expected
     codes = {cls.code for cls in ERROR_CLASSES}
-    own = {"not_found", "method_not_allowed", "host_not_allowed"}  # the front's own
+    own = {  # the front's own
+        "not_found",
+        "method_not_allowed",
+        "host_not_allowed",
+        "cross_origin",
+        "unsupported_media_type",
+    }
     assert set(STATUS_BY_CODE) - own <= codes, "the table names a code no error has"

@@ -99,8 +99,8 @@ def test_an_id_of_an_earlier_generation_resumes_at_this_ones_start(start_server,
         with c.stream("GET", _events_url(sid)) as resp:
             assert send(c, sid, "one").status_code == 202
             gen1 = _read(_frames(resp), until="run_end")
-        assert c.post(f"/sessions/{sid}/close").status_code == 200
-        assert c.post(f"/sessions/{sid}/resume").json()["generation"] == 2
+        assert c.post(f"/sessions/{sid}/close", json={}).status_code == 200
+        assert c.post(f"/sessions/{sid}/resume", json={}).json()["generation"] == 2
         headers = {"Last-Event-ID": gen1[-1]["id"]}
         with c.stream("GET", _events_url(sid), headers=headers) as resp:
             frames = _read(_frames(resp), until="lifecycle")
@@ -119,4 +119,4 @@ def test_an_id_of_an_earlier_generation_resumes_at_this_ones_start(start_server,
             resp = c.get(_events_url(sid), headers={"Last-Event-ID": bad})
             assert resp.status_code == 400, (bad, resp.text)
             assert resp.json()["code"] == "invalid_request"
-        assert c.post(f"/sessions/{sid}/close").status_code == 200
+        assert c.post(f"/sessions/{sid}/close", json={}).status_code == 200

@@ -31,7 +31,7 @@ def test_schemathesis_finds_no_server_error(start_server, script, tmp_path):
             "--header",
             f"Authorization: Bearer {TOKEN}",
             "--checks",
-            "not_a_server_error",
+            "not_a_server_error,status_code_conformance",
             "--max-examples",
             "25",
             "--seed",
