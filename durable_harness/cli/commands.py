@@ -26,9 +26,9 @@ from durable_harness.recovery.fsck import damage_location, fsck_path, fsck_sessi
 from durable_harness.recovery.resume import (
     parse_decision,
     plan_recovery,
-    recorded_provider_spec,
     recover,
     resume_session,
+    resumed_provider,
 )
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
@@ -671,9 +671,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
             _require_lane(session, args.lane)
         if not args.provider:  # the runs resume with their recorded provider: its key is needed
             for lane in [args.lane] if args.lane else sorted(session.store.lanes()):
-                spec = recorded_provider_spec(session, lane)
-                if session.lane(lane).run_id is not None and spec is not None:
-                    require_credentials(spec)
+                choice = resumed_provider(session, lane)
+                if session.lane(lane).run_id is not None and choice is not None:
+                    require_credentials(choice.spec)
         tools = builtin_tools(allow_env=args.allow_env)
 
         async def go() -> dict[str, str]:

@@ -29,6 +29,7 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
 )
+from durable_harness.providers.choice import request_model
 from durable_harness.session.context import estimate_tokens
 from durable_harness.storage.base import EntryOp, RecordOp
 
@@ -124,7 +125,7 @@ class Turns:
         s = live.state
         attempt = s.attempts.get(attempt_key("turn", turn), 0) + 1
         ctx = self.core.session.context(lane=s.lane)
-        model = (ctx.model or {}).get("modelId") or self.core.provider.model
+        model = request_model(self.core.provider.name, self.core.provider.model, ctx.model)
         self.core.commit(
             [
                 RecordOp(
@@ -355,7 +356,7 @@ class Turns:
             ],
         }
         ctx = self.core.session.context(lane=lane)
-        model = (ctx.model or {}).get("modelId") or self.core.provider.model
+        model = request_model(self.core.provider.name, self.core.provider.model, ctx.model)
         started = dict(turn=turn, attempt=attempt, purpose=purpose)
         self.core.commit(
             [
