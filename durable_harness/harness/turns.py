@@ -282,7 +282,7 @@ class Turns:
 
     async def maybe_compact(self, live: _LiveRun) -> None:
         ctx = self.core.session.context(lane=live.state.lane)
-        limit = self.core.provider.context_window - self.core.options.compact_reserve
+        limit = self.core.compaction.limit
         tokens = ctx.state.tokens if ctx.state else estimate_tokens(ctx.messages)
         if tokens > limit > 0:
             await self.compact(live.state.lane, live)
@@ -432,7 +432,7 @@ class Turns:
         ``None`` outside runs. Returns the compaction entry.
         """
         ctx = self.core.session.context(lane=lane)
-        cut = _cut_index(ctx.messages, ctx.entry_ids, self.core.options.keep_recent_tokens)
+        cut = _cut_index(ctx.messages, ctx.entry_ids, self.core.compaction.keep_recent_tokens)
         first_kept = ctx.entry_ids[cut] if cut is not None else None
         summarized = ctx.messages[:cut] if cut is not None else ctx.messages
         message, op_id, attempt = await self._summarize(lane, summarized, "compaction", live)
