@@ -278,7 +278,7 @@ class Session:
         names this session in ``parentSession``."""
         return self._copy_tree(target, self.leaf(lane), cwd or self.cwd)
 
-    def _copy_tree(self, target: Store, leaf: str | None, cwd: str | None) -> Session:
+    def _copy_tree(self, target: Store, leaf: str | None, cwd: str) -> Session:
         new = target.create_session(cwd, parent_session=self.id)
         ops = copy_ops(self.store.iter_entries())
         if ops:
