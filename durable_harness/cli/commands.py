@@ -10,10 +10,17 @@ from typing import Any
 
 from durable_harness import crash
 from durable_harness import terminal as ui
-from durable_harness.cli.main import command, out, run_async, store_of
+from durable_harness.cli.main import (
+    add_price_argument,
+    command,
+    out,
+    price_of,
+    run_async,
+    store_of,
+)
 from durable_harness.errors import FormatError, SessionNotFound, UnknownEntry, UnknownLane
 from durable_harness.harness.harness import Harness, HarnessOptions
-from durable_harness.harness.report import cost_report, timeline
+from durable_harness.harness.report import cost_report, format_cost, timeline
 from durable_harness.providers import (
     WIRE_FORMATS,
     make_provider,
@@ -102,6 +109,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--cwd", help="working directory of the new session (default: the same)")
     if name in ("run", "resume"):
         p.add_argument("--provider", help="scripted:FILE, openai:MODEL or anthropic:MODEL")
+        add_price_argument(p)
         p.add_argument(
             "--durability",
             choices=DURABILITY_MODES,
@@ -466,7 +474,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.provider:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     require_credentials(args.provider)
-    provider = make_provider(args.provider)
+    provider = make_provider(args.provider, price_of(args))
     store = store_of(args, create=True)
     cwd = os.path.abspath(args.cwd or os.getcwd())
     tool_cwd: str | None = None
@@ -552,11 +560,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
     for t in report["turns"]:
         print(
             f"{_or_dash(t['run_id'])[-8:]:<10} {_or_dash(t['turn']):>4}  {t['purpose']:<14} "
-            f"{t['tokens']:>8}  ${t['cost']:.6f}"
+            f"{t['tokens']:>8}  {format_cost(t['cost'])}"
         )
     for r in report["runs"]:
-        print(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, ${r['cost']:.6f}")
-    print(f"session total: {report['total']['tokens']} tokens, ${report['total']['cost']:.6f}")
+        print(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, {format_cost(r)}")
+    total = report["total"]
+    print(f"session total: {total['tokens']} tokens, {format_cost(total)}")
     if report["unknown_cost_attempts"]:
         print(f"plus {report['unknown_cost_attempts']} attempt(s) lost in a crash: cost unknown")
     return 0
@@ -664,7 +673,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     decisions = dict(parse_decision(d) for d in args.decide)
     if args.provider:
         require_credentials(args.provider)
-    provider = make_provider(args.provider) if args.provider else None
+    provider = make_provider(args.provider, price_of(args)) if args.provider else None
     session = _open(args, write=True, durability=args.durability)
     with session:
         if args.lane is not None:
@@ -688,6 +697,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 policy=args.policy,
                 lanes=[args.lane] if args.lane else None,
                 recovery=rec,
+                price=price_of(args),
             )
 
         results: dict[str, str] = run_async(go)

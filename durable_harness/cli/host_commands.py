@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from durable_harness.cli.main import command, out, run_async, store_of
+from durable_harness.cli.main import (
+    add_price_argument,
+    command,
+    out,
+    price_of,
+    run_async,
+    store_of,
+)
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import POLICIES
 from durable_harness.storage import DURABILITY_MODES, open_store
@@ -22,6 +29,7 @@ def configure_host(name: str, p: argparse.ArgumentParser) -> None:
             required=True,
             help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
         )
+        add_price_argument(p)
         p.add_argument(
             "--policy",
             choices=POLICIES,
@@ -54,6 +62,7 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     p.add_argument("--port", type=int, default=8421, help="port (0: a free one; default 8421)")
     p.add_argument("--provider", help="provider of sessions created without one")
+    add_price_argument(p)
     p.add_argument(
         "--mode",
         choices=DURABILITY_MODES,
@@ -113,6 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require_token(args.host, token)  # before the store is opened: a refusal creates nothing
     options = HostOptions(
         provider=args.provider,
+        price=price_of(args),
         mode=args.mode,
         policy=args.policy,
         auto_resume=args.auto_resume,
@@ -150,7 +160,11 @@ def cmd_acp(args: argparse.Namespace) -> int:
     # an editor's agent serves its client's sessions; claiming crashed workers' sessions is
     # for `serve` (design/host.md, "Workers")
     options = HostOptions(
-        provider=args.provider, policy=args.policy, mode=args.durability, claim_interval=None
+        provider=args.provider,
+        price=price_of(args),
+        policy=args.policy,
+        mode=args.durability,
+        claim_interval=None,
     )
     run_async(serve, store_of(args, create=True), options)
     return 0

@@ -604,7 +604,7 @@ class SessionManager:
         try:
             with proc.scope:
                 spec = self._provider_spec(proc)
-                provider = make_provider(spec)
+                provider = make_provider(spec, self.options.price)
                 options = dataclasses.replace(self.options.harness, provider_spec=spec)
                 tools = dict(self.options.tools(rec.command_runtime))
                 async with Harness(proc.session, provider, tools, options=options) as harness:

@@ -201,13 +201,16 @@ async def resume_session(
     options: HarnessOptions | None = None,
     lanes: list[str] | None = None,
     recovery: Recovery | None = None,
+    price: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Resume every interrupted run (or those of ``lanes``) of a session opened for writing:
     plan once (or take ``recovery``, from :func:`plan_recovery` on this open session, with
     the same decisions), then execute each lane's planned step through the harness.
 
     ``decisions``: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
-    "result": text}}``; each becomes a durable ``decision`` record before it acts.
+    "result": text}}``; each becomes a durable ``decision`` record before it acts. ``price``:
+    the price (table) a provider rebuilt from its recorded spec charges
+    (:func:`~durable_harness.providers.parse_price`).
 
     Returns ``{lane: outcome}`` with outcome ``completed``, ``aborted``, ``failed`` or
     ``suspended`` (still awaiting a decision), or ``idle`` for a lane with nothing to do.
@@ -238,7 +241,7 @@ async def resume_session(
                     f"run {lane_plan.run_id} of session {session.id} recorded no "
                     "provider; pass --provider"
                 )
-            prov = make_provider(choice.spec)
+            prov = make_provider(choice.spec, price)
             opts.provider_spec = choice.spec
         async with Harness(session, prov, dict(tools), options=opts) as harness:
             handle = await resume_lane(harness, rec, lane)

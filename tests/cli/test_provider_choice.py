@@ -74,3 +74,53 @@ def test_run_and_resume_with_another_provider_send_its_own_model(
         ("/v1/messages", "claude-x"),
         ("/v1/messages", "claude-x"),
     ]
+
+
+@pytest.mark.timeout(120)
+def test_a_network_model_without_a_price_costs_unknown_and_price_supplies_it(
+    llm_server: FakeLLMServer, tmp_path: Path
+) -> None:
+    """Issue 20: no price known for the model -> ``cost`` null in the record and
+    ``unknown`` in ``durable-harness cost``; ``--price`` on ``run`` and on ``resume`` prices
+    the tokens; a bad ``--price`` is a ``format_error`` that creates nothing."""
+    import json
+
+    store = f"jsonl:{tmp_path / 'home'}"
+    usage = {"input": 1000, "output": 100}
+    llm_server.queue(Turn(text="one", usage=usage), Turn(text="two", usage=usage))
+    llm_server.queue(Turn(text="three", usage=usage))
+    first = _dh(llm_server, "run", "hi", "--provider", "openai:gpt-5.1", "--store", store)
+    assert first.returncode == 0, first.stderr
+    sid = re.search(r"session (\S+)", first.stderr).group(1)  # type: ignore[union-attr]
+    unknown = _dh(llm_server, "cost", sid, "--store", store)
+    assert "session total: 1100 tokens, unknown" in unknown.stdout, unknown.stdout
+
+    priced = _dh(
+        llm_server, "run", "again", "--session", sid, "--provider", "openai:gpt-5.1",
+        "--price", "2,10", "--store", store,
+    )  # fmt: skip
+    assert priced.returncode == 0, priced.stderr
+    report = json.loads(_dh(llm_server, "cost", sid, "--json", "--store", store).stdout)
+    costs = [t["cost"] for t in report["turns"]]
+    assert costs == [None, pytest.approx((1000 * 2 + 100 * 10) / 1e6)]
+    assert report["total"]["cost"] is None
+    assert report["total"]["known_cost"] == pytest.approx(0.003)
+    shown = _dh(llm_server, "cost", sid, "--store", store).stdout
+    assert "session total: 2200 tokens, ≥ $0.003000 (1 unknown)" in shown, shown
+
+    killed = _dh(
+        llm_server, "run", "third", "--session", sid, "--provider", "openai:gpt-5.1",
+        "--store", store, crash_at="after_provider_request_started",
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = _dh(llm_server, "resume", sid, "--price", "2,10", "--store", store)
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    report = json.loads(_dh(llm_server, "cost", sid, "--json", "--store", store).stdout)
+    assert report["turns"][-1]["cost"] == pytest.approx(0.003)
+
+    bad = _dh(
+        llm_server, "run", "x", "--provider", "openai:m", "--price", "cheap", "--store", store
+    )
+    assert bad.returncode == 2 and "error[format_error]" in bad.stderr, bad.stderr
+    sessions = json.loads(_dh(llm_server, "sessions", "--json", "--store", store).stdout)
+    assert [s["id"] for s in sessions] == [sid]

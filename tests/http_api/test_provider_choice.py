@@ -14,7 +14,7 @@ from durable_harness.session.session import Session
 from durable_harness.storage import open_store
 
 from .test_api import send
-from .util import poll, wait_state
+from .util import poll, run_records, wait_state
 
 
 @pytest.fixture
@@ -57,3 +57,28 @@ def test_resume_over_http_sends_the_host_providers_model(
     assert [(r.path, r.body["model"]) for r in llm_server.requests] == [
         ("/v1/messages", "claude-x")
     ]
+
+
+@pytest.mark.timeout(120)
+def test_serve_price_prices_turns_and_without_it_cost_is_null(
+    start_server, script, workdir: Path, tmp_path: Path
+) -> None:
+    """``serve --price`` is the price of the host's runs; without it a turn whose provider
+    reports no cost settles with ``usage.cost`` null, never 0 (issue 20)."""
+    from .test_api import create
+
+    provider = script([{"text": "hi", "usage": {"input": 1000, "output": 100}}])
+    seen = []
+    for n, extra in enumerate(((), ("--price", "2,10"))):
+        server = start_server(f"jsonl:{tmp_path / f'store{n}'}", *extra)
+        with server.client() as c:
+            sid = create(c, workdir, provider)["id"]
+            assert send(c, sid, "go").status_code == 202
+            done = poll(
+                lambda c=c, sid=sid: run_records(c, sid, "provider_request_finished") or None,
+                "the turn's settlement",
+            )
+            seen.append(done[0]["usage"]["cost"])
+            c.post(f"/sessions/{sid}/close")
+    assert seen[0] is None
+    assert seen[1]["total"] == pytest.approx(0.003)
