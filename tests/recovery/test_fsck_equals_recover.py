@@ -56,10 +56,14 @@ def _build(root: Path, runs: list[dict[str, Any]]) -> tuple[str, set[int]]:
         for turn, refs in enumerate(run["calls"], start=1):
             content: list[dict[str, Any]] = [{"type": "text", "text": "t"}]
             content += [
-                {"type": "toolCall", "id": f"c{n}_{turn}_{i}", "name": "read_file",
-                 "arguments": {"path": "x"}}
+                {
+                    "type": "toolCall",
+                    "id": f"c{n}_{turn}_{i}",
+                    "name": "read_file",
+                    "arguments": {"path": "x"},
+                }
                 for i in range(len(refs))
-            ]  # fmt: skip
+            ]
             answer = session.make_entry(
                 {
                     "type": "message",
@@ -71,7 +75,7 @@ def _build(root: Path, runs: list[dict[str, Any]]) -> tuple[str, set[int]]:
                         "stopReason": "toolUse" if refs else "stop",
                         "timestamp": 2,
                     },
-                },  # fmt: skip
+                },
                 parent_id=session.leaf(),
             )
             session.store.commit(
@@ -98,7 +102,7 @@ def _build(root: Path, runs: list[dict[str, Any]]) -> tuple[str, set[int]]:
                             responseEntryId=answer["id"],
                         )
                     ),
-                ]  # fmt: skip
+                ]
             )
             for i, ref in enumerate(refs):
                 key, cid = f"{answer['id']}/{i}", f"c{n}_{turn}_{i}"
@@ -107,9 +111,20 @@ def _build(root: Path, runs: list[dict[str, Any]]) -> tuple[str, set[int]]:
                 elif ref == "wrong_id":
                     cid = "not-the-call"
                 session.store.commit(
-                    [RecordOp(record("tool_started", "main", rid, toolCallId=cid, callKey=key,
-                                     toolName="read_file", replay="safe"))]
-                )  # fmt: skip
+                    [
+                        RecordOp(
+                            record(
+                                "tool_started",
+                                "main",
+                                rid,
+                                toolCallId=cid,
+                                callKey=key,
+                                toolName="read_file",
+                                replay="safe",
+                            )
+                        )
+                    ]
+                )
                 if ref != "ok":
                     bad.add(session.store.last_seq())
         if run["settled"]:
