@@ -70,7 +70,7 @@ class Usage(_Open):
     cacheRead: int = 0
     cacheWrite: int = 0
     totalTokens: int = 0
-    cost: Cost | None = Field(default_factory=Cost)
+    cost: Cost | None = None
     """``None``: the cost is unknown (no price known for the model), never 0."""
 
 
