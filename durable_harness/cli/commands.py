@@ -10,10 +10,17 @@ from typing import Any
 
 from durable_harness import crash
 from durable_harness import terminal as ui
-from durable_harness.cli.main import command, out, run_async, store_of
+from durable_harness.cli.main import (
+    add_price_argument,
+    command,
+    out,
+    price_of,
+    run_async,
+    store_of,
+)
 from durable_harness.errors import FormatError, SessionNotFound, UnknownEntry, UnknownLane
 from durable_harness.harness.harness import Harness, HarnessOptions
-from durable_harness.harness.report import cost_report, timeline
+from durable_harness.harness.report import cost_report, format_cost, timeline
 from durable_harness.providers import (
     WIRE_FORMATS,
     make_provider,
@@ -26,9 +33,9 @@ from durable_harness.recovery.fsck import damage_location, fsck_path, fsck_sessi
 from durable_harness.recovery.resume import (
     parse_decision,
     plan_recovery,
-    recorded_provider_spec,
     recover,
     resume_session,
+    resumed_provider,
 )
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.context import context_text
@@ -109,6 +116,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--cwd", help="working directory of the new session (default: the same)")
     if name in ("run", "resume"):
         p.add_argument("--provider", help="scripted:FILE, openai:MODEL or anthropic:MODEL")
+        add_price_argument(p)
         p.add_argument(
             "--durability",
             choices=DURABILITY_MODES,
@@ -468,7 +476,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.provider:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     require_credentials(args.provider)
-    provider = make_provider(args.provider)
+    provider = make_provider(args.provider, price_of(args))
     store = store_of(args, create=True)
     cwd = os.path.abspath(args.cwd or os.getcwd())
     tool_cwd: str | None = None
@@ -554,11 +562,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
     for t in report["turns"]:
         print(
             f"{_or_dash(t['run_id'])[-8:]:<10} {_or_dash(t['turn']):>4}  {t['purpose']:<14} "
-            f"{t['tokens']:>8}  ${t['cost']:.6f}"
+            f"{t['tokens']:>8}  {format_cost(t['cost'])}"
         )
     for r in report["runs"]:
-        print(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, ${r['cost']:.6f}")
-    print(f"session total: {report['total']['tokens']} tokens, ${report['total']['cost']:.6f}")
+        print(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, {format_cost(r)}")
+    total = report["total"]
+    print(f"session total: {total['tokens']} tokens, {format_cost(total)}")
     if report["unknown_cost_attempts"]:
         print(f"plus {report['unknown_cost_attempts']} attempt(s) lost in a crash: cost unknown")
     return 0
@@ -666,16 +675,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     decisions = dict(parse_decision(d) for d in args.decide)
     if args.provider:
         require_credentials(args.provider)
-    provider = make_provider(args.provider) if args.provider else None
+    provider = make_provider(args.provider, price_of(args)) if args.provider else None
     session = _open(args, write=True, durability=args.durability)
     with session:
         if args.lane is not None:
             _require_lane(session, args.lane)
         if not args.provider:  # the runs resume with their recorded provider: its key is needed
             for lane in [args.lane] if args.lane else sorted(session.store.lanes()):
-                spec = recorded_provider_spec(session, lane)
-                if session.lane(lane).run_id is not None and spec is not None:
-                    require_credentials(spec)
+                choice = resumed_provider(session, lane)
+                if session.lane(lane).run_id is not None and choice is not None:
+                    require_credentials(choice.spec)
         tools = builtin_tools(allow_env=args.allow_env)
 
         async def go() -> dict[str, str]:
@@ -690,6 +699,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 policy=args.policy,
                 lanes=[args.lane] if args.lane else None,
                 recovery=rec,
+                price=price_of(args),
             )
 
         results: dict[str, str] = run_async(go)

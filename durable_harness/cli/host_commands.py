@@ -8,7 +8,14 @@ import os
 import sys
 from pathlib import Path
 
-from durable_harness.cli.main import command, out, run_async, store_of
+from durable_harness.cli.main import (
+    add_price_argument,
+    command,
+    out,
+    price_of,
+    run_async,
+    store_of,
+)
 from durable_harness.errors import InvalidRequest
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import POLICIES
@@ -25,6 +32,7 @@ def configure_host(name: str, p: argparse.ArgumentParser) -> None:
             required=True,
             help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
         )
+        add_price_argument(p)
         p.add_argument(
             "--policy",
             choices=POLICIES,
@@ -102,6 +110,7 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     p.add_argument("--port", type=int, default=8421, help="port (0: a free one; default 8421)")
     p.add_argument("--provider", help="provider of sessions created without one")
+    add_price_argument(p)
     p.add_argument(
         "--mode",
         choices=DURABILITY_MODES,
@@ -164,6 +173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     roots = roots_of(args)
     options = HostOptions(
         provider=args.provider,
+        price=price_of(args),
         mode=args.mode,
         policy=args.policy,
         auto_resume=args.auto_resume,
@@ -205,6 +215,7 @@ def cmd_acp(args: argparse.Namespace) -> int:
     roots = roots_of(args)
     options = HostOptions(
         provider=args.provider,
+        price=price_of(args),
         policy=args.policy,
         mode=args.durability,
         claim_interval=None,

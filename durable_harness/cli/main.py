@@ -58,6 +58,30 @@ def command(name: str, help_text: str, example: str = "") -> Callable[[Handler],
     return deco
 
 
+def add_price_argument(p: argparse.ArgumentParser) -> None:
+    """Add ``--price`` (``run``, ``resume``, ``serve``, ``acp``): what the provider's tokens
+    cost, read by :func:`~durable_harness.providers.parse_price` when the command runs (a
+    bad value is a ``format_error`` naming it)."""
+    p.add_argument(
+        "--price",
+        metavar="IN,OUT[,CACHE_READ[,CACHE_WRITE]]|TABLE.json",
+        help="USD per million tokens, or a JSON price table (one price, or one per model); "
+        "without it a network provider's cost is unknown, never $0",
+    )
+
+
+def price_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The parsed ``--price`` of a command, or ``None``.
+
+    Raises:
+        FormatError: a malformed value or table (:func:`~durable_harness.providers.parse_price`).
+    """
+    from durable_harness.providers import parse_price
+
+    text = getattr(args, "price", None)
+    return parse_price(text) if text else None
+
+
 def out(data: Any) -> None:
     """Print JSON (pretty, UTF-8)."""
     print(json.dumps(data, indent=2, ensure_ascii=False, default=str))

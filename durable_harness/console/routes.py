@@ -38,6 +38,7 @@ from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
 from durable_harness.console.timeline import build_timeline, fmt_duration
 from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
+from durable_harness.harness.report import format_cost
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.options import needs_decision
 from durable_harness.http.errors import status_of
@@ -94,7 +95,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["ago"] = ago
-    env.filters["money"] = lambda v: f"${v:.4f}"
+    env.filters["money"] = lambda v: format_cost(v, 4)
     env.filters["duration"] = fmt_duration
     env.filters["q"] = lambda v: quote(str(v), safe="")
     return env

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_harness.console.timeline import parse_ts
+from durable_harness.harness.report import cost_summary, format_cost, message_cost
 from durable_harness.session.session import Session
 from durable_harness.storage.base import Store
 
@@ -65,9 +66,12 @@ class SessionView:
     paths: dict[str, list[dict[str, Any]]]
 
     @property
-    def cost(self) -> float:
-        """The session's cost so far: ``usage.cost.total`` summed over assistant messages."""
-        return session_cost(self.entries)
+    def cost(self) -> dict[str, Any]:
+        """The session's cost so far: the ``total`` of
+        :func:`~durable_harness.harness.report.cost_summary`, the computation
+        ``durable-harness cost`` prints (``{"tokens", "cost", "known_cost",
+        "unknown_cost_turns"}``; show it with ``format_cost``)."""
+        return dict(cost_summary(self.records, lambda: self.entries)["total"])
 
     @property
     def last_activity(self) -> str | None:
@@ -86,23 +90,6 @@ def read_session(store: Store, session_id: str) -> SessionView:
         lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
         paths = {name: session.path(leaf) for name, leaf in lanes.items()}
         return SessionView(s.iter_entries(), s.records(None), lanes, paths)
-
-
-def session_cost(entries: Iterable[Mapping[str, Any]]) -> float:
-    """Sum of ``message.usage.cost.total`` of the assistant messages (dollars, as providers
-    report them; a message without one counts nothing)."""
-    total = 0.0
-    for entry in entries:
-        message = entry.get("message")
-        if entry.get("type") != "message" or not isinstance(message, dict):
-            continue
-        if message.get("role") != "assistant":
-            continue
-        cost = (message.get("usage") or {}).get("cost") or {}
-        value = cost.get("total") if isinstance(cost, dict) else None
-        if isinstance(value, int | float):
-            total += float(value)
-    return total
 
 
 def last_activity(
@@ -221,9 +208,10 @@ def _assistant_meta(message: Mapping[str, Any]) -> str:
     parts = [f"{message.get('provider', '')}/{message.get('model', '')}"]
     if message.get("stopReason"):
         parts.append(str(message["stopReason"]))
-    cost = ((message.get("usage") or {}).get("cost") or {}).get("total")
-    if isinstance(cost, int | float) and cost:
-        parts.append(f"${cost:.4f}")
+    usage = message.get("usage")
+    cost = message_cost(usage)
+    if cost or (usage and cost is None):
+        parts.append(format_cost(cost, 4))
     if message.get("errorMessage"):
         parts.append(f"error: {message['errorMessage']}")
     return " · ".join(parts)

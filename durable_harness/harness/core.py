@@ -15,11 +15,13 @@ from typing import Any, Literal
 import anyio
 
 from durable_harness.errors import (
+    FormatError,
     LaneSuspended,
     ProviderError,
     RunInProgress,
     ToolError,
 )
+from durable_harness.harness.compaction import compaction_budget
 from durable_harness.harness.state import (
     LaneLog,
     RunLimits,
@@ -79,7 +81,12 @@ class HarnessOptions:
             ``run_started`` and a resumed run keeps the values it started with.
         compact_reserve: tokens kept free in the context window; auto-compaction triggers at
             a checkpoint when the estimated context exceeds ``context_window - compact_reserve``.
-        keep_recent_tokens: tokens of recent context a compaction keeps verbatim.
+        keep_recent_tokens: tokens of recent context a compaction keeps verbatim; at or
+            above ``context_window - compact_reserve`` it is clamped once, when the harness is
+            built (:mod:`durable_harness.harness.compaction`).
+
+    Raises:
+        FormatError: ``compact_reserve`` or ``keep_recent_tokens`` is negative (names it).
     """
 
     system_prompt: str | None = None
@@ -91,6 +98,14 @@ class HarnessOptions:
     compact_reserve: int = 16_384
     keep_recent_tokens: int = 20_000
     provider_spec: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("compact_reserve", "keep_recent_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise FormatError(
+                    f"HarnessOptions.{name} must be a whole number >= 0, not {value!r}"
+                )
 
     @property
     def limits(self) -> RunLimits:
@@ -170,6 +185,9 @@ class HarnessCore:
         self.specs = [t.spec() for t in tool_list]
         self.cwd = Path(cwd or session.cwd or ".")
         self.options = options or HarnessOptions()
+        self.compaction = compaction_budget(
+            provider.context_window, self.options.compact_reserve, self.options.keep_recent_tokens
+        )
         self.runs: dict[str, _LiveRun] = {}
         self.lanes: dict[str, LaneLog] = {}
         self.subscribers: list[Callable[[Event], Any]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from durable_harness.storage.base import SessionStore
@@ -58,7 +59,7 @@ def _summary(rec: dict[str, Any]) -> str:
         usage = rec.get("usage") or {}
         return (
             f"turn {f('turn')} {f('stopReason')} tokens "
-            f"{usage.get('totalTokens', 0)} cost ${(usage.get('cost') or {}).get('total', 0):.6f}"
+            f"{usage.get('totalTokens', 0)} cost {format_cost(message_cost(usage))}"
         )
     if t == "provider_request_failed":
         reason = f" [{rec['reason']}]" if rec.get("reason") else ""
@@ -83,18 +84,45 @@ def _summary(rec: dict[str, Any]) -> str:
     return ""
 
 
-def cost_report(store: SessionStore) -> dict[str, Any]:
-    """Return cost per turn, per run and for the session (USD; tokens).
+def message_cost(usage: Mapping[str, Any] | None) -> float | None:
+    """The cost in USD of one provider answer from its pi ``usage``: ``cost.total``, or
+    ``None`` when unknown (no usage, a ``null`` cost: no price was known)."""
+    cost = (usage or {}).get("cost")
+    total = cost.get("total") if isinstance(cost, Mapping) else None
+    if isinstance(total, bool) or not isinstance(total, int | float):
+        return None
+    return float(total)
 
-    ``unknown_cost_attempts`` counts provider attempts that started and never settled (lost in
-    a crash) or were cut off by an abort (``costUnknown``): their cost is unknown, never counted
-    as zero. Sessions without an operation log
-    (pi imports) are costed from their assistant entries.
+
+def _sum(parts: Iterable[float | None]) -> dict[str, Any]:
+    """``{"cost", "known_cost", "unknown_cost_turns"}`` of some parts: a sum with an unknown
+    part is unknown (``cost`` ``None``), its known part still told (``known_cost``)."""
+    values = list(parts)
+    known = sum(v for v in values if v is not None)
+    unknown = sum(v is None for v in values)
+    return {"cost": None if unknown else known, "known_cost": known, "unknown_cost_turns": unknown}
+
+
+def cost_summary(
+    records: Iterable[Mapping[str, Any]],
+    entries: Callable[[], Iterable[Mapping[str, Any]]] = lambda: (),
+) -> dict[str, Any]:
+    """Cost per turn, per run and for the session (USD; tokens), from a session's records
+    (every lane, seq order) and, for a session without settlements (a pi import), its entries
+    (called only then). The one cost computation: ``durable-harness cost``, the console and
+    :func:`cost_report` all read it (``design/run-loop.md``, "Cost").
+
+    Returns ``{"turns": [{run_id, turn, purpose, tokens, cost}], "runs": [{run_id, turns,
+    tokens, cost, known_cost, unknown_cost_turns}], "total": {tokens, cost, known_cost,
+    unknown_cost_turns}, "unknown_cost_attempts"}``. A turn's ``cost`` is ``None`` when its
+    price was unknown; a sum with such a turn is ``None`` too, ``known_cost`` keeping what is
+    known. ``unknown_cost_attempts`` counts provider attempts that started and never settled
+    (lost in a crash) or were cut off by an abort (``costUnknown``): never counted as zero,
+    and not part of the sums (no answer was stored for them).
     """
-    runs: dict[str, dict[str, Any]] = {}
     open_attempts: dict[tuple[str, Any, Any], bool] = {}
-    turns = []
-    for rec in store.records():
+    turns: list[dict[str, Any]] = []
+    for rec in records:
         rid = str(rec.get("runId") or "")
         t = rec.get("type")
         if t == "provider_request_started":
@@ -105,24 +133,19 @@ def cost_report(store: SessionStore) -> dict[str, Any]:
             open_attempts.pop((rid, rec.get("turn"), rec.get("attempt")), None)
         if t == "provider_request_finished":
             usage = rec.get("usage") or {}
-            cost = float((usage.get("cost") or {}).get("total", 0.0))
-            run = runs.setdefault(rid, {"run_id": rid, "turns": 0, "tokens": 0, "cost": 0.0})
-            run["turns"] += 1
-            run["tokens"] += int(usage.get("totalTokens", 0))
-            run["cost"] += cost
             turns.append(
                 {
                     "run_id": rid,
                     "turn": rec.get("turn"),
                     "purpose": rec.get("purpose", "turn"),
-                    "tokens": int(usage.get("totalTokens", 0)),
-                    "cost": cost,
+                    "tokens": int(usage.get("totalTokens", 0) or 0),
+                    "cost": message_cost(usage),
                 }
             )
     if not turns:
-        for e in store.iter_entries(("message",)):
+        for e in entries():
             msg = e.get("message") or {}
-            if msg.get("role") == "assistant":
+            if e.get("type") == "message" and msg.get("role") == "assistant":
                 usage = msg.get("usage") or {}
                 turns.append(
                     {
@@ -130,12 +153,45 @@ def cost_report(store: SessionStore) -> dict[str, Any]:
                         "turn": len(turns) + 1,
                         "purpose": "turn",
                         "tokens": int(usage.get("totalTokens", 0) or 0),
-                        "cost": float((usage.get("cost") or {}).get("total", 0.0) or 0),
+                        "cost": message_cost(usage),
                     }
                 )
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for t in turns:
+        if t["run_id"] is not None:
+            by_run.setdefault(t["run_id"], []).append(t)
+    runs = [
+        {
+            "run_id": rid,
+            "turns": len(ts),
+            "tokens": sum(t["tokens"] for t in ts),
+            **_sum(t["cost"] for t in ts),
+        }
+        for rid, ts in by_run.items()
+    ]
+    total = {"tokens": sum(t["tokens"] for t in turns), **_sum(t["cost"] for t in turns)}
     return {
         "turns": turns,
-        "runs": list(runs.values()),
-        "total": {"tokens": sum(t["tokens"] for t in turns), "cost": sum(t["cost"] for t in turns)},
+        "runs": runs,
+        "total": total,
         "unknown_cost_attempts": len(open_attempts),
     }
+
+
+def cost_report(store: SessionStore) -> dict[str, Any]:
+    """:func:`cost_summary` of an open session."""
+    return cost_summary(store.records(), lambda: store.iter_entries(("message",)))
+
+
+def format_cost(part: Mapping[str, Any] | float | None, digits: int = 6) -> str:
+    """A cost for humans (one rule for the CLI and the console): ``$0.001200``; ``unknown``
+    when nothing of it is known; ``≥ $0.001200 (2 unknown)`` for a sum with unknown turns.
+    ``part``: a number, ``None`` (unknown), or a sum of :func:`cost_summary`."""
+    if not isinstance(part, Mapping):
+        return "unknown" if part is None else f"${part:.{digits}f}"
+    if part.get("cost") is not None:
+        return f"${part['cost']:.{digits}f}"
+    known, unknown = part.get("known_cost") or 0.0, part.get("unknown_cost_turns") or 0
+    if not known:
+        return "unknown"
+    return f"≥ ${known:.{digits}f} ({unknown} unknown)"

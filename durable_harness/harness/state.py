@@ -173,19 +173,22 @@ class RunState:
         """The call a tool record is about: by ``callKey``; for records written before call
         keys existed, the first call with the record's ``toolCallId`` in the first of
         ``statuses`` (in order of preference) that has one.
-        A record naming no call of the turn is kept in :attr:`unknown_refs`."""
+        A record naming no call of the turn, or whose ``toolCallId`` is not the provider id
+        of the call its ``callKey`` names, is kept in :attr:`unknown_refs`."""
         key = rec.get("callKey")
         found: ToolCallState | None = None
         if isinstance(key, str):
             found = next((c for c in self.tool_calls if c.key == key), None)
         else:
-            cid = str(rec.get("toolCallId"))
-            same = [c for c in self.tool_calls if c.tool_call_id == cid]
+            same = [c for c in self.tool_calls if c.tool_call_id == str(rec.get("toolCallId"))]
             ranked = [c for status in statuses for c in same if c.status == status]
             found = next(iter(ranked or same), None)
-        if found is None:
+        given = rec.get("toolCallId")
+        if found is None or (given is not None and str(given) != found.tool_call_id):
+            # no such call, or a call key and a provider id naming different calls: a single
+            # writer writes neither (the record still applies to the call its key names)
             ref = {"seq": rec.get("seq"), "type": rec.get("type")}
-            self.unknown_refs.append({**ref, "toolCallId": rec.get("toolCallId")})
+            self.unknown_refs.append({**ref, "toolCallId": given})
         return found
 
     def apply(self, rec: dict[str, Any], assistant: dict[str, Any] | None = None) -> None:

@@ -18,6 +18,7 @@ from durable_harness.harness.state import (
 )
 from durable_harness.harness.steps import RUNS_TOOL, Step
 from durable_harness.ids import new_id, now_ms
+from durable_harness.providers.choice import request_model
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ToolContext, ToolResult
 from durable_harness.tools.processes import process_start_time
@@ -317,7 +318,11 @@ class ToolCalls:
                     "role": "assistant",
                     "content": kept,
                     "provider": self.core.provider.name,
-                    "model": self.core.provider.model,
+                    "model": request_model(
+                        self.core.provider.name,
+                        self.core.provider.model,
+                        self.core.session.context(lane=s.lane).model,
+                    ),
                     "stopReason": "aborted",
                     "timestamp": now_ms(),
                 }

@@ -30,6 +30,7 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
 )
+from durable_harness.providers.choice import request_model
 from durable_harness.session.context import estimate_tokens
 from durable_harness.storage.base import EntryOp, RecordOp
 
@@ -125,7 +126,7 @@ class Turns:
         s = live.state
         attempt = s.attempts.get(attempt_key("turn", turn), 0) + 1
         ctx = self.core.session.context(lane=s.lane)
-        model = (ctx.model or {}).get("modelId") or self.core.provider.model
+        model = request_model(self.core.provider.name, self.core.provider.model, ctx.model)
         self.core.commit(
             [
                 RecordOp(
@@ -277,7 +278,7 @@ class Turns:
 
     async def maybe_compact(self, live: _LiveRun) -> None:
         ctx = self.core.session.context(lane=live.state.lane)
-        limit = self.core.provider.context_window - self.core.options.compact_reserve
+        limit = self.core.compaction.limit
         tokens = ctx.state.tokens if ctx.state else estimate_tokens(ctx.messages)
         if tokens > limit > 0:
             await self.compact(live.state.lane, live)
@@ -351,7 +352,7 @@ class Turns:
             ],
         }
         ctx = self.core.session.context(lane=lane)
-        model = (ctx.model or {}).get("modelId") or self.core.provider.model
+        model = request_model(self.core.provider.name, self.core.provider.model, ctx.model)
         started = dict(turn=turn, attempt=attempt, purpose=purpose)
         self.core.commit(
             [
@@ -425,7 +426,7 @@ class Turns:
         ``None`` outside runs. Returns the compaction entry.
         """
         ctx = self.core.session.context(lane=lane)
-        cut = _cut_index(ctx.messages, ctx.entry_ids, self.core.options.keep_recent_tokens)
+        cut = _cut_index(ctx.messages, ctx.entry_ids, self.core.compaction.keep_recent_tokens)
         first_kept = ctx.entry_ids[cut] if cut is not None else None
         summarized = ctx.messages[:cut] if cut is not None else ctx.messages
         message, op_id, attempt = await self._summarize(lane, summarized, "compaction", live)

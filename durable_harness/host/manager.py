@@ -78,6 +78,7 @@ from durable_harness.host.views import (
     transcript_page,
 )
 from durable_harness.providers import make_provider, require_credentials
+from durable_harness.providers.choice import choose_provider
 from durable_harness.recovery.decide import RecoveryPlan, refuse_decided, resolve_decisions
 from durable_harness.recovery.decisions import commit_decisions
 from durable_harness.recovery.resume import (
@@ -630,10 +631,8 @@ class SessionManager:
         lost = False  # the writer lost the session: fenced out, or the database lost
         try:
             with proc.scope:
-                spec = rec.provider or self._recorded_spec(proc) or self.options.provider
-                if spec is None:
-                    raise InvalidRequest(f"session {rec.id} has no provider to run with")
-                provider = make_provider(spec)
+                spec = self._provider_spec(proc)
+                provider = make_provider(spec, self.options.price)
                 options = dataclasses.replace(self.options.harness, provider_spec=spec)
                 tools = dict(self.options.tools(rec.command_runtime))
                 async with Harness(proc.session, provider, tools, options=options) as harness:
@@ -700,12 +699,17 @@ class SessionManager:
             finally:
                 proc.port = None
 
-    def _recorded_spec(self, proc: SessionProcess) -> str | None:
-        for lane in proc.session.store.lanes():
-            spec = recorded_provider_spec(proc.session, lane)
-            if spec is not None:
-                return spec
-        return None
+    def _provider_spec(self, proc: SessionProcess) -> str:
+        """The spec a generation runs with (``choose_provider``, the one rule): the session's
+        own, else the first lane's recorded one, else the host default."""
+        store, rec = proc.session.store, proc.record
+        recorded = next(
+            filter(None, (recorded_provider_spec(proc.session, n) for n in store.lanes())), None
+        )
+        choice = choose_provider(rec.provider, recorded, None, self.options.provider)
+        if choice is None:
+            raise InvalidRequest(f"session {rec.id} has no provider to run with")
+        return choice.spec
 
     def _on_event(self, proc: SessionProcess, event: Event) -> None:
         etype = event.get("type")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from durable_harness.harness.core import HarnessOptions
 from durable_harness.host import worker
@@ -42,6 +42,9 @@ class HostOptions:
 
     Attributes:
         provider: the provider spec of sessions created without one (``scripted:FILE``...).
+        price: what providers' tokens cost (a price or a price table by model,
+            :func:`~durable_harness.providers.parse_price`); ``None``: a network provider's
+            cost is unknown.
         mode: the durability mode of sessions created without one.
         policy: the recovery policy for in-doubt calls (``ask``: wait for a decision).
         auto_resume: at start-up, resume the suspended sessions whose plan needs no decision
@@ -67,6 +70,7 @@ class HostOptions:
     """
 
     provider: str | None = None
+    price: Mapping[str, Any] | None = None
     mode: Durability = "sync"
     policy: Policy = "ask"
     auto_resume: Literal["never", "no_decision"] = "no_decision"

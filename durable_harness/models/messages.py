@@ -70,7 +70,8 @@ class Usage(_Open):
     cacheRead: int = 0
     cacheWrite: int = 0
     totalTokens: int = 0
-    cost: Cost = Field(default_factory=Cost)
+    cost: Cost | None = None
+    """``None``: the cost is unknown (no price known for the model), never 0."""
 
 
 StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]

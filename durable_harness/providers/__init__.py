@@ -7,11 +7,15 @@ carries a credential: keys come from the environment.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import FormatError, MissingCredential
-from durable_harness.providers.base import Provider
+from durable_harness.providers.base import PRICE_KEYS, Provider
+from durable_harness.providers.choice import spec_model
 from durable_harness.providers.scripted import ScriptedProvider
 
 __all__ = [
@@ -20,6 +24,8 @@ __all__ = [
     "Provider",
     "ScriptedProvider",
     "make_provider",
+    "parse_price",
+    "pricing_for",
     "require_credentials",
     "wire_messages",
 ]
@@ -50,8 +56,10 @@ def require_credentials(spec: str) -> None:
         )
 
 
-def make_provider(spec: str) -> Provider:
-    """Build a provider from ``spec``:
+def make_provider(spec: str, price: Mapping[str, Any] | None = None) -> Provider:
+    """Build a provider from ``spec`` (``price``: a price or price table of
+    :func:`parse_price`, applied by :func:`pricing_for`; without one a network provider's
+    cost is unknown, ``None``, never 0):
 
     * ``scripted:FILE``: the scripted provider (path made absolute);
     * ``openai:MODEL``: OpenAI-compatible chat completions (``OPENAI_BASE_URL``,
@@ -67,17 +75,81 @@ def make_provider(spec: str) -> Provider:
             f"provider spec {spec!r} needs the form NAME:ARG "
             "(scripted:FILE, openai:MODEL, anthropic:MODEL)"
         )
+    pricing = pricing_for(price, spec)
     if scheme == "scripted":
-        return ScriptedProvider.from_file(os.path.abspath(rest))
+        return ScriptedProvider.from_file(os.path.abspath(rest), pricing=pricing)
     if scheme == "openai":
         from durable_harness.providers.openai_compat import OpenAIProvider
 
-        return OpenAIProvider(rest)
+        return OpenAIProvider(rest, pricing=pricing)
     if scheme == "anthropic":
         from durable_harness.providers.anthropic_provider import AnthropicProvider
 
-        return AnthropicProvider(rest)
+        return AnthropicProvider(rest, pricing=pricing)
     raise FormatError(f"unknown provider {scheme!r} in {spec!r}: use scripted, openai or anthropic")
+
+
+def parse_price(text: str) -> dict[str, Any]:
+    """Parse ``--price``: ``INPUT,OUTPUT[,CACHE_READ[,CACHE_WRITE]]`` in USD per million
+    tokens, or the path of a JSON price table: one price object (``{"input": 3, "output":
+    15, "cacheRead": 0.3, "cacheWrite": 3.75}``) or one per model id (``{"claude-x": {...},
+    "gpt-5.1": {...}}``). A token kind left unpriced makes a cost that needs it unknown.
+
+    Raises:
+        FormatError: not 2 to 4 non-negative numbers, an unreadable or malformed table (the
+            message names the text or the file and the bad field).
+    """
+    if text.endswith(".json") or os.path.isfile(text):
+        try:
+            table = json.loads(Path(text).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"cannot read the price table {text}: {exc}", path=text) from exc
+        if not isinstance(table, dict) or not table:
+            raise FormatError(f"price table {text} must be a JSON object", path=text)
+        if all(not isinstance(v, dict) for v in table.values()):
+            return _prices(table, f"price table {text}")
+        return {str(m): _prices(p, f"price table {text}: {m}") for m, p in table.items()}
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if not 2 <= len(values) <= 4 or any(not v >= 0 for v in values):
+        raise FormatError(
+            f"price {text!r} must be INPUT,OUTPUT[,CACHE_READ[,CACHE_WRITE]] in USD per "
+            "million tokens (non-negative numbers), or a JSON price table file"
+        )
+    return dict(zip(PRICE_KEYS, values, strict=False))
+
+
+def _prices(value: Any, where: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: a price must be an object of {', '.join(PRICE_KEYS)}")
+    out: dict[str, float] = {}
+    for key, price in value.items():
+        number = isinstance(price, int | float) and not isinstance(price, bool) and price >= 0
+        if key not in PRICE_KEYS or not number:
+            raise FormatError(
+                f"{where}: {key!r} must be one of {', '.join(PRICE_KEYS)} with a "
+                f"non-negative number of USD per million tokens, not {price!r}"
+            )
+        out[key] = float(price)
+    return out
+
+
+def pricing_for(price: Mapping[str, Any] | None, spec: str) -> dict[str, float] | None:
+    """The prices a provider built from ``spec`` charges: ``price`` itself when it is one
+    price object, its entry for the spec's model when it is a table by model (a scripted
+    spec takes a table's only entry, if it has one), else ``None`` (cost unknown)."""
+    if not price:
+        return None
+    if all(not isinstance(v, Mapping) for v in price.values()):
+        return {k: float(v) for k, v in price.items()}
+    model = spec_model(spec)
+    entry = price.get(model) if model else None
+    if entry is None and model is None and len(price) == 1:
+        entry = next(iter(price.values()))
+    return {k: float(v) for k, v in entry.items()} if isinstance(entry, Mapping) else None
 
 
 def provider_spec(spec: str) -> str:

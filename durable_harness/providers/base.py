@@ -132,24 +132,36 @@ class Provider(Protocol):
 
 
 def empty_usage() -> dict[str, Any]:
-    """Return a zero usage dict in pi's shape (tokens; cost in USD)."""
+    """Return a zero usage dict in pi's shape (tokens) whose ``cost`` is ``None``: unknown
+    until :func:`priced` (or a provider that reports its cost) sets it."""
     return {
         "input": 0,
         "output": 0,
         "cacheRead": 0,
         "cacheWrite": 0,
         "totalTokens": 0,
-        "cost": {"input": 0.0, "output": 0.0, "cacheRead": 0.0, "cacheWrite": 0.0, "total": 0.0},
+        "cost": None,
     }
+
+
+PRICE_KEYS = ("input", "output", "cacheRead", "cacheWrite")
+"""The token kinds a price table prices (USD per million tokens each)."""
 
 
 def priced(usage: dict[str, Any], pricing: Mapping[str, float] | None) -> dict[str, Any]:
     """Set ``usage["cost"]`` from its token counts and ``pricing`` (USD per million tokens,
-    keys ``input``, ``output``, ``cacheRead``, ``cacheWrite``; a missing key costs 0; ``None``
-    leaves every cost at 0) and return ``usage``. ``cost.total`` is the sum of the four."""
-    cost = {k: 0.0 for k in ("input", "output", "cacheRead", "cacheWrite")}
-    if pricing:
-        for key in cost:
-            cost[key] = float(usage.get(key, 0)) * float(pricing.get(key, 0.0)) / 1_000_000
-    usage["cost"] = {**cost, "total": sum(cost.values())}
+    keys :data:`PRICE_KEYS`) and return ``usage``. ``cost.total`` is the sum of the four.
+
+    An unknown price is an unknown cost, never zero (``design/run-loop.md``, "Cost"): with no
+    ``pricing``, or a ``pricing`` lacking the price of a token kind the usage has, ``cost``
+    is ``None``. A kind with no tokens costs 0 whether priced or not."""
+    cost: dict[str, float] = {}
+    for key in PRICE_KEYS:
+        tokens = float(usage.get(key, 0) or 0)
+        price = (pricing or {}).get(key)
+        if price is None and tokens:
+            usage["cost"] = None
+            return usage
+        cost[key] = tokens * float(price or 0.0) / 1_000_000
+    usage["cost"] = {**cost, "total": sum(cost.values())} if pricing else None
     return usage

@@ -25,7 +25,7 @@ branch-summary requests get a summary built from the context's text.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,14 @@ from durable_harness.errors import FormatError, ProviderError
 from durable_harness.ids import now_ms
 from durable_harness.models.messages import text_of
 from durable_harness.providers.base import (
+    PRICE_KEYS,
     Done,
     ProviderEvent,
     ProviderRequest,
     TextDelta,
     ToolCallEvent,
     empty_usage,
+    priced,
 )
 from durable_harness.storage import codec
 
@@ -122,6 +124,9 @@ class ScriptedProvider:
     Args:
         turns: the ``turns`` list of the file format above.
         model: model id to record; ``context_window`` in tokens.
+        pricing: USD per million tokens (keys ``input``, ``output``, ``cacheRead``,
+            ``cacheWrite``) for turns whose ``usage`` gives no ``cost``; without it such a
+            turn's cost is unknown (``None``), never 0.
     """
 
     name = "scripted"
@@ -134,6 +139,7 @@ class ScriptedProvider:
         context_window: int = 200_000,
         by_prompt: dict[str, list[dict[str, Any]]] | None = None,
         source: str = "scripted provider",
+        pricing: Mapping[str, float] | None = None,
     ) -> None:
         """Check every turn (``turns`` and ``by_prompt``'s) against the file format.
 
@@ -153,6 +159,7 @@ class ScriptedProvider:
         self.by_prompt = by_prompt or {}
         self.model = model
         self.context_window = context_window
+        self.pricing = dict(pricing) if pricing else None
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: Any) -> ScriptedProvider:
@@ -186,15 +193,11 @@ class ScriptedProvider:
         for k in ("input", "output", "cacheRead", "cacheWrite"):
             usage[k] = int(given.get(k, 0))
         usage["totalTokens"] = int(given.get("totalTokens", usage["input"] + usage["output"]))
-        cost = given.get("cost") or {}
-        for k in ("input", "output", "cacheRead", "cacheWrite"):
-            usage["cost"][k] = float(cost.get(k, 0.0))
-        usage["cost"]["total"] = float(
-            cost.get(
-                "total",
-                sum(usage["cost"][k] for k in ("input", "output", "cacheRead", "cacheWrite")),
-            )
-        )
+        cost = given.get("cost")
+        if not cost:  # no cost in the script: priced like a real provider, or unknown
+            return priced(usage, self.pricing)
+        parts = {k: float(cost.get(k, 0.0)) for k in PRICE_KEYS}
+        usage["cost"] = {**parts, "total": float(cost.get("total", sum(parts.values())))}
         return usage
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:

@@ -21,6 +21,7 @@ from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
 from durable_harness.harness.records import idempotency_key
 from durable_harness.providers import make_provider
 from durable_harness.providers.base import Provider
+from durable_harness.providers.choice import ProviderChoice, choose_provider
 from durable_harness.recovery.decide import (
     Policy,
     RecoveryPlan,
@@ -160,6 +161,20 @@ def recorded_provider_spec(session: Session, lane: str = "main") -> str | None:
     return None
 
 
+def resumed_provider(
+    session: Session, lane: str = "main", given: str | None = None, default: str | None = None
+) -> ProviderChoice | None:
+    """The provider a resumed run of ``lane`` uses: :func:`~durable_harness.providers.choice.
+    choose_provider` over ``given``, the spec the lane recorded and the lane's model (the one
+    rule, ``design/run-loop.md``); ``None`` when there is no spec at all."""
+    return choose_provider(
+        given,
+        recorded_provider_spec(session, lane),
+        session.context(lane=lane).model,
+        default,
+    )
+
+
 def parse_decision(text: str) -> tuple[str, dict[str, Any]]:
     """Parse ``TOOL_CALL_ID=retry|fail|result:TEXT`` into ``(id, {"decision", "result"})``.
 
@@ -186,13 +201,16 @@ async def resume_session(
     options: HarnessOptions | None = None,
     lanes: list[str] | None = None,
     recovery: Recovery | None = None,
+    price: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Resume every interrupted run (or those of ``lanes``) of a session opened for writing:
     plan once (or take ``recovery``, from :func:`plan_recovery` on this open session, with
     the same decisions), then execute each lane's planned step through the harness.
 
     ``decisions``: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
-    "result": text}}``; each becomes a durable ``decision`` record before it acts.
+    "result": text}}``; each becomes a durable ``decision`` record before it acts. ``price``:
+    the price (table) a provider rebuilt from its recorded spec charges
+    (:func:`~durable_harness.providers.parse_price`).
 
     Returns ``{lane: outcome}`` with outcome ``completed``, ``aborted``, ``failed`` or
     ``suspended`` (still awaiting a decision), or ``idle`` for a lane with nothing to do.
@@ -214,8 +232,8 @@ async def resume_session(
             continue
         prov = provider
         if prov is None:
-            spec = recorded_provider_spec(session, lane)
-            if spec is None:
+            choice = resumed_provider(session, lane)
+            if choice is None:
                 if lane_plan.run_id is None:
                     results[lane] = "idle"
                     continue
@@ -223,8 +241,8 @@ async def resume_session(
                     f"run {lane_plan.run_id} of session {session.id} recorded no "
                     "provider; pass --provider"
                 )
-            prov = make_provider(spec)
-            opts.provider_spec = spec
+            prov = make_provider(choice.spec, price)
+            opts.provider_spec = choice.spec
         async with Harness(session, prov, dict(tools), options=opts) as harness:
             handle = await resume_lane(harness, rec, lane)
             results[lane] = await handle.wait() if handle is not None else "idle"

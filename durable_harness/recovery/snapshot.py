@@ -9,6 +9,7 @@ alive). :func:`build_snapshot` folds what was read; the decision
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -125,15 +126,12 @@ def take_snapshot(store: SessionStore) -> Snapshot:
     lease = store.lease_holder()
     if lease is not None and lease.get("self"):
         lease = None
-    return build_snapshot(
-        store.session_id,
-        lanes,
-        records,
-        store.get_entry,
-        damage=list(store.damage),
-        lease=lease,
-        alive=group_alive,
+    snapshot = build_snapshot(
+        store.session_id, lanes, records, store.get_entry, lease=lease, alive=group_alive
     )
+    # read after the fold: a damaged row met while folding (an assistant entry the fold
+    # fetched) is in the store's damage by then, so both fsck and recover list it
+    return dataclasses.replace(snapshot, damage=tuple(store.damage))
 
 
 def _last_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -159,6 +157,15 @@ def _finding(kind: str, lane: str, seq: Any, detail: str) -> dict[str, Any]:
     return {"kind": kind, "line": None, "seq": seq, "lane": lane, "detail": detail}
 
 
+def _unknown_call(lane: str, ref: dict[str, Any], run_id: str) -> dict[str, Any]:
+    return _finding(
+        "unknown_call",
+        lane,
+        ref["seq"],
+        f"{ref['type']} names tool call {ref['toolCallId']}, which run {run_id} does not have",
+    )
+
+
 def _findings(
     lane: str,
     records: list[dict[str, Any]],
@@ -166,9 +173,10 @@ def _findings(
     run_records: list[dict[str, Any]],
     get_entry: GetEntry,
 ) -> list[dict[str, Any]]:
-    """States a single writer cannot produce: records of an unknown run, two open runs,
-    a tool record naming no call of its run, a settlement without intent, a provisioned
-    result id holding other content."""
+    """States a single writer cannot produce: records of an unknown run, a tool record naming
+    no call of its run (every run of the lane, settled ones too: ``fsck`` and ``recover``
+    report the same list), two open runs, a settlement without intent, a provisioned result
+    id holding other content."""
     out: list[dict[str, Any]] = []
     runs: set[str] = set()
     for rec in records:
@@ -184,6 +192,21 @@ def _findings(
                     f"{rec.get('type')} names run {rid}, which has no run_started on lane {lane}",
                 )
             )
+    settled: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        rid = rec.get("runId")
+        if rid is not None and str(rid) in runs and (run is None or str(rid) != run.run_id):
+            settled.setdefault(str(rid), []).append(rec)
+    folded = [fold_run(rid, lane, recs, get_entry) for rid, recs in settled.items()]
+    for ref in sorted(
+        (
+            (ref, r.run_id)
+            for r in ([run] if run is not None else []) + folded
+            for ref in r.unknown_refs
+        ),
+        key=lambda pair: int(pair[0].get("seq") or 0),
+    ):
+        out.append(_unknown_call(lane, *ref))
     if run is None:
         return out
     if sum(r.get("type") == "run_started" for r in run_records) > 1:
@@ -193,16 +216,6 @@ def _findings(
                 lane,
                 run_records[0]["seq"],
                 f"lane {lane} has more than one run_started open",
-            )
-        )
-    for ref in run.unknown_refs:
-        out.append(
-            _finding(
-                "unknown_call",
-                lane,
-                ref["seq"],
-                f"{ref['type']} names tool call {ref['toolCallId']}, which run {run.run_id} "
-                "does not have",
             )
         )
     started: set[str] = set()

@@ -232,9 +232,17 @@ class Session:
         *,
         position: Literal["at", "before"] = "at",
         cwd: str | None = None,
+        lane: str = "main",
     ) -> Session:
-        """Fork a new session holding the path up to ``entry_id`` (``at``: including it;
-        ``before``: up to its parent), in ``target`` store, optionally under another ``cwd``.
+        """Fork a new session in ``target`` store at ``entry_id`` (``at``: including it;
+        ``before``: up to its parent; ``None``: the lane's leaf), optionally under another
+        ``cwd``. What is copied is what pi copies (``design/context.md``, "Fork and clone"):
+
+        * same working directory (pi's ``createBranchedSession``): the path from the root to
+          that entry, label entries left out, then one new ``label`` entry per labelled entry
+          of the path (its current label), chained under the path's last entry;
+        * another working directory (pi's ``SessionManager.forkFrom``): the whole tree, as
+          :meth:`clone` copies it, with the new session's leaf at that entry.
 
         Entry ids are kept; operation logs are not copied. The new header names this session
         in ``parentSession``.
@@ -242,14 +250,39 @@ class Session:
         Raises:
             UnknownEntry: ``entry_id`` does not exist.
         """
-        leaf = self.leaf() if entry_id is None else str(self.entry(entry_id)["id"])
-        path = self.path(leaf)
-        if position == "before" and path:
-            path = path[:-1]
-        new = target.create_session(cwd or self.cwd, parent_session=self.id)
+        leaf = self.leaf(lane) if entry_id is None else str(self.entry(entry_id)["id"])
+        if position == "before" and leaf is not None:
+            leaf = self.entry(leaf).get("parentId")
+        if cwd is not None and cwd != self.cwd:
+            return self._copy_tree(target, leaf, cwd)
+        path = [e for e in self.path(leaf) if e.get("type") != "label"] if leaf else []
+        new = Session(target.create_session(cwd or self.cwd, parent_session=self.id))
         ops = copy_ops(path)
+        parent = str(path[-1]["id"]) if path else None
+        kept = {str(e["id"]) for e in path}
+        for target_id, label in self.labels().items():
+            if target_id in kept:
+                entry = new.make_entry(
+                    {"type": "label", "targetId": target_id, "label": label}, parent_id=parent
+                )
+                ops.append(EntryOp(entry, lane="main"))
+                parent = str(entry["id"])
         if ops:
-            new.commit(ops)
+            new.store.commit(ops)
+        return new
+
+    def clone(self, target: Store, *, cwd: str | None = None, lane: str = "main") -> Session:
+        """Copy the whole tree (every entry, labels included, ids kept) into a new session of
+        ``target``, optionally under another ``cwd``, with its leaf where ``lane``'s is: what
+        pi's ``SessionManager.forkFrom`` keeps. Operation logs are not copied; the new header
+        names this session in ``parentSession``."""
+        return self._copy_tree(target, self.leaf(lane), cwd or self.cwd)
+
+    def _copy_tree(self, target: Store, leaf: str | None, cwd: str) -> Session:
+        new = target.create_session(cwd, parent_session=self.id)
+        ops = copy_ops(self.store.iter_entries())
+        if ops:
+            new.commit([*ops, LaneOp("main", leaf_id=leaf)])
         return Session(new)
 
 

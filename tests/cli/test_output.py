@@ -273,6 +273,36 @@ def test_fork_copies_the_path_into_a_new_session(
     assert [(i["id"], i["cwd"]) for i in listed] == [(moved.json()["session_id"], str(tmp_path))]
 
 
+def test_fork_keeps_labels_and_a_cross_cwd_fork_copies_the_whole_tree(
+    cli: Cli, script: Path, project: Path, tmp_path: Path, home: Path
+) -> None:
+    """Issue 20: ``fork`` keeps the labels of what it copies; ``fork --cwd OTHER`` copies the
+    whole tree (every branch, label entries included) with the same leaf, as pi's forkFrom."""
+    from durable_harness.session import Session
+    from durable_harness.storage import open_store
+
+    assert cli("run", "go", "--provider", f"scripted:{script}", "--cwd", str(project)).code == 0
+    sid = cli("sessions", "--json").json()[0]["id"]
+    with Session(open_store(f"jsonl:{home}").open_session(sid)) as s:
+        first = str(s.path(s.leaf())[0]["id"])
+        s.set_label(first, "the ask")
+        s.navigate(first)
+        s.append_message({"role": "user", "content": "a side branch", "timestamp": 1})
+        ids, leaf = {str(e["id"]) for e in s.store.iter_entries()}, s.leaf()
+    forked = cli("fork", sid, "--entry", first, "--json").json()
+    shown = cli("show", forked["session_id"], "--json").json()
+    assert shown["labels"] == {first: "the ask"}
+    other = tmp_path / "other"
+    other.mkdir()
+    moved = cli("fork", sid, "--cwd", str(other), "--json")
+    assert moved.code == 0, moved.err
+    assert moved.json()["entries"] == len(ids)
+    with Session(open_store(f"jsonl:{home}").open_session(moved.json()["session_id"])) as copy:
+        assert {str(e["id"]) for e in copy.store.iter_entries()} == ids
+        assert copy.leaf() == leaf and copy.labels() == {first: "the ask"}
+        assert copy.cwd == str(other)
+
+
 def test_fork_of_an_unknown_entry_is_refused_and_creates_nothing(
     cli: Cli, script: Path, project: Path
 ) -> None:

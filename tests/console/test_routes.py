@@ -451,3 +451,34 @@ def test_the_console_paths_are_known_to_the_host() -> None:
         assert is_console_path(path)
     for path in ("/sessions", "/metrics", "/openapi.json", "/consoles", "//console/x"):
         assert not is_console_path(path)
+
+
+async def test_the_console_shows_the_cost_the_cli_computes_unknown_never_zero(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: the console's cost is ``cost_summary``'s (the CLI's): a model without a
+    price shows ``unknown``, not $0; the host's ``price`` supplies it."""
+    from durable_harness.harness.report import cost_report, format_cost
+
+    spec = f"jsonl:{tmp_path / 'store'}"
+    turn = {"text": "hi", "usage": {"input": 1000, "output": 100}}  # no cost in the script
+    provider = script(tmp_path, [turn, turn], "unpriced.json")
+    sids = {}
+    for name, price in (("unknown", None), ("priced", {"input": 2.0, "output": 10.0})):
+        where = tmp_path / name
+        where.mkdir()
+        async with console(spec, HostOptions(provider=provider, price=price)) as (m, c):
+            rec = await m.create(str(where))
+            await m.send(rec.id, "hello")
+            await idle(m, rec.id)
+            page = await c.get(f"/console/sessions/{rec.id}")
+            with open_store(spec).open_session(rec.id, write=False) as s:
+                expected = format_cost(cost_report(s)["total"], 4)
+            assert f'class="cost">{expected}<' in page.text, page.text
+            sids[name] = (rec.id, expected)
+            await m.close(rec.id)
+    assert sids["unknown"][1] == "unknown"
+    assert sids["priced"][1] == "$0.0030"
+    async with console(spec, HostOptions(provider=provider)) as (m, c):
+        listing = (await c.get("/")).text
+    assert '<td class="cost">unknown</td>' in listing and '<td class="cost">$0.0030</td>' in listing

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_harness.console.view import last_activity, session_cost, transcript
+from durable_harness.console.view import SessionView, last_activity, transcript
+from durable_harness.harness.report import cost_summary, format_cost
 
 
 def msg(eid: str, parent: str | None, role: str, content: Any, **extra: Any) -> dict[str, Any]:
@@ -51,16 +52,33 @@ def test_calls_meet_their_results_and_markers_are_kept() -> None:
     assert items[4].text == "model: p/m"
 
 
-def test_cost_sums_assistant_messages_only() -> None:
+def test_cost_is_the_cli_computation_and_unknown_is_not_zero() -> None:
+    """The console's cost is ``cost_summary``'s total (what ``durable-harness cost``
+    prints): assistant messages only, every branch; a message without a known cost makes
+    the sum unknown, shown as "at least" the known part (issue 20)."""
     entries = [
         msg("u1", None, "user", "hi", **cost(5.0)),
         msg("a1", "u1", "assistant", "x", **cost(0.25)),
         msg("a2", "u1", "assistant", "y", **cost(0.5)),  # another branch: still spent
+    ]
+    known = SessionView(entries, [], {}, {}).cost
+    assert known["cost"] == 0.75 and format_cost(known, 4) == "$0.7500"
+    unknown = [
         msg("a3", "a2", "assistant", "z"),  # no usage
         msg("a4", "a3", "assistant", "w", usage={"cost": {"total": "bad"}}),
+        msg("a5", "a4", "assistant", "v", usage={"totalTokens": 9, "cost": None}),
     ]
-    assert session_cost(entries) == 0.75
-    assert session_cost([]) == 0.0
+    view = SessionView([*entries, *unknown], [], {}, {})
+    assert view.cost == {
+        "tokens": 9,
+        "cost": None,
+        "known_cost": 0.75,
+        "unknown_cost_turns": 3,
+    }
+    assert view.cost == cost_summary([], lambda: [*entries, *unknown])["total"]
+    assert format_cost(view.cost, 4) == "≥ $0.7500 (3 unknown)"
+    assert format_cost(SessionView(unknown, [], {}, {}).cost) == "unknown"
+    assert format_cost(SessionView([], [], {}, {}).cost) == "$0.000000"
 
 
 def test_last_activity_is_the_latest_timestamp() -> None:

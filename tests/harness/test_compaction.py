@@ -306,3 +306,38 @@ async def test_abort_during_automatic_compaction_stores_no_partial_summary(
     texts = [summary_text(m) for m in session.context().messages]
     assert "partial summary" not in texts
     assert of_type(recs, "run_finished")[0]["outcome"] == "aborted"
+
+
+async def test_a_keep_that_cannot_shrink_the_context_is_clamped_once(
+    store: Store, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``keep_recent_tokens`` at or above ``context_window - compact_reserve`` is clamped to
+    half of that budget when the harness is built, with one warning naming the values; every
+    compaction then brings the context under the limit (issue 20: it compacted again at
+    every checkpoint)."""
+    from durable_harness.session.context import estimate_tokens
+
+    session = new_session(store, workdir)
+    provider = ScriptedProvider([], by_prompt=BY_PROMPT, context_window=400)
+    opts = HarnessOptions(compact_reserve=150, keep_recent_tokens=100_000)
+    with caplog.at_level("WARNING", logger="durable_harness.harness"):
+        async with Harness(session, provider, [EchoTool()], cwd=workdir, options=opts) as h:
+            await three_runs(h)
+    clamps = [r.getMessage() for r in caplog.records if "clamped" in r.getMessage()]
+    assert len(clamps) == 1, clamps
+    assert "keep_recent_tokens=100000" in clamps[0] and "= 250" in clamps[0]
+    assert "125 tokens are kept" in clamps[0]
+    compactions = session.store.iter_entries(("compaction",))
+    assert compactions, "the runs outgrew the window: a compaction was due"
+    for comp in compactions:
+        after = session.context(comp["id"]).messages
+        assert estimate_tokens(after) < 250, (comp["id"], estimate_tokens(after))
+
+
+def test_negative_compaction_settings_are_refused_by_name() -> None:
+    from durable_harness.errors import FormatError
+
+    with pytest.raises(FormatError, match="keep_recent_tokens"):
+        HarnessOptions(keep_recent_tokens=-1)
+    with pytest.raises(FormatError, match="compact_reserve"):
+        HarnessOptions(compact_reserve=-5)

@@ -134,3 +134,74 @@ async def test_report_survives_reopen(store: Store, workdir: Path) -> None:
         assert cost_report(reader) == before
     finally:
         reader.close()
+
+
+async def test_an_unknown_price_is_an_unknown_cost_never_zero(store: Store, workdir: Path) -> None:
+    """Issue 20: a turn with no known price (no cost reported, no price given) settles with
+    ``usage.cost`` null in the entry and the record; a run or session sum with such a turn
+    is unknown, its known part kept apart; a price supplies the cost."""
+    from durable_harness.harness.report import format_cost
+
+    session = new_session(store, workdir)
+    unpriced = ScriptedProvider([], by_prompt={"p": [{"text": "x", "usage": {"input": 1000}}]})
+    priced = ScriptedProvider(
+        [],
+        by_prompt={"p": [{"text": "y", "usage": {"input": 1000, "output": 10}}]},
+        pricing={"input": 3.0, "output": 15.0},
+    )
+    for provider in (priced, unpriced):
+        async with Harness(session, provider, [], cwd=workdir) as h:
+            assert await (await h.prompt("p")).wait() == "completed"
+    finished = of_type(session.store.records("main"), "provider_request_finished")
+    assert finished[0]["usage"]["cost"]["total"] == pytest.approx(0.00315)
+    assert finished[1]["usage"]["cost"] is None
+    answers = [
+        e for e in session.store.iter_entries(("message",)) if e["message"]["role"] == "assistant"
+    ]
+    assert answers[1]["message"]["usage"]["cost"] is None
+
+    report = cost_report(session.store)
+    assert [t["cost"] for t in report["turns"]] == [pytest.approx(0.00315), None]
+    priced_run, unpriced_run = report["runs"]
+    assert priced_run["cost"] == pytest.approx(0.00315) and priced_run["unknown_cost_turns"] == 0
+    assert unpriced_run["cost"] is None and unpriced_run["known_cost"] == 0
+    assert report["total"]["cost"] is None
+    assert report["total"]["known_cost"] == pytest.approx(0.00315)
+    assert report["total"]["unknown_cost_turns"] == 1
+    assert format_cost(report["total"]) == "≥ $0.003150 (1 unknown)"
+    assert format_cost(unpriced_run) == "unknown"
+
+
+def test_a_price_table_missing_a_token_kind_leaves_that_cost_unknown() -> None:
+    from durable_harness.providers.base import empty_usage, priced
+
+    usage = {**empty_usage(), "input": 10, "cacheRead": 5}
+    assert priced(dict(usage), None)["cost"] is None
+    assert priced(dict(usage), {"input": 1.0, "output": 2.0})["cost"] is None  # cacheRead unpriced
+    full = priced(dict(usage), {"input": 1.0, "output": 2.0, "cacheRead": 0.5})["cost"]
+    assert full["total"] == pytest.approx((10 * 1.0 + 5 * 0.5) / 1e6)
+    assert priced({**empty_usage(), "input": 10}, {"input": 1.0})["cost"]["total"] == 1e-5
+
+
+def test_price_flags_and_tables_parse_or_are_refused_by_name(tmp_path: Path) -> None:
+    import json
+
+    from durable_harness.errors import FormatError
+    from durable_harness.providers import parse_price, pricing_for
+
+    assert parse_price("3,15") == {"input": 3.0, "output": 15.0}
+    assert parse_price("3,15,0.3,3.75")["cacheWrite"] == 3.75
+    for bad in ("3", "3,x", "-1,2", "1,2,3,4,5"):
+        with pytest.raises(FormatError, match="INPUT,OUTPUT"):
+            parse_price(bad)
+    table = tmp_path / "prices.json"
+    table.write_text(json.dumps({"claude-x": {"input": 3, "output": 15}, "gpt-5.1": {"input": 1}}))
+    prices = parse_price(str(table))
+    assert pricing_for(prices, "anthropic:claude-x") == {"input": 3.0, "output": 15.0}
+    assert pricing_for(prices, "openai:gpt-4o") is None  # not in the table: unknown
+    assert pricing_for({"input": 2.0}, "openai:gpt-4o") == {"input": 2.0}
+    table.write_text(json.dumps({"m": {"inputs": 3}}))
+    with pytest.raises(FormatError, match="'inputs'"):
+        parse_price(str(table))
+    with pytest.raises(FormatError, match="cannot read"):
+        parse_price(str(tmp_path / "missing.json"))

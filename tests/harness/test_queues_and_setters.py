@@ -196,7 +196,7 @@ async def test_setters_during_a_run_are_deferred_to_the_next_save_point(
         handle = await h.prompt("start")
         prompt_id = session.leaf()
         assert prompt_id is not None
-        await h.set_model("other", "model-2", client_key="set-model-1")
+        await h.set_model("scripted", "model-2", client_key="set-model-1")  # its own family
         await h.set_thinking_level("high")
         await h.set_name("my session")
         await h.set_label(prompt_id, "the start")

@@ -274,3 +274,67 @@ def test_open_session_by_path_prefix_and_missing(store: Store, sess: Session) ->
         open_session("/no/such/file.jsonl", store)
     with pytest.raises(SessionNotFound):
         open_session("zzzz", store)
+
+
+def _ids(s: Session) -> set[str]:
+    return {str(e["id"]) for e in s.store.iter_entries()}
+
+
+def test_a_fork_keeps_the_labels_of_the_entries_it_copies(store: Store, sess: Session) -> None:
+    """As pi's ``createBranchedSession``: the path without its label entries, then each
+    path entry's current label re-made under the path's end; labels of entries left out, and
+    cleared ones, are not carried (issue 20: the fork dropped them)."""
+    u1 = user(sess, "one")
+    a1 = assistant(sess, "two")
+    u2 = user(sess, "three")
+    sess.set_label(u1, "start")
+    sess.set_label(a1, "old")
+    sess.set_label(a1, "answer")  # the latest label wins
+    sess.set_label(u2, "later")  # u2 is not copied by a fork at a1
+    sess.navigate(u1)
+    side = assistant(sess, "side")  # a branch off u1, labelled there
+    sess.set_label(u1, "start again")
+    sess.set_label(side, "")  # cleared: not carried
+    forks = [sess.fork(store, a1), reopened(store, sess).fork(store, side)]
+    try:
+        at_a1, at_side = forks
+        # a label is the session's (the latest per entry wins, on any branch), as in pi
+        assert at_a1.labels() == {u1: "start again", a1: "answer"}
+        assert at_side.labels() == {u1: "start again"}
+        assert _texts(at_a1.context()) == ["one", "two"]  # labels never reach the context
+        label_entries = at_a1.store.iter_entries(("label",))
+        assert [e["parentId"] for e in label_entries] == [a1, label_entries[0]["id"]]
+        assert at_a1.leaf() == label_entries[-1]["id"]
+    finally:
+        for f in forks:
+            f.close()
+
+
+def test_a_cross_cwd_fork_and_a_clone_copy_the_whole_tree(
+    store: Store, sess: Session, tmp_path: Path
+) -> None:
+    """As pi's ``SessionManager.forkFrom``: every entry of the tree (other branches and the
+    label entries too), ids kept, the same leaf; the other cwd is the new session's."""
+    u1 = user(sess, "one")
+    assistant(sess, "two")
+    sess.set_label(u1, "start")
+    sess.navigate(u1)
+    leaf = assistant(sess, "other branch")
+    elsewhere = sess.fork(store, None, cwd="/elsewhere")
+    target = open_store(f"sqlite:{tmp_path}/clone.db")
+    cloned = sess.clone(target)
+    try:
+        for copy in (elsewhere, cloned):
+            assert _ids(copy) == _ids(sess)
+            assert copy.leaf() == leaf == sess.leaf()
+            assert copy.labels() == {u1: "start"}
+            assert _texts(copy.context()) == ["one", "other branch"]
+            assert copy.store.header["parentSession"] == sess.id
+            assert copy.store.records() == []
+        assert elsewhere.cwd == "/elsewhere" and cloned.cwd == "/proj"
+        at = sess.fork(store, u1, cwd="/elsewhere")  # the whole tree, the leaf where asked
+        assert _ids(at) == _ids(sess) and at.leaf() == u1
+        at.close()
+    finally:
+        elsewhere.close()
+        cloned.close()
