@@ -129,10 +129,22 @@ def visible_html(value: object, *, multiline: bool = True) -> str:
     return "".join(out)
 
 
+def clip(shown: str, limit: int, mark: str = "…") -> str:
+    """``shown`` (:func:`visible`'s output) cut to at most ``limit`` characters, ``mark``
+    included, never inside a ``\\u{HEX}`` token (a token cut in two would read as text)."""
+    if len(shown) <= limit:
+        return shown
+    end = max(0, limit - len(mark))
+    for token in _TOKEN.finditer(shown, max(0, end - 10), end + 10):
+        if token.start() < end < token.end():
+            end = token.start()
+    return shown[:end] + mark
+
+
 def unescape(shown: str) -> str:
     """The original text of :func:`visible`'s output: every ``\\u{HEX}`` token back to its
     character, everything else as it is (left to right, so ``\\u{5c}u{41}`` is ``\\u{41}``)."""
     return _TOKEN.sub(lambda m: chr(int(m.group(1), 16)), shown)
 
 
-__all__ = ["needs_escape", "unescape", "visible", "visible_html"]
+__all__ = ["clip", "needs_escape", "unescape", "visible", "visible_html"]

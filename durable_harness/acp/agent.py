@@ -69,6 +69,7 @@ from durable_harness.acp.updates import (
     tool_call_running,
     tool_title,
 )
+from durable_harness.display import visible
 from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
 from durable_harness.harness.core import Event
 from durable_harness.host.manager import SessionManager
@@ -688,8 +689,9 @@ def _recovery_plan(lanes: list[Any], status: Literal["pending", "completed"]) ->
     for lp in lanes:
         entries.append(
             PlanEntry(
-                content=f"Resume run {lp.run_id} on lane {lp.lane}: "
-                f"{lp.next_action.replace('_', ' ')}",
+                content=visible(
+                    f"Resume run {lp.run_id} on lane {lp.lane}: {lp.next_action.replace('_', ' ')}"
+                ),
                 priority="high",
                 status=status,
             )
@@ -697,8 +699,10 @@ def _recovery_plan(lanes: list[Any], status: Literal["pending", "completed"]) ->
         for call in lp.waiting():
             entries.append(
                 PlanEntry(
-                    content=f"Decide {call.tool_name} call {call.tool_call_id} "
-                    "(started before the crash, outcome unknown)",
+                    content=visible(
+                        f"Decide {call.tool_name} call {call.tool_call_id} "
+                        "(started before the crash, outcome unknown)"
+                    ),
                     priority="high",
                     status=status,
                 )

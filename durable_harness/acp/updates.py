@@ -17,6 +17,7 @@ An assistant message streams as ``agent_message_chunk`` (text) and ``agent_thoug
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from acp.schema import (
     UserMessageChunk,
 )
 
+from durable_harness.display import clip, visible
+
 Update = (
     UserMessageChunk
     | AgentMessageChunk
@@ -62,16 +65,21 @@ TOOL_KINDS: dict[str, ToolKind] = {
 
 _TITLE_ARG = {"bash": "command"}
 _TITLE_CAP = 120
+_BLANKS = re.compile(r"[ \t\n]+")
 
 
 def tool_title(name: str, arguments: dict[str, Any]) -> str:
     """A one-line title for a call: the tool's name and its main argument (a file tool's
-    ``path``, bash's ``command``), cut at 120 characters."""
+    ``path``, bash's ``command``), runs of spaces, tabs and newlines as one space, every
+    other invisible or reordering character shown as ``\\u{HEX}``
+    (:func:`durable_harness.display.visible`: the client shows what will run), cut at 120
+    characters (never inside a token). The same title heads the ``tool_call`` update and the
+    permission question."""
     key = _TITLE_ARG.get(name, "path")
     value = arguments.get(key)
     title = f"{name}: {value}" if isinstance(value, str) and value else name
-    title = " ".join(title.split())
-    return title if len(title) <= _TITLE_CAP else title[: _TITLE_CAP - 1] + "…"
+    title = visible(_BLANKS.sub(" ", title.strip(" \t\n")))
+    return clip(title, _TITLE_CAP)
 
 
 def tool_locations(cwd: str, arguments: dict[str, Any]) -> list[ToolCallLocation] | None:

@@ -99,3 +99,18 @@ def test_the_notation() -> None:
     assert visible_html("<b>\u202e") == (
         '&lt;b&gt;<span class="esc" title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u{202e}</span>'
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXT, st.integers(min_value=1, max_value=60))
+def test_a_clipped_text_never_cuts_a_token(text: str, limit: int) -> None:
+    from durable_harness.display import clip
+
+    shown = visible(text)
+    cut = clip(shown, limit)
+    assert len(cut) <= max(limit, 1)
+    if cut != shown:
+        body = cut[:-1]
+        assert shown.startswith(body)
+        # the kept part is whole tokens and text: it unescapes to a prefix of the original
+        assert text.startswith(unescape(body))
