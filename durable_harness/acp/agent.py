@@ -115,6 +115,9 @@ TOOL_OPTIONS = [
 
 MAX_REPLAY_ENTRIES = 1_000_000
 
+CREATE_WAIT_S = 30.0
+"""How long closing waits for a ``session/new`` still being handled (seconds)."""
+
 
 @dataclass
 class _RunEnd:
@@ -178,6 +181,11 @@ class DurableAgent:
         self._live: set[str] = set()  # sessions with a generation started by this agent
         self._approved: set[tuple[str, str]] = set()  # (session, tool call) retried by decision
         self._ask_locks: dict[str, anyio.Lock] = {}
+        self._creating: set[anyio.Event] = set()  # session/new requests being handled
+        self._send_failed = False
+        self.output_open: Callable[[], bool] = lambda: True
+        """Whether the client can still be written to (set by :func:`~durable_harness.acp.serve`
+        from its transport)."""
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -268,7 +276,9 @@ class DurableAgent:
         try:
             await self.client.session_update(session_id=session_id, update=update)
         except (ConnectionError, RequestError) as exc:
-            log.warning("session/update to the client failed: %s", exc)
+            if not self._send_failed:  # once: a client gone fails every update after it
+                log.warning("session/update to the client failed: %s", exc)
+            self._send_failed = isinstance(exc, ConnectionError)
 
     def _result_of(self, session_id: str, tool_call_id: str) -> dict[str, Any] | None:
         """The ``toolResult`` message of a call, from the end of the transcript."""
@@ -335,13 +345,25 @@ class DurableAgent:
         **kwargs: Any,
     ) -> NewSessionResponse:
         """A new durable session in ``cwd`` (its id is the ACP session id); MCP servers are
-        not supported and ignored."""
+        not supported and ignored. A client that goes away meanwhile does not cut the create
+        short: :meth:`close_all` waits for it, then closes the session."""
+        done = anyio.Event()
+        self._creating.add(done)
         try:
             rec = await self._manager().create(cwd)
+            self._live.add(rec.id)
         except DurableHarnessError as exc:
             raise rpc_error(exc) from exc
-        self._live.add(rec.id)
+        finally:
+            self._creating.discard(done)
+            done.set()
         self._channel(rec.id).cwd = rec.cwd
+        if not self.output_open():
+            log.warning(
+                "session %s was created for a session/new whose client has gone (stdout "
+                "closed): it cannot be told, and the session is closed",
+                rec.id,
+            )
         return NewSessionResponse(session_id=rec.id)
 
     async def prompt(
@@ -660,10 +682,17 @@ class DurableAgent:
 
     # -- shutdown ---------------------------------------------------------------------------
 
-    async def close_all(self) -> None:
-        """Close every session this agent runs (the client went away): running turns are
-        aborted, given the host's grace period, and the sessions closed."""
+    async def close_all(self, reason: str = "the client went away") -> None:
+        """Close every session this agent runs (``reason``: the client went away): each
+        ``session/new`` still being handled is let finish first (up to
+        :data:`CREATE_WAIT_S`), then running turns are aborted, given the host's grace period,
+        and the sessions closed (``manager.close``: the log is left consistent)."""
         manager = self._manager()
+        with anyio.move_on_after(CREATE_WAIT_S):
+            for done in list(self._creating):
+                await done.wait()
+        if self._live:
+            log.warning("%s: closing %d session(s)", reason, len(self._live))
         for session_id in sorted(self._live):
             try:
                 await manager.close(session_id)
