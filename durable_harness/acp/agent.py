@@ -48,7 +48,6 @@ from acp.schema import (
     LoadSessionResponse,
     NewSessionResponse,
     PermissionOption,
-    PlanEntry,
     PromptCapabilities,
     PromptResponse,
     ResourceContentBlock,
@@ -65,11 +64,11 @@ from durable_harness.acp.updates import (
     TOOL_KINDS,
     EventTranslator,
     Update,
+    recovery_plan,
     replay,
     tool_call_running,
     tool_title,
 )
-from durable_harness.display import visible
 from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
 from durable_harness.harness.core import Event
 from durable_harness.host.manager import SessionManager
@@ -468,7 +467,7 @@ class DurableAgent:
         lanes = [lp for lp in (plan.lanes if plan else []) if lp.run_id is not None]
         decisions: dict[str, dict[str, Any]] = {}
         if lanes:
-            self._push(session_id, _recovery_plan(lanes, "pending"))
+            self._push(session_id, recovery_plan(lanes, "pending"))
             for lp in lanes:
                 self._push(
                     session_id,
@@ -517,7 +516,7 @@ class DurableAgent:
                 }
             )
         if lanes:
-            self._push(session_id, _recovery_plan(lanes, "completed"))
+            self._push(session_id, recovery_plan(lanes, "completed"))
             await self._flush(session_id)
         meta = {"durableHarness": {"recovered": recovered}} if recovered else None
         return LoadSessionResponse(field_meta=meta)
@@ -707,36 +706,6 @@ def _quiet_stop_reason(agent: DurableAgent, session_id: str, run_id: str, end: _
     except RequestError as exc:
         data = exc.data if isinstance(exc.data, dict) else {}
         return str(data.get("code", "error"))
-
-
-def _recovery_plan(lanes: list[Any], status: Literal["pending", "completed"]) -> Update:
-    """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
-    in-doubt call."""
-    from acp import update_plan
-
-    entries = []
-    for lp in lanes:
-        entries.append(
-            PlanEntry(
-                content=visible(
-                    f"Resume run {lp.run_id} on lane {lp.lane}: {lp.next_action.replace('_', ' ')}"
-                ),
-                priority="high",
-                status=status,
-            )
-        )
-        for call in lp.waiting():
-            entries.append(
-                PlanEntry(
-                    content=visible(
-                        f"Decide {call.tool_name} call {call.tool_call_id} "
-                        "(started before the crash, outcome unknown)"
-                    ),
-                    priority="high",
-                    status=status,
-                )
-            )
-    return update_plan(entries)
 
 
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:

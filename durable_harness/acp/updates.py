@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from acp import (
     start_tool_call,
@@ -28,6 +28,7 @@ from acp import (
     tool_content,
     update_agent_message_text,
     update_agent_thought_text,
+    update_plan,
     update_tool_call,
     update_user_message_text,
 )
@@ -35,6 +36,7 @@ from acp.schema import (
     AgentMessageChunk,
     AgentPlanUpdate,
     AgentThoughtChunk,
+    PlanEntry,
     ToolCallLocation,
     ToolCallProgress,
     ToolCallStart,
@@ -43,6 +45,7 @@ from acp.schema import (
 )
 
 from durable_harness.display import clip, visible
+from durable_harness.recovery.decide import LanePlan
 
 Update = (
     UserMessageChunk
@@ -230,3 +233,31 @@ class EventTranslator:
                 return [update_tool_call(call_id, status="failed" if failed else "completed")]
             return [tool_call_settled(result)]
         return []
+
+
+def recovery_plan(lanes: list[LanePlan], status: Literal["pending", "completed"]) -> Update:
+    """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
+    in-doubt call."""
+    entries = []
+    for lp in lanes:
+        entries.append(
+            PlanEntry(
+                content=visible(
+                    f"Resume run {lp.run_id} on lane {lp.lane}: {lp.next_action.replace('_', ' ')}"
+                ),
+                priority="high",
+                status=status,
+            )
+        )
+        for call in lp.waiting():
+            entries.append(
+                PlanEntry(
+                    content=visible(
+                        f"Decide {call.tool_name} call {call.tool_call_id} "
+                        "(started before the crash, outcome unknown)"
+                    ),
+                    priority="high",
+                    status=status,
+                )
+            )
+    return update_plan(entries)
