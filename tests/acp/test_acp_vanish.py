@@ -276,3 +276,22 @@ def test_stdout_a_regular_file(tmp_path: Path) -> None:
     child.close_stdin()
     assert child.exit_code() == 0, child.log()
     closed_cleanly(child.store, sid)
+
+
+def test_stdin_closed_while_the_provider_streams(tmp_path: Path) -> None:
+    """Mid-prompt, no tool yet: the provider is held at its turn when stdin closes."""
+    gate = tmp_path / "never"
+    child = Child(tmp_path, script(tmp_path, [{"text": "slow", "wait_for": str(gate)}]))
+    sid = child.start(str(workdir(tmp_path)))
+    child.send(2, "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
+
+    def asked() -> bool:
+        with open_store(child.store).open_session(sid, write=False) as s:
+            return bool(s.records("main", types=("provider_request_started",)))
+
+    wait_until(asked, "the provider request")
+    child.close_stdin()
+    assert child.exit_code() == 0, child.log()
+    assert child.answer(2)["result"]["stopReason"] == "cancelled"
+    (finished,) = closed_cleanly(child.store, sid)["finished"]
+    assert finished["outcome"] == "aborted"
