@@ -8,6 +8,9 @@ Rules (``design/cli.md``):
 * Data lines (listings, trees, timelines) are printed as plain text and never wrapped, so that
   scripts and ``grep`` see exactly one record per line.
 * No escape code is written by hand: styles go through :class:`rich.text.Text`.
+* Every text printed here passes :func:`durable_harness.display.visible` first: a control,
+  bidi or invisible character of a session's text (which could also forge a terminal escape
+  sequence) is shown as ``\\u{HEX}``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from durable_harness.display import visible
+
 
 def console(*, stderr: bool = False) -> Console:
     """A console on stdout (or stderr) as it is now: colour detection runs at each call, so a
@@ -37,18 +42,20 @@ def console(*, stderr: bool = False) -> Console:
 
 def say(text: str, style: str | None = None, *, stderr: bool = False, end: str = "\n") -> None:
     """Print one line of ``text`` in ``style`` (a ``rich`` style name) when colour is on; plain
-    otherwise. Never wraps, never interprets markup."""
-    console(stderr=stderr).print(Text(text, style=style or ""), end=end)
+    otherwise. Never wraps, never interprets markup; newlines and tabs of ``text`` are kept,
+    other invisible characters escaped (:func:`~durable_harness.display.visible`)."""
+    console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""), end=end)
 
 
 def styled(*parts: tuple[str, str | None] | str) -> Text:
-    """Build a line from ``text`` or ``(text, style)`` parts."""
+    """Build a line from ``text`` or ``(text, style)`` parts, each shown with
+    :func:`~durable_harness.display.visible` (a newline in a part is escaped: one line)."""
     line = Text()
     for part in parts:
         if isinstance(part, str):
-            line.append(part)
+            line.append(visible(part))
         else:
-            line.append(part[0], style=part[1] or "")
+            line.append(visible(part[0]), style=part[1] or "")
     return line
 
 

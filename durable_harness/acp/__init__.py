@@ -7,6 +7,7 @@ and stdout, over a :class:`~durable_harness.host.SessionManager` of one store; t
 
 from __future__ import annotations
 
+import logging
 from typing import cast
 
 import anyio
@@ -19,12 +20,20 @@ from durable_harness.host.manager import SessionManager
 from durable_harness.host.options import HostOptions
 from durable_harness.storage.base import Store
 
-__all__ = ["DurableAgent", "serve"]
+__all__ = ["ANSWER_WAIT_S", "DurableAgent", "serve"]
+
+log = logging.getLogger(__name__)
+
+ANSWER_WAIT_S = 10.0
+"""How long the agent, its sessions closed, waits for the answers of requests still being
+handled before it exits (seconds)."""
 
 
 async def serve(store: Store | str | None, options: HostOptions) -> None:
-    """Serve ACP on stdin/stdout until the client closes stdin; then close the sessions
-    this agent ran (running turns are aborted) and return.
+    """Serve ACP on stdin/stdout until the client goes away (it closes stdin, or stops
+    reading stdout); then close the sessions this agent ran (running turns are aborted, a
+    ``session/new`` still being handled is finished first), answer the requests still open
+    while stdout is, and return (``design/acp.md``, "Lifetime").
 
     Args:
         store: the store (or spec) of the sessions.
@@ -33,6 +42,7 @@ async def serve(store: Store | str | None, options: HostOptions) -> None:
     """
     agent = DurableAgent()
     transport, supervisor = await stdio_transport()
+    agent.output_open = lambda: not transport.output_lost
     async with (
         SessionManager(store, acp_options(options, agent)) as manager,
         anyio.create_task_group() as tg,
@@ -44,7 +54,12 @@ async def serve(store: Store | str | None, options: HostOptions) -> None:
             await conn.listen()
         finally:
             with anyio.CancelScope(shield=True):
-                await agent.close_all()
+                gone = "closed stdout" if transport.output_lost else "closed stdin"
+                await agent.close_all(f"the client {gone}")
+                # every request received gets its answer while stdout is open (a prompt the
+                # close aborted: "cancelled"; a session/new that finished: its session id)
+                if not await transport.answered(ANSWER_WAIT_S):
+                    log.warning("some requests were not answered within %s s", ANSWER_WAIT_S)
                 await conn.close()
                 await supervisor.shutdown()
             tg.cancel_scope.cancel()

@@ -48,7 +48,6 @@ from acp.schema import (
     LoadSessionResponse,
     NewSessionResponse,
     PermissionOption,
-    PlanEntry,
     PromptCapabilities,
     PromptResponse,
     ResourceContentBlock,
@@ -65,6 +64,7 @@ from durable_harness.acp.updates import (
     TOOL_KINDS,
     EventTranslator,
     Update,
+    recovery_plan,
     replay,
     tool_call_running,
     tool_title,
@@ -113,6 +113,9 @@ TOOL_OPTIONS = [
 (:meth:`~durable_harness.host.SessionManager.allow_tool`)."""
 
 MAX_REPLAY_ENTRIES = 1_000_000
+
+CREATE_WAIT_S = 30.0
+"""How long closing waits for a ``session/new`` still being handled (seconds)."""
 
 
 @dataclass
@@ -177,6 +180,11 @@ class DurableAgent:
         self._live: set[str] = set()  # sessions with a generation started by this agent
         self._approved: set[tuple[str, str]] = set()  # (session, tool call) retried by decision
         self._ask_locks: dict[str, anyio.Lock] = {}
+        self._creating: set[anyio.Event] = set()  # session/new requests being handled
+        self._send_failed = False
+        self.output_open: Callable[[], bool] = lambda: True
+        """Whether the client can still be written to (set by :func:`~durable_harness.acp.serve`
+        from its transport)."""
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -267,7 +275,9 @@ class DurableAgent:
         try:
             await self.client.session_update(session_id=session_id, update=update)
         except (ConnectionError, RequestError) as exc:
-            log.warning("session/update to the client failed: %s", exc)
+            if not self._send_failed:  # once: a client gone fails every update after it
+                log.warning("session/update to the client failed: %s", exc)
+            self._send_failed = isinstance(exc, ConnectionError)
 
     def _result_of(self, session_id: str, tool_call_id: str) -> dict[str, Any] | None:
         """The ``toolResult`` message of a call, from the end of the transcript."""
@@ -334,13 +344,25 @@ class DurableAgent:
         **kwargs: Any,
     ) -> NewSessionResponse:
         """A new durable session in ``cwd`` (its id is the ACP session id); MCP servers are
-        not supported and ignored."""
+        not supported and ignored. A client that goes away meanwhile does not cut the create
+        short: :meth:`close_all` waits for it, then closes the session."""
+        done = anyio.Event()
+        self._creating.add(done)
         try:
             rec = await self._manager().create(cwd)
+            self._live.add(rec.id)
         except DurableHarnessError as exc:
             raise rpc_error(exc) from exc
-        self._live.add(rec.id)
+        finally:
+            self._creating.discard(done)
+            done.set()
         self._channel(rec.id).cwd = rec.cwd
+        if not self.output_open():
+            log.warning(
+                "session %s was created for a session/new whose client has gone (stdout "
+                "closed): it cannot be told, and the session is closed",
+                rec.id,
+            )
         return NewSessionResponse(session_id=rec.id)
 
     async def prompt(
@@ -445,7 +467,7 @@ class DurableAgent:
         lanes = [lp for lp in (plan.lanes if plan else []) if lp.run_id is not None]
         decisions: dict[str, dict[str, Any]] = {}
         if lanes:
-            self._push(session_id, _recovery_plan(lanes, "pending"))
+            self._push(session_id, recovery_plan(lanes, "pending"))
             for lp in lanes:
                 self._push(
                     session_id,
@@ -495,7 +517,7 @@ class DurableAgent:
                 }
             )
         if lanes:
-            self._push(session_id, _recovery_plan(lanes, "completed"))
+            self._push(session_id, recovery_plan(lanes, "completed"))
             await self._flush(session_id)
         meta = {"durableHarness": {"recovered": recovered}} if recovered else None
         return LoadSessionResponse(field_meta=meta)
@@ -660,10 +682,17 @@ class DurableAgent:
 
     # -- shutdown ---------------------------------------------------------------------------
 
-    async def close_all(self) -> None:
-        """Close every session this agent runs (the client went away): running turns are
-        aborted, given the host's grace period, and the sessions closed."""
+    async def close_all(self, reason: str = "the client went away") -> None:
+        """Close every session this agent runs (``reason``: the client went away): each
+        ``session/new`` still being handled is let finish first (up to
+        :data:`CREATE_WAIT_S`), then running turns are aborted, given the host's grace period,
+        and the sessions closed (``manager.close``: the log is left consistent)."""
         manager = self._manager()
+        with anyio.move_on_after(CREATE_WAIT_S):
+            for done in list(self._creating):
+                await done.wait()
+        if self._live:
+            log.warning("%s: closing %d session(s)", reason, len(self._live))
         for session_id in sorted(self._live):
             try:
                 await manager.close(session_id)
@@ -678,33 +707,6 @@ def _quiet_stop_reason(agent: DurableAgent, session_id: str, run_id: str, end: _
     except RequestError as exc:
         data = exc.data if isinstance(exc.data, dict) else {}
         return str(data.get("code", "error"))
-
-
-def _recovery_plan(lanes: list[Any], status: Literal["pending", "completed"]) -> Update:
-    """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
-    in-doubt call."""
-    from acp import update_plan
-
-    entries = []
-    for lp in lanes:
-        entries.append(
-            PlanEntry(
-                content=f"Resume run {lp.run_id} on lane {lp.lane}: "
-                f"{lp.next_action.replace('_', ' ')}",
-                priority="high",
-                status=status,
-            )
-        )
-        for call in lp.waiting():
-            entries.append(
-                PlanEntry(
-                    content=f"Decide {call.tool_name} call {call.tool_call_id} "
-                    "(started before the crash, outcome unknown)",
-                    priority="high",
-                    status=status,
-                )
-            )
-    return update_plan(entries)
 
 
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:

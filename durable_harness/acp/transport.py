@@ -21,6 +21,13 @@ keep one hostile line from stopping it:
 Every error this process sends passes through :func:`clip_error_data` first, so an error
 never echoes a large input back (the SDK's ``-32602`` puts the offending value in
 ``data.errors[].input``).
+
+A client that vanishes (``design/acp.md``, "Lifetime"): :func:`stdio_transport` reads and
+writes duplicates of fds 0 and 1 (closing them never closes ``sys.stdin``/``sys.stdout``),
+writes to a regular file directly (``durable-harness acp > file``: asyncio's pipe transport
+refuses a regular file), and notices when the reader of stdout goes away (EPIPE, or the pipe's
+read end closed while idle): it then stops reading stdin, so the agent sees the end of input
+and shuts down as when stdin closes. A message sent after that is dropped, and said once.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import stat
 from typing import Any
 
 from acp._transport import NdjsonTransport
@@ -181,19 +190,175 @@ class CheckedNdjsonTransport(NdjsonTransport):
         await self.send({"jsonrpc": "2.0", "id": mid, "error": error})
 
 
-async def stdio_transport() -> tuple[CheckedNdjsonTransport, TaskSupervisor]:
-    """The checked transport over this process's stdin and stdout, and the supervisor of its
-    writer task (shut it down when done)."""
-    from acp.stdio import stdio_streams
+class _Output(asyncio.Protocol):
+    """The write side's protocol: flow control for ``StreamWriter.drain`` and the moment
+    the client stops reading (``connection_lost``)."""
 
-    reader, writer = await stdio_streams(limit=READ_CHUNK_BYTES)
+    def __init__(self, on_lost: Any) -> None:
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._on_lost = on_lost
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.resume_writing()
+        self._on_lost(exc)
+
+    async def _drain_helper(self) -> None:  # what asyncio.StreamWriter.drain awaits
+        if self._paused:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+
+class _FileOutput(asyncio.WriteTransport):
+    """Writes to a regular file (``acp > file``), each message at once: a file never makes
+    a writer wait long, and asyncio's pipe transport refuses one."""
+
+    def __init__(self, fd: int, protocol: _Output) -> None:
+        super().__init__()
+        self._fd = fd
+        self._protocol = protocol
+        self._closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self._closing = True
+            self._protocol.connection_lost(exc)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            os.close(self._fd)
+            self._protocol.connection_lost(None)
+
+    def abort(self) -> None:
+        self.close()
+
+
+class StdioTransport(CheckedNdjsonTransport):
+    """:class:`CheckedNdjsonTransport` over this process's stdin and stdout that knows when
+    the client stopped reading (:attr:`output_lost`) and which requests it has not answered
+    yet (:meth:`answered`)."""
+
+    def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
+        super().__init__(reader, sender)
+        self.output_lost = False
+        """True once stdout is broken (EPIPE, or the client closed its end)."""
+        self.input_transport: asyncio.ReadTransport | None = None
+        self._closing = False
+        self._dropped = 0
+        self._unanswered: set[str | int] = set()
+        self._all_answered = asyncio.Event()
+        self._all_answered.set()
+
+    def lose_output(self, exc: Exception | None) -> None:
+        """Stdout is gone: stop reading stdin too, so that the agent sees the end of input."""
+        if self.output_lost:
+            return
+        self.output_lost = True
+        self._all_answered.set()  # nothing more can be answered
+        if exc is not None or not self._closing:  # an EPIPE is said, even while closing
+            log.warning("the client closed stdout (%s)", exc or "its end closed")
+        if self.input_transport is not None and not self.input_transport.is_closing():
+            self.input_transport.close()
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next well-formed message (a request is remembered until it is answered), or
+        ``None`` at end of input."""
+        message = await super().receive()
+        mid = message.get("id") if message is not None else None
+        if message is not None and "method" in message and isinstance(mid, (str, int)):
+            self._unanswered.add(mid)
+            self._all_answered.clear()
+        return message
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Send ``message``, or drop it once stdout is broken (a dropped answer is logged
+        with its request id, the first dropped notification too)."""
+        answers = "method" not in message and message.get("id") in self._unanswered
+        if self.output_lost:
+            self._dropped += 1
+            if answers:
+                log.warning(
+                    "stdout is closed: the answer to request %s cannot be sent", message["id"]
+                )
+            elif self._dropped == 1:
+                log.warning("stdout is closed: messages to the client are dropped")
+        else:
+            await super().send(message)
+        if answers:
+            self._unanswered.discard(message["id"])
+            if not self._unanswered:
+                self._all_answered.set()
+
+    async def answered(self, limit: float) -> bool:
+        """Wait up to ``limit`` seconds until every request received has been answered (or
+        stdout is lost); whether none is left unanswered."""
+        try:
+            await asyncio.wait_for(self._all_answered.wait(), limit)
+        except TimeoutError:
+            pass
+        return not self._unanswered
+
+    async def close(self) -> None:
+        """Close stdout (after what is queued) and stop reading stdin."""
+        await asyncio.sleep(0)  # a write that just failed reports it first (call_soon)
+        self._closing = True
+        if self.input_transport is not None and not self.input_transport.is_closing():
+            self.input_transport.close()
+        await super().close()
+
+
+async def stdio_transport() -> tuple[StdioTransport, TaskSupervisor]:
+    """The checked transport over this process's stdin and stdout, and the supervisor of its
+    writer task (shut it down when done). Stdout may be a pipe, a socket, a terminal or a
+    regular file."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_CHUNK_BYTES)
     supervisor = TaskSupervisor(source="durable_harness.acp.transport")
-    return CheckedNdjsonTransport(reader, MessageSender(writer, supervisor)), supervisor
+    box: list[StdioTransport] = []
+    protocol = _Output(lambda exc: box[0].lose_output(exc) if box else None)
+    out_fd = os.dup(1)
+    write_transport: asyncio.WriteTransport
+    if stat.S_ISREG(os.fstat(out_fd).st_mode):
+        write_transport = _FileOutput(out_fd, protocol)
+    else:
+        out = os.fdopen(out_fd, "wb", buffering=0)
+        write_transport, _ = await loop.connect_write_pipe(lambda: protocol, out)
+    writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+    transport = StdioTransport(reader, MessageSender(writer, supervisor))
+    box.append(transport)
+    stdin = os.fdopen(os.dup(0), "rb", buffering=0)
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), stdin
+    )
+    transport.input_transport = read_transport
+    return transport, supervisor
 
 
 __all__ = [
     "MAX_LINE_BYTES",
     "CheckedNdjsonTransport",
+    "StdioTransport",
     "check_message",
     "clip_error_data",
     "stdio_transport",

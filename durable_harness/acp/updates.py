@@ -17,9 +17,10 @@ An assistant message streams as ``agent_message_chunk`` (text) and ``agent_thoug
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from acp import (
     start_tool_call,
@@ -27,6 +28,7 @@ from acp import (
     tool_content,
     update_agent_message_text,
     update_agent_thought_text,
+    update_plan,
     update_tool_call,
     update_user_message_text,
 )
@@ -34,12 +36,16 @@ from acp.schema import (
     AgentMessageChunk,
     AgentPlanUpdate,
     AgentThoughtChunk,
+    PlanEntry,
     ToolCallLocation,
     ToolCallProgress,
     ToolCallStart,
     ToolKind,
     UserMessageChunk,
 )
+
+from durable_harness.display import clip, visible
+from durable_harness.recovery.decide import LanePlan
 
 Update = (
     UserMessageChunk
@@ -62,16 +68,21 @@ TOOL_KINDS: dict[str, ToolKind] = {
 
 _TITLE_ARG = {"bash": "command"}
 _TITLE_CAP = 120
+_BLANKS = re.compile(r"[ \t\n]+")
 
 
 def tool_title(name: str, arguments: dict[str, Any]) -> str:
     """A one-line title for a call: the tool's name and its main argument (a file tool's
-    ``path``, bash's ``command``), cut at 120 characters."""
+    ``path``, bash's ``command``), runs of spaces, tabs and newlines as one space, every
+    other invisible or reordering character shown as ``\\u{HEX}``
+    (:func:`durable_harness.display.visible`: the client shows what will run), cut at 120
+    characters (never inside a token). The same title heads the ``tool_call`` update and the
+    permission question."""
     key = _TITLE_ARG.get(name, "path")
     value = arguments.get(key)
     title = f"{name}: {value}" if isinstance(value, str) and value else name
-    title = " ".join(title.split())
-    return title if len(title) <= _TITLE_CAP else title[: _TITLE_CAP - 1] + "…"
+    title = visible(_BLANKS.sub(" ", title.strip(" \t\n")))
+    return clip(title, _TITLE_CAP)
 
 
 def tool_locations(cwd: str, arguments: dict[str, Any]) -> list[ToolCallLocation] | None:
@@ -222,3 +233,31 @@ class EventTranslator:
                 return [update_tool_call(call_id, status="failed" if failed else "completed")]
             return [tool_call_settled(result)]
         return []
+
+
+def recovery_plan(lanes: list[LanePlan], status: Literal["pending", "completed"]) -> Update:
+    """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
+    in-doubt call."""
+    entries = []
+    for lp in lanes:
+        entries.append(
+            PlanEntry(
+                content=visible(
+                    f"Resume run {lp.run_id} on lane {lp.lane}: {lp.next_action.replace('_', ' ')}"
+                ),
+                priority="high",
+                status=status,
+            )
+        )
+        for call in lp.waiting():
+            entries.append(
+                PlanEntry(
+                    content=visible(
+                        f"Decide {call.tool_name} call {call.tool_call_id} "
+                        "(started before the crash, outcome unknown)"
+                    ),
+                    priority="high",
+                    status=status,
+                )
+            )
+    return update_plan(entries)

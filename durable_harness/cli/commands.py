@@ -18,6 +18,7 @@ from durable_harness.cli.main import (
     run_async,
     store_of,
 )
+from durable_harness.display import visible
 from durable_harness.errors import FormatError, SessionNotFound, UnknownEntry, UnknownLane
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.harness.report import cost_report, format_cost, timeline
@@ -203,6 +204,20 @@ def _require_lane(session: Session, lane: str) -> None:
         )
 
 
+def _line(
+    text: str = "",
+    *,
+    multiline: bool = False,
+    file: Any = None,
+    end: str = "\n",
+    flush: bool = False,
+) -> None:
+    """Print ``text`` for a person: every invisible or reordering character shown as
+    ``\\u{HEX}`` (:func:`durable_harness.display.visible`; ``multiline`` keeps newlines and
+    tabs). Every human-form line of these commands goes through here; ``--json`` does not."""
+    print(visible(text, multiline=multiline), file=file, end=end, flush=flush)
+
+
 def _json_text(value: Any) -> str:
     """A value as compact JSON for human output (never a Python repr)."""
     return json.dumps(value, ensure_ascii=False, default=str)
@@ -328,11 +343,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                 info["tree"] = [e for e in s.store.iter_entries()]
             out(info)
             return 0
-        print(f"session {s.id}  ({s.store.location})")
-        print(f"cwd {s.cwd}  name {s.name or '-'}  entries {info['entries']}")
+        _line(f"session {s.id}  ({s.store.location})")
+        _line(f"cwd {s.cwd}  name {s.name or '-'}  entries {info['entries']}")
         for lane, st in lanes.items():
             run = f" run {st['run_id']} open" if st["run_id"] else ""
-            print(f"lane {lane}: leaf {_or_dash(st['leaf_id'])}{run}")
+            _line(f"lane {lane}: leaf {_or_dash(st['leaf_id'])}{run}")
         for d in s.damage:
             ui.say_parts(
                 (f"damage: {d['kind']}", "bold red"), f" at {damage_location(d)}: {d['detail']}"
@@ -341,7 +356,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             leaves = {k: v["leaf_id"] for k, v in lanes.items()}
             lines = _tree_lines(s.tree(), leaves)
             if lines:
-                print("\n".join(lines))
+                for line in lines:
+                    _line(line)
     return 0
 
 
@@ -369,8 +385,8 @@ def cmd_context(args: argparse.Namespace) -> int:
         else:
             model = ctx.model or {}
             name = f"{model.get('provider')}/{model.get('modelId')}" if model else "(none recorded)"
-            print(f"# model {name} thinking {ctx.thinking_level}")
-            print(context_text(ctx.messages))
+            _line(f"# model {name} thinking {ctx.thinking_level}")
+            _line(context_text(ctx.messages), multiline=True)
     return 0
 
 
@@ -399,7 +415,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
             f" ({result['format']}, {result['entries']} entries, {result['records']} records)",
         )
         for d in result["damage"]:
-            print(f"  {d['kind']} at {damage_location(d)}: {d['detail']}")
+            _line(f"  {d['kind']} at {damage_location(d)}: {d['detail']}")
         for f in result.get("files", []):
             ui.say_parts(
                 f"  {f['path']}: ", ("ok", "green") if f["ok"] else ("DAMAGED", "bold red")
@@ -422,7 +438,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.json:
         out({"session_id": sid, "store": store.spec})
     else:
-        print(f"imported {args.file} as session {sid}")
+        _line(f"imported {args.file} as session {sid}")
     return 0
 
 
@@ -432,15 +448,15 @@ def _printer(quiet: bool) -> Any:
             return
         t = e["type"]
         if t == "turn_start":
-            print(flush=True)
+            _line(flush=True)
             ui.say(f"--- turn {e['turn']} ---", "bold")
         elif t == "message_update" and "delta" in e:
-            print(e["delta"], end="", flush=True)
+            _line(e["delta"], multiline=True, end="", flush=True)
         elif t == "message_end":
-            print(flush=True)
+            _line(flush=True)
         elif t == "provider_request_end" and e.get("outcome") == "error":
             # the text printed so far was no answer: say so, so a retry's is not read as its end
-            print(flush=True)
+            _line(flush=True)
             again = "; retrying" if e.get("retryable") else ""
             ui.say(f"  [attempt {e.get('attempt')} failed: {e.get('error')}{again}]", "yellow")
         elif t == "tool_execution_start":
@@ -488,7 +504,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.session = recent.id
             tool_cwd = cwd  # the same directory as the recorded one, as the user spells it
         elif not args.quiet:
-            print(f"no session of {cwd} to continue: starting a new one", file=sys.stderr)
+            _line(f"no session of {cwd} to continue: starting a new one", file=sys.stderr)
     if args.session:
         session = _open(args, write=True, durability=args.durability)
     else:
@@ -513,7 +529,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return await handle.wait()
 
     with session:
-        print(f"session {session.id}", file=sys.stderr)
+        _line(f"session {session.id}", file=sys.stderr)
         outcome: str = run_async(go)
         if outcome == "failed":
             done = session.store.records(args.lane, types=("run_finished",))
@@ -539,7 +555,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         run = (r["runId"] or "-")[-8:]
-        print(
+        _line(
             f"{r['seq']:>5}  {_or_dash(r['timestamp'])}  {_or_dash(r['lane']):<6} {run:<8}  "
             f"{r['type']:<26} {r['summary']}".rstrip()
         )
@@ -558,18 +574,18 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         out(report)
         return 0
-    print(f"{'run':<10} {'turn':>4}  {'purpose':<14} {'tokens':>8}  cost (USD)")
+    _line(f"{'run':<10} {'turn':>4}  {'purpose':<14} {'tokens':>8}  cost (USD)")
     for t in report["turns"]:
-        print(
+        _line(
             f"{_or_dash(t['run_id'])[-8:]:<10} {_or_dash(t['turn']):>4}  {t['purpose']:<14} "
             f"{t['tokens']:>8}  {format_cost(t['cost'])}"
         )
     for r in report["runs"]:
-        print(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, {format_cost(r)}")
+        _line(f"run {r['run_id']}: {r['turns']} turn(s), {r['tokens']} tokens, {format_cost(r)}")
     total = report["total"]
-    print(f"session total: {total['tokens']} tokens, {format_cost(total)}")
+    _line(f"session total: {total['tokens']} tokens, {format_cost(total)}")
     if report["unknown_cost_attempts"]:
-        print(f"plus {report['unknown_cost_attempts']} attempt(s) lost in a crash: cost unknown")
+        _line(f"plus {report['unknown_cost_attempts']} attempt(s) lost in a crash: cost unknown")
     return 0
 
 
@@ -583,67 +599,67 @@ def _attempts_text(attempts: Any) -> str:
 
 def print_plan(plan: RecoveryPlan) -> None:
     """Print a recovery plan as a readable table."""
-    print(f"session {plan.session_id}")
+    _line(f"session {plan.session_id}")
     if plan.lease:
-        print(
+        _line(
             f"  lease held by live process {_or_dash(plan.lease.get('pid'))}: "
             "nothing will be recovered"
         )
     for lp in plan.lanes:
         reason = f" ({lp.reason})" if lp.reason else ""
-        print(
+        _line(
             f"  lane {lp.lane}: {lp.state}{reason}  run {lp.run_id or '-'}  next: {lp.next_action}"
         )
         if lp.abort_requested:
-            print("    abort requested: the run settles as aborted, it is not resumed")
+            _line("    abort requested: the run settles as aborted, it is not resumed")
         if lp.last_run and lp.state == "idle":
             last = lp.last_run
             reason = f" ({last['reason']})" if last.get("reason") else ""
-            print(
+            _line(
                 f"    last run {last['run_id']}: {last['outcome']}{reason}; provider attempts "
                 f"{_attempts_text(last.get('attempts'))}"
             )
         if lp.attempts:
-            print(
+            _line(
                 f"    provider attempts {_attempts_text(lp.attempts)} (cap {lp.attempt_cap} "
                 f"per turn); {lp.cost_unknown_attempts} with unknown cost"
             )
         if lp.last_safe_boundary:
-            print(
+            _line(
                 f"    last safe boundary: seq {lp.last_safe_boundary['seq']} "
                 f"({lp.last_safe_boundary['type']})"
             )
         if lp.tool_calls:
-            print(f"    {'tool call':<16} {'tool':<12} {'status':<12} {'replay':<7} action")
+            _line(f"    {'tool call':<16} {'tool':<12} {'status':<12} {'replay':<7} action")
             for c in lp.tool_calls:
-                print(
+                _line(
                     f"    {c.tool_call_id:<16} {c.tool_name:<12} {c.status:<12} "
                     f"{c.replay or '-':<7} {c.action}"
                 )
             waiting = [c for c in lp.tool_calls if c.action == "await_decision"]
             for c in lp.tool_calls:
                 if c.process and c.process.get("alive"):
-                    print(
+                    _line(
                         f"    {c.tool_call_id}: its process group {c.process['pgid']} is still "
                         "running (left by the crashed process); resume kills it first"
                     )
             for c in waiting:
-                print(
+                _line(
                     f"    {c.tool_call_id} {c.tool_name} "
                     f"{TOOL_STATUS_TEXT.get(c.status, c.status)}, with arguments "
                     f"{_json_text(c.arguments or {})}: check its effect, then"
                 )
-                print(
+                _line(
                     f"      durable-harness resume {plan.session_id} --decide "
                     f"{c.tool_call_id}=retry|fail|result:TEXT"
                 )
         for q in lp.queued:
-            print(
+            _line(
                 f"    queued {q.get('queue')} {_or_dash(q.get('itemId'))} "
                 "(delivered exactly once on resume)"
             )
     for d in plan.damage:
-        print(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
+        _line(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
 
 
 @command(
@@ -708,7 +724,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         out({"results": results, "plan": after.to_json()})
     else:
         for lane, outcome in results.items():
-            print(f"lane {lane}: {outcome}")
+            _line(f"lane {lane}: {outcome}")
     worst = max((EXIT.get(o, 1) for o in results.values()), default=0)
     return worst
 
@@ -726,7 +742,7 @@ def cmd_crash_points(args: argparse.Namespace) -> int:
         out(crash.CRASH_POINTS)
         return 0
     for name, desc in crash.CRASH_POINTS.items():
-        print(f"{name:<32} {desc}")
+        _line(f"{name:<32} {desc}")
     return 0
 
 
@@ -795,7 +811,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
         out(info)
     else:
         at = f"{'before' if args.before else 'at'} entry {_or_dash(entry)}"
-        print(f"forked session {s.id} {at} as session {new.id} ({info['entries']} entries)")
+        _line(f"forked session {s.id} {at} as session {new.id} ({info['entries']} entries)")
     return 0
 
 

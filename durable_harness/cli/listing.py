@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_harness.cli.main import out, run_async, store_of
+from durable_harness.display import visible
 from durable_harness.errors import DurableHarnessError
 from durable_harness.host.listing import check_states, read_listed, waiting_calls
 from durable_harness.storage.base import SessionInfo, Store
@@ -75,12 +76,15 @@ def list_sessions(args: argparse.Namespace) -> int:
         return 1 if broken else 0
     if rows:
         table = [HEADER] + [
-            (
-                str(r["id"] or "-"),
-                str(r.get("modified") or "-"),
-                str(r["state"] or "UNREADABLE"),
-                "-" if r["state"] is None else str(len(r["waiting"])),
-                str(r["error"]["message"] if r.get("error") else r["cwd"]),
+            tuple(
+                visible(cell)  # the operator reads what is stored (design/cli.md)
+                for cell in (
+                    str(r["id"] or "-"),
+                    str(r.get("modified") or "-"),
+                    str(r["state"] or "UNREADABLE"),
+                    "-" if r["state"] is None else str(len(r["waiting"])),
+                    str(r["error"]["message"] if r.get("error") else r["cwd"]),
+                )
             )
             for r in rows
         ]

@@ -31,12 +31,14 @@ import jinja2
 import orjson
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
 from durable_harness.console.timeline import build_timeline, fmt_duration
 from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
+from durable_harness.display import visible, visible_html
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.harness.report import format_cost
 from durable_harness.host.lifecycle import LIVE, STATES
@@ -98,6 +100,11 @@ def _environment() -> jinja2.Environment:
     env.filters["money"] = lambda v: format_cost(v, 4)
     env.filters["duration"] = fmt_duration
     env.filters["q"] = lambda v: quote(str(v), safe="")
+    # what the operator reads is what will run (design/console.md): session text in a page
+    # goes through one of these; form values and URLs carry the exact string
+    env.filters["visible"] = lambda v: Markup(visible_html(v, multiline=False))
+    env.filters["visible_block"] = lambda v: Markup(visible_html(v, multiline=True))
+    env.filters["visible_text"] = visible
     return env
 
 

@@ -199,3 +199,73 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
             "2-session-in-doubt.png",
         ):
             shutil.copy(shots / name, dest / f"console-{name.removeprefix('2-')}")
+
+
+def test_the_panel_and_the_confirmation_show_invisible_characters_escaped(
+    browser: Any, tmp_path: Path
+) -> None:
+    """What the operator reads is what will run (issue 20): a bash command holding U+202E
+    and a zero-width space, left in doubt by a real SIGKILL, reads escaped on the decision
+    panel, in the transcript and on the confirmation page; the form carries the exact text,
+    so the decision stored is the one typed."""
+    from selenium.webdriver.common.by import By
+
+    spec = f"jsonl:{tmp_path / 'store'}"
+    command = "echo \u202e#txt.exe >/dev/null\u200b"
+    call_id = "call\u202e_1"
+    result = "checked: nothing \u202eran"
+    provider = script(
+        tmp_path,
+        [
+            {
+                "text": "cleaning",
+                "tool_calls": [{"id": call_id, "name": "bash", "arguments": {"command": command}}],
+            },
+            {"text": "all done"},
+        ],
+    )
+    sid = crashed_cli_run(tmp_path, spec, provider, "after_tool_started")
+    with served(console_app(spec, HostOptions(provider=provider))) as base:
+        browser.get(f"{base}/console/sessions/{sid}")
+        panel = wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, "article.decision"), "the panel"
+        )
+        assert panel.get_attribute("data-call") == call_id  # attributes keep the exact id
+        arguments = panel.find_element(By.CSS_SELECTOR, ".arguments")
+        assert "echo \\u{202e}#txt.exe >/dev/null\\u{200b}" in arguments.text
+        assert "\u202e" not in panel.text and "\u200b" not in panel.text
+        assert panel.find_element(By.CSS_SELECTOR, ".call-id").text == "call\\u{202e}_1"
+        marks = arguments.find_elements(By.CSS_SELECTOR, "span.esc")
+        assert [m.get_attribute("title") for m in marks] == [
+            "U+202E RIGHT-TO-LEFT OVERRIDE",
+            "U+200B ZERO WIDTH SPACE",
+        ]
+        transcript = browser.find_element(By.CSS_SELECTOR, "section.transcript")
+        assert "\\u{202e}" in transcript.text and "\u202e" not in transcript.text
+
+        # give a result holding a U+202E: the confirmation shows it escaped
+        browser.execute_script(
+            "arguments[0].value = arguments[1];",
+            panel.find_element(By.CSS_SELECTOR, "textarea[name=result]"),
+            result,
+        )
+        panel.find_element(By.CSS_SELECTOR, "button.decide-result").click()
+        confirm = wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, "button.confirm-button"), "confirm"
+        )
+        summary = browser.find_element(By.CSS_SELECTOR, ".summary").text
+        assert "Tool call call\\u{202e}_1" in summary and "\u202e" not in summary
+        shown = browser.find_element(By.CSS_SELECTOR, ".result-text").text
+        assert shown == "checked: nothing \\u{202e}ran"
+        hidden = browser.find_element(By.CSS_SELECTOR, "section.confirm input[name=result]")
+        assert hidden.get_attribute("value") == result
+        confirm.click()
+        wait_for(lambda: "notice=decided" in browser.current_url, "the decision")
+        browser.get("about:blank")  # closes the page's event stream before the server stops
+
+    with open_store(spec).open_session(sid, write=False) as s:
+        (decision,) = s.records(None, types=("decision",))
+        (started,) = s.records(None, types=("tool_started",))
+    assert decision["toolCallId"] == call_id
+    assert decision["result"] == result
+    assert started["arguments"]["command"] == command

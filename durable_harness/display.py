@@ -1,0 +1,150 @@
+"""Text from a session as a person is shown it: invisible and reordering characters escaped.
+
+One rule for every door (CLI text output, the console, ACP titles; ``design/cli.md``,
+"What the operator reads"): :func:`visible` replaces each character a reader cannot see, or
+that changes how the text around it is drawn, by the token ``\\u{HEX}`` (lowercase hex, no
+padding: Rust's ``char::escape_unicode`` notation), e.g. ``rm\\u{202e}`` for ``rm`` + U+202E.
+Nothing stored changes: this is for display only; ``--json`` and the APIs carry the exact
+stored string.
+
+Escaped (:func:`needs_escape`):
+
+* every character of Unicode general category ``C``: controls (``Cc``: C0, DEL, C1; ``\\n``
+  and ``\\t`` are kept when ``multiline`` is true), format characters (``Cf``: the bidi
+  controls U+202A-202E, U+2066-2069, U+200E/200F, U+061C, zero-width U+200B-200D, U+2060,
+  U+FEFF, soft hyphen, tags...), surrogates (``Cs``), private use (``Co``) and unassigned
+  code points (``Cn``);
+* line and paragraph separators (``Zl``, ``Zp``: U+2028, U+2029) and every space separator
+  but U+0020 (``Zs``: no-break and other spaces look like a space and are not one to a
+  shell);
+* every other ``Default_Ignorable_Code_Point`` of Unicode's DerivedCoreProperties.txt
+  (Hangul fillers, combining grapheme joiner, variation selectors, Mongolian free variation
+  selectors...): drawn as nothing, so they can hide text.
+
+Unambiguous: a backslash of the text that is followed by ``u{`` is itself escaped
+(``\\u{5c}``), so every ``\\u{`` a reader sees starts an escape; any other backslash (``\\n``
+in a ``printf`` argument) is shown as it is. Reversible: :func:`unescape` gives the original
+back. The console also marks each token (``<span class="esc">``, :func:`visible_html`).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+
+_DEFAULT_IGNORABLE = (
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+"""``Default_Ignorable_Code_Point`` ranges (Unicode 15.1 DerivedCoreProperties.txt)."""
+
+_TOKEN = re.compile(r"\\u\{([0-9a-f]{1,6})\}")
+
+
+def _ignorable(cp: int) -> bool:
+    return any(lo <= cp <= hi for lo, hi in _DEFAULT_IGNORABLE)
+
+
+def needs_escape(ch: str, *, multiline: bool = False) -> bool:
+    """Whether the one character ``ch`` is shown as ``\\u{HEX}`` (the classes are in the
+    module docstring); ``\\n`` and ``\\t`` are kept when ``multiline``."""
+    if ch == " " or ("!" <= ch <= "~"):
+        return False
+    if multiline and ch in "\n\t":
+        return False
+    category = unicodedata.category(ch)
+    if category[0] == "C" or category in ("Zl", "Zp", "Zs"):
+        return True
+    return _ignorable(ord(ch))
+
+
+def _escape(ch: str) -> str:
+    return f"\\u{{{ord(ch):x}}}"
+
+
+def _pieces(text: str, multiline: bool) -> list[tuple[bool, str]]:
+    """``text`` as ``(escaped, piece)`` runs: plain text, or one character's token."""
+    pieces: list[tuple[bool, str]] = []
+    start = 0
+    n = len(text)
+    for i, ch in enumerate(text):
+        if ch == "\\":
+            if not text.startswith("u{", i + 1):
+                continue
+        elif not needs_escape(ch, multiline=multiline):
+            continue
+        if start < i:
+            pieces.append((False, text[start:i]))
+        pieces.append((True, _escape(ch)))
+        start = i + 1
+    if start < n:
+        pieces.append((False, text[start:]))
+    return pieces
+
+
+def visible(value: object, *, multiline: bool = False) -> str:
+    """``value`` (its ``str``; ``None`` is ``""``) with every invisible, reordering or control
+    character as ``\\u{HEX}``, and a backslash that precedes ``u{`` as ``\\u{5c}``.
+
+    ``multiline``: keep ``\\n`` and ``\\t`` (a transcript, a context dump); otherwise they are
+    escaped too, so a line of a listing stays one line. The result is at least as long as the
+    text; :func:`unescape` inverts it.
+    """
+    text = "" if value is None else str(value)
+    if text.isascii() and text.isprintable() and "\\u{" not in text:
+        return text  # the common case: nothing to escape
+    return "".join(piece for _, piece in _pieces(text, multiline))
+
+
+def visible_html(value: object, *, multiline: bool = True) -> str:
+    """:func:`visible` as HTML: the text HTML-escaped, each token in
+    ``<span class="esc" title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u{202e}</span>`` so the
+    console can mark it. Returns markup (the caller marks it safe)."""
+    text = "" if value is None else str(value)
+    out: list[str] = []
+    for escaped, piece in _pieces(text, multiline):
+        if not escaped:
+            out.append(html.escape(piece, quote=False))
+            continue
+        cp = int(piece[3:-1], 16)
+        name = unicodedata.name(chr(cp), "") if not 0xD800 <= cp <= 0xDFFF else ""
+        title = f"U+{cp:04X} {name}".rstrip()
+        out.append(f'<span class="esc" title="{html.escape(title)}">{piece}</span>')
+    return "".join(out)
+
+
+def clip(shown: str, limit: int, mark: str = "…") -> str:
+    """``shown`` (:func:`visible`'s output) cut to at most ``limit`` characters, ``mark``
+    included, never inside a ``\\u{HEX}`` token (a token cut in two would read as text)."""
+    if len(shown) <= limit:
+        return shown
+    end = max(0, limit - len(mark))
+    for token in _TOKEN.finditer(shown, max(0, end - 10), end + 10):
+        if token.start() < end < token.end():
+            end = token.start()
+    return shown[:end] + mark
+
+
+def unescape(shown: str) -> str:
+    """The original text of :func:`visible`'s output: every ``\\u{HEX}`` token back to its
+    character, everything else as it is (left to right, so ``\\u{5c}u{41}`` is ``\\u{41}``)."""
+    return _TOKEN.sub(lambda m: chr(int(m.group(1), 16)), shown)
+
+
+__all__ = ["clip", "needs_escape", "unescape", "visible", "visible_html"]
