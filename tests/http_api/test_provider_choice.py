@@ -45,7 +45,7 @@ def test_resume_over_http_sends_the_host_providers_model(
     env = {"ANTHROPIC_BASE_URL": llm_server.anthropic_base_url, "ANTHROPIC_API_KEY": "k"}
     server = start_server(spec, "--provider", "anthropic:claude-x", env=env)
     with server.client() as c:
-        resumed = c.post(f"/sessions/{sid}/resume")
+        resumed = c.post(f"/sessions/{sid}/resume", json={})
         assert resumed.status_code == 200, resumed.text
         assert send(c, sid, "go on").status_code == 202
         poll(
@@ -53,7 +53,7 @@ def test_resume_over_http_sends_the_host_providers_model(
             "the answer",
         )
         wait_state(c, sid, "idle")
-        c.post(f"/sessions/{sid}/close")
+        c.post(f"/sessions/{sid}/close", json={})
     assert [(r.path, r.body["model"]) for r in llm_server.requests] == [
         ("/v1/messages", "claude-x")
     ]
@@ -79,6 +79,6 @@ def test_serve_price_prices_turns_and_without_it_cost_is_null(
                 "the turn's settlement",
             )
             seen.append(done[0]["usage"]["cost"])
-            c.post(f"/sessions/{sid}/close")
+            c.post(f"/sessions/{sid}/close", json={})
     assert seen[0] is None
     assert seen[1]["total"] == pytest.approx(0.003)
