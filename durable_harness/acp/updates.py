@@ -184,6 +184,7 @@ class EventTranslator:
         self.result_of = result_of
         self.stop_reasons: dict[str, str] = {}  # run id -> the last assistant stopReason
         self.open_calls: dict[str, list[str]] = {}  # run id -> announced, unsettled call ids
+        self.streamed: set[str] = set()  # run ids whose current attempt has sent text
 
     def feed(self, event: dict[str, Any]) -> list[Update]:
         """The updates ``event`` makes (often none)."""
@@ -192,10 +193,23 @@ class EventTranslator:
             return []  # a compaction or branch summary is not part of the conversation
         if etype == "message_update":
             if isinstance(event.get("delta"), str) and event["delta"]:
+                self.streamed.add(str(event.get("runId")))
                 return [update_agent_message_text(event["delta"])]
             if isinstance(event.get("thinking"), str) and event["thinking"]:
                 return [update_agent_thought_text(event["thinking"])]
             return []
+        if etype == "provider_request_end":
+            # text already sent cannot be taken back: a failed attempt's partial text is
+            # closed by a notice, so the retry's answer is not read as its continuation
+            # (the store keeps the retry alone: design/providers-and-tools.md)
+            run_id = str(event.get("runId"))
+            if event.get("outcome") != "error" or run_id not in self.streamed:
+                self.streamed.discard(run_id)
+                return []
+            self.streamed.discard(run_id)
+            again = "; retrying" if event.get("retryable") else ""
+            notice = f"[attempt {event.get('attempt')} failed: {event.get('error')}{again}]"
+            return [update_agent_message_text(f"\n\n{visible(notice)}\n\n")]
         if etype == "message_end":
             message = event.get("message")
             if not isinstance(message, dict):

@@ -230,3 +230,35 @@ async def test_a_stream_without_done_is_a_truncated_attempt(store: Store, workdi
     session_id = session.id
     session.close()
     assert "PARTIAL" not in stored_bytes(store, session_id)
+
+
+async def test_an_acp_client_reads_the_cut_attempt_closed_before_the_retry(
+    store: Store, workdir: Path, llm_server: FakeLLMServer
+) -> None:
+    """The ACP door: text already sent to an editor cannot be taken back, so the translator
+    closes a failed attempt's partial text with a notice before the retry's text arrives (the
+    same events a live ``durable-harness acp`` session translates)."""
+    from durable_harness.acp.updates import EventTranslator
+
+    llm_server.queue(cut_turn("openai", "reset"), Turn(text=ANSWER))
+    session = new_session(store, workdir)
+    translator = EventTranslator(str(workdir), lambda _id: None)
+    chunks: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        for update in translator.feed(event):
+            content = getattr(update, "content", None)
+            if getattr(update, "session_update", None) == "agent_message_chunk":
+                chunks.append(content.text)  # type: ignore[union-attr]
+
+    options = HarnessOptions(retry_initial=0.01, retry_max=0.05)
+    async with Harness(session, make_provider("openai", llm_server), [], options=options) as h:
+        h.subscribe(on_event)
+        handle = await h.prompt("answer me")
+        assert await handle.wait() == "completed"
+    session.close()
+    shown = "".join(chunks)
+    partial, notice, retry = shown.partition("[attempt 1 failed:")
+    assert notice, shown
+    assert partial.strip() and PARTIAL.startswith(partial.strip()), shown
+    assert retry.endswith(ANSWER) and "; retrying]" in retry, shown
