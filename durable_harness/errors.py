@@ -33,7 +33,8 @@ The tree::
     ├── ToolError                       tool_error
     │   └── PathEscape                  path_escape
     ├── RecoveryError                   recovery_error
-    │   └── DecisionRequired            decision_required
+    │   ├── DecisionRequired            decision_required
+    │   └── ToolProcessElsewhere        tool_process_elsewhere
     └── HostError                       host_error
         ├── InvalidRequest              invalid_request
         ├── MessageTooLarge             message_too_large
@@ -300,6 +301,15 @@ class DecisionRequired(RecoveryError):
     """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
 
     code = "decision_required"
+
+
+class ToolProcessElsewhere(RecoveryError):
+    """A ``retry`` of a call whose recorded process group was started on another machine
+    (``details``: ``session_id``, ``tool_call_id``, ``host``, ``pid``): it may still run there,
+    and nothing here can tell or kill it. Kill it there (or learn it is dead), then retry, or
+    force the retry (``retry!``, ``design/recovery.md``, "Process groups left running")."""
+
+    code = "tool_process_elsewhere"
 
 
 class HostError(DurableHarnessError):

@@ -435,6 +435,7 @@ class Harness:
                 callKey=call.key,
                 decision=decision.get("decision"),
                 result=decision.get("result"),
+                **({"force": True} if decision.get("force") else {}),
             )
             self._core.commit([RecordOp(rec)], live)
         await self._core.barrier()  # every decision is durable before it acts

@@ -59,6 +59,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "decision_required": 409,
     "recovery_error": 409,
     "tool_process_running": 409,
+    "tool_process_elsewhere": 409,
     "attempt_cap_reached": 409,
     "session_exists": 409,
     # an Idempotency-Key reused for a different request
