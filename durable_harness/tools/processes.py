@@ -25,7 +25,6 @@ __all__ = [
     "kill_group",
     "process_start_time",
     "signal_group",
-    "terminate_group",
     "this_host",
 ]
 
@@ -122,17 +121,3 @@ def kill_group(pgid: int, start_time: int | None, grace: float = 0.5) -> bool:
     while time.monotonic() < deadline and group_alive(pgid):
         time.sleep(0.02)
     return True
-
-
-def terminate_group(pgid: int, grace: float, first: int = signal.SIGTERM) -> None:
-    """The staged stop of a group this process started: send ``first`` (SIGTERM, or SIGINT
-    then SIGTERM for a terminal's foreground group: the caller sends SIGINT itself), wait up to
-    ``grace`` seconds for no member to run, then SIGKILL whatever is left. Blocking (run it in
-    a thread from async code). Returns at most ``grace`` seconds plus the SIGKILL's reaping
-    wait (0.5 s) later."""
-    if not signal_group(pgid, first):
-        return
-    deadline = time.monotonic() + max(0.0, grace)
-    while time.monotonic() < deadline and group_alive(pgid):
-        time.sleep(0.02)
-    kill_group(pgid, None)
