@@ -32,6 +32,7 @@ from durable_harness.errors import (
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.http.errors import status_of
 from durable_harness.storage import open_store
+from durable_harness.storage.postgres.catalogue import PostgresStore
 from durable_harness.tools.processes import group_alive
 
 from .group_child import write_script
@@ -81,17 +82,19 @@ class Crashed:
 
 
 @pytest.fixture
-def crash(tmp_path: Path) -> Iterator[Callable[[str], Crashed]]:
-    """``crash(verb)``: run the child with ``verb`` until it dies by SIGKILL, group alive."""
+def crash(tmp_path: Path) -> Iterator[Callable[..., Crashed]]:
+    """``crash(verb, spec=None, **env)``: run the child with ``verb`` (on store ``spec``,
+    default SQLite) until it dies by SIGKILL, group alive."""
     works: list[Path] = []
 
-    def run(verb: str) -> Crashed:
+    def run(verb: str, spec: str | None = None, **extra_env: str) -> Crashed:
         work = tmp_path / "work"
         work.mkdir()
         works.append(work)
-        spec = f"sqlite:{tmp_path}/host.db"
+        spec = spec or f"sqlite:{tmp_path}/host.db"
         write_script(tmp_path / "script.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS_CRASH")}
+        env.update(extra_env)
         if not verb.startswith("hold"):
             env["DURABLE_HARNESS_CRASH_AT"] = "after_abort_requested"
         child = subprocess.Popen(
@@ -227,3 +230,21 @@ async def test_forget_refuses_a_closed_session_whose_group_still_runs(
         assert (await manager.close(c.sid)).state == "closed"  # closing again kills it
         c.assert_no_second_effect()
         await manager.forget(c.sid)
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+async def test_a_worker_claiming_a_dead_workers_session_kills_its_group_first(
+    crash: Callable[..., Crashed], pg_spec: str, tmp_path: Path
+) -> None:
+    options = HostOptions(provider=f"scripted:{tmp_path / 'script.json'}", claim_interval=0.2)
+    async with SessionManager(PostgresStore(pg_spec, lease_s=1), options) as manager:
+        c = crash("hold", pg_spec, DURABLE_HARNESS_PG_LEASE_S="1")
+        assert manager.worker is not None
+        with anyio.fail_after(DEADLINE):  # the worker runs on this loop: poll without blocking
+            while not c.records("tool_process_killed"):
+                await anyio.sleep(0.05)
+        (killed,) = c.records("tool_process_killed")
+        assert (killed["pgid"], killed["by"]) == (c.group[0], "claim")
+        assert manager.worker.claimed == [c.sid]
+        c.assert_no_second_effect()
