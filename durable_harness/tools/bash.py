@@ -4,10 +4,11 @@
 group outlive the call: on normal exit stragglers get SIGTERM then SIGKILL, on timeout the
 whole group gets SIGTERM, a short grace, then SIGKILL, and on cancellation (abort, close) the
 group gets SIGTERM, up to ``stop_grace`` seconds, then SIGKILL, before the cancellation
-propagates (a host's ``close`` SIGKILLs what is left at the end of its own grace). A process that leaves the group on purpose
-(``setsid``, ``nohup setsid ...``) is not tracked. Whether the group is still alive is decided
-by :func:`~durable_harness.tools.processes.group_alive` (zombies do not count); the
-environment the command sees by :func:`~durable_harness.tools.env.tool_environment`.
+propagates (a host's ``close`` SIGKILLs what is left at the end of its own grace). A process
+that leaves the group on purpose (``setsid``, ``nohup setsid ...``) is not tracked. Whether
+the group is still alive is decided by :func:`~durable_harness.tools.processes.group_alive`
+(zombies do not count); the environment the command sees by
+:func:`~durable_harness.tools.env.tool_environment`.
 
 Two command runtimes, chosen per tool instance (:data:`Runtime`): ``pipe`` (the default: stdin
 ``/dev/null``, stdout and stderr one pipe) and ``pty`` (stdin, stdout and stderr a

@@ -100,3 +100,30 @@ def test_the_kill_route_kills_a_running_group_and_records_it(
         assert (killed["by"], killed["pgid"]) == ("operator", proc["pgid"])
         wait_state(c, sid, "idle")  # the tool saw its group die; the run went on
         assert not (workdir / "landed").exists()
+
+
+def test_serve_close_grace_bounds_a_close_whose_bash_ignores_sigterm(
+    start_server: Callable[..., Server], script: Callable[..., str], workdir: Path
+) -> None:
+    grace = 1.0
+    command = "trap 'echo term >> got' TERM; echo started > started; while :; do sleep 0.05; done"
+    provider = script(
+        [
+            {"text": "", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+            {"text": "."},
+        ]
+    )
+    server = start_server(None, "--close-grace", str(grace))
+    with server.client() as c:
+        sid = c.post("/sessions", json={"cwd": str(workdir), "provider": provider}).json()["id"]
+        assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
+        poll(lambda: (workdir / "started").exists(), "the command to start")
+        (proc,) = poll(lambda: run_records(c, sid, "tool_process"), "the tool_process record")
+        began = time.monotonic()
+        closed = c.post(f"/sessions/{sid}/close", headers=JSON)
+        took = time.monotonic() - began
+        assert closed.status_code == 200, closed.text
+        assert closed.json()["state"] == "closed"
+    assert "term" in (workdir / "got").read_text()  # SIGTERM first, ignored
+    assert not group_alive(proc["pgid"], proc["startTime"])  # then SIGKILL
+    assert grace - 0.1 <= took <= grace + 2.0, took
