@@ -34,7 +34,8 @@ The tree::
     │   └── PathEscape                  path_escape
     ├── RecoveryError                   recovery_error
     │   ├── DecisionRequired            decision_required
-    │   └── AlreadyDecided              already_decided
+    │   ├── AlreadyDecided              already_decided
+    │   └── ToolProcessElsewhere        tool_process_elsewhere
     └── HostError                       host_error
         ├── InvalidRequest              invalid_request
         ├── MessageTooLarge             message_too_large
@@ -331,6 +332,15 @@ class AlreadyDecided(RecoveryError):
     """
 
     code = "already_decided"
+
+
+class ToolProcessElsewhere(RecoveryError):
+    """A ``retry`` of a call whose recorded process group was started on another machine
+    (``details``: ``session_id``, ``tool_call_id``, ``host``, ``pid``): it may still run there,
+    and nothing here can tell or kill it. Kill it there (or learn it is dead), then retry, or
+    force the retry (``retry!``, ``design/recovery.md``, "Process groups left running")."""
+
+    code = "tool_process_elsewhere"
 
 
 class HostError(DurableHarnessError):

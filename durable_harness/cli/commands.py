@@ -643,6 +643,12 @@ def print_plan(plan: RecoveryPlan) -> None:
                         f"    {c.tool_call_id}: its process group {c.process['pgid']} is still "
                         "running (left by the crashed process); resume kills it first"
                     )
+                elif c.process and c.process.get("host") and c.process.get("alive") is None:
+                    print(
+                        f"    {c.tool_call_id}: its process group {c.process['pgid']} was "
+                        f"started on host {c.process['host']} and may still run there; retry "
+                        f"is refused until it is killed there (or decide {c.tool_call_id}=retry!)"
+                    )
             for c in waiting:
                 _line(
                     f"    {c.tool_call_id} {c.tool_name} "

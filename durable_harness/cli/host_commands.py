@@ -140,6 +140,13 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         "HostOptions.claim_interval, 5; design/host.md)",
     )
     p.add_argument(
+        "--close-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="seconds a closed session's running tools get after the abort (bash: SIGTERM) "
+        "before SIGKILL (default: HostOptions.close_grace, 5)",
+    )
+    p.add_argument(
         "--token",
         help="bearer token every request must carry (default: $DURABLE_HARNESS_TOKEN); "
         "required off loopback",
@@ -183,6 +190,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     announce_roots(roots, "API")
     if args.claim_interval is not None:
         options.claim_interval = args.claim_interval or None
+    if args.close_grace is not None:
+        options.close_grace = args.close_grace
     store = store_of(args, create=True)
     app = create_app(
         store=store,

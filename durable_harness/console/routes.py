@@ -448,13 +448,15 @@ def console_router(
         choice = fields.get("decision", "")
         if choice == "result":
             decision = "result:" + fields.get("result", "")
-        elif choice in ("retry", "fail"):
+        elif choice in ("retry", "retry!", "fail"):
             decision = choice
         else:
             decision = choice or "(none)"  # refused by the manager as malformed
-        if fields.get("confirmed") != "yes" and choice in ("retry", "fail", "result"):
+        if fields.get("confirmed") != "yes" and choice in ("retry", "retry!", "fail", "result"):
             what = {
                 "retry": "Run the call again (it may have taken effect already).",
+                "retry!": "Run the call again although its process group may still run on "
+                "another machine (it may run twice at once).",
                 "fail": "Settle the call as failed: the model is told it did not complete.",
                 "result": "Settle the call with the result text below, as if the tool "
                 "had returned it.",

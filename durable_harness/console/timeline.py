@@ -61,6 +61,7 @@ _MARKS = {
     "abort_requested": "abort",
     "decision": "decision",
     "tool_process": "process",
+    "tool_process_killed": "process",
     "session_lifecycle": "lifecycle",
     "write_deferred": "deferred",
 }
@@ -396,6 +397,11 @@ def _mark_title(rtype: str, rec: Mapping[str, Any]) -> str:
         return f"decision for {rec.get('toolCallId')}: {rec.get('decision')} at {ts}"
     if rtype == "tool_process":
         return f"process group {rec.get('pgid')} of {rec.get('toolCallId')} at {ts}"
+    if rtype == "tool_process_killed":
+        return (
+            f"process group {rec.get('pgid')} of {rec.get('toolCallId')} killed "
+            f"({rec.get('by')}) at {ts}"
+        )
     if rtype == "session_lifecycle":
         return f"lifecycle: {rec.get('state')} (generation {rec.get('generation')}) at {ts}"
     return f"{rtype} at {ts}"

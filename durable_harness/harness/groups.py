@@ -16,19 +16,40 @@ running"):
 - recovery's snapshot, which only reports whether the group is alive (``recover`` never kills).
 
 Killing checks the leader's start time (a reused pgid is never signalled) and waits, bounded,
-until no member runs: a call is never settled while its group may still write.
+until no member runs: a call is never settled while its group may still write. Every kill of a
+dead generation's group is recorded (``tool_process_killed``, with who killed it), so the log
+says the group is gone and the plan stops reporting it.
+
+A group recorded on another machine (``tool_process.host`` is not :func:`~durable_harness.
+tools.processes.this_host`) is never signalled from here: its pgid names some other process
+on this machine, or none. It is reported (:func:`elsewhere`) and, while it may live, a retry
+of its call is refused unless forced (``durable_harness.recovery.remote``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, Literal
 
 from durable_harness.errors import ToolProcessRunning
-from durable_harness.harness.state import ToolCallState, fold_run
-from durable_harness.storage.base import SessionStore
-from durable_harness.tools.processes import group_alive, kill_group
+from durable_harness.harness.records import record
+from durable_harness.harness.state import RunState, ToolCallState, fold_run
+from durable_harness.storage.base import RecordOp, SessionStore
+from durable_harness.tools.processes import group_alive, kill_group, this_host
 
-__all__ = ["KILL_WAIT", "kill_groups", "live_groups", "open_calls", "recorded_group"]
+__all__ = [
+    "KILL_WAIT",
+    "elsewhere",
+    "kill_and_record",
+    "kill_groups",
+    "killed_record",
+    "live_groups",
+    "open_calls",
+    "open_runs",
+    "recorded_group",
+]
+
+KilledBy = Literal["reconcile", "claim", "resume", "close", "operator"]
 
 KILL_WAIT = 5.0
 """Seconds to wait, after SIGKILL, for a recorded group to have no running member."""
@@ -42,8 +63,35 @@ def recorded_group(call: ToolCallState) -> tuple[int, int | None] | None:
     pgid = process.get("pgid")
     if type(pgid) is not int or pgid <= 1:
         return None
+    if process.get("host", this_host()) != this_host():
+        return None  # another machine's group: never signalled from here
     start = process.get("startTime")
     return pgid, start if type(start) is int else None
+
+
+def elsewhere(call: ToolCallState) -> dict[str, Any] | None:
+    """``{"host", "pid"}`` of the group recorded for ``call`` when it was recorded on another
+    machine (so it may still run there, and nothing here can tell or kill it), else ``None``.
+    ``pid`` is the group leader's pid (the pgid)."""
+    process = call.process or {}
+    host = process.get("host")
+    if call.status == "completed" or not isinstance(host, str) or host == this_host():
+        return None
+    return {"host": host, "pid": process.get("pgid")}
+
+
+def killed_record(lane: str, run_id: str, call: ToolCallState, by: KilledBy) -> dict[str, Any]:
+    """The ``tool_process_killed`` record of ``call``'s recorded group (``by``: who)."""
+    return record(
+        "tool_process_killed",
+        lane,
+        run_id,
+        toolCallId=call.tool_call_id,
+        callKey=call.key,
+        pgid=(call.process or {}).get("pgid"),
+        host=this_host(),
+        by=by,
+    )
 
 
 def _unsettled(calls: Iterable[ToolCallState]) -> list[tuple[ToolCallState, int, int | None]]:
@@ -87,6 +135,21 @@ def kill_groups(
     return killed
 
 
+def open_runs(store: SessionStore) -> list[RunState]:
+    """Every lane's open run, folded from ``store`` (read-only or writable).
+
+    Raises:
+        StorageError: the session cannot be read.
+    """
+    out: list[RunState] = []
+    for lane in store.lanes().values():
+        if lane.run_id is None or lane.run_seq is None:
+            continue
+        recs = store.records(lane.name, run_id=lane.run_id, since_seq=lane.run_seq - 1)
+        out.append(fold_run(lane.run_id, lane.name, recs, store.get_entry))
+    return out
+
+
 def open_calls(store: SessionStore) -> list[ToolCallState]:
     """The tool calls of every lane's open run, folded from ``store`` (read-only or
     writable), each with its recorded process group if any.
@@ -94,10 +157,31 @@ def open_calls(store: SessionStore) -> list[ToolCallState]:
     Raises:
         StorageError: the session cannot be read.
     """
-    out: list[ToolCallState] = []
-    for lane in store.lanes().values():
-        if lane.run_id is None or lane.run_seq is None:
-            continue
-        recs = store.records(lane.name, run_id=lane.run_id, since_seq=lane.run_seq - 1)
-        out += fold_run(lane.run_id, lane.name, recs, store.get_entry).tool_calls
-    return out
+    return [call for run in open_runs(store) for call in run.tool_calls]
+
+
+def kill_and_record(
+    store: SessionStore, by: KilledBy, *, tool_call_id: str | None = None
+) -> list[ToolCallState]:
+    """Kill the live groups (on this machine) of the open runs' unsettled calls of ``store``
+    (open for writing, its lease held: the generation that started them is gone, or is this
+    one) or only ``tool_call_id``'s, and commit one ``tool_process_killed`` record per group
+    killed, in one commit. Returns the calls whose group was killed.
+
+    Raises:
+        ToolProcessRunning: a group outlived SIGKILL by ``KILL_WAIT`` s (what was killed
+            before it is still recorded).
+        StorageError: the records could not be written.
+    """
+    killed: list[tuple[RunState, ToolCallState]] = []
+    try:
+        for run in open_runs(store):
+            calls = [
+                c for c in run.tool_calls if tool_call_id is None or c.tool_call_id == tool_call_id
+            ]
+            for call in kill_groups(calls, store.session_id):
+                killed.append((run, call))
+    finally:
+        if killed:
+            store.commit([RecordOp(killed_record(r.lane, r.run_id, c, by)) for r, c in killed])
+    return [c for _, c in killed]

@@ -81,6 +81,8 @@ def _summary(rec: dict[str, Any]) -> str:
         return f"after turn {f('turn')}"
     if t == "tool_process":
         return f"{f('toolCallId')} process group {f('pgid')}"
+    if t == "tool_process_killed":
+        return f"{f('toolCallId')} process group {f('pgid')} killed ({f('by')})"
     return ""
 
 

@@ -255,6 +255,15 @@ class RunState:
             c = self._target(rec, ("in_doubt",))
             if c is not None and c.status == "in_doubt":
                 c.process = {"pgid": rec.get("pgid"), "startTime": rec.get("startTime")}
+                if isinstance(rec.get("host"), str):
+                    c.process["host"] = rec["host"]
+        elif rtype == "tool_process_killed":
+            # the group is known dead: nothing is left to kill, report or wait for; the call
+            # stays in doubt (its effect may have landed before the kill)
+            c = self._target(rec, ("in_doubt",))
+            process = c.process if c is not None and c.status == "in_doubt" else None
+            if c is not None and process is not None and process.get("pgid") == rec.get("pgid"):
+                c.process = None
         elif rtype == "tool_finished":
             c = self._target(rec, ("in_doubt", "not_started"))
             if c is not None:

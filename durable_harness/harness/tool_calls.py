@@ -10,7 +10,7 @@ import anyio
 from durable_harness import crash
 from durable_harness.errors import ToolError
 from durable_harness.harness.core import HarnessCore, _LiveRun, _Suspend
-from durable_harness.harness.groups import kill_groups
+from durable_harness.harness.groups import kill_groups, killed_record
 from durable_harness.harness.records import idempotency_key, record
 from durable_harness.harness.state import (
     RunState,
@@ -21,7 +21,7 @@ from durable_harness.ids import new_id, now_ms
 from durable_harness.providers.choice import request_model
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ToolContext, ToolResult
-from durable_harness.tools.processes import process_start_time
+from durable_harness.tools.processes import process_start_time, this_host
 
 ABORTED_TOOL_TEXT = (
     "Tool call aborted: the run was aborted while it ran; its effect may be partial."
@@ -122,6 +122,8 @@ class ToolCalls:
             pgid = (killed.process or {}).get("pgid")
             if pgid in self._own_groups:
                 continue  # started here: its tool's own cleanup was finishing (an abort)
+            s = live.state
+            self.core.commit([RecordOp(killed_record(s.lane, s.run_id, killed, "resume"))], live)
             self.core.emit("tool_process_killed", live, toolCallId=killed.tool_call_id, pgid=pgid)
         call.process = None
 
@@ -160,6 +162,7 @@ class ToolCalls:
                 callKey=call.key,
                 pgid=pgid,
                 startTime=process_start_time(pgid),
+                host=this_host(),
             )
             self.core.commit([RecordOp(rec)], live)
 

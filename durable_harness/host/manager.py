@@ -41,7 +41,7 @@ from durable_harness.errors import (
     root_cause,
 )
 from durable_harness.harness.core import Event
-from durable_harness.harness.groups import kill_groups, live_groups, open_calls
+from durable_harness.harness.groups import kill_and_record, kill_groups, live_groups, open_calls
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
 from durable_harness.host.inputs import (
@@ -53,6 +53,12 @@ from durable_harness.host.inputs import (
     check_text,
     check_unicode,
     working_directory,
+)
+from durable_harness.host.leftovers import (
+    kill_call_group,
+    kill_stored_leftovers,
+    open_for_kill,
+    plan_sees_live_group,
 )
 from durable_harness.host.lifecycle import LIVE, State
 from durable_harness.host.listing import check_states, read_listed, waiting_calls
@@ -273,6 +279,13 @@ class SessionManager:
                 self._seen[rec.id] = (key, copy_record(rec))
             else:
                 self._seen.pop(rec.id, None)
+        # no plan is offered while a dead generation's group runs here: kill, record, replan
+        if (
+            rec.state == "suspended"
+            and plan_sees_live_group(self._plans[rec.id])
+            and kill_stored_leftovers(self.store, session_id, rec.mode)
+        ):
+            return await self._read(session_id)
         return rec
 
     async def _read_not_live(self, session_id: str, before: str) -> SessionRecord:
@@ -517,6 +530,11 @@ class SessionManager:
             if rec.state != "suspended":  # a crash after `closed`, before the release
                 store.close()
                 return await self._read(sid)
+            try:  # the dead worker's groups on this machine die before the plan
+                kill_and_record(store, "claim")
+            except BaseException:
+                await worker.let_go(store)
+                raise
             start = self.options.auto_resume == "no_decision"
             return await self._resume_held(rec, store, None, start=start)
 
@@ -760,6 +778,25 @@ class SessionManager:
             proc.session.store.commit([RecordOp(permission_record(tool_name))])
             proc.record.allowed_tools = sorted({*proc.record.allowed_tools, tool_name})
         return proc.record
+
+    async def kill_tool(self, session_id: str, tool_call_id: str) -> dict[str, Any]:
+        """The operator's kill of one unsettled call's live process group, deciding nothing
+        (:func:`~durable_harness.host.leftovers.kill_call_group`; a ``tool_process_killed``
+        record). Returns ``{"tool_call_id", "pgid", "killed"}``.
+
+        Raises:
+            InvalidRequest: no such unsettled call, or no group of it on this machine.
+            SessionLive: another live process holds the session. SessionNotFound.
+        """
+        proc = self._procs.get(self._check_id(session_id))
+        if proc is not None:
+            return kill_call_group(proc.session.store, tool_call_id)
+        async with self._lock:
+            rec = await self._read_not_live(session_id, "killing its tool's group")
+            with open_for_kill(self.store, session_id, rec.mode) as store:
+                out = kill_call_group(store, tool_call_id)
+            await self._read(session_id)
+            return out
 
     def _kill_tool_groups(self, proc: SessionProcess) -> None:
         """SIGKILL the live process groups of this generation's unsettled tool calls and wait

@@ -476,6 +476,19 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
         """Abort the lane's running run (``abort_requested`` is durable first)."""
         return await manager.abort(session_id, lane=(body or models.AbortRun()).lane)
 
+    @app.post(
+        f"{prefix}/kill",
+        response_model=models.Killed,
+        responses=_STATE_ERRORS,
+        tags=["agent"],
+    )
+    async def kill(
+        manager: Manager, body: models.KillTool, session_id: str = Depends(session)
+    ) -> dict[str, Any]:
+        """SIGKILL the live process group of one unsettled tool call (on this machine),
+        recorded as ``tool_process_killed``; the call stays in doubt, nothing is decided."""
+        return await manager.kill_tool(session_id, body.tool_call_id)
+
     @app.get(
         f"{prefix}/messages",
         response_model=models.Messages,

@@ -65,6 +65,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "already_decided": 409,
     "recovery_error": 409,
     "tool_process_running": 409,
+    "tool_process_elsewhere": 409,
     "attempt_cap_reached": 409,
     "session_exists": 409,
     # an Idempotency-Key reused for a different request

@@ -64,8 +64,26 @@ class Decide(_Request):
 
     tool_call_id: str = Field(min_length=1, max_length=256)
     decision: str = Field(
-        min_length=1, description='"retry", "fail", or "result:TEXT" (TEXT becomes the result)'
+        min_length=1,
+        description='"retry", "retry!" (forced: the call\'s group may still run on another '
+        'machine), "fail", or "result:TEXT" (TEXT becomes the result)',
     )
+
+
+class KillTool(_Request):
+    """``POST /sessions/{id}/agent/kill``: SIGKILL one unsettled call's live process group,
+    deciding nothing (``design/host.md``)."""
+
+    tool_call_id: str = Field(min_length=1, max_length=256)
+
+
+class Killed(BaseModel):
+    """What a kill did: ``killed`` is false when the group had already ended (nothing
+    recorded); else a ``tool_process_killed`` record is in the log."""
+
+    tool_call_id: str
+    pgid: int
+    killed: bool
 
 
 class Session(BaseModel):

@@ -179,6 +179,27 @@ class ToolProcess(_Envelope, total=False):
     startTime: int | None
     """The group leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22),
     so a recycled pgid is never killed."""
+    host: str
+    """The machine the group runs on (``socket.gethostname()``): only a host on that machine
+    can signal it; elsewhere it is reported, never killed (``design/recovery.md``)."""
+
+
+class ToolProcessKilled(_Envelope, total=False):
+    """A recorded process group of an unsettled call was found alive and SIGKILLed."""
+
+    type: Required[Literal["tool_process_killed"]]
+    """``"tool_process_killed"``."""
+    toolCallId: str
+    """The tool call's id."""
+    callKey: str
+    """The call's key (``"<assistant entry id>/<index>"``)."""
+    pgid: int
+    """The process group killed."""
+    host: str
+    """The machine it was killed on."""
+    by: Literal["reconcile", "claim", "resume", "close", "operator"]
+    """Who killed it: start-up reconciliation, a worker's claim, the harness before it settles
+    or re-runs the call, a close, or the operator (``POST /sessions/{id}/agent/kill``)."""
 
 
 class ToolFinished(_Envelope, total=False):
@@ -297,6 +318,9 @@ class Decision(_Envelope, total=False):
     """Run it again, settle it as failed, or settle it with ``result``."""
     result: str | None
     """The result text for ``decision: "result"``."""
+    force: bool
+    """On a forced ``retry`` (``retry!``): the operator retried a call whose process group
+    was recorded on another machine and may still run there."""
 
 
 class RunFinished(_Envelope, total=False):
@@ -356,6 +380,7 @@ DECLARATIONS: dict[str, type] = {
     "tool_started": ToolStarted,
     "tool_finished": ToolFinished,
     "tool_process": ToolProcess,
+    "tool_process_killed": ToolProcessKilled,
     "queue_enqueued": QueueEnqueued,
     "queue_consumed": QueueConsumed,
     "queue_cancelled": QueueCancelled,

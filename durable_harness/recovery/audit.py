@@ -15,7 +15,7 @@ from typing import Any
 from durable_harness.recovery.decide import LanePlan, RecoveryPlan
 
 #: Records that belong to one tool call rather than to the lane.
-_CALL_RECORDS = ("tool_started", "tool_finished", "tool_process", "decision")
+_CALL_RECORDS = ("tool_started", "tool_finished", "tool_process", "tool_process_killed", "decision")
 #: Records that accept input or come from outside the run loop: never a step of the plan.
 _NOT_STEPS = ("queue_enqueued", "write_deferred", "abort_requested")
 

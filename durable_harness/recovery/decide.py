@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 from durable_harness.errors import AlreadyDecided, RecoveryError
 from durable_harness.harness.state import RunLimits, ToolCallState
 from durable_harness.harness.steps import CallAction, LaneAction, Step, next_step
+from durable_harness.recovery.remote import check_remote_retries
 from durable_harness.recovery.snapshot import LaneSnapshot, Snapshot
 from durable_harness.storage.base import WARNING_KINDS
 
@@ -327,9 +328,11 @@ def plan(
 
     Raises:
         RecoveryError: a decision names no call in doubt, or an ambiguous tool call id
-            (:func:`resolve_decisions`).
+            (:func:`resolve_decisions`). ToolProcessElsewhere: an unforced ``retry`` of a
+            call whose group may still run on another machine (:mod:`.remote`).
     """
     given = resolve_decisions(snapshot, decisions or {}, tools)
+    check_remote_retries(snapshot, given)
     reconciled = reconciled or {}
     damage = snapshot.all_damage()
     damaged = log_damaged(damage)

@@ -43,8 +43,10 @@ def decision_record(
     lane: str, run_id: str, call: DecidableCall, decision: Mapping[str, Any]
 ) -> BuiltRecord:
     """The ``decision`` record (declared in :mod:`durable_harness.models.records`) of
-    ``decision`` (``{"decision": "retry"|"fail"|"result", "result": text}``) for the current
-    attempt of ``call`` in run ``run_id`` of ``lane``."""
+    ``decision`` (``{"decision": "retry"|"fail"|"result", "result": text, "force": bool}``)
+    for the current attempt of ``call`` in run ``run_id`` of ``lane``; ``force`` (a ``retry!``
+    of a call whose group may run on another machine, ``design/recovery.md``) is written only
+    when true."""
     return record(
         "decision",
         lane,
@@ -54,6 +56,7 @@ def decision_record(
         attempt=call.attempts,
         decision=decision.get("decision"),
         result=decision.get("result"),
+        **({"force": True} if decision.get("force") else {}),
     )
 
 

@@ -176,7 +176,10 @@ def resumed_provider(
 
 
 def parse_decision(text: str) -> tuple[str, dict[str, Any]]:
-    """Parse ``TOOL_CALL_ID=retry|fail|result:TEXT`` into ``(id, {"decision", "result"})``.
+    """Parse ``TOOL_CALL_ID=retry|retry!|fail|result:TEXT`` into ``(id, {"decision",
+    "result"})``. ``retry!`` is a forced retry (``{"decision": "retry", "force": True}``): it
+    re-runs a call whose process group was recorded on another machine and may still run there
+    (``durable_harness.recovery.remote``).
 
     Raises:
         RecoveryError: malformed.
@@ -184,11 +187,13 @@ def parse_decision(text: str) -> tuple[str, dict[str, Any]]:
     call_id, sep, value = text.partition("=")
     if not sep or not call_id:
         raise RecoveryError(f"decision {text!r} must look like TOOL_CALL_ID=retry|fail|result:TEXT")
+    if value == "retry!":
+        return call_id, {"decision": "retry", "force": True}
     if value in ("retry", "fail"):
         return call_id, {"decision": value}
     if value.startswith("result:"):
         return call_id, {"decision": "result", "result": value[len("result:") :]}
-    raise RecoveryError(f"decision {text!r}: the value must be retry, fail or result:TEXT")
+    raise RecoveryError(f"decision {text!r}: the value must be retry, retry!, fail or result:TEXT")
 
 
 async def resume_session(

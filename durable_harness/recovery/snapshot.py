@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from durable_harness.harness.groups import recorded_group
+from durable_harness.harness.groups import elsewhere, recorded_group
 from durable_harness.harness.state import LaneLog, RunState, fold_lane, fold_run
 from durable_harness.storage.base import LaneState, SessionStore
 from durable_harness.tools.processes import group_alive
@@ -104,7 +104,8 @@ def build_snapshot(
             for call in run.tool_calls:
                 group = recorded_group(call)
                 if alive is not None and call.process is not None:
-                    up = group is not None and alive(*group)
+                    # another machine's group: whether it lives is unknown here (None)
+                    up = None if elsewhere(call) else group is not None and alive(*group)
                     call.process = {**call.process, "alive": up}
         findings = _findings(state.name, recs, run, run_records, get_entry)
         out.append(

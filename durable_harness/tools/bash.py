@@ -2,11 +2,13 @@
 
 ``bash`` runs each command in its own process group and never lets any process of that
 group outlive the call: on normal exit stragglers get SIGTERM then SIGKILL, on timeout the
-whole group gets SIGTERM, a short grace, then SIGKILL, and on cancellation (abort) the group
-gets SIGKILL before the cancellation propagates. A process that leaves the group on purpose
-(``setsid``, ``nohup setsid ...``) is not tracked. Whether the group is still alive is decided
-by :func:`~durable_harness.tools.processes.group_alive` (zombies do not count); the
-environment the command sees by :func:`~durable_harness.tools.env.tool_environment`.
+whole group gets SIGTERM, a short grace, then SIGKILL, and on cancellation (abort, close) the
+group gets SIGTERM, up to ``stop_grace`` seconds, then SIGKILL, before the cancellation
+propagates (a host's ``close`` SIGKILLs what is left at the end of its own grace). A process
+that leaves the group on purpose (``setsid``, ``nohup setsid ...``) is not tracked. Whether
+the group is still alive is decided by :func:`~durable_harness.tools.processes.group_alive`
+(zombies do not count); the environment the command sees by
+:func:`~durable_harness.tools.env.tool_environment`.
 
 Two command runtimes, chosen per tool instance (:data:`Runtime`): ``pipe`` (the default: stdin
 ``/dev/null``, stdout and stderr one pipe) and ``pty`` (stdin, stdout and stderr a
@@ -226,7 +228,14 @@ class BashTool(Tool):
     Process lifetime: when the shell exits, processes still in its group are stopped
     (SIGTERM, grace, SIGKILL). On timeout the group is stopped the same way and the result
     is an error saying so, with the output captured until then. On cancellation the group
-    gets SIGKILL and the shell is reaped (shielded) before the cancellation propagates.
+    gets SIGTERM, up to ``stop_grace`` seconds to exit, then SIGKILL, and the shell is reaped
+    (shielded) before the cancellation propagates.
+
+    Args:
+        allow_env: credential-like variables the command may still see.
+        runtime: ``"pipe"`` or ``"pty"``.
+        stop_grace: seconds between SIGTERM and SIGKILL when the call is cancelled (default
+            5, the host's default ``close_grace``).
 
     Error results: timeout, non-zero exit, ``bash`` or the working directory missing.
     """
@@ -244,9 +253,12 @@ class BashTool(Tool):
     default_timeout: ClassVar[float] = 120.0
     """Seconds allowed when ``args.timeout`` is not given."""
 
-    def __init__(self, *, allow_env: Iterable[str] = (), runtime: Runtime = "pipe") -> None:
+    def __init__(
+        self, *, allow_env: Iterable[str] = (), runtime: Runtime = "pipe", stop_grace: float = 5.0
+    ) -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"bash runtime must be one of {RUNTIMES}, got {runtime!r}")
+        self.stop_grace = stop_grace
         self.allow_env: tuple[str, ...] = tuple(allow_env)
         self.runtime: Runtime = runtime
 
@@ -321,10 +333,10 @@ class BashTool(Tool):
             if opener >= 0:
                 os.close(opener)  # not opened: the gate exits without running the command
             if not finished:
-                # Cancelled (abort) or failed: kill everything now, reap the shell, and let
-                # the exception propagate.
+                # Cancelled (abort, close) or failed: SIGTERM, a grace, SIGKILL; reap the
+                # shell, and let the exception propagate.
                 with anyio.CancelScope(shield=True):
-                    signal_group(pgid, signal.SIGKILL)
+                    await _stop_group(process, pgid, self.stop_grace)
                     with anyio.move_on_after(_REAP_LIMIT_SECONDS):
                         await process.wait()
                     await self._close(process)

@@ -17,11 +17,24 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
-__all__ = ["group_alive", "kill_group", "process_start_time", "signal_group"]
+__all__ = [
+    "group_alive",
+    "kill_group",
+    "process_start_time",
+    "signal_group",
+    "this_host",
+]
 
 _PROC = "/proc"
+
+
+def this_host() -> str:
+    """This machine's name (``socket.gethostname()``), recorded with every group
+    (``tool_process.host``): a pgid means something only on the machine that recorded it."""
+    return socket.gethostname()
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:

@@ -4,6 +4,7 @@ on a real JSONL store; in-doubt sessions come from a real SIGKILL (``design/cons
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ from fastapi import FastAPI
 from durable_harness.console import console_router, is_console_path
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.storage import open_store
+from durable_harness.tools.processes import group_alive
 
 from .conftest import crashed_cli_run, script, workdir
 
@@ -405,7 +407,8 @@ async def test_refusals_are_pages_with_the_right_status(tmp_path: Path) -> None:
 @pytest.mark.crash
 async def test_a_call_whose_process_group_still_runs_says_so(tmp_path: Path) -> None:
     """The CLI is SIGKILLed from outside while its bash call runs: the call's process group
-    outlives it, and the panel says so."""
+    outlives it; the host kills it before it shows the plan (issue 20), so the panel shows the
+    call in doubt with no group left running, and the log has the kill."""
     spec = f"jsonl:{tmp_path / 'store'}"
     command = "sleep 60 && echo slept"
     provider = script(
@@ -435,8 +438,11 @@ async def test_a_call_whose_process_group_still_runs_says_so(tmp_path: Path) -> 
         async with console(spec, HostOptions(provider=provider)) as (_m, c):
             html = (await c.get(f"/console/sessions/{info.id}")).text
             panel = html.split('<section class="decisions">')[1].split("</section>")[0]
-            assert f"pgid {pgid}" in panel and "still running" in panel
+            assert "still running" not in panel
             assert "sleep 60 &amp;&amp; echo slept" in panel
+            assert not group_alive(pgid)
+            (killed,) = records(spec, info.id, "tool_process_killed")
+            assert (killed["pgid"], killed["by"]) == (pgid, "reconcile")
     finally:
         if child.poll() is None:
             child.kill()
@@ -482,3 +488,62 @@ async def test_the_console_shows_the_cost_the_cli_computes_unknown_never_zero(
     async with console(spec, HostOptions(provider=provider)) as (m, c):
         listing = (await c.get("/")).text
     assert '<td class="cost">unknown</td>' in listing and '<td class="cost">$0.0030</td>' in listing
+
+
+@pytest.mark.crash
+async def test_a_group_on_another_machine_is_shown_and_retried_only_when_forced(
+    tmp_path: Path,
+) -> None:
+    """A host whose bash group is recorded as another machine's is SIGKILLed: the panel names
+    that host, a plain retry is refused (``tool_process_elsewhere``) and "Retry anyway"
+    (``retry!``) re-runs the call."""
+    child_py = Path(__file__).parents[1] / "host" / "group_child.py"
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = f"sqlite:{tmp_path}/host.db"
+    command = "echo x >> effect; while [ ! -e gate ]; do sleep 0.02; done; echo y >> effect"
+    turns = [
+        {"text": "Long job.", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+        {"text": "Done."},
+    ]
+    (tmp_path / "script.json").write_text(json.dumps({"turns": turns}))
+    argv = [sys.executable, str(child_py), "hold-elsewhere", spec, str(work)]
+    child = subprocess.Popen([*argv, str(tmp_path / "script.json")], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ((work / "effect").exists() and (work / "effect").read_text()):
+            assert time.monotonic() < deadline and child.poll() is None, "no effect"
+            time.sleep(0.02)
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
+        sid = (work / "id").read_text()
+        options = HostOptions(provider=f"scripted:{tmp_path / 'script.json'}")
+        async with console(spec, options) as (m, c):
+            html = (await c.get(f"/console/sessions/{sid}")).text
+            panel = html.split('<section class="decisions">')[1].split("</section>")[0]
+            assert "other-machine" in panel and "Retry anyway" in panel
+            (call,) = m.plan(sid).open_calls()  # type: ignore[union-attr]
+            form = {
+                "csrf_token": csrf_of(html),
+                "call_key": call.call_key,
+                "tool_call_id": call.tool_call_id,
+                "confirmed": "yes",
+            }
+            refused = await c.post(
+                f"/console/sessions/{sid}/decide", data={**form, "decision": "retry"}
+            )
+            assert "tool_process_elsewhere" in refused.text
+            assert records(spec, sid, "decision") == []
+            (work / "gate").touch()
+            done = await c.post(
+                f"/console/sessions/{sid}/decide", data={**form, "decision": "retry!"}
+            )
+            assert done.status_code == 303, done.text
+            await idle(m, sid)
+            (decision,) = records(spec, sid, "decision")
+            assert decision["force"] is True
+    finally:
+        (work / "gate").touch()
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(30)

@@ -108,9 +108,10 @@ def test_storage_names_no_harness_field() -> None:
     """Storage's code holds no record field name beyond the envelope; the few names that
     entries and catalogue rows share with records (a message's ``usage``, a toolResult's
     ``toolCallId``, a model change's ``provider``, a listing row's ``error``, the lease file's
-    ``generation``, which a ``session_lifecycle`` record repeats) are theirs there."""
+    ``generation``, which a ``session_lifecycle`` record repeats, and its ``host``, the same
+    machine name a ``tool_process`` record carries) are theirs there."""
     shared = {"message", "usage", "provider", "model", "arguments", "type", "toolCallId", "error"}
-    shared |= {"generation"}
+    shared |= {"generation", "host"}
     harness_only = ALL_FIELDS - ENVELOPE_FIELDS - shared
     found = []
     for path in sorted((PACKAGE / "storage").rglob("*.py")):

@@ -4,7 +4,8 @@
 Run as ``python group_child.py VERB STORE_SPEC WORKDIR SCRIPT``: creates a session in
 ``WORKDIR``, writes its id to ``WORKDIR/id``, sends ``go`` and waits until the command's first
 effect (``x`` in ``WORKDIR/effect``) is on disk. Then, by ``VERB``: ``hold`` waits to be
-killed; ``abort`` aborts the run and ``close`` closes the session, both meant to run with
+killed (``hold-elsewhere``: the same, its group recorded as host ``other-machine``'s);
+``abort`` aborts the run and ``close`` closes the session, both meant to run with
 ``DURABLE_HARNESS_CRASH_AT=after_abort_requested`` so the host SIGKILLs itself once the abort
 is durable (``close``: with ``closing`` written, in the middle of the close).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -53,5 +55,7 @@ async def main(verb: str, spec: str, work: Path, script: Path) -> None:
 
 if __name__ == "__main__":
     verb_arg, spec_arg, work_arg, script_arg = sys.argv[1:5]
+    if verb_arg == "hold-elsewhere":  # record the group as another machine's
+        socket.gethostname = lambda: "other-machine"
     os.chdir(work_arg)
     anyio.run(main, verb_arg, spec_arg, Path(work_arg), Path(script_arg))

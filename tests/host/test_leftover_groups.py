@@ -23,10 +23,16 @@ from typing import Any
 import anyio
 import pytest
 
-from durable_harness.errors import IllegalTransition, ToolProcessRunning
+from durable_harness.errors import (
+    IllegalTransition,
+    InvalidRequest,
+    ToolProcessElsewhere,
+    ToolProcessRunning,
+)
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.http.errors import status_of
 from durable_harness.storage import open_store
+from durable_harness.storage.postgres.catalogue import PostgresStore
 from durable_harness.tools.processes import group_alive
 
 from .group_child import write_script
@@ -76,18 +82,20 @@ class Crashed:
 
 
 @pytest.fixture
-def crash(tmp_path: Path) -> Iterator[Callable[[str], Crashed]]:
-    """``crash(verb)``: run the child with ``verb`` until it dies by SIGKILL, group alive."""
+def crash(tmp_path: Path) -> Iterator[Callable[..., Crashed]]:
+    """``crash(verb, spec=None, **env)``: run the child with ``verb`` (on store ``spec``,
+    default SQLite) until it dies by SIGKILL, group alive."""
     works: list[Path] = []
 
-    def run(verb: str) -> Crashed:
+    def run(verb: str, spec: str | None = None, **extra_env: str) -> Crashed:
         work = tmp_path / "work"
         work.mkdir()
         works.append(work)
-        spec = f"sqlite:{tmp_path}/host.db"
+        spec = spec or f"sqlite:{tmp_path}/host.db"
         write_script(tmp_path / "script.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS_CRASH")}
-        if verb != "hold":
+        env.update(extra_env)
+        if not verb.startswith("hold"):
             env["DURABLE_HARNESS_CRASH_AT"] = "after_abort_requested"
         child = subprocess.Popen(
             [sys.executable, str(CHILD), verb, spec, str(work), str(tmp_path / "script.json")],
@@ -97,7 +105,7 @@ def crash(tmp_path: Path) -> Iterator[Callable[[str], Crashed]]:
             start_new_session=True,  # its own group: killing it never touches the bash group
         )
         try:
-            if verb == "hold":
+            if verb.startswith("hold"):
                 _until("x", lambda: (work / "effect").exists() and (work / "effect").read_text())
                 os.killpg(child.pid, signal.SIGKILL)
             assert child.wait(DEADLINE) == -signal.SIGKILL, child.stderr and child.stderr.read()
@@ -135,23 +143,58 @@ async def test_restart_settles_the_aborted_run_only_after_killing_its_group(
 
 
 @pytest.mark.anyio
-async def test_closing_a_suspended_session_kills_its_group_before_closed(
+async def test_start_up_kills_and_records_the_group_before_the_plan(
     crash: Callable[[str], Crashed],
 ) -> None:
     c = crash("hold")
     async with SessionManager(c.spec, c.options()) as manager:
+        # reconciliation is over: the group is dead before anything can read a plan
+        assert not group_alive(*c.group)
+        (killed,) = c.records("tool_process_killed")
+        assert (killed["pgid"], killed["by"]) == (c.group[0], "reconcile")
         rec = await manager.get(c.sid)
-        assert rec.state == "suspended"  # the call waits for a decision
+        assert rec.state == "suspended"  # the call still waits for a decision
         plan = manager.plan(c.sid)
         assert plan is not None
         (call,) = plan.lanes[0].tool_calls
-        assert call.process is not None and call.process["alive"] is True
+        assert (call.status, call.action, call.process) == ("in_doubt", "await_decision", None)
+        c.assert_no_second_effect()
         with pytest.raises(IllegalTransition):
             await manager.forget(c.sid)
         assert (await manager.close(c.sid)).state == "closed"
-        c.assert_no_second_effect()
-        # the plan shown before the close is not kept once the group is gone
+        assert len(c.records("tool_process_killed")) == 1  # nothing left to kill or record
         await manager.forget(c.sid)
+
+
+@pytest.mark.anyio
+async def test_a_group_of_another_machine_is_reported_and_its_retry_refused_unless_forced(
+    crash: Callable[[str], Crashed],
+) -> None:
+    c = crash("hold-elsewhere")
+    async with SessionManager(c.spec, c.options()) as manager:
+        assert group_alive(*c.group)  # another machine's pgid is never signalled here
+        assert c.records("tool_process_killed") == []
+        plan = manager.plan(c.sid)
+        assert plan is not None
+        (call,) = plan.lanes[0].tool_calls
+        assert call.process is not None
+        assert (call.process["host"], call.process["pgid"]) == ("other-machine", c.group[0])
+        assert call.process["alive"] is None  # unknown from here
+        with pytest.raises(ToolProcessElsewhere) as refused:
+            await manager.decide(c.sid, call.tool_call_id, "retry")
+        assert refused.value.details["host"] == "other-machine"
+        assert refused.value.details["pid"] == c.group[0]
+        assert status_of(refused.value) == 409
+        assert [r["decision"] for r in c.records("decision")] == []  # nothing recorded
+        with pytest.raises(InvalidRequest) as elsewhere:  # the operator kills it there
+            await manager.kill_tool(c.sid, call.tool_call_id)
+        assert elsewhere.value.details["host"] == "other-machine"
+        (c.work / "gate").touch()  # let both runs of the command finish
+        rec = await manager.decide(c.sid, call.tool_call_id, "retry!")
+        assert rec.state in ("running", "idle")
+        await _until_state(manager, c.sid, "idle")
+        (decision,) = c.records("decision")
+        assert (decision["decision"], decision["force"]) == ("retry", True)
 
 
 @pytest.mark.anyio
@@ -187,3 +230,21 @@ async def test_forget_refuses_a_closed_session_whose_group_still_runs(
         assert (await manager.close(c.sid)).state == "closed"  # closing again kills it
         c.assert_no_second_effect()
         await manager.forget(c.sid)
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+async def test_a_worker_claiming_a_dead_workers_session_kills_its_group_first(
+    crash: Callable[..., Crashed], pg_spec: str, tmp_path: Path
+) -> None:
+    options = HostOptions(provider=f"scripted:{tmp_path / 'script.json'}", claim_interval=0.2)
+    async with SessionManager(PostgresStore(pg_spec, lease_s=1), options) as manager:
+        c = crash("hold", pg_spec, DURABLE_HARNESS_PG_LEASE_S="1")
+        assert manager.worker is not None
+        with anyio.fail_after(DEADLINE):  # the worker runs on this loop: poll without blocking
+            while not c.records("tool_process_killed"):
+                await anyio.sleep(0.05)
+        (killed,) = c.records("tool_process_killed")
+        assert (killed["pgid"], killed["by"]) == (c.group[0], "claim")
+        assert manager.worker.claimed == [c.sid]
+        c.assert_no_second_effect()

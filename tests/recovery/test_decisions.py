@@ -417,4 +417,5 @@ def test_parse_decision_rejects_malformed(bad: str) -> None:
 def test_parse_decision_forms() -> None:
     assert parse_decision("c=retry") == ("c", {"decision": "retry"})
     assert parse_decision("c=fail") == ("c", {"decision": "fail"})
+    assert parse_decision("c=retry!") == ("c", {"decision": "retry", "force": True})
     assert parse_decision("c=result:a=b:c") == ("c", {"decision": "result", "result": "a=b:c"})
