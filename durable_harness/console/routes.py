@@ -41,6 +41,7 @@ from durable_harness.console.view import ago, idempotency_keys, read_session, tr
 from durable_harness.display import visible, visible_html
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.harness.report import format_cost
+from durable_harness.host.leftovers import running_calls
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.options import needs_decision
 from durable_harness.http.errors import status_of
@@ -56,6 +57,8 @@ NOTICES = {
     "closed": "Session closed.",
     "resumed": "Session resumed.",
     "decided": "Decision recorded.",
+    "killed": "Process group killed; the call stays without a result until decided.",
+    "gone": "The process group had already ended.",
     "waiting": "Decision recorded; other calls still wait for a decision.",
 }
 """The fixed notices a redirect may name (``?notice=``); anything else shows nothing."""
@@ -234,6 +237,7 @@ def console_router(
         status = await manager.status(session_id)
         plan = manager.plan(session_id) if rec.state == "suspended" else None
         view = read_session(manager.store, session_id)
+        running = running_calls(manager.store, session_id)
         lane = lane if lane in view.lanes else "main"
         keys = idempotency_keys(view.records)
         tools = manager.options.tools(rec.command_runtime)
@@ -269,6 +273,7 @@ def console_router(
             "lane": lane,
             "lanes": status["lanes"],
             "items": transcript(view.paths.get(lane, []), view.entries),
+            "running": running,
             "cost": view.cost,
             "last": view.last_activity,
             "timeline": build_timeline(
@@ -427,6 +432,20 @@ def console_router(
         except DurableHarnessError as exc:
             return error_page(request, exc)
         return back(session_id, "closed")
+
+    @router.post("/console/sessions/{session_id}/kill")
+    async def kill(request: Request, session_id: str) -> Response:
+        """The operator's kill of one call's live process group, deciding nothing (the
+        host's verb, as ``POST /sessions/{id}/agent/kill``; a ``tool_process_killed``
+        record)."""
+        fields = await form_of(request)
+        if isinstance(fields, Response):
+            return fields
+        try:
+            out = await get_manager().kill_tool(session_id, fields.get("tool_call_id", ""))
+        except DurableHarnessError as exc:
+            return error_page(request, exc)
+        return back(session_id, "killed" if out["killed"] else "gone")
 
     @router.post("/console/sessions/{session_id}/resume")
     async def resume(request: Request, session_id: str) -> Response:

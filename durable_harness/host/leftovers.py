@@ -20,12 +20,24 @@ call stays in doubt, its plan says the group is gone.
 from __future__ import annotations
 
 from durable_harness.errors import InvalidRequest, LeaseHeld, SessionLive
-from durable_harness.harness.groups import KilledBy, kill_and_record, open_calls, recorded_group
+from durable_harness.harness.groups import (
+    KilledBy,
+    kill_and_record,
+    live_groups,
+    open_calls,
+    recorded_group,
+)
 from durable_harness.recovery.decide import RecoveryPlan
 from durable_harness.storage.base import Durability, SessionStore, Store
 from durable_harness.tools.processes import this_host
 
-__all__ = ["kill_call_group", "kill_stored_leftovers", "open_for_kill", "plan_sees_live_group"]
+__all__ = [
+    "kill_call_group",
+    "kill_stored_leftovers",
+    "open_for_kill",
+    "plan_sees_live_group",
+    "running_calls",
+]
 
 
 def plan_sees_live_group(plan: RecoveryPlan) -> bool:
@@ -34,6 +46,18 @@ def plan_sees_live_group(plan: RecoveryPlan) -> bool:
     return any(
         (c.process or {}).get("alive") is True for lane in plan.lanes for c in lane.tool_calls
     )
+
+
+def running_calls(store: Store, session_id: str) -> set[str]:
+    """The tool call ids of ``session_id``'s unsettled calls whose recorded process group is
+    alive on this machine now (read-only: what an operator may kill with
+    :func:`kill_call_group`; the console's "Stop it").
+
+    Raises:
+        SessionNotFound, StorageError: the session cannot be read.
+    """
+    with store.open_session(session_id, write=False) as session:
+        return {call.tool_call_id for call in live_groups(open_calls(session))}
 
 
 def kill_stored_leftovers(

@@ -547,3 +547,46 @@ async def test_a_group_on_another_machine_is_shown_and_retried_only_when_forced(
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(30)
+
+
+async def test_the_operator_stops_a_running_tool_from_the_console_without_deciding(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: a pending call whose process group runs is shown with "Stop it"; the kill
+    (through the host's verb, as ``POST /sessions/{id}/agent/kill``) is a
+    ``tool_process_killed`` record by the operator, decides nothing, and the effect never
+    lands."""
+    spec = f"jsonl:{tmp_path / 'store'}"
+    where = Path(workdir(tmp_path))
+    command = "echo started > started; sleep 60; echo landed > landed"
+    turns = [
+        {"text": "Long job.", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+        {"text": "Stopped."},
+    ]
+    provider = script(tmp_path, turns, "long.json")
+    async with console(spec, HostOptions(provider=provider)) as (m, c):
+        rec = await m.create(str(where))
+        await m.send(rec.id, "go")
+        deadline = time.monotonic() + 30
+        while not records(spec, rec.id, "tool_process"):
+            assert time.monotonic() < deadline, "no tool_process record"
+            await anyio.sleep(0.02)
+        (proc,) = records(spec, rec.id, "tool_process")
+        html = (await c.get(f"/console/sessions/{rec.id}")).text
+        check_page(html)
+        assert 'class="kill-button"' in html and "its process is still running" in html
+        form = {"csrf_token": csrf_of(html), "tool_call_id": proc["toolCallId"]}
+        forged = await c.post(f"/console/sessions/{rec.id}/kill", data={**form, "csrf_token": "0"})
+        assert forged.status_code == 403 and group_alive(proc["pgid"], proc["startTime"])
+        done = await c.post(f"/console/sessions/{rec.id}/kill", data=form)
+        assert done.status_code == 303, done.text
+        assert done.headers["location"].endswith("?notice=killed")
+        assert not group_alive(proc["pgid"], proc["startTime"])
+        (killed,) = records(spec, rec.id, "tool_process_killed")
+        assert (killed["by"], killed["pgid"]) == ("operator", proc["pgid"])
+        assert records(spec, rec.id, "decision") == []
+        await idle(m, rec.id)
+        after = (await c.get(f"/console/sessions/{rec.id}")).text
+        assert 'class="kill-button"' not in after
+        await m.close(rec.id)
+    assert not (where / "landed").exists()
