@@ -60,7 +60,7 @@ Runtime = Literal["pipe", "pty"]
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
 """The command runtimes, default first."""
 
-PTY_SIZE = (40, 120)
+PTY_SIZE = (24, 80)
 """The pseudo-terminal's window size for the ``pty`` runtime: (rows, columns)."""
 
 _READ_CHUNK = 65536
@@ -137,6 +137,27 @@ async def _stop_group(process: anyio.abc.Process, pgid: int, grace: float) -> No
         if not await anyio.to_thread.run_sync(group_alive, pgid):
             return
     signal_group(pgid, signal.SIGKILL)
+
+
+async def _stop_cancelled(
+    process: anyio.abc.Process, pgid: int, grace: float, master: int | None
+) -> None:
+    """Stop a cancelled command in stages, as a terminal and then an init would: with a
+    pseudo-terminal (``master``), SIGINT to the terminal's foreground process group first
+    (up to ``min(0.5, grace / 2)`` seconds to exit); then SIGTERM to the whole group; SIGKILL
+    when ``grace`` seconds (from the cancellation) have passed. Returns once the group is
+    gone (zombies do not count) or killed."""
+    deadline = anyio.current_time() + grace
+    if master is not None:
+        try:
+            fg = os.tcgetpgrp(master)
+        except OSError:
+            fg = pgid
+        if fg > 1 and signal_group(fg, signal.SIGINT):
+            with anyio.move_on_after(min(0.5, grace / 2)):
+                while await anyio.to_thread.run_sync(group_alive, pgid):
+                    await anyio.sleep(0.02)
+    await _stop_group(process, pgid, max(0.0, deadline - anyio.current_time()))
 
 
 async def _pump(stream: anyio.abc.ByteReceiveStream, tail: _Tail, done: anyio.Event) -> None:
@@ -225,8 +246,11 @@ class BashTool(Tool):
 
     Process lifetime: when the shell exits, processes still in its group are stopped
     (SIGTERM, grace, SIGKILL). On timeout the group is stopped the same way and the result
-    is an error saying so, with the output captured until then. On cancellation the group
-    gets SIGKILL and the shell is reaped (shielded) before the cancellation propagates.
+    is an error saying so, with the output captured until then. On cancellation (abort,
+    close) the stop is staged (:func:`_stop_cancelled`): pty runtime, SIGINT to the terminal's
+    foreground group; then SIGTERM; SIGKILL once ``ctx.grace()`` seconds have passed (1 s
+    for an abort, the host's ``close_grace`` for a close); the shell is reaped (shielded)
+    before the cancellation propagates.
 
     Error results: timeout, non-zero exit, ``bash`` or the working directory missing.
     """
@@ -324,7 +348,8 @@ class BashTool(Tool):
                 # Cancelled (abort) or failed: kill everything now, reap the shell, and let
                 # the exception propagate.
                 with anyio.CancelScope(shield=True):
-                    signal_group(pgid, signal.SIGKILL)
+                    await _stop_cancelled(process, pgid, ctx.grace(), master)
+                    signal_group(pgid, signal.SIGKILL)  # a failure, or a straggler
                     with anyio.move_on_after(_REAP_LIMIT_SECONDS):
                         await process.wait()
                     await self._close(process)
