@@ -93,6 +93,14 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         help="give each live session its own loopback control port (/agent/send, status, "
         "abort, messages; the port is in .../agent/status)",
     )
+    p.add_argument(
+        "--close-grace",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds a closing session's running tools get between SIGTERM and SIGKILL; "
+        "close returns within about SECONDS + 2 (default 5)",
+    )
 
 
 @command(
@@ -116,6 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mode=args.mode,
         policy=args.policy,
         auto_resume=args.auto_resume,
+        close_grace=args.close_grace,
         control=control_endpoint(token=token) if args.control_ports else None,
     )
     if args.claim_interval is not None:

@@ -61,7 +61,8 @@ RUNTIMES: tuple[str, ...] = get_args(Runtime)
 """The command runtimes, default first."""
 
 PTY_SIZE = (24, 80)
-"""The pseudo-terminal's window size for the ``pty`` runtime: (rows, columns)."""
+"""The default window size of the ``pty`` runtime's terminal: (rows, columns), a terminal's
+classic 24x80."""
 
 _READ_CHUNK = 65536
 
@@ -74,6 +75,13 @@ the group may still hold it)."""
 
 _REAP_LIMIT_SECONDS = 5.0
 """Upper bound, in seconds, on waiting for a SIGKILLed shell to be reaped during cleanup."""
+
+
+def _checked_size(size: tuple[int, int]) -> tuple[int, int]:
+    rows, columns = size
+    if not all(type(n) is int and 0 < n < 65536 for n in (rows, columns)):
+        raise ValueError(f"a terminal size is two positive integers, not {size!r}")
+    return rows, columns
 
 
 class BashArgs(BaseModel):
@@ -192,10 +200,10 @@ async def _pump_pty(master: int, tail: _Tail, done: anyio.Event) -> None:
         done.set()
 
 
-def _open_pty() -> tuple[int, int]:
+def _open_pty(size: tuple[int, int] = PTY_SIZE) -> tuple[int, int]:
     """A pseudo-terminal for one command: ``(master, slave)`` file descriptors, the master
     non-blocking. The slave is set up for a program that nobody types to: no echo, output
-    bytes passed as written (no ``\n`` to ``\r\n``), window :data:`PTY_SIZE`, and one
+    bytes passed as written (no ``\n`` to ``\r\n``), window ``size`` (rows, columns), and one
     end-of-file queued as input, so a command that reads its terminal sees end of input at
     once (as from ``/dev/null`` in the pipe runtime) instead of waiting for the timeout.
 
@@ -208,7 +216,7 @@ def _open_pty() -> tuple[int, int]:
         attrs[1] &= ~termios.ONLCR  # oflag
         attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        termios.tcsetwinsize(slave, PTY_SIZE)
+        termios.tcsetwinsize(slave, size)
         os.write(master, attrs[6][termios.VEOF])  # cc[VEOF]: end of input, once
         os.set_blocking(master, False)
     except BaseException:
@@ -227,9 +235,11 @@ class BashTool(Tool):
         allow_env: names or shell-style patterns of variables that look like credentials but
             may still reach the command (default none; see :func:`tool_environment`).
         runtime: ``"pipe"`` (default) or ``"pty"`` (:data:`Runtime`).
+        pty_size: the pty runtime's window size, ``(rows, columns)`` (default 24x80,
+            :data:`PTY_SIZE`); :meth:`resize` changes it, also for running commands.
 
     Raises:
-        ValueError: ``runtime`` is not one of :data:`RUNTIMES`.
+        ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or a size is not positive.
 
     The command runs in a new session and process group, with stdin from ``/dev/null`` (pipe
     runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime: see
@@ -268,11 +278,35 @@ class BashTool(Tool):
     default_timeout: ClassVar[float] = 120.0
     """Seconds allowed when ``args.timeout`` is not given."""
 
-    def __init__(self, *, allow_env: Iterable[str] = (), runtime: Runtime = "pipe") -> None:
+    def __init__(
+        self,
+        *,
+        allow_env: Iterable[str] = (),
+        runtime: Runtime = "pipe",
+        pty_size: tuple[int, int] = PTY_SIZE,
+    ) -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"bash runtime must be one of {RUNTIMES}, got {runtime!r}")
         self.allow_env: tuple[str, ...] = tuple(allow_env)
         self.runtime: Runtime = runtime
+        self.pty_size = _checked_size(pty_size)
+        self._masters: set[int] = set()  # the terminals of the commands running now
+
+    def resize(self, rows: int, columns: int) -> None:
+        """Set the pty runtime's window size to ``rows`` x ``columns`` for the commands
+        running now (the kernel sends their terminal's foreground group SIGWINCH, as a
+        terminal emulator's resize does) and for those started later. A no-op for running
+        commands in the pipe runtime.
+
+        Raises:
+            ValueError: a size is not a positive integer.
+        """
+        self.pty_size = _checked_size((rows, columns))
+        for master in list(self._masters):
+            try:
+                termios.tcsetwinsize(master, self.pty_size)
+            except OSError:
+                pass  # the command has just ended
 
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Run ``args.command`` (see the class docstring).
@@ -297,7 +331,8 @@ class BashTool(Tool):
             # leave its children running; unshielded, it lands below, where the group is killed.
             with anyio.CancelScope(shield=True):
                 if self.runtime == "pty":
-                    master, slave = _open_pty()
+                    master, slave = _open_pty(self.pty_size)
+                    self._masters.add(master)
                     try:
                         process = await self._spawn(args.command, ctx, env, slave, slave, gate)
                     finally:
@@ -309,6 +344,7 @@ class BashTool(Tool):
         except OSError as exc:
             os.close(opener)
             if master is not None:
+                self._masters.discard(master)
                 os.close(master)
             return ToolResult.text(
                 f"cannot start bash in {ctx.cwd}: {exc.strerror or exc}",
@@ -354,6 +390,7 @@ class BashTool(Tool):
                         await process.wait()
                     await self._close(process)
             if master is not None:
+                self._masters.discard(master)
                 os.close(master)
         await self._close(process)
         return self._result(process.returncode, timed_out, timeout, tail, self.runtime)
