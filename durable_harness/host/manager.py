@@ -645,8 +645,9 @@ class SessionManager:
         """End a generation: write ``closed`` if it was closing, let go of the store, forget
         the process. Once only: a close that could not wait for a stuck tool calls it before
         the generation task itself gets there (``host/closing.py``)."""
-        if proc.stopped.is_set():
+        if proc.releasing:
             return
+        proc.releasing = True
         rec = proc.record
         lost = lost or worker.fenced_out(proc.session.store)
         if rec.state == "closing" and not lost:
@@ -660,12 +661,12 @@ class SessionManager:
         if lost and self.worker is not None:
             self.worker.lost += 1
         hand_over = self.worker is not None and self.worker.stopping
-        proc.stopped.set()
         await worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
         proc.harness = None
         if self._procs.get(rec.id) is proc:
             self._procs.pop(rec.id, None)
         proc.end_listeners()
+        proc.stopped.set()
 
     @asynccontextmanager
     async def _control(self, proc: SessionProcess) -> AsyncIterator[None]:

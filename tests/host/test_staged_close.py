@@ -162,3 +162,23 @@ def store_text(spec: str) -> str:
     """Every file of the JSONL store, as one string."""
     root = Path(spec.split(":", 1)[1])
     return "".join(p.read_text() for p in root.rglob("*") if p.is_file())
+
+
+async def test_close_of_a_pty_session_sends_sigint_then_sigterm_then_sigkill(
+    tmp_path: Path,
+) -> None:
+    spec = f"jsonl:{tmp_path / 'store'}"
+    work = Path(workdir(tmp_path))
+    log = work / "signals"
+    command = (
+        f"echo $$ > {work / 'pid'}; trap 'echo INT >> {log}' INT; "
+        f"trap 'echo TERM >> {log}' TERM; while :; do sleep 0.05; done"
+    )
+    provider = script(tmp_path, [bash_call(command), {"text": "never"}])
+    async with SessionManager(spec, HostOptions(provider=provider, close_grace=2.0)) as m:
+        rec = await m.create(str(work), command_runtime="pty")
+        await m.send(rec.id, "go")
+        await wait_file(work / "pid")
+        await m.close(rec.id)
+        assert not group_alive(int((work / "pid").read_text()))
+    assert log.read_text() == "INT\nTERM\n"

@@ -35,12 +35,16 @@ def test_close_route_terms_at_once_and_kills_at_the_servers_grace(start_server, 
         pgid = int((workdir / "pid").read_text())
         wall, started = time.time(), time.monotonic()
         closed = c.post(
-            f"/sessions/{sid}/close", content="{}", headers={"Content-Type": "application/json"}
+            f"/sessions/{sid}/close",
+            content="{}",
+            headers={"Content-Type": "application/json"},
+            timeout=30,
         )
         took = time.monotonic() - started
         assert closed.status_code == 200 and closed.json()["state"] == "closed", closed.text
         assert not group_alive(pgid)
-        assert float((workdir / "term").read_text()) - wall < 1.0  # SIGTERM at the start
+        term_at = float((workdir / "term").read_text()) - wall
+        assert term_at < 1.0, f"SIGTERM came {term_at:.2f} s into the grace"
         assert grace - 0.2 <= took <= grace + 2.0, f"close took {took:.2f} s"  # SIGKILL at end
         wait_state(c, sid, "closed")
         outcomes = [r["outcome"] for r in run_records(c, sid, "run_finished")]
