@@ -143,8 +143,8 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         "--close-grace",
         type=_seconds,
         metavar="SECONDS",
-        help="seconds a closed session's running tools get after the abort (bash: SIGTERM) "
-        "before SIGKILL (default: HostOptions.close_grace, 5)",
+        help="seconds a closing session's running tools get between SIGTERM and SIGKILL; "
+        "close returns within about SECONDS + 2 (default: HostOptions.close_grace, 5)",
     )
     p.add_argument(
         "--token",

@@ -34,7 +34,7 @@ from durable_harness.providers.base import (
 )
 from durable_harness.session.session import Session
 from durable_harness.storage.base import Op, RecordOp
-from durable_harness.tools.base import Tool, ToolResult
+from durable_harness.tools.base import ABORT_GRACE, Tool, ToolResult
 
 Event = dict[str, Any]
 
@@ -192,6 +192,10 @@ class HarnessCore:
         self.lanes: dict[str, LaneLog] = {}
         self.subscribers: list[Callable[[Event], Any]] = []
         self.tg: anyio.abc.TaskGroup | None = None
+        #: seconds a cancelled tool has to stop before it kills (``ToolContext.grace``)
+        self.stop_grace = ABORT_GRACE
+        #: set by :meth:`Harness.fence` (a close's kill step): nothing more is written
+        self.fenced = False
 
     # -- events ----------------------------------------------------------------------------
 
@@ -229,7 +233,12 @@ class HarnessCore:
         that accepted input returns (or a run settles). Write-ahead therefore holds with one
         fsync per boundary: a settlement rides on the fsync of the next intent. ``sync`` mode
         fsyncs at each barrier; ``batch`` shares one fsync among concurrent barriers.
+
+        Once fenced (:meth:`Harness.fence`) it writes nothing: what a run does after a
+        close's kill step is dropped, as if the process had died then.
         """
+        if self.fenced:
+            return
         self.store.commit(ops, wait=False)
         for op in ops:
             if isinstance(op, RecordOp):
@@ -241,7 +250,9 @@ class HarnessCore:
                     live.state.apply(rec, assistant)
 
     async def barrier(self) -> None:
-        """Wait until every commit so far is durable (a no-op in ``none`` mode)."""
+        """Wait until every commit so far is durable (a no-op in ``none`` mode, or fenced)."""
+        if self.fenced:
+            return
         await self.store.wait_durable_async()
 
     def entry(

@@ -322,10 +322,15 @@ class Harness:
         self.session.entry(target_id)
         await self._set(lane, {"type": "label", "targetId": target_id, "label": label})
 
-    async def abort(self, *, lane: str = "main") -> list[dict[str, Any]]:
+    async def abort(
+        self, *, lane: str = "main", grace: float | None = None
+    ) -> list[dict[str, Any]]:
         """Abort the lane's run: ``abort_requested`` is durable before the signal; the provider
         stream and running tools are cancelled; the run settles ``aborted``. Returns the steer and
         follow-up messages that were cancelled (next-run items and deferred writes survive).
+        ``grace``: seconds a cancelled tool has to stop its processes before it kills them
+        (``bash``: SIGTERM, then SIGKILL; default ``ABORT_GRACE``, 1 s; a host's close passes
+        its ``close_grace``).
 
         Raises:
             NoOpenRun: no live run on the lane.
@@ -337,10 +342,18 @@ class Harness:
             self._core.commit([RecordOp(record("abort_requested", lane, live.state.run_id))], live)
             await self._core.barrier()
             crash.crash_point("after_abort_requested")
+        if grace is not None:
+            self._core.stop_grace = grace
         if live.scope is not None:
             live.scope.cancel()
         await live.done.wait()
         return live.returned
+
+    def fence(self) -> None:
+        """The kill step of a close (``design/host.md``): from now on this harness writes
+        nothing, neither a tool's result arriving late nor an aborted run's settlement, so a
+        call still running stays in doubt, as after a crash. Irreversible."""
+        self._core.fenced = True
 
     # -- compaction and navigation ---------------------------------------------------------
 

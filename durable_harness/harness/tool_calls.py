@@ -172,6 +172,7 @@ class ToolCalls:
             tool_call_id=call.tool_call_id,
             idempotency_key=key,
             on_process=on_process if live is not None else None,
+            stop_grace=lambda: self.core.stop_grace,
         )
 
     def _reject_unknown(self, live: _LiveRun, call: ToolCallState) -> None:
@@ -233,6 +234,8 @@ class ToolCalls:
         else:
             result = _checked_result(call.tool_name, result)
         crash.crash_point("after_tool_effect")
+        if self.core.fenced:  # after a close's kill step: not the call's result; in doubt
+            return
         self.settle(
             live, call, result, outcome="error" if result.is_error else "ok", result_id=result_id
         )
@@ -247,7 +250,10 @@ class ToolCalls:
         outcome: str,
         result_id: str | None = None,
     ) -> None:
-        """Commit a tool call's result entry and its ``tool_finished`` record together."""
+        """Commit a tool call's result entry and its ``tool_finished`` record together
+        (nothing once fenced)."""
+        if self.core.fenced:
+            return
         self.core.commit(self._settlement_ops(live, call, result, outcome, result_id), live)
         self.core.emit(
             "tool_execution_end",
@@ -310,7 +316,10 @@ class ToolCalls:
 
     def settle_aborted(self, live: _LiveRun) -> None:
         """Settle an aborted run in one commit: keep complete parts of a partial answer, give
-        every open tool call a result, cancel steer/follow-up items, apply deferred writes."""
+        every open tool call a result, cancel steer/follow-up items, apply deferred writes.
+        Fenced (a close's kill step passed): nothing; the run stays open, its calls in doubt."""
+        if self.core.fenced:
+            return
         s = live.state
         ops: list[Op] = []
         leaf = self.core.session.leaf(s.lane)

@@ -32,7 +32,6 @@ from durable_harness.errors import (
     InvalidRequest,
     LeaseHeld,
     MessageTooLarge,
-    NoOpenRun,
     RunInProgress,
     SessionLive,
     SessionNotFound,
@@ -44,6 +43,7 @@ from durable_harness.harness.core import Event
 from durable_harness.harness.groups import kill_and_record, kill_groups, live_groups, open_calls
 from durable_harness.harness.harness import Harness
 from durable_harness.host import lifecycle, worker
+from durable_harness.host.closing import staged_close
 from durable_harness.host.inputs import (
     SESSION_ID,
     check_key,
@@ -682,25 +682,36 @@ class SessionManager:
                     rec.state = "error"  # the store itself failed: the record says so here
         finally:
             with anyio.CancelScope(shield=True):
-                lost = lost or worker.fenced_out(proc.session.store)
-                if rec.state == "closing" and not lost:
-                    try:
-                        self._write(proc, "closed")
-                    except Exception as exc:
-                        rec.last_error = str(root_cause(exc))
-                        rec.state = "closed"
-                elif lost and rec.state in LIVE:
-                    self._move(proc, "suspended")  # no record: the new owner's is the truth
-                if lost and self.worker is not None:
-                    self.worker.lost += 1
-                hand_over = self.worker is not None and self.worker.stopping
-                await worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
-                proc.harness = None
-                self._procs.pop(rec.id, None)
-                proc.end_listeners()
-                proc.stopped.set()
+                await self._release(proc, lost)
                 if not started:
                     task_status.started()
+
+    async def _release(self, proc: SessionProcess, lost: bool = False) -> None:
+        """End a generation: write ``closed`` if it was closing, let go of the store, forget
+        the process. Once only: a close that could not wait for a stuck tool calls it before
+        the generation task itself gets there (``host/closing.py``)."""
+        if proc.releasing:
+            return
+        proc.releasing = True
+        rec = proc.record
+        lost = lost or worker.fenced_out(proc.session.store)
+        if rec.state == "closing" and not lost:
+            try:
+                self._write(proc, "closed")
+            except Exception as exc:
+                rec.last_error = str(root_cause(exc))
+                rec.state = "closed"
+        elif lost and rec.state in LIVE:
+            self._move(proc, "suspended")  # no record: the new owner's is the truth
+        if lost and self.worker is not None:
+            self.worker.lost += 1
+        hand_over = self.worker is not None and self.worker.stopping
+        await worker.let_go(proc.session.store, lost=lost, hand_over=hand_over)
+        proc.harness = None
+        if self._procs.get(rec.id) is proc:
+            self._procs.pop(rec.id, None)
+        proc.end_listeners()
+        proc.stopped.set()
 
     @asynccontextmanager
     async def _control(self, proc: SessionProcess) -> AsyncIterator[None]:
@@ -741,9 +752,11 @@ class SessionManager:
             self._move(proc, "running" if proc.running else "idle")
 
     async def close(self, session_id: str) -> SessionRecord:
-        """Close a session: abort its running turns (cooperatively), give them
-        ``options.close_grace`` seconds, kill the tool process groups still running, then
-        release the lease. The record and transcript are kept. Idempotent.
+        """Close a session in stages (:func:`~durable_harness.host.closing.staged_close`):
+        abort its running turns (cooperatively), give them ``options.close_grace`` seconds,
+        then the kill step (tool groups SIGKILLed, nothing more recorded), then release the
+        lease. Returns within about ``close_grace + 2`` seconds whatever a tool does. The
+        record and transcript are kept. Idempotent.
 
         Raises:
             SessionLive: another process holds the session.
@@ -753,16 +766,9 @@ class SessionManager:
             return await self._close_stored(session_id)
         if proc.record.state != "closing":
             self._write(proc, "closing")
-            harness = proc.harness
-            with anyio.move_on_after(self.options.close_grace):
-                for lane in sorted(proc.running):
-                    if harness is not None:
-                        try:
-                            await harness.abort(lane=lane)
-                        except NoOpenRun:
-                            pass
-            self._kill_tool_groups(proc)
-            proc.scope.cancel()
+            await staged_close(proc, self.options.close_grace, self._kill_tool_groups)
+            with anyio.CancelScope(shield=True):
+                await self._release(proc)  # a no-op if the generation got there first
         await proc.stopped.wait()
         return proc.record
 

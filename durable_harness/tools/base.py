@@ -41,6 +41,10 @@ OUTPUT_CAP_BYTES = 256 * 1024
 256 KiB."""
 
 
+ABORT_GRACE = 1.0
+"""Seconds a cancelled tool is given to stop (SIGTERM to SIGKILL) on a plain abort."""
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool call knows about where it runs.
@@ -55,6 +59,9 @@ class ToolContext:
         on_process: called with a started subprocess's process-group id, so the harness can
             record it: after a crash, recovery kills a group the dead harness left running
             before it decides anything about the call.
+        stop_grace: returns the seconds a cancelled tool has to stop its processes before it
+            kills them (read when the cancellation comes: an abort uses
+            ``ABORT_GRACE``, a host's close its ``close_grace``); ``None``: ``ABORT_GRACE``.
     """
 
     cwd: Path
@@ -63,6 +70,11 @@ class ToolContext:
     idempotency_key: str
     env: dict[str, str] = field(default_factory=dict)
     on_process: Callable[[int], None] | None = None
+    stop_grace: Callable[[], float] | None = None
+
+    def grace(self) -> float:
+        """Seconds a cancelled tool has to stop before it kills (see ``stop_grace``)."""
+        return self.stop_grace() if self.stop_grace is not None else ABORT_GRACE
 
 
 @dataclass

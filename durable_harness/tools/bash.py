@@ -3,8 +3,9 @@
 ``bash`` runs each command in its own process group and never lets any process of that
 group outlive the call: on normal exit stragglers get SIGTERM then SIGKILL, on timeout the
 whole group gets SIGTERM, a short grace, then SIGKILL, and on cancellation (abort, close) the
-group gets SIGTERM, up to ``stop_grace`` seconds, then SIGKILL, before the cancellation
-propagates (a host's ``close`` SIGKILLs what is left at the end of its own grace). A process
+stop is staged (SIGINT to the terminal's foreground group in the pty runtime, then SIGTERM,
+then SIGKILL once the context's grace has passed: 1 s for an abort, the host's
+``close_grace`` for a close), before the cancellation propagates. A process
 that leaves the group on purpose (``setsid``, ``nohup setsid ...``) is not tracked. Whether
 the group is still alive is decided by :func:`~durable_harness.tools.processes.group_alive`
 (zombies do not count); the environment the command sees by
@@ -62,8 +63,9 @@ Runtime = Literal["pipe", "pty"]
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
 """The command runtimes, default first."""
 
-PTY_SIZE = (40, 120)
-"""The pseudo-terminal's window size for the ``pty`` runtime: (rows, columns)."""
+PTY_SIZE = (24, 80)
+"""The default window size of the ``pty`` runtime's terminal: (rows, columns), a terminal's
+classic 24x80."""
 
 _READ_CHUNK = 65536
 
@@ -76,6 +78,13 @@ the group may still hold it)."""
 
 _REAP_LIMIT_SECONDS = 5.0
 """Upper bound, in seconds, on waiting for a SIGKILLed shell to be reaped during cleanup."""
+
+
+def _checked_size(size: tuple[int, int]) -> tuple[int, int]:
+    rows, columns = size
+    if not all(type(n) is int and 0 < n < 65536 for n in (rows, columns)):
+        raise ValueError(f"a terminal size is two positive integers, not {size!r}")
+    return rows, columns
 
 
 class BashArgs(BaseModel):
@@ -141,6 +150,27 @@ async def _stop_group(process: anyio.abc.Process, pgid: int, grace: float) -> No
     signal_group(pgid, signal.SIGKILL)
 
 
+async def _stop_cancelled(
+    process: anyio.abc.Process, pgid: int, grace: float, master: int | None
+) -> None:
+    """Stop a cancelled command in stages, as a terminal and then an init would: with a
+    pseudo-terminal (``master``), SIGINT to the terminal's foreground process group first
+    (up to ``min(0.5, grace / 2)`` seconds to exit); then SIGTERM to the whole group; SIGKILL
+    when ``grace`` seconds (from the cancellation) have passed. Returns once the group is
+    gone (zombies do not count) or killed."""
+    deadline = anyio.current_time() + grace
+    if master is not None:
+        try:
+            fg = os.tcgetpgrp(master)
+        except OSError:
+            fg = pgid
+        if fg > 1 and signal_group(fg, signal.SIGINT):
+            with anyio.move_on_after(min(0.5, grace / 2)):
+                while await anyio.to_thread.run_sync(group_alive, pgid):
+                    await anyio.sleep(0.02)
+    await _stop_group(process, pgid, max(0.0, deadline - anyio.current_time()))
+
+
 async def _pump(stream: anyio.abc.ByteReceiveStream, tail: _Tail, done: anyio.Event) -> None:
     """Read ``stream`` to end of file into ``tail``, then set ``done``."""
     try:
@@ -173,10 +203,10 @@ async def _pump_pty(master: int, tail: _Tail, done: anyio.Event) -> None:
         done.set()
 
 
-def _open_pty() -> tuple[int, int]:
+def _open_pty(size: tuple[int, int] = PTY_SIZE) -> tuple[int, int]:
     """A pseudo-terminal for one command: ``(master, slave)`` file descriptors, the master
     non-blocking. The slave is set up for a program that nobody types to: no echo, output
-    bytes passed as written (no ``\n`` to ``\r\n``), window :data:`PTY_SIZE`, and one
+    bytes passed as written (no ``\n`` to ``\r\n``), window ``size`` (rows, columns), and one
     end-of-file queued as input, so a command that reads its terminal sees end of input at
     once (as from ``/dev/null`` in the pipe runtime) instead of waiting for the timeout.
 
@@ -189,7 +219,7 @@ def _open_pty() -> tuple[int, int]:
         attrs[1] &= ~termios.ONLCR  # oflag
         attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        termios.tcsetwinsize(slave, PTY_SIZE)
+        termios.tcsetwinsize(slave, size)
         os.write(master, attrs[6][termios.VEOF])  # cc[VEOF]: end of input, once
         os.set_blocking(master, False)
     except BaseException:
@@ -208,9 +238,11 @@ class BashTool(Tool):
         allow_env: names or shell-style patterns of variables that look like credentials but
             may still reach the command (default none; see :func:`tool_environment`).
         runtime: ``"pipe"`` (default) or ``"pty"`` (:data:`Runtime`).
+        pty_size: the pty runtime's window size, ``(rows, columns)`` (default 24x80,
+            :data:`PTY_SIZE`); :meth:`resize` changes it, also for running commands.
 
     Raises:
-        ValueError: ``runtime`` is not one of :data:`RUNTIMES`.
+        ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or a size is not positive.
 
     The command runs in a new session and process group, with stdin from ``/dev/null`` (pipe
     runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime: see
@@ -227,15 +259,11 @@ class BashTool(Tool):
 
     Process lifetime: when the shell exits, processes still in its group are stopped
     (SIGTERM, grace, SIGKILL). On timeout the group is stopped the same way and the result
-    is an error saying so, with the output captured until then. On cancellation the group
-    gets SIGTERM, up to ``stop_grace`` seconds to exit, then SIGKILL, and the shell is reaped
-    (shielded) before the cancellation propagates.
-
-    Args:
-        allow_env: credential-like variables the command may still see.
-        runtime: ``"pipe"`` or ``"pty"``.
-        stop_grace: seconds between SIGTERM and SIGKILL when the call is cancelled (default
-            5, the host's default ``close_grace``).
+    is an error saying so, with the output captured until then. On cancellation (abort,
+    close) the stop is staged (:func:`_stop_cancelled`): pty runtime, SIGINT to the terminal's
+    foreground group; then SIGTERM; SIGKILL once ``ctx.grace()`` seconds have passed (1 s
+    for an abort, the host's ``close_grace`` for a close); the shell is reaped (shielded)
+    before the cancellation propagates.
 
     Error results: timeout, non-zero exit, ``bash`` or the working directory missing.
     """
@@ -254,13 +282,34 @@ class BashTool(Tool):
     """Seconds allowed when ``args.timeout`` is not given."""
 
     def __init__(
-        self, *, allow_env: Iterable[str] = (), runtime: Runtime = "pipe", stop_grace: float = 5.0
+        self,
+        *,
+        allow_env: Iterable[str] = (),
+        runtime: Runtime = "pipe",
+        pty_size: tuple[int, int] = PTY_SIZE,
     ) -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"bash runtime must be one of {RUNTIMES}, got {runtime!r}")
-        self.stop_grace = stop_grace
         self.allow_env: tuple[str, ...] = tuple(allow_env)
         self.runtime: Runtime = runtime
+        self.pty_size = _checked_size(pty_size)
+        self._masters: set[int] = set()  # the terminals of the commands running now
+
+    def resize(self, rows: int, columns: int) -> None:
+        """Set the pty runtime's window size to ``rows`` x ``columns`` for the commands
+        running now (the kernel sends their terminal's foreground group SIGWINCH, as a
+        terminal emulator's resize does) and for those started later. A no-op for running
+        commands in the pipe runtime.
+
+        Raises:
+            ValueError: a size is not a positive integer.
+        """
+        self.pty_size = _checked_size((rows, columns))
+        for master in list(self._masters):
+            try:
+                termios.tcsetwinsize(master, self.pty_size)
+            except OSError:
+                pass  # the command has just ended
 
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Run ``args.command`` (see the class docstring).
@@ -285,7 +334,8 @@ class BashTool(Tool):
             # leave its children running; unshielded, it lands below, where the group is killed.
             with anyio.CancelScope(shield=True):
                 if self.runtime == "pty":
-                    master, slave = _open_pty()
+                    master, slave = _open_pty(self.pty_size)
+                    self._masters.add(master)
                     try:
                         process = await self._spawn(args.command, ctx, env, slave, slave, gate)
                     finally:
@@ -297,6 +347,7 @@ class BashTool(Tool):
         except OSError as exc:
             os.close(opener)
             if master is not None:
+                self._masters.discard(master)
                 os.close(master)
             return ToolResult.text(
                 f"cannot start bash in {ctx.cwd}: {exc.strerror or exc}",
@@ -336,11 +387,13 @@ class BashTool(Tool):
                 # Cancelled (abort, close) or failed: SIGTERM, a grace, SIGKILL; reap the
                 # shell, and let the exception propagate.
                 with anyio.CancelScope(shield=True):
-                    await _stop_group(process, pgid, self.stop_grace)
+                    await _stop_cancelled(process, pgid, ctx.grace(), master)
+                    signal_group(pgid, signal.SIGKILL)  # a failure, or a straggler
                     with anyio.move_on_after(_REAP_LIMIT_SECONDS):
                         await process.wait()
                     await self._close(process)
             if master is not None:
+                self._masters.discard(master)
                 os.close(master)
         await self._close(process)
         return self._result(process.returncode, timed_out, timeout, tail, self.runtime)

@@ -69,7 +69,59 @@ async def test_a_command_reading_its_terminal_gets_end_of_input(ctx: ToolContext
 
 async def test_window_size_and_controlling_terminal(ctx: ToolContext) -> None:
     result = await call(PTY, ctx, command="stty size; echo via-tty > /dev/tty")
-    assert text_of(result) == "40 120\nvia-tty\n"
+    assert text_of(result) == "24 80\nvia-tty\n"  # the default: a classic 24x80 terminal
+    sized = BashTool(runtime="pty", pty_size=(50, 132))
+    assert text_of(await call(sized, ctx, command="stty size")) == "50 132\n"
+    with pytest.raises(ValueError):
+        BashTool(runtime="pty", pty_size=(0, 80))
+
+
+async def appears(path: Path) -> None:
+    with anyio.fail_after(PROMPTLY):
+        while not path.exists():
+            await anyio.sleep(0.01)
+
+
+async def test_a_resize_reaches_the_running_command_as_sigwinch(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    tool = BashTool(runtime="pty")
+    ready = tmp_path / "ready"
+    command = (
+        f"trap 'stty size > {tmp_path / 'winch'}; exit 0' WINCH; touch {ready}; "
+        "while :; do sleep 0.05; done"
+    )
+    async with anyio.create_task_group() as tg:
+        results: list[Any] = []
+
+        async def run() -> None:
+            results.append(await call(tool, ctx, command=command, timeout=30))
+
+        tg.start_soon(run)
+        await appears(ready)
+        tool.resize(30, 100)
+    assert results and results[0].is_error is False
+    assert (tmp_path / "winch").read_text() == "30 100\n"
+    assert text_of(await call(tool, ctx, command="stty size")) == "30 100\n"
+
+
+async def test_cancellation_sends_sigint_first_then_sigterm(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    """As a terminal's ^C would: the foreground group gets SIGINT; a command that traps it
+    and goes on gets SIGTERM next, then SIGKILL."""
+    ready = tmp_path / "ready"
+    log = tmp_path / "signals"
+    command = (
+        f"trap 'echo INT >> {log}' INT; trap 'echo TERM >> {log}' TERM; touch {ready}; "
+        "while :; do sleep 0.05; done"
+    )
+    with anyio.fail_after(PROMPTLY):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: call(PTY, ctx, command=command, timeout=300))
+            await appears(ready)
+            tg.cancel_scope.cancel()
+    assert log.read_text() == "INT\nTERM\n"
 
 
 async def test_output_keeps_the_tail(ctx: ToolContext) -> None:
