@@ -57,4 +57,5 @@ def test_the_close_grace_defaults_to_five_seconds() -> None:
 
     assert HostOptions().close_grace == 5.0
     args = build_parser().parse_args(["serve"])
-    assert args.close_grace == 5.0
+    assert args.close_grace is None  # not given: HostOptions' default, written once, applies
+    assert build_parser().parse_args(["serve", "--close-grace", "2.5"]).close_grace == 2.5
