@@ -20,6 +20,7 @@ from durable_harness.errors import InvalidRequest
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import POLICIES
 from durable_harness.storage import DURABILITY_MODES, open_store
+from durable_harness.tools.builtin import builtin_tools
 
 
 def configure_host(name: str, p: argparse.ArgumentParser) -> None:
@@ -90,6 +91,18 @@ def announce_roots(roots: tuple[Path, ...] | None, front: str) -> None:
         print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
 
 
+def _window(text: str) -> tuple[int, int]:
+    """A pty window size ``ROWSxCOLUMNS`` (argparse type), e.g. ``24x80``.
+
+    Raises:
+        argparse.ArgumentTypeError: not two positive integers joined by ``x``.
+    """
+    rows, _, columns = text.lower().partition("x")
+    if not (rows.isdigit() and columns.isdigit() and 0 < int(rows) < 65536 > int(columns) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a window size ROWSxCOLUMNS (24x80)")
+    return int(rows), int(columns)
+
+
 def _seconds(text: str) -> float:
     """A non-negative number of seconds (argparse type).
 
@@ -157,6 +170,12 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         help="give each live session its own loopback control port (/agent/send, status, "
         "abort, messages; the port is in .../agent/status)",
     )
+    p.add_argument(
+        "--pty-size",
+        type=_window,
+        metavar="ROWSxCOLUMNS",
+        help="the window size of the pty runtime's terminals (default 24x80)",
+    )
     _add_root(p)
 
 
@@ -192,6 +211,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options.claim_interval = args.claim_interval or None
     if args.close_grace is not None:
         options.close_grace = args.close_grace
+    if args.pty_size is not None:
+        size = args.pty_size
+        options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)
     store = store_of(args, create=True)
     app = create_app(
         store=store,

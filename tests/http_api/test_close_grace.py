@@ -59,3 +59,23 @@ def test_the_close_grace_defaults_to_five_seconds() -> None:
     args = build_parser().parse_args(["serve"])
     assert args.close_grace is None  # not given: HostOptions' default, written once, applies
     assert build_parser().parse_args(["serve", "--close-grace", "2.5"]).close_grace == 2.5
+
+
+def test_serve_pty_size_is_the_window_a_pty_session_sees(start_server, script, workdir):
+    """``serve --pty-size``: the pty runtime's window size is a host setting (default 24x80,
+    ``tests/tools/test_bash_pty.py``), seen by the command as its terminal's size."""
+    command = f"stty size > {workdir / 'size'}"
+    call = {"text": "", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
+    provider = script([call, {"text": "done"}])
+    server = start_server(None, "--pty-size", "30x100")
+    with server.client() as c:
+        made = c.post(
+            "/sessions",
+            json={"cwd": str(workdir), "provider": provider, "command_runtime": "pty"},
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        assert send(c, sid, "go").status_code == 202
+        _appears(workdir / "size")
+        wait_state(c, sid, "idle")
+    assert (workdir / "size").read_text().split() == ["30", "100"]
