@@ -22,7 +22,8 @@ from durable_harness.host.options import default_tools
 from durable_harness.host.record import CommandRuntime
 from durable_harness.tools.base import Tool, ToolContext, ToolResult
 from durable_harness.tools.processes import group_alive
-from tests.host.test_manager import records, script, state_is, workdir
+
+from .test_manager import records, script, state_is, workdir
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
