@@ -63,6 +63,11 @@ def host_name(header: bytes) -> str:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
+def _headers(scope: Scope, name: bytes) -> list[str]:
+    """Every value of header ``name`` (lower case) in an ASGI ``scope``, in order."""
+    return [bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
+
+
 def _header(scope: Scope, name: bytes) -> bytes:
     """The first value of header ``name`` (lower case) in an ASGI ``scope``, or ``b""``."""
     for key, value in scope.get("headers", ()):
@@ -265,7 +270,11 @@ class SameOrigin:
       can send a cross-origin POST without a CORS preflight only as ``text/plain``,
       ``application/x-www-form-urlencoded`` or ``multipart/form-data`` (a ``no-cors``
       fetch, a beacon, a form), so this alone closes that door; a route without input takes
-      ``{}``.
+      ``{}``;
+    - it carries more than one ``Origin``, ``Sec-Fetch-Site``, ``Host`` or ``Content-Type``
+      header (which copy counts would be a guess; RFC 9110 5.3 lets a server refuse it):
+      403 ``cross_origin`` (415 for ``Content-Type``). An empty ``Origin`` is no origin of
+      the server's: 403.
 
     A request no route takes (404, 405) passes to the router, which answers it. ``exempt``:
     ``path -> bool`` for a front with its own CSRF rule (the console's form token).
@@ -296,9 +305,14 @@ class SameOrigin:
     @staticmethod
     def refusal(scope: Scope) -> tuple[str, str] | None:
         """``(code, message)`` refusing a state-changing request, or ``None``."""
-        given = _header(scope, b"origin").decode("latin-1")
         own = own_origin(scope)
-        if given and request_origin(given) != own:
+        for name in (b"origin", b"sec-fetch-site", b"host", b"content-type"):
+            if len(_headers(scope, name)) > 1:  # which copy counts would be a guess
+                code = "unsupported_media_type" if name == b"content-type" else "cross_origin"
+                return (code, f"a state-changing request may carry one {name.decode()} header")
+        origins = _headers(scope, b"origin")
+        given = origins[0] if origins else ""
+        if origins and request_origin(given) != own:  # an empty Origin is no origin of ours
             return (
                 "cross_origin",
                 f"a request from origin {given[:200]!r} may not change anything on {own}: "

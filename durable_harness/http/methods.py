@@ -13,9 +13,11 @@ changes anything on them. Every other method is checked by
 
 
 def allowed_methods(router: Router, scope: Scope) -> set[str]:
-    """The methods the routes of ``router`` take at the request's path (``HEAD`` with
-    ``GET``): empty when no route has that path. The ``Allow`` header of a 405 (RFC 9110
-    15.5.6), and the same-origin guard's test of whether a route would take the request
+    """The methods the routes of ``router`` take at the request's path: empty when no route
+    has that path. ``HEAD`` only where a route declares it (the API's ``GET`` routes answer a
+    ``HEAD`` with 405, so an ``Allow`` naming it would promise what is refused). The
+    ``Allow`` header of a 405 (RFC 9110 15.5.6), and the same-origin guard's test of whether
+    a route would take the request
     (:class:`~durable_harness.http.guard.SameOrigin`)."""
     methods: set[str] = set()
     probe = {**scope, "type": "http"}
@@ -23,6 +25,4 @@ def allowed_methods(router: Router, scope: Scope) -> set[str]:
         match, _ = route.matches(probe)
         if match is not Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
-    if "GET" in methods:
-        methods.add("HEAD")
     return methods

@@ -6,6 +6,7 @@ are byte-for-byte unchanged. The same requests from the server's own origin work
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import httpx
@@ -113,6 +114,44 @@ def test_a_foreign_origin_or_cross_site_fetch_is_refused_before_anything_happens
         # the default port is the same origin: Host 127.0.0.1:80 is http://127.0.0.1
         same = {"Host": "127.0.0.1:80", "Origin": "HTTP://127.0.0.1"}
         assert c.post(f"/sessions/{sid}/close", json={}, headers=same).status_code == 200
+
+
+def test_repeated_guard_headers_and_an_empty_origin_are_refused(start_server, script, workdir):
+    """A second ``Origin``/``Sec-Fetch-Site``/``Host``/``Content-Type`` after an accepted first
+    one was let through (the guard read the first copy); an empty ``Origin`` too."""
+    server = start_server()
+    host = server.url.split("://", 1)[1]
+    json_type = ("Content-Type", "application/json")
+    with server.client() as c:
+        sid = _idle_session(c, script([{"text": "x"}]), workdir)
+        cases = [
+            ([json_type, ("Content-Type", "text/plain")], 415, "unsupported_media_type"),
+            ([json_type, ("Origin", server.url), ("Origin", "http://evil.com")], 403, None),
+            (
+                [json_type, ("Sec-Fetch-Site", "same-origin"), ("Sec-Fetch-Site", "cross-site")],
+                403,
+                None,
+            ),
+            ([json_type, ("Origin", "")], 403, None),
+        ]
+        for headers, status, code in cases:
+            resp = c.post(f"/sessions/{sid}/close", content=b"{}", headers=headers)
+            _error(resp, status, code or "cross_origin")
+        # two Host headers (no client library sends them: a raw request)
+        hostname, port = host.rsplit(":", 1)
+        with socket.create_connection((hostname, int(port)), timeout=10) as raw:
+            raw.sendall(
+                f"POST /sessions/{sid}/close HTTP/1.1\r\nHost: {host}\r\nHost: evil.com\r\n"
+                "Content-Type: application/json\r\nContent-Length: 2\r\n"
+                "Connection: close\r\n\r\n{}".encode()
+            )
+            answer = b""
+            while chunk := raw.recv(65536):
+                answer += chunk
+        assert answer.split(b" ", 2)[1] in (b"400", b"403"), answer[:200]
+        assert c.get(f"/sessions/{sid}/agent/status").json()["state"] == "idle"
+        ok = c.post(f"/sessions/{sid}/close", content=b"{}", headers=[json_type])
+        assert ok.status_code == 200, ok.text
 
 
 def test_a_control_port_takes_the_same_rule(start_server, script, workdir):
