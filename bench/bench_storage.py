@@ -491,7 +491,7 @@ def mark_cost(work: Path, rounds: int = MARK_ROUNDS) -> dict[str, Any]:
     }
     for name, store in stores.items():
         if name.endswith("nomark"):
-            store._mark_at = None
+            store.file._mark_at = None
     runs: dict[str, list[dict[str, Any]]] = {}
     try:
         for name, store in stores.items():  # warm-up
@@ -608,7 +608,7 @@ def entry_read_costs(store: Any, count: int = 5000) -> dict[str, Any]:
     of the same commit lines (JSONL), over ``count`` entries spread through the file."""
     ids = store._order[:: max(1, len(store._order) // count)][:count]
     locs = [store._meta[i][3] for i in ids]
-    fd = store._fd
+    fd = store.file._fd
     t0 = time.perf_counter()
     for i in ids:
         store.get_entry(i)

@@ -79,7 +79,7 @@ def test_trace_is_off_without_its_variable(tmp_path: Path, monkeypatch: pytest.M
         with open_store(spec).create_session("/w") as s:
             s.commit([RecordOp({"type": "note", "id": "r0", "lane": "main"})])
             # one `is None` test per fsync, nothing else (SQLite: the store's shared writer's)
-            owner = s._shared if isinstance(s, SqliteSessionStore) else s
+            owner = s._shared if isinstance(s, SqliteSessionStore) else s.file
             assert owner._trace is None
     assert not list(tmp_path.rglob("*.json"))
 

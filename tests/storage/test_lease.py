@@ -203,7 +203,7 @@ def test_a_reset_lock_file_never_reuses_a_generation(tmp_path: os.PathLike[str])
 def _stale_check_passed(session: object) -> None:
     """Make ``session``'s lease checks pass, as a check that ran just before another writer
     took over would: the window between a writer's check and its write or trim."""
-    session._lease.check = lambda: None  # type: ignore[attr-defined]
+    session.file._lease.check = lambda: None  # type: ignore[attr-defined]
 
 
 def test_a_write_slipping_past_the_fence_never_lands_on_the_new_writers_lines(

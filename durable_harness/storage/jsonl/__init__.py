@@ -17,30 +17,32 @@ interior line is reported with its byte offset and skipped; a hole in the seqs i
 deleted header line is ``missing_header``. Line 1 carries the durable high-water mark
 (:data:`MARK_KEY`), moved after each fsync: data ending below it is ``truncated``.
 
-One module per job: :mod:`.framing` (line format, padding, low-level I/O), :mod:`.scan`
-(reading a file into the index), :mod:`.quarantine` (a torn tail), :mod:`.takeover` (a new
-inode when a lease is taken over), :mod:`.group_commit` (every fsync of the write path),
-:mod:`.mark` (the high-water mark), :mod:`.store` (the session store), :mod:`.catalogue` (the
-store of many sessions).
+The modules, each using only those before it: :mod:`.framing` (the format, pure),
+:mod:`.scan` (bytes to header, commits and damage, pure), :mod:`.file` (the open file: every
+system call on it, the lease, padding, barrier, mark, quarantine, takeover),
+:mod:`.group_commit` (the fsyncs commits share), :mod:`.store` (the session store: the index
+over the file), :mod:`.catalogue` (the store of many sessions).
 """
 
 from __future__ import annotations
 
 import os  # noqa: F401  (tests patch ``jsonl.os``: the os module itself)
 
-from durable_harness.fs import fsync_dir
 from durable_harness.storage.jsonl.catalogue import JsonlStore, cwd_dir_name
 from durable_harness.storage.jsonl.framing import (
     FORMAT,
+    MARK_KEY,
+    MARK_LEN,
     PAD,
     PAD_MAX,
     PAD_MIN,
     is_commit_line,
     is_own_format,
+    mark_text,
+    parse_mark,
     recover_header,
 )
 from durable_harness.storage.jsonl.group_commit import INLINE_FSYNC_S
-from durable_harness.storage.jsonl.mark import MARK_KEY, MARK_LEN, mark_text, parse_mark
 from durable_harness.storage.jsonl.store import JsonlSessionStore
 
 __all__ = [
@@ -54,7 +56,6 @@ __all__ = [
     "JsonlSessionStore",
     "JsonlStore",
     "cwd_dir_name",
-    "fsync_dir",
     "is_commit_line",
     "is_own_format",
     "mark_text",

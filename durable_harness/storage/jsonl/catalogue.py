@@ -14,7 +14,6 @@ from typing import Any
 from durable_harness.errors import FormatError, SessionExists, SessionNotFound
 from durable_harness.fs import fsync_dir
 from durable_harness.ids import iso_from_ns, now_iso, uuid7
-from durable_harness.storage import codec
 from durable_harness.storage.base import (
     CwdMatcher,
     Durability,
@@ -23,13 +22,7 @@ from durable_harness.storage.base import (
     Store,
     unreadable_error,
 )
-from durable_harness.storage.jsonl.framing import (
-    NAME_ID,
-    is_commit_line,
-    is_own_format,
-    recover_header,
-)
-from durable_harness.storage.jsonl.mark import MARK_KEY
+from durable_harness.storage.jsonl.framing import NAME_ID, read_header
 from durable_harness.storage.jsonl.store import JsonlSessionStore
 from durable_harness.storage.private import make_private_dirs
 
@@ -282,9 +275,9 @@ def _unreadable(path: str, exc: OSError) -> SessionInfo:
 
 
 def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
-    """The header of the session file at ``path`` (a stand-in for a damaged line 1, see
-    :func:`recover_header`; ``None`` when the file is not a durable-harness session) and the
-    file's modification time (seconds since the epoch).
+    """The header of the session file at ``path`` (see :func:`~.framing.read_header`; ``None``
+    when the file is not a durable-harness session) and its modification time (seconds since
+    the epoch).
 
     Raises:
         OSError: the file cannot be opened or read (permissions, I/O error, a directory).
@@ -292,14 +285,4 @@ def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
     with open(path, "rb") as fh:
         mtime = os.fstat(fh.fileno()).st_mtime
         first = fh.readline(1 << 20)
-        try:
-            header = codec.loads(first)
-        except ValueError:
-            header = None
-        if isinstance(header, dict) and is_own_format(header):
-            header.pop(MARK_KEY, None)
-            return header, mtime
-        if isinstance(header, dict) and is_commit_line(header):  # line 1 deleted
-            return recover_header(path, None, first), mtime
-        second = fh.readline(1 << 20)
-    return recover_header(path, header, second), mtime
+        return read_header(path, first, fh.readline(1 << 20))[0], mtime

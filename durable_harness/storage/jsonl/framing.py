@@ -1,18 +1,15 @@
-"""Framing of a JSONL session file: the line format, the shape of a commit line, the padding
-that preallocates the file, and the low-level reads and writes (``design/storage.md``)."""
+"""The format of a JSONL session file, as pure functions of bytes and dicts: line 1 (the
+header, its high-water mark), the shape of a commit line, the padding that preallocates the file
+(``design/storage.md``)."""
 
 from __future__ import annotations
 
 import os
 import re
-import time
-from typing import TYPE_CHECKING, Any
+import zlib
+from typing import Any
 
-from durable_harness.storage import codec, timing
-from durable_harness.storage.base import unreadable_error
-
-if TYPE_CHECKING:
-    from durable_harness.storage.jsonl.store import JsonlSessionStore
+from durable_harness.storage import codec
 
 FORMAT = "durable-harness/1"
 PAD = b"\n"
@@ -80,64 +77,6 @@ def shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | No
     return None
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """``pwrite`` all of ``data`` at byte ``offset``, looping on short writes.
-
-    Raises:
-        OSError: a write failed.
-    """
-    written = os.pwrite(fd, data, offset)
-    while written < len(data):
-        written += os.pwrite(fd, data[written:], offset + written)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """``write`` all of ``data`` at the file position, looping on short writes.
-
-    Raises:
-        OSError: a write failed.
-    """
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def open_and_read(path: str, flags: int) -> tuple[int, bytes]:
-    """Open ``path`` with ``flags`` and read it whole; return the open fd and the bytes.
-
-    Raises:
-        SessionUnreadable: the file cannot be opened or read (permissions, I/O error...).
-    """
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        what = "cannot be opened for writing" if flags & os.O_RDWR else "cannot be read"
-        raise unreadable_error(path, exc, what=what) from exc
-    try:
-        return fd, read_all(fd)
-    except OSError as exc:
-        os.close(fd)
-        raise unreadable_error(path, exc) from exc
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_all(fd: int) -> bytes:
-    """Read ``fd`` from its position to the end.
-
-    Raises:
-        OSError: a read failed.
-    """
-    chunks: list[bytes] = []
-    while True:
-        chunk = os.read(fd, 1 << 22)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
 NAME_ID = re.compile(r"_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$")
 
 
@@ -166,27 +105,55 @@ def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None
     }
 
 
-def barrier(store: JsonlSessionStore) -> None:
-    """``fdatasync`` the session file: every line written before the call is then durable.
+MARK_KEY = "durableSeq"
+"""The header field holding the durable high-water mark: the highest seq known durable, kept
+in line 1 so that cutting lines off the end of the file cannot erase it (``design/storage.md``,
+"The high-water mark"). Fixed width, rewritten in place with one ``pwrite``."""
+_MARK_FIELD = b'"' + MARK_KEY.encode() + b'":"'
+_MARK_TEXT = re.compile(rb"(\d{20})\.([0-9a-f]{8})")
+MARK_LEN = 29
 
-    The one place the write path syncs the file. With a barrier trace open (power-cut tests,
-    :mod:`durable_harness.storage.barrier_trace`) it then records the data length and the mark
-    the sync covered, both read before the call; otherwise that costs one ``is None`` test.
-    With a :mod:`~durable_harness.storage.timing` observer registered (the host's metrics) the
-    sync is timed and reported as ``"fsync"``; otherwise the clock is not read.
 
-    Raises:
-        OSError: the fsync failed.
-    """
-    fd = store._fd
-    assert fd is not None
-    trace = store._trace
-    if trace is None and not timing.enabled():
-        os.fdatasync(fd)
-        return
-    end, mark = store._end, store._marked
-    started = time.perf_counter()
-    os.fdatasync(fd)
-    timing.observe("fsync", time.perf_counter() - started)
-    if trace is not None:
-        trace.record(end, mark)
+def mark_text(seq: int) -> str:
+    """The mark's fixed-width text: 20 decimal digits, ``.``, their CRC-32 in 8 hex digits (a
+    write torn by a power cut leaves digits that fail the CRC instead of a wrong number)."""
+    digits = f"{seq:020d}"
+    return f"{digits}.{zlib.crc32(digits.encode()):08x}"
+
+
+def parse_mark(first_line: bytes) -> tuple[int | None, int | None]:
+    """Find the mark in a header line: ``(byte offset of its text or None, seq or None)``;
+    the seq is ``None`` when the field is absent or its text fails the check."""
+    at = first_line.find(_MARK_FIELD)
+    if at < 0:
+        return None, None
+    at += len(_MARK_FIELD)
+    match = _MARK_TEXT.fullmatch(first_line[at : at + MARK_LEN])
+    if match is None or int(match.group(2), 16) != zlib.crc32(match.group(1)):
+        return at, None
+    return at, int(match.group(1))
+
+
+def header_line(header: dict[str, Any]) -> bytes:
+    """Line 1 of a new session file: ``header`` as our format's header, with the mark at 0."""
+    full = {"type": "session", "version": 3, "format": FORMAT, **header}
+    full[MARK_KEY] = mark_text(0)
+    return codec.dumps(full) + b"\n"
+
+
+def read_header(path: str, first: bytes, rest: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """Read line 1 (``first``) of the session file at ``path``, ``rest`` being what follows it:
+    ``(header, None)`` for our header (the mark field left out); for a damaged one a stand-in
+    (:func:`recover_header`, ``None`` when the file is not recognisably ours) and the damage
+    kind, ``missing_header`` (line 1 is a commit line: the header was removed, and line 1 is
+    read as a commit) or ``bad_header``."""
+    try:
+        header = codec.loads(first)
+    except ValueError:
+        header = None
+    if isinstance(header, dict) and is_own_format(header):
+        header.pop(MARK_KEY, None)
+        return header, None
+    if isinstance(header, dict) and is_commit_line(header):
+        return recover_header(path, None, first), "missing_header"
+    return recover_header(path, header, rest), "bad_header"

@@ -1,143 +1,107 @@
 """Group commit (``batch`` durability): commits that arrive while an fsync runs share the next
-one, synchronously (:func:`wait_durable`) or on an event loop (:func:`wait_durable_async`,
-:func:`commit_group`). Every ``fdatasync`` of the write path goes through here."""
+one, synchronously (:meth:`GroupSync.wait_durable`) or on an event loop
+(:meth:`GroupSync.wait_durable_async`). Every fsync of the write path goes through here."""
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from durable_harness.storage.base import PendingCommit
-from durable_harness.storage.jsonl.framing import barrier, commit_line
-from durable_harness.storage.jsonl.mark import set_mark
-
-if TYPE_CHECKING:
-    from durable_harness.storage.jsonl.store import JsonlSessionStore
-
+from durable_harness.storage.jsonl.file import SessionFile
 
 INLINE_FSYNC_S = 0.002
 """Async group commit runs ``fdatasync`` on the event loop's thread while its moving average
 stays under this many seconds, and in a worker thread above it (see ``wait_durable_async``)."""
 
 
-def commit_group(store: JsonlSessionStore, batch: list[PendingCommit]) -> None:
-    """Commit queued :meth:`commit_async` calls: one line each, one write, one fsync."""
-    with store._lock:
-        try:
-            assert store._lease is not None
-            store._lease.check()  # before anything is indexed: a stale writer fails them all
-            lines: list[bytes] = []
-            offset = store._end
-            for item in batch:
-                try:
-                    store._check_ops(item.ops)
-                    numbered = store._number(item.ops)
-                    line = commit_line(store.generation, numbered)
-                except Exception as exc:  # nothing of this call is indexed yet
-                    item.error = exc
-                    continue
-                for i, op in enumerate(numbered):
-                    store._apply(op, (offset, len(line) - 1, i))
-                item.seq = store._seq
-                lines.append(line)
-                offset += len(line)
-            if lines:
-                store._append(b"".join(lines), len(lines), store._seq)
-                covered, covered_seq = store._written, store._written_seq
-                timed_fdatasync(store)
-                with store._sync_cond:
-                    store._synced = max(store._synced, covered)
-                set_mark(store, covered_seq)
-        except BaseException as exc:
-            for item in batch:
-                item.error = item.error or exc
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            for item in batch:
-                item.done = True
+class GroupSync:
+    """How many commit lines of one open :class:`~.file.SessionFile` are durable, and the
+    hand-off that lets commits share one fsync.
 
-
-def wait_durable(store: JsonlSessionStore, ticket: int | None = None) -> None:
-    """Block until commit number ``ticket`` (default: every commit so far) is fsynced."""
-    if store.durability == "none" or store._fd is None:
-        return
-    target_ticket = store._written if ticket is None else ticket
-    with store._sync_cond:
-        while store._synced < target_ticket:
-            if store._syncing:
-                store._sync_cond.wait()
-                continue
-            store._syncing = True
-            covered, covered_seq = store._written, store._written_seq
-            store._sync_cond.release()
-            try:
-                barrier(store)
-                set_mark(store, covered_seq)
-            finally:
-                store._sync_cond.acquire()
-                store._syncing = False
-                store._sync_cond.notify_all()
-            store._synced = max(store._synced, covered)
-
-
-async def wait_durable_async(store: JsonlSessionStore) -> None:
-    """Await an fsync covering every commit written so far (``batch`` mode).
-
-    The async form of group commit. The caller yields once, so that every task ready to
-    commit writes its line; the first task to resume then runs one ``fdatasync`` covering
-    all of them, and the others find their line durable when they resume: one yield and
-    one wakeup per commit, one fsync per batch.
-
-    That fsync runs on the event loop's thread while fsyncs are fast (a moving average
-    under :data:`INLINE_FSYNC_S`). Why: a worker-thread round trip costs about as much as
-    a fast fsync (measured 120 µs against 160-200 µs on the development machine), and a
-    thread that finished its fsync then waits for the GIL until the loop goes idle. Once
-    fsyncs are slow, a leader runs them in a worker thread instead and the other tasks
-    await its event, so a slow disk does not stall every task on the loop.
+    Attributes:
+        synced: the number of commit lines known durable (a count of ``file.written``).
+        fsync_avg_s: moving average of the timed fsyncs, seconds (picks the async leader's
+            thread).
     """
-    if store.durability == "sync":
-        wait_durable(store)  # sync mode: fsync now, in the caller's thread
-        return
-    if store.durability != "batch" or store._fd is None:
-        return
-    target = store._written
-    if store._synced >= target:
-        return
-    if store._fsync_avg_s < INLINE_FSYNC_S:
-        await anyio.lowlevel.checkpoint()
-        if store._synced < target and store._async_flush is None:
-            covered, covered_seq = store._written, store._written_seq
-            timed_fdatasync(store)
-            with store._sync_cond:
-                store._synced = max(store._synced, covered)
-            set_mark(store, covered_seq)
-    while store._synced < target:
-        leader = store._async_flush
-        if leader is not None:
-            await leader.wait()
-            continue
-        event = store._async_flush = anyio.Event()
-        try:
-            await anyio.lowlevel.checkpoint()  # let the tasks ready to commit write first
-            covered, covered_seq = store._written, store._written_seq
-            await anyio.to_thread.run_sync(timed_fdatasync, store)
-            with store._sync_cond:
-                store._synced = max(store._synced, covered)
-            set_mark(store, covered_seq)
-        finally:
-            store._async_flush = None
-            event.set()
 
+    def __init__(self, file: SessionFile) -> None:
+        self.file = file
+        self.synced = 0
+        self.fsync_avg_s = 0.0
+        self._cond = threading.Condition()
+        self._syncing = False
+        self._async_flush: anyio.Event | None = None
 
-def timed_fdatasync(store: JsonlSessionStore) -> None:
-    """``fdatasync`` the file, folding the time it took into the moving average
-    (``store._fsync_avg_s``) that picks the async leader's thread."""
-    assert store._fd is not None
-    started = time.perf_counter()
-    barrier(store)
-    store._fsync_avg_s += (time.perf_counter() - started - store._fsync_avg_s) / 8
+    def sync(self, *, timed: bool = False) -> None:
+        """fsync now (:meth:`SessionFile.sync`) and count what it covered as durable; ``timed``
+        folds its duration into :attr:`fsync_avg_s`."""
+        started = time.perf_counter() if timed else 0.0
+        covered = self.file.sync()
+        if timed:
+            self.fsync_avg_s += (time.perf_counter() - started - self.fsync_avg_s) / 8
+        with self._cond:
+            self.synced = max(self.synced, covered)
+
+    def wait_durable(self, ticket: int | None = None) -> None:
+        """Block until commit line number ``ticket`` (default: every line so far) is fsynced."""
+        if self.file.durability == "none" or self.file.closed:
+            return
+        target_ticket = self.file.written if ticket is None else ticket
+        with self._cond:
+            while self.synced < target_ticket:
+                if self._syncing:
+                    self._cond.wait()
+                    continue
+                self._syncing = True
+                self._cond.release()
+                try:
+                    covered = self.file.sync()
+                finally:
+                    self._cond.acquire()
+                    self._syncing = False
+                    self._cond.notify_all()
+                self.synced = max(self.synced, covered)
+
+    async def wait_durable_async(self) -> None:
+        """Await an fsync covering every commit written so far (``batch`` mode).
+
+        The async form of group commit. The caller yields once, so that every task ready to
+        commit writes its line; the first task to resume then runs one ``fdatasync`` covering
+        all of them, and the others find their line durable when they resume: one yield and
+        one wakeup per commit, one fsync per batch.
+
+        That fsync runs on the event loop's thread while fsyncs are fast (a moving average
+        under :data:`INLINE_FSYNC_S`). Why: a worker-thread round trip costs about as much as
+        a fast fsync (measured 120 µs against 160-200 µs on the development machine), and a
+        thread that finished its fsync then waits for the GIL until the loop goes idle. Once
+        fsyncs are slow, a leader runs them in a worker thread instead and the other tasks
+        await its event, so a slow disk does not stall every task on the loop.
+        """
+        if self.file.durability == "sync":
+            self.wait_durable()  # sync mode: fsync now, in the caller's thread
+            return
+        if self.file.durability != "batch" or self.file.closed:
+            return
+        target = self.file.written
+        if self.synced >= target:
+            return
+        if self.fsync_avg_s < INLINE_FSYNC_S:
+            await anyio.lowlevel.checkpoint()
+            if self.synced < target and self._async_flush is None:
+                self.sync(timed=True)
+        while self.synced < target:
+            leader = self._async_flush
+            if leader is not None:
+                await leader.wait()
+                continue
+            event = self._async_flush = anyio.Event()
+            try:
+                await anyio.lowlevel.checkpoint()  # let the tasks ready to commit write first
+                await anyio.to_thread.run_sync(lambda: self.sync(timed=True))
+            finally:
+                self._async_flush = None
+                event.set()
