@@ -20,10 +20,12 @@ from durable_harness.storage.base import (
     SessionInfo,
     SessionStore,
     Store,
+    new_header,
     unreadable_error,
 )
 from durable_harness.storage.jsonl.framing import NAME_ID, read_header
 from durable_harness.storage.jsonl.store import JsonlSessionStore
+from durable_harness.storage.oserrors import storage_boundary
 from durable_harness.storage.private import make_private_dirs
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -72,12 +74,10 @@ class JsonlStore(Store):
         if session_id is not None and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
-        make_private_dirs(folder)
+        with storage_boundary(str(folder)):
+            make_private_dirs(folder)
         ts = now_iso()
-        header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
+        header = new_header(sid, ts, cwd, parent_session, header_extra)
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
         store = JsonlSessionStore.create(str(folder / name), header, durability=durability)
         self._link(sid, folder.name, name)
@@ -144,8 +144,7 @@ class JsonlStore(Store):
         )
         if info is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
-        store = JsonlSessionStore.open_path(info.path, write=True)
-        try:
+        with storage_boundary(info.path), JsonlSessionStore.open_path(info.path, write=True):
             folder = os.path.dirname(info.path)
             base = os.path.basename(info.path)
             for name in os.listdir(folder):
@@ -158,8 +157,6 @@ class JsonlStore(Store):
                     os.unlink(self.ids_dir / session_id)
             except OSError:
                 pass  # no link (a session made before links, or the link failed): fine
-        finally:
-            store.close()
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session file under ``sessions/`` (of one cwd by :class:`CwdMatcher`: the
