@@ -23,6 +23,7 @@ from durable_harness.storage.base import (
     new_header,
     unreadable_error,
 )
+from durable_harness.storage.jsonl.file import SessionFile
 from durable_harness.storage.jsonl.framing import NAME_ID, read_header
 from durable_harness.storage.jsonl.store import JsonlSessionStore
 from durable_harness.storage.oserrors import storage_boundary
@@ -79,7 +80,8 @@ class JsonlStore(Store):
         ts = now_iso()
         header = new_header(sid, ts, cwd, parent_session, header_extra)
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
-        store = JsonlSessionStore.create(str(folder / name), header, durability=durability)
+        SessionFile.create(str(folder / name), header)
+        store = JsonlSessionStore.open_path(str(folder / name), durability=durability)
         self._link(sid, folder.name, name)
         return store
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 from durable_harness.errors import (
-    CorruptSession,
     SessionClosed,
     SessionExists,
     SessionNotFound,
@@ -31,14 +31,9 @@ from durable_harness.storage.private import private_fd, tighten_fd
 
 
 class SessionFile:
-    """An open session file: :meth:`open` (then :meth:`begin`) or :meth:`create`.
-
-    Attributes:
-        path: the file. durability: the :data:`~durable_harness.storage.base.Durability` mode.
-        end: where the next commit line goes (the end of the data).
-        written: commit lines written since the open; written_seq: the last seq written.
-        marked: the seq the high-water mark in line 1 holds.
-    """
+    """An open session file (:meth:`open`, then :meth:`begin`). ``end``: where the next commit
+    line goes; ``written``: lines written since the open, ``written_seq`` the last seq in them;
+    ``marked``: the seq the high-water mark holds."""
 
     def __init__(self, path: str, lease: FileLease | None, durability: Durability) -> None:
         self.path = path
@@ -56,8 +51,7 @@ class SessionFile:
     # -- opening -----------------------------------------------------------------------------
     @staticmethod
     def create(path: str, header: dict[str, Any]) -> None:
-        """Create ``path`` exclusively (mode 0600) holding line 1 only, durably (the file and
-        its name in the folder).
+        """Create ``path`` exclusively (0600) holding line 1, durably (file and name).
 
         Raises:
             SessionExists: the file already exists (it is never overwritten).
@@ -102,11 +96,7 @@ class SessionFile:
                 raise
 
     def read_all(self) -> bytes:
-        """The file's whole content, read now.
-
-        Raises:
-            SessionUnreadable: a read failed.
-        """
+        """The file's whole content, read now (raises SessionUnreadable)."""
         fd = self._live_fd()
         chunks: list[bytes] = []
         try:
@@ -118,12 +108,9 @@ class SessionFile:
         return b"".join(chunks)
 
     def begin(self, scan: Scan, data: bytes) -> int:
-        """Carry on from ``scan`` of ``data`` (this file's bytes): the end of the data and the
-        mark. A writable open also raises its lease generation past every generation in the
-        data, counts the commits lost past the mark (the next commit is numbered past it, so
-        the hole stays visible), quarantines a torn tail, moves the file to a new inode when
-        the lease was contested (:meth:`_detach`) and starts the barrier trace if one is on.
-        Returns this writer's generation (0 when read-only)."""
+        """Carry on from ``scan`` of ``data`` (this file's bytes); return this writer's
+        generation (0: read-only). A writer also numbers on past the mark (lost commits keep
+        their numbers), quarantines a torn tail, takes a contested file over (:meth:`_detach`)."""
         self.end, self._mark_at, self.marked = scan.end, scan.mark_at, scan.mark or 0
         if self._lease is None:
             return 0
@@ -133,9 +120,8 @@ class SessionFile:
             self.written_seq = self._mark_synced = self.marked = max(scan.seq, self.marked)
             if scan.torn is not None:
                 side = self._quarantine(*scan.torn)
-                for item in scan.damage:
-                    if item["kind"] == "torn_tail":
-                        item["quarantined_to"] = side
+                for item in (d for d in scan.damage if d["kind"] == "torn_tail"):
+                    item["quarantined_to"] = side
             self._size = os.fstat(fd).st_size
             if self._lease.contested:
                 self._detach(data[: self.end])
@@ -145,8 +131,7 @@ class SessionFile:
         return generation
 
     def _quarantine(self, offset: int, tail: bytes) -> str:
-        """Move a torn final line (never acknowledged) to ``<path>.torn-<offset>`` and cut it
-        off; return the side file's path."""
+        """Move a torn final line to ``<path>.torn-<offset>``, cut it off; return the side file."""
         side = f"{self.path}.torn-{offset}"
         n = 1
         while os.path.exists(side):  # never overwrite bytes quarantined earlier
@@ -160,14 +145,9 @@ class SessionFile:
         return side
 
     def _detach(self, content: bytes) -> None:
-        """Move the session to a new inode holding ``content`` (the data, without padding).
-
-        Called when the lease was taken from a writer that may still be alive (a broken lease,
-        a removed or reset lock file). That writer checks the lease before each write, but a
-        write can still slip in between its check and our takeover; its file descriptor now
-        points at the old inode, so such a write, and a trim at its close, land there and can
-        never overwrite or cut a line of ours. Costs one copy of the file, once per takeover.
-        """
+        """Move the session to a new inode holding ``content`` (the data, without padding),
+        when the lease was taken from a writer that may still be alive: a write or trim slipping
+        past its lease check lands on the old inode (``design/storage.md``, "Write path")."""
         tmp = f"{self.path}.takeover-{os.getpid()}-{time.monotonic_ns()}"
         fd = _new_file(tmp, content, os.O_RDWR)
         try:
@@ -182,11 +162,7 @@ class SessionFile:
 
     # -- the write path ----------------------------------------------------------------------
     def check_lease(self) -> None:
-        """Refuse to write once another writer took the lease (one ``fstat``).
-
-        Raises:
-            StaleGeneration: another writer took the lease. SessionClosed: closed.
-        """
+        """Raise :class:`StaleGeneration` once another writer took the lease (one ``fstat``)."""
         self._live_fd()
         try:
             if self._lease is not None:
@@ -195,13 +171,12 @@ class SessionFile:
             raise translate(exc, self.path) from exc
 
     def append(self, data: bytes, lines: int, last_seq: int) -> None:
-        """Write ``lines`` whole commit lines (``data``; the last op's seq ``last_seq``) at the
-        end of the data: inside the padding, or growing the file by the lines plus fresh
-        padding in one write (``none`` mode: no padding).
+        """Write ``lines`` commit lines (``data``, the last op's seq ``last_seq``) at the end of
+        the data: into the padding, or growing it (``framing.PAD_MIN``; ``none``: no padding).
 
         Raises:
-            StorageIOError: the write failed. The file and the index may now disagree, so
-                every later append is refused (StorageError) until the session is reopened.
+            StorageIOError: the write failed; file and index may now disagree, so every later
+                append raises StorageError until the session is reopened.
         """
         fd = self._live_fd()
         if self._write_error is not None:
@@ -226,13 +201,9 @@ class SessionFile:
         self.written_seq = last_seq
 
     def barrier(self) -> None:
-        """``fdatasync`` the file: every line written before the call is then durable.
-
-        The one place the write path syncs the file. With a barrier trace open (power-cut tests,
-        :mod:`durable_harness.storage.barrier_trace`) it then records the data length and the
-        mark the sync covered, both read before the call; otherwise that costs one ``is None``
-        test. With a :mod:`~durable_harness.storage.timing` observer registered (the host's
-        metrics) the sync is timed and reported as ``"fsync"``; otherwise the clock is not read.
+        """``fdatasync``: every line written before the call is durable (the one sync of the
+        write path). Traced for power-cut tests (``barrier_trace.py``) and timed as
+        ``"fsync"`` for :mod:`~durable_harness.storage.timing` only when those are on.
 
         Raises:
             StorageIOError: the fsync failed.
@@ -252,21 +223,15 @@ class SessionFile:
             raise translate(exc, self.path) from exc
 
     def sync(self) -> int:
-        """:meth:`barrier`, then move the mark to the last seq it covered; return the number
-        of lines written when it started (all of them durable now)."""
+        """:meth:`barrier`, then move the mark; return how many lines it made durable."""
         covered, seq = self.written, self.written_seq
         self.barrier()
         self.set_mark(seq)
         return covered
 
     def set_mark(self, seq: int) -> None:
-        """Move the high-water mark to ``seq``, which the caller has just made durable.
-
-        Written after the fsync that made ``seq`` durable, never before, so the mark never
-        claims a commit that is not on disk; it reaches the disk itself with the next fsync of
-        the file (the next barrier, or :meth:`close`). One ``pwrite`` of 29 bytes into line 1;
-        no fsync of its own (``design/storage.md`` has the argument and the cost).
-        """
+        """Move the high-water mark to ``seq``, just made durable: one ``pwrite`` into line 1,
+        durable with the next fsync (``design/storage.md``, "The high-water mark")."""
         at, fd = self._mark_at, self._fd
         if at is None or fd is None or seq <= self.marked:
             return
@@ -281,15 +246,9 @@ class SessionFile:
 
     # -- reading, closing --------------------------------------------------------------------
     def read(self, length: int, offset: int) -> bytes:
-        """``length`` bytes at ``offset`` (one commit line).
-
-        Raises:
-            CorruptSession: the file is closed. StorageIOError: the read failed.
-        """
-        if self._fd is None:
-            raise CorruptSession(f"session file {self.path} is closed")
+        """``length`` bytes at ``offset``."""
         try:
-            return os.pread(self._fd, length, offset)
+            return os.pread(self._live_fd(), length, offset)
         except OSError as exc:
             raise translate(exc, self.path) from exc
 
@@ -299,13 +258,28 @@ class SessionFile:
             return (self._lease or FileLease(self.path + ".lock", self.path)).probe()
 
     def close(self) -> None:
-        """Make the mark's last move durable, cut the padding off, close the file, the trace
-        and the lease. Idempotent."""
+        """Make the mark exact on disk (one fsync, if it moved since the last; ``none`` mode
+        moves it here only: a ``pwrite`` per commit costs a quarter of one), cut the padding
+        off while this writer holds the lease and the padding is intact (never lines a newer
+        writer put over it), then :meth:`release`. Idempotent."""
+        fd, lease = self._fd, self._lease
         try:
-            if self._fd is not None and self._lease is not None:
-                self._sync_mark()
-                with storage_boundary(self.path):
-                    self._trim_padding(self._fd, self._lease)
+            if fd is None or lease is None:
+                return
+            if self._write_error is None:
+                with suppress(StorageError):  # stale, or the fsync failed: the mark claims less
+                    self.check_lease()  # a fenced writer must not touch the file
+                    if self.durability == "none":
+                        self.set_mark(self.written_seq)
+                    elif self.marked > self._mark_synced:
+                        self.barrier()
+                        self._mark_synced = self.marked
+            with storage_boundary(self.path), suppress(StaleGeneration):
+                if self._size > self.end:
+                    lease.check()
+                    size, padding = os.fstat(fd).st_size, self._size - self.end
+                    if size == self._size and not os.pread(fd, padding, self.end).strip(PAD):
+                        os.ftruncate(fd, self.end)
         finally:
             self.release()
 
@@ -323,40 +297,6 @@ class SessionFile:
                 if lease is not None:
                     lease.release()
 
-    def _sync_mark(self) -> None:
-        """At close: make the mark's last move durable (one fsync, only when it moved since the
-        last fsync of the file), so a closed session's mark is exact on disk. In ``none`` mode
-        (no fsync ever) the mark moves here only, to the last seq written: a ``pwrite`` per
-        commit would cost a quarter of such a commit (``bench/``)."""
-        if self._write_error is not None:
-            return
-        try:
-            self.check_lease()  # a fenced writer must not touch the file
-            if self.durability == "none":
-                self.set_mark(self.written_seq)
-            elif self.marked > self._mark_synced:
-                self.barrier()
-                self._mark_synced = self.marked
-        except StorageError:  # StaleGeneration, or the fsync failed: the mark only claims less
-            return
-
-    def _trim_padding(self, fd: int, lease: FileLease) -> None:
-        """Cut the preallocated padding off at close (the file is valid with or without it).
-
-        Only while this writer still holds the lease and the padding is intact: a stale writer
-        must never cut into lines a newer writer wrote over its padding.
-        """
-        if self._size <= self.end:
-            return
-        try:
-            lease.check()
-        except StaleGeneration:
-            return
-        if os.fstat(fd).st_size == self._size and not os.pread(
-            fd, self._size - self.end, self.end
-        ).strip(PAD):
-            os.ftruncate(fd, self.end)
-
     @property
     def closed(self) -> bool:
         """True once :meth:`close` or :meth:`release` ran."""
@@ -369,12 +309,8 @@ class SessionFile:
 
 
 def _new_file(path: str, data: bytes, flags: int) -> int:
-    """Create ``path`` exclusively (mode 0600) holding ``data``, fsynced; return its open
-    descriptor. A failure leaves no file behind.
-
-    Raises:
-        FileExistsError: ``path`` exists. OSError: the file cannot be made or written.
-    """
+    """Create ``path`` exclusively (0600) holding ``data``, fsynced; return its descriptor.
+    A failure leaves no file (``FileExistsError`` when it exists)."""
     fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         private_fd(fd)

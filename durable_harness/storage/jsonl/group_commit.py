@@ -19,14 +19,9 @@ stays under this many seconds, and in a worker thread above it (see ``wait_durab
 
 
 class GroupSync:
-    """How many commit lines of one open :class:`~.file.SessionFile` are durable, and the
-    hand-off that lets commits share one fsync.
-
-    Attributes:
-        synced: the number of commit lines known durable (a count of ``file.written``).
-        fsync_avg_s: moving average of the timed fsyncs, seconds (picks the async leader's
-            thread).
-    """
+    """How many commit lines of one :class:`~.file.SessionFile` are durable (``synced``, a
+    count of ``file.written``), and the hand-off that lets commits share one fsync;
+    ``fsync_avg_s``: moving average of the timed fsyncs (seconds)."""
 
     def __init__(self, file: SessionFile) -> None:
         self.file = file
@@ -67,20 +62,11 @@ class GroupSync:
                 self.synced = max(self.synced, covered)
 
     async def wait_durable_async(self) -> None:
-        """Await an fsync covering every commit written so far (``batch`` mode).
-
-        The async form of group commit. The caller yields once, so that every task ready to
-        commit writes its line; the first task to resume then runs one ``fdatasync`` covering
-        all of them, and the others find their line durable when they resume: one yield and
-        one wakeup per commit, one fsync per batch.
-
-        That fsync runs on the event loop's thread while fsyncs are fast (a moving average
-        under :data:`INLINE_FSYNC_S`). Why: a worker-thread round trip costs about as much as
-        a fast fsync (measured 120 µs against 160-200 µs on the development machine), and a
-        thread that finished its fsync then waits for the GIL until the loop goes idle. Once
-        fsyncs are slow, a leader runs them in a worker thread instead and the other tasks
-        await its event, so a slow disk does not stall every task on the loop.
-        """
+        """Await an fsync covering every commit written so far (``batch`` mode): the caller
+        yields once, so every task ready to commit writes its line, and the first to resume
+        fsyncs for all of them; on the loop's thread while fsyncs are fast (under
+        :data:`INLINE_FSYNC_S`), else a leader's worker thread (``design/storage.md``, "Group
+        commit, tasks" has the measurements)."""
         if self.file.durability == "sync":
             self.wait_durable()  # sync mode: fsync now, in the caller's thread
             return

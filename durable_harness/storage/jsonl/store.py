@@ -36,19 +36,6 @@ class JsonlSessionStore(IndexedSessionStore):
         self._single_op: dict[int, bool] = {}
         self._line_cache: tuple[int, list[Any]] | None = None
 
-    # -- creation and opening --------------------------------------------------------------
-    @classmethod
-    def create(
-        cls, path: str, header: dict[str, Any], *, durability: Durability = "sync"
-    ) -> JsonlSessionStore:
-        """Create ``path`` exclusively (mode 0600) with ``header`` as line 1; open for writing.
-
-        Raises:
-            SessionExists: the file already exists (it is never overwritten).
-        """
-        SessionFile.create(path, header)
-        return cls.open_path(path, write=True, durability=durability)
-
     @classmethod
     def open_path(
         cls,
@@ -59,9 +46,7 @@ class JsonlSessionStore(IndexedSessionStore):
         break_lease: bool = False,
     ) -> JsonlSessionStore:
         """Open a durable-harness session file (``break_lease``: see :meth:`Store.open_session`).
-
-        A writable open takes the lease first, then quarantines a torn tail. Damage never raises:
-        it is listed in ``store.damage``.
+        A writable open takes the lease first. Damage never raises: it is in ``store.damage``.
 
         Raises:
             SessionNotFound: no file at ``path``.
@@ -107,15 +92,9 @@ class JsonlSessionStore(IndexedSessionStore):
         return [(offset, len(line) - 1, i) for i in range(len(numbered))]
 
     def commit(self, ops: list[Any], *, wait: bool = True) -> int:
-        """Commit ``ops`` as one line (see :meth:`SessionStore.commit`).
-
-        In ``batch`` mode the line is written under the lock and the fsync is shared with every
-        other commit written meanwhile. With ``wait=False`` (``sync`` or ``batch``) the call
-        returns before any fsync; :meth:`wait_durable` makes it durable later. The harness uses
-        that for settlements, which the next intent's fsync covers (``design/run-loop.md``).
-        A commit that returns is reported to :mod:`~durable_harness.storage.timing` as
-        ``"commit"`` when an observer is registered.
-        """
+        """Commit ``ops`` as one line (see :meth:`SessionStore.commit`); in ``batch`` mode the
+        fsync is shared with every commit written meanwhile. Timed as ``"commit"`` for
+        :mod:`~durable_harness.storage.timing` when an observer is registered."""
         if not timing.enabled():
             return self._commit(ops, wait)
         started = time.perf_counter()
@@ -133,15 +112,11 @@ class JsonlSessionStore(IndexedSessionStore):
         return seq
 
     async def commit_async(self, ops: list[Any]) -> int:
-        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
-
-        In ``batch`` mode this is group commit proper: the call queues its ops and yields once;
-        the first queued task to resume then commits the whole queue, each call's ops as its
-        own line (validated, numbered and indexed in queue order, a failing one failing alone),
-        with one lease check, one write and one ``fdatasync`` for all of them. The others find
-        their commit done when they resume. A call cancelled before its ops were taken is not
-        committed; one cancelled later may have been. With slow fsyncs (see
-        :meth:`wait_durable_async`) each call commits and then awaits the shared fsync.
+        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`). In
+        ``batch`` mode, group commit proper: the queued calls of the tasks that are ready share
+        one lease check, one write and one fsync, each call's ops its own line, a failing one
+        failing alone (``design/storage.md``, "Group commit, tasks"); with slow fsyncs each
+        call commits, then awaits the shared fsync.
 
         Raises:
             ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
