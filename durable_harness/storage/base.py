@@ -20,12 +20,9 @@ from __future__ import annotations
 import abc
 import errno
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import anyio
-import anyio.lowlevel
 import anyio.to_thread
 
 from durable_harness.errors import (
@@ -35,8 +32,9 @@ from durable_harness.errors import (
     SessionUnreadable,
     StorageError,
 )
+from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage import codec
-from durable_harness.storage.oserrors import guard_class
+from durable_harness.storage.oserrors import boundary
 
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
@@ -324,48 +322,6 @@ def continuity_damage(
     return out
 
 
-class PendingCommit:
-    """One commit waiting in a group-commit queue: its ops, then its outcome (``seq`` or
-    ``error``) once ``done``."""
-
-    __slots__ = ("done", "error", "ops", "seq")
-
-    def __init__(self, ops: list[Op]) -> None:
-        self.ops = ops
-        self.done = False
-        self.seq = 0
-        self.error: BaseException | None = None
-
-
-async def queued_commit(
-    queue: list[PendingCommit], ops: list[Op], run: Callable[[list[PendingCommit]], None]
-) -> int:
-    """Group commit for tasks on one event loop: queue ``ops`` and yield once; the first queued
-    task to resume hands the whole queue to ``run`` (which commits it and marks every item
-    done), and the others find their outcome when they resume.
-
-    A call cancelled before its ops were taken leaves the queue and is not committed.
-
-    Raises:
-        whatever ``run`` recorded as this call's error.
-    """
-    item = PendingCommit(ops)
-    queue.append(item)
-    try:
-        await anyio.lowlevel.checkpoint()
-    except BaseException:
-        if not item.done:
-            queue.remove(item)
-        raise
-    if not item.done:
-        batch = queue[:]
-        queue.clear()
-        run(batch)
-    if item.error is not None:
-        raise item.error
-    return item.seq
-
-
 class SessionStore(abc.ABC):
     """One open session. Not bound to an event loop; thread-safe for concurrent ``commit``.
 
@@ -388,12 +344,6 @@ class SessionStore(abc.ABC):
     durability: Durability
     damage: list[dict[str, Any]]
     location: str
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Every backend's public methods raise typed errors, never a bare ``OSError`` or
-        ``sqlite3.Error`` (the one boundary: :mod:`durable_harness.storage.oserrors`)."""
-        super().__init_subclass__(**kwargs)
-        guard_class(cls)
 
     @abc.abstractmethod
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
@@ -497,12 +447,7 @@ class Store(abc.ABC):
 
     spec: str
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """As :meth:`SessionStore.__init_subclass__`: OS and database errors leave typed."""
-        super().__init_subclass__(**kwargs)
-        guard_class(cls)
-
-    @abc.abstractmethod
+    @boundary
     def create_session(
         self,
         cwd: str,
@@ -512,13 +457,21 @@ class Store(abc.ABC):
         header_extra: dict[str, Any] | None = None,
         durability: Durability = "sync",
     ) -> SessionStore:
-        """Create a new empty session (lane ``main``), exclusively, and open it for writing.
+        """Create a new empty session (lane ``main``; its header by :func:`new_header`, id
+        ``session_id`` or a new UUIDv7), exclusively, and open it for writing.
 
         Raises:
             SessionExists: ``session_id`` is already taken.
         """
+        header = new_header(session_id or uuid7(), now_iso(), cwd, parent_session, header_extra)
+        return self._create(header, durability, fresh=session_id is None)
 
     @abc.abstractmethod
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        """Store the new session ``header`` names and open it for writing (``fresh``: its id
+        was just made, so no other session can hold it)."""
+
+    @boundary
     def open_session(
         self,
         ref: str,
@@ -535,6 +488,13 @@ class Store(abc.ABC):
         Raises:
             SessionNotFound, AmbiguousSessionPrefix, LeaseHeld.
         """
+        return self._open(ref, write, durability, break_lease)
+
+    @abc.abstractmethod
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
+    ) -> SessionStore:
+        """Open the session ``ref`` names (see :meth:`open_session`)."""
 
     @abc.abstractmethod
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from durable_harness.errors import FormatError, SessionExists, SessionNotFound
 from durable_harness.fs import fsync_dir
-from durable_harness.ids import iso_from_ns, now_iso, uuid7
+from durable_harness.ids import iso_from_ns
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
     CwdMatcher,
@@ -31,6 +31,7 @@ from durable_harness.storage.jsonl.framing import (
 )
 from durable_harness.storage.jsonl.mark import MARK_KEY
 from durable_harness.storage.jsonl.store import JsonlSessionStore
+from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.private import make_private_dirs
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -64,27 +65,14 @@ class JsonlStore(Store):
         """The folder of the id links (``root/ids``)."""
         return self.root / "ids"
 
-    def create_session(
-        self,
-        cwd: str,
-        *,
-        session_id: str | None = None,
-        parent_session: str | None = None,
-        header_extra: dict[str, Any] | None = None,
-        durability: Durability = "sync",
-    ) -> SessionStore:
-        sid = session_id or uuid7()
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        sid, cwd, ts = header["id"], header["cwd"], header["timestamp"]
         if not _SAFE_ID.fullmatch(sid):
             raise FormatError(f"session id {sid!r} may hold only letters, digits, '.', '_', '-'")
-        if session_id is not None and any(i.id == sid for i in self.list_sessions()):
+        if not fresh and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
         make_private_dirs(folder)
-        ts = now_iso()
-        header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
         store = JsonlSessionStore.create(str(folder / name), header, durability=durability)
         self._link(sid, folder.name, name)
@@ -106,6 +94,7 @@ class JsonlStore(Store):
         except OSError:
             pass
 
+    @boundary
     def find_exact(self, session_id: str) -> SessionInfo | None:
         """The row of ``session_id`` through its link ``ids/<id>``: one ``readlink`` and one
         header read (see :meth:`Store.find_exact`). ``None`` when there is no usable link (none,
@@ -130,19 +119,15 @@ class JsonlStore(Store):
             return None
         return _iso_modified(info)
 
-    def open_session(
-        self,
-        ref: str,
-        *,
-        write: bool = True,
-        durability: Durability = "sync",
-        break_lease: bool = False,
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
     ) -> SessionStore:
         path = ref if ref.endswith(".jsonl") and os.path.exists(ref) else self.resolve(ref).path
         return JsonlSessionStore.open_path(
             path, write=write, durability=durability, break_lease=break_lease
         )
 
+    @boundary
     def delete_session(self, session_id: str) -> None:
         """Delete the session file, its lock file and its quarantine side files (see
         :meth:`Store.delete_session`): under the writer lease, then the folder is fsynced."""
@@ -168,6 +153,7 @@ class JsonlStore(Store):
         finally:
             store.close()
 
+    @boundary
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session file under ``sessions/`` (of one cwd by :class:`CwdMatcher`: the
         header's cwd, never the folder name), most recently modified first.

@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from durable_harness.storage.base import PendingCommit
+from durable_harness.storage.handoff import PendingCommit
 from durable_harness.storage.jsonl.framing import barrier, commit_line
 from durable_harness.storage.jsonl.mark import set_mark
 
@@ -49,8 +49,7 @@ def commit_group(store: JsonlSessionStore, batch: list[PendingCommit]) -> None:
                 store._append(b"".join(lines), len(lines), store._seq)
                 covered, covered_seq = store._written, store._written_seq
                 timed_fdatasync(store)
-                with store._sync_cond:
-                    store._synced = max(store._synced, covered)
+                store._handoff.covered(covered)
                 set_mark(store, covered_seq)
         except BaseException as exc:
             for item in batch:
@@ -66,23 +65,14 @@ def wait_durable(store: JsonlSessionStore, ticket: int | None = None) -> None:
     """Block until commit number ``ticket`` (default: every commit so far) is fsynced."""
     if store.durability == "none" or store._fd is None:
         return
-    target_ticket = store._written if ticket is None else ticket
-    with store._sync_cond:
-        while store._synced < target_ticket:
-            if store._syncing:
-                store._sync_cond.wait()
-                continue
-            store._syncing = True
-            covered, covered_seq = store._written, store._written_seq
-            store._sync_cond.release()
-            try:
-                barrier(store)
-                set_mark(store, covered_seq)
-            finally:
-                store._sync_cond.acquire()
-                store._syncing = False
-                store._sync_cond.notify_all()
-            store._synced = max(store._synced, covered)
+
+    def sync() -> int:  # the leader's fsync (storage/handoff.py)
+        covered, covered_seq = store._written, store._written_seq
+        barrier(store)
+        set_mark(store, covered_seq)
+        return covered
+
+    store._handoff.sync_to(store._written if ticket is None else ticket, sync)
 
 
 async def wait_durable_async(store: JsonlSessionStore) -> None:
@@ -106,17 +96,16 @@ async def wait_durable_async(store: JsonlSessionStore) -> None:
     if store.durability != "batch" or store._fd is None:
         return
     target = store._written
-    if store._synced >= target:
+    if store._handoff.synced >= target:
         return
     if store._fsync_avg_s < INLINE_FSYNC_S:
         await anyio.lowlevel.checkpoint()
-        if store._synced < target and store._async_flush is None:
+        if store._handoff.synced < target and store._async_flush is None:
             covered, covered_seq = store._written, store._written_seq
             timed_fdatasync(store)
-            with store._sync_cond:
-                store._synced = max(store._synced, covered)
+            store._handoff.covered(covered)
             set_mark(store, covered_seq)
-    while store._synced < target:
+    while store._handoff.synced < target:
         leader = store._async_flush
         if leader is not None:
             await leader.wait()
@@ -126,8 +115,7 @@ async def wait_durable_async(store: JsonlSessionStore) -> None:
             await anyio.lowlevel.checkpoint()  # let the tasks ready to commit write first
             covered, covered_seq = store._written, store._written_seq
             await anyio.to_thread.run_sync(timed_fdatasync, store)
-            with store._sync_cond:
-                store._synced = max(store._synced, covered)
+            store._handoff.covered(covered)
             set_mark(store, covered_seq)
         finally:
             store._async_flush = None

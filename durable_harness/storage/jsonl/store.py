@@ -22,7 +22,8 @@ from durable_harness.errors import (
 from durable_harness.fs import fsync_dir
 from durable_harness.storage import codec, timing
 from durable_harness.storage.barrier_trace import BarrierTrace, open_trace
-from durable_harness.storage.base import Durability, PendingCommit, queued_commit
+from durable_harness.storage.base import Durability
+from durable_harness.storage.handoff import PendingCommit, SyncHandoff, queued_commit
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.jsonl import group_commit
 from durable_harness.storage.jsonl.framing import (
@@ -43,6 +44,7 @@ from durable_harness.storage.jsonl.quarantine import quarantine_tail
 from durable_harness.storage.jsonl.scan import read_session
 from durable_harness.storage.jsonl.takeover import detach_old_writer
 from durable_harness.storage.lease import FileLease
+from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.private import private_fd, tighten_fd
 
 
@@ -56,13 +58,11 @@ class JsonlSessionStore(IndexedSessionStore):
         self.path = path
         self._fd: int | None = None
         self._lease: FileLease | None = None
-        self._sync_cond = threading.Condition()
+        self._handoff = SyncHandoff()  # the fsyncs: tickets are commit lines written
         self._written = 0
         self._end = 0  # where the next commit line goes: the end of the data
         self._size = 0  # the file's size: the data plus any preallocated padding after it
         self._single_op: dict[int, bool] = {}
-        self._synced = 0
-        self._syncing = False
         self._queue: list[PendingCommit] = []  # commit_async calls waiting for their group
         # The high-water mark (see MARK_KEY): where its text sits in line 1 (None: this file
         # has none), the seq it holds, the seq last fsynced with it, and the last seq written.
@@ -74,6 +74,7 @@ class JsonlSessionStore(IndexedSessionStore):
 
     # -- creation and opening --------------------------------------------------------------
     @classmethod
+    @boundary
     def create(
         cls, path: str, header: dict[str, Any], *, durability: Durability = "sync"
     ) -> JsonlSessionStore:
@@ -98,6 +99,7 @@ class JsonlSessionStore(IndexedSessionStore):
         return cls.open_path(path, write=True, durability=durability)
 
     @classmethod
+    @boundary
     def open_path(
         cls,
         path: str,
@@ -163,7 +165,7 @@ class JsonlSessionStore(IndexedSessionStore):
         self._append(line, 1, op_seq(numbered[-1]))
         if sync and self.durability == "sync":
             barrier(self)
-            self._synced = self._written
+            self._handoff.covered(self._written)
             set_mark(self, self._written_seq)
         length = len(line) - 1
         return [(offset, length, i) for i in range(len(numbered))]
@@ -198,6 +200,7 @@ class JsonlSessionStore(IndexedSessionStore):
 
     _write_error: StorageError | None = None
 
+    @boundary
     def commit(self, ops: list[Any], *, wait: bool = True) -> int:
         """Commit ``ops`` as one line (see :meth:`SessionStore.commit`).
 
@@ -224,6 +227,7 @@ class JsonlSessionStore(IndexedSessionStore):
         self.wait_durable(ticket)
         return seq
 
+    @boundary
     async def commit_async(self, ops: list[Any]) -> int:
         """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
 
@@ -255,11 +259,13 @@ class JsonlSessionStore(IndexedSessionStore):
         timing.observe("commit", time.perf_counter() - started)
         return seq
 
+    @boundary
     def wait_durable(self, ticket: int | None = None) -> None:
         """Block until commit number ``ticket`` (default: every commit so far) is fsynced
         (:func:`.group_commit.wait_durable`)."""
         group_commit.wait_durable(self, ticket)
 
+    @boundary
     async def wait_durable_async(self) -> None:
         """Await an fsync covering every commit written so far
         (:func:`.group_commit.wait_durable_async`)."""
@@ -272,6 +278,7 @@ class JsonlSessionStore(IndexedSessionStore):
     _fsync_avg_s = 0.0  # moving average of the async leader's fsync time, seconds
     _async_flush: anyio.Event | None = None
 
+    @boundary
     def lease_holder(self) -> dict[str, Any] | None:
         return (self._lease or FileLease(self.path + ".lock", self.path)).probe()
 
@@ -319,6 +326,7 @@ class JsonlSessionStore(IndexedSessionStore):
         ).strip(PAD):
             os.ftruncate(fd, self._end)
 
+    @boundary
     def close(self) -> None:
         if self._closed:
             return
