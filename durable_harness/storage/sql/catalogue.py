@@ -77,10 +77,10 @@ class SqlStore(Store):
         most recently modified first (then by id). Each distinct recorded cwd is resolved
         once; the rows are then read through the ``(cwd, modified)`` index."""
         if cwd is None:
-            rows = self._catalogue(INFO + " ORDER BY modified DESC, id", ())
+            rows = self._catalogue(INFO + " ORDER BY modified DESC, id", [])
         else:
             match = CwdMatcher(cwd)
-            found = self._catalogue("SELECT DISTINCT cwd FROM sessions", ())
+            found = self._catalogue("SELECT DISTINCT cwd FROM sessions", [])
             spellings = [r[0] for r in found if match(r[0])]
             rows = []
             for i in range(0, len(spellings), CHUNK):

@@ -110,7 +110,9 @@ class SqliteStore(SqlStore):
         shared = self._shared
         return shared.stats if shared is not None else self._stats
 
-    def _session(self, sid: str, write: bool, durability: Durability, break_lease: bool) -> Any:
+    def _session(
+        self, sid: str, write: bool, durability: Durability, break_lease: bool
+    ) -> SqliteSessionStore:
         """Open session ``sid`` through this object's shared connections (opened when none
         is open)."""
         shared = self._acquire_shared()
@@ -162,7 +164,7 @@ class SqliteStore(SqlStore):
     ) -> SessionStore:
         shared = self._acquire_shared()  # held: the lookup and the session share a connection
         try:
-            return self._session(self.resolve(ref).id, write, durability, break_lease)  # type: ignore[no-any-return]
+            return self._session(self.resolve(ref).id, write, durability, break_lease)
         finally:
             shared.release()
 

@@ -122,11 +122,13 @@ class SqliteSessionStore(SqlSessionStore):
             raise
 
     # -- reading (the queries: storage/sql/session.py) -----------------------------------
-    @boundary
-    def _rows(self, sql: str, args: Any) -> list[Any]:
-        """Every row of one query on the shared reader (a snapshot of committed data)."""
+    def _read(self, sql: str, args: Any) -> list[Any]:
+        """Every row of one query on the shared reader (a snapshot of committed data); what
+        the database raises is left as it is (``fsck`` reports it)."""
         with self._shared.read_lock:
             return self._shared.reader.execute(sql, args).fetchall()
+
+    _rows = boundary(_read)
 
     @boundary
     def _snapshot(self, queries: list[str]) -> list[list[Any]]:
