@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from durable_harness.errors import CorruptSession
 from durable_harness.storage import codec
-from durable_harness.storage.base import (
-    Durability,
+from durable_harness.storage.base import Durability
+from durable_harness.storage.damage import (
     damage,
     seq_gap_damage,
     surrogate_warnings,

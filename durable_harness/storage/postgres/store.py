@@ -25,7 +25,6 @@ and the generation, and returns (the commit landed), commits again (it did not),
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -45,22 +44,17 @@ from durable_harness.errors import (
     UnknownEntry,
 )
 from durable_harness.storage import codec
-from durable_harness.storage.base import Durability, EntryOp, LaneState, Op
+from durable_harness.storage.base import Durability, LaneState, Op
 from durable_harness.storage.fold import copy_lane, fold, number
 from durable_harness.storage.handoff import GroupLeader, PendingCommit, queued_commit
 from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
+from durable_harness.storage.postgres.unwaited import UnwaitedCommits
 from durable_harness.storage.sql.session import PostgresDialect, SqlSessionStore, lane_row
 
 Conn = psycopg.Connection[Any]
-
-
-class _StaleState(Exception):
-    """Internal: the writer's cached ``last_seq`` was behind the database (``DH003``)."""
-
-
 RECENT_BODIES = 4096
 """Entry bodies a writer keeps (those it committed or read), so that walking a context from the
 leaf costs no round trip for recent entries."""
@@ -69,7 +63,7 @@ _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 """Errors of one call whose transaction was rolled back: the writer's cache stays right."""
 
 
-class PostgresSessionStore(SqlSessionStore):
+class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     """One session of a PostgreSQL store. Thread-safe; not bound to an event loop.
 
     Attributes (besides :class:`~durable_harness.storage.base.SessionStore`'s):
@@ -344,129 +338,6 @@ class PostgresSessionStore(SqlSessionStore):
         finally:
             self._after(batch)
 
-    # -- unwaited commits (design/postgres.md, "Unwaited commits") -------------------------
-    def _send_unwaited(self, item: PendingCommit) -> bool:
-        """Send ``item`` on this writer's pipeline (:mod:`.unwaited`) and return without its
-        reply, folding it into the writer's cache now; the replies are read by the next call
-        that must know them (:meth:`_settle`). Returns ``False``, having sent nothing, when
-        the waited path must run instead: not a writer with a loaded cache, or no connection
-        may be held (``Database.hold``).
-
-        Raises:
-            as :meth:`commit` (an earlier unwaited commit's failure, or this one's own before
-            anything is sent).
-        """
-        pipe = self._pipe
-        if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
-            self._settle()
-            pipe = None
-        if self.lease is None or not self._state_ok or self.writer_lost:
-            self._settle()
-            return False
-        start = self._last
-        params = self._commit_params(item.ops, start)
-        if pipe is None:
-            conn = self.db.hold()
-            if conn is None:
-                return False
-            pipe = self._pipe = unwaited.Pipeline(conn)
-        item.seq = start + len(item.ops)
-        try:
-            pipe.send("dh_write", write.WRITE_PIPELINED, params, (item, start))
-        except psycopg.OperationalError:
-            pass  # whether it got there is for _settle to learn, as for a reply lost
-        item.done = True
-        self._after([item])
-        return True
-
-    def _settle(self) -> None:
-        """Read every reply of the pipeline, if there is one, and give its connection back
-        (caller holds ``_lock``). When all landed, nothing more happens. Otherwise the commits
-        before the first that did not land are kept, the writer's cache is dropped, and:
-
-        * a refusal that sending again cures (``last_seq`` moved under the lease, a prepared
-          statement the connection lost) sends that commit and those after it again, waited;
-        * any other refusal is raised (the commits after it were refused by the fence);
-        * a lost connection is resolved from ``last_seq``, as for a waited commit: the
-          commits it shows landed are kept, the rest sent again, waited.
-
-        Raises:
-            StaleGeneration, SessionNotFound, IdConflict, UnknownEntry, StorageIOError,
-            StorageError: an unwaited commit's failure, raised to whichever call came next.
-        """
-        pipe, self._pipe = self._pipe, None
-        if pipe is None:
-            return
-        sent = list(pipe.units)
-        lost: psycopg.OperationalError | None = None
-        try:
-            pipe.read_all()
-            pipe.close()
-        except psycopg.OperationalError as exc:
-            lost = exc
-        self.db.unhold(pipe.conn, discard=lost is not None)
-        units = [u for u in [*pipe.failed, *sent] if u.tag is not None]
-        units = sorted({id(u): u for u in units}.values(), key=lambda u: u.tag[0].seq)
-        bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
-        if bad is None:  # every commit landed (a lost barrier reply is the barrier's to redo)
-            return
-        self._state_ok = False
-        self._bodies.clear()
-        rest: list[PendingCommit] = [u.tag[0] for u in units[bad:]]
-        first = units[bad]
-        if first.error is None or isinstance(first.error, psycopg.OperationalError):
-            # lost before its reply (or the server said it was going away): learn what landed
-            last_seq = self._landed(rest, first.tag[1], lost or OSError("connection lost"))
-            rest = [item for item in rest if item.seq > last_seq]
-        elif not _resend_cures(first.error):
-            raise self._refusal(first.error, rest[0].ops) from None
-        for item in rest:
-            item.done, item.error, item.seq = False, None, 0
-            self._run_batch([item])
-            if item.error is not None:
-                raise item.error
-
-    def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
-        """After a lost connection: the ``last_seq`` the unread ``items`` (sent in order after
-        ``start``) reached, which must be ``start`` or the end of one of them.
-
-        Raises:
-            StorageIOError: the server is unreachable past the deadline, or ``last_seq`` is
-                none of those (reopen the session).
-            StaleGeneration, SessionNotFound: another writer took over, the session is gone.
-        """
-        last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
-        if last_seq < start:
-            raise StorageIOError(
-                f"{self.location}: the server lost commits made since the last barrier "
-                f"(last_seq went back from {start} to {last_seq}: it restarted before flushing "
-                "them, which the barrier contract allows); reopen the session",
-                path=self.location,
-                cause=str(lost),
-            )
-        if last_seq != start and last_seq not in {item.seq for item in items}:
-            raise StorageIOError(
-                f"{self.location}: the connection was lost with commits in flight and "
-                f"last_seq moved from {start} to {last_seq}, not to the end of one of them; "
-                "reopen the session",
-                path=self.location,
-                cause=str(lost),
-            )
-        return last_seq
-
-    def _refusal(self, exc: psycopg.Error, ops: list[Op]) -> Exception:
-        """The typed error for a commit the server refused (one mapping for every path)."""
-        if isinstance(exc, psycopg.errors.IntegrityError):
-            return self._key_error(exc, ops)
-        return self._fence_error(exc)
-
-    def _drop_pipe(self) -> None:
-        """Give up the pipeline's replies unread (its connection is closed): whether those
-        commits landed is left to whoever reads the session next."""
-        pipe, self._pipe = self._pipe, None
-        if pipe is not None:
-            self.db.unhold(pipe.conn, discard=True)
-
     def _resolve(
         self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
     ) -> bool:
@@ -533,6 +404,7 @@ class PostgresSessionStore(SqlSessionStore):
         return int(row[0])
 
     def _stale(self, current: int) -> StaleGeneration:
+        """The error of a fence that found generation ``current``: this writer was fenced out."""
         if self.lease is not None:
             self.lease.lost = True
         return StaleGeneration(
@@ -558,7 +430,7 @@ class PostgresSessionStore(SqlSessionStore):
             try:
                 self._fast(conn, pending)
                 break
-            except _StaleState:  # the cache was behind the database: reload it once
+            except write.StaleState:  # the cache was behind the database: reload it once
                 self._state_ok = False
                 if attempt == 2:
                     raise StorageError(
@@ -588,27 +460,10 @@ class PostgresSessionStore(SqlSessionStore):
             item.seq = seq
         try:
             self._send(conn, ops, self._txn_start)
-        except psycopg.errors.IntegrityError as exc:
-            raise self._key_error(exc, ops) from exc
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
-            raise self._fence_error(exc) from exc
-
-    def _fence_error(self, exc: psycopg.Error) -> Exception:
-        """The error for a refused fence (``DH001``-``DH003``, raised by ``dh_write``), or
-        ``exc`` itself for anything else."""
-        state = getattr(exc, "sqlstate", None)
-        number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
-        if state == "DH002":
-            return self._stale(int(number.group(1)) if number else -1)
-        if state == "DH001":
-            return SessionNotFound(
-                f"session {self.location} was deleted", session_id=self.session_id
-            )
-        if state == "DH003":
-            return _StaleState()
-        return exc
+            raise self._refusal(exc, ops) from exc
 
     def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
         """One ``SELECT dh_write(...)`` (autocommit: its own transaction) for ``ops`` after
@@ -645,42 +500,10 @@ class PostgresSessionStore(SqlSessionStore):
                     item.seq = seq = seq + len(item.ops)
                 except psycopg.OperationalError:
                     raise
-                except psycopg.errors.IntegrityError as exc:
-                    item.error, item.done = self._key_error(exc, item.ops), True
                 except psycopg.Error as exc:
-                    item.error, item.done = self._fence_error(exc), True
+                    item.error, item.done = self._refusal(exc, item.ops), True
                 except Exception as exc:
                     item.error, item.done = exc, True
-
-    def _key_error(self, exc: psycopg.errors.IntegrityError, ops: list[Op]) -> Exception:
-        """The typed error for a key the database refused (by the constraint's name), or
-        ``exc`` itself for one no op can cause (the boundary then names it)."""
-        name = exc.diag.constraint_name or ""
-        detail = exc.diag.message_detail or ""
-        found = re.search(r"=\((.*)\) (?:already exists|is not present)", detail)
-        value = found.group(1) if found else "?"
-        if value.startswith(f"{self.session_id}, "):
-            value = value[len(self.session_id) + 2 :]
-        where = self.location
-        if name == "entries_pkey":
-            return IdConflict(f"entry id {value} already exists in {where}", entry_id=value)
-        if name == "records_pkey":
-            return IdConflict(f"record id {value} already exists in {where}", record_id=value)
-        if name == "entries_parent":
-            child = next(
-                (
-                    op.entry.get("id")
-                    for op in ops
-                    if isinstance(op, EntryOp) and op.entry.get("parentId") == value
-                ),
-                "?",
-            )
-            return UnknownEntry(
-                f"parent {value} of entry {child} does not exist in {where}", entry_id=value
-            )
-        if name == "lanes_leaf":
-            return UnknownEntry(f"leaf {value} does not exist in {where}", entry_id=value)
-        return exc
 
     @boundary
     def wait_durable(self) -> None:
@@ -753,12 +576,6 @@ class PostgresSessionStore(SqlSessionStore):
             lease, self.lease = self.lease, None
             lease.release()
 
-    @property
-    def writer_lost(self) -> bool:
-        """True when this writer was fenced out: the heartbeat or a commit found another
-        writer's generation on the lease (every later commit is refused)."""
-        return self.lease is not None and self.lease.lost
-
     @boundary
     def hand_back(self, *, flush: bool = False) -> None:
         """Stop writing and leave the session to whichever worker claims it next: the lease
@@ -781,10 +598,3 @@ class PostgresSessionStore(SqlSessionStore):
         lease, self.lease = self.lease, None
         if lease is not None:
             lease.expire()
-
-
-def _resend_cures(exc: psycopg.Error) -> bool:
-    """True for a refusal that sending the commit again cures: ``last_seq`` moved under the
-    lease (``DH003``: a hand edit; the cache is reloaded first), or the connection lost the
-    prepared statement (psycopg deallocates its statements after a rollback)."""
-    return exc.sqlstate in ("DH003", "26000")

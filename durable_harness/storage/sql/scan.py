@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_harness.storage import codec
-from durable_harness.storage.base import continuity_damage, damage
+from durable_harness.storage.damage import continuity_damage, damage
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 

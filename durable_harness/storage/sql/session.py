@@ -175,7 +175,7 @@ class SqlSessionStore(SessionStore):
 
     @property
     def damage(self) -> list[dict[str, Any]]:
-        """Damage in this session (see :func:`~durable_harness.storage.base.damage`), from one
+        """Damage in this session (see :func:`~durable_harness.storage.damage.damage`), from one
         full :meth:`scan` run on first use (so opening stays one row read), plus any damaged
         row met by a later read. ``fsck`` and recovery both read this: one scan, one answer."""
         with self._lock:
