@@ -19,7 +19,7 @@ from durable_harness.harness.state import RunLimits, ToolCallState
 from durable_harness.harness.steps import CallAction, LaneAction, Step, next_step
 from durable_harness.recovery.remote import check_remote_retries
 from durable_harness.recovery.snapshot import LaneSnapshot, Snapshot
-from durable_harness.storage.base import WARNING_KINDS
+from durable_harness.storage.damage import WARNING_KINDS
 
 #: How in-doubt calls without a decision are settled (``design/recovery.md``, Policies).
 Policy = Literal["ask", "fail-in-doubt", "retry-safe"]

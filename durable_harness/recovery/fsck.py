@@ -30,7 +30,8 @@ from durable_harness.errors import (
 from durable_harness.recovery.snapshot import take_snapshot
 from durable_harness.session.pi import is_pi_header, open_pi_file
 from durable_harness.storage import codec
-from durable_harness.storage.base import WARNING_KINDS, SessionStore, Store, damage
+from durable_harness.storage.base import SessionStore, Store
+from durable_harness.storage.damage import WARNING_KINDS, damage
 from durable_harness.storage.jsonl import JsonlSessionStore, is_commit_line, is_own_format
 from durable_harness.storage.sqlite import SqliteSessionStore, connect_read_only
 

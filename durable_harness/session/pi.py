@@ -21,7 +21,8 @@ from typing import Any
 from durable_harness.errors import CorruptSession, SessionNotFound
 from durable_harness.session.session import copy_ops
 from durable_harness.storage import codec
-from durable_harness.storage.base import Store, damage
+from durable_harness.storage.base import Store
+from durable_harness.storage.damage import damage
 from durable_harness.storage.indexed import MemorySessionStore
 from durable_harness.storage.shapes import entry_shape_error
 

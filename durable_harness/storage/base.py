@@ -20,12 +20,9 @@ from __future__ import annotations
 import abc
 import errno
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import anyio
-import anyio.lowlevel
 import anyio.to_thread
 
 from durable_harness.errors import (
@@ -35,8 +32,8 @@ from durable_harness.errors import (
     SessionUnreadable,
     StorageError,
 )
-from durable_harness.storage import codec
-from durable_harness.storage.oserrors import guard_class
+from durable_harness.ids import now_iso, uuid7
+from durable_harness.storage.oserrors import boundary
 
 Durability = Literal["sync", "batch", "none"]
 DURABILITY_MODES: tuple[Durability, ...] = ("sync", "batch", "none")
@@ -208,164 +205,6 @@ class CwdMatcher:
         return os.path.realpath(recorded) == self.real
 
 
-def damage(
-    kind: str, detail: str, *, offset: int | None = None, line: int | None = None, **extra: Any
-) -> dict[str, Any]:
-    """Build one damage item ``{kind, detail, offset?, line?, ...}``.
-
-    Kinds (the table with each backend's detection and location fields is in
-    ``design/storage.md``): ``torn_tail`` (quarantined), ``bad_line``, ``bad_header``,
-    ``missing_header``, ``bad_mark``, ``bad_row``, ``orphan_parent``, ``duplicate_id``,
-    ``seq_regression``, ``seq_gap``, ``truncated``, ``stale_generation``; and the warnings in
-    :data:`WARNING_KINDS`, which lose nothing. ``offset`` is a byte
-    offset into the file; ``line`` is 1-based; SQLite damage names ``table``, ``id``, ``seq``.
-    """
-    item: dict[str, Any] = {"kind": kind, "detail": detail}
-    if offset is not None:
-        item["offset"] = offset
-    if line is not None:
-        item["line"] = line
-    item.update(extra)
-    return item
-
-
-WARNING_KINDS = frozenset({"replaced_surrogate"})
-"""Damage kinds that are warnings: the entry loaded whole (a lone UTF-16 surrogate read as
-U+FFFD), no commit is missing, so they never make a log "damaged" for recovery or fsck. With
-``torn_tail`` (never acknowledged, quarantined) these are the kinds a "damaged" test skips."""
-
-
-def surrogate_warnings(
-    raw: bytes, ops: list[Any], *, offset: int | None = None, line: int | None = None
-) -> list[dict[str, Any]]:
-    """One ``replaced_surrogate`` warning per op of the commit line ``raw`` (already decoded into
-    ``ops``) that held a lone UTF-16 surrogate, naming the entry (or record, or lane) and where
-    in it the text was; see :func:`durable_harness.storage.codec.loads`."""
-    by_op: dict[int, list[str]] = {}
-    for path in codec.lone_surrogate_paths(raw):
-        if len(path) >= 2 and path[0] == "ops" and isinstance(path[1], int):
-            by_op.setdefault(path[1], []).append(codec.format_path(path[3:] or path[2:]))
-        else:
-            by_op.setdefault(-1, []).append(codec.format_path(path))
-    out: list[dict[str, Any]] = []
-    for idx, where in sorted(by_op.items()):
-        op = ops[idx] if 0 <= idx < len(ops) and isinstance(ops[idx], dict) else {}
-        body = op.get("entry") or op.get("record")
-        what, oid = (
-            (op.get("op"), body.get("id"))
-            if isinstance(body, dict)
-            else ("lane", op.get("lane"))
-            if op
-            else ("commit line", None)
-        )
-        out.append(
-            damage(
-                "replaced_surrogate",
-                f"{what}{'' if oid is None else ' ' + str(oid)}: lone UTF-16 surrogate in "
-                f"{', '.join(where)} read as U+FFFD; the file is unchanged",
-                offset=offset,
-                line=line,
-                id=oid,
-            )
-        )
-    return out
-
-
-def seq_gap_damage(after: int, seq: int, **location: Any) -> dict[str, Any]:
-    """A ``seq_gap`` item: the op numbered ``seq`` follows ``after`` with numbers missing between
-    (a deleted line or row). ``location`` names where the op after the gap is stored."""
-    return damage(
-        "seq_gap",
-        f"seq jumps from {after} to {seq}: {seq - after - 1} op(s) are missing before it",
-        after=after,
-        seq=seq,
-        missing=seq - after - 1,
-        **location,
-    )
-
-
-def truncated_damage(expected: int, found: int, **location: Any) -> dict[str, Any]:
-    """A ``truncated`` item: the durable high-water mark says seq ``expected`` was committed
-    but the stored ops end at ``found`` (the last commits are gone). ``location`` names where
-    the data ends."""
-    return damage(
-        "truncated",
-        f"the high-water mark says seq {expected} was committed but the stored ops end at "
-        f"seq {found}: the last {expected - found} op(s) are missing",
-        expected=expected,
-        found=found,
-        **location,
-    )
-
-
-def continuity_damage(
-    ops: list[tuple[int, dict[str, Any]]],
-    start: int,
-    mark: int | None,
-    end: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Check that stored seqs run on without a gap: ``ops`` are ``(seq, location)`` pairs in
-    the order stored, ``start`` is the seq known to precede the first (0 for a whole session),
-    ``mark`` the durable high-water mark (``None`` when the backend keeps none), ``end`` the
-    location where the stored data ends (for a ``truncated`` item).
-
-    Returns ``seq_gap`` items (a seq more than one past the one before it; a repeated or falling
-    seq is another backend check's ``seq_regression``) and a ``truncated`` item when the last
-    seq is below ``mark``. The one continuity rule of every backend.
-    """
-    out: list[dict[str, Any]] = []
-    prev = start
-    for seq, location in ops:
-        if seq > prev + 1:
-            out.append(seq_gap_damage(prev, seq, **location))
-        prev = max(prev, seq)
-    if mark is not None and prev < mark:
-        out.append(truncated_damage(mark, prev, **(end or {})))
-    return out
-
-
-class PendingCommit:
-    """One commit waiting in a group-commit queue: its ops, then its outcome (``seq`` or
-    ``error``) once ``done``."""
-
-    __slots__ = ("done", "error", "ops", "seq")
-
-    def __init__(self, ops: list[Op]) -> None:
-        self.ops = ops
-        self.done = False
-        self.seq = 0
-        self.error: BaseException | None = None
-
-
-async def queued_commit(
-    queue: list[PendingCommit], ops: list[Op], run: Callable[[list[PendingCommit]], None]
-) -> int:
-    """Group commit for tasks on one event loop: queue ``ops`` and yield once; the first queued
-    task to resume hands the whole queue to ``run`` (which commits it and marks every item
-    done), and the others find their outcome when they resume.
-
-    A call cancelled before its ops were taken leaves the queue and is not committed.
-
-    Raises:
-        whatever ``run`` recorded as this call's error.
-    """
-    item = PendingCommit(ops)
-    queue.append(item)
-    try:
-        await anyio.lowlevel.checkpoint()
-    except BaseException:
-        if not item.done:
-            queue.remove(item)
-        raise
-    if not item.done:
-        batch = queue[:]
-        queue.clear()
-        run(batch)
-    if item.error is not None:
-        raise item.error
-    return item.seq
-
-
 class SessionStore(abc.ABC):
     """One open session. Not bound to an event loop; thread-safe for concurrent ``commit``.
 
@@ -388,12 +227,6 @@ class SessionStore(abc.ABC):
     durability: Durability
     damage: list[dict[str, Any]]
     location: str
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Every backend's public methods raise typed errors, never a bare ``OSError`` or
-        ``sqlite3.Error`` (the one boundary: :mod:`durable_harness.storage.oserrors`)."""
-        super().__init_subclass__(**kwargs)
-        guard_class(cls)
 
     @abc.abstractmethod
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
@@ -497,12 +330,7 @@ class Store(abc.ABC):
 
     spec: str
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """As :meth:`SessionStore.__init_subclass__`: OS and database errors leave typed."""
-        super().__init_subclass__(**kwargs)
-        guard_class(cls)
-
-    @abc.abstractmethod
+    @boundary
     def create_session(
         self,
         cwd: str,
@@ -512,13 +340,21 @@ class Store(abc.ABC):
         header_extra: dict[str, Any] | None = None,
         durability: Durability = "sync",
     ) -> SessionStore:
-        """Create a new empty session (lane ``main``), exclusively, and open it for writing.
+        """Create a new empty session (lane ``main``; its header by :func:`new_header`, id
+        ``session_id`` or a new UUIDv7), exclusively, and open it for writing.
 
         Raises:
             SessionExists: ``session_id`` is already taken.
         """
+        header = new_header(session_id or uuid7(), now_iso(), cwd, parent_session, header_extra)
+        return self._create(header, durability, fresh=session_id is None)
 
     @abc.abstractmethod
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        """Store the new session ``header`` names and open it for writing (``fresh``: its id
+        was just made, so no other session can hold it)."""
+
+    @boundary
     def open_session(
         self,
         ref: str,
@@ -535,6 +371,13 @@ class Store(abc.ABC):
         Raises:
             SessionNotFound, AmbiguousSessionPrefix, LeaseHeld.
         """
+        return self._open(ref, write, durability, break_lease)
+
+    @abc.abstractmethod
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
+    ) -> SessionStore:
+        """Open the session ``ref`` names (see :meth:`open_session`)."""
 
     @abc.abstractmethod
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:

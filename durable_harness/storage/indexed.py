@@ -27,7 +27,8 @@ from durable_harness.storage.base import (
     RecordOp,
     SessionStore,
 )
-from durable_harness.storage.oserrors import in_memory
+from durable_harness.storage.fold import copy_lane, fold, number
+from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.shapes import op_shape_error
 
 
@@ -57,13 +58,15 @@ class IndexedSessionStore(SessionStore):
         self._lock = threading.RLock()
         self._closed = False
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- reading (the index is memory; only entry content may live in a file) --------------
+    @boundary
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
         meta = self._meta.get(entry_id)
         if meta is None:
             return None
         return self._load_entry(entry_id, meta[3])
 
+    @boundary
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         with self._lock:
             order = list(self._order)
@@ -73,33 +76,23 @@ class IndexedSessionStore(SessionStore):
             if types is None or self._meta[i][1] in types
         ]
 
-    @in_memory
     def entry_count(self) -> int:
         return len(self._order)
 
-    @in_memory
     def entry_parent(self, entry_id: str) -> tuple[bool, str | None]:
         """Return ``(exists, parentId)`` without loading content."""
         meta = self._meta.get(entry_id)
         return (False, None) if meta is None else (True, meta[0])
 
-    @in_memory
     def lanes(self) -> dict[str, LaneState]:
         with self._lock:
-            return {
-                k: LaneState(v.name, v.leaf_id, dict(v.config), v.run_id, v.run_seq)
-                for k, v in self._lanes.items()
-            }
+            return {k: copy_lane(v) for k, v in self._lanes.items()}
 
-    @in_memory
     def lane(self, name: str) -> LaneState:
         with self._lock:
             v = self._lanes.get(name)
-            if v is None:
-                return LaneState(name)
-            return LaneState(v.name, v.leaf_id, dict(v.config), v.run_id, v.run_seq)
+            return LaneState(name) if v is None else copy_lane(v)
 
-    @in_memory
     def records(
         self,
         lane: str | None = None,
@@ -118,7 +111,6 @@ class IndexedSessionStore(SessionStore):
                 and (types is None or r.get("type") in types)
             ]
 
-    @in_memory
     def last_seq(self) -> int:
         return self._seq
 
@@ -172,37 +164,11 @@ class IndexedSessionStore(SessionStore):
 
     def _number(self, ops: list[Op]) -> list[dict[str, Any]]:
         """Assign seqs and return the serialisable op dicts (the JSONL line's ``ops``)."""
-        out: list[dict[str, Any]] = []
-        seq = self._seq
-        for op in ops:
-            seq += 1
-            if isinstance(op, EntryOp):
-                entry = dict(op.entry)
-                entry["seq"] = seq
-                d: dict[str, Any] = {"op": "entry", "entry": entry}
-                if op.lane is not None:
-                    d["lane"] = op.lane
-            elif isinstance(op, RecordOp):
-                rec = dict(op.record)
-                rec["seq"] = seq
-                d = {"op": "record", "record": rec}
-            else:
-                d = {"op": "lane", "lane": op.lane, "seq": seq}
-                if op.sets_leaf():
-                    d["leafId"] = op.leaf_id
-                if op.config:
-                    d["config"] = op.config
-            out.append(d)
-        return out
-
-    def _lane_state(self, name: str) -> LaneState:
-        state = self._lanes.get(name)
-        if state is None:
-            state = self._lanes[name] = LaneState(name)
-        return state
+        return number(ops, self._seq)
 
     def _apply(self, op: dict[str, Any], location: Any) -> None:
-        """Apply one numbered op dict to the index (on open and after a commit)."""
+        """Apply one numbered op dict to the index (on open and after a commit); the lanes
+        follow the one fold (:mod:`~durable_harness.storage.fold`)."""
         kind = op.get("op")
         if kind == "entry":
             entry = op["entry"]
@@ -210,29 +176,16 @@ class IndexedSessionStore(SessionStore):
             self._meta[eid] = (entry.get("parentId"), entry.get("type", ""), entry["seq"], location)
             self._order.append(eid)
             self._seq = max(self._seq, entry["seq"])
-            lane = op.get("lane")
-            if lane is not None:
-                self._lane_state(lane).leaf_id = eid
         elif kind == "record":
             rec = op["record"]
             self._records.append(rec)
             self._record_ids.add(rec["id"])
             self._seq = max(self._seq, rec["seq"])
-            lane_name = rec.get("lane")
-            if lane_name is not None:
-                lane = self._lane_state(lane_name)
-                if rec.get("type") == "run_started":
-                    lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
-                elif rec.get("type") == "run_finished" and lane.run_id == rec.get("runId"):
-                    lane.run_id, lane.run_seq = None, None
         elif kind == "lane":
-            lane = self._lane_state(op["lane"])
-            if "leafId" in op:
-                lane.leaf_id = op["leafId"]
-            if op.get("config"):
-                lane.config.update(op["config"])
             self._seq = max(self._seq, int(op.get("seq", 0)))
+        fold(self._lanes, op)
 
+    @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         if self.read_only:
             raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
@@ -317,6 +270,5 @@ class _MemoryReader(MemorySessionStore):
         self.read_only, self.generation, self._closed = True, 0, False
         self._writer = writer
 
-    @in_memory
     def last_seq(self) -> int:
         return self._writer.last_seq()

@@ -10,14 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from durable_harness.errors import SessionExists, SessionNotFound
-from durable_harness.ids import now_iso, uuid7
 from durable_harness.storage.base import (
     CwdMatcher,
     Durability,
     SessionInfo,
     SessionStore,
     Store,
-    new_header,
 )
 from durable_harness.storage.indexed import MemorySessionStore
 
@@ -37,42 +35,17 @@ class MemoryStore(Store):
         self.spec = "memory:"
         self._sessions: dict[str, MemorySessionStore] = {}
 
-    def create_session(
-        self,
-        cwd: str,
-        *,
-        session_id: str | None = None,
-        parent_session: str | None = None,
-        header_extra: dict[str, Any] | None = None,
-        durability: Durability = "sync",
-    ) -> SessionStore:
-        """Create an empty in-memory session (see :meth:`Store.create_session`).
-
-        Raises:
-            SessionExists: ``session_id`` is already taken in this store.
-        """
-        sid = session_id or uuid7()
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        sid = header["id"]
         if sid in self._sessions:
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
-        header = new_header(sid, now_iso(), cwd, parent_session, header_extra)
         store = MemorySessionStore(header, location=f"{self.spec}#{sid}")
         self._sessions[sid] = store
         return store
 
-    def open_session(
-        self,
-        ref: str,
-        *,
-        write: bool = True,
-        durability: Durability = "sync",
-        break_lease: bool = False,
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
     ) -> SessionStore:
-        """The session named by id or unique prefix (see the class docstring): its one
-        writable store object, or a read-only view of it when ``write`` is false.
-
-        Raises:
-            SessionNotFound, AmbiguousSessionPrefix.
-        """
         session = self._sessions[self.resolve(ref).id]
         return session if write else session.reader()
 

@@ -1,11 +1,11 @@
 """The one boundary where operating-system and database errors become typed errors.
 
-Backends call ``os`` and ``sqlite3`` directly; what those raise (a full disk, a read-only or
-unreadable file, a locked database, an I/O error) leaves a store only through :func:`translate`,
-applied to every public method of every :class:`~durable_harness.storage.base.SessionStore`
-and :class:`~durable_harness.storage.base.Store` subclass (see ``__init_subclass__`` there) and
-by :func:`storage_boundary` around the few storage reads made outside a store (opening a file by
-path). The result names the path and the cause::
+Backends call ``os``, ``sqlite3`` and ``psycopg`` directly; what those raise (a full disk, a
+read-only or unreadable file, a locked database, an I/O error) leaves a store only through
+:func:`translate`, applied explicitly where a store touches the OS or a database: by the
+:func:`boundary` decorator on those methods, and by :func:`storage_boundary` around a block
+(reads made outside a store, such as opening a file by path). A method that only reads memory
+carries neither. The result names the path and the cause::
 
     StorageIOError   /home/me/.durable-harness/sessions/.../x.jsonl: No space left on device
     DatabaseLocked   /data/agent.db: database is locked by another connection (waited 5 s)
@@ -199,19 +199,10 @@ def _where(obj: Any, args: tuple[Any, ...]) -> str | None:
     return None
 
 
-def in_memory(fn: F) -> F:
-    """Mark a store method that only reads the store's in-memory index (no system call, no
-    database query): it cannot raise what the boundary translates, so it is left unwrapped
-    (it is on the per-turn hot path)."""
-    fn.__storage_guarded__ = True  # type: ignore[attr-defined]
-    return fn
-
-
-def guarded(fn: F) -> F:
-    """Wrap a store method (sync or async, plain or class method) so that OS and database
-    errors leave it typed (see :func:`translate`)."""
-    if getattr(fn, "__storage_guarded__", False):
-        return fn
+def boundary(fn: F) -> F:
+    """Decorate a store method (sync or async) that touches the OS or a database, so that OS
+    and database errors leave it typed (see :func:`translate`), naming the store's location
+    (its ``db_path``, ``location``, ``path`` or ``spec``, else a path argument)."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -232,16 +223,4 @@ def guarded(fn: F) -> F:
                 raise translate(exc, _where(self, args)) from exc
 
         wrapper = sync_wrapper
-    wrapper.__storage_guarded__ = True
     return wrapper  # type: ignore[no-any-return]
-
-
-def guard_class(cls: type) -> None:
-    """Guard every public method, ``__init__`` and class method defined on ``cls`` itself."""
-    for name, value in list(vars(cls).items()):
-        if name.startswith("_") and name != "__init__":
-            continue
-        if isinstance(value, classmethod):
-            setattr(cls, name, classmethod(guarded(value.__func__)))
-        elif inspect.isfunction(value):
-            setattr(cls, name, guarded(value))

@@ -4,11 +4,13 @@ tool set and decisions, the records ``resume`` writes show exactly the actions t
 computed just before it said (:func:`durable_harness.recovery.audit.plan_followed`).
 
 Every cell of the crash matrix makes the same check (``plan`` invariant); this test adds the
-damaged logs, the policies, the decisions and the tools missing today.
+damaged logs, the policies, the decisions and the tools missing today, on every backend
+(PostgreSQL in the run's throw-away cluster, a schema per case).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sqlite3
@@ -54,6 +56,18 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def pg_env(pg_cluster: Any) -> Iterator[None]:
+    """The ``postgres`` backend's cells use the run's cluster (``crash-test`` sets the same)."""
+    before = os.environ.get(runner.PG_ENV)
+    os.environ[runner.PG_ENV] = pg_cluster.spec
+    yield
+    if before is None:
+        os.environ.pop(runner.PG_ENV, None)
+    else:
+        os.environ[runner.PG_ENV] = before
+
+
 def _crash(base: Path, sc: Scenario, backend: str, point: str) -> bool:
     """Run scenario ``sc`` in a child killed at the first hit of ``point``; False when the
     scenario never reaches the point."""
@@ -64,7 +78,7 @@ def _crash(base: Path, sc: Scenario, backend: str, point: str) -> bool:
 
 def _damage(root: Path, backend: str, sid: str, how: str, pick: int) -> None:
     """Lose one stored record: a whole commit line of a JSONL file, or a record row of SQLite
-    (``drop_record`` picks one by ``pick``; ``drop_last_commit`` the last)."""
+    or PostgreSQL (``drop_record`` picks one by ``pick``; ``drop_last_commit`` the last)."""
     if how == "none":
         return
     if backend == "jsonl":
@@ -76,6 +90,15 @@ def _damage(root: Path, backend: str, sid: str, how: str, pick: int) -> None:
         victim = body[-1] if how == "drop_last_commit" else body[1 + pick % (len(body) - 1)]
         del lines[victim]
         path.write_bytes(b"\n".join(lines))
+        return
+    if backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(runner.store_spec(backend, root), autocommit=True) as conn:
+            seqs = [r[0] for r in conn.execute("SELECT seq FROM records ORDER BY seq")]
+            if len(seqs) >= 2:
+                victim = seqs[-1] if how == "drop_last_commit" else seqs[1 + pick % (len(seqs) - 1)]
+                conn.execute("DELETE FROM records WHERE seq = %s", (victim,))
         return
     db = sqlite3.connect(root / "store.db")
     with db:
@@ -130,7 +153,7 @@ async def _resume_by_plan(
 )
 @given(
     name=st.sampled_from(SCENARIOS),
-    backend=st.sampled_from(("jsonl", "sqlite")),
+    backend=st.sampled_from(("jsonl", "sqlite", "postgres")),
     point=st.sampled_from(POINTS),
     damage=st.sampled_from(DAMAGE),
     pick=st.integers(0, 1000),
@@ -140,6 +163,7 @@ async def _resume_by_plan(
 )
 def test_resume_takes_exactly_the_planned_actions(
     workdir: Path,
+    pg_env: None,
     name: str,
     backend: str,
     point: str,
@@ -162,4 +186,6 @@ def test_resume_takes_exactly_the_planned_actions(
         )
         assert problems == [], (shown, problems)
     finally:
+        if backend == "postgres":
+            runner._drop_store(case)
         shutil.rmtree(case, ignore_errors=True)

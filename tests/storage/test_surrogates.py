@@ -17,7 +17,7 @@ import pytest
 from durable_harness.session import open_session
 from durable_harness.session.pi import open_pi_file
 from durable_harness.storage import EntryOp, JsonlSessionStore, RecordOp, codec, open_store
-from durable_harness.storage.base import WARNING_KINDS
+from durable_harness.storage.damage import WARNING_KINDS
 
 from .util import ent, rec
 

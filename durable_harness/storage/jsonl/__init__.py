@@ -5,9 +5,9 @@ the write path and every damage kind: ``design/storage.md``.
 
 The modules, each using only those before it: :mod:`.framing` (the format, pure),
 :mod:`.scan` (bytes to header, commits and damage, pure), :mod:`.file` (the open file: every
-system call on it, the lease, padding, barrier, mark, quarantine, takeover),
-:mod:`.group_commit` (the fsyncs commits share), :mod:`.store` (the session store: the index
-over the file), :mod:`.catalogue` (the store of many sessions).
+system call on it, the lease, padding, barrier, mark, quarantine, takeover), :mod:`.store`
+(the session store: the index over the file, group commit), :mod:`.catalogue` (the store of
+many sessions).
 """
 
 from __future__ import annotations

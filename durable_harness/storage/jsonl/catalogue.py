@@ -13,20 +13,19 @@ from typing import Any
 
 from durable_harness.errors import FormatError, SessionExists, SessionNotFound
 from durable_harness.fs import fsync_dir
-from durable_harness.ids import iso_from_ns, now_iso, uuid7
+from durable_harness.ids import iso_from_ns
 from durable_harness.storage.base import (
     CwdMatcher,
     Durability,
     SessionInfo,
     SessionStore,
     Store,
-    new_header,
     unreadable_error,
 )
 from durable_harness.storage.jsonl.file import SessionFile
 from durable_harness.storage.jsonl.framing import NAME_ID, read_header
 from durable_harness.storage.jsonl.store import JsonlSessionStore
-from durable_harness.storage.oserrors import storage_boundary
+from durable_harness.storage.oserrors import boundary, storage_boundary
 from durable_harness.storage.private import make_private_dirs
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -60,25 +59,15 @@ class JsonlStore(Store):
         """The folder of the id links (``root/ids``)."""
         return self.root / "ids"
 
-    def create_session(
-        self,
-        cwd: str,
-        *,
-        session_id: str | None = None,
-        parent_session: str | None = None,
-        header_extra: dict[str, Any] | None = None,
-        durability: Durability = "sync",
-    ) -> SessionStore:
-        sid = session_id or uuid7()
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        sid, cwd, ts = header["id"], header["cwd"], header["timestamp"]
         if not _SAFE_ID.fullmatch(sid):
             raise FormatError(f"session id {sid!r} may hold only letters, digits, '.', '_', '-'")
-        if session_id is not None and any(i.id == sid for i in self.list_sessions()):
+        if not fresh and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
         with storage_boundary(str(folder)):
             make_private_dirs(folder)
-        ts = now_iso()
-        header = new_header(sid, ts, cwd, parent_session, header_extra)
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
         SessionFile.create(str(folder / name), header)
         store = JsonlSessionStore.open_path(str(folder / name), durability=durability)
@@ -101,6 +90,7 @@ class JsonlStore(Store):
         except OSError:
             pass
 
+    @boundary
     def find_exact(self, session_id: str) -> SessionInfo | None:
         """The row of ``session_id`` through its link ``ids/<id>``: one ``readlink`` and one
         header read (see :meth:`Store.find_exact`). ``None`` when there is no usable link (none,
@@ -125,13 +115,8 @@ class JsonlStore(Store):
             return None
         return _iso_modified(info)
 
-    def open_session(
-        self,
-        ref: str,
-        *,
-        write: bool = True,
-        durability: Durability = "sync",
-        break_lease: bool = False,
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
     ) -> SessionStore:
         path = ref if ref.endswith(".jsonl") and os.path.exists(ref) else self.resolve(ref).path
         return JsonlSessionStore.open_path(
@@ -160,6 +145,7 @@ class JsonlStore(Store):
             except OSError:
                 pass  # no link (a session made before links, or the link failed): fine
 
+    @boundary
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session file under ``sessions/`` (of one cwd by :class:`CwdMatcher`: the
         header's cwd, never the folder name), most recently modified first.

@@ -9,7 +9,7 @@ from typing import Any
 
 from durable_harness.errors import CorruptSession
 from durable_harness.storage import codec
-from durable_harness.storage.base import (
+from durable_harness.storage.damage import (
     damage,
     seq_gap_damage,
     surrogate_warnings,

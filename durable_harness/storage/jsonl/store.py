@@ -1,21 +1,30 @@
 """One JSONL session file as a :class:`~durable_harness.storage.base.SessionStore`: the
 in-memory index (:class:`~durable_harness.storage.indexed.IndexedSessionStore`) over a
-:class:`~.file.SessionFile`, which owns the bytes, read at open by the pure :class:`~.scan.Scan`;
-group commit (:class:`~.group_commit.GroupSync`) shares its fsyncs."""
+:class:`~.file.SessionFile`, which owns the bytes, read at open by the pure :class:`~.scan.Scan`,
+and group commit (``batch``): commits that arrive while an fsync runs share the next one
+(:class:`~durable_harness.storage.handoff.SyncHandoff`, tickets being commit lines written)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
 from durable_harness.errors import ReadOnlySession
 from durable_harness.storage import codec, timing
-from durable_harness.storage.base import Durability, PendingCommit, queued_commit
+from durable_harness.storage.base import Durability
+from durable_harness.storage.handoff import PendingCommit, SyncHandoff, queued_commit
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.jsonl.file import SessionFile
 from durable_harness.storage.jsonl.framing import commit_line, op_seq
-from durable_harness.storage.jsonl.group_commit import INLINE_FSYNC_S, GroupSync
 from durable_harness.storage.jsonl.scan import Scan
+
+INLINE_FSYNC_S = 0.002
+"""Async group commit runs ``fdatasync`` on the event loop's thread while its moving average
+stays under this many seconds, and in a worker thread above it (see ``wait_durable_async``)."""
 
 
 class JsonlSessionStore(IndexedSessionStore):
@@ -31,7 +40,9 @@ class JsonlSessionStore(IndexedSessionStore):
         )
         self.path = file.path
         self.file = file
-        self._sync = GroupSync(file)
+        self._handoff = SyncHandoff()
+        self._fsync_avg_s = 0.0  # moving average of the timed fsyncs, seconds
+        self._async_flush: anyio.Event | None = None
         self._queue: list[PendingCommit] = []  # commit_async calls waiting for their group
         self._single_op: dict[int, bool] = {}
         self._line_cache: tuple[int, list[Any]] | None = None
@@ -88,7 +99,7 @@ class JsonlSessionStore(IndexedSessionStore):
         offset = self.file.end
         self.file.append(line, 1, op_seq(numbered[-1]))
         if sync and self.durability == "sync":
-            self._sync.sync()
+            self._handoff.covered(self.file.sync())
         return [(offset, len(line) - 1, i) for i in range(len(numbered))]
 
     def commit(self, ops: list[Any], *, wait: bool = True) -> int:
@@ -121,7 +132,7 @@ class JsonlSessionStore(IndexedSessionStore):
         Raises:
             ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
         """
-        if self.durability != "batch" or self._sync.fsync_avg_s >= INLINE_FSYNC_S:
+        if self.durability != "batch" or self._fsync_avg_s >= INLINE_FSYNC_S:
             return await super().commit_async(ops)
         if self.read_only:
             raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
@@ -138,7 +149,7 @@ class JsonlSessionStore(IndexedSessionStore):
         """Commit queued :meth:`commit_async` calls: one line each, one write, one fsync."""
         with self._lock:
             try:
-                self.file.check_lease()  # before anything is indexed: a stale writer fails all
+                self.file.check_lease()  # before anything is indexed: a stale writer fails them all
                 lines: list[bytes] = []
                 offset = self.file.end
                 for item in batch:
@@ -156,7 +167,7 @@ class JsonlSessionStore(IndexedSessionStore):
                     offset += len(line)
                 if lines:
                     self.file.append(b"".join(lines), len(lines), self._seq)
-                    self._sync.sync(timed=True)
+                    self._timed_sync()
             except BaseException as exc:
                 for item in batch:
                     item.error = item.error or exc
@@ -166,15 +177,47 @@ class JsonlSessionStore(IndexedSessionStore):
                 for item in batch:
                     item.done = True
 
+    def _timed_sync(self) -> None:
+        """fsync now, folding its duration into the moving average that picks the thread."""
+        started = time.perf_counter()
+        covered = self.file.sync()
+        self._fsync_avg_s += (time.perf_counter() - started - self._fsync_avg_s) / 8
+        self._handoff.covered(covered)
+
     def wait_durable(self, ticket: int | None = None) -> None:
-        """Block until commit line number ``ticket`` (default: every line so far) is fsynced
-        (:meth:`.group_commit.GroupSync.wait_durable`)."""
-        self._sync.wait_durable(ticket)
+        """Block until commit line number ``ticket`` (default: every line so far) is fsynced."""
+        if self.durability == "none" or self.file.closed:
+            return
+        self._handoff.sync_to(self.file.written if ticket is None else ticket, self.file.sync)
 
     async def wait_durable_async(self) -> None:
-        """Await an fsync covering every commit written so far
-        (:meth:`.group_commit.GroupSync.wait_durable_async`)."""
-        await self._sync.wait_durable_async()
+        """Await an fsync covering every commit written so far (``batch`` mode): the caller
+        yields once, so every task ready to commit writes its line, and the first to resume
+        fsyncs for all of them; on the loop's thread while fsyncs are fast (under
+        :data:`INLINE_FSYNC_S`), else a leader's worker thread (``design/storage.md``, "Group
+        commit, tasks" has the measurements)."""
+        if self.durability == "sync":
+            self.wait_durable()  # sync mode: fsync now, in the caller's thread
+            return
+        target = self.file.written
+        if self.durability != "batch" or self.file.closed or self._handoff.synced >= target:
+            return
+        if self._fsync_avg_s < INLINE_FSYNC_S:
+            await anyio.lowlevel.checkpoint()
+            if self._handoff.synced < target and self._async_flush is None:
+                self._timed_sync()
+        while self._handoff.synced < target:
+            leader = self._async_flush
+            if leader is not None:
+                await leader.wait()
+                continue
+            event = self._async_flush = anyio.Event()
+            try:
+                await anyio.lowlevel.checkpoint()  # let the tasks ready to commit write first
+                await anyio.to_thread.run_sync(self._timed_sync)
+            finally:
+                self._async_flush = None
+                event.set()
 
     def lease_holder(self) -> dict[str, Any] | None:
         return self.file.lease_holder()

@@ -11,16 +11,8 @@ import psycopg
 import psycopg.errors
 
 from durable_harness.errors import SessionExists, SessionNotFound
-from durable_harness.ids import now_iso, uuid7
-from durable_harness.storage import codec
-from durable_harness.storage.base import (
-    CwdMatcher,
-    Durability,
-    SessionInfo,
-    SessionStore,
-    Store,
-    new_header,
-)
+from durable_harness.storage.base import Durability, SessionStore
+from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.postgres.connection import Database, redact_dsn
 from durable_harness.storage.postgres.lease import (
     DbLease,
@@ -30,12 +22,11 @@ from durable_harness.storage.postgres.lease import (
     owner_token,
 )
 from durable_harness.storage.postgres.store import PostgresSessionStore
-from durable_harness.storage.rows import session_info
+from durable_harness.storage.sql.catalogue import SqlStore, new_session
+from durable_harness.storage.sql.session import PostgresDialect
 
-_INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
 
-
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     """Sessions in one PostgreSQL database (``spec``: a ``postgresql://`` URL; see
     :mod:`durable_harness.storage.postgres.connection`).
 
@@ -45,6 +36,9 @@ class PostgresStore(Store):
         lease_s: the writer lease duration in seconds (``design/postgres.md``).
     """
 
+    dialect = PostgresDialect()
+
+    @boundary
     def __init__(self, spec: str, *, create: bool = True, lease_s: float | None = None) -> None:
         """Open the store; apply pending migrations (once per process).
 
@@ -63,30 +57,13 @@ class PostgresStore(Store):
     def _lease(self, sid: str) -> DbLease:
         return DbLease(self.db, sid, f"session {sid} in {self.location}", self.lease_s)
 
-    def create_session(
-        self,
-        cwd: str,
-        *,
-        session_id: str | None = None,
-        parent_session: str | None = None,
-        header_extra: dict[str, Any] | None = None,
-        durability: Durability = "sync",
-    ) -> SessionStore:
-        sid = session_id or uuid7()
-        ts = now_iso()
-        header = new_header(sid, ts, cwd, parent_session, header_extra)
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        sid = header["id"]
 
         def insert(conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():
-                conn.execute(
-                    "INSERT INTO sessions (id, cwd, created, modified, header, parent_session) "
-                    "VALUES (%s, %s, %s, %s, %s, %s)",
-                    (sid, cwd, ts, ts, codec.dumps(header), parent_session),
-                )
-                conn.execute(
-                    "INSERT INTO lanes (session_id, name, config) VALUES (%s, 'main', '{}')",
-                    (sid,),
-                )
+                for sql, args in new_session(header):
+                    conn.execute(self.dialect.sql(sql), args)
                 conn.execute("INSERT INTO leases (session_id) VALUES (%s)", (sid,))
 
         try:
@@ -99,70 +76,35 @@ class PostgresStore(Store):
             self.db, sid, read_only=False, durability=durability, lease=self._lease(sid)
         )
 
-    def open_session(
-        self,
-        ref: str,
-        *,
-        write: bool = True,
-        durability: Durability = "sync",
-        break_lease: bool = False,
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
     ) -> SessionStore:
         sid = self.resolve(ref).id
+        lease = self._lease(sid) if write else None
         return PostgresSessionStore(
             self.db,
             sid,
             read_only=not write,
             durability=durability,
-            lease=self._lease(sid) if write else None,
+            lease=lease,
             break_lease=break_lease,
         )
-
-    def _info(self, r: tuple[Any, ...]) -> SessionInfo:
-        return session_info(self.location, r)
-
-    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        """Every session (of one cwd by :class:`CwdMatcher`), most recently modified first.
-        Each distinct recorded cwd is resolved once, then the rows are read by index."""
-
-        def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-            if cwd is None:
-                return conn.execute(_INFO + " ORDER BY modified DESC, id").fetchall()
-            match = CwdMatcher(cwd)
-            spellings = [
-                r[0] for r in conn.execute("SELECT DISTINCT cwd FROM sessions") if match(r[0])
-            ]
-            return conn.execute(
-                _INFO + " WHERE cwd = ANY(%s) ORDER BY modified DESC, id", (spellings,)
-            ).fetchall()
-
-        return [self._info(r) for r in self.db.run(read)]
 
     def where(self) -> str:
         """The server as ``postgresql://user@host:port/dbname``: never the password."""
         return self.location
 
-    def find_exact(self, session_id: str) -> SessionInfo | None:
-        """The session row of ``session_id`` by its primary key (see :meth:`Store.find_exact`);
-        ``None``: no such id."""
+    @boundary
+    def _catalogue(self, sql: str, args: Any) -> list[Any]:
+        return self.db.run(lambda c: c.execute(sql, args).fetchall())
 
-        def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-            return conn.execute(_INFO + " WHERE id = %s", (session_id,)).fetchall()
+    def _prefix(self, prefix: str) -> tuple[str, list[Any]]:
+        """``LIKE``, its wildcards escaped (the collation may not order ids byte-wise)."""
+        return "id LIKE %s", [
+            prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        ]
 
-        rows = self.db.run(read)
-        return self._info(rows[0]) if rows else None
-
-    def find_prefixed(self, prefix: str) -> list[SessionInfo]:
-        """The rows whose id starts with ``prefix`` (``LIKE``, its wildcards escaped), at most
-        50."""
-        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-        def read(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-            return conn.execute(
-                _INFO + " WHERE id LIKE %s ORDER BY id LIMIT 50", (pattern,)
-            ).fetchall()
-
-        return [self._info(r) for r in self.db.run(read)]
-
+    @boundary
     def delete_session(self, session_id: str) -> None:
         """Delete one session and every row of it (one transaction, the lease row locked
         first: a session whose lease is live is never deleted).
@@ -189,6 +131,7 @@ class PostgresStore(Store):
 
         self.db.run(delete, idempotent=False)
 
+    @boundary
     def claim_expired(
         self, limit: int = 10, *, durability: Durability = "sync"
     ) -> list[SessionStore]:

@@ -25,7 +25,6 @@ and the generation, and returns (the commit landed), commits again (it did not),
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -45,31 +44,17 @@ from durable_harness.errors import (
     UnknownEntry,
 )
 from durable_harness.storage import codec
-from durable_harness.storage.base import (
-    Durability,
-    EntryOp,
-    LaneState,
-    Op,
-    PendingCommit,
-    RecordOp,
-    SessionStore,
-    continuity_damage,
-    damage,
-    queued_commit,
-)
+from durable_harness.storage.base import Durability, LaneState, Op
+from durable_harness.storage.fold import copy_lane, fold, number
+from durable_harness.storage.handoff import GroupLeader, PendingCommit, queued_commit
+from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
-from durable_harness.storage.rows import bad_row, row_problem
-from durable_harness.storage.shapes import op_shape_error
+from durable_harness.storage.postgres.unwaited import UnwaitedCommits
+from durable_harness.storage.sql.session import PostgresDialect, SqlSessionStore, lane_row
 
 Conn = psycopg.Connection[Any]
-
-
-class _StaleState(Exception):
-    """Internal: the writer's cached ``last_seq`` was behind the database (``DH003``)."""
-
-
 RECENT_BODIES = 4096
 """Entry bodies a writer keeps (those it committed or read), so that walking a context from the
 leaf costs no round trip for recent entries."""
@@ -78,7 +63,7 @@ _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 """Errors of one call whose transaction was rolled back: the writer's cache stays right."""
 
 
-class PostgresSessionStore(SessionStore):
+class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     """One session of a PostgreSQL store. Thread-safe; not bound to an event loop.
 
     Attributes (besides :class:`~durable_harness.storage.base.SessionStore`'s):
@@ -86,6 +71,9 @@ class PostgresSessionStore(SessionStore):
         lease: the writer lease (``None`` when read-only).
     """
 
+    dialect = PostgresDialect()
+
+    @boundary
     def __init__(
         self,
         db: Database,
@@ -109,10 +97,8 @@ class PostgresSessionStore(SessionStore):
         self.location = f"{db.display}#{session_id}"
         self.lease = lease
         self._lock = threading.RLock()
-        self._cond = threading.Condition()
-        self._queue: list[PendingCommit] = []
+        self._threads: GroupLeader[PendingCommit] = GroupLeader()
         self._async_queue: list[PendingCommit] = []
-        self._leader = False
         self._damage: list[dict[str, Any]] | None = None
         self._closed = False
         self._txn_start = -1
@@ -153,9 +139,10 @@ class PostgresSessionStore(SessionStore):
             (self.session_id,),
         ).fetchall()
         self._last = int(row[0])
-        self._lane_state = {r[0]: _lane(r) for r in lanes}
+        self._lane_state = {r[0]: lane_row(r) for r in lanes}
         self._state_ok = True
 
+    @boundary
     def _cached(self) -> bool:
         """True when reads may be answered from the writer's cache."""
         if self.read_only or self.lease is None:
@@ -184,43 +171,38 @@ class PostgresSessionStore(SessionStore):
         for item in sorted(batch, key=lambda i: i.seq):
             if item.error is not None:
                 continue
-            seq = item.seq - len(item.ops)
-            for op in item.ops:
-                seq += 1
-                self._fold(op, seq)
+            for op in number(item.ops, item.seq - len(item.ops)):
+                if op["op"] == "entry":
+                    self._remember(str(op["entry"]["id"]), codec.dumps(op["entry"]))
+                fold(self._lane_state, op)
             self._last = max(self._last, item.seq)
 
-    def _fold(self, op: Op, seq: int) -> None:
-        """Apply one committed op to the cached lanes (the rules of ``dh_write``, migration 4)."""
-        lanes = self._lane_state
-        if isinstance(op, EntryOp):
-            eid = str(op.entry["id"])
-            self._remember(eid, codec.dumps({**op.entry, "seq": seq}))
-            if op.lane is not None:
-                lanes.setdefault(op.lane, LaneState(op.lane)).leaf_id = eid
-        elif isinstance(op, RecordOp):
-            lane, run_id = op.record.get("lane"), op.record.get("runId")
-            if lane is None:
-                return
-            state = lanes.setdefault(str(lane), LaneState(str(lane)))
-            rtype = op.record.get("type")
-            if rtype == "run_started":
-                state.run_id, state.run_seq = run_id, seq
-            elif rtype == "run_finished" and state.run_id == run_id and run_id is not None:
-                state.run_id, state.run_seq = None, None
-        else:
-            state = lanes.setdefault(op.lane, LaneState(op.lane))
-            if op.sets_leaf():
-                state.leaf_id = op.leaf_id
-            if op.config:
-                state.config = {**state.config, **op.config}
-
-    # -- reading ---------------------------------------------------------------------------
-    def _rows(self, query: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+    # -- reading (the queries: storage/sql/session.py; the writer's cache first) ---------
+    @boundary
+    def _rows(self, sql: str, args: Any) -> list[Any]:
         if self._pipe is not None:
             with self._lock:
                 self._settle()
-        return self.db.run(lambda c: c.execute(query, args).fetchall())
+        return self.db.run(lambda c: c.execute(sql, args).fetchall())
+
+    @boundary
+    def _snapshot(self, queries: list[str]) -> list[list[Any]]:
+        """One ``REPEATABLE READ`` transaction (unwaited commits settled first)."""
+
+        def read(conn: Conn) -> list[list[Any]]:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                return [conn.execute(q, (self.session_id,)).fetchall() for q in queries]
+
+        with self._lock:
+            self._settle()
+        return self.db.run(read)
+
+    def _scan_queries(self) -> list[str]:
+        """Every seq is checked (the schema has no ``checked_from``: lane ops always had
+        rows)."""
+        head, *rest = super()._scan_queries()
+        return [head.replace("checked_from", "0"), *rest]
 
     def get_entry(self, entry_id: str) -> dict[str, Any] | None:
         cached = self._cached()
@@ -230,89 +212,31 @@ class PostgresSessionStore(SessionStore):
             if body is not None:
                 value = codec.loads(body)
                 return value if isinstance(value, dict) else None
-        rows = self._rows(
-            "SELECT id, seq, body FROM entries WHERE session_id = %s AND id = %s",
-            (self.session_id, entry_id),
-        )
-        if not rows:
-            return None
-        got = self._decode("entries", *rows[0])
+        got = super().get_entry(entry_id)
         if cached and got is not None:
             with self._lock:
-                self._remember(entry_id, bytes(rows[0][2]))
+                self._remember(entry_id, codec.dumps(got))
         return got
 
-    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        query = "SELECT id, seq, body FROM entries WHERE session_id = %s"
-        args: list[Any] = [self.session_id]
-        if types is not None:
-            query += " AND type = ANY(%s)"
-            args.append(list(types))
-        rows = self._rows(query + " ORDER BY seq", args)
-        return [d for r in rows if (d := self._decode("entries", *r)) is not None]
-
-    def entry_count(self) -> int:
-        rows = self._rows("SELECT COUNT(*) FROM entries WHERE session_id = %s", (self.session_id,))
-        return int(rows[0][0])
-
     def lanes(self) -> dict[str, LaneState]:
-        if self._cached():
-            with self._lock:  # a commit folding into the cache must not be seen halfway
-                out = {k: _copy_lane(v) for k, v in self._lane_state.items()}
-            out.setdefault("main", LaneState("main"))
-            return out
-        rows = self._rows(
-            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
-            (self.session_id,),
-        )
-        out = {r[0]: _lane(r) for r in rows}
+        if not self._cached():
+            return super().lanes()
+        with self._lock:  # a commit folding into the cache must not be seen halfway
+            out = {k: copy_lane(v) for k, v in self._lane_state.items()}
         out.setdefault("main", LaneState("main"))
         return out
 
     def lane(self, name: str) -> LaneState:
-        if self._cached():
-            with self._lock:
-                got = self._lane_state.get(name)
-                return LaneState(name) if got is None else _copy_lane(got)
-        rows = self._rows(
-            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s "
-            "AND name = %s",
-            (self.session_id, name),
-        )
-        return _lane(rows[0]) if rows else LaneState(name)
-
-    def records(
-        self,
-        lane: str | None = None,
-        *,
-        run_id: str | None = None,
-        since_seq: int = 0,
-        types: tuple[str, ...] | None = None,
-    ) -> list[dict[str, Any]]:
-        query = "SELECT id, seq, body FROM records WHERE session_id = %s AND seq > %s"
-        args: list[Any] = [self.session_id, since_seq]
-        if lane is not None:
-            query += " AND lane = %s"
-            args.append(lane)
-        if run_id is not None:
-            query += " AND run_id = %s"
-            args.append(run_id)
-        if types is not None:
-            query += " AND type = ANY(%s)"
-            args.append(list(types))
-        rows = self._rows(query + " ORDER BY seq", args)
-        return [d for r in rows if (d := self._decode("records", *r)) is not None]
+        if not self._cached():
+            return super().lane(name)
+        with self._lock:
+            got = self._lane_state.get(name)
+            return LaneState(name) if got is None else copy_lane(got)
 
     def last_seq(self) -> int:
-        if self._cached():
-            return self._last
-        rows = self._rows("SELECT last_seq FROM sessions WHERE id = %s", (self.session_id,))
-        if not rows:
-            raise SessionNotFound(
-                f"session {self.location} was deleted", session_id=self.session_id
-            )
-        return int(rows[0][0])
+        return self._last if self._cached() else super().last_seq()
 
+    @boundary
     def lease_holder(self) -> dict[str, Any] | None:
         """The live holder of the writer lease (``{"pid", "host", "generation", "owner",
         "expires", "broken", "self"}``), or ``None`` when nobody holds an unexpired lease."""
@@ -320,6 +244,7 @@ class PostgresSessionStore(SessionStore):
         return probe.probe()
 
     # -- writing ---------------------------------------------------------------------------
+    @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Commit ``ops`` in one transaction (see the module docstring). With ``wait`` (and
         not in ``none`` mode) COMMIT waits for the server's WAL flush; with ``wait=False`` it
@@ -348,29 +273,19 @@ class PostgresSessionStore(SessionStore):
                 if not wait and item.error is None and self.durability != "none":
                     self._unsynced = True
         else:
-            with self._cond:
-                self._queue.append(item)
-                while not item.done:
-                    if self._leader:
-                        self._cond.wait()
-                        continue
-                    self._leader = True
-                    batch, self._queue = self._queue, []
-                    self._cond.release()
-                    try:
-                        with self._lock:
-                            self._run_batch(batch)
-                    finally:
-                        self._cond.acquire()
-                        self._leader = False
-                        self._cond.notify_all()
+            return self._threads.commit(item, self._run_locked)
         if item.error is not None:
             raise item.error
         return item.seq
 
+    def _run_locked(self, batch: list[PendingCommit]) -> None:
+        with self._lock:
+            self._run_batch(batch)
+
+    @boundary
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
-        transaction (see :func:`~durable_harness.storage.base.queued_commit`).
+        transaction (see :func:`~durable_harness.storage.handoff.queued_commit`).
 
         Raises:
             as :meth:`commit`.
@@ -382,18 +297,7 @@ class PostgresSessionStore(SessionStore):
         if not ops:
             return self.last_seq()
         self._check_shapes(ops)
-
-        def run(batch: list[PendingCommit]) -> None:
-            with self._lock:
-                self._run_batch(batch)
-
-        return await queued_commit(self._async_queue, ops, run)
-
-    def _check_shapes(self, ops: list[Op]) -> None:
-        for op in ops:
-            problem = op_shape_error(op)
-            if problem is not None:
-                raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
+        return await queued_commit(self._async_queue, ops, self._run_locked)
 
     def _commit_batch(self, batch: list[PendingCommit]) -> None:
         """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or
@@ -433,129 +337,6 @@ class PostgresSessionStore(SessionStore):
             self._commit_batch(batch)
         finally:
             self._after(batch)
-
-    # -- unwaited commits (design/postgres.md, "Unwaited commits") -------------------------
-    def _send_unwaited(self, item: PendingCommit) -> bool:
-        """Send ``item`` on this writer's pipeline (:mod:`.unwaited`) and return without its
-        reply, folding it into the writer's cache now; the replies are read by the next call
-        that must know them (:meth:`_settle`). Returns ``False``, having sent nothing, when
-        the waited path must run instead: not a writer with a loaded cache, or no connection
-        may be held (``Database.hold``).
-
-        Raises:
-            as :meth:`commit` (an earlier unwaited commit's failure, or this one's own before
-            anything is sent).
-        """
-        pipe = self._pipe
-        if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
-            self._settle()
-            pipe = None
-        if self.lease is None or not self._state_ok or self.writer_lost:
-            self._settle()
-            return False
-        start = self._last
-        params = self._commit_params(item.ops, start)
-        if pipe is None:
-            conn = self.db.hold()
-            if conn is None:
-                return False
-            pipe = self._pipe = unwaited.Pipeline(conn)
-        item.seq = start + len(item.ops)
-        try:
-            pipe.send("dh_write", write.WRITE_PIPELINED, params, (item, start))
-        except psycopg.OperationalError:
-            pass  # whether it got there is for _settle to learn, as for a reply lost
-        item.done = True
-        self._after([item])
-        return True
-
-    def _settle(self) -> None:
-        """Read every reply of the pipeline, if there is one, and give its connection back
-        (caller holds ``_lock``). When all landed, nothing more happens. Otherwise the commits
-        before the first that did not land are kept, the writer's cache is dropped, and:
-
-        * a refusal that sending again cures (``last_seq`` moved under the lease, a prepared
-          statement the connection lost) sends that commit and those after it again, waited;
-        * any other refusal is raised (the commits after it were refused by the fence);
-        * a lost connection is resolved from ``last_seq``, as for a waited commit: the
-          commits it shows landed are kept, the rest sent again, waited.
-
-        Raises:
-            StaleGeneration, SessionNotFound, IdConflict, UnknownEntry, StorageIOError,
-            StorageError: an unwaited commit's failure, raised to whichever call came next.
-        """
-        pipe, self._pipe = self._pipe, None
-        if pipe is None:
-            return
-        sent = list(pipe.units)
-        lost: psycopg.OperationalError | None = None
-        try:
-            pipe.read_all()
-            pipe.close()
-        except psycopg.OperationalError as exc:
-            lost = exc
-        self.db.unhold(pipe.conn, discard=lost is not None)
-        units = [u for u in [*pipe.failed, *sent] if u.tag is not None]
-        units = sorted({id(u): u for u in units}.values(), key=lambda u: u.tag[0].seq)
-        bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
-        if bad is None:  # every commit landed (a lost barrier reply is the barrier's to redo)
-            return
-        self._state_ok = False
-        self._bodies.clear()
-        rest: list[PendingCommit] = [u.tag[0] for u in units[bad:]]
-        first = units[bad]
-        if first.error is None or isinstance(first.error, psycopg.OperationalError):
-            # lost before its reply (or the server said it was going away): learn what landed
-            last_seq = self._landed(rest, first.tag[1], lost or OSError("connection lost"))
-            rest = [item for item in rest if item.seq > last_seq]
-        elif not _resend_cures(first.error):
-            raise self._refusal(first.error, rest[0].ops) from None
-        for item in rest:
-            item.done, item.error, item.seq = False, None, 0
-            self._run_batch([item])
-            if item.error is not None:
-                raise item.error
-
-    def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
-        """After a lost connection: the ``last_seq`` the unread ``items`` (sent in order after
-        ``start``) reached, which must be ``start`` or the end of one of them.
-
-        Raises:
-            StorageIOError: the server is unreachable past the deadline, or ``last_seq`` is
-                none of those (reopen the session).
-            StaleGeneration, SessionNotFound: another writer took over, the session is gone.
-        """
-        last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
-        if last_seq < start:
-            raise StorageIOError(
-                f"{self.location}: the server lost commits made since the last barrier "
-                f"(last_seq went back from {start} to {last_seq}: it restarted before flushing "
-                "them, which the barrier contract allows); reopen the session",
-                path=self.location,
-                cause=str(lost),
-            )
-        if last_seq != start and last_seq not in {item.seq for item in items}:
-            raise StorageIOError(
-                f"{self.location}: the connection was lost with commits in flight and "
-                f"last_seq moved from {start} to {last_seq}, not to the end of one of them; "
-                "reopen the session",
-                path=self.location,
-                cause=str(lost),
-            )
-        return last_seq
-
-    def _refusal(self, exc: psycopg.Error, ops: list[Op]) -> Exception:
-        """The typed error for a commit the server refused (one mapping for every path)."""
-        if isinstance(exc, psycopg.errors.IntegrityError):
-            return self._key_error(exc, ops)
-        return self._fence_error(exc)
-
-    def _drop_pipe(self) -> None:
-        """Give up the pipeline's replies unread (its connection is closed): whether those
-        commits landed is left to whoever reads the session next."""
-        pipe, self._pipe = self._pipe, None
-        if pipe is not None:
-            self.db.unhold(pipe.conn, discard=True)
 
     def _resolve(
         self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
@@ -623,6 +404,7 @@ class PostgresSessionStore(SessionStore):
         return int(row[0])
 
     def _stale(self, current: int) -> StaleGeneration:
+        """The error of a fence that found generation ``current``: this writer was fenced out."""
         if self.lease is not None:
             self.lease.lost = True
         return StaleGeneration(
@@ -648,7 +430,7 @@ class PostgresSessionStore(SessionStore):
             try:
                 self._fast(conn, pending)
                 break
-            except _StaleState:  # the cache was behind the database: reload it once
+            except write.StaleState:  # the cache was behind the database: reload it once
                 self._state_ok = False
                 if attempt == 2:
                     raise StorageError(
@@ -678,27 +460,10 @@ class PostgresSessionStore(SessionStore):
             item.seq = seq
         try:
             self._send(conn, ops, self._txn_start)
-        except psycopg.errors.IntegrityError as exc:
-            raise self._key_error(exc, ops) from exc
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
-            raise self._fence_error(exc) from exc
-
-    def _fence_error(self, exc: psycopg.Error) -> Exception:
-        """The error for a refused fence (``DH001``-``DH003``, raised by ``dh_write``), or
-        ``exc`` itself for anything else."""
-        state = getattr(exc, "sqlstate", None)
-        number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
-        if state == "DH002":
-            return self._stale(int(number.group(1)) if number else -1)
-        if state == "DH001":
-            return SessionNotFound(
-                f"session {self.location} was deleted", session_id=self.session_id
-            )
-        if state == "DH003":
-            return _StaleState()
-        return exc
+            raise self._refusal(exc, ops) from exc
 
     def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
         """One ``SELECT dh_write(...)`` (autocommit: its own transaction) for ``ops`` after
@@ -735,148 +500,12 @@ class PostgresSessionStore(SessionStore):
                     item.seq = seq = seq + len(item.ops)
                 except psycopg.OperationalError:
                     raise
-                except psycopg.errors.IntegrityError as exc:
-                    item.error, item.done = self._key_error(exc, item.ops), True
                 except psycopg.Error as exc:
-                    item.error, item.done = self._fence_error(exc), True
+                    item.error, item.done = self._refusal(exc, item.ops), True
                 except Exception as exc:
                     item.error, item.done = exc, True
 
-    def _key_error(self, exc: psycopg.errors.IntegrityError, ops: list[Op]) -> Exception:
-        """The typed error for a key the database refused (by the constraint's name), or
-        ``exc`` itself for one no op can cause (the boundary then names it)."""
-        name = exc.diag.constraint_name or ""
-        detail = exc.diag.message_detail or ""
-        found = re.search(r"=\((.*)\) (?:already exists|is not present)", detail)
-        value = found.group(1) if found else "?"
-        if value.startswith(f"{self.session_id}, "):
-            value = value[len(self.session_id) + 2 :]
-        where = self.location
-        if name == "entries_pkey":
-            return IdConflict(f"entry id {value} already exists in {where}", entry_id=value)
-        if name == "records_pkey":
-            return IdConflict(f"record id {value} already exists in {where}", record_id=value)
-        if name == "entries_parent":
-            child = next(
-                (
-                    op.entry.get("id")
-                    for op in ops
-                    if isinstance(op, EntryOp) and op.entry.get("parentId") == value
-                ),
-                "?",
-            )
-            return UnknownEntry(
-                f"parent {value} of entry {child} does not exist in {where}", entry_id=value
-            )
-        if name == "lanes_leaf":
-            return UnknownEntry(f"leaf {value} does not exist in {where}", entry_id=value)
-        return exc
-
-    def _decode(self, table: str, ident: str, seq: int, body: Any) -> dict[str, Any] | None:
-        """A stored body as a dict; a damaged one is reported in :attr:`damage` (``bad_row``)
-        and left out, never raised."""
-        value, problem = row_problem(table, ident, int(seq), bytes(body))
-        if problem is not None:
-            item = bad_row(self.location, table, ident, int(seq), problem)
-            with self._lock:
-                if item not in self.damage:
-                    self.damage.append(item)
-            return None
-        return value
-
-    @property
-    def damage(self) -> list[dict[str, Any]]:
-        """Damage in this session, from one :meth:`scan` on first use (opening stays one row
-        read), plus any damaged row a later read meets."""
-        with self._lock:
-            if self._damage is None:
-                self._damage = self.scan()
-            return self._damage
-
-    @damage.setter
-    def damage(self, value: list[dict[str, Any]]) -> None:
-        self._damage = value
-
-    def scan(self) -> list[dict[str, Any]]:
-        """Check the whole session in one snapshot (``REPEATABLE READ``); return its damage.
-
-        The database enforces ids, parents, leaves and unique seqs, so what can still be found
-        is what bypassed it: a body that does not decode or names another id or seq than its
-        row (``bad_row``), a deleted row (``seq_gap`` below ``last_seq``, or ``truncated`` when
-        the last seqs are gone), an entry whose parent was deleted with the constraint off
-        (``orphan_parent``), a seq stored in two tables (``seq_regression``).
-        """
-        sid = self.session_id
-
-        def read(conn: Conn) -> tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[Any]]:
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                head = conn.execute("SELECT last_seq FROM sessions WHERE id = %s", (sid,))
-                got = head.fetchone()
-                last = int(got[0]) if got else 0
-                entries = conn.execute(
-                    "SELECT id, seq, parent_id, body FROM entries WHERE session_id = %s", (sid,)
-                ).fetchall()
-                records = conn.execute(
-                    "SELECT id, seq, body FROM records WHERE session_id = %s", (sid,)
-                ).fetchall()
-                lane_ops = conn.execute(
-                    "SELECT seq, lane FROM lane_ops WHERE session_id = %s", (sid,)
-                ).fetchall()
-            return last, entries, records, lane_ops
-
-        with self._lock:
-            self._settle()
-        last_seq, entries, records, lane_ops = self.db.run(read)
-        out: list[dict[str, Any]] = []
-        stored: list[tuple[int, str, str]] = []
-        entry_ids = {r[0] for r in entries}
-        for rid, seq, parent, body in entries:
-            stored.append((int(seq), "entries", rid))
-            problem = row_problem("entries", rid, int(seq), bytes(body))[1]
-            if problem is not None:
-                out.append(bad_row(self.location, "entries", rid, int(seq), problem))
-            if parent is not None and parent not in entry_ids:
-                out.append(
-                    damage(
-                        "orphan_parent",
-                        f"entry {rid} of {self.location} names parent {parent}, which is missing",
-                        table="entries",
-                        id=rid,
-                        seq=int(seq),
-                        parentId=parent,
-                    )
-                )
-        for rid, seq, body in records:
-            stored.append((int(seq), "records", rid))
-            problem = row_problem("records", rid, int(seq), bytes(body))[1]
-            if problem is not None:
-                out.append(bad_row(self.location, "records", rid, int(seq), problem))
-        stored.extend((int(seq), "lane_ops", lane) for seq, lane in lane_ops)
-        stored.sort()
-        checked: list[tuple[int, dict[str, Any]]] = []
-        for i, (seq, table, rid) in enumerate(stored):
-            if i and stored[i - 1][0] == seq:
-                out.append(
-                    damage(
-                        "seq_regression",
-                        f"seq {seq} is stored twice ({stored[i - 1][1]} and {table})",
-                        table=table,
-                        id=rid,
-                        seq=seq,
-                    )
-                )
-            else:
-                checked.append(
-                    (seq, {"table": table, ("lane" if table == "lane_ops" else "id"): rid})
-                )
-        out.extend(
-            continuity_damage(
-                checked, 0, last_seq, {"table": "sessions", "id": sid, "seq": last_seq}
-            )
-        )
-        return out
-
+    @boundary
     def wait_durable(self) -> None:
         """Make every commit so far durable: after a ``commit(wait=False)``, one synchronous
         write (this session's lease row: renewed if still ours, else rewritten as it is) whose
@@ -924,10 +553,12 @@ class PostgresSessionStore(SessionStore):
             time.monotonic() + RECONNECT_DEADLINE_S,
         )
 
+    @boundary
     async def wait_durable_async(self) -> None:
         """As :meth:`wait_durable`, on the event loop's thread (one round trip, as a commit)."""
         self.wait_durable()
 
+    @boundary
     def close(self) -> None:
         """Make earlier commits durable, release the lease (if still ours). The connections
         stay in the process's pool. Idempotent."""
@@ -945,12 +576,7 @@ class PostgresSessionStore(SessionStore):
             lease, self.lease = self.lease, None
             lease.release()
 
-    @property
-    def writer_lost(self) -> bool:
-        """True when this writer was fenced out: the heartbeat or a commit found another
-        writer's generation on the lease (every later commit is refused)."""
-        return self.lease is not None and self.lease.lost
-
+    @boundary
     def hand_back(self, *, flush: bool = False) -> None:
         """Stop writing and leave the session to whichever worker claims it next: the lease
         is not released but marked expired (if it is still ours), so
@@ -972,20 +598,3 @@ class PostgresSessionStore(SessionStore):
         lease, self.lease = self.lease, None
         if lease is not None:
             lease.expire()
-
-
-def _resend_cures(exc: psycopg.Error) -> bool:
-    """True for a refusal that sending the commit again cures: ``last_seq`` moved under the
-    lease (``DH003``: a hand edit; the cache is reloaded first), or the connection lost the
-    prepared statement (psycopg deallocates its statements after a rollback)."""
-    return exc.sqlstate in ("DH003", "26000")
-
-
-def _copy_lane(lane: LaneState) -> LaneState:
-    return LaneState(lane.name, lane.leaf_id, dict(lane.config), lane.run_id, lane.run_seq)
-
-
-def _lane(r: tuple[Any, ...]) -> LaneState:
-    return LaneState(
-        r[0], r[1], codec.loads(bytes(r[2])), r[3], None if r[4] is None else int(r[4])
-    )

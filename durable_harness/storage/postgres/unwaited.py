@@ -21,13 +21,21 @@ non-blocking mode.
 from __future__ import annotations
 
 import select
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 import psycopg.errors
 from psycopg import pq
+
+from durable_harness.errors import StorageIOError
+from durable_harness.storage.base import Op
+from durable_harness.storage.handoff import PendingCommit
+from durable_harness.storage.postgres import write
+from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
+from durable_harness.storage.postgres.lease import DbLease
 
 Conn = psycopg.Connection[Any]
 
@@ -166,3 +174,161 @@ class Pipeline:
             if len(self.units) <= keep or not block:
                 return
             select.select([pgconn.socket], [], [])
+
+
+class UnwaitedCommits:
+    """The unwaited commits of one PostgreSQL writer (a part of
+    :class:`~durable_harness.storage.postgres.store.PostgresSessionStore`): sent on its
+    :class:`Pipeline`, settled by the next call that must know their outcome."""
+
+    db: Database
+    session_id: str
+    location: str
+    lease: DbLease | None
+    generation: int
+    _pipe: Pipeline | None
+    _state_ok: bool
+    _bodies: OrderedDict[str, bytes]
+    _last: int
+
+    @property
+    def writer_lost(self) -> bool:
+        """True when this writer was fenced out: the heartbeat or a commit found another
+        writer's generation on the lease (every later commit is refused)."""
+        return self.lease is not None and self.lease.lost
+
+    def _run_batch(self, batch: list[PendingCommit]) -> None:
+        raise NotImplementedError
+
+    def _after(self, batch: list[PendingCommit]) -> None:
+        raise NotImplementedError
+
+    def _head(self, lost: BaseException, deadline: float) -> int:
+        raise NotImplementedError
+
+    def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
+        raise NotImplementedError
+
+    def _stale(self, current: int) -> Exception:
+        raise NotImplementedError
+
+    def _send_unwaited(self, item: PendingCommit) -> bool:
+        """Send ``item`` on this writer's pipeline (:mod:`.unwaited`) and return without its
+        reply, folding it into the writer's cache now; the replies are read by the next call
+        that must know them (:meth:`_settle`). Returns ``False``, having sent nothing, when
+        the waited path must run instead: not a writer with a loaded cache, or no connection
+        may be held (``Database.hold``).
+
+        Raises:
+            as :meth:`commit` (an earlier unwaited commit's failure, or this one's own before
+            anything is sent).
+        """
+        pipe = self._pipe
+        if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
+            self._settle()
+            pipe = None
+        if self.lease is None or not self._state_ok or self.writer_lost:
+            self._settle()
+            return False
+        start = self._last
+        params = self._commit_params(item.ops, start)
+        if pipe is None:
+            conn = self.db.hold()
+            if conn is None:
+                return False
+            pipe = self._pipe = Pipeline(conn)
+        item.seq = start + len(item.ops)
+        try:
+            pipe.send("dh_write", write.WRITE_PIPELINED, params, (item, start))
+        except psycopg.OperationalError:
+            pass  # whether it got there is for _settle to learn, as for a reply lost
+        item.done = True
+        self._after([item])
+        return True
+
+    def _settle(self) -> None:
+        """Read every reply of the pipeline, if there is one, and give its connection back
+        (caller holds ``_lock``). When all landed, nothing more happens. Otherwise the commits
+        before the first that did not land are kept, the writer's cache is dropped, and:
+
+        * a refusal that sending again cures (``last_seq`` moved under the lease, a prepared
+          statement the connection lost) sends that commit and those after it again, waited;
+        * any other refusal is raised (the commits after it were refused by the fence);
+        * a lost connection is resolved from ``last_seq``, as for a waited commit: the
+          commits it shows landed are kept, the rest sent again, waited.
+
+        Raises:
+            StaleGeneration, SessionNotFound, IdConflict, UnknownEntry, StorageIOError,
+            StorageError: an unwaited commit's failure, raised to whichever call came next.
+        """
+        pipe, self._pipe = self._pipe, None
+        if pipe is None:
+            return
+        sent = list(pipe.units)
+        lost: psycopg.OperationalError | None = None
+        try:
+            pipe.read_all()
+            pipe.close()
+        except psycopg.OperationalError as exc:
+            lost = exc
+        self.db.unhold(pipe.conn, discard=lost is not None)
+        units = [u for u in [*pipe.failed, *sent] if u.tag is not None]
+        units = sorted({id(u): u for u in units}.values(), key=lambda u: u.tag[0].seq)
+        bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
+        if bad is None:  # every commit landed (a lost barrier reply is the barrier's to redo)
+            return
+        self._state_ok = False
+        self._bodies.clear()
+        rest: list[PendingCommit] = [u.tag[0] for u in units[bad:]]
+        first = units[bad]
+        if first.error is None or isinstance(first.error, psycopg.OperationalError):
+            # lost before its reply (or the server said it was going away): learn what landed
+            last_seq = self._landed(rest, first.tag[1], lost or OSError("connection lost"))
+            rest = [item for item in rest if item.seq > last_seq]
+        elif not write.resend_cures(first.error):
+            raise self._refusal(first.error, rest[0].ops) from None
+        for item in rest:
+            item.done, item.error, item.seq = False, None, 0
+            self._run_batch([item])
+            if item.error is not None:
+                raise item.error
+
+    def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
+        """After a lost connection: the ``last_seq`` the unread ``items`` (sent in order after
+        ``start``) reached, which must be ``start`` or the end of one of them.
+
+        Raises:
+            StorageIOError: the server is unreachable past the deadline, or ``last_seq`` is
+                none of those (reopen the session).
+            StaleGeneration, SessionNotFound: another writer took over, the session is gone.
+        """
+        last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
+        if last_seq < start:
+            raise StorageIOError(
+                f"{self.location}: the server lost commits made since the last barrier "
+                f"(last_seq went back from {start} to {last_seq}: it restarted before flushing "
+                "them, which the barrier contract allows); reopen the session",
+                path=self.location,
+                cause=str(lost),
+            )
+        if last_seq != start and last_seq not in {item.seq for item in items}:
+            raise StorageIOError(
+                f"{self.location}: the connection was lost with commits in flight and "
+                f"last_seq moved from {start} to {last_seq}, not to the end of one of them; "
+                "reopen the session",
+                path=self.location,
+                cause=str(lost),
+            )
+        return last_seq
+
+    def _refusal(self, exc: psycopg.Error, ops: list[Op]) -> Exception:
+        """The typed error for a commit the server refused (one mapping for every path:
+        :func:`~durable_harness.storage.postgres.write.refusal`)."""
+        return write.refusal(exc, ops, self.session_id, self.location, self._stale)
+
+    def _drop_pipe(self) -> None:
+        """Give up the pipeline's replies unread (its connection is closed): whether those
+        commits landed is left to whoever reads the session next."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            self.db.unhold(pipe.conn, discard=True)

@@ -17,10 +17,13 @@ Data Types: bytea Hex Format").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durable_harness.errors import InvalidOp, UnknownEntry
+import psycopg
+
+from durable_harness.errors import IdConflict, InvalidOp, SessionNotFound, UnknownEntry
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec
 from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
@@ -186,3 +189,56 @@ def barrier_params(owner: str | None, seconds: float, session_id: str) -> list[s
     """The parameters of :data:`BARRIER`: the lease's ``owner`` (``None`` when this writer
     holds none), its length in ``seconds``, the session."""
     return [owner, repr(float(seconds)), session_id]
+
+
+class StaleState(Exception):
+    """The writer's cached ``last_seq`` was behind the database (``DH003``): reload, resend."""
+
+
+def resend_cures(exc: psycopg.Error) -> bool:
+    """True for a refusal that sending the commit again cures: ``last_seq`` moved under the
+    lease (``DH003``: a hand edit; the cache is reloaded first), or the connection lost the
+    prepared statement (psycopg deallocates its statements after a rollback)."""
+    return exc.sqlstate in ("DH003", "26000")
+
+
+def refusal(
+    exc: psycopg.Error,
+    ops: list[Op],
+    session_id: str,
+    where: str,
+    stale: Callable[[int], Exception],
+) -> Exception:
+    """The typed error for a ``dh_write`` of ``ops`` the server refused, or ``exc`` itself for
+    one no op can cause (the boundary then names it): a refused fence (``DH001`` the session
+    is gone, ``DH002`` ``stale(current generation)``, ``DH003`` :class:`StaleState`), or a key
+    (by the constraint's name: a taken id, a missing parent or leaf)."""
+    if not isinstance(exc, psycopg.errors.IntegrityError):
+        number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
+        if exc.sqlstate == "DH002":
+            return stale(int(number.group(1)) if number else -1)
+        if exc.sqlstate == "DH001":
+            return SessionNotFound(f"session {where} was deleted", session_id=session_id)
+        return StaleState() if exc.sqlstate == "DH003" else exc
+    name = exc.diag.constraint_name or ""
+    found = re.search(r"=\((.*)\) (?:already exists|is not present)", exc.diag.message_detail or "")
+    value = found.group(1) if found else "?"
+    value = value.removeprefix(f"{session_id}, ")
+    if name in ("entries_pkey", "records_pkey"):
+        what = "entry" if name == "entries_pkey" else "record"
+        return IdConflict(f"{what} id {value} already exists in {where}", **{f"{what}_id": value})
+    if name == "entries_parent":
+        child = next(
+            (
+                op.entry.get("id")
+                for op in ops
+                if isinstance(op, EntryOp) and op.entry.get("parentId") == value
+            ),
+            "?",
+        )
+        return UnknownEntry(
+            f"parent {value} of entry {child} does not exist in {where}", entry_id=value
+        )
+    if name == "lanes_leaf":
+        return UnknownEntry(f"leaf {value} does not exist in {where}", entry_id=value)
+    return exc

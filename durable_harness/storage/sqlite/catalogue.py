@@ -10,32 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import SessionExists, SessionNotFound, StoreNotFound
-from durable_harness.ids import now_iso, uuid7
-from durable_harness.storage import codec
-from durable_harness.storage.base import (
-    CwdMatcher,
-    Durability,
-    SessionInfo,
-    SessionStore,
-    Store,
-    new_header,
-    unreadable_error,
-)
+from durable_harness.storage.base import Durability, SessionStore, unreadable_error
 from durable_harness.storage.lease import FileLease
-from durable_harness.storage.oserrors import busy_timeout_s
+from durable_harness.storage.oserrors import boundary, busy_timeout_s
 from durable_harness.storage.private import make_private_dirs, private_fd, tighten_path
-from durable_harness.storage.rows import session_info
+from durable_harness.storage.sql.catalogue import SqlStore, new_session
+from durable_harness.storage.sql.session import Dialect
 from durable_harness.storage.sqlite import connection
 from durable_harness.storage.sqlite.connection import MIGRATIONS, migrate
 from durable_harness.storage.sqlite.database import SharedDatabase, WriteStats
 from durable_harness.storage.sqlite.group_commit import GroupQueues
 from durable_harness.storage.sqlite.session import SqliteSessionStore
 
-_INFO = "SELECT id, cwd, created, modified, parent_session FROM sessions"
 _TOP = "\U0010ffff"  # above every character: ``prefix + _TOP`` bounds the ids starting with it
 
 
-class SqliteStore(Store):
+class SqliteStore(SqlStore):
     """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
 
     The sessions opened through one object share its connections and group their commits
@@ -45,6 +35,9 @@ class SqliteStore(Store):
         SessionUnreadable: the database file exists but cannot be read.
     """
 
+    dialect = Dialect()
+
+    @boundary
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
         """Open the store at ``path``; with ``create`` (the default) make the database, its
         folder and its lock folder if missing. ``create=False`` (read-only commands) touches
@@ -117,9 +110,9 @@ class SqliteStore(Store):
         shared = self._shared
         return shared.stats if shared is not None else self._stats
 
-    def _open(
-        self, sid: str, *, write: bool, durability: Durability, break_lease: bool
-    ) -> SessionStore:
+    def _session(
+        self, sid: str, write: bool, durability: Durability, break_lease: bool
+    ) -> SqliteSessionStore:
         """Open session ``sid`` through this object's shared connections (opened when none
         is open)."""
         shared = self._acquire_shared()
@@ -148,30 +141,14 @@ class SqliteStore(Store):
         os.makedirs(self._locks, exist_ok=True, mode=0o700)
         return FileLease(os.path.join(self._locks, f"{sid}.lock"), f"session {sid} in {self.path}")
 
-    def create_session(
-        self,
-        cwd: str,
-        *,
-        session_id: str | None = None,
-        parent_session: str | None = None,
-        header_extra: dict[str, Any] | None = None,
-        durability: Durability = "sync",
-    ) -> SessionStore:
-        sid = session_id or uuid7()
-        ts = now_iso()
-        header = new_header(sid, ts, cwd, parent_session, header_extra)
+    def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
+        sid = header["id"]
         conn = connection.connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute(
-                    "INSERT INTO sessions (id, cwd, created, modified, header, "
-                    "parent_session) VALUES (?,?,?,?,?,?)",
-                    (sid, cwd, ts, ts, codec.dumps(header), parent_session),
-                )
-                conn.execute(
-                    "INSERT INTO lanes (session_id, name, config) VALUES (?, 'main', '{}')", (sid,)
-                )
+                for sql, args in new_session(header):
+                    conn.execute(sql, args)
                 conn.execute("COMMIT")
             except sqlite3.IntegrityError as exc:
                 conn.execute("ROLLBACK")
@@ -180,23 +157,18 @@ class SqliteStore(Store):
                 ) from exc
         finally:
             conn.close()
-        return self._open(sid, write=True, durability=durability, break_lease=False)
+        return self._session(sid, True, durability, False)
 
-    def open_session(
-        self,
-        ref: str,
-        *,
-        write: bool = True,
-        durability: Durability = "sync",
-        break_lease: bool = False,
+    def _open(
+        self, ref: str, write: bool, durability: Durability, break_lease: bool
     ) -> SessionStore:
         shared = self._acquire_shared()  # held: the lookup and the session share a connection
         try:
-            sid = self.resolve(ref).id
-            return self._open(sid, write=write, durability=durability, break_lease=break_lease)
+            return self._session(self.resolve(ref).id, write, durability, break_lease)
         finally:
             shared.release()
 
+    @boundary
     def delete_session(self, session_id: str) -> None:
         """Delete the session's rows (entries, records, lanes, lane ops, the session row) in
         one transaction under its writer lease, then its lock file (see
@@ -219,53 +191,17 @@ class SqliteStore(Store):
         finally:
             lease.release()
 
-    def find_exact(self, session_id: str) -> SessionInfo | None:
-        """The session row of ``session_id`` by its primary key (see :meth:`Store.find_exact`);
-        ``None``: no such id (the lookup is exact and complete)."""
-        return next(iter(self._rows(f"{_INFO} WHERE id = ?", (session_id,))), None)
+    def _prefix(self, prefix: str) -> tuple[str, list[Any]]:
+        """A range of the primary key (``BINARY`` order: exactly the ids that start with it)."""
+        return "id >= ? AND id < ?", [prefix, prefix + _TOP]
 
-    def find_prefixed(self, prefix: str) -> list[SessionInfo]:
-        """The rows whose id starts with ``prefix``, read by a range of the primary key
-        (``BINARY`` order: exactly the ids that start with it), at most 50."""
-        return self._rows(
-            f"{_INFO} WHERE id >= ? AND id < ? ORDER BY id LIMIT 50",
-            (prefix, prefix + _TOP),
-        )
-
-    def _rows(self, sql: str, params: tuple[str, ...]) -> list[SessionInfo]:
+    @boundary
+    def _catalogue(self, sql: str, args: Any) -> list[Any]:
         """Run one catalogue query on the shared reader connection (the sessions' own, when
         any is open: no connection of its own is opened or kept for a lookup)."""
         shared = self._acquire_shared()
         try:
             with shared.read_lock:
-                rows = shared.reader.execute(sql, params).fetchall()
+                return shared.reader.execute(sql, args).fetchall()
         finally:
             shared.release()
-        return [self._info(r) for r in rows]
-
-    def _info(self, r: tuple[Any, ...]) -> SessionInfo:
-        return session_info(self.spec, r)
-
-    def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        """Every session of the database (of one cwd by :class:`CwdMatcher`: the recorded cwd,
-        as real paths), most recently modified first. Each distinct recorded cwd is resolved
-        once; the rows are then read through the ``(cwd, modified)`` index."""
-        conn = connection.connect(self.path)
-        try:
-            sql = _INFO
-            if cwd is None:
-                rows = conn.execute(sql + " ORDER BY modified DESC").fetchall()
-            else:
-                match = CwdMatcher(cwd)
-                spellings = [
-                    r[0] for r in conn.execute("SELECT DISTINCT cwd FROM sessions") if match(r[0])
-                ]
-                rows = []
-                for i in range(0, len(spellings), 500):  # under SQLite's bound-parameter limit
-                    part = spellings[i : i + 500]
-                    marks = ",".join("?" * len(part))
-                    rows += conn.execute(sql + f" WHERE cwd IN ({marks})", part).fetchall()
-                rows.sort(key=lambda r: r[3], reverse=True)
-        finally:
-            conn.close()
-        return [self._info(r) for r in rows]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from durable_harness.storage import timing
 from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
+from durable_harness.storage.handoff import SyncHandoff
 from durable_harness.storage.sqlite import connection
 from durable_harness.storage.sqlite.connection import schema_version
 
@@ -82,9 +83,7 @@ class SharedDatabase:
         self._writer: sqlite3.Connection | None = None
         self.stats = WriteStats()
         self.committed = 0  # ticket of the last COMMIT on the writer
-        self.synced = 0  # every ticket up to this one is durable
-        self._sync_cond = threading.Condition()
-        self._syncing = False
+        self.handoff = SyncHandoff()  # every ticket up to ``handoff.synced`` is durable
         self._wal_fd: int | None = None
         self._trace: BarrierTrace | None = None  # power-cut tests only (barrier_trace.py)
         self._users = 0
@@ -161,21 +160,18 @@ class SharedDatabase:
         Raises:
             OSError: the sync failed (the commits it was to cover are not known durable).
         """
-        with self._sync_cond:
-            while self.synced < ticket:
-                if self._syncing:
-                    self._sync_cond.wait()
-                    continue
-                self._syncing = True
-                covered = self.committed
-                self._sync_cond.release()
-                try:
-                    self._sync_wal()
-                finally:
-                    self._sync_cond.acquire()
-                    self._syncing = False
-                    self._sync_cond.notify_all()
-                self.synced = max(self.synced, covered)
+
+        def sync() -> int:
+            covered = self.committed
+            self._sync_wal()
+            return covered
+
+        self.handoff.sync_to(ticket, sync)
+
+    @property
+    def synced(self) -> int:
+        """Every ticket up to this one is durable."""
+        return self.handoff.synced
 
     def _sync_wal(self) -> None:
         """``fdatasync`` the ``-wal`` file: every frame SQLite has written to it is then on

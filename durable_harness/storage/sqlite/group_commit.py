@@ -30,7 +30,8 @@ import anyio.to_thread
 from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
 from durable_harness.storage import timing
-from durable_harness.storage.base import Op, PendingCommit
+from durable_harness.storage.base import Op
+from durable_harness.storage.handoff import GroupLeader, PendingCommit
 from durable_harness.storage.sqlite.connection import rollback
 
 if TYPE_CHECKING:
@@ -61,9 +62,7 @@ class GroupQueues:
     def __init__(self) -> None:
         self.tasks: list[SessionCommit] = []
         self.tasks_lock = threading.Lock()
-        self.threads: list[SessionCommit] = []
-        self.threads_cond = threading.Condition()
-        self.thread_leader = False
+        self.threads: GroupLeader[SessionCommit] = GroupLeader()
         self.done_cond = threading.Condition()  # run_group notifies here (other threads' calls)
 
     def take_tasks(self) -> list[SessionCommit]:
@@ -119,25 +118,7 @@ def commit_threaded(db: SharedDatabase, queues: GroupQueues, item: SessionCommit
     Raises:
         whatever :func:`run_group` recorded as this call's error.
     """
-    cond = queues.threads_cond
-    with cond:
-        queues.threads.append(item)
-        while not item.done:
-            if queues.thread_leader:
-                cond.wait()
-                continue
-            queues.thread_leader = True
-            batch, queues.threads = queues.threads, []
-            cond.release()
-            try:
-                run_group(db, queues, batch)
-            finally:
-                cond.acquire()
-                queues.thread_leader = False
-                cond.notify_all()
-    if item.error is not None:
-        raise item.error
-    return item.seq
+    return queues.threads.commit(item, lambda batch: run_group(db, queues, batch))
 
 
 def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit]) -> None:
@@ -184,7 +165,7 @@ def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints:
         heads = _fence(c, sessions)
         seqs: dict[Any, int] = {}
         for s in sessions:
-            s._forget_txn()
+            s.forget_txn()
             generation, last_seq = heads.get(s.session_id, (None, 0))
             if generation == s.generation:
                 seqs[s] = last_seq
@@ -195,18 +176,18 @@ def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints:
                 continue
             if not savepoints:
                 try:
-                    item.seq = seqs[s] = s._apply(item.ops, seqs[s])
+                    item.seq = seqs[s] = s.apply_ops(item.ops, seqs[s])
                 except Exception as exc:
                     raise _Retry from exc
                 continue
             c.execute(f"SAVEPOINT c{i}")
             try:
-                item.seq = seqs[s] = s._apply(item.ops, seqs[s])
+                item.seq = seqs[s] = s.apply_ops(item.ops, seqs[s])
                 c.execute(f"RELEASE c{i}")
             except Exception as exc:  # one bad call fails alone
                 c.execute(f"ROLLBACK TO c{i}")
                 c.execute(f"RELEASE c{i}")
-                s._forget_txn()  # some of what it made was rolled back
+                s.forget_txn()  # some of what it made was rolled back
                 item.error = exc
         moved = [(seq, now_iso(), s.session_id) for s, seq in seqs.items()]
         c.executemany("UPDATE sessions SET last_seq=?, modified=? WHERE id=?", moved)
@@ -223,7 +204,7 @@ def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints:
         return True
     ticket = db.note_commit(sum(item.error is None for item in writes))
     for s in seqs:
-        s._committed(ticket)
+        s.note_committed(ticket)
     return True
 
 

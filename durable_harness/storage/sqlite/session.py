@@ -25,7 +25,6 @@ from typing import Any
 
 from durable_harness.errors import (
     IdConflict,
-    InvalidOp,
     ReadOnlySession,
     SessionClosed,
     SessionNotFound,
@@ -35,31 +34,24 @@ from durable_harness.errors import (
 )
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec, timing
-from durable_harness.storage.base import (
-    Durability,
-    EntryOp,
-    LaneOp,
-    LaneState,
-    Op,
-    RecordOp,
-    SessionStore,
-)
+from durable_harness.storage.base import Durability, Op
+from durable_harness.storage.fold import lane_change, number
 from durable_harness.storage.lease import FileLease
-from durable_harness.storage.rows import bad_row, row_problem
-from durable_harness.storage.shapes import op_shape_error
+from durable_harness.storage.oserrors import boundary
+from durable_harness.storage.sql.session import SqlSessionStore
 from durable_harness.storage.sqlite import group_commit
-from durable_harness.storage.sqlite.connection import rollback
+from durable_harness.storage.sqlite.connection import read_snapshot, rollback
 from durable_harness.storage.sqlite.database import SharedDatabase
 from durable_harness.storage.sqlite.group_commit import GroupQueues, SessionCommit
-from durable_harness.storage.sqlite.scan import scan_session
 
 RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
 
 
-class SqliteSessionStore(SessionStore):
+class SqliteSessionStore(SqlSessionStore):
     """One session inside a SQLite database. Opened through :class:`SqliteStore`, whose
     sessions share its connections and group their commits (see the module docstring)."""
 
+    @boundary
     def __init__(
         self,
         db_path: str,
@@ -129,76 +121,26 @@ class SqliteSessionStore(SessionStore):
             shared.release()
             raise
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- reading (the queries: storage/sql/session.py) -----------------------------------
     def _read(self, sql: str, args: Any) -> list[Any]:
-        """Every row of one query on the shared reader (a snapshot of committed data)."""
+        """Every row of one query on the shared reader (a snapshot of committed data); what
+        the database raises is left as it is (``fsck`` reports it)."""
         with self._shared.read_lock:
             return self._shared.reader.execute(sql, args).fetchall()
 
-    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
-        rows = self._read(
-            "SELECT id, seq, body FROM entries WHERE session_id=? AND id=?",
-            (self.session_id, entry_id),
-        )
-        return self._decode("entries", *rows[0]) if rows else None
+    _rows = boundary(_read)
 
-    def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        sql, args = "SELECT id, seq, body FROM entries WHERE session_id=?", [self.session_id]
-        if types is not None:
-            sql += f" AND type IN ({','.join('?' * len(types))})"
-            args.extend(types)
-        rows = self._read(sql + " ORDER BY seq", args)
-        return [d for r in rows if (d := self._decode("entries", *r)) is not None]
+    @boundary
+    def _snapshot(self, queries: list[str]) -> list[list[Any]]:
+        with self._lock, self._shared.read_lock, read_snapshot(self._shared.reader):
+            return [self._shared.reader.execute(q, (self.session_id,)).fetchall() for q in queries]
 
-    def entry_count(self) -> int:
-        rows = self._read("SELECT COUNT(*) FROM entries WHERE session_id=?", (self.session_id,))
-        return int(rows[0][0])
-
-    def lanes(self) -> dict[str, LaneState]:
-        rows = self._read(
-            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?",
-            (self.session_id,),
-        )
-        out = {r[0]: LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4]) for r in rows}
-        out.setdefault("main", LaneState("main"))
-        return out
-
-    def lane(self, name: str) -> LaneState:
-        rows = self._read(
-            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=? "
-            "AND name=?",
-            (self.session_id, name),
-        )
-        if not rows:
-            return LaneState(name)
-        r = rows[0]
-        return LaneState(r[0], r[1], codec.loads(r[2]), r[3], r[4])
-
-    def records(
-        self,
-        lane: str | None = None,
-        *,
-        run_id: str | None = None,
-        since_seq: int = 0,
-        types: tuple[str, ...] | None = None,
-    ) -> list[dict[str, Any]]:
-        sql = "SELECT id, seq, body FROM records WHERE session_id=? AND seq>?"
-        args: list[Any] = [self.session_id, since_seq]
-        if lane is not None:
-            sql += " AND lane=?"
-            args.append(lane)
-        if run_id is not None:
-            sql += " AND run_id=?"
-            args.append(run_id)
-        if types is not None:
-            sql += f" AND type IN ({','.join('?' * len(types))})"
-            args.extend(types)
-        rows = self._read(sql + " ORDER BY seq", args)
-        return [d for r in rows if (d := self._decode("records", *r)) is not None]
-
-    def last_seq(self) -> int:
-        rows = self._read("SELECT last_seq FROM sessions WHERE id=?", (self.session_id,))
-        return int(rows[0][0])
+    def _scan_queries(self) -> list[str]:
+        """Before schema 2 lane ops had no rows: seqs are checked from ``last_seq`` on."""
+        queries = super()._scan_queries()
+        if self._shared.schema >= 2:
+            return queries
+        return [queries[0].replace("checked_from", "last_seq"), *queries[1:3]]
 
     # -- writing ---------------------------------------------------------------------------
     def _check_writable(self) -> None:
@@ -207,6 +149,7 @@ class SqliteSessionStore(SessionStore):
         if self.closed:
             raise SessionClosed(f"session {self.location} is closed")
 
+    @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Commit ``ops`` in a transaction of its own (``sync``, ``none``, or ``wait=False``)
         or in the next group of concurrent calls (``batch``); see
@@ -229,9 +172,9 @@ class SqliteSessionStore(SessionStore):
                     raise SessionClosed(f"session {self.location} is closed")
                 c = shared.writer
                 c.execute("BEGIN IMMEDIATE")
-                self._forget_txn()
+                self.forget_txn()
                 try:
-                    seq = self._apply(ops, self._fence())
+                    seq = self.apply_ops(ops, self._fence())
                     c.execute(
                         "UPDATE sessions SET last_seq=?, modified=? WHERE id=?",
                         (seq, now_iso(), self.session_id),
@@ -240,13 +183,14 @@ class SqliteSessionStore(SessionStore):
                 except BaseException:
                     rollback(c)
                     raise
-                self._committed(shared.note_commit(1))
+                self.note_committed(shared.note_commit(1))
             if wait and self.durability != "none":
                 shared.sync_to(self._ticket)
         if started:
             group_commit.observe_commit(started)
         return seq
 
+    @boundary
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
 
@@ -276,27 +220,29 @@ class SqliteSessionStore(SessionStore):
             group_commit.observe_commit(started)
         return seq
 
-    def _committed(self, ticket: int) -> None:
+    def note_committed(self, ticket: int) -> None:
         """After a COMMIT that included this session's calls (writer's lock held): remember
         the entries it made (a parent among them needs no SELECT) and its ticket."""
         if len(self._recent_entries) > RECENT_ENTRIES:
             self._recent_entries.clear()
         self._recent_entries |= self._txn_entries
         self._known_lanes |= self._txn_lanes
-        self._forget_txn()
+        self.forget_txn()
         self._ticket = ticket
 
-    def _forget_txn(self) -> None:
+    def forget_txn(self) -> None:
         """Forget what the open transaction made (at its start, or after a rollback)."""
         self._txn_entries.clear()
         self._txn_lanes.clear()
 
+    @boundary
     def wait_durable(self) -> None:
         """Make every commit of this session so far durable: one WAL sync, unless another
         session's sync already covered them."""
         if self.durability != "none" and not self.read_only:
             self._shared.sync_to(self._ticket)
 
+    @boundary
     async def wait_durable_async(self) -> None:
         """As :meth:`wait_durable`, on the event loop's thread. In ``batch`` mode as a call
         of the next group (:mod:`.group_commit`), so the barriers of many sessions of the
@@ -335,60 +281,70 @@ class SqliteSessionStore(SessionStore):
             current=current,
         )
 
-    def _apply(self, ops: list[Op], seq: int) -> int:
-        """Insert ``ops`` after ``seq`` inside the open transaction (writer's lock held);
+    def apply_ops(self, ops: list[Op], seq: int) -> int:
+        """Insert ``ops`` after ``seq`` inside the open transaction (writer's lock held), each
+        op's row then its lane change (:func:`~durable_harness.storage.fold.lane_change`);
         return the last seq.
 
         Raises:
             InvalidOp: an op would read back as damage (checked before anything is inserted).
+            IdConflict, UnknownEntry: as :meth:`commit`.
         """
-        for op in ops:
-            problem = op_shape_error(op)
-            if problem is not None:
-                raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
-        for op in ops:
-            seq += 1
-            if isinstance(op, EntryOp):
-                self._insert_entry(op, seq)
-            elif isinstance(op, RecordOp):
-                self._insert_record(op, seq)
-            else:
-                self._update_lane(op, seq)
-        return seq
+        self._check_shapes(ops)
+        for op in number(ops, seq):
+            if op["op"] == "entry":
+                self._insert("entries", op["entry"], (op["entry"].get("parentId"),))
+            elif op["op"] == "record":
+                rec = op["record"]
+                self._insert("records", rec, (rec.get("lane"), rec.get("runId")))
+            elif self._shared.schema >= 2:
+                body = {k: v for k, v in op.items() if k != "op"}
+                self._shared.writer.execute(
+                    "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
+                    (self.session_id, op["seq"], op["lane"], codec.dumps(body)),
+                )
+            self._change_lane(op)
+        return seq + len(ops)
 
-    def _decode(self, table: str, ident: str, seq: int, body: bytes) -> dict[str, Any] | None:
-        """Decode a stored entry or record body; a damaged one is reported in ``damage`` (kind
-        ``bad_row``, with its table, id and seq) and left out, never raised."""
-        value, problem = row_problem(table, ident, seq, body)
-        if problem is not None:
-            item = bad_row(self.location, table, ident, seq, problem)
-            with self._lock:
-                if item not in self.damage:
-                    self.damage.append(item)
-            return None
-        return value
-
-    @property
-    def damage(self) -> list[dict[str, Any]]:
-        """Damage in this session (see :func:`~durable_harness.storage.base.damage`), from one
-        full :meth:`scan` run on first use (so opening stays one row read), plus any damaged
-        row met by a later read. ``fsck`` and recovery both read this: one scan, one answer."""
-        with self._lock:
-            if self._damage is None:
-                self._damage = self.scan()
-            return self._damage
-
-    @damage.setter
-    def damage(self, value: list[dict[str, Any]]) -> None:
-        self._damage = value
-
-    def scan(self) -> list[dict[str, Any]]:
-        """Check the whole session; return its damage, raising nothing on stored content (the
-        checks: :func:`~.scan.scan_session`)."""
-        with self._lock, self._shared.read_lock:
-            return scan_session(
-                self._shared.reader, self.session_id, self.location, self._shared.schema
+    def _insert(self, table: str, body: dict[str, Any], extra: tuple[Any, ...]) -> None:
+        """Insert one entry (``extra``: its parent) or record (its lane and run) row."""
+        what = "entry" if table == "entries" else "record"
+        ident, parent = body.get("id"), extra[0]
+        if not isinstance(ident, str) or not ident:
+            raise UnknownEntry(
+                f"{'an' if what == 'entry' else 'a'} {what} needs a non-empty string id"
             )
+        if table == "entries" and (
+            parent is not None
+            and parent not in self._txn_entries
+            and parent not in self._recent_entries
+            and not self._exists(parent)
+        ):
+            raise UnknownEntry(
+                f"parent {parent} of entry {ident} does not exist in {self.location}",
+                entry_id=parent,
+            )
+        columns = "parent_id" if table == "entries" else "lane, run_id"
+        marks = ",".join("?" * (5 + len(extra)))
+        try:
+            self._shared.writer.execute(
+                f"INSERT INTO {table} (session_id, id, seq, {columns}, type, body) "
+                f"VALUES ({marks})",
+                (
+                    self.session_id,
+                    ident,
+                    body["seq"],
+                    *extra,
+                    str(body.get("type", "")),
+                    codec.dumps(body),
+                ),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise IdConflict(
+                f"{what} id {ident} already exists in {self.location}", **{f"{what}_id": ident}
+            ) from exc
+        if table == "entries":
+            self._txn_entries.add(ident)
 
     def _exists(self, entry_id: str) -> bool:
         row = self._shared.writer.execute(
@@ -396,117 +352,54 @@ class SqliteSessionStore(SessionStore):
         ).fetchone()
         return row is not None
 
-    def _ensure_lane(self, name: str) -> None:
-        if name in self._known_lanes or name in self._txn_lanes:
+    def _change_lane(self, op: dict[str, Any]) -> None:
+        """Write the lane change of the numbered ``op`` (the one fold, as SQL)."""
+        found = lane_change(op)
+        if found is None:
             return
-        self._shared.writer.execute(
-            "INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')",
-            (self.session_id, name),
-        )
-        self._txn_lanes.add(name)
-
-    def _insert_entry(self, op: EntryOp, seq: int) -> None:
-        entry = dict(op.entry)
-        eid, parent = entry.get("id"), entry.get("parentId")
-        if not isinstance(eid, str) or not eid:
-            raise UnknownEntry("an entry needs a non-empty string id")
-        if (
-            parent is not None
-            and parent not in self._txn_entries
-            and parent not in self._recent_entries
-            and not self._exists(parent)
-        ):
-            raise UnknownEntry(
-                f"parent {parent} of entry {eid} does not exist in {self.location}", entry_id=parent
-            )
-        entry["seq"] = seq
-        try:
-            self._shared.writer.execute(
-                "INSERT INTO entries (session_id, id, seq, parent_id, type, body) "
-                "VALUES (?,?,?,?,?,?)",
-                (self.session_id, eid, seq, parent, str(entry.get("type", "")), codec.dumps(entry)),
-            )
-        except sqlite3.IntegrityError as exc:
-            raise IdConflict(
-                f"entry id {eid} already exists in {self.location}", entry_id=eid
-            ) from exc
-        self._txn_entries.add(eid)
-        if op.lane is not None:  # create the lane or move its leaf: one upsert
-            self._shared.writer.execute(
+        name, change = found
+        run = self._shared.writer.execute
+        where = (self.session_id, name)
+        if op["op"] == "entry":  # create the lane or move its leaf: one upsert
+            run(
                 "INSERT INTO lanes (session_id, name, leaf_id, config) VALUES (?, ?, ?, '{}') "
                 "ON CONFLICT (session_id, name) DO UPDATE SET leaf_id=excluded.leaf_id",
-                (self.session_id, op.lane, eid),
+                (*where, change["leaf_id"]),
             )
-            self._txn_lanes.add(op.lane)
-
-    def _insert_record(self, op: RecordOp, seq: int) -> None:
-        rec = dict(op.record)
-        rid = rec.get("id")
-        if not isinstance(rid, str) or not rid:
-            raise UnknownEntry("a record needs a non-empty string id")
-        rec["seq"] = seq
-        lane, run_id, rtype = rec.get("lane"), rec.get("runId"), str(rec.get("type", ""))
-        try:
-            self._shared.writer.execute(
-                "INSERT INTO records (session_id, id, seq, lane, run_id, type, body) "
-                "VALUES (?,?,?,?,?,?,?)",
-                (self.session_id, rid, seq, lane, run_id, rtype, codec.dumps(rec)),
+            self._txn_lanes.add(name)
+            return
+        if name not in self._known_lanes and name not in self._txn_lanes:
+            run("INSERT OR IGNORE INTO lanes (session_id, name, config) VALUES (?, ?, '{}')", where)
+            self._txn_lanes.add(name)
+        leaf = change.get("leaf_id")
+        if "leaf_id" in change:
+            if leaf is not None and not self._exists(leaf):
+                raise UnknownEntry(f"leaf {leaf} does not exist in {self.location}", entry_id=leaf)
+            run("UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?", (leaf, *where))
+        if "config" in change:
+            row = run("SELECT config FROM lanes WHERE session_id=? AND name=?", where).fetchone()
+            config = codec.dumps({**codec.loads(row[0]), **change["config"]})
+            run("UPDATE lanes SET config=? WHERE session_id=? AND name=?", (config, *where))
+        if "run" in change:
+            run(
+                "UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND name=?",
+                (*change["run"], *where),
             )
-        except sqlite3.IntegrityError as exc:
-            raise IdConflict(
-                f"record id {rid} already exists in {self.location}", record_id=rid
-            ) from exc
-        if lane is not None:
-            self._ensure_lane(lane)
-            if rtype == "run_started":
-                self._shared.writer.execute(
-                    "UPDATE lanes SET run_id=?, run_seq=? WHERE session_id=? AND name=?",
-                    (run_id, seq, self.session_id, lane),
-                )
-            elif rtype == "run_finished":
-                self._shared.writer.execute(
-                    "UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE "
-                    "session_id=? AND name=? AND run_id=?",
-                    (self.session_id, lane, run_id),
-                )
-
-    def _update_lane(self, op: LaneOp, seq: int) -> None:
-        self._ensure_lane(op.lane)
-        body: dict[str, Any] = {"lane": op.lane, "seq": seq}
-        if op.sets_leaf():
-            body["leafId"] = op.leaf_id
-        if op.config:
-            body["config"] = op.config
-        if self._shared.schema >= 2:
-            self._shared.writer.execute(
-                "INSERT INTO lane_ops (session_id, seq, lane, body) VALUES (?,?,?,?)",
-                (self.session_id, seq, op.lane, codec.dumps(body)),
-            )
-        if op.sets_leaf():
-            if op.leaf_id is not None and not self._exists(op.leaf_id):
-                raise UnknownEntry(
-                    f"leaf {op.leaf_id} does not exist in {self.location}", entry_id=op.leaf_id
-                )
-            self._shared.writer.execute(
-                "UPDATE lanes SET leaf_id=? WHERE session_id=? AND name=?",
-                (op.leaf_id, self.session_id, op.lane),
-            )
-        if op.config:
-            row = self._shared.writer.execute(
-                "SELECT config FROM lanes WHERE session_id=? AND name=?", (self.session_id, op.lane)
-            ).fetchone()
-            config = {**codec.loads(row[0]), **op.config}
-            self._shared.writer.execute(
-                "UPDATE lanes SET config=? WHERE session_id=? AND name=?",
-                (codec.dumps(config), self.session_id, op.lane),
+        elif "close" in change:
+            run(
+                "UPDATE lanes SET run_id=NULL, run_seq=NULL WHERE session_id=? AND name=? "
+                "AND run_id=?",
+                (*where, change["close"]),
             )
 
+    @boundary
     def lease_holder(self) -> dict[str, Any] | None:
         if self._lease is not None:
             return self._lease.probe()
         lock = os.path.join(self.db_path + ".locks", f"{self.session_id}.lock")
         return FileLease(lock, self.location).probe()
 
+    @boundary
     def close(self) -> None:
         """Commit the store's queued grouped calls (accepted before the close: none is left
         behind), make this session's commits durable, release the lease and this session's

@@ -1,0 +1,94 @@
+"""The one lane/run fold: how committed ops move a session's lanes (``design/storage.md``).
+
+* an entry op with a ``lane`` moves that lane's leaf to the entry;
+* a ``run_started`` record on a lane opens its run (``run_id`` and the record's ``seq``);
+  a ``run_finished`` record closes it when it names the open run;
+* a lane op moves the leaf (when it sets one) and merges its ``config``.
+
+A lane an op names is created empty when missing. Every backend applies these rules from
+here: memory and JSONL fold each op into their index (:func:`fold`), PostgreSQL's writer into
+its cache, SQLite turns each :func:`lane_change` into its ``UPDATE`` statements. (PostgreSQL's
+``dh_write``, migration 4, states the same rules in SQL; a migration is never edited.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
+
+
+def number(ops: list[Op], seq: int) -> list[dict[str, Any]]:
+    """``ops`` numbered past ``seq``, as the op dicts a JSONL line holds: ``{"op": "entry",
+    "entry": {..., "seq"}, "lane"?}``, ``{"op": "record", "record": {..., "seq"}}``, ``{"op":
+    "lane", "lane", "seq", "leafId"?, "config"?}`` (entries and records are copied)."""
+    out: list[dict[str, Any]] = []
+    for op in ops:
+        seq += 1
+        if isinstance(op, EntryOp):
+            d: dict[str, Any] = {"op": "entry", "entry": {**op.entry, "seq": seq}}
+            if op.lane is not None:
+                d["lane"] = op.lane
+        elif isinstance(op, RecordOp):
+            d = {"op": "record", "record": {**op.record, "seq": seq}}
+        else:
+            d = {"op": "lane", "lane": op.lane, "seq": seq}
+            if op.sets_leaf():
+                d["leafId"] = op.leaf_id
+            if op.config:
+                d["config"] = op.config
+        out.append(d)
+    return out
+
+
+def lane_change(op: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """What the numbered op ``op`` (see :func:`number`) does to a lane: ``(lane, change)``,
+    or ``None`` when it names no lane. ``change`` holds ``leaf_id`` (the new leaf), ``config``
+    (merged into the lane's), ``run`` (``(run_id, seq)``: a run opens) or ``close`` (the run
+    id that closes the open run when it is the one open)."""
+    kind = op.get("op")
+    if kind == "entry":
+        lane = op.get("lane")
+        return None if lane is None else (str(lane), {"leaf_id": op["entry"]["id"]})
+    if kind == "record":
+        rec = op["record"]
+        lane, rtype, run_id = rec.get("lane"), rec.get("type"), rec.get("runId")
+        if lane is None:
+            return None
+        if rtype == "run_started":
+            return str(lane), {"run": (run_id, rec["seq"])}
+        if rtype == "run_finished" and run_id is not None:
+            return str(lane), {"close": run_id}
+        return str(lane), {}
+    if kind != "lane":
+        return None
+    change: dict[str, Any] = {}
+    if "leafId" in op:
+        change["leaf_id"] = op["leafId"]
+    if op.get("config"):
+        change["config"] = op["config"]
+    return str(op["lane"]), change
+
+
+def fold(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
+    """Apply the numbered op ``op`` to ``lanes`` (by name; a missing lane is created)."""
+    found = lane_change(op)
+    if found is None:
+        return
+    name, change = found
+    lane = lanes.get(name)
+    if lane is None:
+        lane = lanes[name] = LaneState(name)
+    if "leaf_id" in change:
+        lane.leaf_id = change["leaf_id"]
+    if "config" in change:
+        lane.config = {**lane.config, **change["config"]}
+    if "run" in change:
+        lane.run_id, lane.run_seq = change["run"]
+    elif "close" in change and lane.run_id == change["close"]:
+        lane.run_id, lane.run_seq = None, None
+
+
+def copy_lane(lane: LaneState) -> LaneState:
+    """A copy of ``lane`` whose ``config`` a caller may change."""
+    return LaneState(lane.name, lane.leaf_id, dict(lane.config), lane.run_id, lane.run_seq)

@@ -1,0 +1,140 @@
+"""The fsync hand-off, written once for every backend: callers that must wait for the same kind
+of work (an fsync, a group's transaction) elect one leader at a time to do it for everyone
+queued; the others only wait for its outcome (``design/storage.md``, "Group commit").
+
+* :class:`SyncHandoff`: "make everything up to ticket N durable". The leader's one sync covers
+  every commit written before it started (JSONL's ``fdatasync`` of the file, SQLite's of the
+  ``-wal`` file).
+* :class:`GroupLeader`: threads' commit calls that arrive while a group runs form the next
+  group (SQLite and PostgreSQL ``batch`` mode).
+* :func:`queued_commit`: the same for tasks on one event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import anyio.lowlevel
+
+from durable_harness.storage.base import Op
+
+
+class PendingCommit:
+    """One commit waiting in a group-commit queue: its ops, then its outcome (``seq`` or
+    ``error``) once ``done``."""
+
+    __slots__ = ("done", "error", "ops", "seq")
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.done = False
+        self.seq = 0
+        self.error: BaseException | None = None
+
+
+P = TypeVar("P", bound=PendingCommit)
+
+
+class SyncHandoff:
+    """Durability counted in tickets: ``synced`` is the highest ticket known durable. Read or
+    raise ``synced`` holding ``cond``."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.synced = 0
+        self._syncing = False
+
+    def sync_to(self, ticket: int, sync: Callable[[], int]) -> None:
+        """Return once every ticket up to ``ticket`` is durable. One caller at a time runs
+        ``sync()`` (without ``cond``): it makes durable what was written before it started
+        and returns the ticket that covers; callers it covers wait and return.
+
+        Raises:
+            whatever ``sync`` raised (the tickets it was to cover are not known durable).
+        """
+        with self.cond:
+            while self.synced < ticket:
+                if self._syncing:
+                    self.cond.wait()
+                    continue
+                self._syncing = True
+                self.cond.release()
+                try:
+                    covered = sync()
+                finally:
+                    self.cond.acquire()
+                    self._syncing = False
+                    self.cond.notify_all()
+                self.synced = max(self.synced, covered)
+
+    def covered(self, ticket: int) -> None:
+        """Note that a sync made elsewhere covered every ticket up to ``ticket``."""
+        with self.cond:
+            self.synced = max(self.synced, ticket)
+
+
+class GroupLeader(Generic[P]):
+    """Threads' group commit: a call queues its item; while a group runs, the calls that
+    arrive form the next one, which one of them (the leader) runs for all."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: list[P] = []
+        self._leading = False
+
+    def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
+        """Queue ``item`` and return its ``seq`` once a group ran it (``run`` sets every
+        item's outcome and ``done``).
+
+        Raises:
+            whatever ``run`` recorded as this item's error.
+        """
+        with self.cond:
+            self.queue.append(item)
+            while not item.done:
+                if self._leading:
+                    self.cond.wait()
+                    continue
+                self._leading = True
+                batch, self.queue = self.queue, []
+                self.cond.release()
+                try:
+                    run(batch)
+                finally:
+                    self.cond.acquire()
+                    self._leading = False
+                    self.cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
+
+async def queued_commit(
+    queue: list[PendingCommit], ops: list[Op], run: Callable[[list[PendingCommit]], None]
+) -> int:
+    """Group commit for tasks on one event loop: queue ``ops`` and yield once; the first queued
+    task to resume hands the whole queue to ``run`` (which commits it and marks every item
+    done), and the others find their outcome when they resume.
+
+    A call cancelled before its ops were taken leaves the queue and is not committed.
+
+    Raises:
+        whatever ``run`` recorded as this call's error.
+    """
+    item = PendingCommit(ops)
+    queue.append(item)
+    try:
+        await anyio.lowlevel.checkpoint()
+    except BaseException:
+        if not item.done:
+            queue.remove(item)
+        raise
+    if not item.done:
+        batch = queue[:]
+        queue.clear()
+        run(batch)
+    if item.error is not None:
+        raise item.error
+    return item.seq
