@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from durable_harness import __version__, crash
+from durable_harness.cli.advice import advised
 from durable_harness.errors import DurableHarnessError, root_cause
 from durable_harness.storage import DURABILITY_MODES, Store, open_store
 from durable_harness.storage.oserrors import translate
@@ -171,9 +172,9 @@ def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
         return cause.code if isinstance(cause.code, int) else 1
     if isinstance(cause, DurableHarnessError):
         if json_output:
-            out({"error": cause.to_json()})
+            out({"error": {**cause.to_json(), "message": advised(cause)}})
         else:
-            ui.error_line(cause.code, cause.message)
+            ui.error_line(cause.code, advised(cause))
         return EXIT_ERROR
     message = (
         f"{type(cause).__name__}: {cause}"[:500] + " (a bug in durable-harness: please report "

@@ -465,8 +465,7 @@ class Store(abc.ABC):
         if not latest.cwd:
             raise CorruptSession(
                 f"the most recent session file for {cwd}, {latest.path}, has a damaged header "
-                f"that names no working directory: pick a session with --session, or run "
-                f"`durable-harness fsck {latest.path}`",
+                "that names no working directory",
                 path=latest.path,
                 cwd=cwd,
             )
@@ -489,7 +488,7 @@ def _readable(info: SessionInfo) -> SessionInfo:
     """``info`` itself, or :class:`~durable_harness.errors.SessionUnreadable` for an error row."""
     if info.error is not None:
         raise SessionUnreadable(
-            f"{info.error['message']}; {_HINT}, or pick another session with --session",
+            f"{info.error['message']}; {_HINT}",
             path=info.path,
             errno=info.error["errno"],
         )

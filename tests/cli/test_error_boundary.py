@@ -25,9 +25,12 @@ import pytest
 
 from durable_harness.cli.main import report_failure
 from durable_harness.errors import (
+    CorruptSession,
     DatabaseLocked,
     FormatError,
+    SessionUnreadable,
     StorageIOError,
+    StoreNotFound,
     UnknownLane,
     root_cause,
 )
@@ -512,3 +515,62 @@ def test_resume_of_a_run_recorded_with_a_network_provider_needs_its_key_first(
     res = cli("resume", sid)
     assert_named(res, "missing_credential", "OPENAI_API_KEY")
     assert cli("log", sid, "--json").json() == before  # nothing was written
+
+
+# -- advice about CLI commands is the CLI's -------------------------------------------------------
+
+
+def test_storage_errors_carry_no_cli_advice() -> None:
+    """No error the storage layer raises names a CLI command or option: that advice is the
+    CLI's (cli/advice.py), so a library or HTTP caller never reads about ``--session``."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO / "durable_harness" / "storage").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                texts = [c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant)]
+                offenders += [
+                    f"{path.name}:{node.lineno}"
+                    for t in texts
+                    if isinstance(t, str) and ("--session" in t or "`durable-harness" in t)
+                ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize(
+    ("error", "printed"),
+    [
+        (
+            CorruptSession(
+                "newest, /s/x.jsonl, names no working directory", path="/s/x.jsonl", cwd="/w"
+            ),
+            "newest, /s/x.jsonl, names no working directory: pick a session with --session, "
+            "or run `durable-harness fsck /s/x.jsonl`",
+        ),
+        (
+            SessionUnreadable(
+                "/s/x.jsonl: cannot be read: Permission denied (EACCES); check it",
+                path="/s/x.jsonl",
+            ),
+            "/s/x.jsonl: cannot be read: Permission denied (EACCES); check it, or pick another "
+            "session with --session",
+        ),
+        (
+            StoreNotFound(
+                "no such store: postgresql://a@h/db holds no durable-harness tables",
+                path="postgresql://a@h/db",
+            ),
+            "no such store: postgresql://a@h/db holds no durable-harness tables; "
+            "`durable-harness migrate --store postgresql://a@h/db` makes them",
+        ),
+        (StoreNotFound("no such store: /x/a.db", path="/x/a.db"), "no such store: /x/a.db"),
+    ],
+)
+def test_the_cli_prints_its_advice_after_the_librarys_message(
+    capsys: pytest.CaptureFixture[str], error: Any, printed: str
+) -> None:
+    assert report_failure(error) == 2
+    assert capsys.readouterr().err == f"error[{error.code}]: {printed}\n"
+    assert report_failure(error, json_output=True) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["message"] == printed

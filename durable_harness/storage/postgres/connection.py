@@ -339,8 +339,7 @@ class Database:
                 if version is None and not create:
                     raise StoreNotFound(
                         f"no such store: {self.display} holds no durable-harness tables "
-                        "(nothing was created; `durable-harness migrate --store SPEC` makes "
-                        "them)",
+                        "(nothing was created)",
                         path=self.display,
                     )
                 if version is None or version < len(MIGRATIONS):
