@@ -13,7 +13,8 @@ queued; the others only wait for its outcome (``design/storage.md``, "Group comm
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 import anyio.lowlevel
@@ -35,6 +36,23 @@ class PendingCommit:
 
 
 P = TypeVar("P", bound=PendingCommit)
+
+
+@contextmanager
+def settling(batch: list[P]) -> Iterator[None]:
+    """Run a group of ``batch``: an error the block raises becomes the error of every item
+    that has none (a ``BaseException`` that is no ``Exception`` is raised on), and every item
+    is ``done`` after it."""
+    try:
+        yield
+    except BaseException as exc:
+        for item in batch:
+            item.error = item.error or exc
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        for item in batch:
+            item.done = True
 
 
 class SyncHandoff:

@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from durable_harness.storage.handoff import PendingCommit
+from durable_harness.storage.handoff import PendingCommit, settling
 from durable_harness.storage.jsonl.framing import barrier, commit_line
 from durable_harness.storage.jsonl.mark import set_mark
 
@@ -26,39 +26,30 @@ stays under this many seconds, and in a worker thread above it (see ``wait_durab
 
 def commit_group(store: JsonlSessionStore, batch: list[PendingCommit]) -> None:
     """Commit queued :meth:`commit_async` calls: one line each, one write, one fsync."""
-    with store._lock:
-        try:
-            assert store._lease is not None
-            store._lease.check()  # before anything is indexed: a stale writer fails them all
-            lines: list[bytes] = []
-            offset = store._end
-            for item in batch:
-                try:
-                    store._check_ops(item.ops)
-                    numbered = store._number(item.ops)
-                    line = commit_line(store.generation, numbered)
-                except Exception as exc:  # nothing of this call is indexed yet
-                    item.error = exc
-                    continue
-                for i, op in enumerate(numbered):
-                    store._apply(op, (offset, len(line) - 1, i))
-                item.seq = store._seq
-                lines.append(line)
-                offset += len(line)
-            if lines:
-                store._append(b"".join(lines), len(lines), store._seq)
-                covered, covered_seq = store._written, store._written_seq
-                timed_fdatasync(store)
-                store._handoff.covered(covered)
-                set_mark(store, covered_seq)
-        except BaseException as exc:
-            for item in batch:
-                item.error = item.error or exc
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            for item in batch:
-                item.done = True
+    with store._lock, settling(batch):
+        assert store._lease is not None
+        store._lease.check()  # before anything is indexed: a stale writer fails them all
+        lines: list[bytes] = []
+        offset = store._end
+        for item in batch:
+            try:
+                store._check_ops(item.ops)
+                numbered = store._number(item.ops)
+                line = commit_line(store.generation, numbered)
+            except Exception as exc:  # nothing of this call is indexed yet
+                item.error = exc
+                continue
+            for i, op in enumerate(numbered):
+                store._apply(op, (offset, len(line) - 1, i))
+            item.seq = store._seq
+            lines.append(line)
+            offset += len(line)
+        if lines:
+            store._append(b"".join(lines), len(lines), store._seq)
+            covered, covered_seq = store._written, store._written_seq
+            timed_fdatasync(store)
+            store._handoff.covered(covered)
+            set_mark(store, covered_seq)
 
 
 def wait_durable(store: JsonlSessionStore, ticket: int | None = None) -> None:

@@ -52,13 +52,14 @@ from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
 from durable_harness.storage.postgres.unwaited import UnwaitedCommits
-from durable_harness.storage.sql.session import PostgresDialect, SqlSessionStore, lane_row
+from durable_harness.storage.sql.session import LANES, PostgresDialect, SqlSessionStore, lane_row
 
 Conn = psycopg.Connection[Any]
 RECENT_BODIES = 4096
 """Entry bodies a writer keeps (those it committed or read), so that walking a context from the
 leaf costs no round trip for recent entries."""
 
+_HEADER = "SELECT header FROM sessions WHERE id = %s"
 _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 """Errors of one call whose transaction was rolled back: the writer's cache stays right."""
 
@@ -111,11 +112,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self._sync_commit = True  # this transaction waits for the WAL flush
         self._pipe: unwaited.Pipeline | None = None  # unwaited commits whose replies are unread
         self._unsynced = False  # a commit made with wait=False is not yet known durable
-        row = db.run(
-            lambda c: c.execute(
-                "SELECT header FROM sessions WHERE id = %s", (session_id,)
-            ).fetchone()
-        )
+        row = db.run(lambda c: c.execute(_HEADER, (session_id,)).fetchone())
         if row is None:
             raise SessionNotFound(f"no session {session_id} in {db.display}", session_id=session_id)
         self.header = codec.loads(bytes(row[0]))
@@ -134,10 +131,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
             raise SessionNotFound(
                 f"session {self.location} was deleted", session_id=self.session_id
             )
-        lanes = conn.execute(
-            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
-            (self.session_id,),
-        ).fetchall()
+        lanes = conn.execute(self.dialect.sql(LANES), (self.session_id,)).fetchall()
         self._last = int(row[0])
         self._lane_state = {r[0]: lane_row(r) for r in lanes}
         self._state_ok = True

@@ -52,7 +52,7 @@ class PostgresDialect(Dialect):
         return f"{column} = ANY(%s)", [list(values)]
 
 
-_LANE = "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?"
+LANES = "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?"
 
 
 def lane_row(r: Sequence[Any]) -> LaneState:
@@ -119,12 +119,12 @@ class SqlSessionStore(SessionStore):
         return int(rows[0][0])
 
     def lanes(self) -> dict[str, LaneState]:
-        out = {r[0]: lane_row(r) for r in self._query(_LANE, (self.session_id,))}
+        out = {r[0]: lane_row(r) for r in self._query(LANES, (self.session_id,))}
         out.setdefault("main", LaneState("main"))
         return out
 
     def lane(self, name: str) -> LaneState:
-        rows = self._query(_LANE + " AND name=?", (self.session_id, name))
+        rows = self._query(LANES + " AND name=?", (self.session_id, name))
         return lane_row(rows[0]) if rows else LaneState(name)
 
     def records(

@@ -31,7 +31,7 @@ from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
 from durable_harness.storage import timing
 from durable_harness.storage.base import Op
-from durable_harness.storage.handoff import GroupLeader, PendingCommit
+from durable_harness.storage.handoff import GroupLeader, PendingCommit, settling
 from durable_harness.storage.sqlite.connection import rollback
 
 if TYPE_CHECKING:
@@ -126,28 +126,22 @@ def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit
     needs it (its session is not ``none``); set each call's ``seq`` or ``error`` and ``done``.
     A call of a closed session fails with :class:`SessionClosed`."""
     try:
-        writes = [item for item in batch if item.ops]
-        with db.lock:
-            for item in writes:
-                if item.session.closed:
-                    item.error = SessionClosed(f"session {item.session.location} is closed")
-            writes = [item for item in writes if item.error is None]
-            if writes and not _transaction(db, writes, savepoints=False):
-                _transaction(db, writes, savepoints=True)
-        if any(i.error is None and i.session.durability != "none" for i in batch):
-            try:
-                db.sync_to(db.committed)
-            except OSError as exc:  # committed, but not known to be durable
-                for item in batch:
-                    item.error = item.error or exc
-    except BaseException as exc:
-        for item in batch:
-            item.error = item.error or exc
-        if not isinstance(exc, Exception):
-            raise
+        with settling(batch):
+            writes = [item for item in batch if item.ops]
+            with db.lock:
+                for item in writes:
+                    if item.session.closed:
+                        item.error = SessionClosed(f"session {item.session.location} is closed")
+                writes = [item for item in writes if item.error is None]
+                if writes and not _transaction(db, writes, savepoints=False):
+                    _transaction(db, writes, savepoints=True)
+            if any(i.error is None and i.session.durability != "none" for i in batch):
+                try:
+                    db.sync_to(db.committed)
+                except OSError as exc:  # committed, but not known to be durable
+                    for item in batch:
+                        item.error = item.error or exc
     finally:
-        for item in batch:
-            item.done = True
         with queues.done_cond:
             queues.done_cond.notify_all()
 

@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 from durable_harness.errors import (
-    IdConflict,
     ReadOnlySession,
     SessionClosed,
     SessionNotFound,
@@ -38,6 +37,7 @@ from durable_harness.storage.base import Durability, Op
 from durable_harness.storage.fold import lane_change, number
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.oserrors import boundary
+from durable_harness.storage.shapes import checked_id, id_conflict
 from durable_harness.storage.sql.session import SqlSessionStore
 from durable_harness.storage.sqlite import group_commit
 from durable_harness.storage.sqlite.connection import read_snapshot, rollback
@@ -308,12 +308,8 @@ class SqliteSessionStore(SqlSessionStore):
 
     def _insert(self, table: str, body: dict[str, Any], extra: tuple[Any, ...]) -> None:
         """Insert one entry (``extra``: its parent) or record (its lane and run) row."""
-        what = "entry" if table == "entries" else "record"
-        ident, parent = body.get("id"), extra[0]
-        if not isinstance(ident, str) or not ident:
-            raise UnknownEntry(
-                f"{'an' if what == 'entry' else 'a'} {what} needs a non-empty string id"
-            )
+        what, parent = ("entry" if table == "entries" else "record"), extra[0]
+        ident = checked_id(what, body)
         if table == "entries" and (
             parent is not None
             and parent not in self._txn_entries
@@ -340,9 +336,7 @@ class SqliteSessionStore(SqlSessionStore):
                 ),
             )
         except sqlite3.IntegrityError as exc:
-            raise IdConflict(
-                f"{what} id {ident} already exists in {self.location}", **{f"{what}_id": ident}
-            ) from exc
+            raise id_conflict(what, ident, self.location) from exc
         if table == "entries":
             self._txn_entries.add(ident)
 
