@@ -23,6 +23,7 @@ from durable_harness.storage.base import (
     LaneOp,
     LaneState,
     Op,
+    RecordFilter,
     SessionStore,
 )
 from durable_harness.storage.fold import copy_lane, fold, number
@@ -50,7 +51,7 @@ class IndexedSessionStore(SessionStore):
         self._meta: dict[str, tuple[str | None, str, int, Any]] = {}
         self._order: list[str] = []
         self._lanes: dict[str, LaneState] = {"main": LaneState("main")}
-        self._records: list[dict[str, Any]] = []
+        self._log: list[dict[str, Any]] = []  # the records
         self._record_ids: set[str] = set()
         self._seq = 0
         self._lock = threading.RLock()
@@ -91,23 +92,9 @@ class IndexedSessionStore(SessionStore):
             v = self._lanes.get(name)
             return LaneState(name) if v is None else copy_lane(v)
 
-    def records(
-        self,
-        lane: str | None = None,
-        *,
-        run_id: str | None = None,
-        since_seq: int = 0,
-        types: tuple[str, ...] | None = None,
-    ) -> list[dict[str, Any]]:
+    def _records(self, where: RecordFilter) -> list[dict[str, Any]]:
         with self._lock:
-            return [
-                dict(r)
-                for r in self._records
-                if r["seq"] > since_seq
-                and (lane is None or r.get("lane") == lane)
-                and (run_id is None or r.get("runId") == run_id)
-                and (types is None or r.get("type") in types)
-            ]
+            return [dict(r) for r in self._log if where(r)]
 
     def last_seq(self) -> int:
         return self._seq
@@ -154,7 +141,7 @@ class IndexedSessionStore(SessionStore):
             self._seq = max(self._seq, entry["seq"])
         elif kind == "record":
             rec = op["record"]
-            self._records.append(rec)
+            self._log.append(rec)
             self._record_ids.add(rec["id"])
             self._seq = max(self._seq, rec["seq"])
         elif kind == "lane":

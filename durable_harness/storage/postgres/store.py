@@ -1,26 +1,14 @@
 """One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
-:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
+:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`; its reads are the SQL
+core's (:mod:`~durable_harness.storage.sql.session`), answered from the writer's cache where it
+can (``last_seq``, the lanes, recent entry bodies: valid while it holds the lease).
 
-A commit is one statement, ``SELECT dh_write(...)`` (migration 4): the fence (the
-session and lease rows locked, this writer's generation and ``last_seq`` checked, else
-:class:`~durable_harness.errors.StaleGeneration`), the entries, records and lane ops numbered
-past ``last_seq`` (the tree and every lane's log share that one counter), the lanes and
-``last_seq`` updated, in one transaction. The writer knows ``last_seq`` and its lanes because
-it holds the lease (a cache loaded with the lease, dropped on any doubt). The database enforces
-structure: a missing parent or leaf is a foreign-key violation
-(:class:`~durable_harness.errors.UnknownEntry`), a taken id a primary-key one
-(:class:`~durable_harness.errors.IdConflict`); both roll the whole commit back.
-
-``commit(wait=False)`` commits without waiting for the WAL flush; :meth:`wait_durable` makes
-one flushing write. ``batch`` is group commit: commits that arrive while a transaction runs
-(threads), or that are queued when a task resumes (``commit_async``), go into the next
-transaction together; a call that fails is rolled back alone (the group is rerun with a
-savepoint per call). ``none`` never waits for the flush.
-
-A commit whose connection is lost is resolved, not guessed: the store reconnects (for up to
-:data:`~durable_harness.storage.postgres.connection.RECONNECT_DEADLINE_S`), reads ``last_seq``
-and the generation, and returns (the commit landed), commits again (it did not), or raises
-``StaleGeneration`` (another writer took over meanwhile). See ``design/postgres.md``.
+A commit is one statement, ``SELECT dh_write(...)`` (migration 4; :mod:`.write`): the fence,
+the rows numbered past ``last_seq``, the lanes and ``last_seq``, in one transaction; the
+database's keys refuse a taken id or a missing parent or leaf. ``batch`` groups threads' and
+tasks' calls into one transaction (:mod:`~durable_harness.storage.handoff`), a failing call
+rolled back alone; ``commit(wait=False)`` rides a pipeline (:mod:`.unwaited`). A commit whose
+connection is lost is resolved from ``last_seq``, never guessed. ``design/postgres.md``.
 """
 
 from __future__ import annotations
