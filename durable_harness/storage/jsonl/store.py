@@ -23,7 +23,7 @@ from durable_harness.fs import fsync_dir
 from durable_harness.storage import codec, timing
 from durable_harness.storage.barrier_trace import BarrierTrace, open_trace
 from durable_harness.storage.base import Durability
-from durable_harness.storage.handoff import PendingCommit, SyncHandoff, queued_commit
+from durable_harness.storage.handoff import PendingCommit, SyncHandoff, TaskQueue
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.jsonl import group_commit
 from durable_harness.storage.jsonl.framing import (
@@ -63,7 +63,7 @@ class JsonlSessionStore(IndexedSessionStore):
         self._end = 0  # where the next commit line goes: the end of the data
         self._size = 0  # the file's size: the data plus any preallocated padding after it
         self._single_op: dict[int, bool] = {}
-        self._queue: list[PendingCommit] = []  # commit_async calls waiting for their group
+        self._tasks: TaskQueue[PendingCommit] = TaskQueue()  # commit_async calls
         # The high-water mark (see MARK_KEY): where its text sits in line 1 (None: this file
         # has none), the seq it holds, the seq last fsynced with it, and the last seq written.
         self._mark_at: int | None = None
@@ -253,9 +253,9 @@ class JsonlSessionStore(IndexedSessionStore):
             group_commit.commit_group(self, batch)
 
         if not timing.enabled():
-            return await queued_commit(self._queue, ops, commit_batch)
+            return await self._tasks.commit(PendingCommit(ops), commit_batch)
         started = time.perf_counter()
-        seq = await queued_commit(self._queue, ops, commit_batch)
+        seq = await self._tasks.commit(PendingCommit(ops), commit_batch)
         timing.observe("commit", time.perf_counter() - started)
         return seq
 

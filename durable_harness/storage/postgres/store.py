@@ -34,7 +34,7 @@ from durable_harness.errors import (
 from durable_harness.storage import codec
 from durable_harness.storage.base import Durability, LaneState, Op
 from durable_harness.storage.fold import copy_lane, fold, number
-from durable_harness.storage.handoff import GroupLeader, PendingCommit, queued_commit
+from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue
 from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
@@ -87,7 +87,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self.lease = lease
         self._lock = threading.RLock()
         self._threads: GroupLeader[PendingCommit] = GroupLeader()
-        self._async_queue: list[PendingCommit] = []
+        self._tasks: TaskQueue[PendingCommit] = TaskQueue()
         self._damage: list[dict[str, Any]] | None = None
         self._closed = False
         self._txn_start = -1
@@ -267,7 +267,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
-        transaction (see :func:`~durable_harness.storage.handoff.queued_commit`).
+        transaction (see :class:`~durable_harness.storage.handoff.TaskQueue`).
 
         Raises:
             as :meth:`commit`.
@@ -279,7 +279,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         if not ops:
             return self.last_seq()
         self._check_shapes(ops)
-        return await queued_commit(self._async_queue, ops, self._run_locked)
+        return await self._tasks.commit(PendingCommit(ops), self._run_locked)
 
     def _commit_batch(self, batch: list[PendingCommit]) -> None:
         """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or

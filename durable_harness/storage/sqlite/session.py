@@ -389,7 +389,7 @@ class SqliteSessionStore(SqlSessionStore):
         shared = self._shared
         try:
             if not self.read_only:
-                batch = self._queues.take_tasks()
+                batch = self._queues.tasks.take()
                 if batch:
                     group_commit.run_group(shared, self._queues, batch)
                 with shared.lock:
