@@ -81,6 +81,26 @@ class LaneOp:
 Op = EntryOp | RecordOp | LaneOp
 
 
+@dataclass(frozen=True)
+class RecordFilter:
+    """Which records :meth:`SessionStore.records` returns: those of ``lane`` and ``run_id``
+    (when set), after ``since_seq``, of ``types`` (when set)."""
+
+    lane: str | None
+    run_id: str | None
+    since_seq: int
+    types: tuple[str, ...] | None
+
+    def __call__(self, rec: dict[str, Any]) -> bool:
+        """True when the record ``rec`` (with its ``seq``) is selected."""
+        return (
+            rec["seq"] > self.since_seq
+            and (self.lane is None or rec.get("lane") == self.lane)
+            and (self.run_id is None or rec.get("runId") == self.run_id)
+            and (self.types is None or rec.get("type") in self.types)
+        )
+
+
 @dataclass
 class LaneState:
     """A lane: ``name``, ``leaf_id`` (``None`` before the first entry), ``config``, and the open
@@ -265,7 +285,6 @@ class SessionStore(abc.ABC):
         every lane: it is on the hot path (each append reads its lane's leaf)."""
         return self.lanes().get(name) or LaneState(name)
 
-    @abc.abstractmethod
     def records(
         self,
         lane: str | None = None,
@@ -275,6 +294,11 @@ class SessionStore(abc.ABC):
         types: tuple[str, ...] | None = None,
     ) -> list[dict[str, Any]]:
         """Return operation-log records in ``seq`` order, filtered by lane, run, seq and type."""
+        return self._records(RecordFilter(lane, run_id, since_seq, types))
+
+    @abc.abstractmethod
+    def _records(self, where: RecordFilter) -> list[dict[str, Any]]:
+        """The records ``where`` selects, in ``seq`` order."""
 
     @abc.abstractmethod
     def last_seq(self) -> int:

@@ -7,16 +7,18 @@ queued; the others only wait for its outcome (``design/storage.md``, "Group comm
   ``-wal`` file).
 * :class:`GroupLeader`: threads' commit calls that arrive while a group runs form the next
   group (SQLite and PostgreSQL ``batch`` mode).
-* :func:`queued_commit`: the same for tasks on one event loop.
+* :class:`TaskQueue`: the same for tasks on an event loop.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 import anyio.lowlevel
+import anyio.to_thread
 
 from durable_harness.storage.base import Op
 
@@ -35,6 +37,23 @@ class PendingCommit:
 
 
 P = TypeVar("P", bound=PendingCommit)
+
+
+@contextmanager
+def settling(batch: list[P]) -> Iterator[None]:
+    """Run a group of ``batch``: an error the block raises becomes the error of every item
+    that has none (a ``BaseException`` that is no ``Exception`` is raised on), and every item
+    is ``done`` after it."""
+    try:
+        yield
+    except BaseException as exc:
+        for item in batch:
+            item.error = item.error or exc
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        for item in batch:
+            item.done = True
 
 
 class SyncHandoff:
@@ -111,30 +130,58 @@ class GroupLeader(Generic[P]):
         return item.seq
 
 
-async def queued_commit(
-    queue: list[PendingCommit], ops: list[Op], run: Callable[[list[PendingCommit]], None]
-) -> int:
-    """Group commit for tasks on one event loop: queue ``ops`` and yield once; the first queued
-    task to resume hands the whole queue to ``run`` (which commits it and marks every item
-    done), and the others find their outcome when they resume.
+class TaskQueue(Generic[P]):
+    """Group commit for tasks on an event loop: a call queues its item and yields once; the
+    first queued task to resume takes the whole queue and runs it for all (``run`` settles
+    every item), the others find their outcome when they resume. A call cancelled before its
+    item was taken leaves the queue and is not committed; one taken by a group running in
+    another thread (a second event loop) waits for it in a worker thread."""
 
-    A call cancelled before its ops were taken leaves the queue and is not committed.
+    def __init__(self) -> None:
+        self.items: list[P] = []
+        self.lock = threading.Lock()
+        self.done = threading.Condition()  # notified after every group (see :meth:`ran`)
 
-    Raises:
-        whatever ``run`` recorded as this call's error.
-    """
-    item = PendingCommit(ops)
-    queue.append(item)
-    try:
-        await anyio.lowlevel.checkpoint()
-    except BaseException:
+    def take(self) -> list[P]:
+        """Take every queued item (the caller runs them, then calls :meth:`ran`)."""
+        with self.lock:
+            batch, self.items = self.items, []
+        return batch
+
+    def ran(self) -> None:
+        """Wake the calls waiting for a group that ran in another thread."""
+        with self.done:
+            self.done.notify_all()
+
+    async def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
+        """Queue ``item``; return its ``seq`` once a group ran it.
+
+        Raises:
+            whatever ``run`` recorded as this item's error.
+        """
+        with self.lock:
+            self.items.append(item)
+        try:
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            with self.lock:
+                if item in self.items:
+                    self.items.remove(item)
+            raise
         if not item.done:
-            queue.remove(item)
-        raise
-    if not item.done:
-        batch = queue[:]
-        queue.clear()
-        run(batch)
-    if item.error is not None:
-        raise item.error
-    return item.seq
+            batch = self.take()
+            if batch:
+                try:
+                    run(batch)
+                finally:
+                    self.ran()
+        if not item.done:
+            await anyio.to_thread.run_sync(self._wait, item)
+        if item.error is not None:
+            raise item.error
+        return item.seq
+
+    def _wait(self, item: P) -> None:
+        with self.done:
+            while not item.done:
+                self.done.wait()

@@ -12,7 +12,6 @@ import threading
 from typing import Any
 
 from durable_harness.errors import (
-    IdConflict,
     InvalidOp,
     ReadOnlySession,
     UnknownEntry,
@@ -24,12 +23,12 @@ from durable_harness.storage.base import (
     LaneOp,
     LaneState,
     Op,
-    RecordOp,
+    RecordFilter,
     SessionStore,
 )
 from durable_harness.storage.fold import copy_lane, fold, number
 from durable_harness.storage.oserrors import boundary
-from durable_harness.storage.shapes import op_shape_error
+from durable_harness.storage.shapes import checked_id, id_conflict, op_shape_error
 
 
 class IndexedSessionStore(SessionStore):
@@ -52,7 +51,7 @@ class IndexedSessionStore(SessionStore):
         self._meta: dict[str, tuple[str | None, str, int, Any]] = {}
         self._order: list[str] = []
         self._lanes: dict[str, LaneState] = {"main": LaneState("main")}
-        self._records: list[dict[str, Any]] = []
+        self._log: list[dict[str, Any]] = []  # the records
         self._record_ids: set[str] = set()
         self._seq = 0
         self._lock = threading.RLock()
@@ -93,74 +92,38 @@ class IndexedSessionStore(SessionStore):
             v = self._lanes.get(name)
             return LaneState(name) if v is None else copy_lane(v)
 
-    def records(
-        self,
-        lane: str | None = None,
-        *,
-        run_id: str | None = None,
-        since_seq: int = 0,
-        types: tuple[str, ...] | None = None,
-    ) -> list[dict[str, Any]]:
+    def _records(self, where: RecordFilter) -> list[dict[str, Any]]:
         with self._lock:
-            return [
-                dict(r)
-                for r in self._records
-                if r["seq"] > since_seq
-                and (lane is None or r.get("lane") == lane)
-                and (run_id is None or r.get("runId") == run_id)
-                and (types is None or r.get("type") in types)
-            ]
+            return [dict(r) for r in self._log if where(r)]
 
     def last_seq(self) -> int:
         return self._seq
 
     # -- writing ---------------------------------------------------------------------------
     def _check_ops(self, ops: list[Op]) -> None:
-        # Entry ids and record ids are separate namespaces (as in SQLite): a parent or a leaf
+        # Entry ids and record ids are separate namespaces (as in SQL): a parent or a leaf
         # must name an entry, never a record committed in the same batch.
-        new_ids: set[str] = set()
-        new_record_ids: set[str] = set()
+        new: dict[str, set[str]] = {"entry": set(), "record": set()}
+        where = f"session {self.session_id}"
         for op in ops:
             problem = op_shape_error(op)
             if problem is not None:
-                raise InvalidOp(f"session {self.session_id}: {problem}", op=type(op).__name__)
-            if isinstance(op, EntryOp):
-                eid = op.entry.get("id")
-                if not isinstance(eid, str) or not eid:
-                    raise UnknownEntry("an entry needs a non-empty string id")
-                if eid in self._meta or eid in new_ids:
-                    raise IdConflict(
-                        f"entry id {eid} already exists in session {self.session_id}", entry_id=eid
-                    )
-                parent = op.entry.get("parentId")
-                if parent is not None and parent not in self._meta and parent not in new_ids:
-                    raise UnknownEntry(
-                        f"parent {parent} of entry {eid} does not exist in "
-                        f"session {self.session_id}",
-                        entry_id=parent,
-                    )
-                new_ids.add(eid)
-            elif isinstance(op, RecordOp):
-                rid = op.record.get("id")
-                if not isinstance(rid, str) or not rid:
-                    raise UnknownEntry("a record needs a non-empty string id")
-                if rid in self._record_ids or rid in new_record_ids:
-                    raise IdConflict(
-                        f"record id {rid} already exists in session {self.session_id}",
-                        record_id=rid,
-                    )
-                new_record_ids.add(rid)
-            elif (
-                isinstance(op, LaneOp)
-                and op.sets_leaf()
-                and op.leaf_id is not None
-                and op.leaf_id not in self._meta
-                and op.leaf_id not in new_ids
-            ):
+                raise InvalidOp(f"{where}: {problem}", op=type(op).__name__)
+            if isinstance(op, LaneOp):
+                leaf = op.leaf_id if op.sets_leaf() else None
+                if leaf is not None and leaf not in self._meta and leaf not in new["entry"]:
+                    raise UnknownEntry(f"leaf {leaf} does not exist in {where}", entry_id=leaf)
+                continue
+            what, body = ("entry", op.entry) if isinstance(op, EntryOp) else ("record", op.record)
+            ident = checked_id(what, body)
+            if ident in (self._meta if what == "entry" else self._record_ids) or ident in new[what]:
+                raise id_conflict(what, ident, where)
+            parent = body.get("parentId") if what == "entry" else None
+            if parent is not None and parent not in self._meta and parent not in new["entry"]:
                 raise UnknownEntry(
-                    f"leaf {op.leaf_id} does not exist in session {self.session_id}",
-                    entry_id=op.leaf_id,
+                    f"parent {parent} of entry {ident} does not exist in {where}", entry_id=parent
                 )
+            new[what].add(ident)
 
     def _number(self, ops: list[Op]) -> list[dict[str, Any]]:
         """Assign seqs and return the serialisable op dicts (the JSONL line's ``ops``)."""
@@ -178,7 +141,7 @@ class IndexedSessionStore(SessionStore):
             self._seq = max(self._seq, entry["seq"])
         elif kind == "record":
             rec = op["record"]
-            self._records.append(rec)
+            self._log.append(rec)
             self._record_ids.add(rec["id"])
             self._seq = max(self._seq, rec["seq"])
         elif kind == "lane":

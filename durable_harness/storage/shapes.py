@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from durable_harness.errors import IdConflict, UnknownEntry
 from durable_harness.storage.base import EntryOp, LaneOp, RecordOp
 
 RecordCheck = Callable[[dict[str, Any]], str | None]
@@ -138,3 +139,20 @@ def op_shape_error(op: Any) -> str | None:
             return "config must be an object"
         return None
     return f"not a commit op: {type(op).__name__}"
+
+
+def checked_id(what: str, body: dict[str, Any]) -> str:
+    """The id of an ``entry`` or ``record`` (``what``) body about to be committed.
+
+    Raises:
+        UnknownEntry: the id is not a non-empty string.
+    """
+    ident = body.get("id")
+    if not isinstance(ident, str) or not ident:
+        raise UnknownEntry(f"{'an' if what == 'entry' else 'a'} {what} needs a non-empty string id")
+    return ident
+
+
+def id_conflict(what: str, ident: str, where: str) -> IdConflict:
+    """The error of an ``entry`` or ``record`` (``what``) whose id ``where`` already holds."""
+    return IdConflict(f"{what} id {ident} already exists in {where}", **{f"{what}_id": ident})

@@ -16,7 +16,7 @@ import anyio.to_thread
 from durable_harness.errors import ReadOnlySession
 from durable_harness.storage import codec, timing
 from durable_harness.storage.base import Durability
-from durable_harness.storage.handoff import PendingCommit, SyncHandoff, queued_commit
+from durable_harness.storage.handoff import PendingCommit, SyncHandoff, TaskQueue, settling
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.jsonl.file import SessionFile
 from durable_harness.storage.jsonl.framing import commit_line, op_seq
@@ -43,7 +43,7 @@ class JsonlSessionStore(IndexedSessionStore):
         self._handoff = SyncHandoff()
         self._fsync_avg_s = 0.0  # moving average of the timed fsyncs, seconds
         self._async_flush: anyio.Event | None = None
-        self._queue: list[PendingCommit] = []  # commit_async calls waiting for their group
+        self._tasks: TaskQueue[PendingCommit] = TaskQueue()  # commit_async calls
         self._single_op: dict[int, bool] = {}
         self._line_cache: tuple[int, list[Any]] | None = None
 
@@ -139,43 +139,34 @@ class JsonlSessionStore(IndexedSessionStore):
         if not ops:
             return self._seq
         if not timing.enabled():
-            return await queued_commit(self._queue, ops, self._commit_group)
+            return await self._tasks.commit(PendingCommit(ops), self._commit_group)
         started = time.perf_counter()
-        seq = await queued_commit(self._queue, ops, self._commit_group)
+        seq = await self._tasks.commit(PendingCommit(ops), self._commit_group)
         timing.observe("commit", time.perf_counter() - started)
         return seq
 
     def _commit_group(self, batch: list[PendingCommit]) -> None:
         """Commit queued :meth:`commit_async` calls: one line each, one write, one fsync."""
-        with self._lock:
-            try:
-                self.file.check_lease()  # before anything is indexed: a stale writer fails them all
-                lines: list[bytes] = []
-                offset = self.file.end
-                for item in batch:
-                    try:
-                        self._check_ops(item.ops)
-                        numbered = self._number(item.ops)
-                        line = commit_line(self.generation, numbered)
-                    except Exception as exc:  # nothing of this call is indexed yet
-                        item.error = exc
-                        continue
-                    for i, op in enumerate(numbered):
-                        self._apply(op, (offset, len(line) - 1, i))
-                    item.seq = self._seq
-                    lines.append(line)
-                    offset += len(line)
-                if lines:
-                    self.file.append(b"".join(lines), len(lines), self._seq)
-                    self._timed_sync()
-            except BaseException as exc:
-                for item in batch:
-                    item.error = item.error or exc
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                for item in batch:
-                    item.done = True
+        with self._lock, settling(batch):
+            self.file.check_lease()  # before anything is indexed: a stale writer fails them all
+            lines: list[bytes] = []
+            offset = self.file.end
+            for item in batch:
+                try:
+                    self._check_ops(item.ops)
+                    numbered = self._number(item.ops)
+                    line = commit_line(self.generation, numbered)
+                except Exception as exc:  # nothing of this call is indexed yet
+                    item.error = exc
+                    continue
+                for i, op in enumerate(numbered):
+                    self._apply(op, (offset, len(line) - 1, i))
+                item.seq = self._seq
+                lines.append(line)
+                offset += len(line)
+            if lines:
+                self.file.append(b"".join(lines), len(lines), self._seq)
+                self._timed_sync()
 
     def _timed_sync(self) -> None:
         """fsync now, folding its duration into the moving average that picks the thread."""

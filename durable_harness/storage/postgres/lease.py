@@ -214,37 +214,31 @@ class DbLease:
         Idempotent; a lease taken over meanwhile is left to its new holder."""
         if self.owner is None:
             return
-        owner, self.owner = self.owner, None
-        Heartbeat.of(self.db).remove(self)
-        self.db.run(
-            lambda conn: conn.execute(
-                "UPDATE leases SET owner = NULL, expires = NULL, pid = NULL WHERE "
-                "session_id = %s AND owner = %s",
-                (self.session_id, owner),
-            ),
-            idempotent=True,
-        )
+        self._give_up("owner = NULL, expires = NULL, pid = NULL")
 
     def expire(self) -> None:
         """Stop renewing this lease and make it expire now, keeping its owner set (a crash,
         not a clean close), so that any worker's claim takes it over at once. Only a lease
         still ours is touched; when the server cannot be reached it runs out on its own.
         Never raises."""
-        owner, self.owner = self.owner, None
-        if owner is None:
+        if self.owner is None:
             return
-        Heartbeat.of(self.db).remove(self)
         try:
-            self.db.run(
-                lambda conn: conn.execute(
-                    "UPDATE leases SET expires = clock_timestamp() WHERE session_id = %s "
-                    "AND owner = %s",
-                    (self.session_id, owner),
-                ),
-                idempotent=True,
-            )
+            self._give_up("expires = clock_timestamp()")
         except Exception:  # the server is away: the lease runs out by itself
             pass
+
+    def _give_up(self, change: str) -> None:
+        """Stop renewing; apply ``change`` to the lease row if it is still ours."""
+        owner, self.owner = self.owner, None
+        Heartbeat.of(self.db).remove(self)
+        self.db.run(
+            lambda conn: conn.execute(
+                f"UPDATE leases SET {change} WHERE session_id = %s AND owner = %s",
+                (self.session_id, owner),
+            ),
+            idempotent=True,
+        )
 
     def renew(self) -> bool:
         """Renew this lease now (the heartbeat does this on its own); ``False`` (and

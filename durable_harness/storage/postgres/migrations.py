@@ -14,6 +14,38 @@ import psycopg
 from durable_harness.errors import StorageError
 from durable_harness.ids import now_iso
 
+# The PL/pgSQL that migrations 3 and 4 share, written once (each migration's text is unchanged).
+_SHARED = {
+    "{_ENTRY}": """                INSERT INTO entries (session_id, id, seq, parent_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_parents[i], p_types[i], p_bodies[i]);
+""",
+    "{_RECORD}": """            ELSIF p_kinds[i] = 'r' THEN
+                INSERT INTO records (session_id, id, seq, lane, run_id, type, body)
+                    VALUES (p_session, p_ids[i], seq, p_lanes[i], p_runs[i], p_types[i],
+                            p_bodies[i]);
+""",
+    "{_LANE_OP}": """                INSERT INTO lane_ops (session_id, seq, lane, body)
+                    VALUES (p_session, seq, p_lanes[i], p_bodies[i]);
+                IF p_set_leaf[i] THEN
+                    UPDATE lanes SET leaf_id = p_parents[i]
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+                IF p_configs[i] IS NOT NULL THEN
+                    UPDATE lanes SET config = convert_to(p_configs[i], 'UTF8')
+                        WHERE session_id = p_session AND name = p_lanes[i];
+                END IF;
+            END IF;
+        END LOOP;
+""",
+}
+
+
+def _shared(script: str) -> str:
+    for marker, text in _SHARED.items():
+        script = script.replace(marker, text)
+    return script
+
+
 MIGRATIONS: list[str] = [
     # 1: the tables. Bodies are the exact JSON bytes the codec wrote (BYTEA, not JSONB: JSONB
     # reorders keys and refuses \u0000, and an entry must read back as it was written).
@@ -87,7 +119,7 @@ MIGRATIONS: list[str] = [
     # parallel arrays (kind e/r/l, id, parent or a lane op's leaf, type, lane, run id, body,
     # whether a lane op sets the leaf, a lane op's merged config as JSON text). The writer
     # merges configs itself: it holds the lease and knows each lane's config.
-    """
+    _shared("""
     CREATE FUNCTION dh_commit(
         p_session TEXT, p_generation BIGINT, p_last_seq BIGINT, p_sync BOOLEAN,
         p_modified TEXT, p_kinds TEXT[], p_ids TEXT[], p_parents TEXT[], p_types TEXT[],
@@ -105,18 +137,12 @@ MIGRATIONS: list[str] = [
         FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
             seq := seq + 1;
             IF p_kinds[i] = 'e' THEN
-                INSERT INTO entries (session_id, id, seq, parent_id, type, body)
-                    VALUES (p_session, p_ids[i], seq, p_parents[i], p_types[i], p_bodies[i]);
-                IF p_lanes[i] IS NOT NULL THEN
+{_ENTRY}                IF p_lanes[i] IS NOT NULL THEN
                     INSERT INTO lanes (session_id, name, leaf_id, config)
                         VALUES (p_session, p_lanes[i], p_ids[i], '{}')
                         ON CONFLICT (session_id, name) DO UPDATE SET leaf_id = excluded.leaf_id;
                 END IF;
-            ELSIF p_kinds[i] = 'r' THEN
-                INSERT INTO records (session_id, id, seq, lane, run_id, type, body)
-                    VALUES (p_session, p_ids[i], seq, p_lanes[i], p_runs[i], p_types[i],
-                            p_bodies[i]);
-                IF p_lanes[i] IS NOT NULL THEN
+{_RECORD}                IF p_lanes[i] IS NOT NULL THEN
                     IF p_types[i] = 'run_started' THEN
                         INSERT INTO lanes (session_id, name, config, run_id, run_seq)
                             VALUES (p_session, p_lanes[i], '{}', p_runs[i], seq)
@@ -136,23 +162,11 @@ MIGRATIONS: list[str] = [
             ELSE
                 INSERT INTO lanes (session_id, name, config) VALUES (p_session, p_lanes[i], '{}')
                     ON CONFLICT (session_id, name) DO NOTHING;
-                INSERT INTO lane_ops (session_id, seq, lane, body)
-                    VALUES (p_session, seq, p_lanes[i], p_bodies[i]);
-                IF p_set_leaf[i] THEN
-                    UPDATE lanes SET leaf_id = p_parents[i]
-                        WHERE session_id = p_session AND name = p_lanes[i];
-                END IF;
-                IF p_configs[i] IS NOT NULL THEN
-                    UPDATE lanes SET config = convert_to(p_configs[i], 'UTF8')
-                        WHERE session_id = p_session AND name = p_lanes[i];
-                END IF;
-            END IF;
-        END LOOP;
-        UPDATE sessions SET last_seq = seq, modified = p_modified WHERE id = p_session;
+{_LANE_OP}        UPDATE sessions SET last_seq = seq, modified = p_modified WHERE id = p_session;
         RETURN seq;
     END
     $commit$;
-    """,
+    """),
     # 4: dh_write, the commit with less work per call (design/postgres.md, "Commit"): the
     # fence is the session row's own update (its last_seq checked in the UPDATE's WHERE,
     # so the row lock and the check are one step) and a shared lock on the lease row at the
@@ -161,7 +175,7 @@ MIGRATIONS: list[str] = [
     # a delete takes them. A lane row is inserted only for the lanes the writer names as new
     # (p_new_lanes); every other lane change is a plain UPDATE. The rules for the tree, the
     # lanes and the numbering are migration 3's.
-    """
+    _shared("""
     DROP FUNCTION dh_commit(TEXT, BIGINT, BIGINT, BOOLEAN, TEXT, TEXT[], TEXT[], TEXT[], TEXT[],
         TEXT[], TEXT[], BYTEA[], BOOLEAN[], TEXT[]);
     DROP FUNCTION dh_fence(TEXT, BIGINT, BIGINT);
@@ -207,17 +221,11 @@ MIGRATIONS: list[str] = [
         FOR i IN 1 .. n LOOP
             seq := seq + 1;
             IF p_kinds[i] = 'e' THEN
-                INSERT INTO entries (session_id, id, seq, parent_id, type, body)
-                    VALUES (p_session, p_ids[i], seq, p_parents[i], p_types[i], p_bodies[i]);
-                IF p_lanes[i] IS NOT NULL THEN
+{_ENTRY}                IF p_lanes[i] IS NOT NULL THEN
                     UPDATE lanes SET leaf_id = p_ids[i]
                         WHERE session_id = p_session AND name = p_lanes[i];
                 END IF;
-            ELSIF p_kinds[i] = 'r' THEN
-                INSERT INTO records (session_id, id, seq, lane, run_id, type, body)
-                    VALUES (p_session, p_ids[i], seq, p_lanes[i], p_runs[i], p_types[i],
-                            p_bodies[i]);
-                IF p_lanes[i] IS NOT NULL THEN
+{_RECORD}                IF p_lanes[i] IS NOT NULL THEN
                     IF p_types[i] = 'run_started' THEN
                         UPDATE lanes SET run_id = p_runs[i], run_seq = seq
                             WHERE session_id = p_session AND name = p_lanes[i];
@@ -228,22 +236,10 @@ MIGRATIONS: list[str] = [
                     END IF;
                 END IF;
             ELSE
-                INSERT INTO lane_ops (session_id, seq, lane, body)
-                    VALUES (p_session, seq, p_lanes[i], p_bodies[i]);
-                IF p_set_leaf[i] THEN
-                    UPDATE lanes SET leaf_id = p_parents[i]
-                        WHERE session_id = p_session AND name = p_lanes[i];
-                END IF;
-                IF p_configs[i] IS NOT NULL THEN
-                    UPDATE lanes SET config = convert_to(p_configs[i], 'UTF8')
-                        WHERE session_id = p_session AND name = p_lanes[i];
-                END IF;
-            END IF;
-        END LOOP;
-        RETURN seq;
+{_LANE_OP}        RETURN seq;
     END
     $write$;
-    """,
+    """),
 ]
 
 

@@ -1,26 +1,14 @@
 """One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
-:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`.
+:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`; its reads are the SQL
+core's (:mod:`~durable_harness.storage.sql.session`), answered from the writer's cache where it
+can (``last_seq``, the lanes, recent entry bodies: valid while it holds the lease).
 
-A commit is one statement, ``SELECT dh_write(...)`` (migration 4): the fence (the
-session and lease rows locked, this writer's generation and ``last_seq`` checked, else
-:class:`~durable_harness.errors.StaleGeneration`), the entries, records and lane ops numbered
-past ``last_seq`` (the tree and every lane's log share that one counter), the lanes and
-``last_seq`` updated, in one transaction. The writer knows ``last_seq`` and its lanes because
-it holds the lease (a cache loaded with the lease, dropped on any doubt). The database enforces
-structure: a missing parent or leaf is a foreign-key violation
-(:class:`~durable_harness.errors.UnknownEntry`), a taken id a primary-key one
-(:class:`~durable_harness.errors.IdConflict`); both roll the whole commit back.
-
-``commit(wait=False)`` commits without waiting for the WAL flush; :meth:`wait_durable` makes
-one flushing write. ``batch`` is group commit: commits that arrive while a transaction runs
-(threads), or that are queued when a task resumes (``commit_async``), go into the next
-transaction together; a call that fails is rolled back alone (the group is rerun with a
-savepoint per call). ``none`` never waits for the flush.
-
-A commit whose connection is lost is resolved, not guessed: the store reconnects (for up to
-:data:`~durable_harness.storage.postgres.connection.RECONNECT_DEADLINE_S`), reads ``last_seq``
-and the generation, and returns (the commit landed), commits again (it did not), or raises
-``StaleGeneration`` (another writer took over meanwhile). See ``design/postgres.md``.
+A commit is one statement, ``SELECT dh_write(...)`` (migration 4; :mod:`.write`): the fence,
+the rows numbered past ``last_seq``, the lanes and ``last_seq``, in one transaction; the
+database's keys refuse a taken id or a missing parent or leaf. ``batch`` groups threads' and
+tasks' calls into one transaction (:mod:`~durable_harness.storage.handoff`), a failing call
+rolled back alone; ``commit(wait=False)`` rides a pipeline (:mod:`.unwaited`). A commit whose
+connection is lost is resolved from ``last_seq``, never guessed. ``design/postgres.md``.
 """
 
 from __future__ import annotations
@@ -46,19 +34,20 @@ from durable_harness.errors import (
 from durable_harness.storage import codec
 from durable_harness.storage.base import Durability, LaneState, Op
 from durable_harness.storage.fold import copy_lane, fold, number
-from durable_harness.storage.handoff import GroupLeader, PendingCommit, queued_commit
+from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue
 from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
 from durable_harness.storage.postgres.unwaited import UnwaitedCommits
-from durable_harness.storage.sql.session import PostgresDialect, SqlSessionStore, lane_row
+from durable_harness.storage.sql.session import LANES, PostgresDialect, SqlSessionStore, lane_row
 
 Conn = psycopg.Connection[Any]
 RECENT_BODIES = 4096
 """Entry bodies a writer keeps (those it committed or read), so that walking a context from the
 leaf costs no round trip for recent entries."""
 
+_HEADER = "SELECT header FROM sessions WHERE id = %s"
 _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 """Errors of one call whose transaction was rolled back: the writer's cache stays right."""
 
@@ -98,7 +87,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self.lease = lease
         self._lock = threading.RLock()
         self._threads: GroupLeader[PendingCommit] = GroupLeader()
-        self._async_queue: list[PendingCommit] = []
+        self._tasks: TaskQueue[PendingCommit] = TaskQueue()
         self._damage: list[dict[str, Any]] | None = None
         self._closed = False
         self._txn_start = -1
@@ -111,11 +100,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self._sync_commit = True  # this transaction waits for the WAL flush
         self._pipe: unwaited.Pipeline | None = None  # unwaited commits whose replies are unread
         self._unsynced = False  # a commit made with wait=False is not yet known durable
-        row = db.run(
-            lambda c: c.execute(
-                "SELECT header FROM sessions WHERE id = %s", (session_id,)
-            ).fetchone()
-        )
+        row = db.run(lambda c: c.execute(_HEADER, (session_id,)).fetchone())
         if row is None:
             raise SessionNotFound(f"no session {session_id} in {db.display}", session_id=session_id)
         self.header = codec.loads(bytes(row[0]))
@@ -134,10 +119,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
             raise SessionNotFound(
                 f"session {self.location} was deleted", session_id=self.session_id
             )
-        lanes = conn.execute(
-            "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id = %s",
-            (self.session_id,),
-        ).fetchall()
+        lanes = conn.execute(self.dialect.sql(LANES), (self.session_id,)).fetchall()
         self._last = int(row[0])
         self._lane_state = {r[0]: lane_row(r) for r in lanes}
         self._state_ok = True
@@ -285,7 +267,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
-        transaction (see :func:`~durable_harness.storage.handoff.queued_commit`).
+        transaction (see :class:`~durable_harness.storage.handoff.TaskQueue`).
 
         Raises:
             as :meth:`commit`.
@@ -297,7 +279,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         if not ops:
             return self.last_seq()
         self._check_shapes(ops)
-        return await queued_commit(self._async_queue, ops, self._run_locked)
+        return await self._tasks.commit(PendingCommit(ops), self._run_locked)
 
     def _commit_batch(self, batch: list[PendingCommit]) -> None:
         """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or

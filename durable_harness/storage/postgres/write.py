@@ -23,10 +23,12 @@ from typing import Any
 
 import psycopg
 
-from durable_harness.errors import IdConflict, InvalidOp, SessionNotFound, UnknownEntry
+from durable_harness.errors import InvalidOp, SessionNotFound, UnknownEntry
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec
-from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
+from durable_harness.storage.base import EntryOp, LaneState, Op
+from durable_harness.storage.fold import number
+from durable_harness.storage.shapes import checked_id, id_conflict
 
 _WRITE_TYPES = (
     *("text", "bigint", "bigint", "boolean", "text"),
@@ -99,67 +101,32 @@ def write_params(
         UnknownEntry: an entry or record without a non-empty string id.
         InvalidOp: an id, parent, type, lane or run id holding a NUL character.
     """
-    kinds: list[str | None] = []
-    idents: list[str | None] = []
-    parents: list[str | None] = []
-    types: list[str | None] = []
-    lanes: list[str | None] = []
-    runs: list[str | None] = []
-    bodies: list[bytes] = []
-    set_leaf: list[bool] = []
-    configs: list[str | None] = []
+    rows: list[tuple[Any, ...]] = []  # kind, id, parent, type, lane, run, body, leaf?, config
     merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
-    seq = last_seq
-    for op in ops:
-        seq += 1
-        if isinstance(op, EntryOp):
-            eid = op.entry.get("id")
-            if not isinstance(eid, str) or not eid:
-                raise UnknownEntry("an entry needs a non-empty string id")
-            parent = op.entry.get("parentId")
-            kinds.append("e")
-            idents.append(eid)
-            parents.append(None if parent is None else str(parent))
-            types.append(str(op.entry.get("type", "")))
-            lanes.append(op.lane)
-            runs.append(None)
-            bodies.append(codec.dumps({**op.entry, "seq": seq}))
-            set_leaf.append(False)
-            configs.append(None)
-        elif isinstance(op, RecordOp):
-            rid = op.record.get("id")
-            if not isinstance(rid, str) or not rid:
-                raise UnknownEntry("a record needs a non-empty string id")
-            lane, run_id = op.record.get("lane"), op.record.get("runId")
-            kinds.append("r")
-            idents.append(rid)
-            parents.append(None)
-            types.append(str(op.record.get("type", "")))
-            lanes.append(None if lane is None else str(lane))
-            runs.append(None if run_id is None else str(run_id))
-            bodies.append(codec.dumps({**op.record, "seq": seq}))
-            set_leaf.append(False)
-            configs.append(None)
-        else:
-            body: dict[str, Any] = {"lane": op.lane, "seq": seq}
-            if op.sets_leaf():
-                body["leafId"] = op.leaf_id
-            config = None
-            if op.config:
-                body["config"] = op.config
-                known = lanes_known.get(op.lane)
-                base = merged.get(op.lane, known.config if known is not None else {})
-                merged[op.lane] = {**base, **op.config}
-                config = codec.dumps(merged[op.lane]).decode()
-            kinds.append("l")
-            idents.append(None)
-            parents.append(op.leaf_id if op.sets_leaf() else None)
-            types.append(None)
-            lanes.append(op.lane)
-            runs.append(None)
-            bodies.append(codec.dumps(body))
-            set_leaf.append(op.sets_leaf())
-            configs.append(config)
+    for op in number(list(ops), last_seq):
+        kind = op["op"]
+        if kind != "lane":
+            body = op[kind]
+            parent, lane = (
+                body.get("parentId"),
+                op.get("lane") if kind == "entry" else body.get("lane"),
+            )
+            run = None if kind == "entry" else body.get("runId")
+            rows.append((kind[0], checked_id(kind, body), _text(parent), str(body.get("type", "")),
+                         _text(lane), _text(run), codec.dumps(body), False, None))  # fmt: skip
+            continue
+        config = None
+        if op.get("config"):
+            known = lanes_known.get(op["lane"])
+            base = merged.get(op["lane"], known.config if known is not None else {})
+            merged[op["lane"]] = {**base, **op["config"]}
+            config = codec.dumps(merged[op["lane"]]).decode()
+        lane_body = {k: v for k, v in op.items() if k != "op"}
+        rows.append(("l", None, op.get("leafId"), None, op["lane"], None, codec.dumps(lane_body),
+                     "leafId" in op, config))  # fmt: skip
+    kinds, idents, parents, types, lanes, runs, bodies, set_leaf, configs = (
+        [row[i] for row in rows] for i in range(9)
+    )
     for name, values in (("id", idents), ("parent", parents), ("type", types), ("lane", lanes),
                          ("run id", runs)):  # fmt: skip
         if any(v is not None and "\x00" in v for v in values):
@@ -183,6 +150,10 @@ def write_params(
         text_array(configs),
         text_array(new_lanes) if new_lanes else None,
     ]
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def barrier_params(owner: str | None, seconds: float, session_id: str) -> list[str | None]:
@@ -225,8 +196,7 @@ def refusal(
     value = found.group(1) if found else "?"
     value = value.removeprefix(f"{session_id}, ")
     if name in ("entries_pkey", "records_pkey"):
-        what = "entry" if name == "entries_pkey" else "record"
-        return IdConflict(f"{what} id {value} already exists in {where}", **{f"{what}_id": value})
+        return id_conflict("entry" if name == "entries_pkey" else "record", value, where)
     if name == "entries_parent":
         child = next(
             (

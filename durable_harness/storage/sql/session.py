@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from durable_harness.errors import InvalidOp, SessionNotFound
 from durable_harness.storage import codec
-from durable_harness.storage.base import LaneState, Op, SessionStore
+from durable_harness.storage.base import LaneState, Op, RecordFilter, SessionStore
 from durable_harness.storage.shapes import op_shape_error
 from durable_harness.storage.sql.scan import bad_row, blob, row_problem, scan_rows
 
@@ -52,7 +52,7 @@ class PostgresDialect(Dialect):
         return f"{column} = ANY(%s)", [list(values)]
 
 
-_LANE = "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?"
+LANES = "SELECT name, leaf_id, config, run_id, run_seq FROM lanes WHERE session_id=?"
 
 
 def lane_row(r: Sequence[Any]) -> LaneState:
@@ -119,28 +119,21 @@ class SqlSessionStore(SessionStore):
         return int(rows[0][0])
 
     def lanes(self) -> dict[str, LaneState]:
-        out = {r[0]: lane_row(r) for r in self._query(_LANE, (self.session_id,))}
+        out = {r[0]: lane_row(r) for r in self._query(LANES, (self.session_id,))}
         out.setdefault("main", LaneState("main"))
         return out
 
     def lane(self, name: str) -> LaneState:
-        rows = self._query(_LANE + " AND name=?", (self.session_id, name))
+        rows = self._query(LANES + " AND name=?", (self.session_id, name))
         return lane_row(rows[0]) if rows else LaneState(name)
 
-    def records(
-        self,
-        lane: str | None = None,
-        *,
-        run_id: str | None = None,
-        since_seq: int = 0,
-        types: tuple[str, ...] | None = None,
-    ) -> list[dict[str, Any]]:
-        where, args = " AND seq>?", [self.session_id, since_seq]
-        for column, value in (("lane", lane), ("run_id", run_id)):
+    def _records(self, where: RecordFilter) -> list[dict[str, Any]]:
+        sql, args = " AND seq>?", [self.session_id, where.since_seq]
+        for column, value in (("lane", where.lane), ("run_id", where.run_id)):
             if value is not None:
-                where += f" AND {column}=?"
+                sql += f" AND {column}=?"
                 args.append(value)
-        return self._filtered("records", where, args, types)
+        return self._filtered("records", sql, args, where.types)
 
     def last_seq(self) -> int:
         rows = self._query("SELECT last_seq FROM sessions WHERE id=?", (self.session_id,))

@@ -19,19 +19,14 @@ outside the writer's lock, and covers every commit made before it started.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING, Any
-
-import anyio
-import anyio.lowlevel
-import anyio.to_thread
 
 from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
 from durable_harness.storage import timing
 from durable_harness.storage.base import Op
-from durable_harness.storage.handoff import GroupLeader, PendingCommit
+from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue, settling
 from durable_harness.storage.sqlite.connection import rollback
 
 if TYPE_CHECKING:
@@ -60,56 +55,17 @@ class GroupQueues:
     next group, threads' calls waiting for the running one to finish."""
 
     def __init__(self) -> None:
-        self.tasks: list[SessionCommit] = []
-        self.tasks_lock = threading.Lock()
+        self.tasks: TaskQueue[SessionCommit] = TaskQueue()
         self.threads: GroupLeader[SessionCommit] = GroupLeader()
-        self.done_cond = threading.Condition()  # run_group notifies here (other threads' calls)
-
-    def take_tasks(self) -> list[SessionCommit]:
-        """Take every queued task call (the caller runs them)."""
-        with self.tasks_lock:
-            batch, self.tasks = self.tasks, []
-        return batch
 
 
 async def commit_async(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
-    """Queue ``item``, yield once, and run the queue if no one else took it; return its seq.
-
-    A call cancelled before its group was taken leaves the queue and is not committed.
+    """Commit ``item`` in the next group of tasks' calls; return its seq once durable.
 
     Raises:
         whatever :func:`run_group` recorded as this call's error.
     """
-    with queues.tasks_lock:
-        queues.tasks.append(item)
-    try:
-        await anyio.lowlevel.checkpoint()
-    except BaseException:
-        with queues.tasks_lock:
-            if item in queues.tasks:
-                queues.tasks.remove(item)
-        raise
-    if not item.done:
-        batch = queues.take_tasks()
-        if batch:
-            run_group(db, queues, batch)
-    if not item.done:  # taken by a group running in another thread (a second event loop)
-        await _wait_done(queues, item)
-    if item.error is not None:
-        raise item.error
-    return item.seq
-
-
-async def _wait_done(queues: GroupQueues, item: SessionCommit) -> None:
-    if item.done:
-        return
-
-    def wait() -> None:
-        with queues.done_cond:
-            while not item.done:
-                queues.done_cond.wait()
-
-    await anyio.to_thread.run_sync(wait)
+    return await queues.tasks.commit(item, lambda batch: run_group(db, queues, batch))
 
 
 def commit_threaded(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
@@ -126,30 +82,23 @@ def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit
     needs it (its session is not ``none``); set each call's ``seq`` or ``error`` and ``done``.
     A call of a closed session fails with :class:`SessionClosed`."""
     try:
-        writes = [item for item in batch if item.ops]
-        with db.lock:
-            for item in writes:
-                if item.session.closed:
-                    item.error = SessionClosed(f"session {item.session.location} is closed")
-            writes = [item for item in writes if item.error is None]
-            if writes and not _transaction(db, writes, savepoints=False):
-                _transaction(db, writes, savepoints=True)
-        if any(i.error is None and i.session.durability != "none" for i in batch):
-            try:
-                db.sync_to(db.committed)
-            except OSError as exc:  # committed, but not known to be durable
-                for item in batch:
-                    item.error = item.error or exc
-    except BaseException as exc:
-        for item in batch:
-            item.error = item.error or exc
-        if not isinstance(exc, Exception):
-            raise
+        with settling(batch):
+            writes = [item for item in batch if item.ops]
+            with db.lock:
+                for item in writes:
+                    if item.session.closed:
+                        item.error = SessionClosed(f"session {item.session.location} is closed")
+                writes = [item for item in writes if item.error is None]
+                if writes and not _transaction(db, writes, savepoints=False):
+                    _transaction(db, writes, savepoints=True)
+            if any(i.error is None and i.session.durability != "none" for i in batch):
+                try:
+                    db.sync_to(db.committed)
+                except OSError as exc:  # committed, but not known to be durable
+                    for item in batch:
+                        item.error = item.error or exc
     finally:
-        for item in batch:
-            item.done = True
-        with queues.done_cond:
-            queues.done_cond.notify_all()
+        queues.tasks.ran()
 
 
 def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints: bool) -> bool:

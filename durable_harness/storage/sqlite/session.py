@@ -1,18 +1,9 @@
-"""One session inside a SQLite database (:class:`SqliteSessionStore`): reads, and commits as
-``BEGIN IMMEDIATE`` transactions fenced by the session's lease generation.
-
-A commit first checks the session's fencing generation, then inserts entries and records,
-updates lanes and ``last_seq``. The sessions of one store object share its connections
-(:mod:`.database`): SQLite does not sync the WAL at commit (``synchronous=NORMAL``); the store
-fsyncs it itself, at once for a waited commit, at the next barrier for ``commit(wait=False)``,
-once per group in ``batch`` mode (:mod:`.group_commit`: the concurrent ``commit_async`` calls,
-barriers and ``commit()`` calls of every ``batch`` session of the store share one transaction
-and one sync; a call that fails is rolled back alone). Concurrent waited commits of ``sync``
-sessions still share a WAL sync when one covers the other's commit.
-
-Every seq has a row (lane ops in ``lane_ops``) and ``sessions.last_seq`` is the durable
-high-water mark, so :meth:`SqliteSessionStore.scan` finds a deleted row as a hole below it; the
-scan runs the first time ``damage`` is read (``design/storage.md``, "Every damage kind").
+"""One session inside a SQLite database (:class:`SqliteSessionStore`): reads (the SQL core's,
+:mod:`~durable_harness.storage.sql.session`), and commits as ``BEGIN IMMEDIATE`` transactions
+fenced by the session's lease generation: the generation checked, the rows inserted, the lanes
+changed by the one fold, ``last_seq`` (the durable high-water mark) updated. The sessions of
+one store object share its connections (:mod:`.database`: the store syncs the WAL itself) and
+group their ``batch`` commits (:mod:`.group_commit`). ``design/storage.md``, "SQLite".
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ import time
 from typing import Any
 
 from durable_harness.errors import (
-    IdConflict,
     ReadOnlySession,
     SessionClosed,
     SessionNotFound,
@@ -38,6 +28,7 @@ from durable_harness.storage.base import Durability, Op
 from durable_harness.storage.fold import lane_change, number
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.oserrors import boundary
+from durable_harness.storage.shapes import checked_id, id_conflict
 from durable_harness.storage.sql.session import SqlSessionStore
 from durable_harness.storage.sqlite import group_commit
 from durable_harness.storage.sqlite.connection import read_snapshot, rollback
@@ -192,16 +183,11 @@ class SqliteSessionStore(SqlSessionStore):
 
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
-        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`).
-
-        In ``batch`` mode the call joins the next group of the store (:mod:`.group_commit`):
-        the concurrent calls of every ``batch`` session opened through the same
-        :class:`SqliteStore` object share one transaction and one WAL sync, and each returns
-        once its commit is durable. Each session's fence is checked inside the transaction; a
-        failing call fails alone. A call cancelled before its group was taken is not
-        committed; one cancelled later may have been. The group runs on the event loop's
-        thread. In ``sync`` and ``none`` mode the call commits at once, as :meth:`commit`
-        (it waits for no other task).
+        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`): in
+        ``batch`` mode as a call of the store's next group (:mod:`.group_commit`: one
+        transaction and one WAL sync for the concurrent calls of every ``batch`` session of
+        the store, a failing call failing alone; a call cancelled before its group was taken
+        is not committed), else at once as :meth:`commit`.
 
         Raises:
             ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
@@ -308,12 +294,8 @@ class SqliteSessionStore(SqlSessionStore):
 
     def _insert(self, table: str, body: dict[str, Any], extra: tuple[Any, ...]) -> None:
         """Insert one entry (``extra``: its parent) or record (its lane and run) row."""
-        what = "entry" if table == "entries" else "record"
-        ident, parent = body.get("id"), extra[0]
-        if not isinstance(ident, str) or not ident:
-            raise UnknownEntry(
-                f"{'an' if what == 'entry' else 'a'} {what} needs a non-empty string id"
-            )
+        what, parent = ("entry" if table == "entries" else "record"), extra[0]
+        ident = checked_id(what, body)
         if table == "entries" and (
             parent is not None
             and parent not in self._txn_entries
@@ -340,9 +322,7 @@ class SqliteSessionStore(SqlSessionStore):
                 ),
             )
         except sqlite3.IntegrityError as exc:
-            raise IdConflict(
-                f"{what} id {ident} already exists in {self.location}", **{f"{what}_id": ident}
-            ) from exc
+            raise id_conflict(what, ident, self.location) from exc
         if table == "entries":
             self._txn_entries.add(ident)
 
@@ -409,7 +389,7 @@ class SqliteSessionStore(SqlSessionStore):
         shared = self._shared
         try:
             if not self.read_only:
-                batch = self._queues.take_tasks()
+                batch = self._queues.tasks.take()
                 if batch:
                     group_commit.run_group(shared, self._queues, batch)
                 with shared.lock:
