@@ -17,7 +17,6 @@ from durable_harness.storage.damage import (
 )
 from durable_harness.storage.jsonl.framing import (
     MARK_KEY,
-    op_seq,
     parse_mark,
     read_header,
     shape_error,
@@ -167,32 +166,40 @@ class Scan:
         self.generation = max(gen, max_gen)
         problem: Problem | None = None
         new_ids: set[tuple[str, str]] = set()
+        bodies: list[tuple[str, dict[str, Any]]] = []  # (kind, body) of each op, once checked
         for idx, op in enumerate(ops):
             problem = (
                 ("bad_line", f"op {idx} is not an object", {})
                 if not isinstance(op, dict)
-                else self._op_problem(op, new_ids)
+                else self._op_problem(op, new_ids, bodies)
             )
             if problem is not None:
                 kind, detail, extra = problem
                 detail += "; the whole commit line is left out"
                 self.damage.append(damage(kind, detail, length=len(raw), **where, **extra))
                 return None
-        seqs = [op_seq(op) for op in ops]
-        if seqs and seqs[0] > self.seq + 1:
-            self.damage.append(seq_gap_damage(self.seq, seqs[0], **where))
+        if bodies and bodies[0][1]["seq"] > self.seq + 1:
+            self.damage.append(seq_gap_damage(self.seq, bodies[0][1]["seq"], **where))
         if replaced:
             self.damage.extend(surrogate_warnings(raw, ops, **where))
-        for op in ops:
-            if op["op"] == "entry":
-                self._parents[op["entry"]["id"]] = (op["entry"].get("parentId"), offset)
-            elif op["op"] == "record":
-                self._records.add(op["record"]["id"])
-        self.seq = max(self.seq, *seqs) if seqs else self.seq
+        seq = self.seq
+        for kind, body in bodies:
+            if kind == "entry":
+                self._parents[body["id"]] = (body.get("parentId"), offset)
+            elif kind == "record":
+                self._records.add(body["id"])
+            seq = max(seq, body["seq"])
+        self.seq = seq
         return ops
 
-    def _op_problem(self, op: dict[str, Any], new_ids: set[tuple[str, str]]) -> Problem | None:
-        """Why one op of a line cannot be indexed, or ``None``."""
+    def _op_problem(
+        self,
+        op: dict[str, Any],
+        new_ids: set[tuple[str, str]],
+        bodies: list[tuple[str, dict[str, Any]]],
+    ) -> Problem | None:
+        """Why one op of a line cannot be indexed, or ``None`` (its kind and body then join
+        ``bodies``)."""
         kind = op.get("op")
         body = op.get("entry") if kind == "entry" else op.get("record") if kind == "record" else op
         if kind not in ("entry", "record", "lane") or not isinstance(body, dict):
@@ -219,4 +226,5 @@ class Scan:
                     {"id": oid},
                 )
             new_ids.add((kind, oid))
+        bodies.append((kind, body))
         return None
