@@ -168,7 +168,7 @@ class JsonlStore(Store):
             # a row whose cwd is unknown (unreadable, or a damaged header that lost it) is
             # shown where its folder name points; every other row by its recorded cwd alone
             out = [i for i in out if match(i.cwd) or (not i.cwd and _folder(i) in hinted)]
-        out.sort(key=_recent_first)
+        out.sort(key=lambda i: -_seconds(i))  # most recent first; an unknown mtime first of all
         return [_iso_modified(i) for i in out]
 
 
@@ -179,22 +179,20 @@ def _folder(info: SessionInfo) -> str:
     return os.path.basename(folder)
 
 
-def _iso_modified(info: SessionInfo) -> SessionInfo:
-    """``info`` with ``modified`` (seconds since the epoch while sorting) as ISO 8601, the
-    format of the SQLite backend's."""
+def _seconds(info: SessionInfo) -> float:
+    """A row's ``modified`` while listing (seconds since the epoch); unknown: infinity."""
     try:
-        seconds = float(info.modified)
+        return float(info.modified)
     except ValueError:
+        return math.inf
+
+
+def _iso_modified(info: SessionInfo) -> SessionInfo:
+    """``info`` with ``modified`` as ISO 8601, the format of the SQLite backend's."""
+    seconds = _seconds(info)
+    if math.isinf(seconds):
         return info
     return dataclasses.replace(info, modified=iso_from_ns(int(seconds * 1e9)))
-
-
-def _recent_first(info: SessionInfo) -> float:
-    """Sort key, most recent first; a row whose mtime is unknown sorts before every other."""
-    try:
-        return -float(info.modified)
-    except ValueError:
-        return -math.inf
 
 
 def _session_files(sessions_dir: str, out: list[SessionInfo]) -> list[str]:
@@ -227,7 +225,9 @@ def _row(path: str) -> SessionInfo | None:
     epoch, as a string), an unreadable row when it cannot be read, or ``None`` when it is gone
     or is not a durable-harness session."""
     try:
-        header, mtime = _read_header(path)
+        with open(path, "rb") as fh:  # line 1, and line 2 for a damaged line 1
+            mtime = os.fstat(fh.fileno()).st_mtime
+            header = read_header(path, fh.readline(1 << 20), fh.readline(1 << 20))[0]
     except OSError as exc:
         if not os.path.lexists(path):
             return None  # removed since the folder was listed: no longer a session
@@ -257,17 +257,3 @@ def _unreadable(path: str, exc: OSError) -> SessionInfo:
         session_id=match.group(1) if match else os.path.basename(path).removesuffix(".jsonl"),
         modified=modified,
     )
-
-
-def _read_header(path: str) -> tuple[dict[str, Any] | None, float]:
-    """The header of the session file at ``path`` (see :func:`~.framing.read_header`; ``None``
-    when the file is not a durable-harness session) and its modification time (seconds since
-    the epoch).
-
-    Raises:
-        OSError: the file cannot be opened or read (permissions, I/O error, a directory).
-    """
-    with open(path, "rb") as fh:
-        mtime = os.fstat(fh.fileno()).st_mtime
-        first = fh.readline(1 << 20)
-        return read_header(path, first, fh.readline(1 << 20))[0], mtime
