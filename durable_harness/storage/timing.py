@@ -14,6 +14,7 @@ may skip reading the clock.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 Observer = Callable[[str, float], None]
@@ -43,3 +44,14 @@ def observe(what: str, seconds: float) -> None:
     """Report one timed ``commit`` or ``fsync`` of ``seconds`` to every observer."""
     for observer in _observers:
         observer(what, seconds)
+
+
+def start() -> float:
+    """``time.perf_counter()`` when an observer listens, else ``0.0`` (nothing to time)."""
+    return time.perf_counter() if _observers else 0.0
+
+
+def since(what: str, started: float) -> None:
+    """Report ``what`` that began at ``started`` (from :func:`start`; ``0.0``: nothing)."""
+    if started:
+        observe(what, time.perf_counter() - started)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from dataclasses import dataclass
 
 from durable_harness.storage import timing
@@ -194,12 +193,9 @@ class SharedDatabase:
             fd = self._wal_fd = os.open(self.wal_path, os.O_RDONLY)
         trace = self._trace
         end, salt = wal_commit_end(self.wal_path) if trace is not None else (0, "")
-        if timing.enabled():
-            started = time.perf_counter()
-            os.fdatasync(fd)
-            timing.observe("fsync", time.perf_counter() - started)
-        else:
-            os.fdatasync(fd)
+        started = timing.start()
+        os.fdatasync(fd)
+        timing.since("fsync", started)
         self.stats.wal_syncs += 1
         if trace is not None:  # power-cut tests: the WAL end this sync covered (read before it)
             trace.record(end, salt=salt)

@@ -19,12 +19,10 @@ outside the writer's lock, and covers every commit made before it started.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
-from durable_harness.storage import timing
 from durable_harness.storage.base import Op
 from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue, settling
 from durable_harness.storage.sqlite.connection import rollback
@@ -169,8 +167,3 @@ def _fence(c: Any, sessions: list[SqliteSessionStore]) -> dict[str, tuple[int, i
         ):
             out[sid] = (int(generation), int(last_seq))
     return out
-
-
-def observe_commit(started: float) -> None:
-    """Report one commit call that started at ``started`` (``perf_counter``) to timing."""
-    timing.observe("commit", time.perf_counter() - started)

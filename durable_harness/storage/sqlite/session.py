@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from typing import Any
 
 from durable_harness.errors import (
@@ -153,7 +152,7 @@ class SqliteSessionStore(SqlSessionStore):
         self._check_writable()
         if not ops:
             return self.last_seq()
-        started = time.perf_counter() if timing.enabled() else 0.0
+        started = timing.start()
         shared = self._shared
         if self.durability == "batch" and wait:
             seq = group_commit.commit_threaded(shared, self._queues, SessionCommit(self, list(ops)))
@@ -177,8 +176,7 @@ class SqliteSessionStore(SqlSessionStore):
                 self.note_committed(shared.note_commit(1))
             if wait and self.durability != "none":
                 shared.sync_to(self._ticket)
-        if started:
-            group_commit.observe_commit(started)
+        timing.since("commit", started)
         return seq
 
     @boundary
@@ -198,12 +196,11 @@ class SqliteSessionStore(SqlSessionStore):
         self._check_writable()
         if not ops:
             return self.last_seq()
-        started = time.perf_counter() if timing.enabled() else 0.0
+        started = timing.start()
         seq = await group_commit.commit_async(
             self._shared, self._queues, SessionCommit(self, list(ops))
         )
-        if started:
-            group_commit.observe_commit(started)
+        timing.since("commit", started)
         return seq
 
     def note_committed(self, ticket: int) -> None:
