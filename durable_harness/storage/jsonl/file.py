@@ -208,15 +208,11 @@ class SessionFile:
         Raises:
             StorageIOError: the fsync failed.
         """
-        fd, trace = self._live_fd(), self._trace
+        fd, trace, end, mark = self._live_fd(), self._trace, self.end, self.marked
+        started = timing.start()
         try:
-            if trace is None and not timing.enabled():
-                os.fdatasync(fd)
-                return
-            end, mark = self.end, self.marked
-            started = time.perf_counter()
             os.fdatasync(fd)
-            timing.observe("fsync", time.perf_counter() - started)
+            timing.since("fsync", started)
             if trace is not None:
                 trace.record(end, mark)
         except OSError as exc:

@@ -106,11 +106,9 @@ class JsonlSessionStore(IndexedSessionStore):
         """Commit ``ops`` as one line (see :meth:`SessionStore.commit`); in ``batch`` mode the
         fsync is shared with every commit written meanwhile. Timed as ``"commit"`` for
         :mod:`~durable_harness.storage.timing` when an observer is registered."""
-        if not timing.enabled():
-            return self._commit(ops, wait)
-        started = time.perf_counter()
+        started = timing.start()
         seq = self._commit(ops, wait)
-        timing.observe("commit", time.perf_counter() - started)
+        timing.since("commit", started)
         return seq
 
     def _commit(self, ops: list[Any], wait: bool) -> int:
@@ -138,11 +136,9 @@ class JsonlSessionStore(IndexedSessionStore):
             raise ReadOnlySession(f"session {self.session_id} at {self.location} is open read-only")
         if not ops:
             return self._seq
-        if not timing.enabled():
-            return await self._tasks.commit(PendingCommit(ops), self._commit_group)
-        started = time.perf_counter()
+        started = timing.start()
         seq = await self._tasks.commit(PendingCommit(ops), self._commit_group)
-        timing.observe("commit", time.perf_counter() - started)
+        timing.since("commit", started)
         return seq
 
     def _commit_group(self, batch: list[PendingCommit]) -> None:
