@@ -28,7 +28,7 @@ stays under this many seconds, and in a worker thread above it (see ``wait_durab
 
 
 class JsonlSessionStore(IndexedSessionStore):
-    """One session file. Open with :meth:`open_path` or :meth:`create`.
+    """One session file, opened with :meth:`open_path` (made by :meth:`SessionFile.create`).
 
     Attributes:
         path: the file. file: the :class:`~.file.SessionFile` (descriptor, lease, mark...).
