@@ -38,7 +38,7 @@ class Scan:
     Attributes (those after ``mark`` final once :meth:`commits` is exhausted):
         header: line 1 (or a stand-in for a damaged one, see ``framing.recover_header``),
             without the mark field.
-        damage: what was found, in file order (see :func:`~durable_harness.storage.base.damage`).
+        damage: what was found, in file order (see :func:`~durable_harness.storage.damage.damage`).
         mark_at: the byte offset of the mark's text in line 1 (``None``: the file has none).
         mark: the seq the mark holds (``None``: no mark, or its text fails its check).
         seq: the last seq indexed. generation: the highest generation of a line read.
