@@ -1,6 +1,7 @@
 """What the network providers share: :class:`NetworkProvider` (settings, the SDK client, the
-stream's skeleton, error mapping, the final message), parsing streamed tool arguments, checking
-an image against what a provider accepts, and tool-call ids a provider accepts. What a failure
+stream's skeleton, error mapping), :class:`WireStream` (usage, streamed tool arguments, the
+final message), checking an image against what a provider accepts, and tool-call ids a
+provider accepts. What a failure
 means (retryable or not) is :mod:`durable_harness.providers.failures`.
 """
 
@@ -19,8 +20,16 @@ from typing import Any, ClassVar, TypedDict, Unpack, cast
 import anyio
 
 from durable_harness.errors import ProviderError
-from durable_harness.providers.base import Done, ProviderEvent, ProviderRequest
+from durable_harness.providers import CREDENTIAL_ENV
+from durable_harness.providers.base import (
+    Done,
+    ProviderEvent,
+    ProviderRequest,
+    empty_usage,
+    priced,
+)
 from durable_harness.providers.failures import (
+    TRANSPORT_ERRORS,
     error_body,
     idle_timeout_setting,
     retry_after,
@@ -35,6 +44,8 @@ from durable_harness.providers.failures import (
 class Settings(TypedDict, total=False):
     """The keyword arguments every network provider takes (:class:`NetworkProvider`)."""
 
+    name: str
+    context_window: int
     base_url: str | None
     api_key: str | None
     timeout: float
@@ -55,7 +66,14 @@ class WireStream:
         ended: the wire's end marker arrived (only then is the stream an answer).
         stop: the wire's own stop (finish) reason, if it sent one.
         content: the answer's content blocks.
+
+    A subclass names its wire's end marker (:attr:`end_marker`, as a truncation error names
+    it), its stop reasons in pi's words and the ``errorMessage`` some of them carry.
     """
+
+    end_marker: ClassVar[str]
+    stop_reasons: ClassVar[Mapping[str, str]]
+    stop_errors: ClassVar[Mapping[str, str]]
 
     provider: str
     model: str
@@ -76,6 +94,60 @@ class WireStream:
         """The answer's usage in pi's shape (tokens; cost in USD from ``pricing``)."""
         raise NotImplementedError
 
+    @staticmethod
+    def tokens(
+        pricing: Mapping[str, float] | None, read: int, write: int, **counts: int
+    ) -> dict[str, Any]:
+        """A usage dict of ``input`` and ``output`` (``counts``), ``read`` and ``write``
+        cached tokens, their total, priced by ``pricing`` (:func:`~durable_harness.providers.
+        base.priced`)."""
+        usage = {**empty_usage(), **counts, "cacheRead": read, "cacheWrite": write}
+        usage["totalTokens"] = usage["input"] + usage["output"] + read + write
+        return priced(usage, pricing)
+
+    def arguments(self, raw: str, name: object, call_id: object) -> dict[str, Any]:
+        """Parse a streamed tool call's accumulated JSON arguments ``raw`` (blank means
+        ``{}``).
+
+        Raises:
+            ProviderError: ``raw`` is not a JSON object (``retryable=False``; ``details``
+                carry ``tool_call_id``): sending the request again would not change what was
+                generated for the recorded context.
+        """
+        if not raw.strip():
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise ProviderError(
+                f"{self.provider}: tool call {name!r} has arguments that are not a JSON object",
+                retryable=False,
+                provider=self.provider,
+                tool_call_id=call_id,
+            )
+        return value
+
+    def message(self, name: str, pricing: Mapping[str, float] | None) -> dict[str, Any]:
+        """The complete assistant message of provider ``name`` (see
+        :meth:`NetworkProvider.stream`)."""
+        stop = self.stop_reasons.get(self.stop or "", "stop")
+        if stop == "stop" and any(b["type"] == "toolCall" for b in self.content):
+            stop = "toolUse"
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content,
+            "provider": name,
+            "model": self.model,
+            "usage": self.usage(pricing),
+            "stopReason": stop,
+            "timestamp": int(time.time() * 1000),
+        }
+        if self.stop is not None and self.stop in self.stop_errors:
+            message["errorMessage"] = self.stop_errors[self.stop]
+        return message
+
 
 class NetworkProvider:
     """A :class:`~durable_harness.providers.base.Provider` over an official SDK's streaming
@@ -84,11 +156,12 @@ class NetworkProvider:
 
     Args:
         model: default model id (a request's non-empty ``model`` overrides it).
-        name: provider name written on assistant messages.
-        context_window: the model's context window in tokens (drives auto-compaction).
-        base_url: API root; falls back to the provider's ``*_BASE_URL`` environment variable,
+        name: provider name written on assistant messages (default: the :attr:`family`).
+        context_window: the model's context window in tokens (drives auto-compaction;
+            default: the class's :attr:`default_window`).
+        base_url: API root; falls back to the environment variable ``<FAMILY>_BASE_URL``,
             then the SDK default.
-        api_key: the API key; falls back to the provider's ``*_API_KEY`` variable
+        api_key: the API key; falls back to the family's variable
             (:data:`~durable_harness.providers.CREDENTIAL_ENV`). Never appears in errors.
             Because a key is always passed explicitly, the SDK never loads profiles from disk.
         timeout: seconds allowed for each phase of a request: connecting, sending, waiting
@@ -110,26 +183,22 @@ class NetworkProvider:
         FormatError: ``idle_timeout`` (or its environment variable) is not a positive number.
     """
 
-    #: the SDK module (``anthropic``, ``openai``): its ``Timeout`` and error classes
+    #: the provider family (``anthropic``, ``openai``): the default name, the variables read
+    family: ClassVar[str]
+    default_window: ClassVar[int]
+    #: the SDK module (its ``Timeout``, client and error classes) and its base error
     sdk: ClassVar[Any]
-    #: the SDK's base error, and the errors of a connection breaking mid-stream
     sdk_error: ClassVar[type[Exception]]
-    broken: ClassVar[tuple[type[BaseException], ...]]
-    key_env: ClassVar[str]
-    url_env: ClassVar[str]
-    #: the wire's end marker, as a truncation error names it
-    end_marker: ClassVar[str]
-    #: the wire's stop reasons in pi's words, and the ``errorMessage`` some of them carry
-    stop_reasons: ClassVar[Mapping[str, str]]
-    stop_errors: ClassVar[Mapping[str, str]]
+    client_class: ClassVar[Any]
+    wire: ClassVar[type[WireStream]]
 
-    def __init__(
-        self, model: str, *, name: str, context_window: int, **settings: Unpack[Settings]
-    ) -> None:
-        self.name = name
+    def __init__(self, model: str, **settings: Unpack[Settings]) -> None:
+        self.name = settings.get("name", self.family)
         self.model = model
-        self.context_window = context_window
-        self.base_url = settings.get("base_url") or os.environ.get(self.url_env) or None
+        self.context_window = settings.get("context_window", self.default_window)
+        self.key_env = CREDENTIAL_ENV[self.family]
+        url_env = f"{self.family.upper()}_BASE_URL"
+        self.base_url = settings.get("base_url") or os.environ.get(url_env) or None
         self._api_key = settings.get("api_key") or os.environ.get(self.key_env) or None
         self.timeout = settings.get("timeout", 600.0)
         self.idle_timeout = idle_timeout_setting(settings.get("idle_timeout"))
@@ -145,16 +214,8 @@ class NetworkProvider:
         """The keyword arguments of the SDK's streaming call for ``request``."""
         raise NotImplementedError
 
-    def _open(self, **options: Any) -> Any:
-        """A new SDK client built with ``options``."""
-        raise NotImplementedError
-
     async def _create(self, client: Any, params: dict[str, Any]) -> Any:
         """Start the streaming request; returns the SDK's stream."""
-        raise NotImplementedError
-
-    def _wire(self, model: str) -> WireStream:
-        """A fresh :class:`WireStream` for one answer."""
         raise NotImplementedError
 
     def _client(self) -> Any:
@@ -165,7 +226,7 @@ class NetworkProvider:
                 provider=self.name,
             )
         timeout = self.sdk.Timeout(self.timeout, read=self.read_timeout)
-        return self._open(
+        return self.client_class(
             api_key=self._api_key, base_url=self.base_url, timeout=timeout, max_retries=0
         )
 
@@ -194,7 +255,7 @@ class NetworkProvider:
         client = self._client()
         try:
             params = self.build_params(request)
-            wire = self._wire(str(params["model"]))
+            wire = self.wire(self.name, str(params["model"]))
             try:
                 stream = await self._create(client, params)
             except self.sdk_error as exc:
@@ -211,37 +272,20 @@ class NetworkProvider:
                         if getattr(items, "aclose", None) is not None:
                             await items.aclose()
                         await stream.close()
-            except self.broken as exc:
+            except (self.sdk.APIConnectionError, *TRANSPORT_ERRORS) as exc:
                 raise stream_broken(
                     exc, self.name, self._api_key, wire.received, self.read_timeout
                 ) from None
             except self.sdk_error as exc:  # an error event inside the stream
                 raise self._error(exc) from None
             if not wire.ended:  # cut short: never an answer, whatever arrived
-                raise stream_ended_early(self.name, self.end_marker, wire.received)
+                raise stream_ended_early(self.name, wire.end_marker, wire.received)
             for event in wire.finish():
                 yield event
-            yield Done(self._message(wire))
+            yield Done(wire.message(self.name, self.pricing))
         finally:
             with anyio.CancelScope(shield=True):
                 await client.close()
-
-    def _message(self, wire: WireStream) -> dict[str, Any]:
-        stop = self.stop_reasons.get(wire.stop or "", "stop")
-        if stop == "stop" and any(b["type"] == "toolCall" for b in wire.content):
-            stop = "toolUse"
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": wire.content,
-            "provider": self.name,
-            "model": wire.model,
-            "usage": wire.usage(self.pricing),
-            "stopReason": stop,
-            "timestamp": int(time.time() * 1000),
-        }
-        if wire.stop is not None and wire.stop in self.stop_errors:
-            message["errorMessage"] = self.stop_errors[wire.stop]
-        return message
 
     def _error(self, exc: Exception) -> ProviderError:
         """Translate an SDK error into :class:`ProviderError` (message redacted)."""
@@ -285,40 +329,6 @@ class NetworkProvider:
         )
 
 
-def parse_tool_arguments(
-    raw: str, *, name: object, call_id: object, provider: str
-) -> dict[str, Any]:
-    """Parse a streamed tool call's accumulated JSON arguments ``raw`` (blank means ``{}``).
-
-    Raises:
-        ProviderError: ``raw`` is not a JSON object (``retryable=False``; ``details`` carry
-            ``tool_call_id``): sending the request again would not change what was generated
-            for the recorded context.
-    """
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ProviderError(
-            f"{provider}: tool call {name!r} has arguments that are not a JSON object",
-            retryable=False,
-            provider=provider,
-            tool_call_id=call_id,
-        )
-    return value
-
-
-async def close_stream(stream: Any, items: Any) -> None:
-    """Close the SDK's event iterator (an async generator) and then its HTTP response."""
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
-    await stream.close()
-
-
 @dataclass(frozen=True)
 class ImageLimits:
     """What one provider accepts as a base64 image: ``media_types`` and ``max_bytes`` (the
@@ -328,16 +338,6 @@ class ImageLimits:
     media_types: tuple[str, ...]
     max_bytes: int
 
-
-ANTHROPIC_IMAGES = ImageLimits(
-    "anthropic", ("image/jpeg", "image/png", "image/gif", "image/webp"), 5 * 1024 * 1024
-)
-"""Anthropic Messages (vision guide): JPEG, PNG, GIF, WebP; 5 MB per image on the API."""
-
-OPENAI_IMAGES = ImageLimits(
-    "openai", ("image/jpeg", "image/png", "image/gif", "image/webp"), 20 * 1024 * 1024
-)
-"""OpenAI chat completions (images guide): PNG, JPEG, WEBP, non-animated GIF; 20 MB per image."""
 
 _MAGIC: tuple[tuple[bytes, int, str], ...] = (
     (b"\x89PNG\r\n\x1a\n", 0, "image/png"),

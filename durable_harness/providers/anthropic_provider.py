@@ -40,15 +40,13 @@ from typing import Any, ClassVar, Unpack
 
 import anthropic
 
-from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
-    ANTHROPIC_IMAGES,
+    ImageLimits,
     NetworkProvider,
     Settings,
     WireIds,
     WireStream,
     check_image,
-    parse_tool_arguments,
 )
 from durable_harness.providers.base import (
     ProviderEvent,
@@ -57,10 +55,7 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
     ToolSpec,
-    empty_usage,
-    priced,
 )
-from durable_harness.providers.failures import TRANSPORT_ERRORS
 
 __all__ = [
     "ANTHROPIC_IMAGES",
@@ -70,31 +65,19 @@ __all__ = [
     "wire_tool_id",
 ]
 
+ANTHROPIC_IMAGES = ImageLimits(
+    "anthropic", ("image/jpeg", "image/png", "image/gif", "image/webp"), 5 * 1024 * 1024
+)
+"""Anthropic Messages (vision guide): JPEG, PNG, GIF, WebP; 5 MB per image on the API."""
+
 _THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class AnthropicProvider(NetworkProvider):
-    """A :class:`~durable_harness.providers._wire.NetworkProvider` over the Anthropic Messages
-    API (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``; ``ping`` events reset the idle timeout).
+class _AnthropicStream(WireStream):
+    """The Messages API's server-sent events folded: blocks by index, their streamed tool
+    arguments, the usage counts; ``message_stop`` ends it."""
 
-    Args:
-        model: default model id.
-        context_window: tokens (default 200000).
-        max_tokens: output cap in tokens when the request sets none (default 4096).
-        name: provider name written on assistant messages (default ``anthropic``).
-        settings: ``base_url``, ``api_key``, ``timeout``, ``idle_timeout``, ``pricing`` and
-            ``reasoning`` as :class:`~durable_harness.providers._wire.NetworkProvider` takes
-            them; ``reasoning`` enables extended thinking from the request's
-            ``thinking_level`` (budget 1024/2048/8192/16384 tokens for minimal/low/medium/
-            high, added to ``max_tokens``).
-    """
-
-    sdk: ClassVar[Any] = anthropic
-    sdk_error = anthropic.AnthropicError
-    broken = (anthropic.APIConnectionError, *TRANSPORT_ERRORS)
-    key_env = CREDENTIAL_ENV["anthropic"]
-    url_env = "ANTHROPIC_BASE_URL"
     end_marker = "message_stop"
     stop_reasons: ClassVar[Mapping[str, str]] = {
         "end_turn": "stop",
@@ -106,57 +89,6 @@ class AnthropicProvider(NetworkProvider):
         "refusal": "error",
     }
     stop_errors: ClassVar[Mapping[str, str]] = {"refusal": "the model refused to answer"}
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        context_window: int = 200_000,
-        max_tokens: int = 4096,
-        name: str = "anthropic",
-        **settings: Unpack[Settings],
-    ) -> None:
-        super().__init__(model, name=name, context_window=context_window, **settings)
-        self.max_tokens = max_tokens
-
-    def _open(self, **options: Any) -> Any:
-        return anthropic.AsyncAnthropic(**options)
-
-    async def _create(self, client: Any, params: dict[str, Any]) -> Any:
-        return await client.messages.create(**params)
-
-    def _wire(self, model: str) -> WireStream:
-        return _AnthropicStream(self.name, model)
-
-    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
-        """Return the keyword arguments of ``messages.create`` for ``request``.
-
-        Shape: ``{"model", "max_tokens", "messages", "stream": True, ["system"], ["tools"],
-        ["thinking"]}``.
-        """
-        max_tokens = request.max_tokens or self.max_tokens
-        model = request.model or self.model
-        messages = to_anthropic_messages(request.messages, provider=self.name, model=model)
-        params: dict[str, Any] = {
-            "model": model,
-            "max_tokens": max_tokens,
-            "messages": messages,
-            "stream": True,
-        }
-        if request.system_prompt:
-            params["system"] = request.system_prompt
-        if request.tools:
-            params["tools"] = to_anthropic_tools(request.tools)
-        budget = _THINKING_BUDGETS.get(request.thinking_level)
-        if self.reasoning and budget and _thinking_allowed(messages):
-            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
-            params["max_tokens"] = max_tokens + budget
-        return params
-
-
-class _AnthropicStream(WireStream):
-    """The Messages API's server-sent events folded: blocks by index, their streamed tool
-    arguments, the usage counts; ``message_stop`` ends it."""
 
     def __init__(self, provider: str, model: str) -> None:
         super().__init__(provider, model)
@@ -184,12 +116,8 @@ class _AnthropicStream(WireStream):
         elif etype == "content_block_stop":
             block = self.blocks.get(index)
             if block is not None and block["type"] == "toolCall":
-                block["arguments"] = parse_tool_arguments(
-                    "".join(self.json_parts.get(index, [])),
-                    name=block.get("name"),
-                    call_id=block.get("id"),
-                    provider=self.provider,
-                )
+                raw = "".join(self.json_parts.get(index, []))
+                block["arguments"] = self.arguments(raw, block.get("name"), block.get("id"))
                 yield ToolCallEvent(block["id"], block["name"], block["arguments"])
         elif etype == "message_delta":
             delta = event.get("delta") or {}
@@ -203,15 +131,69 @@ class _AnthropicStream(WireStream):
     def usage(self, pricing: Mapping[str, float] | None) -> dict[str, Any]:
         """Map Messages API usage to pi's usage dict (tokens; cost in USD)."""
         wire = self.wire_usage
-        usage = empty_usage()
-        usage["input"] = wire.get("input_tokens", 0)
-        usage["output"] = wire.get("output_tokens", 0)
-        usage["cacheRead"] = wire.get("cache_read_input_tokens", 0)
-        usage["cacheWrite"] = wire.get("cache_creation_input_tokens", 0)
-        usage["totalTokens"] = (
-            usage["input"] + usage["output"] + usage["cacheRead"] + usage["cacheWrite"]
+        return self.tokens(
+            pricing,
+            wire.get("cache_read_input_tokens", 0),
+            wire.get("cache_creation_input_tokens", 0),
+            input=wire.get("input_tokens", 0),
+            output=wire.get("output_tokens", 0),
         )
-        return priced(usage, pricing)
+
+
+class AnthropicProvider(NetworkProvider):
+    """A :class:`~durable_harness.providers._wire.NetworkProvider` over the Anthropic Messages
+    API (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``; ``ping`` events reset the idle timeout).
+
+    Args:
+        model: default model id.
+        context_window: tokens (default 200000).
+        max_tokens: output cap in tokens when the request sets none (default 4096).
+        name: provider name written on assistant messages (default ``anthropic``).
+        settings: ``base_url``, ``api_key``, ``timeout``, ``idle_timeout``, ``pricing`` and
+            ``reasoning`` as :class:`~durable_harness.providers._wire.NetworkProvider` takes
+            them; ``reasoning`` enables extended thinking from the request's
+            ``thinking_level`` (budget 1024/2048/8192/16384 tokens for minimal/low/medium/
+            high, added to ``max_tokens``).
+    """
+
+    family = "anthropic"
+    default_window = 200_000
+    sdk: ClassVar[Any] = anthropic
+    sdk_error = anthropic.AnthropicError
+    client_class: ClassVar[Any] = anthropic.AsyncAnthropic
+    wire = _AnthropicStream
+
+    def __init__(self, model: str, *, max_tokens: int = 4096, **settings: Unpack[Settings]) -> None:
+        super().__init__(model, **settings)
+        self.max_tokens = max_tokens
+
+    async def _create(self, client: Any, params: dict[str, Any]) -> Any:
+        return await client.messages.create(**params)
+
+    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
+        """Return the keyword arguments of ``messages.create`` for ``request``.
+
+        Shape: ``{"model", "max_tokens", "messages", "stream": True, ["system"], ["tools"],
+        ["thinking"]}``.
+        """
+        max_tokens = request.max_tokens or self.max_tokens
+        model = request.model or self.model
+        messages = to_anthropic_messages(request.messages, provider=self.name, model=model)
+        params: dict[str, Any] = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": messages,
+            "stream": True,
+        }
+        if request.system_prompt:
+            params["system"] = request.system_prompt
+        if request.tools:
+            params["tools"] = to_anthropic_tools(request.tools)
+        budget = _THINKING_BUDGETS.get(request.thinking_level)
+        if self.reasoning and budget and _thinking_allowed(messages):
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            params["max_tokens"] = max_tokens + budget
+        return params
 
 
 def _start_block(wire: Mapping[str, Any]) -> dict[str, Any] | None:

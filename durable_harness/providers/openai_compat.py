@@ -35,15 +35,13 @@ from typing import Any, ClassVar, Unpack
 
 import openai
 
-from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
-    OPENAI_IMAGES,
+    ImageLimits,
     NetworkProvider,
     Settings,
     WireIds,
     WireStream,
     check_image,
-    parse_tool_arguments,
     shorten_id,
 )
 from durable_harness.providers.base import (
@@ -54,36 +52,23 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
-    priced,
 )
-from durable_harness.providers.failures import TRANSPORT_ERRORS
 
 __all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
+
+OPENAI_IMAGES = ImageLimits(
+    "openai", ("image/jpeg", "image/png", "image/gif", "image/webp"), 20 * 1024 * 1024
+)
+"""OpenAI chat completions (images guide): PNG, JPEG, WEBP, non-animated GIF; 20 MB per image."""
 
 _REASONING_EFFORT = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
 
 
-class OpenAIProvider(NetworkProvider):
-    """A :class:`~durable_harness.providers._wire.NetworkProvider` over OpenAI chat
-    completions (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
+class _OpenAIStream(WireStream):
+    """Chat-completion chunks folded (choice 0 only): text, reasoning, tool calls by index,
+    the usage chunk; a ``finish_reason`` ends it. Each tool call is yielded once the stream
+    ended, with its arguments parsed."""
 
-    Args:
-        model: default model id.
-        context_window: tokens (default 128000).
-        max_tokens_param: wire name of the output cap, ``max_completion_tokens`` (OpenAI) or
-            ``max_tokens`` (older compatible servers).
-        name: provider name written on assistant messages (default ``openai``).
-        settings: ``base_url``, ``api_key``, ``timeout``, ``idle_timeout``, ``pricing`` and
-            ``reasoning`` as :class:`~durable_harness.providers._wire.NetworkProvider` takes
-            them; ``reasoning`` sends ``reasoning_effort`` derived from the request's
-            ``thinking_level`` (for reasoning models; ``off`` sends nothing).
-    """
-
-    sdk: ClassVar[Any] = openai
-    sdk_error = openai.OpenAIError
-    broken = (openai.APIConnectionError, *TRANSPORT_ERRORS)
-    key_env = CREDENTIAL_ENV["openai"]
-    url_env = "OPENAI_BASE_URL"
     end_marker = "a finish_reason"
     stop_reasons: ClassVar[Mapping[str, str]] = {
         "stop": "stop",
@@ -95,54 +80,6 @@ class OpenAIProvider(NetworkProvider):
     stop_errors: ClassVar[Mapping[str, str]] = {
         "content_filter": "the response was withheld by the content filter"
     }
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        context_window: int = 128_000,
-        max_tokens_param: str = "max_completion_tokens",
-        name: str = "openai",
-        **settings: Unpack[Settings],
-    ) -> None:
-        super().__init__(model, name=name, context_window=context_window, **settings)
-        self.max_tokens_param = max_tokens_param
-
-    def _open(self, **options: Any) -> Any:
-        return openai.AsyncOpenAI(**options)
-
-    async def _create(self, client: Any, params: dict[str, Any]) -> Any:
-        return await client.chat.completions.create(**params)
-
-    def _wire(self, model: str) -> WireStream:
-        return _OpenAIStream(self.name, model)
-
-    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
-        """Return the keyword arguments of ``chat.completions.create`` for ``request``.
-
-        Shape: ``{"model", "messages", "stream": True, "stream_options", ["tools"],
-        [max_tokens_param], ["reasoning_effort"]}``.
-        """
-        params: dict[str, Any] = {
-            "model": request.model or self.model,
-            "messages": to_openai_messages(request.messages, request.system_prompt),
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if request.tools:
-            params["tools"] = to_openai_tools(request.tools)
-        if request.max_tokens is not None:
-            params[self.max_tokens_param] = request.max_tokens
-        effort = _REASONING_EFFORT.get(request.thinking_level)
-        if self.reasoning and effort:
-            params["reasoning_effort"] = effort
-        return params
-
-
-class _OpenAIStream(WireStream):
-    """Chat-completion chunks folded (choice 0 only): text, reasoning, tool calls by index,
-    the usage chunk; a ``finish_reason`` ends it. Each tool call is yielded once the stream
-    ended, with its arguments parsed."""
 
     def __init__(self, provider: str, model: str) -> None:
         super().__init__(provider, model)
@@ -186,12 +123,7 @@ class _OpenAIStream(WireStream):
                 "type": "toolCall",
                 "id": call["id"] or f"call_{uuid.uuid4().hex[:24]}",
                 "name": call["name"],
-                "arguments": parse_tool_arguments(
-                    str(call["arguments"]),
-                    name=call["name"],
-                    call_id=call["id"],
-                    provider=self.provider,
-                ),
+                "arguments": self.arguments(str(call["arguments"]), call["name"], call["id"]),
             }
             self.content.append(block)
             yield ToolCallEvent(block["id"], block["name"], block["arguments"])
@@ -199,20 +131,78 @@ class _OpenAIStream(WireStream):
     def usage(self, pricing: Mapping[str, float] | None) -> dict[str, Any]:
         """Map chat-completions usage to pi's usage dict; ``input`` excludes cached tokens
         (no usage chunk: zero tokens, cost unknown)."""
-        usage = empty_usage()
         wire = self.wire_usage
         if not wire:
-            return usage
+            return empty_usage()
         details = wire.get("prompt_tokens_details") or {}
-        cache_read = int(details.get("cached_tokens") or 0)
-        cache_write = int(details.get("cache_write_tokens") or 0)
+        read = int(details.get("cached_tokens") or 0)
+        write = int(details.get("cache_write_tokens") or 0)
         prompt = int(wire.get("prompt_tokens") or 0)
-        usage["input"] = max(prompt - cache_read - cache_write, 0)
-        usage["output"] = int(wire.get("completion_tokens") or 0)
-        usage["cacheRead"] = cache_read
-        usage["cacheWrite"] = cache_write
-        usage["totalTokens"] = usage["input"] + usage["output"] + cache_read + cache_write
-        return priced(usage, pricing)
+        return self.tokens(
+            pricing,
+            read,
+            write,
+            input=max(prompt - read - write, 0),
+            output=int(wire.get("completion_tokens") or 0),
+        )
+
+
+class OpenAIProvider(NetworkProvider):
+    """A :class:`~durable_harness.providers._wire.NetworkProvider` over OpenAI chat
+    completions (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
+
+    Args:
+        model: default model id.
+        context_window: tokens (default 128000).
+        max_tokens_param: wire name of the output cap, ``max_completion_tokens`` (OpenAI) or
+            ``max_tokens`` (older compatible servers).
+        name: provider name written on assistant messages (default ``openai``).
+        settings: ``base_url``, ``api_key``, ``timeout``, ``idle_timeout``, ``pricing`` and
+            ``reasoning`` as :class:`~durable_harness.providers._wire.NetworkProvider` takes
+            them; ``reasoning`` sends ``reasoning_effort`` derived from the request's
+            ``thinking_level`` (for reasoning models; ``off`` sends nothing).
+    """
+
+    family = "openai"
+    default_window = 128_000
+    sdk: ClassVar[Any] = openai
+    sdk_error = openai.OpenAIError
+    client_class: ClassVar[Any] = openai.AsyncOpenAI
+    wire = _OpenAIStream
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_tokens_param: str = "max_completion_tokens",
+        **settings: Unpack[Settings],
+    ) -> None:
+        super().__init__(model, **settings)
+        self.max_tokens_param = max_tokens_param
+
+    async def _create(self, client: Any, params: dict[str, Any]) -> Any:
+        return await client.chat.completions.create(**params)
+
+    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
+        """Return the keyword arguments of ``chat.completions.create`` for ``request``.
+
+        Shape: ``{"model", "messages", "stream": True, "stream_options", ["tools"],
+        [max_tokens_param], ["reasoning_effort"]}``.
+        """
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": to_openai_messages(request.messages, request.system_prompt),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            params["tools"] = to_openai_tools(request.tools)
+        if request.max_tokens is not None:
+            params[self.max_tokens_param] = request.max_tokens
+        effort = _REASONING_EFFORT.get(request.thinking_level)
+        if self.reasoning and effort:
+            params["reasoning_effort"] = effort
+        return params
 
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) -> None:
