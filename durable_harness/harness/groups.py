@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from durable_harness.errors import ToolProcessRunning
-from durable_harness.harness.records import record
+from durable_harness.harness.records import call_record
 from durable_harness.harness.state import RunState, ToolCallState, fold_run
 from durable_harness.storage.base import RecordOp, SessionStore
 from durable_harness.tools.processes import group_alive, kill_group, this_host
@@ -82,12 +82,11 @@ def elsewhere(call: ToolCallState) -> dict[str, Any] | None:
 
 def killed_record(lane: str, run_id: str, call: ToolCallState, by: KilledBy) -> dict[str, Any]:
     """The ``tool_process_killed`` record of ``call``'s recorded group (``by``: who)."""
-    return record(
+    return call_record(
         "tool_process_killed",
         lane,
         run_id,
-        toolCallId=call.tool_call_id,
-        callKey=call.key,
+        call,
         pgid=(call.process or {}).get("pgid"),
         host=this_host(),
         by=by,

@@ -22,7 +22,7 @@ sets it (``design/api.md``).
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from durable_harness.ids import new_id, now_iso
 from durable_harness.models.records import (
@@ -47,7 +47,15 @@ register_record_check(record_fields_error, trusted=BuiltRecord)
 QUEUES: tuple[str, ...] = get_args(Queue)
 """The input queues, in delivery order."""
 
-__all__ = ["QUEUES", "RECORD_TYPES", "BuiltRecord", "idempotency_key", "record"]
+__all__ = [
+    "QUEUES",
+    "RECORD_TYPES",
+    "BuiltRecord",
+    "CallRef",
+    "call_record",
+    "idempotency_key",
+    "record",
+]
 
 
 def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> BuiltRecord:
@@ -66,6 +74,26 @@ def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> BuiltRec
         rec["runId"] = run_id
     rec.update(fields)
     return rec
+
+
+class CallRef(Protocol):
+    """What names a tool call in a record: a folded
+    :class:`~durable_harness.harness.state.ToolCallState` or a plan's
+    :class:`~durable_harness.recovery.decide.ToolCallPlan`."""
+
+    @property
+    def tool_call_id(self) -> str:
+        """The id the provider gave the call."""
+
+    @property
+    def key(self) -> str:
+        """The call's identity in its run (``"<entry id>/<index>"``)."""
+
+
+def call_record(rtype: str, lane: str, run_id: str, call: CallRef, **fields: Any) -> BuiltRecord:
+    """:func:`record` of a record about one tool call: its ``toolCallId`` and ``callKey``,
+    then ``fields``."""
+    return record(rtype, lane, run_id, toolCallId=call.tool_call_id, callKey=call.key, **fields)
 
 
 def idempotency_key(run_id: str, call_key: str) -> str:

@@ -41,49 +41,48 @@ def _text(value: Any) -> str:
     return ", ".join(shown) or "-"
 
 
+_SUMMARIES = {
+    "run_started": "prompt entry {promptEntryId} via {provider}",
+    "provider_request_started": "turn {turn} attempt {attempt} -> {responseEntryId}",
+    "tool_started": "{toolName} {toolCallId} replay={replay}",
+    "tool_finished": "{toolCallId} {outcome}",
+    "decision": "{toolCallId} {decision}",
+    "save_point": "after turn {turn}",
+    "tool_process": "{toolCallId} process group {pgid}",
+    "tool_process_killed": "{toolCallId} process group {pgid} killed ({by})",
+}
+"""Record types whose summary is their fields in a line (each shown by :func:`_text`)."""
+
+
 def summarize_record(rec: dict[str, Any]) -> str:
     """One line describing a record for humans (no Python reprs: see ``design/cli.md``)."""
-    return _summary(rec)
-
-
-def _summary(rec: dict[str, Any]) -> str:
-    def f(key: str) -> str:
-        return _text(rec.get(key))
-
+    f = _Missing({key: _text(value) for key, value in rec.items()})
     t = rec.get("type")
-    if t == "run_started":
-        return f"prompt entry {f('promptEntryId')} via {f('provider')}"
-    if t == "provider_request_started":
-        return f"turn {f('turn')} attempt {f('attempt')} -> {f('responseEntryId')}"
+    if t in _SUMMARIES:
+        return _SUMMARIES[str(t)].format_map(f)
     if t == "provider_request_finished":
         usage = rec.get("usage") or {}
         return (
-            f"turn {f('turn')} {f('stopReason')} tokens "
+            f"turn {f['turn']} {f['stopReason']} tokens "
             f"{usage.get('totalTokens', 0)} cost {format_cost(message_cost(usage))}"
         )
     if t == "provider_request_failed":
         reason = f" [{rec['reason']}]" if rec.get("reason") else ""
-        return f"turn {f('turn')} attempt {f('attempt')}{reason}: {f('error')}"
-    if t == "tool_started":
-        return f"{f('toolName')} {f('toolCallId')} replay={f('replay')}"
-    if t == "tool_finished":
-        return f"{f('toolCallId')} {f('outcome')}"
+        return f"turn {f['turn']} attempt {f['attempt']}{reason}: {f['error']}"
     if t in ("queue_enqueued", "queue_consumed", "queue_cancelled"):
-        return f"{f('queue')} {_text(rec.get('itemId') or rec.get('itemIds'))}"
+        return f"{f['queue']} {_text(rec.get('itemId') or rec.get('itemIds'))}"
     if t == "write_deferred":
         return _text((rec.get("write") or {}).get("type"))
-    if t == "decision":
-        return f"{f('toolCallId')} {f('decision')}"
     if t == "run_finished":
-        reason = f" ({f('reason')})" if rec.get("reason") else ""
-        return f"{f('outcome')}{reason}"
-    if t == "save_point":
-        return f"after turn {f('turn')}"
-    if t == "tool_process":
-        return f"{f('toolCallId')} process group {f('pgid')}"
-    if t == "tool_process_killed":
-        return f"{f('toolCallId')} process group {f('pgid')} killed ({f('by')})"
+        return f["outcome"] + (f" ({f['reason']})" if rec.get("reason") else "")
     return ""
+
+
+class _Missing(dict[str, str]):
+    """The fields of a record for :data:`_SUMMARIES`: an absent one shows as ``-``."""
+
+    def __missing__(self, key: str) -> str:
+        return "-"
 
 
 def message_cost(usage: Mapping[str, Any] | None) -> float | None:

@@ -11,7 +11,7 @@ from durable_harness import crash
 from durable_harness.errors import ToolError
 from durable_harness.harness.core import HarnessCore, LiveRun, Suspend
 from durable_harness.harness.groups import kill_groups, killed_record
-from durable_harness.harness.records import idempotency_key, record
+from durable_harness.harness.records import call_record, idempotency_key, record
 from durable_harness.harness.state import (
     RunState,
     ToolCallState,
@@ -153,12 +153,11 @@ class ToolCalls:
             if type(pgid) is not int or pgid <= 0:
                 raise ToolError(f"on_process needs a positive process group id, not {pgid!r}")
             self._own_groups.add(pgid)
-            rec = record(
+            rec = call_record(
                 "tool_process",
                 s.lane,
                 s.run_id,
-                toolCallId=call.tool_call_id,
-                callKey=call.key,
+                call,
                 pgid=pgid,
                 startTime=process_start_time(pgid),
                 host=this_host(),
@@ -224,12 +223,11 @@ class ToolCalls:
         """Commit the call's ``tool_started`` intent (not yet durable: the caller's barrier
         makes it so before the effect); returns the result entry id it provisions."""
         s, result_id = live.state, new_id()
-        rec = record(
+        rec = call_record(
             "tool_started",
             s.lane,
             s.run_id,
-            toolCallId=call.tool_call_id,
-            callKey=call.key,
+            call,
             toolName=call.tool_name,
             arguments=call.arguments,
             resultEntryId=result_id,
@@ -302,12 +300,11 @@ class ToolCalls:
         entry = self.core.entry(
             s.lane, {"type": "message", "id": rid, "message": message}, parent=parent
         )
-        finished = record(
+        finished = call_record(
             "tool_finished",
             s.lane,
             s.run_id,
-            toolCallId=call.tool_call_id,
-            callKey=call.key,
+            call,
             resultEntryId=rid,
             isError=result.is_error,
             outcome=outcome,
