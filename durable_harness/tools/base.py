@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from durable_harness.errors import ToolError
 from durable_harness.fs import resolve_path
@@ -28,6 +28,7 @@ from durable_harness.providers.base import ToolSpec
 __all__ = [
     "OUTPUT_CAP_BYTES",
     "Replay",
+    "StrictArgs",
     "Tool",
     "ToolContext",
     "ToolResult",
@@ -43,6 +44,12 @@ OUTPUT_CAP_BYTES = 256 * 1024
 
 ABORT_GRACE = 1.0
 """Seconds a cancelled tool is given to stop (SIGTERM to SIGKILL) on a plain abort."""
+
+
+class StrictArgs(BaseModel):
+    """The base of the built-in tools' argument models: an unknown argument is refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)

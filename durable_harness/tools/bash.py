@@ -37,10 +37,16 @@ from typing import Any, ClassVar, Literal, get_args
 import anyio
 import anyio.abc
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from durable_harness import crash
-from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
+from durable_harness.tools.base import (
+    OUTPUT_CAP_BYTES,
+    StrictArgs,
+    Tool,
+    ToolContext,
+    ToolResult,
+)
 from durable_harness.tools.env import tool_environment
 from durable_harness.tools.processes import group_alive, signal_group
 
@@ -87,10 +93,8 @@ def _checked_size(size: tuple[int, int]) -> tuple[int, int]:
     return rows, columns
 
 
-class BashArgs(BaseModel):
+class BashArgs(StrictArgs):
     """Arguments of ``bash``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     command: str = Field(
         description="Bash command line, run with `bash -c` in the working "
@@ -268,15 +272,14 @@ class BashTool(Tool):
     Error results: timeout, non-zero exit, ``bash`` or the working directory missing.
     """
 
-    name: ClassVar[str] = "bash"
-    description: ClassVar[str] = (
+    name = "bash"
+    description = (
         "Run a bash command in the working directory and return its combined stdout and "
         "stderr (the last 256 KiB) and exit code. Commands are killed, with every process "
         "they started, after timeout seconds (default 120). Background processes do not "
         "outlive the command."
     )
-    Args: ClassVar[type[BaseModel]] = BashArgs
-    replay: ClassVar[Replay] = "never"
+    Args = BashArgs
 
     default_timeout: ClassVar[float] = 120.0
     """Seconds allowed when ``args.timeout`` is not given."""

@@ -19,28 +19,23 @@ from __future__ import annotations
 
 import errno
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from durable_harness.errors import PathEscape
 from durable_harness.fs import append_durably, atomic_write, read_bytes_or_none, resolve_path
-from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
-
-__all__ = [
-    "AppendFileArgs",
-    "AppendFileTool",
-    "EditFileArgs",
-    "EditFileTool",
-    "ReadFileArgs",
-    "ReadFileTool",
-    "WriteFileArgs",
-    "WriteFileTool",
-]
+from durable_harness.tools.base import (
+    OUTPUT_CAP_BYTES,
+    Replay,
+    StrictArgs,
+    Tool,
+    ToolContext,
+    ToolResult,
+)
 
 
 def _escape_result(exc: PathEscape) -> ToolResult:
@@ -107,14 +102,43 @@ def _cut_utf8(data: bytes, limit: int) -> bytes:
     return data[:end]
 
 
+class _FileTool(Tool):
+    """A file tool: :meth:`execute` resolves ``args.path`` inside ``ctx.cwd`` and runs the
+    blocking :meth:`apply` in a worker thread; a path escape or an :class:`OSError` becomes an
+    error result naming the path (``"<verb> <path>: ..."``)."""
+
+    verb: ClassVar[str]
+
+    def __init_subclass__(
+        cls, *, name: str, args: type[BaseModel], verb: str, replay: Replay = "never"
+    ) -> None:
+        """Declare a file tool: its ``name``, argument model, ``replay`` and the ``verb`` its
+        error results start with."""
+        super().__init_subclass__()
+        cls.name, cls.Args, cls.verb, cls.replay = name, args, verb, replay
+
+    def apply(self, target: Path, args: Any) -> ToolResult:
+        """The effect on ``target`` (blocking). Raises :class:`OSError` on I/O failure."""
+        raise NotImplementedError
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        """Resolve the path and apply the tool (see the class docstring)."""
+        try:
+            target = resolve_path(ctx.cwd, args.path)
+        except PathEscape as exc:
+            return _escape_result(exc)
+        try:
+            return await anyio.to_thread.run_sync(self.apply, target, args)
+        except OSError as exc:
+            return _os_error_result(self.verb, args.path, exc)
+
+
 # --------------------------------------------------------------------------------------------
 # read_file
 
 
-class ReadFileArgs(BaseModel):
+class ReadFileArgs(StrictArgs):
     """Arguments of ``read_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of the file to read, relative to the working "
@@ -131,7 +155,9 @@ class ReadFileArgs(BaseModel):
     )
 
 
-class ReadFileTool(Tool):
+class ReadFileTool(
+    _FileTool, name="read_file", args=ReadFileArgs, verb="cannot read", replay="safe"
+):
     """``read_file``: return a file's text, optionally a window of lines.
 
     Args model: :class:`ReadFileArgs` (``path``, ``offset`` 1-based line, ``limit`` lines).
@@ -144,23 +170,13 @@ class ReadFileTool(Tool):
     directory, unreadable, or ``offset`` past the end of a non-empty file.
     """
 
-    name: ClassVar[str] = "read_file"
-    description: ClassVar[str] = (
+    description = (
         "Read a text file inside the working directory. Optionally give offset (1-based first "
         "line) and limit (number of lines) to read a window of a large file. Output is capped "
         "at 256 KiB; a note says where to continue."
     )
-    Args: ClassVar[type[BaseModel]] = ReadFileArgs
-    replay: ClassVar[Replay] = "safe"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Read ``args.path`` and return its text (see the class docstring)."""
-        assert isinstance(args, ReadFileArgs)
-        return await _file_op(ctx, args.path, "cannot read", lambda t: self._read(t, args))
-
-    @staticmethod
-    def _read(target: Path, args: ReadFileArgs) -> ToolResult:
-        """Blocking body of :meth:`execute`; raises :class:`OSError` on I/O failure."""
+    def apply(self, target: Path, args: Any) -> ToolResult:
         first = args.offset or 1
         chunks: list[str] = []
         used = 0
@@ -218,10 +234,8 @@ class ReadFileTool(Tool):
 # write_file
 
 
-class WriteFileArgs(BaseModel):
+class WriteFileArgs(StrictArgs):
     """Arguments of ``write_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of the file to write, relative to the working "
@@ -233,7 +247,7 @@ class WriteFileArgs(BaseModel):
     )
 
 
-class WriteFileTool(Tool):
+class WriteFileTool(_FileTool, name="write_file", args=WriteFileArgs, verb="cannot write"):
     """``write_file``: create or replace a file atomically.
 
     Args model: :class:`WriteFileArgs` (``path``, ``content``). Result text
@@ -244,24 +258,15 @@ class WriteFileTool(Tool):
     file, permission denied, disk full.
     """
 
-    name: ClassVar[str] = "write_file"
-    description: ClassVar[str] = (
+    description = (
         "Create or overwrite a file inside the working directory with the given content. "
         "Parent directories are created. The write is atomic."
     )
-    Args: ClassVar[type[BaseModel]] = WriteFileArgs
-    replay: ClassVar[Replay] = "never"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Write ``args.content`` to ``args.path`` (see the class docstring)."""
-        assert isinstance(args, WriteFileArgs)
+    def apply(self, target: Path, args: Any) -> ToolResult:
         data = args.content.encode("utf-8")
-
-        def write(target: Path) -> ToolResult:
-            atomic_write(target, data)
-            return self._success(args.path, target, data, reconciled=False)
-
-        return await _file_op(ctx, args.path, "cannot write", write)
+        atomic_write(target, data)
+        return self._success(args.path, target, data, reconciled=False)
 
     async def reconcile(self, args: Any, ctx: ToolContext) -> ToolResult | None:
         """Decide an in-doubt ``write_file`` from the file.
@@ -287,10 +292,8 @@ class WriteFileTool(Tool):
 # edit_file
 
 
-class EditFileArgs(BaseModel):
+class EditFileArgs(StrictArgs):
     """Arguments of ``edit_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of an existing text file, relative to the working directory."
@@ -303,7 +306,7 @@ class EditFileArgs(BaseModel):
     new_text: str = Field(description="Text that replaces old_text.")
 
 
-class EditFileTool(Tool):
+class EditFileTool(_FileTool, name="edit_file", args=EditFileArgs, verb="cannot edit"):
     """``edit_file``: replace the single occurrence of ``old_text`` with ``new_text``.
 
     Args model: :class:`EditFileArgs` (``path``, ``old_text``, ``new_text``). The file is
@@ -314,22 +317,12 @@ class EditFileTool(Tool):
     ``old_text`` absent or occurring more than once (the count is given).
     """
 
-    name: ClassVar[str] = "edit_file"
-    description: ClassVar[str] = (
+    description = (
         "Edit a text file inside the working directory by replacing old_text, which must "
         "occur exactly once, with new_text. The write is atomic."
     )
-    Args: ClassVar[type[BaseModel]] = EditFileArgs
-    replay: ClassVar[Replay] = "never"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Apply the edit (see the class docstring)."""
-        assert isinstance(args, EditFileArgs)
-        return await _file_op(ctx, args.path, "cannot edit", lambda t: self._edit(t, args))
-
-    @classmethod
-    def _edit(cls, target: Path, args: EditFileArgs) -> ToolResult:
-        """Blocking body of :meth:`execute`; raises :class:`OSError` on I/O failure."""
+    def apply(self, target: Path, args: Any) -> ToolResult:
         raw = target.read_bytes()
         try:
             text = raw.decode("utf-8")
@@ -349,7 +342,7 @@ class EditFileTool(Tool):
             )
         data = text.replace(args.old_text, args.new_text, 1).encode("utf-8")
         atomic_write(target, data)
-        return cls._success(args.path, target, data, reconciled=False)
+        return self._success(args.path, target, data, reconciled=False)
 
     async def reconcile(self, args: Any, ctx: ToolContext) -> ToolResult | None:
         """Decide an in-doubt ``edit_file`` from the file.
@@ -383,10 +376,8 @@ class EditFileTool(Tool):
 # append_file
 
 
-class AppendFileArgs(BaseModel):
+class AppendFileArgs(StrictArgs):
     """Arguments of ``append_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of the file to append to, relative to the working "
@@ -395,7 +386,7 @@ class AppendFileArgs(BaseModel):
     content: str = Field(description="Text (UTF-8) to add at the end of the file.")
 
 
-class AppendFileTool(Tool):
+class AppendFileTool(_FileTool, name="append_file", args=AppendFileArgs, verb="cannot append to"):
     """``append_file``: add text at the end of a file (``O_APPEND``, then ``fsync``).
 
     Args model: :class:`AppendFileArgs` (``path``, ``content``). Result text
@@ -406,39 +397,15 @@ class AppendFileTool(Tool):
     denied, disk full.
     """
 
-    name: ClassVar[str] = "append_file"
-    description: ClassVar[str] = (
+    description = (
         "Append text to the end of a file inside the working directory, creating the file "
         "(and parent directories) if needed."
     )
-    Args: ClassVar[type[BaseModel]] = AppendFileArgs
-    replay: ClassVar[Replay] = "never"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Append ``args.content`` to ``args.path`` (see the class docstring)."""
-        assert isinstance(args, AppendFileArgs)
+    def apply(self, target: Path, args: Any) -> ToolResult:
         data = args.content.encode("utf-8")
-
-        def append(target: Path) -> ToolResult:
-            append_durably(target, data)
-            return ToolResult.text(
-                f"appended {len(data)} bytes to {args.path}",
-                details={"path": str(target), "bytes": len(data)},
-            )
-
-        return await _file_op(ctx, args.path, "cannot append to", append)
-
-
-async def _file_op(
-    ctx: ToolContext, path: str, verb: str, body: Callable[[Path], ToolResult]
-) -> ToolResult:
-    """Resolve ``path`` inside ``ctx.cwd`` and run the blocking ``body(target)`` in a worker
-    thread; a path escape or an :class:`OSError` becomes an error result naming the path."""
-    try:
-        target = resolve_path(ctx.cwd, path)
-    except PathEscape as exc:
-        return _escape_result(exc)
-    try:
-        return await anyio.to_thread.run_sync(body, target)
-    except OSError as exc:
-        return _os_error_result(verb, path, exc)
+        append_durably(target, data)
+        return ToolResult.text(
+            f"appended {len(data)} bytes to {args.path}",
+            details={"path": str(target), "bytes": len(data)},
+        )
