@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durable_harness.harness.records import BuiltRecord, CallRef, call_record
+from durable_harness.harness.records import BuiltRecord, CallRef, record
 from durable_harness.storage.base import RecordOp, SessionStore
 
 if TYPE_CHECKING:
@@ -38,11 +38,12 @@ def decision_record(
     for the current attempt of ``call`` in run ``run_id`` of ``lane``; ``force`` (a ``retry!``
     of a call whose group may run on another machine, ``design/recovery.md``) is written only
     when true."""
-    return call_record(
+    return record(
         "decision",
         lane,
         run_id,
-        call,
+        toolCallId=call.tool_call_id,
+        callKey=call.key,
         attempt=call.attempts,
         decision=decision.get("decision"),
         result=decision.get("result"),

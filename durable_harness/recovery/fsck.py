@@ -16,6 +16,7 @@ warnings (``WARNING_KINDS``: text repaired on read, nothing lost) leave it ``Tru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -249,7 +250,9 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
             continue
         try:
             result["entries"] += store.entry_count()
-            result["records"] += _count(store, "records")
+            with contextlib.closing(connect_read_only(path)) as conn:
+                sql = "SELECT COUNT(*) FROM records WHERE session_id=?"
+                result["records"] += int(conn.execute(sql, (sid,)).fetchone()[0])
             found = take_snapshot(store).all_damage()
             result["damage"].extend({**d, "session_id": sid} for d in found)
         except sqlite3.Error as exc:
@@ -258,11 +261,6 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
             store.close()
     result["ok"] = _ok(result["damage"])
     return result
-
-
-def _count(store: SqliteSessionStore, table: str) -> int:
-    rows = store._read(f"SELECT COUNT(*) FROM {table} WHERE session_id=?", (store.session_id,))
-    return int(rows[0][0])
 
 
 def _is_session_file(path: Path) -> bool:
