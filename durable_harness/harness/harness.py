@@ -21,7 +21,7 @@ from durable_harness.errors import NoOpenRun, RecoveryError, RunInProgress
 from durable_harness.harness.core import Event, HarnessCore, HarnessOptions, LiveRun, RunHandle
 from durable_harness.harness.driver import Driver, keep_client_key
 from durable_harness.harness.records import record
-from durable_harness.harness.state import RunState, fold_run
+from durable_harness.harness.state import RunState, open_run
 from durable_harness.harness.steps import Step
 from durable_harness.harness.tool_calls import ToolCalls
 from durable_harness.harness.turns import Turns
@@ -303,11 +303,7 @@ class Harness:
 
     def load_run(self, lane: str = "main") -> RunState | None:
         """Fold the lane's open run from storage (``None`` when the lane has none)."""
-        state = self.session.lane(lane)
-        if state.run_id is None or state.run_seq is None:
-            return None
-        recs = self.store.records(lane, run_id=state.run_id, since_seq=state.run_seq - 1)
-        return fold_run(state.run_id, lane, recs, self.store.get_entry)
+        return open_run(self.store, self.session.lane(lane))
 
     async def resume(
         self,

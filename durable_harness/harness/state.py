@@ -8,15 +8,17 @@ run continues exactly where the live one would have.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from durable_harness.models.messages import text_of
+
+if TYPE_CHECKING:
+    from durable_harness.storage.base import LaneState, SessionStore
 
 ToolStatus = Literal["not_started", "in_doubt", "completed"]
 
 #: What a provider request is for: a run's turn, or a summary the run loop asks for.
 Purpose = Literal["turn", "compaction", "branch_summary"]
-PURPOSES: tuple[Purpose, ...] = ("turn", "compaction", "branch_summary")
 
 
 def call_key(entry_id: str, index: int) -> str:
@@ -348,6 +350,18 @@ def fold_lane(records: list[dict[str, Any]]) -> LaneLog:
     for rec in records:
         log.apply(rec)
     return log
+
+
+def open_run(store: SessionStore, lane: LaneState) -> RunState | None:
+    """The lane's open run, folded from ``store`` (``None`` when the lane has none).
+
+    Raises:
+        StorageError: the session cannot be read.
+    """
+    if lane.run_id is None or lane.run_seq is None:
+        return None
+    recs = store.records(lane.name, run_id=lane.run_id, since_seq=lane.run_seq - 1)
+    return fold_run(lane.run_id, lane.name, recs, store.get_entry)
 
 
 def fold_run(run_id: str, lane: str, records: list[dict[str, Any]], get_entry: Any) -> RunState:

@@ -231,26 +231,16 @@ class NetworkProvider:
         )
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
-        """Stream the answer to ``request``: deltas and tool calls, then one :class:`Done`.
-
-        The ``Done`` message is ``{"role": "assistant", "content": [thinking | text | toolCall
-        blocks], "provider", "model", "usage": {input, output, cacheRead, cacheWrite,
-        totalTokens (tokens), cost{input, output, cacheRead, cacheWrite, total} (USD) or
-        None}, "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
-
-        Only a stream that delivered its end marker is an answer: one that ends without it
-        (cleanly, or by a dropped or reset connection, a tool call's arguments cut mid-way
-        included) fails with ``details["reason"] == "stream_truncated"``, one silent for
-        ``idle_timeout`` with ``"stream_idle_timeout"``; both retryable, and no :class:`Done`
-        is yielded (what was already yielded is no answer). The SDK's stream, then its
-        client, are closed (shielded) however the iteration ends.
+        """Stream the answer to ``request``: deltas and tool calls, then one :class:`Done`
+        (the message's shape: :mod:`~durable_harness.providers.base`; thinking blocks keep
+        their signature as ``thinkingSignature``), only once the wire's end marker arrived.
+        The SDK's stream, then its client, are closed (shielded) however the iteration ends.
 
         Raises:
-            ProviderError: ``retryable`` follows the one rule in
-                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx, connection
-                failures, timeouts, a cut stream, mid-stream server errors: retryable); a
-                missing key and unparseable tool arguments of a complete answer are not
-                retryable. ``status`` holds the HTTP status when known.
+            ProviderError: ``retryable`` by the one rule of
+                :mod:`~durable_harness.providers.failures` (a cut or silent stream included,
+                with its ``details["reason"]``); a missing key and unparseable tool arguments
+                of a complete answer are not retryable. ``status``: the HTTP status, if any.
         """
         client = self._client()
         try:

@@ -27,9 +27,8 @@ Wire mapping (pi message shapes -> Messages API):
 
 Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 :class:`ThinkingDelta`, ``input_json_delta`` accumulated per block and yielded as one
-:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done`. A stream without
-``message_stop`` is cut short, never an answer
-(:func:`~durable_harness.providers.failures.stream_ended_early`).
+:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done` (once ``message_stop``
+arrived: :mod:`~durable_harness.providers.failures`).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ Wire mapping (pi message shapes -> chat completions):
 Stream mapping: ``content`` deltas -> :class:`TextDelta`; ``reasoning_content`` / ``reasoning``
 deltas (sent by several compatible servers) -> :class:`ThinkingDelta`; tool-call deltas are
 accumulated by ``index`` and each complete call is yielded once as a :class:`ToolCallEvent`
-after the stream ends; then :class:`Done`. A stream without a ``finish_reason`` is cut short,
-never an answer (:func:`~durable_harness.providers.failures.stream_ended_early`).
+after the stream ends; then :class:`Done` (once a ``finish_reason`` arrived:
+:mod:`~durable_harness.providers.failures`).
 """
 
 from __future__ import annotations

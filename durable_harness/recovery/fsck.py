@@ -110,14 +110,18 @@ def _fsck_postgres(spec: str, only: str | None) -> dict[str, Any]:
     for sid in ids:
         session = store.open_session(sid, write=False)
         try:
-            result["entries"] += session.entry_count()
-            result["records"] += len(session.records())
-            found = take_snapshot(session).all_damage()
-            result["damage"].extend({**d, "session_id": sid} for d in found)
+            _add_session(result, sid, session, len(session.records()))
         finally:
             session.close()
     result["ok"] = _ok(result["damage"])
     return result
+
+
+def _add_session(result: dict[str, Any], sid: str, store: SessionStore, records: int) -> None:
+    """Add one session of a database to ``result``: its entries, ``records`` and damage."""
+    result["entries"] += store.entry_count()
+    result["records"] += records
+    result["damage"].extend({**d, "session_id": sid} for d in take_snapshot(store).all_damage())
 
 
 def damage_location(item: dict[str, Any]) -> str:
@@ -249,12 +253,9 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
             result["damage"].append(damage("bad_database", f"session {sid}: {exc}"))
             continue
         try:
-            result["entries"] += store.entry_count()
             with contextlib.closing(connect_read_only(path)) as conn:
                 sql = "SELECT COUNT(*) FROM records WHERE session_id=?"
-                result["records"] += int(conn.execute(sql, (sid,)).fetchone()[0])
-            found = take_snapshot(store).all_damage()
-            result["damage"].extend({**d, "session_id": sid} for d in found)
+                _add_session(result, sid, store, int(conn.execute(sql, (sid,)).fetchone()[0]))
         except sqlite3.Error as exc:
             result["damage"].append(damage("bad_database", f"session {sid}: {exc}"))
         finally:

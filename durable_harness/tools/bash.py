@@ -1,20 +1,8 @@
-"""The built-in ``bash`` tool: one command line, its own process group, nothing outlives it.
-
-``bash`` runs each command in its own process group and never lets any process of that
-group outlive the call: on normal exit stragglers get SIGTERM then SIGKILL, on timeout the
-whole group gets SIGTERM, a short grace, then SIGKILL, and on cancellation (abort, close) the
-stop is staged (SIGINT to the terminal's foreground group in the pty runtime, then SIGTERM,
-then SIGKILL once the context's grace has passed: 1 s for an abort, the host's
-``close_grace`` for a close), before the cancellation propagates. A process
-that leaves the group on purpose (``setsid``, ``nohup setsid ...``) is not tracked. Whether
-the group is still alive is decided by :func:`~durable_harness.tools.processes.group_alive`
-(zombies do not count); the environment the command sees by
-:func:`~durable_harness.tools.env.tool_environment`.
-
-Two command runtimes, chosen per tool instance (:data:`Runtime`): ``pipe`` (the default: stdin
-``/dev/null``, stdout and stderr one pipe) and ``pty`` (stdin, stdout and stderr a
-pseudo-terminal, so ``isatty`` is true in the command). Everything else is the same: group,
-timeouts, cleanup, the ``tool_process`` record, the output cap.
+"""The built-in ``bash`` tool: one command line, its own process group, nothing outlives it
+(:class:`BashTool` says how each way out stops the group). Whether the group is still alive
+is decided by :func:`~durable_harness.tools.processes.group_alive` (zombies do not count); the
+environment the command sees by :func:`~durable_harness.tools.env.tool_environment`. Two
+command runtimes (:data:`Runtime`): ``pipe`` and ``pty``; everything else is the same.
 
 **The start gate.** The shell is spawned behind a gate (:func:`_gate`): it waits on a pipe
 before it runs the command, and the harness opens the gate only once the ``tool_process``
@@ -249,25 +237,21 @@ class BashTool(Tool):
         ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or a size is not positive.
 
     The command runs in a new session and process group, with stdin from ``/dev/null`` (pipe
-    runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime: see
-    :func:`_open_pty`; ``isatty`` and ``test -t`` see a terminal, and bash, leading the new
-    session, takes it as the controlling terminal, so ``/dev/tty`` is the same terminal), and
-    the environment ``os.environ`` without credentials (:func:`tool_environment`: ``*_KEY``,
-    ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*`` are removed unless allowed) + ``ctx.env`` (given
-    explicitly, kept whole) + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``, ``DURABLE_HARNESS_RUN_ID``
-    and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are combined; the result keeps the last
-    :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit
-    appends ``"exit code N"`` and sets ``is_error`` (N is negative when a signal killed the
-    shell). ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated",
-    "runtime"}``.
+    runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime, :func:`_open_pty`:
+    ``isatty`` is true, and bash, leading the new session, takes it as its controlling
+    terminal), and the environment ``os.environ`` without credentials
+    (:func:`tool_environment`) + ``ctx.env`` (kept whole) + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``,
+    ``DURABLE_HARNESS_RUN_ID`` and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are
+    combined; the result keeps the last :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit appends
+    ``"exit code N"`` and sets ``is_error`` (N is negative when a signal killed the shell).
+    ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated", "runtime"}``.
 
     Process lifetime: when the shell exits, processes still in its group are stopped
-    (SIGTERM, grace, SIGKILL). On timeout the group is stopped the same way and the result
-    is an error saying so, with the output captured until then. On cancellation (abort,
-    close) the stop is staged (:func:`_stop_cancelled`): pty runtime, SIGINT to the terminal's
-    foreground group; then SIGTERM; SIGKILL once ``ctx.grace()`` seconds have passed (1 s
-    for an abort, the host's ``close_grace`` for a close); the shell is reaped (shielded)
-    before the cancellation propagates.
+    (SIGTERM, grace, SIGKILL); on timeout the whole group is, and the result is an error saying
+    so, with the output captured until then. On cancellation (abort, close) the stop is staged
+    (:func:`_stop_cancelled`) over ``ctx.grace()`` seconds (1 s for an abort, the host's
+    ``close_grace`` for a close) and the shell is reaped (shielded) before the cancellation
+    propagates. A process that leaves the group on purpose (``setsid``) is not tracked.
 
     Error results: timeout, non-zero exit, ``bash`` or the working directory missing.
     """
