@@ -56,14 +56,6 @@ from durable_harness.providers.base import (
     ToolSpec,
 )
 
-__all__ = [
-    "ANTHROPIC_IMAGES",
-    "AnthropicProvider",
-    "to_anthropic_messages",
-    "to_anthropic_tools",
-    "wire_tool_id",
-]
-
 ANTHROPIC_IMAGES = ImageLimits(
     "anthropic", ("image/jpeg", "image/png", "image/gif", "image/webp"), 5 * 1024 * 1024
 )

@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ProviderChoice", "choose_provider", "request_model", "same_family", "spec_family"]
-
 Source = Literal["given", "recorded", "default"]
 
 

@@ -54,8 +54,6 @@ from durable_harness.providers.base import (
     empty_usage,
 )
 
-__all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
-
 OPENAI_IMAGES = ImageLimits(
     "openai", ("image/jpeg", "image/png", "image/gif", "image/webp"), 20 * 1024 * 1024
 )

@@ -29,8 +29,7 @@ from durable_harness.errors import (
     SessionNotFound,
 )
 from durable_harness.recovery.snapshot import take_snapshot
-from durable_harness.session.pi import is_pi_header, open_pi_file
-from durable_harness.storage import codec
+from durable_harness.session.pi import is_pi_header, open_pi_file, read_head
 from durable_harness.storage.base import WARNING_KINDS, SessionStore, Store, damage
 from durable_harness.storage.jsonl import JsonlSessionStore, is_commit_line, is_own_format
 from durable_harness.storage.sqlite import SqliteSessionStore, connect_read_only
@@ -143,16 +142,6 @@ def _result(path: str, fmt: str) -> dict[str, Any]:
     return {"ok": False, "damage": [], "entries": 0, "records": 0, "format": fmt, "path": path}
 
 
-def _first_lines(path: str) -> tuple[Any, bytes]:
-    with open(path, "rb") as fh:
-        first = fh.readline(1 << 20)
-        second = fh.readline(1 << 20)
-    try:
-        return codec.loads(first), second
-    except ValueError:
-        return None, second
-
-
 def _fsck_file(path: str) -> dict[str, Any]:
     """Check one session file (ours or pi's).
 
@@ -160,8 +149,7 @@ def _fsck_file(path: str) -> dict[str, Any]:
         NotASession: line 1 is neither a session header nor a commit line, and the file is
             not recognisably ours (see :func:`~durable_harness.storage.jsonl.recover_header`).
     """
-    header, second = _first_lines(path)
-    pi = is_pi_header(header) and b'"ops"' not in second
+    header, pi = read_head(path)
     ours = isinstance(header, dict) and (is_own_format(header) or is_commit_line(header))
     result = _result(path, "pi" if pi else "durable-harness/jsonl")
     store: SessionStore
@@ -266,7 +254,7 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
 
 def _is_session_file(path: Path) -> bool:
     try:
-        header, _ = _first_lines(str(path))
+        header, _ = read_head(str(path))
     except OSError:
         return True  # unreadable: reported by its own check
     return isinstance(header, dict) and (

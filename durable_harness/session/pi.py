@@ -117,6 +117,23 @@ def is_pi_header(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("type") == "session" and "format" not in obj
 
 
+def read_head(path: str) -> tuple[Any, bool]:
+    """Line 1 of a session file, parsed (``None`` when it does not parse), and whether the
+    file is pi's: a pi header whose next line is no commit of ours.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 20)
+        second = fh.readline(1 << 20)
+    try:
+        header = codec.loads(first)
+    except ValueError:
+        header = None
+    return header, is_pi_header(header) and b'"ops"' not in second
+
+
 def open_pi_file(path: str) -> MemorySessionStore:
     """Open a pi session file read-only, migrated in memory, with lane ``main`` at the last
     entry. Damage (bad lines, torn tail, orphans, duplicate ids) is in ``store.damage``.

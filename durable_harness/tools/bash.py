@@ -38,8 +38,6 @@ from durable_harness.tools.base import (
 from durable_harness.tools.env import tool_environment
 from durable_harness.tools.processes import group_alive, signal_group
 
-__all__ = ["RUNTIMES", "BashArgs", "BashTool", "Runtime"]
-
 
 def _gate(fd: int) -> str:
     """The start gate's script, run as ``bash -c SCRIPT bash COMMAND`` with the gate pipe's

@@ -3,8 +3,9 @@
 Every path argument is resolved with :func:`~durable_harness.fs.resolve_path`, so it
 must stay inside the session's working directory (``ToolContext.cwd``); a path that escapes,
 directly or through a symlink, yields an ``is_error`` result naming the path, never an
-exception. Other expected failures (missing file, text not found) are ``is_error`` results
-too, so the model can see and correct them.
+exception. Other expected failures (a missing file, a directory, a parent that is a file,
+permission denied, a full disk, text not found) are ``is_error`` results too, so the model can
+see and correct them.
 
 Durability: ``write_file`` and ``edit_file`` replace the target atomically
 (:func:`~durable_harness.fs.atomic_write`), so after a crash the file holds either the
@@ -165,9 +166,7 @@ class ReadFileTool(
     at most :data:`OUTPUT_CAP_BYTES` bytes; when it is cut, a note at the end gives the
     ``offset`` to continue from. ``details``: ``{"path", "offset", "lines", "total_lines",
     "truncated"}``.
-
-    Error results (``is_error``): path outside the working directory, file missing, a
-    directory, unreadable, or ``offset`` past the end of a non-empty file.
+    Also an error result: ``offset`` past the end of a non-empty file.
     """
 
     description = (
@@ -253,9 +252,6 @@ class WriteFileTool(_FileTool, name="write_file", args=WriteFileArgs, verb="cann
     Args model: :class:`WriteFileArgs` (``path``, ``content``). Result text
     ``"wrote N bytes to PATH"`` (N = UTF-8 bytes of ``content``); ``details``:
     ``{"path": absolute path, "bytes": N, "sha256": hex digest}``.
-
-    Error results: path outside the working directory, the path is a directory, a parent is a
-    file, permission denied, disk full.
     """
 
     description = (
@@ -312,9 +308,8 @@ class EditFileTool(_FileTool, name="edit_file", args=EditFileArgs, verb="cannot 
     Args model: :class:`EditFileArgs` (``path``, ``old_text``, ``new_text``). The file is
     rewritten atomically like ``write_file``. Result text ``"edited PATH: replaced 1
     occurrence (N bytes)"``; ``details``: ``{"path", "bytes", "sha256"}`` of the new content.
-
-    Error results: path outside the working directory, file missing or not UTF-8,
-    ``old_text`` absent or occurring more than once (the count is given).
+    Also error results: a file not UTF-8, ``old_text`` absent or occurring more than once
+    (the count is given).
     """
 
     description = (
@@ -392,9 +387,6 @@ class AppendFileTool(_FileTool, name="append_file", args=AppendFileArgs, verb="c
     Args model: :class:`AppendFileArgs` (``path``, ``content``). Result text
     ``"appended N bytes to PATH"`` (N = UTF-8 bytes); ``details``: ``{"path", "bytes"}``.
     No ``reconcile``: whether an append happened cannot be told from the file alone.
-
-    Error results: path outside the working directory, the path is a directory, permission
-    denied, disk full.
     """
 
     description = (

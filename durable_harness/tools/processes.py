@@ -20,14 +20,6 @@ import signal
 import socket
 import time
 
-__all__ = [
-    "group_alive",
-    "kill_group",
-    "process_start_time",
-    "signal_group",
-    "this_host",
-]
-
 _PROC = "/proc"
 
 
