@@ -35,10 +35,9 @@ Event = dict[str, Any]
 
 
 def _check_plugins(provider: Provider, tools: list[Tool]) -> None:
-    """Check the values a provider and the tools contribute to records (the provider's
-    ``name`` and ``model``; each tool's ``name`` and ``replay``), once, when the harness is
-    built: the records the harness builds from them are not re-checked at commit
-    (:mod:`durable_harness.harness.records`).
+    """Check, once, the values a provider and the tools contribute to records (the
+    records built from them are not re-checked at commit: :mod:`~durable_harness.harness.
+    records`).
 
     Raises:
         ProviderError: the provider's ``name`` or ``model`` is not a string.
@@ -156,15 +155,10 @@ class Suspend(Exception):
 
 
 class HarnessCore:
-    """What the harness's components share: the session, provider, tools and options, the live
-    runs, the folded lane logs, the event subscribers and the task group; and the only way they
-    write (:meth:`commit`, made durable by :meth:`barrier`).
-
-    One is built by each :class:`~durable_harness.harness.harness.Harness` and handed to its
-    components (:class:`~durable_harness.harness.turns.Turns`,
-    :class:`~durable_harness.harness.tool_calls.ToolCalls`); it is internal, not part of the
-    public surface.
-    """
+    """What the components of one :class:`~durable_harness.harness.harness.Harness` share
+    (internal): the session, provider, tools and options, the live runs, the folded lane logs,
+    the event subscribers and the task group; and the only way they write (:meth:`commit`,
+    made durable by :meth:`barrier`)."""
 
     def __init__(
         self,

@@ -243,9 +243,8 @@ class Harness:
         """Abort the lane's run: ``abort_requested`` is durable before the signal; the provider
         stream and running tools are cancelled; the run settles ``aborted``. Returns the steer and
         follow-up messages that were cancelled (next-run items and deferred writes survive).
-        ``grace``: seconds a cancelled tool has to stop its processes before it kills them
-        (``bash``: SIGTERM, then SIGKILL; default ``ABORT_GRACE``, 1 s; a host's close passes
-        its ``close_grace``).
+        ``grace``: seconds a cancelled tool has to stop its processes (default ``ABORT_GRACE``,
+        1 s; a host's close passes its ``close_grace``).
 
         Raises:
             NoOpenRun: no live run on the lane.
@@ -314,20 +313,11 @@ class Harness:
         results: Mapping[str, ToolResult] | None = None,
     ) -> RunHandle | None:
         """Continue the lane's interrupted run by executing ``step``, the step the recovery
-        plan decided for it (:meth:`durable_harness.recovery.decide.LanePlan.step`), then
-        carry on as a live run.
-
-        Args:
-            step: the lane's planned step; for an idle lane, ``start_next_run`` starts the
-                queued next-run item and ``none`` does nothing.
-            decisions: ``{call key: {"decision": "retry"|"fail"|"result", "result": text}}``
-                the plan was computed with; each is written as a durable ``decision`` record
-                before anything acts on it.
-            results: ``{call key: result}`` for the calls the plan settles by ``reconcile``
-                (what the hook established when the plan was made).
-
-        Returns:
-            The run's handle, or ``None`` when nothing was started.
+        plan decided for it (:meth:`durable_harness.recovery.decide.LanePlan.step`; for an idle
+        lane ``start_next_run`` or ``none``), then carry on as a live run. ``decisions``
+        (``{call key: decision}``, those the plan was computed with) are durable ``decision``
+        records before anything acts on them; ``results`` (``{call key: result}``) settle the
+        calls the plan reconciles. Returns the run's handle, or ``None`` when nothing started.
 
         Raises:
             RunInProgress: the lane already has a live run in this harness.

@@ -49,18 +49,11 @@ def _checked_result(tool_name: str, result: Any) -> ToolResult:
 
 
 class ToolCalls:
-    """The harness's tool-call component: runs a turn's tool calls (intent durable before
-    the effect), settles them, and settles aborted runs.
-
-    It is also the harness's one extension point for the tool path: ``Harness(...,
-    tool_calls=SubClass)`` builds the component from a subclass. The crash matrix's self-test
-    uses it to install a deliberately broken order (:mod:`durable_harness.crashtest.broken`);
-    a subclass that changes :meth:`run_tool` can break write-ahead, so production code has no
-    reason to pass one.
-
-    Args:
-        core: the harness's shared :class:`~durable_harness.harness.core.HarnessCore`.
-    """
+    """The harness's tool-call component over its ``core``: runs a turn's tool calls (intent
+    durable before the effect), settles them, and settles aborted runs. Also the harness's one
+    extension point for the tool path (``Harness(..., tool_calls=SubClass)``): the crash
+    matrix's self-test installs a deliberately broken order with it
+    (:mod:`durable_harness.crashtest.broken`); production code has no reason to."""
 
     def __init__(self, core: HarnessCore) -> None:
         self.core = core
@@ -106,12 +99,9 @@ class ToolCalls:
     def stop_leftover(self, live: LiveRun, call: ToolCallState) -> None:
         """Kill the process group recorded for ``call`` if it is still alive, and wait until
         it is gone, before the call is settled or re-run (:func:`~durable_harness.harness.
-        groups.kill_groups`, the one rule shared with the host). A group left by a crashed
-        harness may still be producing the call's effect; the lease proves that harness dead.
-        A group this harness started itself is killed by its tool on the way out (return,
-        timeout or abort), so for such a call this is a check, or a wait for the last member
-        of an aborted group to die, and no ``tool_process_killed`` event: that event means a
-        dead harness's leftover was found.
+        groups.kill_groups`, the one rule shared with the host). A group this harness started
+        itself is stopped by its tool on the way out, so for it this only waits, and records
+        nothing: ``tool_process_killed`` means a dead harness's leftover was found.
 
         Raises:
             ToolProcessRunning: the group outlived SIGKILL by ``KILL_WAIT`` seconds (nothing
@@ -274,14 +264,9 @@ class ToolCalls:
         parent: str | Literal[False] | None = False,
     ) -> list[Op]:
         """The result entry (under the lane's leaf, or ``parent``) and its ``tool_finished``
-        record. The id is the one provisioned by the intent, unless it is taken already: a
-        ``result_id`` this harness made for the intent it has just committed cannot be (this
-        writer holds the lease and has not used it), so only a provisioned id read back from
-        the log (a recovered call) is looked up.
-
-        Every settlement comes through here, so this is where a group recorded for the call
-        is killed first (:meth:`stop_leftover`): no call is settled while its effect may still
-        land."""
+        record, under the id the intent provisioned unless it is taken already (only an id
+        read back from the log, of a recovered call, can be). Every settlement comes through
+        here, so a group recorded for the call is killed first (:meth:`stop_leftover`)."""
         self.stop_leftover(live, call)
         s = live.state
         rid = result_id or call.result_entry_id or new_id()

@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-import tenacity
 
 from durable_harness import crash
 from durable_harness.errors import (
@@ -78,8 +77,9 @@ class Turns:
         attempt: Callable[[], Awaitable[_T]],
     ) -> _T:
         """Run ``attempt`` until it succeeds, retrying retryable provider errors with
-        exponential backoff, never past ``cap`` attempts as counted by ``used()`` (the durable
-        count: attempts lost in crashes count too).
+        exponential backoff (``retry_initial`` doubling up to ``retry_max`` seconds), never past
+        ``cap`` attempts as counted by ``used()`` (the durable count: attempts lost in crashes
+        count too).
 
         Raises:
             AttemptCapReached: the cap is reached (before an attempt, or after a failed one).
@@ -91,35 +91,19 @@ class Turns:
                 attempts=used(),
                 cap=cap,
             )
-        try:  # the common case: the first attempt succeeds, no retry machinery needed
-            return await attempt()
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            if used() >= cap:
-                raise _cap_reached(what, used(), cap, exc) from exc
-        await anyio.sleep(self.core.options.retry_initial)
-        retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(cap - used()),
-            wait=tenacity.wait_exponential(
-                multiplier=self.core.options.retry_initial, max=self.core.options.retry_max
-            ),
-            retry=tenacity.retry_if_exception(
-                lambda e: isinstance(e, ProviderError) and e.retryable
-            ),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
-
-        async def again() -> _T:  # a coroutine function, so tenacity awaits it
-            return await attempt()
-
-        try:
-            return await retrying(again)
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            raise _cap_reached(what, used(), cap, exc) from exc
+        left, failures = cap - used(), 0  # bounded here too: a fenced harness counts nothing
+        initial, top = self.core.options.retry_initial, self.core.options.retry_max
+        while True:
+            try:
+                return await attempt()
+            except ProviderError as exc:
+                if not exc.retryable:
+                    raise
+                failures += 1
+                if used() >= cap or failures >= left:
+                    raise _cap_reached(what, used(), cap, exc) from exc
+            # the first retry waits ``retry_initial``, then ``retry_initial * 2**n``, capped
+            await anyio.sleep(initial if failures == 1 else min(initial * 2 ** (failures - 2), top))
 
     async def _attempt(self, live: LiveRun, turn: int, response_id: str) -> None:
         s = live.state
