@@ -133,30 +133,12 @@ def cost_summary(
         ):
             open_attempts.pop((rid, rec.get("turn"), rec.get("attempt")), None)
         if t == "provider_request_finished":
-            usage = rec.get("usage") or {}
-            turns.append(
-                {
-                    "run_id": rid,
-                    "turn": rec.get("turn"),
-                    "purpose": rec.get("purpose", "turn"),
-                    "tokens": int(usage.get("totalTokens", 0) or 0),
-                    "cost": message_cost(usage),
-                }
-            )
+            turns.append(_turn(rid, rec.get("turn"), rec.get("purpose", "turn"), rec))
     if not turns:
         for e in entries():
             msg = e.get("message") or {}
             if e.get("type") == "message" and msg.get("role") == "assistant":
-                usage = msg.get("usage") or {}
-                turns.append(
-                    {
-                        "run_id": None,
-                        "turn": len(turns) + 1,
-                        "purpose": "turn",
-                        "tokens": int(usage.get("totalTokens", 0) or 0),
-                        "cost": message_cost(usage),
-                    }
-                )
+                turns.append(_turn(None, len(turns) + 1, "turn", msg))
     by_run: dict[str, list[dict[str, Any]]] = {}
     for t in turns:
         if t["run_id"] is not None:
@@ -176,6 +158,20 @@ def cost_summary(
         "runs": runs,
         "total": total,
         "unknown_cost_attempts": len(open_attempts),
+    }
+
+
+def _turn(
+    run_id: str | None, turn: Any, purpose: Any, has_usage: Mapping[str, Any]
+) -> dict[str, Any]:
+    usage = has_usage.get("usage") or {}
+    tokens = int(usage.get("totalTokens", 0) or 0)
+    return {
+        "run_id": run_id,
+        "turn": turn,
+        "purpose": purpose,
+        "tokens": tokens,
+        "cost": message_cost(usage),
     }
 
 

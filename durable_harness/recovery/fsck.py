@@ -152,28 +152,21 @@ def _fsck_file(path: str) -> dict[str, Any]:
     header, pi = read_head(path)
     ours = isinstance(header, dict) and (is_own_format(header) or is_commit_line(header))
     result = _result(path, "pi" if pi else "durable-harness/jsonl")
+    if is_pi_header(header) and not pi:  # a pi file with a line that looks like a commit:
+        try:  # ours if it opens as ours, else pi's
+            return _fill(result, JsonlSessionStore.open_path(path, write=False))
+        except CorruptSession:
+            result["format"], pi = "pi", True
     store: SessionStore
     try:
         store = open_pi_file(path) if pi else JsonlSessionStore.open_path(path, write=False)
     except CorruptSession as exc:
-        if is_pi_header(header) and not pi:  # a pi file with a line that looks like a commit
-            return _fsck_file_as_pi(path, result)
         if not (ours or is_pi_header(header)):
             raise NotASession(
                 f"{path} is not a session file: line 1 is neither a session header nor a "
                 "commit line",
                 path=path,
             ) from exc
-        result["damage"].append(damage("bad_header", exc.message, offset=0, line=1))
-        return result
-    return _fill(result, store)
-
-
-def _fsck_file_as_pi(path: str, result: dict[str, Any]) -> dict[str, Any]:
-    result["format"] = "pi"
-    try:
-        store = open_pi_file(path)
-    except CorruptSession as exc:
         result["damage"].append(damage("bad_header", exc.message, offset=0, line=1))
         return result
     return _fill(result, store)
