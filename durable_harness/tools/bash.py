@@ -15,6 +15,7 @@ command ever runs that recovery cannot find by its recorded group (``design/reco
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import subprocess
@@ -344,16 +345,10 @@ class BashTool(Tool):
         pgid = process.pid  # start_new_session: the shell leads its own group
         tail = _Tail(OUTPUT_CAP_BYTES)
         if master is not None:
-            fd = master
-
-            def pump(done: anyio.Event) -> Coroutine[Any, Any, None]:
-                return _pump_pty(fd, tail, done)
+            pump = functools.partial(_pump_pty, master, tail)
         else:
             assert process.stdout is not None
-            stdout = process.stdout
-
-            def pump(done: anyio.Event) -> Coroutine[Any, Any, None]:
-                return _pump(stdout, tail, done)
+            pump = functools.partial(_pump, process.stdout, tail)
 
         finished = False
         try:
