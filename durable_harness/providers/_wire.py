@@ -42,7 +42,20 @@ from durable_harness.providers.failures import (
 
 
 class Settings(TypedDict, total=False):
-    """The keyword arguments every network provider takes (:class:`NetworkProvider`)."""
+    """The keyword arguments every network provider takes (:class:`NetworkProvider`).
+
+    ``name`` (written on assistant messages; default: the provider's family), ``context_window``
+    (tokens; drives auto-compaction), ``base_url`` (default: ``<FAMILY>_BASE_URL``, then the
+    SDK's), ``api_key`` (default: the family's variable in
+    :data:`~durable_harness.providers.CREDENTIAL_ENV`; never in errors, and always passed, so
+    the SDK loads no profile from disk), ``timeout`` (seconds for each phase of a request;
+    600), ``idle_timeout`` (seconds the server may stay silent, at most ``timeout``;
+    keep-alives reset it; default ``DURABLE_HARNESS_STREAM_IDLE_TIMEOUT``, else 300, Codex's
+    ``stream_idle_timeout_ms``; past it the attempt fails, retryable, with reason
+    ``stream_idle_timeout``), ``pricing`` (USD per million tokens of ``input``, ``output``,
+    ``cacheRead``, ``cacheWrite``; ``None``: costs unknown), ``reasoning`` (ask for the
+    model's reasoning from the request's ``thinking_level``).
+    """
 
     name: str
     context_window: int
@@ -151,33 +164,11 @@ class WireStream:
 
 class NetworkProvider:
     """A :class:`~durable_harness.providers.base.Provider` over an official SDK's streaming
-    API: the base of :class:`~durable_harness.providers.anthropic_provider.AnthropicProvider`
-    and :class:`~durable_harness.providers.openai_compat.OpenAIProvider`.
-
-    Args:
-        model: default model id (a request's non-empty ``model`` overrides it).
-        name: provider name written on assistant messages (default: the :attr:`family`).
-        context_window: the model's context window in tokens (drives auto-compaction;
-            default: the class's :attr:`default_window`).
-        base_url: API root; falls back to the environment variable ``<FAMILY>_BASE_URL``,
-            then the SDK default.
-        api_key: the API key; falls back to the family's variable
-            (:data:`~durable_harness.providers.CREDENTIAL_ENV`). Never appears in errors.
-            Because a key is always passed explicitly, the SDK never loads profiles from disk.
-        timeout: seconds allowed for each phase of a request: connecting, sending, waiting
-            for a pooled connection, and each read (default 600).
-        idle_timeout: seconds the server may stay silent while the request waits for its
-            answer or its stream runs: each read of the connection, at most ``timeout``
-            (keep-alives reset it). ``None`` takes ``DURABLE_HARNESS_STREAM_IDLE_TIMEOUT``,
-            else 300 (the default of OpenAI Codex's ``stream_idle_timeout_ms``). Past it the
-            attempt fails with reason ``stream_idle_timeout`` (retryable).
-        pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
-            ``cacheWrite``; ``None``: every cost is unknown.
-        reasoning: ask for the model's reasoning from the request's ``thinking_level``.
-
-    The SDK client never retries (``max_retries=0``): the harness does, writing one
-    ``provider_request_started`` record per attempt (:mod:`~durable_harness.providers.failures`
-    is the rule it applies).
+    API (``model``: the default model id; the rest: :class:`Settings`), the base of
+    :class:`~durable_harness.providers.anthropic_provider.AnthropicProvider` and
+    :class:`~durable_harness.providers.openai_compat.OpenAIProvider`. The SDK client never
+    retries (``max_retries=0``): the harness does, one ``provider_request_started`` record per
+    attempt, by the rule of :mod:`~durable_harness.providers.failures`.
 
     Raises:
         FormatError: ``idle_timeout`` (or its environment variable) is not a positive number.

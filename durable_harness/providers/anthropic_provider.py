@@ -135,16 +135,10 @@ class AnthropicProvider(NetworkProvider):
     """A :class:`~durable_harness.providers._wire.NetworkProvider` over the Anthropic Messages
     API (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``; ``ping`` events reset the idle timeout).
 
-    Args:
-        model: default model id.
-        context_window: tokens (default 200000).
-        max_tokens: output cap in tokens when the request sets none (default 4096).
-        name: provider name written on assistant messages (default ``anthropic``).
-        settings: ``base_url``, ``api_key``, ``timeout``, ``idle_timeout``, ``pricing`` and
-            ``reasoning`` as :class:`~durable_harness.providers._wire.NetworkProvider` takes
-            them; ``reasoning`` enables extended thinking from the request's
-            ``thinking_level`` (budget 1024/2048/8192/16384 tokens for minimal/low/medium/
-            high, added to ``max_tokens``).
+    Args: ``model``; ``max_tokens``, the output cap when the request sets none (default 4096);
+    :class:`~durable_harness.providers._wire.Settings` (``context_window`` default 200000);
+    ``reasoning`` enables extended thinking from the request's ``thinking_level`` (budget
+    1024/2048/8192/16384 tokens for minimal/low/medium/high, added to ``max_tokens``).
     """
 
     family = "anthropic"

@@ -149,16 +149,11 @@ class OpenAIProvider(NetworkProvider):
     """A :class:`~durable_harness.providers._wire.NetworkProvider` over OpenAI chat
     completions (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
 
-    Args:
-        model: default model id.
-        context_window: tokens (default 128000).
-        max_tokens_param: wire name of the output cap, ``max_completion_tokens`` (OpenAI) or
-            ``max_tokens`` (older compatible servers).
-        name: provider name written on assistant messages (default ``openai``).
-        settings: ``base_url``, ``api_key``, ``timeout``, ``idle_timeout``, ``pricing`` and
-            ``reasoning`` as :class:`~durable_harness.providers._wire.NetworkProvider` takes
-            them; ``reasoning`` sends ``reasoning_effort`` derived from the request's
-            ``thinking_level`` (for reasoning models; ``off`` sends nothing).
+    Args: ``model``; ``max_tokens_param``, the wire name of the output cap
+    (``max_completion_tokens``, OpenAI's, or ``max_tokens`` for older compatible servers);
+    :class:`~durable_harness.providers._wire.Settings` (``context_window`` default 128000);
+    ``reasoning`` sends ``reasoning_effort`` from the request's ``thinking_level`` (for
+    reasoning models; ``off`` sends nothing).
     """
 
     family = "openai"
