@@ -171,18 +171,13 @@ def open_pi_file(path: str) -> MemorySessionStore:
                 damage("duplicate_id", f"entry id {eid!r} missing or repeated", id=eid)
             )
             continue
-        shape = entry_shape_error(entry)
-        if shape is not None and not (
-            entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str)
-        ):
-            store.damage.append(damage("bad_line", f"entry {eid}: {shape}; skipped", id=eid))
-            continue
-        if entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str):
-            store.damage.append(
-                damage(
-                    "bad_line", f"entry {eid} has a parentId that is not a string; skipped", id=eid
-                )
-            )
+        parent, shape = entry.get("parentId"), entry_shape_error(entry)
+        if parent is not None and not isinstance(parent, str):
+            shape = " has a parentId that is not a string"
+        elif shape is not None:
+            shape = f": {shape}"
+        if shape is not None:
+            store.damage.append(damage("bad_line", f"entry {eid}{shape}; skipped", id=eid))
             continue
         seen.add(eid)
         numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})
