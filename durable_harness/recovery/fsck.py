@@ -1,13 +1,11 @@
 """Integrity checks of a session file or database, read-only: ``durable-harness fsck``.
 
 A check never modifies anything (a torn tail is reported, not quarantined) and never raises on
-bad bytes inside a session: every problem is a damage item naming its kind and its location
-(byte ``offset`` and ``line`` in a file; ``table``, ``id`` and ``seq`` in a database). The
-damage is the store's own: the check opens the session read-only and reads ``store.damage``,
-the same scan that opening for recovery runs (``design/storage.md``, "Damage"), plus the lane
-findings of the recovery snapshot (states a single writer cannot produce: unknown calls and runs,
-two open runs...), exactly the list ``recover`` prints (``Snapshot.all_damage``), so ``fsck`` and
-``recover`` cannot disagree. What is not a session or a store at all raises a typed error.
+bad bytes inside a session: every problem is a damage item naming its kind and location (byte
+``offset`` and ``line`` in a file; ``table``, ``id`` and ``seq`` in a database). It is exactly
+the list ``recover`` prints (``Snapshot.all_damage``: the store's own scan, ``design/storage.md``,
+"Damage", plus the snapshot's lane findings), so the two cannot disagree. What is not a session
+or a store at all raises a typed error.
 
 ``ok`` is ``False`` whenever any damage is found, a torn tail included (it is harmless once
 quarantined, but until a writer opens the file it is still there; ``design/storage.md``);

@@ -263,21 +263,13 @@ async def resume(
     """Resume a session's interrupted runs: plan recovery once (as :func:`recover` shows it,
     ``design/recovery.md``), then have the harness execute exactly each lane's planned step.
 
-    Args:
-        session: the session, opened for writing (the caller closes it).
-        tools: the tools, as a list or ``{name: tool}`` (their ``replay`` and ``reconcile``
-            decide what may be re-run).
-        provider: the model provider; default: rebuilt from the spec the run recorded.
-        decisions: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
-            "result": text}}`` for calls in doubt; each is durable before it acts.
-        policy: ``"ask"`` (in-doubt calls wait for a decision), or a policy of
-            :data:`~durable_harness.recovery.decide.Policy`.
-        options: harness options for the resumed runs.
-        lanes: only these lanes (default: all).
-
-    Returns:
-        ``{lane: outcome}``: ``completed``, ``aborted``, ``failed``, ``suspended`` (still
-        awaiting a decision) or ``idle`` (nothing to do).
+    ``session`` is open for writing (the caller closes it); ``tools`` a list or ``{name:
+    tool}`` (their ``replay`` and ``reconcile`` decide what may be re-run); ``provider``
+    defaults to one rebuilt from the spec the run recorded; ``decisions`` (``{call key or tool
+    call id: {"decision": "retry"|"fail"|"result", "result": text}}``) are each durable before
+    they act; ``policy``: :data:`~durable_harness.recovery.decide.Policy`; ``options``: for the
+    resumed runs; ``lanes``: only these (default: all). Returns ``{lane: outcome}``:
+    ``completed``, ``aborted``, ``failed``, ``suspended`` (awaiting a decision) or ``idle``.
 
     Raises:
         RecoveryError: a decision names no call in doubt, or no provider was given and none

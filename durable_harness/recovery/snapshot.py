@@ -79,18 +79,10 @@ def build_snapshot(
     lease: dict[str, Any] | None = None,
     alive: Callable[[int, int | None], bool] | None = None,
 ) -> Snapshot:
-    """Fold what was read into a :class:`Snapshot`.
-
-    Args:
-        lanes: every lane's stored state.
-        records: each lane's operation log in seq order.
-        get_entry: entry lookup by id (the fold reads the assistant entries that settle
-            provider requests; the checks read provisioned result entries).
-        damage: storage damage found on open.
-        lease: the live holder of the session (never this process).
-        alive: ``alive(pgid, start_time)`` for recorded tool process groups (``None``: not
-            probed).
-    """
+    """Fold what was read into a :class:`Snapshot`: every lane's state, each lane's log in
+    seq order (``records``), an entry lookup (for assistant and provisioned result entries),
+    the ``damage`` found on open, the live ``lease`` holder (never this process), and
+    ``alive(pgid, start_time)`` for recorded process groups (``None``: not probed)."""
     out = []
     for state in sorted(lanes, key=lambda s: s.name):
         recs = records.get(state.name, [])

@@ -63,12 +63,10 @@ class ToolContext:
         idempotency_key: ``"<run_id>:<call key>"`` (unique per call in the run), stable across
             restarts, for tools that call external services able to deduplicate a retry.
         env: extra environment for subprocesses.
-        on_process: called with a started subprocess's process-group id, so the harness can
-            record it: after a crash, recovery kills a group the dead harness left running
-            before it decides anything about the call.
-        stop_grace: returns the seconds a cancelled tool has to stop its processes before it
-            kills them (read when the cancellation comes: an abort uses
-            ``ABORT_GRACE``, a host's close its ``close_grace``); ``None``: ``ABORT_GRACE``.
+        on_process: called with a started subprocess's process-group id, so the harness
+            records it (recovery kills a group a dead harness left before deciding the call).
+        stop_grace: the seconds a cancelled tool has to stop its processes, read when the
+            cancellation comes (``None``: ``ABORT_GRACE``; a host's close: ``close_grace``).
     """
 
     cwd: Path
