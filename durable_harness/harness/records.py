@@ -4,20 +4,14 @@
 Every record is a dict with ``type``, ``id``, ``lane``, ``runId`` (where it applies) and
 ``timestamp``; storage adds ``seq``. These helpers only build dicts: they never write.
 
-Importing this module registers the declarations' field check with storage
-(:func:`durable_harness.storage.shapes.register_record_check`): a commit holding a record
-whose fields do not match its declaration is refused with ``InvalidOp`` (nothing written), and
-a stored record of the wrong shape reads back as damage. ``durable_harness/__init__.py``
-imports it, so the check is in place before any store is opened.
-
-A record built here is a :class:`BuiltRecord`, registered as trusted: storage checks only its
-envelope. The harness builds its records from values of the declared types (what comes from
-outside, a caller's client key, a tool's or a provider's answer, is checked where it enters),
-so the field check would cost every commit (about 4% of a turn) to find nothing. Records from
-anywhere else, plain dicts committed directly, are checked in full. The environment variable
-``DURABLE_HARNESS_CHECK_ALL_RECORDS=1`` (or
-:data:`durable_harness.storage.shapes.CHECK_TRUSTED`) checks built records too; the test suite
-sets it (``design/api.md``).
+Importing this module (``durable_harness/__init__.py`` does) registers the declarations' field
+check with storage (:func:`durable_harness.storage.shapes.register_record_check`): a commit of
+a record whose fields do not match is refused (``InvalidOp``), a stored one reads as damage. A
+:class:`BuiltRecord` is trusted (only its envelope is checked): the harness builds it from
+values of the declared types, checked where they entered, and the check would cost about 4% of
+a turn to find nothing. ``DURABLE_HARNESS_CHECK_ALL_RECORDS=1``
+(:data:`durable_harness.storage.shapes.CHECK_TRUSTED`) checks them too; the test suite sets it
+(``design/api.md``).
 """
 
 from __future__ import annotations

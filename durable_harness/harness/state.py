@@ -80,14 +80,12 @@ class RunLimits:
 class ToolCallState:
     """One tool call of the current turn.
 
-    ``key`` is the call's identity in the run (:func:`call_key`); ``tool_call_id`` the id the
-    provider sees (made unique within its message before it is stored). ``status``:
-    ``not_started`` (no intent), ``in_doubt`` (intent without settlement) or ``completed``
-    (settled). ``replay`` is the intent's recorded declaration (``None`` before the intent).
-    ``attempts`` counts ``tool_started`` intents for this call: the call's current attempt
-    (0 before its first intent). ``decision`` (``{"decision", "result"}``) and ``decided_seq``
-    are the decision on record for the current attempt, if any (``design/recovery.md``,
-    "Attempts"); a new intent clears them.
+    ``key``: the call's identity in the run (:func:`call_key`); ``tool_call_id``: the id the
+    provider sees; ``status``: ``not_started`` (no intent), ``in_doubt`` (intent without
+    settlement) or ``completed``; ``replay``: the intent's recorded declaration; ``attempts``:
+    its ``tool_started`` intents; ``decision`` (``{"decision", "result"}``) and
+    ``decided_seq``: the decision on record for the current attempt (a new intent clears them:
+    ``design/recovery.md``, "Attempts").
     """
 
     key: str

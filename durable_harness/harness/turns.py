@@ -294,34 +294,20 @@ class Turns:
 
         async def attempt() -> dict[str, Any]:
             number = used() + 1
-            message = await self._summary_attempt(
-                lane, messages, purpose, live, turn, number, op_id
+            request = ProviderRequest(
+                messages=[*messages, _SUMMARY_INSTRUCTION],
+                model=self.core.model(lane),
+                run_id=live.state.run_id if live else "",
+                purpose=purpose,
+                turn=turn,
+                attempt=number,
             )
+            message = await self._request(lane, live, request, op_id)
             settled.append(number)
             return message
 
         message = await self._with_attempts(what, used, cap, attempt)
         return message, op_id, settled[-1]
-
-    async def _summary_attempt(
-        self,
-        lane: str,
-        messages: list[dict[str, Any]],
-        purpose: str,
-        live: LiveRun | None,
-        turn: int,
-        attempt: int,
-        op_id: str,
-    ) -> dict[str, Any]:
-        request = ProviderRequest(
-            messages=[*messages, _SUMMARY_INSTRUCTION],
-            model=self.core.model(lane),
-            run_id=live.state.run_id if live else "",
-            purpose=purpose,
-            turn=turn,
-            attempt=attempt,
-        )
-        return await self._request(lane, live, request, op_id)
 
     def _settle_summary(
         self,

@@ -42,10 +42,8 @@ from durable_harness.tools.processes import group_alive, signal_group
 
 def _gate(fd: int) -> str:
     """The start gate's script, run as ``bash -c SCRIPT bash COMMAND`` with the gate pipe's
-    read end as file descriptor ``fd``: wait for a line on ``fd`` (exit 125 at end of file: the
-    harness died before it recorded the group), then replace itself, same process and group,
-    with ``bash -c COMMAND`` (so ``$0``, exit status and error messages are those of a plain
-    ``bash -c``) with ``fd`` closed."""
+    read end as ``fd``: wait for a line (exit 125 at end of file), then ``exec bash -c
+    COMMAND`` in the same process and group, ``fd`` closed (so it is a plain ``bash -c``)."""
     return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
 
 
@@ -196,10 +194,9 @@ async def _pump_pty(master: int, tail: _Tail, done: anyio.Event) -> None:
 
 def _open_pty(size: tuple[int, int] = PTY_SIZE) -> tuple[int, int]:
     """A pseudo-terminal for one command: ``(master, slave)`` file descriptors, the master
-    non-blocking. The slave is set up for a program that nobody types to: no echo, output
-    bytes passed as written (no ``\n`` to ``\r\n``), window ``size`` (rows, columns), and one
-    end-of-file queued as input, so a command that reads its terminal sees end of input at
-    once (as from ``/dev/null`` in the pipe runtime) instead of waiting for the timeout.
+    non-blocking; the slave set up for a program nobody types to: no echo, output bytes as
+    written (no ``\n`` to ``\r\n``), window ``size`` (rows, columns), and one end-of-file
+    queued as input (a command reading its terminal ends at once, as from ``/dev/null``).
 
     Raises:
         OSError: no pseudo-terminal could be opened.
