@@ -78,8 +78,8 @@ async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False)
                 etype, lane, step, i = trig
                 if event["type"] == etype and event.get("lane") == lane:
                     triggers.remove(trig)
-                    assert h._tg is not None
-                    h._tg.start_soon(run_step, i, step)
+                    assert h.task_group is not None
+                    h.task_group.start_soon(run_step, i, step)
 
         async def run_step(i: int, step: dict[str, Any]) -> None:
             op, lane, key = step["op"], step.get("lane", "main"), f"step-{i}"

@@ -1,13 +1,10 @@
 """The compaction budget a harness works with, decided once when it is built.
 
-Auto-compaction triggers when the context's estimated tokens exceed ``limit = context_window -
-compact_reserve`` (``design/context.md``); a compaction then keeps about ``keep_recent_tokens``
-of recent context verbatim and summarizes the rest. When ``keep_recent_tokens >= limit`` the
-kept part alone can fill the budget: the compaction cannot bring the context under the limit,
-so every later checkpoint would compact again, uselessly (issue 20). Such settings are clamped
-here, once: the harness keeps ``limit // 2`` tokens (half the budget, so a compaction leaves
-room for the turns that follow) and logs why, a single warning per harness, naming the values.
-A window at or under the reserve (``limit <= 0``) never auto-compacts, so it is left alone.
+Auto-compaction triggers above ``limit = context_window - compact_reserve`` tokens
+(``design/context.md``) and keeps about ``keep_recent_tokens``. When that is ``>= limit`` no
+compaction can get under the limit, so every checkpoint would compact again (issue 20): such
+settings are clamped once, to ``limit // 2`` (room for the turns that follow), with one
+warning per harness naming the values. A window at or under the reserve never auto-compacts.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The harness core: options, run handles, events, commits and durability barriers.
 
-Shared by the harness's components (:mod:`.harness`, :mod:`.turns`, :mod:`.tool_calls`),
-each of which holds a reference to one :class:`HarnessCore`; nothing is written except
-through :meth:`HarnessCore.commit`.
+Shared by the harness's components (:mod:`.harness`, :mod:`.driver`, :mod:`.turns`,
+:mod:`.tool_calls`), each of which holds a reference to one :class:`HarnessCore`; nothing is
+written except through :meth:`HarnessCore.commit`.
 """
 
 from __future__ import annotations
@@ -22,28 +22,22 @@ from durable_harness.errors import (
     ToolError,
 )
 from durable_harness.harness.compaction import compaction_budget
-from durable_harness.harness.state import (
-    LaneLog,
-    RunLimits,
-    RunState,
-    fold_lane,
-)
+from durable_harness.harness.records import record
+from durable_harness.harness.state import LaneLog, RunLimits, RunState, fold_lane
 from durable_harness.harness.steps import Step
-from durable_harness.providers.base import (
-    Provider,
-)
+from durable_harness.providers.base import Provider
+from durable_harness.providers.choice import request_model
 from durable_harness.session.session import Session
-from durable_harness.storage.base import Op, RecordOp
+from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ABORT_GRACE, Tool, ToolResult
 
 Event = dict[str, Any]
 
 
 def _check_plugins(provider: Provider, tools: list[Tool]) -> None:
-    """Check the values a provider and the tools contribute to records (the provider's
-    ``name`` and ``model``; each tool's ``name`` and ``replay``), once, when the harness is
-    built: the records the harness builds from them are not re-checked at commit
-    (:mod:`durable_harness.harness.records`).
+    """Check, once, the values a provider and the tools contribute to records (the
+    records built from them are not re-checked at commit: :mod:`~durable_harness.harness.
+    records`).
 
     Raises:
         ProviderError: the provider's ``name`` or ``model`` is not a string.
@@ -75,9 +69,8 @@ class HarnessOptions:
         attempt_cap: provider attempts per turn (and per summary), counted durably across
             restarts.
         retry_initial, retry_max: exponential backoff between attempts, in seconds.
-        max_turns: turns per run before the run fails (a runaway guard).
-        max_tool_calls: tool calls per run before the run fails (a runaway guard).
-            ``attempt_cap``, ``max_turns`` and ``max_tool_calls`` are recorded in each run's
+        max_turns, max_tool_calls: the runaway guards of :class:`RunLimits` (which holds
+            their defaults); with ``attempt_cap`` they are recorded in each run's
             ``run_started`` and a resumed run keeps the values it started with.
         compact_reserve: tokens kept free in the context window; auto-compaction triggers at
             a checkpoint when the estimated context exceeds ``context_window - compact_reserve``.
@@ -90,11 +83,11 @@ class HarnessOptions:
     """
 
     system_prompt: str | None = None
-    attempt_cap: int = 5
+    attempt_cap: int = RunLimits.attempt_cap
     retry_initial: float = 0.2
     retry_max: float = 5.0
-    max_turns: int = 50
-    max_tool_calls: int = 500
+    max_turns: int = RunLimits.max_turns
+    max_tool_calls: int = RunLimits.max_tool_calls
     compact_reserve: int = 16_384
     keep_recent_tokens: int = 20_000
     provider_spec: str | None = None
@@ -114,7 +107,12 @@ class HarnessOptions:
 
 
 @dataclass
-class _LiveRun:
+class LiveRun:
+    """A run this harness drives: its folded ``state``, ``done`` once it settles or suspends,
+    the cancel ``scope`` an abort cancels, the ``partial`` text of the answer streaming now,
+    the queue items an abort ``returned``, its ``outcome`` and the calls ``waiting`` for a
+    decision."""
+
     state: RunState
     done: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope | None = None
@@ -135,7 +133,7 @@ class RunHandle:
         run_id, lane: identity.
     """
 
-    def __init__(self, live: _LiveRun) -> None:
+    def __init__(self, live: LiveRun) -> None:
         self._live = live
         self.run_id = live.state.run_id
         self.lane = live.state.lane
@@ -152,43 +150,36 @@ class RunHandle:
         return list(self._live.waiting)
 
 
-class _Suspend(Exception):
-    pass
+class Suspend(Exception):
+    """Raised inside a run that waits for a decision: the driver ends it as ``suspended``."""
 
 
 class HarnessCore:
-    """What the harness's components share: the session, provider, tools and options, the live
-    runs, the folded lane logs, the event subscribers and the task group; and the only way they
-    write (:meth:`commit`, made durable by :meth:`barrier`).
-
-    One is built by each :class:`~durable_harness.harness.harness.Harness` and handed to its
-    components (:class:`~durable_harness.harness.turns.Turns`,
-    :class:`~durable_harness.harness.tool_calls.ToolCalls`); it is internal, not part of the
-    public surface.
-    """
+    """What the components of one :class:`~durable_harness.harness.harness.Harness` share
+    (internal): the session, provider, tools and options, the live runs, the folded lane logs,
+    the event subscribers and the task group; and the only way they write (:meth:`commit`,
+    made durable by :meth:`barrier`)."""
 
     def __init__(
         self,
         session: Session,
         provider: Provider,
-        tools: list[Tool] | dict[str, Tool] | None = None,
-        *,
-        cwd: str | Path | None = None,
-        options: HarnessOptions | None = None,
+        tools: list[Tool],
+        cwd: Path,
+        options: HarnessOptions,
     ) -> None:
         self.session = session
         self.store = session.store
         self.provider = provider
-        tool_list = list(tools.values()) if isinstance(tools, dict) else list(tools or [])
-        _check_plugins(provider, tool_list)
-        self.tools: dict[str, Tool] = {t.name: t for t in tool_list}
-        self.specs = [t.spec() for t in tool_list]
-        self.cwd = Path(cwd or session.cwd or ".")
-        self.options = options or HarnessOptions()
+        _check_plugins(provider, tools)
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self.specs = [t.spec() for t in tools]
+        self.cwd = cwd
+        self.options = options
         self.compaction = compaction_budget(
             provider.context_window, self.options.compact_reserve, self.options.keep_recent_tokens
         )
-        self.runs: dict[str, _LiveRun] = {}
+        self.runs: dict[str, LiveRun] = {}
         self.lanes: dict[str, LaneLog] = {}
         self.subscribers: list[Callable[[Event], Any]] = []
         self.tg: anyio.abc.TaskGroup | None = None
@@ -204,7 +195,7 @@ class HarnessCore:
         self.subscribers.append(callback)
         return lambda: self.subscribers.remove(callback)
 
-    def emit(self, etype: str, live: _LiveRun | None, **fields: Any) -> None:
+    def emit(self, etype: str, live: LiveRun | None, **fields: Any) -> None:
         """Send an event of type ``etype`` (with the run's ``lane`` and ``runId``, if any) to
         every subscriber."""
         event = {"type": etype, **fields}
@@ -224,7 +215,7 @@ class HarnessCore:
         return self.lanes[lane]
 
     def commit(
-        self, ops: list[Op], live: _LiveRun | None = None, assistant: dict[str, Any] | None = None
+        self, ops: list[Op], live: LiveRun | None = None, assistant: dict[str, Any] | None = None
     ) -> None:
         """Commit ``ops``, then fold its records into the run and lane state.
 
@@ -261,6 +252,35 @@ class HarnessCore:
         """Prepare an entry appended under the lane's leaf (or ``parent``)."""
         leaf = self.session.leaf(lane) if parent is False else parent
         return self.session.make_entry(entry, parent_id=leaf, validate=False)
+
+    def model(self, lane: str) -> str:
+        """The model a request on ``lane`` names (:func:`~durable_harness.providers.choice.
+        request_model`: the session's, when of this provider's family)."""
+        session_model = self.session.context(lane=lane).model
+        return request_model(self.provider.name, self.provider.model, session_model)
+
+    def deferred_ops(self, lane: str, leaf: str | None) -> tuple[list[Op], list[str]]:
+        """The entries applying the lane's deferred writes, chained under ``leaf``, and the
+        ids of the ``write_deferred`` records they apply (a save point's or a run's
+        ``appliedWrites``)."""
+        ops: list[Op] = []
+        applied: list[str] = []
+        for rec in self.lane_log(lane).deferred:
+            entry = self.entry(lane, dict(rec["write"]), parent=leaf)
+            ops.append(EntryOp(entry, lane=lane))
+            applied.append(rec["id"])
+            leaf = entry["id"]
+        return ops, applied
+
+    def finish_ops(self, live: LiveRun, outcome: str, leaf: str | None, **extra: Any) -> list[Op]:
+        """What settles a run: its deferred writes applied (under ``leaf``), then
+        ``run_finished`` with ``outcome`` (and ``extra`` fields: ``reason``)."""
+        s = live.state
+        ops, applied = self.deferred_ops(s.lane, leaf)
+        rec = record(
+            "run_finished", s.lane, s.run_id, outcome=outcome, appliedWrites=applied, **extra
+        )
+        return [*ops, RecordOp(rec)]
 
     def check_idle(self, lane: str) -> None:
         """Raise unless the lane has neither a live run nor an interrupted one.

@@ -2,28 +2,20 @@
 killing them before anything settles, re-runs or forgets the call.
 
 A ``bash`` call's group is recorded in a ``tool_process`` record (pgid and the leader's start
-time, :mod:`durable_harness.tools.processes`); the fold (``harness/state.py``) keeps it on the
-call while the call is in doubt. A group recorded for a call that is not settled yet may be
-left running by a harness that died: its effect can still land. So one rule, here, for every
-place that ends the life of such a call (``design/recovery.md``, "Process groups left
-running"):
-
-- the harness, before it settles a call (any outcome: aborted, failed, decided, reconciled,
-  not run) or re-runs it (:meth:`~durable_harness.harness.tool_calls.ToolCalls.stop_leftover`);
-- the host, when it closes a session (live or not), when start-up reconciliation finds a
-  closed session with a live group, and when it refuses to forget one
-  (``design/host.md``);
-- recovery's snapshot, which only reports whether the group is alive (``recover`` never kills).
+time, :mod:`durable_harness.tools.processes`); the fold keeps it on the call while the call is
+in doubt. A group left running by a harness that died may still land its effect, so one rule,
+here, for every place that ends the life of such a call (``design/recovery.md``, "Process
+groups left running"): the harness before it settles or re-runs a call
+(:meth:`~durable_harness.harness.tool_calls.ToolCalls.stop_leftover`), the host when it closes,
+reconciles or refuses to forget a session (``design/host.md``), and recovery's snapshot, which
+only reports whether the group is alive (``recover`` never kills).
 
 Killing checks the leader's start time (a reused pgid is never signalled) and waits, bounded,
-until no member runs: a call is never settled while its group may still write. Every kill of a
-dead generation's group is recorded (``tool_process_killed``, with who killed it), so the log
-says the group is gone and the plan stops reporting it.
-
-A group recorded on another machine (``tool_process.host`` is not :func:`~durable_harness.
-tools.processes.this_host`) is never signalled from here: its pgid names some other process
-on this machine, or none. It is reported (:func:`elsewhere`) and, while it may live, a retry
-of its call is refused unless forced (``durable_harness.recovery.remote``).
+until no member runs. Every kill of a dead generation's group is recorded
+(``tool_process_killed``, with who killed it), so the plan stops reporting it. A group recorded
+on another machine is never signalled from here (its pgid names nothing here): it is reported
+(:func:`elsewhere`) and a retry of its call is refused unless forced
+(``durable_harness.recovery.remote``).
 """
 
 from __future__ import annotations
@@ -32,22 +24,10 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from durable_harness.errors import ToolProcessRunning
-from durable_harness.harness.records import record
-from durable_harness.harness.state import RunState, ToolCallState, fold_run
+from durable_harness.harness.records import call_record
+from durable_harness.harness.state import RunState, ToolCallState, open_run
 from durable_harness.storage.base import RecordOp, SessionStore
 from durable_harness.tools.processes import group_alive, kill_group, this_host
-
-__all__ = [
-    "KILL_WAIT",
-    "elsewhere",
-    "kill_and_record",
-    "kill_groups",
-    "killed_record",
-    "live_groups",
-    "open_calls",
-    "open_runs",
-    "recorded_group",
-]
 
 KilledBy = Literal["reconcile", "claim", "resume", "close", "operator"]
 
@@ -82,12 +62,11 @@ def elsewhere(call: ToolCallState) -> dict[str, Any] | None:
 
 def killed_record(lane: str, run_id: str, call: ToolCallState, by: KilledBy) -> dict[str, Any]:
     """The ``tool_process_killed`` record of ``call``'s recorded group (``by``: who)."""
-    return record(
+    return call_record(
         "tool_process_killed",
         lane,
         run_id,
-        toolCallId=call.tool_call_id,
-        callKey=call.key,
+        call,
         pgid=(call.process or {}).get("pgid"),
         host=this_host(),
         by=by,
@@ -141,13 +120,7 @@ def open_runs(store: SessionStore) -> list[RunState]:
     Raises:
         StorageError: the session cannot be read.
     """
-    out: list[RunState] = []
-    for lane in store.lanes().values():
-        if lane.run_id is None or lane.run_seq is None:
-            continue
-        recs = store.records(lane.name, run_id=lane.run_id, since_seq=lane.run_seq - 1)
-        out.append(fold_run(lane.run_id, lane.name, recs, store.get_entry))
-    return out
+    return [run for lane in store.lanes().values() if (run := open_run(store, lane))]
 
 
 def open_calls(store: SessionStore) -> list[ToolCallState]:

@@ -1,13 +1,10 @@
-"""The durable run loop.
+"""The durable run loop's public face: :class:`Harness`.
 
 A :class:`Harness` drives the runs of one session, one open run per lane, writing the lane
 operation log as it goes (``design/run-loop.md`` gives the state machine and the write order).
 Every public ``async`` verb that accepts input (``prompt``, ``steer``, ``follow_up``,
-``next_run``, the setters, ``abort``) returns only after its record is durable.
-
-The same driver runs a fresh run and a recovered one: it looks at the run's folded state
-(:class:`~durable_harness.harness.state.RunState`) and takes the next step, so a resumed run
-continues exactly where the crashed one stopped.
+``next_run``, the setters, ``abort``) returns only after its record is durable. The runs
+themselves are driven by :class:`~durable_harness.harness.driver.Driver`.
 """
 
 from __future__ import annotations
@@ -17,41 +14,24 @@ from pathlib import Path
 from typing import Any, Self
 
 import anyio
+import anyio.abc
 
 from durable_harness import crash
-from durable_harness.errors import (
-    AttemptCapReached,
-    FormatError,
-    NoOpenRun,
-    ProviderError,
-    RecoveryError,
-    RunInProgress,
-)
-from durable_harness.harness.core import (
-    Event,
-    HarnessCore,
-    HarnessOptions,
-    RunHandle,
-    _LiveRun,
-    _Suspend,
-)
+from durable_harness.errors import NoOpenRun, RecoveryError, RunInProgress
+from durable_harness.harness.core import Event, HarnessCore, HarnessOptions, LiveRun, RunHandle
+from durable_harness.harness.driver import Driver, keep_client_key
 from durable_harness.harness.records import record
-from durable_harness.harness.state import (
-    QueueItem,
-    RunState,
-    fold_run,
-)
-from durable_harness.harness.steps import Step, next_step
+from durable_harness.harness.state import RunState, open_run
+from durable_harness.harness.steps import Step
 from durable_harness.harness.tool_calls import ToolCalls
 from durable_harness.harness.turns import Turns
-from durable_harness.ids import new_id, now_ms, uuid7
+from durable_harness.ids import new_id, now_ms
 from durable_harness.models.entries import validate_message
 from durable_harness.providers.base import Provider
 from durable_harness.recovery.decisions import decision_ops
-from durable_harness.session.context import estimate_tokens
 from durable_harness.session.session import Session
 from durable_harness.storage import codec
-from durable_harness.storage.base import EntryOp, Op, RecordOp, SessionStore
+from durable_harness.storage.base import EntryOp, RecordOp
 from durable_harness.tools.base import Tool, ToolResult
 
 
@@ -59,10 +39,11 @@ class Harness:
     """Drives the runs of one :class:`Session` (use as ``async with Harness(...) as h``).
 
     Built by composition: a shared :class:`~durable_harness.harness.core.HarnessCore` (session,
-    provider, tools, options, live runs, commits) and two components holding it,
+    provider, tools, options, live runs, commits), the run
+    :class:`~durable_harness.harness.driver.Driver`, and two components holding the core,
     :attr:`turns` (:class:`~durable_harness.harness.turns.Turns`: provider requests) and
     :attr:`tool_calls` (:class:`~durable_harness.harness.tool_calls.ToolCalls`); the harness
-    itself accepts input and drives each run step by step.
+    itself accepts input.
 
     Args:
         session: an open, writable session.
@@ -74,6 +55,12 @@ class Harness:
             :class:`~durable_harness.harness.tool_calls.ToolCalls`): a documented hook for
             tests that need a different tool path (the crash matrix's self-test passes a
             deliberately broken one); not for production use.
+
+    Attributes:
+        session: the session the harness writes; ``store`` its
+            :class:`~durable_harness.storage.base.SessionStore`.
+        provider: the model provider; ``tools`` the tools offered, by name.
+        cwd: the tools' working directory; ``options`` the run-loop settings.
     """
 
     def __init__(
@@ -86,44 +73,19 @@ class Harness:
         options: HarnessOptions | None = None,
         tool_calls: type[ToolCalls] = ToolCalls,
     ) -> None:
-        self._core = HarnessCore(session, provider, tools, cwd=cwd, options=options)
-        self.turns = Turns(self._core)
-        self.tool_calls = tool_calls(self._core)
-
-    # -- what the harness runs with --------------------------------------------------------
-
-    @property
-    def session(self) -> Session:
-        """The session the harness writes."""
-        return self._core.session
-
-    @property
-    def store(self) -> SessionStore:
-        """The session's store (:class:`~durable_harness.storage.base.SessionStore`)."""
-        return self._core.store
+        listed = list(tools.values()) if isinstance(tools, dict) else list(tools or [])
+        where = Path(cwd or session.cwd or ".")
+        core = HarnessCore(session, provider, listed, where, options or HarnessOptions())
+        self._core = core
+        self.turns = Turns(core)
+        self.tool_calls = tool_calls(core)
+        self._driver = Driver(core, self.turns, self.tool_calls)
+        self.session, self.store, self.provider = session, core.store, provider
+        self.tools, self.cwd, self.options = core.tools, core.cwd, core.options
 
     @property
-    def provider(self) -> Provider:
-        """The model provider."""
-        return self._core.provider
-
-    @property
-    def tools(self) -> dict[str, Tool]:
-        """The tools offered to the model, by name."""
-        return self._core.tools
-
-    @property
-    def cwd(self) -> Path:
-        """The tools' working directory."""
-        return self._core.cwd
-
-    @property
-    def options(self) -> HarnessOptions:
-        """The run-loop settings."""
-        return self._core.options
-
-    @property
-    def _tg(self) -> anyio.abc.TaskGroup | None:
+    def task_group(self) -> anyio.abc.TaskGroup | None:
+        """The task group the runs are driven in (``None`` outside ``async with``)."""
         return self._core.tg
 
     async def __aenter__(self) -> Self:
@@ -183,56 +145,9 @@ class Harness:
         """
         self._core.check_idle(lane)
         message = _user_message(text)
-        handle = self._start_run(lane, message, consumed=None, client_key=client_key)
+        handle = self._driver.start_run(lane, message, consumed=None, client_key=client_key)
         await self._core.barrier()
         return handle
-
-    def _start_run(
-        self,
-        lane: str,
-        message: dict[str, Any],
-        consumed: QueueItem | None,
-        client_key: str | None = None,
-    ) -> RunHandle:
-        run_id = uuid7()
-        entry = self._core.entry(lane, {"type": "message", "message": message})
-        rec = record(
-            "run_started",
-            lane,
-            run_id,
-            promptEntryId=entry["id"],
-            prompt=message,
-            provider=self.provider.name,
-            model=self.provider.model,
-            providerSpec=self.options.provider_spec,
-            limits=self.options.limits.to_record(),
-        )
-        _keep_client_key(rec, client_key)
-        ops: list[Op] = [EntryOp(entry, lane=lane), RecordOp(rec)]
-        if consumed is not None:
-            ops.append(
-                RecordOp(
-                    record(
-                        "queue_consumed",
-                        lane,
-                        run_id,
-                        queue="next_run",
-                        itemIds=[consumed.item_id],
-                        entryIds=[entry["id"]],
-                    )
-                )
-            )
-        live = _LiveRun(RunState(run_id, lane, limits=self.options.limits))
-        self._core.commit(ops, live)
-        crash.crash_point("after_run_started")
-        return self._launch(live)
-
-    def _launch(self, live: _LiveRun) -> RunHandle:
-        if self._core.tg is None:
-            raise RuntimeError("use the Harness as `async with Harness(...) as h:`")
-        self._core.runs[live.state.lane] = live
-        self._core.tg.start_soon(self._drive, live)
-        return RunHandle(live)
 
     async def _enqueue(
         self, queue: str, text: str | dict[str, Any], lane: str, client_key: str | None = None
@@ -254,13 +169,13 @@ class Harness:
             itemId=item_id,
             message=message,
         )
-        _keep_client_key(rec, client_key)
+        keep_client_key(rec, client_key)
         self._core.commit([RecordOp(rec)], run)
         await self._core.barrier()
         crash.crash_point("after_queue_enqueued")
         self._core.emit("queue_update", run, lane=lane, queue=queue, itemId=item_id)
         if queue == "next_run" and run is None and self.session.lane(lane).run_id is None:
-            self._start_next(lane)
+            self._driver.start_next(lane)
         return item_id
 
     async def steer(
@@ -296,7 +211,7 @@ class Harness:
             self._core.commit([EntryOp(self._core.entry(lane, write), lane=lane)])
         else:
             rec = record("write_deferred", lane, run.state.run_id, write=write)
-            _keep_client_key(rec, client_key)
+            keep_client_key(rec, client_key)
             self._core.commit([RecordOp(rec)], run)
         await self._core.barrier()
 
@@ -328,9 +243,8 @@ class Harness:
         """Abort the lane's run: ``abort_requested`` is durable before the signal; the provider
         stream and running tools are cancelled; the run settles ``aborted``. Returns the steer and
         follow-up messages that were cancelled (next-run items and deferred writes survive).
-        ``grace``: seconds a cancelled tool has to stop its processes before it kills them
-        (``bash``: SIGTERM, then SIGKILL; default ``ABORT_GRACE``, 1 s; a host's close passes
-        its ``close_grace``).
+        ``grace``: seconds a cancelled tool has to stop its processes (default ``ABORT_GRACE``,
+        1 s; a host's close passes its ``close_grace``).
 
         Raises:
             NoOpenRun: no live run on the lane.
@@ -388,11 +302,7 @@ class Harness:
 
     def load_run(self, lane: str = "main") -> RunState | None:
         """Fold the lane's open run from storage (``None`` when the lane has none)."""
-        state = self.session.lane(lane)
-        if state.run_id is None or state.run_seq is None:
-            return None
-        recs = self.store.records(lane, run_id=state.run_id, since_seq=state.run_seq - 1)
-        return fold_run(state.run_id, lane, recs, self.store.get_entry)
+        return open_run(self.store, self.session.lane(lane))
 
     async def resume(
         self,
@@ -403,20 +313,11 @@ class Harness:
         results: Mapping[str, ToolResult] | None = None,
     ) -> RunHandle | None:
         """Continue the lane's interrupted run by executing ``step``, the step the recovery
-        plan decided for it (:meth:`durable_harness.recovery.decide.LanePlan.step`), then
-        carry on as a live run.
-
-        Args:
-            step: the lane's planned step; for an idle lane, ``start_next_run`` starts the
-                queued next-run item and ``none`` does nothing.
-            decisions: ``{call key: {"decision": "retry"|"fail"|"result", "result": text}}``
-                the plan was computed with; each is written as a durable ``decision`` record
-                before anything acts on it.
-            results: ``{call key: result}`` for the calls the plan settles by ``reconcile``
-                (what the hook established when the plan was made).
-
-        Returns:
-            The run's handle, or ``None`` when nothing was started.
+        plan decided for it (:meth:`durable_harness.recovery.decide.LanePlan.step`; for an idle
+        lane ``start_next_run`` or ``none``), then carry on as a live run. ``decisions``
+        (``{call key: decision}``, those the plan was computed with) are durable ``decision``
+        records before anything acts on them; ``results`` (``{call key: result}``) settle the
+        calls the plan reconciles. Returns the run's handle, or ``None`` when nothing started.
 
         Raises:
             RunInProgress: the lane already has a live run in this harness.
@@ -427,7 +328,7 @@ class Harness:
         state = self.load_run(lane)
         if state is None:
             if step.action == "start_next_run":
-                self._start_next(lane)
+                self._driver.start_next(lane)
             live_next = self._core.runs.get(lane)
             return RunHandle(live_next) if live_next else None
         if step.action in ("none", "start_next_run"):
@@ -436,176 +337,14 @@ class Harness:
                 f"but the plan's step is {step.action!r}: plan again",
                 lane=lane,
             )
-        live = _LiveRun(state, first=step, results=dict(results or {}))
+        live = LiveRun(state, first=step, results=dict(results or {}))
         open_calls = [c for c in state.tool_calls if c.status != "completed"]
         keyed = {c.key: d for k, d in (decisions or {}).items() if (c := state.call(k))}
         ops = decision_ops(lane, state.run_id, open_calls, keyed)
         if ops:
             self._core.commit(list(ops), live)
         await self._core.barrier()  # every decision is durable before it acts
-        return self._launch(live)
-
-    # -- the driver ------------------------------------------------------------------------
-
-    async def _drive(self, live: _LiveRun) -> None:
-        s = live.state
-        self._core.emit("run_start", live)
-        try:
-            with anyio.CancelScope() as scope:
-                live.scope = scope
-                if not s.abort_requested:
-                    await self._steps(live)
-            if s.abort_requested and s.outcome is None:
-                with anyio.CancelScope(shield=True):
-                    self.tool_calls.settle_aborted(live)
-        except _Suspend:
-            live.outcome = None
-        except AttemptCapReached as exc:
-            self._finish(live, "failed", reason=exc.message)
-        except ProviderError as exc:
-            self._finish(live, "failed", reason=exc.message)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._core.barrier()
-            live.outcome = s.outcome if s.outcome else live.outcome
-            self._core.runs.pop(s.lane, None)
-            self._core.emit(
-                "run_end", live, outcome=live.outcome or "suspended", awaiting=list(live.waiting)
-            )
-            live.done.set()
-        if s.outcome is not None:
-            self._start_next(s.lane)
-
-    def _start_next(self, lane: str) -> None:
-        if lane in self._core.runs or self._core.tg is None:
-            return
-        pending = self._core.lane_log(lane).pending("next_run")
-        if pending:
-            self._start_run(lane, pending[0].message, consumed=pending[0])
-
-    async def _steps(self, live: _LiveRun) -> None:
-        """Take steps until the run settles or suspends: first the recovery step (when
-        resuming), then whatever :func:`~durable_harness.harness.steps.next_step` says."""
-        s = live.state
-        while s.outcome is None and not s.abort_requested:
-            step, live.first = live.first, None
-            if step is None:
-                step = next_step(s, self._core.lane_log(s.lane), {})
-            await self._take(live, step)
-
-    async def _take(self, live: _LiveRun, step: Step) -> None:
-        """Execute one step (the actions of :data:`~durable_harness.harness.steps.LaneAction`)."""
-        s = live.state
-        action = step.action
-        if action in ("resume_tool_calls", "await_decision"):
-            await self.tool_calls.tool_batch(live, step)
-        elif action in ("save_point", "deliver_queued"):
-            lane_log = self._core.lane_log(s.lane)
-            queued = lane_log.pending("steer")
-            if not s.tool_calls:
-                queued += lane_log.pending("follow_up")
-            crash.crash_point("before_save_point")
-            self._save_point(live, queued)
-            crash.crash_point("after_save_point")
-            self._core.emit("turn_end", live, turn=s.turns)
-        elif action == "finish_run":
-            self._core.emit("turn_end", live, turn=s.turns)
-            crash.crash_point("before_run_finished")
-            self._finish(live, "failed" if s.last_stop_reason == "error" else "completed")
-        elif action == "fail_run_limit":
-            self.tool_calls.settle_not_run(live, step.reason or "the run reached its limit")
-            self._finish(live, "failed", reason=step.reason)
-        elif action == "park_failed_attempt_cap":
-            self._finish(live, "failed", reason=step.reason)
-        elif action in ("issue_provider_request", "reissue_provider_request"):
-            if step.purpose == "compaction":
-                await self.turns.compact(s.lane, live)
-            else:
-                await self.turns.maybe_compact(live)
-                await self.turns.provider_turn(live)
-        elif action == "settle_aborted":
-            return  # the driver settles an aborted run once the loop ends
-        else:
-            raise RecoveryError(
-                f"run {s.run_id} of session {self.session.id}: step {action!r} cannot be "
-                "taken inside a run",
-                lane=s.lane,
-            )
-
-    def _finish(self, live: _LiveRun, outcome: str, **extra: Any) -> None:
-        s = live.state
-        ops, applied = self._deferred_ops(s.lane)
-        ops.append(
-            RecordOp(
-                record(
-                    "run_finished",
-                    s.lane,
-                    s.run_id,
-                    outcome=outcome,
-                    appliedWrites=applied,
-                    **extra,
-                )
-            )
-        )
-        self._core.commit(ops, live)
-        crash.crash_point("after_run_finished")
-
-    def _deferred_ops(self, lane: str) -> tuple[list[Op], list[str]]:
-        ops: list[Op] = []
-        applied: list[str] = []
-        leaf = self.session.leaf(lane)
-        for rec in self._core.lane_log(lane).deferred:
-            entry = self._core.entry(lane, dict(rec["write"]), parent=leaf)
-            ops.append(EntryOp(entry, lane=lane))
-            applied.append(rec["id"])
-            leaf = entry["id"]
-        return ops, applied
-
-    def _save_point(self, live: _LiveRun, queued: list[QueueItem]) -> None:
-        """Deliver queued messages and apply deferred writes between turns, in one commit."""
-        s = live.state
-        ops, applied = self._deferred_ops(s.lane)
-        leaf = ops[-1].entry["id"] if ops else self.session.leaf(s.lane)  # type: ignore[union-attr]
-        by_queue: dict[str, list[str]] = {}
-        entry_ids: list[str] = []
-        for item in queued:
-            entry = self._core.entry(
-                s.lane, {"type": "message", "message": item.message}, parent=leaf
-            )
-            ops.append(EntryOp(entry, lane=s.lane))
-            leaf = entry["id"]
-            entry_ids.append(entry["id"])
-            by_queue.setdefault(item.queue, []).append(item.item_id)
-        for queue, ids in by_queue.items():
-            ops.append(
-                RecordOp(record("queue_consumed", s.lane, s.run_id, queue=queue, itemIds=ids))
-            )
-        ops.append(
-            RecordOp(
-                record(
-                    "save_point",
-                    s.lane,
-                    s.run_id,
-                    turn=s.turns,
-                    appliedWrites=applied,
-                    deliveredEntries=entry_ids,
-                )
-            )
-        )
-        self._core.commit(ops, live)
-
-
-def _keep_client_key(rec: dict[str, Any], client_key: str | None) -> None:
-    """Put the caller's ``client_key`` on ``rec`` (if given).
-
-    Raises:
-        FormatError: ``client_key`` is not a string (nothing is written).
-    """
-    if client_key is None:
-        return
-    if not isinstance(client_key, str):
-        raise FormatError(f"client_key must be a string, not {type(client_key).__name__}")
-    rec["clientKey"] = client_key
+        return self._driver.launch(live)
 
 
 def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
@@ -623,12 +362,4 @@ def _user_message(text: str | dict[str, Any]) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": now_ms()}
 
 
-__all__ = [
-    "Harness",
-    "HarnessCore",
-    "HarnessOptions",
-    "RunHandle",
-    "ToolCalls",
-    "Turns",
-    "estimate_tokens",
-]
+__all__ = ["Harness", "HarnessOptions", "RunHandle"]

@@ -4,25 +4,19 @@
 Every record is a dict with ``type``, ``id``, ``lane``, ``runId`` (where it applies) and
 ``timestamp``; storage adds ``seq``. These helpers only build dicts: they never write.
 
-Importing this module registers the declarations' field check with storage
-(:func:`durable_harness.storage.shapes.register_record_check`): a commit holding a record
-whose fields do not match its declaration is refused with ``InvalidOp`` (nothing written), and
-a stored record of the wrong shape reads back as damage. ``durable_harness/__init__.py``
-imports it, so the check is in place before any store is opened.
-
-A record built here is a :class:`BuiltRecord`, registered as trusted: storage checks only its
-envelope. The harness builds its records from values of the declared types (what comes from
-outside, a caller's client key, a tool's or a provider's answer, is checked where it enters),
-so the field check would cost every commit (about 4% of a turn) to find nothing. Records from
-anywhere else, plain dicts committed directly, are checked in full. The environment variable
-``DURABLE_HARNESS_CHECK_ALL_RECORDS=1`` (or
-:data:`durable_harness.storage.shapes.CHECK_TRUSTED`) checks built records too; the test suite
-sets it (``design/api.md``).
+Importing this module (``durable_harness/__init__.py`` does) registers the declarations' field
+check with storage (:func:`durable_harness.storage.shapes.register_record_check`): a commit of
+a record whose fields do not match is refused (``InvalidOp``), a stored one reads as damage. A
+:class:`BuiltRecord` is trusted (only its envelope is checked): the harness builds it from
+values of the declared types, checked where they entered, and the check would cost about 4% of
+a turn to find nothing. ``DURABLE_HARNESS_CHECK_ALL_RECORDS=1``
+(:data:`durable_harness.storage.shapes.CHECK_TRUSTED`) checks them too; the test suite sets it
+(``design/api.md``).
 """
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from durable_harness.ids import new_id, now_iso
 from durable_harness.models.records import (
@@ -47,7 +41,15 @@ register_record_check(record_fields_error, trusted=BuiltRecord)
 QUEUES: tuple[str, ...] = get_args(Queue)
 """The input queues, in delivery order."""
 
-__all__ = ["QUEUES", "RECORD_TYPES", "BuiltRecord", "idempotency_key", "record"]
+__all__ = [
+    "QUEUES",
+    "RECORD_TYPES",
+    "BuiltRecord",
+    "CallRef",
+    "call_record",
+    "idempotency_key",
+    "record",
+]
 
 
 def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> BuiltRecord:
@@ -66,6 +68,26 @@ def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> BuiltRec
         rec["runId"] = run_id
     rec.update(fields)
     return rec
+
+
+class CallRef(Protocol):
+    """What names a tool call in a record: a folded
+    :class:`~durable_harness.harness.state.ToolCallState` or a plan's
+    :class:`~durable_harness.recovery.decide.ToolCallPlan`."""
+
+    @property
+    def tool_call_id(self) -> str:
+        """The id the provider gave the call."""
+
+    @property
+    def key(self) -> str:
+        """The call's identity in its run (``"<entry id>/<index>"``)."""
+
+
+def call_record(rtype: str, lane: str, run_id: str, call: CallRef, **fields: Any) -> BuiltRecord:
+    """:func:`record` of a record about one tool call: its ``toolCallId`` and ``callKey``,
+    then ``fields``."""
+    return record(rtype, lane, run_id, toolCallId=call.tool_call_id, callKey=call.key, **fields)
 
 
 def idempotency_key(run_id: str, call_key: str) -> str:

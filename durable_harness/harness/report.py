@@ -41,49 +41,48 @@ def _text(value: Any) -> str:
     return ", ".join(shown) or "-"
 
 
+_SUMMARIES = {
+    "run_started": "prompt entry {promptEntryId} via {provider}",
+    "provider_request_started": "turn {turn} attempt {attempt} -> {responseEntryId}",
+    "tool_started": "{toolName} {toolCallId} replay={replay}",
+    "tool_finished": "{toolCallId} {outcome}",
+    "decision": "{toolCallId} {decision}",
+    "save_point": "after turn {turn}",
+    "tool_process": "{toolCallId} process group {pgid}",
+    "tool_process_killed": "{toolCallId} process group {pgid} killed ({by})",
+}
+"""Record types whose summary is their fields in a line (each shown by :func:`_text`)."""
+
+
 def summarize_record(rec: dict[str, Any]) -> str:
     """One line describing a record for humans (no Python reprs: see ``design/cli.md``)."""
-    return _summary(rec)
-
-
-def _summary(rec: dict[str, Any]) -> str:
-    def f(key: str) -> str:
-        return _text(rec.get(key))
-
+    f = _Missing({key: _text(value) for key, value in rec.items()})
     t = rec.get("type")
-    if t == "run_started":
-        return f"prompt entry {f('promptEntryId')} via {f('provider')}"
-    if t == "provider_request_started":
-        return f"turn {f('turn')} attempt {f('attempt')} -> {f('responseEntryId')}"
+    if t in _SUMMARIES:
+        return _SUMMARIES[str(t)].format_map(f)
     if t == "provider_request_finished":
         usage = rec.get("usage") or {}
         return (
-            f"turn {f('turn')} {f('stopReason')} tokens "
+            f"turn {f['turn']} {f['stopReason']} tokens "
             f"{usage.get('totalTokens', 0)} cost {format_cost(message_cost(usage))}"
         )
     if t == "provider_request_failed":
         reason = f" [{rec['reason']}]" if rec.get("reason") else ""
-        return f"turn {f('turn')} attempt {f('attempt')}{reason}: {f('error')}"
-    if t == "tool_started":
-        return f"{f('toolName')} {f('toolCallId')} replay={f('replay')}"
-    if t == "tool_finished":
-        return f"{f('toolCallId')} {f('outcome')}"
+        return f"turn {f['turn']} attempt {f['attempt']}{reason}: {f['error']}"
     if t in ("queue_enqueued", "queue_consumed", "queue_cancelled"):
-        return f"{f('queue')} {_text(rec.get('itemId') or rec.get('itemIds'))}"
+        return f"{f['queue']} {_text(rec.get('itemId') or rec.get('itemIds'))}"
     if t == "write_deferred":
         return _text((rec.get("write") or {}).get("type"))
-    if t == "decision":
-        return f"{f('toolCallId')} {f('decision')}"
     if t == "run_finished":
-        reason = f" ({f('reason')})" if rec.get("reason") else ""
-        return f"{f('outcome')}{reason}"
-    if t == "save_point":
-        return f"after turn {f('turn')}"
-    if t == "tool_process":
-        return f"{f('toolCallId')} process group {f('pgid')}"
-    if t == "tool_process_killed":
-        return f"{f('toolCallId')} process group {f('pgid')} killed ({f('by')})"
+        return f["outcome"] + (f" ({f['reason']})" if rec.get("reason") else "")
     return ""
+
+
+class _Missing(dict[str, str]):
+    """The fields of a record for :data:`_SUMMARIES`: an absent one shows as ``-``."""
+
+    def __missing__(self, key: str) -> str:
+        return "-"
 
 
 def message_cost(usage: Mapping[str, Any] | None) -> float | None:
@@ -134,30 +133,12 @@ def cost_summary(
         ):
             open_attempts.pop((rid, rec.get("turn"), rec.get("attempt")), None)
         if t == "provider_request_finished":
-            usage = rec.get("usage") or {}
-            turns.append(
-                {
-                    "run_id": rid,
-                    "turn": rec.get("turn"),
-                    "purpose": rec.get("purpose", "turn"),
-                    "tokens": int(usage.get("totalTokens", 0) or 0),
-                    "cost": message_cost(usage),
-                }
-            )
+            turns.append(_turn(rid, rec.get("turn"), rec.get("purpose", "turn"), rec))
     if not turns:
         for e in entries():
             msg = e.get("message") or {}
             if e.get("type") == "message" and msg.get("role") == "assistant":
-                usage = msg.get("usage") or {}
-                turns.append(
-                    {
-                        "run_id": None,
-                        "turn": len(turns) + 1,
-                        "purpose": "turn",
-                        "tokens": int(usage.get("totalTokens", 0) or 0),
-                        "cost": message_cost(usage),
-                    }
-                )
+                turns.append(_turn(None, len(turns) + 1, "turn", msg))
     by_run: dict[str, list[dict[str, Any]]] = {}
     for t in turns:
         if t["run_id"] is not None:
@@ -177,6 +158,20 @@ def cost_summary(
         "runs": runs,
         "total": total,
         "unknown_cost_attempts": len(open_attempts),
+    }
+
+
+def _turn(
+    run_id: str | None, turn: Any, purpose: Any, has_usage: Mapping[str, Any]
+) -> dict[str, Any]:
+    usage = has_usage.get("usage") or {}
+    tokens = int(usage.get("totalTokens", 0) or 0)
+    return {
+        "run_id": run_id,
+        "turn": turn,
+        "purpose": purpose,
+        "tokens": tokens,
+        "cost": message_cost(usage),
     }
 
 

@@ -8,15 +8,17 @@ run continues exactly where the live one would have.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from durable_harness.models.messages import text_of
+
+if TYPE_CHECKING:
+    from durable_harness.storage.base import LaneState, SessionStore
 
 ToolStatus = Literal["not_started", "in_doubt", "completed"]
 
 #: What a provider request is for: a run's turn, or a summary the run loop asks for.
 Purpose = Literal["turn", "compaction", "branch_summary"]
-PURPOSES: tuple[Purpose, ...] = ("turn", "compaction", "branch_summary")
 
 
 def call_key(entry_id: str, index: int) -> str:
@@ -78,14 +80,12 @@ class RunLimits:
 class ToolCallState:
     """One tool call of the current turn.
 
-    ``key`` is the call's identity in the run (:func:`call_key`); ``tool_call_id`` the id the
-    provider sees (made unique within its message before it is stored). ``status``:
-    ``not_started`` (no intent), ``in_doubt`` (intent without settlement) or ``completed``
-    (settled). ``replay`` is the intent's recorded declaration (``None`` before the intent).
-    ``attempts`` counts ``tool_started`` intents for this call: the call's current attempt
-    (0 before its first intent). ``decision`` (``{"decision", "result"}``) and ``decided_seq``
-    are the decision on record for the current attempt, if any (``design/recovery.md``,
-    "Attempts"); a new intent clears them.
+    ``key``: the call's identity in the run (:func:`call_key`); ``tool_call_id``: the id the
+    provider sees; ``status``: ``not_started`` (no intent), ``in_doubt`` (intent without
+    settlement) or ``completed``; ``replay``: the intent's recorded declaration; ``attempts``:
+    its ``tool_started`` intents; ``decision`` (``{"decision", "result"}``) and
+    ``decided_seq``: the decision on record for the current attempt (a new intent clears them:
+    ``design/recovery.md``, "Attempts").
     """
 
     key: str
@@ -348,6 +348,18 @@ def fold_lane(records: list[dict[str, Any]]) -> LaneLog:
     for rec in records:
         log.apply(rec)
     return log
+
+
+def open_run(store: SessionStore, lane: LaneState) -> RunState | None:
+    """The lane's open run, folded from ``store`` (``None`` when the lane has none).
+
+    Raises:
+        StorageError: the session cannot be read.
+    """
+    if lane.run_id is None or lane.run_seq is None:
+        return None
+    recs = store.records(lane.name, run_id=lane.run_id, since_seq=lane.run_seq - 1)
+    return fold_run(lane.run_id, lane.name, recs, store.get_entry)
 
 
 def fold_run(run_id: str, lane: str, records: list[dict[str, Any]], get_entry: Any) -> RunState:

@@ -9,18 +9,17 @@ import anyio
 
 from durable_harness import crash
 from durable_harness.errors import ToolError
-from durable_harness.harness.core import HarnessCore, _LiveRun, _Suspend
+from durable_harness.harness.core import HarnessCore, LiveRun, Suspend
 from durable_harness.harness.groups import kill_groups, killed_record
-from durable_harness.harness.records import idempotency_key, record
+from durable_harness.harness.records import call_record, idempotency_key, record
 from durable_harness.harness.state import (
     RunState,
     ToolCallState,
 )
 from durable_harness.harness.steps import RUNS_TOOL, Step
 from durable_harness.ids import new_id, now_ms
-from durable_harness.providers.choice import request_model
 from durable_harness.storage.base import EntryOp, Op, RecordOp
-from durable_harness.tools.base import ToolContext, ToolResult
+from durable_harness.tools.base import Tool, ToolContext, ToolResult
 from durable_harness.tools.processes import process_start_time, this_host
 
 ABORTED_TOOL_TEXT = (
@@ -50,18 +49,11 @@ def _checked_result(tool_name: str, result: Any) -> ToolResult:
 
 
 class ToolCalls:
-    """The harness's tool-call component: runs a turn's tool calls (intent durable before
-    the effect), settles them, and settles aborted runs.
-
-    It is also the harness's one extension point for the tool path: ``Harness(...,
-    tool_calls=SubClass)`` builds the component from a subclass. The crash matrix's self-test
-    uses it to install a deliberately broken order (:mod:`durable_harness.crashtest.broken`);
-    a subclass that changes :meth:`run_tool` can break write-ahead, so production code has no
-    reason to pass one.
-
-    Args:
-        core: the harness's shared :class:`~durable_harness.harness.core.HarnessCore`.
-    """
+    """The harness's tool-call component over its ``core``: runs a turn's tool calls (intent
+    durable before the effect), settles them, and settles aborted runs. Also the harness's one
+    extension point for the tool path (``Harness(..., tool_calls=SubClass)``): the crash
+    matrix's self-test installs a deliberately broken order with it
+    (:mod:`durable_harness.crashtest.broken`); production code has no reason to."""
 
     def __init__(self, core: HarnessCore) -> None:
         self.core = core
@@ -70,7 +62,7 @@ class ToolCalls:
 
     # -- tool calls ------------------------------------------------------------------------
 
-    async def tool_batch(self, live: _LiveRun, step: Step) -> None:
+    async def tool_batch(self, live: LiveRun, step: Step) -> None:
         """Execute a step's call actions (``design/recovery.md``): the calls to run run (in
         parallel), the others are settled as decided; then, if any call waits for a
         decision, the run suspends."""
@@ -102,17 +94,14 @@ class ToolCalls:
                     tg.start_soon(self.run_tool, live, call)
         if live.waiting:  # everything that could run has run; the rest waits for decisions
             self.core.emit("suspended", live, reason="awaiting_decision", awaiting=live.waiting)
-            raise _Suspend()
+            raise Suspend()
 
-    def stop_leftover(self, live: _LiveRun, call: ToolCallState) -> None:
+    def stop_leftover(self, live: LiveRun, call: ToolCallState) -> None:
         """Kill the process group recorded for ``call`` if it is still alive, and wait until
         it is gone, before the call is settled or re-run (:func:`~durable_harness.harness.
-        groups.kill_groups`, the one rule shared with the host). A group left by a crashed
-        harness may still be producing the call's effect; the lease proves that harness dead.
-        A group this harness started itself is killed by its tool on the way out (return,
-        timeout or abort), so for such a call this is a check, or a wait for the last member
-        of an aborted group to die, and no ``tool_process_killed`` event: that event means a
-        dead harness's leftover was found.
+        groups.kill_groups`, the one rule shared with the host). A group this harness started
+        itself is stopped by its tool on the way out, so for it this only waits, and records
+        nothing: ``tool_process_killed`` means a dead harness's leftover was found.
 
         Raises:
             ToolProcessRunning: the group outlived SIGKILL by ``KILL_WAIT`` seconds (nothing
@@ -127,7 +116,7 @@ class ToolCalls:
             self.core.emit("tool_process_killed", live, toolCallId=killed.tool_call_id, pgid=pgid)
         call.process = None
 
-    def _apply_decision(self, live: _LiveRun, call: ToolCallState) -> None:
+    def _apply_decision(self, live: LiveRun, call: ToolCallState) -> None:
         """Settle a call by its recorded ``fail`` or ``result`` decision."""
         decision = call.decision or {}
         kind = decision.get("decision")
@@ -135,7 +124,7 @@ class ToolCalls:
         result = ToolResult.text(text, is_error=kind != "result")
         self.settle(live, call, result, outcome=f"decided_{kind}")
 
-    def settle_not_run(self, live: _LiveRun, reason: str) -> None:
+    def settle_not_run(self, live: LiveRun, reason: str) -> None:
         """Give every unstarted call of the turn a "not run" result (a run that fails at its
         limit keeps a well-formed transcript)."""
         for call in live.state.tool_calls:
@@ -144,7 +133,7 @@ class ToolCalls:
                 self.settle(live, call, ToolResult.text(text, is_error=True), outcome="not_run")
 
     def tool_ctx(
-        self, s: RunState, call: ToolCallState, live: _LiveRun | None = None
+        self, s: RunState, call: ToolCallState, live: LiveRun | None = None
     ) -> ToolContext:
         key = idempotency_key(s.run_id, call.key)
 
@@ -154,12 +143,11 @@ class ToolCalls:
             if type(pgid) is not int or pgid <= 0:
                 raise ToolError(f"on_process needs a positive process group id, not {pgid!r}")
             self._own_groups.add(pgid)
-            rec = record(
+            rec = call_record(
                 "tool_process",
                 s.lane,
                 s.run_id,
-                toolCallId=call.tool_call_id,
-                callKey=call.key,
+                call,
                 pgid=pgid,
                 startTime=process_start_time(pgid),
                 host=this_host(),
@@ -175,13 +163,13 @@ class ToolCalls:
             stop_grace=lambda: self.core.stop_grace,
         )
 
-    def _reject_unknown(self, live: _LiveRun, call: ToolCallState) -> None:
+    def _reject_unknown(self, live: LiveRun, call: ToolCallState) -> None:
         """Answer a call of a tool that is not registered with an error result (no intent:
         nothing runs)."""
         result = ToolResult.text(f"unknown tool {call.tool_name!r}", is_error=True)
         self.settle(live, call, result, outcome="error")
 
-    async def run_tool(self, live: _LiveRun, call: ToolCallState) -> None:
+    async def run_tool(self, live: LiveRun, call: ToolCallState) -> None:
         s = live.state
         tool = self.core.tools.get(call.tool_name)
         if tool is None:
@@ -193,27 +181,7 @@ class ToolCalls:
             self.settle(live, call, ToolResult.text(exc.message, is_error=True), outcome="error")
             return
         ctx = self.tool_ctx(s, call, live)
-        result_id = new_id()
-        self.core.commit(
-            [
-                RecordOp(
-                    record(
-                        "tool_started",
-                        s.lane,
-                        s.run_id,
-                        toolCallId=call.tool_call_id,
-                        callKey=call.key,
-                        toolName=call.tool_name,
-                        arguments=call.arguments,
-                        resultEntryId=result_id,
-                        replay=tool.replay,
-                        idempotencyKey=ctx.idempotency_key,
-                        attempt=call.attempts + 1,
-                    )
-                )
-            ],
-            live,
-        )
+        result_id = self.intent(live, call, tool, ctx)
         await self.core.barrier()
         crash.crash_point("after_tool_started")
         self.core.emit(
@@ -241,9 +209,28 @@ class ToolCalls:
         )
         crash.crash_point("after_tool_finished")
 
+    def intent(self, live: LiveRun, call: ToolCallState, tool: Tool, ctx: ToolContext) -> str:
+        """Commit the call's ``tool_started`` intent (not yet durable: the caller's barrier
+        makes it so before the effect); returns the result entry id it provisions."""
+        s, result_id = live.state, new_id()
+        rec = call_record(
+            "tool_started",
+            s.lane,
+            s.run_id,
+            call,
+            toolName=call.tool_name,
+            arguments=call.arguments,
+            resultEntryId=result_id,
+            replay=tool.replay,
+            idempotencyKey=ctx.idempotency_key,
+            attempt=call.attempts + 1,
+        )
+        self.core.commit([RecordOp(rec)], live)
+        return result_id
+
     def settle(
         self,
-        live: _LiveRun,
+        live: LiveRun,
         call: ToolCallState,
         result: ToolResult,
         *,
@@ -255,18 +242,21 @@ class ToolCalls:
         if self.core.fenced:
             return
         self.core.commit(self._settlement_ops(live, call, result, outcome, result_id), live)
+        self._ended(live, call, result.is_error, outcome)
+
+    def _ended(self, live: LiveRun, call: ToolCallState, is_error: bool, outcome: str) -> None:
         self.core.emit(
             "tool_execution_end",
             live,
             toolCallId=call.tool_call_id,
             toolName=call.tool_name,
-            isError=result.is_error,
+            isError=is_error,
             outcome=outcome,
         )
 
     def _settlement_ops(
         self,
-        live: _LiveRun,
+        live: LiveRun,
         call: ToolCallState,
         result: ToolResult,
         outcome: str,
@@ -274,14 +264,9 @@ class ToolCalls:
         parent: str | Literal[False] | None = False,
     ) -> list[Op]:
         """The result entry (under the lane's leaf, or ``parent``) and its ``tool_finished``
-        record. The id is the one provisioned by the intent, unless it is taken already: a
-        ``result_id`` this harness made for the intent it has just committed cannot be (this
-        writer holds the lease and has not used it), so only a provisioned id read back from
-        the log (a recovered call) is looked up.
-
-        Every settlement comes through here, so this is where a group recorded for the call
-        is killed first (:meth:`stop_leftover`): no call is settled while its effect may still
-        land."""
+        record, under the id the intent provisioned unless it is taken already (only an id
+        read back from the log, of a recovered call, can be). Every settlement comes through
+        here, so a group recorded for the call is killed first (:meth:`stop_leftover`)."""
         self.stop_leftover(live, call)
         s = live.state
         rid = result_id or call.result_entry_id or new_id()
@@ -300,12 +285,11 @@ class ToolCalls:
         entry = self.core.entry(
             s.lane, {"type": "message", "id": rid, "message": message}, parent=parent
         )
-        finished = record(
+        finished = call_record(
             "tool_finished",
             s.lane,
             s.run_id,
-            toolCallId=call.tool_call_id,
-            callKey=call.key,
+            call,
             resultEntryId=rid,
             isError=result.is_error,
             outcome=outcome,
@@ -314,7 +298,7 @@ class ToolCalls:
 
     # -- abort -----------------------------------------------------------------------------
 
-    def settle_aborted(self, live: _LiveRun) -> None:
+    def settle_aborted(self, live: LiveRun) -> None:
         """Settle an aborted run in one commit: keep complete parts of a partial answer, give
         every open tool call a result, cancel steer/follow-up items, apply deferred writes.
         Fenced (a close's kill step passed): nothing; the run stays open, its calls in doubt."""
@@ -330,11 +314,7 @@ class ToolCalls:
                     "role": "assistant",
                     "content": kept,
                     "provider": self.core.provider.name,
-                    "model": request_model(
-                        self.core.provider.name,
-                        self.core.provider.model,
-                        self.core.session.context(lane=s.lane).model,
-                    ),
+                    "model": self.core.model(s.lane),
                     "stopReason": "aborted",
                     "timestamp": now_ms(),
                 }
@@ -382,25 +362,8 @@ class ToolCalls:
             live.returned = [
                 {"queue": q.queue, "itemId": q.item_id, "message": q.message} for q in cancelled
             ]
-        applied = []
-        for rec in lane_log.deferred:
-            entry = self.core.entry(s.lane, dict(rec["write"]), parent=leaf)
-            ops.append(EntryOp(entry, lane=s.lane))
-            leaf = entry["id"]
-            applied.append(rec["id"])
-        ops.append(
-            RecordOp(
-                record("run_finished", s.lane, s.run_id, outcome="aborted", appliedWrites=applied)
-            )
-        )
+        ops += self.core.finish_ops(live, "aborted", leaf)
         open_calls = [c for c in s.tool_calls if c.status != "completed"]
         self.core.commit(ops, live)
         for call in open_calls:
-            self.core.emit(
-                "tool_execution_end",
-                live,
-                toolCallId=call.tool_call_id,
-                toolName=call.tool_name,
-                isError=True,
-                outcome="aborted",
-            )
+            self._ended(live, call, True, "aborted")

@@ -7,14 +7,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-import tenacity
 
 from durable_harness import crash
 from durable_harness.errors import (
     AttemptCapReached,
     ProviderError,
 )
-from durable_harness.harness.core import HarnessCore, _LiveRun
+from durable_harness.harness.core import HarnessCore, LiveRun
 from durable_harness.harness.records import record
 from durable_harness.harness.state import (
     RunState,
@@ -30,7 +29,6 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
 )
-from durable_harness.providers.choice import request_model
 from durable_harness.session.context import estimate_tokens
 from durable_harness.storage.base import EntryOp, RecordOp
 
@@ -50,7 +48,7 @@ class Turns:
 
     # -- provider turns --------------------------------------------------------------------
 
-    async def provider_turn(self, live: _LiveRun) -> None:
+    async def provider_turn(self, live: LiveRun) -> None:
         s = live.state
         turn = s.turns + 1
         key = attempt_key("turn", turn)
@@ -79,8 +77,9 @@ class Turns:
         attempt: Callable[[], Awaitable[_T]],
     ) -> _T:
         """Run ``attempt`` until it succeeds, retrying retryable provider errors with
-        exponential backoff, never past ``cap`` attempts as counted by ``used()`` (the durable
-        count: attempts lost in crashes count too).
+        exponential backoff (``retry_initial`` doubling up to ``retry_max`` seconds), never past
+        ``cap`` attempts as counted by ``used()`` (the durable count: attempts lost in crashes
+        count too).
 
         Raises:
             AttemptCapReached: the cap is reached (before an attempt, or after a failed one).
@@ -92,91 +91,35 @@ class Turns:
                 attempts=used(),
                 cap=cap,
             )
-        try:  # the common case: the first attempt succeeds, no retry machinery needed
-            return await attempt()
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            if used() >= cap:
-                raise _cap_reached(what, used(), cap, exc) from exc
-        await anyio.sleep(self.core.options.retry_initial)
-        retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(cap - used()),
-            wait=tenacity.wait_exponential(
-                multiplier=self.core.options.retry_initial, max=self.core.options.retry_max
-            ),
-            retry=tenacity.retry_if_exception(
-                lambda e: isinstance(e, ProviderError) and e.retryable
-            ),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
+        left, failures = cap - used(), 0  # bounded here too: a fenced harness counts nothing
+        initial, top = self.core.options.retry_initial, self.core.options.retry_max
+        while True:
+            try:
+                return await attempt()
+            except ProviderError as exc:
+                if not exc.retryable:
+                    raise
+                failures += 1
+                if used() >= cap or failures >= left:
+                    raise _cap_reached(what, used(), cap, exc) from exc
+            # the first retry waits ``retry_initial``, then ``retry_initial * 2**n``, capped
+            await anyio.sleep(initial if failures == 1 else min(initial * 2 ** (failures - 2), top))
 
-        async def again() -> _T:  # a coroutine function, so tenacity awaits it
-            return await attempt()
-
-        try:
-            return await retrying(again)
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            raise _cap_reached(what, used(), cap, exc) from exc
-
-    async def _attempt(self, live: _LiveRun, turn: int, response_id: str) -> None:
+    async def _attempt(self, live: LiveRun, turn: int, response_id: str) -> None:
         s = live.state
-        attempt = s.attempts.get(attempt_key("turn", turn), 0) + 1
         ctx = self.core.session.context(lane=s.lane)
-        model = request_model(self.core.provider.name, self.core.provider.model, ctx.model)
-        self.core.commit(
-            [
-                RecordOp(
-                    record(
-                        "provider_request_started",
-                        s.lane,
-                        s.run_id,
-                        turn=turn,
-                        attempt=attempt,
-                        responseEntryId=response_id,
-                        provider=self.core.provider.name,
-                        model=model,
-                    )
-                )
-            ],
-            live,
-        )
-        await self.core.barrier()
-        crash.crash_point("after_provider_request_started")
         request = ProviderRequest(
             messages=ctx.messages,
             tools=self.core.specs,
-            model=model,
+            model=self.core.model(s.lane),
             system_prompt=self.core.options.system_prompt,
             thinking_level=ctx.thinking_level,
             run_id=s.run_id,
             turn=turn,
-            attempt=attempt,
+            attempt=s.attempts.get(attempt_key("turn", turn), 0) + 1,
             prompt=s.prompt_text,
         )
-        try:
-            message = await self._stream(live, request)
-        except ProviderError as exc:
-            with anyio.CancelScope(shield=True):
-                self.core.commit(
-                    [
-                        RecordOp(
-                            record(
-                                "provider_request_failed",
-                                s.lane,
-                                s.run_id,
-                                turn=turn,
-                                attempt=attempt,
-                                **failure_fields(exc),
-                            )
-                        )
-                    ],
-                    live,
-                )
-            raise
+        message = await self._request(s.lane, live, request, response_id)
         message, renamed = unique_tool_call_ids(message)
         entry = self.core.entry(s.lane, {"type": "message", "id": response_id, "message": message})
         finished = record(
@@ -184,7 +127,7 @@ class Turns:
             s.lane,
             s.run_id,
             turn=turn,
-            attempt=attempt,
+            attempt=request.attempt,
             entryId=response_id,
             usage=message.get("usage"),
             stopReason=message.get("stopReason"),
@@ -194,7 +137,39 @@ class Turns:
         self.core.commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
         crash.crash_point("after_assistant_entry")
 
-    async def _stream(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
+    async def _request(
+        self, lane: str, live: LiveRun | None, request: ProviderRequest, response_id: str
+    ) -> dict[str, Any]:
+        """One provider attempt (a turn's or a summary's) under the intent rules: its
+        ``provider_request_started`` is durable before the request goes out, and a failure is
+        recorded (``provider_request_failed``, shielded) before it propagates."""
+        run_id = live.state.run_id if live else None
+        ident: dict[str, Any] = {"turn": request.turn, "attempt": request.attempt}
+        if request.purpose != "turn":
+            ident["purpose"] = request.purpose
+        started = record(
+            "provider_request_started",
+            lane,
+            run_id,
+            **ident,
+            responseEntryId=response_id,
+            provider=self.core.provider.name,
+            model=request.model,
+        )
+        self.core.commit([RecordOp(started)], live)
+        await self.core.barrier()
+        crash.crash_point("after_provider_request_started")
+        try:
+            return await self._stream(live or LiveRun(RunState("", lane)), request)
+        except ProviderError as exc:
+            with anyio.CancelScope(shield=True):
+                failed = record(
+                    "provider_request_failed", lane, run_id, **ident, **failure_fields(exc)
+                )
+                self.core.commit([RecordOp(failed)], live)
+            raise
+
+    async def _stream(self, live: LiveRun, request: ProviderRequest) -> dict[str, Any]:
         """Stream one provider attempt (its intent is durable already) between a
         ``provider_request_start`` and a ``provider_request_end`` event, for observers (the
         host's spans and metrics): the end event carries ``outcome`` (``ok``, ``error`` or
@@ -232,7 +207,7 @@ class Turns:
         )
         return message
 
-    async def _play(self, live: _LiveRun, request: ProviderRequest) -> dict[str, Any]:
+    async def _play(self, live: LiveRun, request: ProviderRequest) -> dict[str, Any]:
         live.partial = []
         text: list[str] = []
         first = True
@@ -276,7 +251,7 @@ class Turns:
 
     # -- compaction and navigation ---------------------------------------------------------
 
-    async def maybe_compact(self, live: _LiveRun) -> None:
+    async def maybe_compact(self, live: LiveRun) -> None:
         ctx = self.core.session.context(lane=live.state.lane)
         limit = self.core.compaction.limit
         tokens = ctx.state.tokens if ctx.state else estimate_tokens(ctx.messages)
@@ -284,7 +259,7 @@ class Turns:
             await self.compact(live.state.lane, live)
 
     async def _summarize(
-        self, lane: str, messages: list[dict[str, Any]], purpose: str, live: _LiveRun | None
+        self, lane: str, messages: list[dict[str, Any]], purpose: str, live: LiveRun | None
     ) -> tuple[dict[str, Any], str, int]:
         """Ask the provider for a summary: a provider attempt like a turn's, under the same
         intent/settlement rules, numbered and counted against the attempt cap across restarts
@@ -319,80 +294,20 @@ class Turns:
 
         async def attempt() -> dict[str, Any]:
             number = used() + 1
-            message = await self._summary_attempt(
-                lane, messages, purpose, live, turn, number, op_id
+            request = ProviderRequest(
+                messages=[*messages, _SUMMARY_INSTRUCTION],
+                model=self.core.model(lane),
+                run_id=live.state.run_id if live else "",
+                purpose=purpose,
+                turn=turn,
+                attempt=number,
             )
+            message = await self._request(lane, live, request, op_id)
             settled.append(number)
             return message
 
         message = await self._with_attempts(what, used, cap, attempt)
         return message, op_id, settled[-1]
-
-    async def _summary_attempt(
-        self,
-        lane: str,
-        messages: list[dict[str, Any]],
-        purpose: str,
-        live: _LiveRun | None,
-        turn: int,
-        attempt: int,
-        op_id: str,
-    ) -> dict[str, Any]:
-        run_id = live.state.run_id if live else None
-        instruction = {
-            "role": "user",
-            "content": [
-                {
-                    "type": "text",
-                    "text": (
-                        "Summarize the conversation above for a later continuation: goals, "
-                        "decisions, files touched, open work."
-                    ),
-                }
-            ],
-        }
-        ctx = self.core.session.context(lane=lane)
-        model = request_model(self.core.provider.name, self.core.provider.model, ctx.model)
-        started = dict(turn=turn, attempt=attempt, purpose=purpose)
-        self.core.commit(
-            [
-                RecordOp(
-                    record(
-                        "provider_request_started",
-                        lane,
-                        run_id,
-                        **started,
-                        responseEntryId=op_id,
-                        provider=self.core.provider.name,
-                        model=model,
-                    )
-                )
-            ],
-            live,
-        )
-        await self.core.barrier()
-        crash.crash_point("after_provider_request_started")
-        request = ProviderRequest(
-            messages=[*messages, instruction],
-            model=model,
-            run_id=run_id or "",
-            purpose=purpose,
-            turn=turn,
-            attempt=attempt,
-        )
-        try:
-            return await self._stream(live or _LiveRun(RunState("", lane)), request)
-        except ProviderError as exc:
-            with anyio.CancelScope(shield=True):
-                failed = record(
-                    "provider_request_failed",
-                    lane,
-                    run_id,
-                    **started,
-                    **failure_fields(exc),
-                )
-                self.core.commit([RecordOp(failed)], live)
-            raise
 
     def _settle_summary(
         self,
@@ -401,7 +316,7 @@ class Turns:
         message: dict[str, Any],
         attempt: int,
         purpose: str,
-        live: _LiveRun | None,
+        live: LiveRun | None,
     ) -> None:
         """Commit a compaction or branch-summary entry with the record settling its request."""
         run_id = live.state.run_id if live else None
@@ -419,7 +334,7 @@ class Turns:
         )
         self.core.commit([EntryOp(entry, lane=lane), RecordOp(finished)], live)
 
-    async def compact(self, lane: str, live: _LiveRun | None) -> dict[str, Any]:
+    async def compact(self, lane: str, live: LiveRun | None) -> dict[str, Any]:
         """Compact the lane's context: summarize what comes before a cut that keeps about
         ``keep_recent_tokens`` of recent context, never inside a tool call's exchange (the cut
         is always at a user message). ``live``: the run compacting between its turns, or
@@ -448,14 +363,8 @@ class Turns:
     async def navigate(
         self, target_id: str | None, *, lane: str = "main", summarize: bool = True
     ) -> dict[str, Any] | None:
-        """Move the lane to ``target_id``; with ``summarize``, append a branch summary of the
-        branch being left (a provider request under the intent rules). Returns the summary
-        entry, or ``None`` when not summarizing.
-
-        Raises:
-            RunInProgress: a run is live on the lane.
-            UnknownEntry: the target does not exist.
-        """
+        """The body of :meth:`Harness.navigate <durable_harness.harness.harness.Harness.
+        navigate>` (its docstring says what it does and raises)."""
         self.core.check_idle(lane)
         if not summarize:
             self.core.session.navigate(target_id, lane=lane)
@@ -473,6 +382,21 @@ class Turns:
         self._settle_summary(lane, entry, message, attempt, "branch_summary", None)
         await self.core.barrier()
         return entry
+
+
+_SUMMARY_INSTRUCTION = {
+    "role": "user",
+    "content": [
+        {
+            "type": "text",
+            "text": (
+                "Summarize the conversation above for a later continuation: goals, "
+                "decisions, files touched, open work."
+            ),
+        }
+    ],
+}
+"""The message a summary request ends with (after the context it summarizes)."""
 
 
 def failure_fields(exc: ProviderError) -> dict[str, Any]:

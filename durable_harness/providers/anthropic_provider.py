@@ -1,8 +1,6 @@
-"""Anthropic Messages API provider.
-
-Uses the official ``anthropic`` SDK: ``AsyncAnthropic(max_retries=0).messages.create(stream=True)``
-and reads the raw server-sent events. The SDK never retries: the harness does, writing one
-``provider_request_started`` record per attempt.
+"""Anthropic Messages API provider: ``AsyncAnthropic.messages.create(stream=True)``, the raw
+server-sent events read (the shared skeleton: :class:`~durable_harness.providers._wire.
+NetworkProvider`).
 
 Wire mapping (pi message shapes -> Messages API):
 
@@ -29,156 +27,133 @@ Wire mapping (pi message shapes -> Messages API):
 
 Stream mapping: ``text_delta`` -> :class:`TextDelta`, ``thinking_delta`` ->
 :class:`ThinkingDelta`, ``input_json_delta`` accumulated per block and yielded as one
-:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done`. A stream without
-``message_stop`` is cut short, never an answer
-(:func:`~durable_harness.providers.failures.stream_ended_early`).
+:class:`ToolCallEvent` at ``content_block_stop``, then :class:`Done` (once ``message_stop``
+arrived: :mod:`~durable_harness.providers.failures`).
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Unpack
 
 import anthropic
-import anyio
 
-from durable_harness.errors import ProviderError
-from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
-    ANTHROPIC_IMAGES,
+    ImageLimits,
+    NetworkProvider,
+    Settings,
     WireIds,
+    WireStream,
     check_image,
-    client_options,
-    close_stream,
-    parse_tool_arguments,
-    setting,
-    stream_closing,
 )
 from durable_harness.providers.base import (
-    Done,
     ProviderEvent,
     ProviderRequest,
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
     ToolSpec,
-    empty_usage,
-    priced,
-)
-from durable_harness.providers.failures import (
-    TRANSPORT_ERRORS,
-    error_body,
-    idle_timeout_setting,
-    retry_after,
-    retryable_error_type,
-    retryable_status,
-    scrub,
-    stream_broken,
-    stream_ended_early,
 )
 
-__all__ = [
-    "ANTHROPIC_IMAGES",
-    "AnthropicProvider",
-    "to_anthropic_messages",
-    "to_anthropic_tools",
-    "wire_tool_id",
-]
+ANTHROPIC_IMAGES = ImageLimits(
+    "anthropic", ("image/jpeg", "image/png", "image/gif", "image/webp"), 5 * 1024 * 1024
+)
+"""Anthropic Messages (vision guide): JPEG, PNG, GIF, WebP; 5 MB per image on the API."""
 
-_BROKEN: tuple[type[BaseException], ...] = (anthropic.APIConnectionError, *TRANSPORT_ERRORS)
-"""A stream's connection breaking after the HTTP 200 answer (the SDK's ``APIConnectionError``
-and its ``APITimeoutError`` subclass, or the HTTP library's own error): ``stream_broken``."""
-
-_KEY_ENV = CREDENTIAL_ENV["anthropic"]
-"""The environment variable holding the API key when ``api_key`` is not given."""
-
-_STOP_REASONS = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "pause_turn": "stop",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "tool_use": "toolUse",
-    "refusal": "error",
-}
 _THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384}
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class AnthropicProvider:
-    """A :class:`~durable_harness.providers.base.Provider` over the Anthropic Messages API.
+class _AnthropicStream(WireStream):
+    """The Messages API's server-sent events folded: blocks by index, their streamed tool
+    arguments, the usage counts; ``message_stop`` ends it."""
 
-    Args:
-        model: default model id (a request's non-empty ``model`` overrides it).
-        base_url: API root such as ``https://api.anthropic.com``; falls back to the
-            ``ANTHROPIC_BASE_URL`` environment variable, then the SDK default.
-        api_key: the API key; falls back to ``ANTHROPIC_API_KEY``. Never appears in errors.
-            Because a key is always passed explicitly, the SDK never loads profiles from disk.
-        context_window: the model's context window in tokens (default 200000).
-        max_tokens: output cap in tokens when the request sets none (default 4096).
-        timeout: seconds allowed for each phase of a request: connecting, sending, waiting
-            for a pooled connection, and each read (default 600).
-        idle_timeout: seconds the server may stay silent while the request waits for its
-            answer or its stream runs: each read of the connection, at most ``timeout``
-            (``ping`` events reset it). ``None`` takes ``DURABLE_HARNESS_STREAM_IDLE_TIMEOUT``,
-            else 300 (the default of OpenAI Codex's ``stream_idle_timeout_ms``). Past it the
-            attempt fails with reason ``stream_idle_timeout`` (retryable).
-        pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
-            ``cacheWrite`` (missing keys cost 0); ``None`` leaves every cost at 0.
-        reasoning: enable extended thinking from the request's ``thinking_level`` (budget
-            1024/2048/8192/16384 tokens for minimal/low/medium/high, added to ``max_tokens``).
-        name: provider name written on assistant messages (default ``anthropic``).
+    end_marker = "message_stop"
+    stop_reasons: ClassVar[Mapping[str, str]] = {
+        "end_turn": "stop",
+        "stop_sequence": "stop",
+        "pause_turn": "stop",
+        "max_tokens": "length",
+        "model_context_window_exceeded": "length",
+        "tool_use": "toolUse",
+        "refusal": "error",
+    }
+    stop_errors: ClassVar[Mapping[str, str]] = {"refusal": "the model refused to answer"}
 
-    Raises:
-        FormatError: ``idle_timeout`` (or its environment variable) is not a positive number.
-        ProviderError: (from :meth:`stream`) no API key is configured (``retryable=False``).
+    def __init__(self, provider: str, model: str) -> None:
+        super().__init__(provider, model)
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.json_parts: dict[int, list[str]] = {}
+        self.wire_usage: dict[str, int] = {}
+
+    def feed(self, event: dict[str, Any]) -> Iterator[ProviderEvent]:
+        etype = event.get("type")
+        index = int(event.get("index") or 0)
+        if etype == "message_start":
+            message = event.get("message") or {}
+            self.model = str(message.get("model") or self.model)
+            _merge_usage(self.wire_usage, message.get("usage"))
+        elif etype == "content_block_start":
+            block = _start_block(event.get("content_block") or {})
+            if block is not None:
+                self.blocks[index] = block
+                self.json_parts[index] = []
+        elif etype == "content_block_delta":
+            parts = self.json_parts.get(index)
+            out = _apply_delta(self.blocks.get(index), parts, event.get("delta") or {})
+            if out is not None:
+                yield out
+        elif etype == "content_block_stop":
+            block = self.blocks.get(index)
+            if block is not None and block["type"] == "toolCall":
+                raw = "".join(self.json_parts.get(index, []))
+                block["arguments"] = self.arguments(raw, block.get("name"), block.get("id"))
+                yield ToolCallEvent(block["id"], block["name"], block["arguments"])
+        elif etype == "message_delta":
+            delta = event.get("delta") or {}
+            if delta.get("stop_reason"):
+                self.stop = str(delta["stop_reason"])
+            _merge_usage(self.wire_usage, event.get("usage"))
+        elif etype == "message_stop":
+            self.ended = True
+            self.content = [self.blocks[i] for i in sorted(self.blocks)]
+
+    def usage(self, pricing: Mapping[str, float] | None) -> dict[str, Any]:
+        """Map Messages API usage to pi's usage dict (tokens; cost in USD)."""
+        wire = self.wire_usage
+        return self.tokens(
+            pricing,
+            wire.get("cache_read_input_tokens", 0),
+            wire.get("cache_creation_input_tokens", 0),
+            input=wire.get("input_tokens", 0),
+            output=wire.get("output_tokens", 0),
+        )
+
+
+class AnthropicProvider(NetworkProvider):
+    """A :class:`~durable_harness.providers._wire.NetworkProvider` over the Anthropic Messages
+    API (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``; ``ping`` events reset the idle timeout).
+
+    Args: ``model``; ``max_tokens``, the output cap when the request sets none (default 4096);
+    :class:`~durable_harness.providers._wire.Settings` (``context_window`` default 200000);
+    ``reasoning`` enables extended thinking from the request's ``thinking_level`` (budget
+    1024/2048/8192/16384 tokens for minimal/low/medium/high, added to ``max_tokens``).
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        context_window: int = 200_000,
-        max_tokens: int = 4096,
-        timeout: float = 600.0,
-        idle_timeout: float | None = None,
-        pricing: Mapping[str, float] | None = None,
-        reasoning: bool = False,
-        name: str = "anthropic",
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.context_window = context_window
+    family = "anthropic"
+    default_window = 200_000
+    sdk: ClassVar[Any] = anthropic
+    sdk_error = anthropic.AnthropicError
+    client_class: ClassVar[Any] = anthropic.AsyncAnthropic
+    wire = _AnthropicStream
+
+    def __init__(self, model: str, *, max_tokens: int = 4096, **settings: Unpack[Settings]) -> None:
+        super().__init__(model, **settings)
         self.max_tokens = max_tokens
-        self.base_url = setting(base_url, "ANTHROPIC_BASE_URL")
-        self._api_key = setting(api_key, _KEY_ENV)
-        self.timeout = timeout
-        self.idle_timeout = idle_timeout_setting(idle_timeout)
-        self.read_timeout = min(self.timeout, self.idle_timeout)
-        self.pricing = dict(pricing) if pricing else None
-        self.reasoning = reasoning
 
-    def __repr__(self) -> str:
-        return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
-
-    def _client(self) -> Any:
-        """A fresh SDK client (no retries of its own: the harness retries).
-
-        Raises:
-            ProviderError: no API key (``retryable=False``).
-        """
-        options = client_options(
-            provider=self.name,
-            api_key=self._api_key,
-            key_env=_KEY_ENV,
-            base_url=self.base_url,
-            timeout=anthropic.Timeout(self.timeout, read=self.read_timeout),
-        )
-        return anthropic.AsyncAnthropic(**options)
+    async def _create(self, client: Any, params: dict[str, Any]) -> Any:
+        return await client.messages.create(**params)
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         """Return the keyword arguments of ``messages.create`` for ``request``.
@@ -204,116 +179,6 @@ class AnthropicProvider:
             params["thinking"] = {"type": "enabled", "budget_tokens": budget}
             params["max_tokens"] = max_tokens + budget
         return params
-
-    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
-        """Stream the answer to ``request``: deltas and tool calls, then one :class:`Done`.
-
-        The ``Done`` message is ``{"role": "assistant", "content": [thinking | text | toolCall
-        blocks in stream order], "provider", "model", "usage": {input, output, cacheRead,
-        cacheWrite, totalTokens (tokens), cost{input, output, cacheRead, cacheWrite, total}
-        (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
-        Thinking blocks keep their signature as ``thinkingSignature``.
-
-        Only a stream that delivered ``message_stop`` is an answer: one that ends without it
-        (cleanly, or by a dropped or reset connection, a tool_use input cut mid-way included)
-        fails with ``details["reason"] == "stream_truncated"``, one silent for
-        ``idle_timeout`` with ``"stream_idle_timeout"``; both retryable, and no
-        :class:`Done` is yielded (the deltas and tool calls already yielded are no answer).
-
-        Raises:
-            ProviderError: ``retryable`` follows the one rule in
-                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx including 529,
-                connection failures, timeouts, a cut stream, mid-stream overloaded/api
-                errors: retryable); a missing key and unparseable tool arguments of a
-                complete answer are not retryable. ``status`` holds the HTTP status when
-                known.
-        """
-        return stream_closing(self._client, lambda client: self._stream(client, request))
-
-    async def _stream(
-        self, client: Any, request: ProviderRequest
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        params = self.build_params(request)
-        model = str(params["model"])
-        blocks: dict[int, dict[str, Any]] = {}
-        json_parts: dict[int, list[str]] = {}
-        wire_usage: dict[str, int] = {}
-        stop_reason: str | None = None
-        try:
-            stream = await client.messages.create(**params)
-        except anthropic.AnthropicError as exc:
-            raise _map_error(exc, self.name, self._api_key) from None
-        items = stream.__aiter__()
-        received = 0
-        stopped = False
-        try:
-            try:
-                async for raw in items:
-                    received += 1
-                    event: dict[str, Any] = cast(Any, raw).model_dump()
-                    etype = event.get("type")
-                    if etype == "message_start":
-                        message = event.get("message") or {}
-                        model = str(message.get("model") or model)
-                        _merge_usage(wire_usage, message.get("usage"))
-                    elif etype == "content_block_start":
-                        index = int(event.get("index") or 0)
-                        block = _start_block(event.get("content_block") or {})
-                        if block is not None:
-                            blocks[index] = block
-                            json_parts[index] = []
-                    elif etype == "content_block_delta":
-                        index = int(event.get("index") or 0)
-                        delta = event.get("delta") or {}
-                        out = _apply_delta(blocks.get(index), json_parts.get(index), delta)
-                        if out is not None:
-                            yield out
-                    elif etype == "content_block_stop":
-                        index = int(event.get("index") or 0)
-                        block = blocks.get(index)
-                        if block is not None and block["type"] == "toolCall":
-                            block["arguments"] = parse_tool_arguments(
-                                "".join(json_parts.get(index, [])),
-                                name=block.get("name"),
-                                call_id=block.get("id"),
-                                provider=self.name,
-                            )
-                            yield ToolCallEvent(block["id"], block["name"], block["arguments"])
-                    elif etype == "message_delta":
-                        delta = event.get("delta") or {}
-                        if delta.get("stop_reason"):
-                            stop_reason = str(delta["stop_reason"])
-                        _merge_usage(wire_usage, event.get("usage"))
-                    elif etype == "message_stop":
-                        stopped = True
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await close_stream(stream, items)
-        except _BROKEN as exc:
-            raise stream_broken(
-                exc, self.name, self._api_key, received, self.read_timeout
-            ) from None
-        except anthropic.AnthropicError as exc:  # an error event inside the stream
-            raise _map_error(exc, self.name, self._api_key) from None
-        if not stopped:  # cut short: never an answer, whatever arrived
-            raise stream_ended_early(self.name, "message_stop", received)
-
-        content = [blocks[i] for i in sorted(blocks)]
-        stop = _STOP_REASONS.get(stop_reason or "", "stop")
-        if stop == "stop" and any(b["type"] == "toolCall" for b in content):
-            stop = "toolUse"
-        result: dict[str, Any] = {
-            "role": "assistant",
-            "content": content,
-            "provider": self.name,
-            "model": model,
-            "usage": _usage(wire_usage, self.pricing),
-            "stopReason": stop,
-            "timestamp": int(time.time() * 1000),
-        }
-        if stop_reason == "refusal":
-            result["errorMessage"] = "the model refused to answer"
-        yield Done(result)
 
 
 def _start_block(wire: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -379,19 +244,6 @@ def _merge_usage(acc: dict[str, int], wire: Any) -> None:
         value = wire.get(key)
         if isinstance(value, int):
             acc[key] = value
-
-
-def _usage(wire: Mapping[str, int], pricing: Mapping[str, float] | None) -> dict[str, Any]:
-    """Map Messages API usage to pi's usage dict (tokens; cost in USD)."""
-    usage = empty_usage()
-    usage["input"] = wire.get("input_tokens", 0)
-    usage["output"] = wire.get("output_tokens", 0)
-    usage["cacheRead"] = wire.get("cache_read_input_tokens", 0)
-    usage["cacheWrite"] = wire.get("cache_creation_input_tokens", 0)
-    usage["totalTokens"] = (
-        usage["input"] + usage["output"] + usage["cacheRead"] + usage["cacheWrite"]
-    )
-    return priced(usage, pricing)
 
 
 def wire_tool_id(tool_call_id: str) -> str:
@@ -538,41 +390,3 @@ def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     return [
         {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
     ]
-
-
-def _map_error(exc: anthropic.AnthropicError, provider: str, secret: str | None) -> ProviderError:
-    """Translate an ``anthropic`` SDK error into :class:`ProviderError` (message redacted)."""
-    details: dict[str, Any] = {"provider": provider}
-    status: int | None = None
-    if isinstance(exc, anthropic.APITimeoutError):
-        retryable, where, detail = True, "APITimeoutError", "request timed out"
-    elif isinstance(exc, anthropic.APIConnectionError):
-        cause = exc.__cause__
-        retryable, where = True, "APIConnectionError"
-        detail = f"connection error ({type(cause).__name__})" if cause else "connection error"
-    elif isinstance(exc, anthropic.APIStatusError):
-        etype, text = error_body(exc.body)
-        if etype:
-            details["error_type"] = etype
-        request_id = getattr(exc, "request_id", None)
-        if request_id:
-            details["request_id"] = str(request_id)
-        if exc.status_code >= 400:
-            status = exc.status_code
-            retryable = retryable_status(status, exc.response.headers)
-            where = f"HTTP {status}"
-            after = retry_after(exc.response)
-            if after is not None:
-                details["retry_after"] = after
-        else:  # an error event inside a stream that began with HTTP 200
-            retryable = retryable_error_type(etype)
-            where = "error during streaming"
-        detail = f"{etype}: {text}" if etype and text else etype or text
-    elif isinstance(exc, anthropic.APIError):
-        etype, text = error_body(exc.body)
-        retryable, where = retryable_error_type(etype), "APIError"
-        detail = text or exc.message
-    else:
-        retryable, where, detail = False, type(exc).__name__, str(exc)
-    message = f"{provider}: {where}: {detail}" if detail else f"{provider}: {where}"
-    return ProviderError(scrub(message, secret), retryable=retryable, status=status, **details)

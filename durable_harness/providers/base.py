@@ -9,14 +9,10 @@ ending with exactly one :class:`Done` that carries the complete assistant messag
      totalTokens, cost{...} (USD)}, "stopReason": "stop" | "length" | "toolUse" | "error"}
 
 Failures raise :class:`~durable_harness.errors.ProviderError` with ``retryable`` set by the one
-rule in :mod:`durable_harness.providers.failures` (HTTP 408, 409, 429, 5xx, connection errors and
-timeouts). Providers never retry by themselves: the harness does, writing a
+rule in :mod:`durable_harness.providers.failures`, which also says when a stream is an answer
+(only once the wire's end marker arrived: else :data:`STREAM_TRUNCATED` or
+:data:`STREAM_IDLE_TIMEOUT`). Providers never retry by themselves: the harness does, writing a
 ``provider_request_started`` record per attempt.
-
-A stream is an answer only when it ends with :class:`Done`; a provider yields ``Done`` only once
-the wire's own end marker arrived. A stream cut short fails with ``details["reason"]``
-:data:`STREAM_TRUNCATED`, one that went silent with :data:`STREAM_IDLE_TIMEOUT` (both
-retryable); the harness copies the reason into ``provider_request_failed.reason``.
 """
 
 from __future__ import annotations

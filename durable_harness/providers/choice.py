@@ -1,21 +1,15 @@
 """Which provider and which model a run uses: one rule for every door.
 
-A session remembers a provider twice: the spec a run recorded (``run_started.providerSpec``)
-and the model its context names (the latest ``model_change``, or the provider and model of
-the latest assistant message: :attr:`SessionContext.model`). A run may also be *given* a spec
-(the CLI's ``--provider``, a host session's own spec). The rule (``design/run-loop.md``,
-"Provider and model"):
+A session remembers the spec a run recorded (``run_started.providerSpec``) and the model its
+context names (:attr:`SessionContext.model`); a run may also be *given* a spec (``--provider``,
+a host session's own). The rule (``design/run-loop.md``, "Provider and model"): 1. the spec
+given wins, then the recorded one, then the default (a host's ``--provider``); 2. the session's
+model is only reused with a provider of its own family (the provider ``name``), so a model is
+never sent to a provider it does not belong to (``gpt-5.1`` to Anthropic).
 
-1. the spec given wins; without one, the spec the session recorded; without that, the
-   default (a host's ``--provider``);
-2. the model the session names is only reused with a provider of its own family (the
-   provider ``name``: ``openai``, ``anthropic``, ``scripted``, or an OpenAI-compatible
-   provider's own name); any other provider gets its own model. A model is never sent to a
-   provider it does not belong to (``gpt-5.1`` to Anthropic).
-
-:func:`choose_provider` decides the spec (CLI ``resume``, the host's generations and, through
-the host, ACP); :func:`request_model` decides the model of each request (the harness, for
-turns and summaries). Both apply the same family test, :func:`same_family`.
+:func:`choose_provider` decides the spec (CLI ``resume``, the host's generations, ACP through
+the host); :func:`request_model` the model of each request (the harness). Both apply
+:func:`same_family`.
 """
 
 from __future__ import annotations
@@ -23,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-
-__all__ = ["ProviderChoice", "choose_provider", "request_model", "same_family", "spec_family"]
 
 Source = Literal["given", "recorded", "default"]
 

@@ -44,24 +44,6 @@ from typing import Any
 from durable_harness.errors import FormatError, ProviderError, redact
 from durable_harness.providers.base import STREAM_IDLE_TIMEOUT, STREAM_TRUNCATED
 
-__all__ = [
-    "DEFAULT_IDLE_TIMEOUT",
-    "ERROR_TYPE_STATUS",
-    "IDLE_TIMEOUT_ENV",
-    "RETRYABLE_STATUSES",
-    "STREAM_IDLE_TIMEOUT",
-    "STREAM_TRUNCATED",
-    "TRANSPORT_ERRORS",
-    "error_body",
-    "idle_timeout_setting",
-    "retry_after",
-    "retryable_error_type",
-    "retryable_status",
-    "scrub",
-    "stream_broken",
-    "stream_ended_early",
-]
-
 DEFAULT_IDLE_TIMEOUT = 300.0
 """Seconds a stream may stay silent before it counts as dead: the default of OpenAI Codex's
 ``stream_idle_timeout_ms`` (300000). Servers send keep-alives while a model thinks (Anthropic's

@@ -1,8 +1,6 @@
-"""OpenAI chat-completions provider (OpenAI itself and OpenAI-compatible servers).
-
-Uses the official ``openai`` SDK: ``AsyncOpenAI(max_retries=0).chat.completions.create(
-stream=True, stream_options={"include_usage": True})``. The SDK never retries: the harness does,
-writing one ``provider_request_started`` record per attempt.
+"""OpenAI chat-completions provider (OpenAI itself and OpenAI-compatible servers):
+``AsyncOpenAI.chat.completions.create(stream=True, stream_options={"include_usage": True})``
+(the shared skeleton: :class:`~durable_harness.providers._wire.NetworkProvider`).
 
 Wire mapping (pi message shapes -> chat completions):
 
@@ -24,37 +22,29 @@ Wire mapping (pi message shapes -> chat completions):
 Stream mapping: ``content`` deltas -> :class:`TextDelta`; ``reasoning_content`` / ``reasoning``
 deltas (sent by several compatible servers) -> :class:`ThinkingDelta`; tool-call deltas are
 accumulated by ``index`` and each complete call is yielded once as a :class:`ToolCallEvent`
-after the stream ends; then :class:`Done`. A stream without a ``finish_reason`` is cut short,
-never an answer (:func:`~durable_harness.providers.failures.stream_ended_early`).
+after the stream ends; then :class:`Done` (once a ``finish_reason`` arrived:
+:mod:`~durable_harness.providers.failures`).
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Unpack
 
-import anyio
 import openai
 
-from durable_harness.errors import ProviderError
-from durable_harness.providers import CREDENTIAL_ENV
 from durable_harness.providers._wire import (
-    OPENAI_IMAGES,
+    ImageLimits,
+    NetworkProvider,
+    Settings,
     WireIds,
+    WireStream,
     check_image,
-    client_options,
-    close_stream,
-    parse_tool_arguments,
-    setting,
     shorten_id,
-    stream_closing,
 )
 from durable_harness.providers.base import (
-    Done,
     ProviderEvent,
     ProviderRequest,
     TextDelta,
@@ -62,111 +52,129 @@ from durable_harness.providers.base import (
     ToolCallEvent,
     ToolSpec,
     empty_usage,
-    priced,
-)
-from durable_harness.providers.failures import (
-    TRANSPORT_ERRORS,
-    error_body,
-    idle_timeout_setting,
-    retry_after,
-    retryable_error_type,
-    retryable_status,
-    scrub,
-    stream_broken,
-    stream_ended_early,
 )
 
-__all__ = ["OPENAI_IMAGES", "OpenAIProvider", "to_openai_messages", "to_openai_tools"]
+OPENAI_IMAGES = ImageLimits(
+    "openai", ("image/jpeg", "image/png", "image/gif", "image/webp"), 20 * 1024 * 1024
+)
+"""OpenAI chat completions (images guide): PNG, JPEG, WEBP, non-animated GIF; 20 MB per image."""
 
-_BROKEN: tuple[type[BaseException], ...] = (openai.APIConnectionError, *TRANSPORT_ERRORS)
-"""A stream's connection breaking after the HTTP 200 answer (the SDK's ``APIConnectionError``
-and its ``APITimeoutError`` subclass, or the HTTP library's own error): ``stream_broken``."""
-
-_KEY_ENV = CREDENTIAL_ENV["openai"]
-"""The environment variable holding the API key when ``api_key`` is not given."""
-
-_STOP_REASONS = {
-    "stop": "stop",
-    "length": "length",
-    "tool_calls": "toolUse",
-    "function_call": "toolUse",
-    "content_filter": "error",
-}
 _REASONING_EFFORT = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
 
 
-class OpenAIProvider:
-    """A :class:`~durable_harness.providers.base.Provider` over OpenAI chat completions.
+class _OpenAIStream(WireStream):
+    """Chat-completion chunks folded (choice 0 only): text, reasoning, tool calls by index,
+    the usage chunk; a ``finish_reason`` ends it. Each tool call is yielded once the stream
+    ended, with its arguments parsed."""
 
-    Args:
-        model: default model id (a request's non-empty ``model`` overrides it).
-        base_url: API root such as ``https://api.openai.com/v1``; falls back to the
-            ``OPENAI_BASE_URL`` environment variable, then the SDK default.
-        api_key: the API key; falls back to ``OPENAI_API_KEY``. Never appears in errors.
-        context_window: the model's context window in tokens (default 128000).
-        timeout: seconds allowed for each phase of a request: connecting, sending, waiting
-            for a pooled connection, and each read (default 600).
-        idle_timeout: seconds the server may stay silent while the request waits for its
-            answer or its stream runs: each read of the connection, at most ``timeout``
-            (keep-alives reset it). ``None`` takes ``DURABLE_HARNESS_STREAM_IDLE_TIMEOUT``,
-            else 300 (the default of OpenAI Codex's ``stream_idle_timeout_ms``). Past it the
-            attempt fails with reason ``stream_idle_timeout`` (retryable).
-        pricing: USD per million tokens, keys ``input``, ``output``, ``cacheRead``,
-            ``cacheWrite`` (missing keys cost 0); ``None`` leaves every cost at 0.
-        reasoning: send ``reasoning_effort`` derived from the request's ``thinking_level``
-            (only for reasoning models; ``off`` sends nothing).
-        max_tokens_param: wire name of the output cap, ``max_completion_tokens`` (OpenAI) or
-            ``max_tokens`` (older compatible servers).
-        name: provider name written on assistant messages (default ``openai``).
+    end_marker = "a finish_reason"
+    stop_reasons: ClassVar[Mapping[str, str]] = {
+        "stop": "stop",
+        "length": "length",
+        "tool_calls": "toolUse",
+        "function_call": "toolUse",
+        "content_filter": "error",
+    }
+    stop_errors: ClassVar[Mapping[str, str]] = {
+        "content_filter": "the response was withheld by the content filter"
+    }
 
-    Raises:
-        FormatError: ``idle_timeout`` (or its environment variable) is not a positive number.
-        ProviderError: (from :meth:`stream`) no API key is configured (``retryable=False``).
+    def __init__(self, provider: str, model: str) -> None:
+        super().__init__(provider, model)
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.wire_usage: dict[str, Any] | None = None
+
+    def feed(self, event: dict[str, Any]) -> Iterator[ProviderEvent]:
+        if event.get("model"):
+            self.model = str(event["model"])
+        if event.get("usage"):
+            self.wire_usage = event["usage"]
+        for choice in event.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                self.thinking.append(reasoning)
+                yield ThinkingDelta(reasoning)
+            content = delta.get("content")
+            if content:
+                self.text.append(content)
+                yield TextDelta(content)
+            for tc in delta.get("tool_calls") or []:
+                _merge_tool_call(self.calls, tc)
+            if choice.get("finish_reason"):
+                self.stop = str(choice["finish_reason"])
+                self.ended = True
+
+    def finish(self) -> Iterator[ProviderEvent]:
+        thinking, text = "".join(self.thinking), "".join(self.text)
+        if thinking:
+            self.content.append({"type": "thinking", "thinking": thinking})
+        if text:
+            self.content.append({"type": "text", "text": text})
+        for i in sorted(self.calls):
+            call = self.calls[i]
+            block = {
+                "type": "toolCall",
+                "id": call["id"] or f"call_{uuid.uuid4().hex[:24]}",
+                "name": call["name"],
+                "arguments": self.arguments(str(call["arguments"]), call["name"], call["id"]),
+            }
+            self.content.append(block)
+            yield ToolCallEvent(block["id"], block["name"], block["arguments"])
+
+    def usage(self, pricing: Mapping[str, float] | None) -> dict[str, Any]:
+        """Map chat-completions usage to pi's usage dict; ``input`` excludes cached tokens
+        (no usage chunk: zero tokens, cost unknown)."""
+        wire = self.wire_usage
+        if not wire:
+            return empty_usage()
+        details = wire.get("prompt_tokens_details") or {}
+        read = int(details.get("cached_tokens") or 0)
+        write = int(details.get("cache_write_tokens") or 0)
+        prompt = int(wire.get("prompt_tokens") or 0)
+        return self.tokens(
+            pricing,
+            read,
+            write,
+            input=max(prompt - read - write, 0),
+            output=int(wire.get("completion_tokens") or 0),
+        )
+
+
+class OpenAIProvider(NetworkProvider):
+    """A :class:`~durable_harness.providers._wire.NetworkProvider` over OpenAI chat
+    completions (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
+
+    Args: ``model``; ``max_tokens_param``, the wire name of the output cap
+    (``max_completion_tokens``, OpenAI's, or ``max_tokens`` for older compatible servers);
+    :class:`~durable_harness.providers._wire.Settings` (``context_window`` default 128000);
+    ``reasoning`` sends ``reasoning_effort`` from the request's ``thinking_level`` (for
+    reasoning models; ``off`` sends nothing).
     """
+
+    family = "openai"
+    default_window = 128_000
+    sdk: ClassVar[Any] = openai
+    sdk_error = openai.OpenAIError
+    client_class: ClassVar[Any] = openai.AsyncOpenAI
+    wire = _OpenAIStream
 
     def __init__(
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        context_window: int = 128_000,
-        timeout: float = 600.0,
-        idle_timeout: float | None = None,
-        pricing: Mapping[str, float] | None = None,
-        reasoning: bool = False,
         max_tokens_param: str = "max_completion_tokens",
-        name: str = "openai",
+        **settings: Unpack[Settings],
     ) -> None:
-        self.name = name
-        self.model = model
-        self.context_window = context_window
-        self.base_url = setting(base_url, "OPENAI_BASE_URL")
-        self._api_key = setting(api_key, _KEY_ENV)
-        self.timeout = timeout
-        self.idle_timeout = idle_timeout_setting(idle_timeout)
-        self.read_timeout = min(self.timeout, self.idle_timeout)
-        self.pricing = dict(pricing) if pricing else None
-        self.reasoning = reasoning
+        super().__init__(model, **settings)
         self.max_tokens_param = max_tokens_param
 
-    def __repr__(self) -> str:
-        return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
-
-    def _client(self) -> Any:
-        """A fresh SDK client (no retries of its own: the harness retries).
-
-        Raises:
-            ProviderError: no API key (``retryable=False``).
-        """
-        options = client_options(
-            provider=self.name,
-            api_key=self._api_key,
-            key_env=_KEY_ENV,
-            base_url=self.base_url,
-            timeout=openai.Timeout(self.timeout, read=self.read_timeout),
-        )
-        return openai.AsyncOpenAI(**options)
+    async def _create(self, client: Any, params: dict[str, Any]) -> Any:
+        return await client.chat.completions.create(**params)
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         """Return the keyword arguments of ``chat.completions.create`` for ``request``.
@@ -189,123 +197,6 @@ class OpenAIProvider:
             params["reasoning_effort"] = effort
         return params
 
-    def stream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
-        """Stream the answer to ``request``: deltas, then tool calls, then one :class:`Done`.
-
-        The ``Done`` message is ``{"role": "assistant", "content": [thinking?, text?,
-        toolCall...], "provider", "model", "usage": {input, output, cacheRead, cacheWrite,
-        totalTokens (tokens), cost{input, output, cacheRead, cacheWrite, total} (USD)},
-        "stopReason": "stop" | "length" | "toolUse" | "error", "timestamp" (Unix ms)}``.
-
-        Only a stream that delivered its ``finish_reason`` is an answer: one that ends
-        without it (cleanly, or by a dropped or reset connection, a tool call's arguments cut
-        mid-way included) fails with ``details["reason"] == "stream_truncated"``, one silent
-        for ``idle_timeout`` with ``"stream_idle_timeout"``; both retryable, and no
-        :class:`Done` is yielded (the deltas already yielded are no answer).
-
-        Raises:
-            ProviderError: ``retryable`` follows the one rule in
-                :mod:`~durable_harness.providers.failures` (408, 409, 429, 5xx, connection
-                failures, timeouts, a cut stream, mid-stream server errors: retryable); a
-                missing key and unparseable tool arguments of a complete answer are not
-                retryable. ``status`` holds the HTTP status when known.
-        """
-        return stream_closing(self._client, lambda client: self._stream(client, request))
-
-    async def _stream(
-        self, client: Any, request: ProviderRequest
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        params = self.build_params(request)
-        model = str(params["model"])
-        text_parts: list[str] = []
-        thinking_parts: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
-        finish_reason: str | None = None
-        wire_usage: dict[str, Any] | None = None
-        try:
-            stream = await client.chat.completions.create(**params)
-        except openai.OpenAIError as exc:
-            raise _map_error(exc, self.name, self._api_key) from None
-        items = stream.__aiter__()
-        received = 0
-        try:
-            try:
-                async for chunk in items:
-                    received += 1
-                    data: dict[str, Any] = cast(Any, chunk).model_dump()
-                    if data.get("model"):
-                        model = str(data["model"])
-                    if data.get("usage"):
-                        wire_usage = data["usage"]
-                    for choice in data.get("choices") or []:
-                        if choice.get("index", 0) != 0:
-                            continue
-                        delta = choice.get("delta") or {}
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                        if isinstance(reasoning, str) and reasoning:
-                            thinking_parts.append(reasoning)
-                            yield ThinkingDelta(reasoning)
-                        content = delta.get("content")
-                        if content:
-                            text_parts.append(content)
-                            yield TextDelta(content)
-                        for tc in delta.get("tool_calls") or []:
-                            _merge_tool_call(calls, tc)
-                        if choice.get("finish_reason"):
-                            finish_reason = str(choice["finish_reason"])
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await close_stream(stream, items)
-        except _BROKEN as exc:
-            raise stream_broken(
-                exc, self.name, self._api_key, received, self.read_timeout
-            ) from None
-        except openai.OpenAIError as exc:  # an error event inside the stream
-            raise _map_error(exc, self.name, self._api_key) from None
-        if finish_reason is None:  # cut short: never an answer, whatever arrived
-            raise stream_ended_early(self.name, "a finish_reason", received)
-
-        blocks: list[dict[str, Any]] = []
-        thinking = "".join(thinking_parts)
-        if thinking:
-            blocks.append({"type": "thinking", "thinking": thinking})
-        text = "".join(text_parts)
-        if text:
-            blocks.append({"type": "text", "text": text})
-        tool_blocks = [
-            {
-                "type": "toolCall",
-                "id": calls[i]["id"] or f"call_{uuid.uuid4().hex[:24]}",
-                "name": calls[i]["name"],
-                "arguments": parse_tool_arguments(
-                    str(calls[i]["arguments"]),
-                    name=calls[i]["name"],
-                    call_id=calls[i]["id"],
-                    provider=self.name,
-                ),
-            }
-            for i in sorted(calls)
-        ]
-        for block in tool_blocks:
-            blocks.append(block)
-            yield ToolCallEvent(block["id"], block["name"], block["arguments"])
-
-        stop = _STOP_REASONS.get(finish_reason or "", "stop")
-        if calls and stop == "stop":
-            stop = "toolUse"
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": blocks,
-            "provider": self.name,
-            "model": model,
-            "usage": _usage(wire_usage, self.pricing),
-            "stopReason": stop,
-            "timestamp": int(time.time() * 1000),
-        }
-        if finish_reason == "content_filter":
-            message["errorMessage"] = "the response was withheld by the content filter"
-        yield Done(message)
-
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) -> None:
     """Fold one streamed tool-call delta into ``calls`` (keyed by the delta's ``index``)."""
@@ -318,23 +209,6 @@ def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) ->
         call["name"] = str(function["name"])
     if function.get("arguments"):
         call["arguments"] += str(function["arguments"])
-
-
-def _usage(wire: Mapping[str, Any] | None, pricing: Mapping[str, float] | None) -> dict[str, Any]:
-    """Map chat-completions usage to pi's usage dict; ``input`` excludes cached tokens."""
-    usage = empty_usage()
-    if not wire:
-        return usage
-    details = wire.get("prompt_tokens_details") or {}
-    cache_read = int(details.get("cached_tokens") or 0)
-    cache_write = int(details.get("cache_write_tokens") or 0)
-    prompt = int(wire.get("prompt_tokens") or 0)
-    usage["input"] = max(prompt - cache_read - cache_write, 0)
-    usage["output"] = int(wire.get("completion_tokens") or 0)
-    usage["cacheRead"] = cache_read
-    usage["cacheWrite"] = cache_write
-    usage["totalTokens"] = usage["input"] + usage["output"] + cache_read + cache_write
-    return priced(usage, pricing)
 
 
 MAX_TOOL_ID = 40
@@ -463,47 +337,3 @@ def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
         }
         for t in tools
     ]
-
-
-@dataclass(frozen=True)
-class _ErrorInfo:
-    status: int | None
-    retryable: bool
-    detail: str
-
-
-def _map_error(exc: openai.OpenAIError, provider: str, secret: str | None) -> ProviderError:
-    """Translate an ``openai`` SDK error into :class:`ProviderError` (message redacted)."""
-    details: dict[str, Any] = {"provider": provider}
-    if isinstance(exc, openai.APITimeoutError):
-        info = _ErrorInfo(None, True, "request timed out")
-    elif isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__
-        info = _ErrorInfo(
-            None,
-            True,
-            f"connection error ({type(cause).__name__})" if cause else "connection error",
-        )
-    elif isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        retryable = retryable_status(status, exc.response.headers)
-        info = _ErrorInfo(status, retryable, error_body(exc.body)[1])
-        after = retry_after(exc.response)
-        if after is not None:
-            details["retry_after"] = after
-        if exc.request_id:
-            details["request_id"] = exc.request_id
-    elif isinstance(exc, openai.APIError):  # an error event inside a 200 stream
-        etype, text = error_body(exc.body)
-        if etype:
-            details["error_type"] = etype
-        info = _ErrorInfo(
-            None, retryable_error_type(etype), f"error during streaming: {text or exc.message}"
-        )
-    else:
-        info = _ErrorInfo(None, False, f"{type(exc).__name__}: {exc}")
-    where = f"HTTP {info.status}" if info.status is not None else type(exc).__name__
-    message = f"{provider}: {where}: {info.detail}" if info.detail else f"{provider}: {where}"
-    return ProviderError(
-        scrub(message, secret), retryable=info.retryable, status=info.status, **details
-    )

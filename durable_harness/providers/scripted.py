@@ -10,17 +10,13 @@ File format (design brief, section 4)::
     ]}
 
 The k-th assistant message of a run gets turn k, so a restarted run continues where it was.
-A file may also give ``"by_prompt": {"<prompt text>": [turns...]}``: a run whose prompt text
-matches a key plays those turns instead (sessions with several runs or lanes), and
-``"context_window": tokens`` sets the window the harness compacts against.
-Optional per-turn fields: ``fail_attempts`` (the first n attempts of that turn fail with a
-retryable HTTP 503), ``delay`` (seconds to wait before each chunk: lets tests abort mid-stream),
-``chunks`` (how many text deltas to stream), ``wait_for`` (a file path: after the first chunk,
-or before the only one, the stream waits until that file exists, so a test holds a run open as
-long as it needs instead of guessing a delay). Tool call ids are
-``call_<last 4 of run id>_<turn>_<index>``: unique per run and the same across restarts. A run
-that asks for a turn past the end gets a plain ``"(script finished)"`` answer. Compaction and
-branch-summary requests get a summary built from the context's text.
+``"by_prompt": {"<prompt text>": [turns...]}`` gives a run whose prompt matches its own turns;
+``"context_window": tokens`` the window the harness compacts against. Per turn:
+``fail_attempts`` (the first n attempts fail with a retryable HTTP 503), ``delay`` (seconds
+before each chunk), ``chunks`` (text deltas), ``wait_for`` (a path: after the first chunk the
+stream waits until it exists, so a test holds a run open without guessing a delay). Tool call
+ids are ``call_<last 4 of run id>_<turn>_<index>`` (stable across restarts). A turn past the
+end answers ``"(script finished)"``; summary requests get a summary of the context's text.
 """
 
 from __future__ import annotations

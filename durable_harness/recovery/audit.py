@@ -34,6 +34,17 @@ _CALL_EVIDENCE: Mapping[str, tuple[str | None, ...]] = {
 }
 
 
+#: Lane actions whose evidence is the type of the lane's first step record (``None``: none).
+_FIRST_TYPE: Mapping[str, str | None] = {
+    "none": None,
+    "await_decision": None,
+    "start_next_run": "run_started",
+    "issue_provider_request": "provider_request_started",
+    "save_point": "save_point",
+    "deliver_queued": "save_point",
+}
+
+
 def _evidence(rec: dict[str, Any] | None) -> str | None:
     if rec is None:
         return None
@@ -93,12 +104,9 @@ def _lane_followed(lp: LanePlan, recs: list[dict[str, Any]]) -> list[str]:
     finished = next((r for r in steps if r.get("type") == "run_finished"), None)
     action = lp.next_action
     ok: bool
-    if action == "none":
-        ok = first is None
-    elif action == "start_next_run":
-        ok = first is not None and first.get("type") == "run_started"
-    elif action == "issue_provider_request":
-        ok = first is not None and first.get("type") == "provider_request_started"
+    if action in _FIRST_TYPE:
+        want = _FIRST_TYPE[action]
+        ok = first is None if want is None else first is not None and first.get("type") == want
     elif action == "reissue_provider_request":
         used = lp.attempts.get(lp.request_key or "", 0)
         ok = (
@@ -107,12 +115,8 @@ def _lane_followed(lp: LanePlan, recs: list[dict[str, Any]]) -> list[str]:
             and first.get("purpose", "turn") == lp.purpose
             and first.get("attempt") == used + 1
         )
-    elif action in ("save_point", "deliver_queued"):
-        ok = first is not None and first.get("type") == "save_point"
     elif action == "resume_tool_calls":
         ok = first is None or first.get("type") in ("save_point", "run_finished")
-    elif action == "await_decision":
-        ok = first is None
     elif action == "settle_aborted":
         ok = (
             finished is not None

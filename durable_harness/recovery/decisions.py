@@ -14,25 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durable_harness.harness.records import BuiltRecord, record
+from durable_harness.harness.records import BuiltRecord, CallRef, record
 from durable_harness.storage.base import RecordOp, SessionStore
 
 if TYPE_CHECKING:
     from durable_harness.recovery.decide import RecoveryPlan
 
 
-class DecidableCall(Protocol):
-    """What a decision record needs to know of a call: a folded
-    :class:`~durable_harness.harness.state.ToolCallState` or a plan's
-    :class:`~durable_harness.recovery.decide.ToolCallPlan`."""
-
-    @property
-    def tool_call_id(self) -> str:
-        """The id the provider gave the call."""
-
-    @property
-    def key(self) -> str:
-        """The call's identity in its run (``"<entry id>/<index>"``)."""
+class DecidableCall(CallRef, Protocol):
+    """What a decision record needs to know of a call (:class:`~durable_harness.harness.
+    records.CallRef`, and its attempts)."""
 
     @property
     def attempts(self) -> int:

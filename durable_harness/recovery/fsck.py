@@ -1,13 +1,11 @@
 """Integrity checks of a session file or database, read-only: ``durable-harness fsck``.
 
 A check never modifies anything (a torn tail is reported, not quarantined) and never raises on
-bad bytes inside a session: every problem is a damage item naming its kind and its location
-(byte ``offset`` and ``line`` in a file; ``table``, ``id`` and ``seq`` in a database). The
-damage is the store's own: the check opens the session read-only and reads ``store.damage``,
-the same scan that opening for recovery runs (``design/storage.md``, "Damage"), plus the lane
-findings of the recovery snapshot (states a single writer cannot produce: unknown calls and runs,
-two open runs...), exactly the list ``recover`` prints (``Snapshot.all_damage``), so ``fsck`` and
-``recover`` cannot disagree. What is not a session or a store at all raises a typed error.
+bad bytes inside a session: every problem is a damage item naming its kind and location (byte
+``offset`` and ``line`` in a file; ``table``, ``id`` and ``seq`` in a database). It is exactly
+the list ``recover`` prints (``Snapshot.all_damage``: the store's own scan, ``design/storage.md``,
+"Damage", plus the snapshot's lane findings), so the two cannot disagree. What is not a session
+or a store at all raises a typed error.
 
 ``ok`` is ``False`` whenever any damage is found, a torn tail included (it is harmless once
 quarantined, but until a writer opens the file it is still there; ``design/storage.md``);
@@ -16,6 +14,7 @@ warnings (``WARNING_KINDS``: text repaired on read, nothing lost) leave it ``Tru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -28,8 +27,7 @@ from durable_harness.errors import (
     SessionNotFound,
 )
 from durable_harness.recovery.snapshot import take_snapshot
-from durable_harness.session.pi import is_pi_header, open_pi_file
-from durable_harness.storage import codec
+from durable_harness.session.pi import is_pi_header, open_pi_file, read_head
 from durable_harness.storage.base import SessionStore, Store
 from durable_harness.storage.damage import WARNING_KINDS, damage
 from durable_harness.storage.jsonl import JsonlSessionStore, is_commit_line, is_own_format
@@ -110,14 +108,18 @@ def _fsck_postgres(spec: str, only: str | None) -> dict[str, Any]:
     for sid in ids:
         session = store.open_session(sid, write=False)
         try:
-            result["entries"] += session.entry_count()
-            result["records"] += len(session.records())
-            found = take_snapshot(session).all_damage()
-            result["damage"].extend({**d, "session_id": sid} for d in found)
+            _add_session(result, sid, session, len(session.records()))
         finally:
             session.close()
     result["ok"] = _ok(result["damage"])
     return result
+
+
+def _add_session(result: dict[str, Any], sid: str, store: SessionStore, records: int) -> None:
+    """Add one session of a database to ``result``: its entries, ``records`` and damage."""
+    result["entries"] += store.entry_count()
+    result["records"] += records
+    result["damage"].extend({**d, "session_id": sid} for d in take_snapshot(store).all_damage())
 
 
 def damage_location(item: dict[str, Any]) -> str:
@@ -139,16 +141,6 @@ def _result(path: str, fmt: str) -> dict[str, Any]:
     return {"ok": False, "damage": [], "entries": 0, "records": 0, "format": fmt, "path": path}
 
 
-def _first_lines(path: str) -> tuple[Any, bytes]:
-    with open(path, "rb") as fh:
-        first = fh.readline(1 << 20)
-        second = fh.readline(1 << 20)
-    try:
-        return codec.loads(first), second
-    except ValueError:
-        return None, second
-
-
 def _fsck_file(path: str) -> dict[str, Any]:
     """Check one session file (ours or pi's).
 
@@ -156,32 +148,24 @@ def _fsck_file(path: str) -> dict[str, Any]:
         NotASession: line 1 is neither a session header nor a commit line, and the file is
             not recognisably ours (see :func:`~durable_harness.storage.jsonl.recover_header`).
     """
-    header, second = _first_lines(path)
-    pi = is_pi_header(header) and b'"ops"' not in second
+    header, pi = read_head(path)
     ours = isinstance(header, dict) and (is_own_format(header) or is_commit_line(header))
     result = _result(path, "pi" if pi else "durable-harness/jsonl")
+    if is_pi_header(header) and not pi:  # a pi file with a line that looks like a commit:
+        try:  # ours if it opens as ours, else pi's
+            return _fill(result, JsonlSessionStore.open_path(path, write=False))
+        except CorruptSession:
+            result["format"], pi = "pi", True
     store: SessionStore
     try:
         store = open_pi_file(path) if pi else JsonlSessionStore.open_path(path, write=False)
     except CorruptSession as exc:
-        if is_pi_header(header) and not pi:  # a pi file with a line that looks like a commit
-            return _fsck_file_as_pi(path, result)
         if not (ours or is_pi_header(header)):
             raise NotASession(
                 f"{path} is not a session file: line 1 is neither a session header nor a "
                 "commit line",
                 path=path,
             ) from exc
-        result["damage"].append(damage("bad_header", exc.message, offset=0, line=1))
-        return result
-    return _fill(result, store)
-
-
-def _fsck_file_as_pi(path: str, result: dict[str, Any]) -> dict[str, Any]:
-    result["format"] = "pi"
-    try:
-        store = open_pi_file(path)
-    except CorruptSession as exc:
         result["damage"].append(damage("bad_header", exc.message, offset=0, line=1))
         return result
     return _fill(result, store)
@@ -249,10 +233,9 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
             result["damage"].append(damage("bad_database", f"session {sid}: {exc}"))
             continue
         try:
-            result["entries"] += store.entry_count()
-            result["records"] += _count(store, "records")
-            found = take_snapshot(store).all_damage()
-            result["damage"].extend({**d, "session_id": sid} for d in found)
+            with contextlib.closing(connect_read_only(path)) as conn:
+                sql = "SELECT COUNT(*) FROM records WHERE session_id=?"
+                _add_session(result, sid, store, int(conn.execute(sql, (sid,)).fetchone()[0]))
         except sqlite3.Error as exc:
             result["damage"].append(damage("bad_database", f"session {sid}: {exc}"))
         finally:
@@ -261,14 +244,9 @@ def _fsck_sqlite(path: str, only: str | None) -> dict[str, Any]:
     return result
 
 
-def _count(store: SqliteSessionStore, table: str) -> int:
-    rows = store._read(f"SELECT COUNT(*) FROM {table} WHERE session_id=?", (store.session_id,))
-    return int(rows[0][0])
-
-
 def _is_session_file(path: Path) -> bool:
     try:
-        header, _ = _first_lines(str(path))
+        header, _ = read_head(str(path))
     except OSError:
         return True  # unreadable: reported by its own check
     return isinstance(header, dict) and (

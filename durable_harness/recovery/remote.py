@@ -24,8 +24,6 @@ from durable_harness.harness.groups import elsewhere
 if TYPE_CHECKING:
     from durable_harness.recovery.snapshot import Snapshot
 
-__all__ = ["check_remote_retries"]
-
 
 def check_remote_retries(snapshot: Snapshot, given: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse the unforced ``retry`` decisions in ``given`` (keyed by call key, as

@@ -112,27 +112,6 @@ async def plan_recovery(
     return Recovery(the_plan, results, given)
 
 
-async def recover_async(
-    store: SessionStore | Session,
-    tools: Mapping[str, Tool] | list[Tool],
-    *,
-    policy: Policy = "ask",
-    decisions: Mapping[str, Mapping[str, Any]] | None = None,
-    cwd: str | None = None,
-) -> RecoveryPlan:
-    """Compute the recovery plan of an open session (read-only or writable; a
-    :class:`Session` or its store): what ``resume`` would do, before anything runs. Reconcile
-    hooks are asked (they only look). ``tools``: a list or ``{name: tool}``. ``cwd`` is where
-    tools run (default: the session's working directory).
-
-    Raises:
-        RecoveryError: a decision names no call, or an ambiguous tool call id.
-        StorageError: the store cannot be read.
-    """
-    source = store.store if isinstance(store, Session) else store
-    return (await plan_recovery(source, _by_name(tools), policy, decisions, cwd)).plan
-
-
 def _by_name(tools: Mapping[str, Tool] | list[Tool]) -> Mapping[str, Tool]:
     return tools if isinstance(tools, Mapping) else {t.name: t for t in tools}
 
@@ -145,11 +124,19 @@ def recover(
     decisions: Mapping[str, Mapping[str, Any]] | None = None,
     cwd: str | None = None,
 ) -> RecoveryPlan:
-    """:func:`recover_async` for synchronous callers (runs its own event loop: not callable
-    from inside one)."""
-    return anyio.run(
-        lambda: recover_async(store, tools, policy=policy, decisions=decisions, cwd=cwd)
-    )
+    """Compute the recovery plan of an open session (read-only or writable; a
+    :class:`Session` or its store): what ``resume`` would do, before anything runs. Reconcile
+    hooks are asked (they only look). ``tools``: a list or ``{name: tool}``. ``cwd`` is where
+    tools run (default: the session's working directory). Runs its own event loop (not
+    callable from inside one: there, ``await`` :func:`plan_recovery`).
+
+    Raises:
+        RecoveryError: a decision names no call, or an ambiguous tool call id.
+        StorageError: the store cannot be read.
+    """
+    source = store.store if isinstance(store, Session) else store
+    planned = anyio.run(plan_recovery, source, _by_name(tools), policy, decisions, cwd)
+    return planned.plan
 
 
 def recorded_provider_spec(session: Session, lane: str = "main") -> str | None:
@@ -208,21 +195,11 @@ async def resume_session(
     recovery: Recovery | None = None,
     price: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
-    """Resume every interrupted run (or those of ``lanes``) of a session opened for writing:
-    plan once (or take ``recovery``, from :func:`plan_recovery` on this open session, with
-    the same decisions), then execute each lane's planned step through the harness.
-
-    ``decisions``: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
-    "result": text}}``; each becomes a durable ``decision`` record before it acts. ``price``:
-    the price (table) a provider rebuilt from its recorded spec charges
-    (:func:`~durable_harness.providers.parse_price`).
-
-    Returns ``{lane: outcome}`` with outcome ``completed``, ``aborted``, ``failed`` or
-    ``suspended`` (still awaiting a decision), or ``idle`` for a lane with nothing to do.
-
-    Raises:
-        RecoveryError: a decision names no call in doubt, or no provider was given and none is
-            recorded in the run.
+    """:func:`resume` with ``tools`` by name, plus what a host or the CLI passes: the
+    ``recovery`` already planned (by :func:`plan_recovery` on this open session, with the same
+    decisions: what was printed is what runs) and the ``price`` (table) a provider rebuilt from
+    its recorded spec charges (:func:`~durable_harness.providers.parse_price`). Returns and
+    raises as :func:`resume`.
     """
     results: dict[str, str] = {}
     names = lanes or sorted(session.store.lanes())
@@ -286,21 +263,13 @@ async def resume(
     """Resume a session's interrupted runs: plan recovery once (as :func:`recover` shows it,
     ``design/recovery.md``), then have the harness execute exactly each lane's planned step.
 
-    Args:
-        session: the session, opened for writing (the caller closes it).
-        tools: the tools, as a list or ``{name: tool}`` (their ``replay`` and ``reconcile``
-            decide what may be re-run).
-        provider: the model provider; default: rebuilt from the spec the run recorded.
-        decisions: ``{call key or tool call id: {"decision": "retry"|"fail"|"result",
-            "result": text}}`` for calls in doubt; each is durable before it acts.
-        policy: ``"ask"`` (in-doubt calls wait for a decision), or a policy of
-            :data:`~durable_harness.recovery.decide.Policy`.
-        options: harness options for the resumed runs.
-        lanes: only these lanes (default: all).
-
-    Returns:
-        ``{lane: outcome}``: ``completed``, ``aborted``, ``failed``, ``suspended`` (still
-        awaiting a decision) or ``idle`` (nothing to do).
+    ``session`` is open for writing (the caller closes it); ``tools`` a list or ``{name:
+    tool}`` (their ``replay`` and ``reconcile`` decide what may be re-run); ``provider``
+    defaults to one rebuilt from the spec the run recorded; ``decisions`` (``{call key or tool
+    call id: {"decision": "retry"|"fail"|"result", "result": text}}``) are each durable before
+    they act; ``policy``: :data:`~durable_harness.recovery.decide.Policy`; ``options``: for the
+    resumed runs; ``lanes``: only these (default: all). Returns ``{lane: outcome}``:
+    ``completed``, ``aborted``, ``failed``, ``suspended`` (awaiting a decision) or ``idle``.
 
     Raises:
         RecoveryError: a decision names no call in doubt, or no provider was given and none

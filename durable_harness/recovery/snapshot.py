@@ -79,18 +79,10 @@ def build_snapshot(
     lease: dict[str, Any] | None = None,
     alive: Callable[[int, int | None], bool] | None = None,
 ) -> Snapshot:
-    """Fold what was read into a :class:`Snapshot`.
-
-    Args:
-        lanes: every lane's stored state.
-        records: each lane's operation log in seq order.
-        get_entry: entry lookup by id (the fold reads the assistant entries that settle
-            provider requests; the checks read provisioned result entries).
-        damage: storage damage found on open.
-        lease: the live holder of the session (never this process).
-        alive: ``alive(pgid, start_time)`` for recorded tool process groups (``None``: not
-            probed).
-    """
+    """Fold what was read into a :class:`Snapshot`: every lane's state, each lane's log in
+    seq order (``records``), an entry lookup (for assistant and provisioned result entries),
+    the ``damage`` found on open, the live ``lease`` holder (never this process), and
+    ``alive(pgid, start_time)`` for recorded process groups (``None``: not probed)."""
     out = []
     for state in sorted(lanes, key=lambda s: s.name):
         recs = records.get(state.name, [])
@@ -154,19 +146,6 @@ def _last_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def _finding(kind: str, lane: str, seq: Any, detail: str) -> dict[str, Any]:
-    return {"kind": kind, "line": None, "seq": seq, "lane": lane, "detail": detail}
-
-
-def _unknown_call(lane: str, ref: dict[str, Any], run_id: str) -> dict[str, Any]:
-    return _finding(
-        "unknown_call",
-        lane,
-        ref["seq"],
-        f"{ref['type']} names tool call {ref['toolCallId']}, which run {run_id} does not have",
-    )
-
-
 def _findings(
     lane: str,
     records: list[dict[str, Any]],
@@ -179,45 +158,35 @@ def _findings(
     report the same list), two open runs, a settlement without intent, a provisioned result
     id holding other content."""
     out: list[dict[str, Any]] = []
+
+    def add(kind: str, seq: Any, detail: str) -> None:
+        out.append({"kind": kind, "line": None, "seq": seq, "lane": lane, "detail": detail})
+
     runs: set[str] = set()
     for rec in records:
         rid = rec.get("runId")
         if rec.get("type") == "run_started" and rid is not None:
             runs.add(str(rid))
         elif rid is not None and str(rid) not in runs:
-            out.append(
-                _finding(
-                    "unknown_run",
-                    lane,
-                    rec.get("seq"),
-                    f"{rec.get('type')} names run {rid}, which has no run_started on lane {lane}",
-                )
-            )
+            what = f"{rec.get('type')} names run {rid}, which has no run_started on lane {lane}"
+            add("unknown_run", rec.get("seq"), what)
     settled: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
         rid = rec.get("runId")
         if rid is not None and str(rid) in runs and (run is None or str(rid) != run.run_id):
             settled.setdefault(str(rid), []).append(rec)
     folded = [fold_run(rid, lane, recs, get_entry) for rid, recs in settled.items()]
-    for ref in sorted(
-        (
-            (ref, r.run_id)
-            for r in ([run] if run is not None else []) + folded
-            for ref in r.unknown_refs
-        ),
-        key=lambda pair: int(pair[0].get("seq") or 0),
-    ):
-        out.append(_unknown_call(lane, *ref))
+    refs = [(ref, r.run_id) for r in ([run] if run else []) + folded for ref in r.unknown_refs]
+    for ref, run_id in sorted(refs, key=lambda pair: int(pair[0].get("seq") or 0)):
+        call = f"{ref['type']} names tool call {ref['toolCallId']}"
+        add("unknown_call", ref["seq"], f"{call}, which run {run_id} does not have")
     if run is None:
         return out
     if sum(r.get("type") == "run_started" for r in run_records) > 1:
-        out.append(
-            _finding(
-                "two_open_runs",
-                lane,
-                run_records[0]["seq"],
-                f"lane {lane} has more than one run_started open",
-            )
+        add(
+            "two_open_runs",
+            run_records[0]["seq"],
+            f"lane {lane} has more than one run_started open",
         )
     started: set[str] = set()
     for rec in run_records:
@@ -229,21 +198,8 @@ def _findings(
             entry = get_entry(str(rid)) if rid else None
             msg = (entry or {}).get("message") or {}
             if entry is not None and msg.get("toolCallId") != rec.get("toolCallId"):
-                out.append(
-                    _finding(
-                        "id_conflict",
-                        lane,
-                        rec["seq"],
-                        f"provisioned result id {rid} holds other content",
-                    )
-                )
+                add("id_conflict", rec["seq"], f"provisioned result id {rid} holds other content")
         elif rtype == "tool_finished" and rec.get("outcome") == "ok" and ident not in started:
-            out.append(
-                _finding(
-                    "settlement_without_intent",
-                    lane,
-                    rec["seq"],
-                    f"tool_finished for {rec.get('toolCallId')} has no tool_started",
-                )
-            )
+            what = f"tool_finished for {rec.get('toolCallId')} has no tool_started"
+            add("settlement_without_intent", rec["seq"], what)
     return out

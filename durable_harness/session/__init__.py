@@ -6,9 +6,8 @@ import os
 
 from durable_harness.errors import SessionNotFound
 from durable_harness.session.context import Context, build_context
-from durable_harness.session.pi import import_pi_file, is_pi_header, open_pi_file
+from durable_harness.session.pi import import_pi_file, open_pi_file, read_head
 from durable_harness.session.session import Session, TreeNode
-from durable_harness.storage import codec
 from durable_harness.storage.base import Durability, Store, unreadable_error
 from durable_harness.storage.jsonl import JsonlSessionStore
 
@@ -39,16 +38,10 @@ def open_session(
     """
     if os.path.isfile(ref):
         try:
-            with open(ref, "rb") as fh:
-                first = fh.readline(1 << 20)
-                second = fh.readline(1 << 20)
+            _, pi = read_head(ref)  # a damaged line 1: JsonlSessionStore may still know it
         except OSError as exc:
             raise unreadable_error(ref, exc) from exc
-        try:
-            header = codec.loads(first)
-        except ValueError:
-            header = None  # a damaged line 1: JsonlSessionStore may still recognise the file
-        if is_pi_header(header) and b'"ops"' not in second:
+        if pi:
             return Session(open_pi_file(ref))
         return Session(
             JsonlSessionStore.open_path(

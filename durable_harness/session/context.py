@@ -25,6 +25,7 @@ Rules (pi's ``buildSessionContext``, plus the brief's guarantees):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,20 +64,14 @@ class Context:
 
 def path_to(get_entry: EntryGetter, leaf_id: str | None) -> list[dict[str, Any]]:
     """Return the entries from the root to ``leaf_id`` (empty for ``None``), cycle-safe."""
-    path: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    current = get_entry(leaf_id) if leaf_id else None
-    while current is not None and current.get("id") not in seen:
-        seen.add(str(current.get("id")))
-        path.append(current)
-        parent = current.get("parentId")
-        current = get_entry(parent) if parent else None
-    path.reverse()
-    return path
+    return _walk(get_entry, leaf_id, to_root=True)
 
 
-def _walk(get_entry: EntryGetter, leaf_id: str | None) -> list[dict[str, Any]]:
-    """Walk up from the leaf, stopping early at a compaction with a settings snapshot."""
+def _walk(
+    get_entry: EntryGetter, leaf_id: str | None, to_root: bool = False
+) -> list[dict[str, Any]]:
+    """The path from the root (or, unless ``to_root``, from the cut of the last compaction
+    with a settings snapshot: rule 4) to the leaf, cycle-safe."""
     up: list[dict[str, Any]] = []
     seen: set[str] = set()
     compaction: dict[str, Any] | None = None
@@ -84,7 +79,7 @@ def _walk(get_entry: EntryGetter, leaf_id: str | None) -> list[dict[str, Any]]:
     while current is not None and current.get("id") not in seen:
         seen.add(str(current.get("id")))
         up.append(current)
-        if compaction is None and current.get("type") == "compaction":
+        if compaction is None and current.get("type") == "compaction" and not to_root:
             compaction = current
         if (
             compaction is not None
@@ -201,16 +196,8 @@ def _extend(
         model, thinking = _settings(entry, model, thinking)
         _add(pairs, entry)
     tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[len(previous.pairs) :]])
-    return ContextState(
-        leaf_id,
-        pairs,
-        model,
-        thinking,
-        tokens,
-        previous.formed_messages,
-        previous.formed_ids,
-        previous.formed_upto,
-        previous.formed_call_ids,
+    return dataclasses.replace(
+        previous, leaf_id=leaf_id, pairs=pairs, model=model, thinking_level=thinking, tokens=tokens
     )
 
 

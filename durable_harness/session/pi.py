@@ -118,6 +118,23 @@ def is_pi_header(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("type") == "session" and "format" not in obj
 
 
+def read_head(path: str) -> tuple[Any, bool]:
+    """Line 1 of a session file, parsed (``None`` when it does not parse), and whether the
+    file is pi's: a pi header whose next line is no commit of ours.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 20)
+        second = fh.readline(1 << 20)
+    try:
+        header = codec.loads(first)
+    except ValueError:
+        header = None
+    return header, is_pi_header(header) and b'"ops"' not in second
+
+
 def open_pi_file(path: str) -> MemorySessionStore:
     """Open a pi session file read-only, migrated in memory, with lane ``main`` at the last
     entry. Damage (bad lines, torn tail, orphans, duplicate ids) is in ``store.damage``.
@@ -155,18 +172,13 @@ def open_pi_file(path: str) -> MemorySessionStore:
                 damage("duplicate_id", f"entry id {eid!r} missing or repeated", id=eid)
             )
             continue
-        shape = entry_shape_error(entry)
-        if shape is not None and not (
-            entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str)
-        ):
-            store.damage.append(damage("bad_line", f"entry {eid}: {shape}; skipped", id=eid))
-            continue
-        if entry.get("parentId") is not None and not isinstance(entry.get("parentId"), str):
-            store.damage.append(
-                damage(
-                    "bad_line", f"entry {eid} has a parentId that is not a string; skipped", id=eid
-                )
-            )
+        parent, shape = entry.get("parentId"), entry_shape_error(entry)
+        if parent is not None and not isinstance(parent, str):
+            shape = " has a parentId that is not a string"
+        elif shape is not None:
+            shape = f": {shape}"
+        if shape is not None:
+            store.damage.append(damage("bad_line", f"entry {eid}{shape}; skipped", id=eid))
             continue
         seen.add(eid)
         numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})

@@ -236,16 +236,11 @@ class Session:
     ) -> Session:
         """Fork a new session in ``target`` store at ``entry_id`` (``at``: including it;
         ``before``: up to its parent; ``None``: the lane's leaf), optionally under another
-        ``cwd``. What is copied is what pi copies (``design/context.md``, "Fork and clone"):
-
-        * same working directory (pi's ``createBranchedSession``): the path from the root to
-          that entry, label entries left out, then one new ``label`` entry per labelled entry
-          of the path (its current label), chained under the path's last entry;
-        * another working directory (pi's ``SessionManager.forkFrom``): the whole tree, as
-          :meth:`clone` copies it, with the new session's leaf at that entry.
-
-        Entry ids are kept; operation logs are not copied. The new header names this session
-        in ``parentSession``.
+        ``cwd``, copying what pi copies (``design/context.md``, "Fork and clone"): in the same
+        working directory the path to that entry without label entries, then one ``label``
+        entry per labelled entry of the path (pi's ``createBranchedSession``); in another, the
+        whole tree as :meth:`clone` copies it, the leaf at that entry (``forkFrom``). Entry ids
+        are kept, operation logs are not; the new header names this one in ``parentSession``.
 
         Raises:
             UnknownEntry: ``entry_id`` does not exist.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from durable_harness.errors import ToolError
 from durable_harness.fs import resolve_path
@@ -28,6 +28,7 @@ from durable_harness.providers.base import ToolSpec
 __all__ = [
     "OUTPUT_CAP_BYTES",
     "Replay",
+    "StrictArgs",
     "Tool",
     "ToolContext",
     "ToolResult",
@@ -45,6 +46,12 @@ ABORT_GRACE = 1.0
 """Seconds a cancelled tool is given to stop (SIGTERM to SIGKILL) on a plain abort."""
 
 
+class StrictArgs(BaseModel):
+    """The base of the built-in tools' argument models: an unknown argument is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool call knows about where it runs.
@@ -56,12 +63,10 @@ class ToolContext:
         idempotency_key: ``"<run_id>:<call key>"`` (unique per call in the run), stable across
             restarts, for tools that call external services able to deduplicate a retry.
         env: extra environment for subprocesses.
-        on_process: called with a started subprocess's process-group id, so the harness can
-            record it: after a crash, recovery kills a group the dead harness left running
-            before it decides anything about the call.
-        stop_grace: returns the seconds a cancelled tool has to stop its processes before it
-            kills them (read when the cancellation comes: an abort uses
-            ``ABORT_GRACE``, a host's close its ``close_grace``); ``None``: ``ABORT_GRACE``.
+        on_process: called with a started subprocess's process-group id, so the harness
+            records it (recovery kills a group a dead harness left before deciding the call).
+        stop_grace: the seconds a cancelled tool has to stop its processes, read when the
+            cancellation comes (``None``: ``ABORT_GRACE``; a host's close: ``close_grace``).
     """
 
     cwd: Path

@@ -1,20 +1,8 @@
-"""The built-in ``bash`` tool: one command line, its own process group, nothing outlives it.
-
-``bash`` runs each command in its own process group and never lets any process of that
-group outlive the call: on normal exit stragglers get SIGTERM then SIGKILL, on timeout the
-whole group gets SIGTERM, a short grace, then SIGKILL, and on cancellation (abort, close) the
-stop is staged (SIGINT to the terminal's foreground group in the pty runtime, then SIGTERM,
-then SIGKILL once the context's grace has passed: 1 s for an abort, the host's
-``close_grace`` for a close), before the cancellation propagates. A process
-that leaves the group on purpose (``setsid``, ``nohup setsid ...``) is not tracked. Whether
-the group is still alive is decided by :func:`~durable_harness.tools.processes.group_alive`
-(zombies do not count); the environment the command sees by
-:func:`~durable_harness.tools.env.tool_environment`.
-
-Two command runtimes, chosen per tool instance (:data:`Runtime`): ``pipe`` (the default: stdin
-``/dev/null``, stdout and stderr one pipe) and ``pty`` (stdin, stdout and stderr a
-pseudo-terminal, so ``isatty`` is true in the command). Everything else is the same: group,
-timeouts, cleanup, the ``tool_process`` record, the output cap.
+"""The built-in ``bash`` tool: one command line, its own process group, nothing outlives it
+(:class:`BashTool` says how each way out stops the group). Whether the group is still alive
+is decided by :func:`~durable_harness.tools.processes.group_alive` (zombies do not count); the
+environment the command sees by :func:`~durable_harness.tools.env.tool_environment`. Two
+command runtimes (:data:`Runtime`): ``pipe`` and ``pty``; everything else is the same.
 
 **The start gate.** The shell is spawned behind a gate (:func:`_gate`): it waits on a pipe
 before it runs the command, and the harness opens the gate only once the ``tool_process``
@@ -27,6 +15,7 @@ command ever runs that recovery cannot find by its recorded group (``design/reco
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import subprocess
@@ -37,22 +26,24 @@ from typing import Any, ClassVar, Literal, get_args
 import anyio
 import anyio.abc
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from durable_harness import crash
-from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
+from durable_harness.tools.base import (
+    OUTPUT_CAP_BYTES,
+    StrictArgs,
+    Tool,
+    ToolContext,
+    ToolResult,
+)
 from durable_harness.tools.env import tool_environment
 from durable_harness.tools.processes import group_alive, signal_group
-
-__all__ = ["RUNTIMES", "BashArgs", "BashTool", "Runtime"]
 
 
 def _gate(fd: int) -> str:
     """The start gate's script, run as ``bash -c SCRIPT bash COMMAND`` with the gate pipe's
-    read end as file descriptor ``fd``: wait for a line on ``fd`` (exit 125 at end of file: the
-    harness died before it recorded the group), then replace itself, same process and group,
-    with ``bash -c COMMAND`` (so ``$0``, exit status and error messages are those of a plain
-    ``bash -c``) with ``fd`` closed."""
+    read end as ``fd``: wait for a line (exit 125 at end of file), then ``exec bash -c
+    COMMAND`` in the same process and group, ``fd`` closed (so it is a plain ``bash -c``)."""
     return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
 
 
@@ -87,10 +78,8 @@ def _checked_size(size: tuple[int, int]) -> tuple[int, int]:
     return rows, columns
 
 
-class BashArgs(BaseModel):
+class BashArgs(StrictArgs):
     """Arguments of ``bash``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     command: str = Field(
         description="Bash command line, run with `bash -c` in the working "
@@ -205,10 +194,9 @@ async def _pump_pty(master: int, tail: _Tail, done: anyio.Event) -> None:
 
 def _open_pty(size: tuple[int, int] = PTY_SIZE) -> tuple[int, int]:
     """A pseudo-terminal for one command: ``(master, slave)`` file descriptors, the master
-    non-blocking. The slave is set up for a program that nobody types to: no echo, output
-    bytes passed as written (no ``\n`` to ``\r\n``), window ``size`` (rows, columns), and one
-    end-of-file queued as input, so a command that reads its terminal sees end of input at
-    once (as from ``/dev/null`` in the pipe runtime) instead of waiting for the timeout.
+    non-blocking; the slave set up for a program nobody types to: no echo, output bytes as
+    written (no ``\n`` to ``\r\n``), window ``size`` (rows, columns), and one end-of-file
+    queued as input (a command reading its terminal ends at once, as from ``/dev/null``).
 
     Raises:
         OSError: no pseudo-terminal could be opened.
@@ -245,38 +233,33 @@ class BashTool(Tool):
         ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or a size is not positive.
 
     The command runs in a new session and process group, with stdin from ``/dev/null`` (pipe
-    runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime: see
-    :func:`_open_pty`; ``isatty`` and ``test -t`` see a terminal, and bash, leading the new
-    session, takes it as the controlling terminal, so ``/dev/tty`` is the same terminal), and
-    the environment ``os.environ`` without credentials (:func:`tool_environment`: ``*_KEY``,
-    ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*`` are removed unless allowed) + ``ctx.env`` (given
-    explicitly, kept whole) + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``, ``DURABLE_HARNESS_RUN_ID``
-    and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are combined; the result keeps the last
-    :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit
-    appends ``"exit code N"`` and sets ``is_error`` (N is negative when a signal killed the
-    shell). ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated",
-    "runtime"}``.
+    runtime) or a pseudo-terminal as stdin, stdout and stderr (pty runtime, :func:`_open_pty`:
+    ``isatty`` is true, and bash, leading the new session, takes it as its controlling
+    terminal), and the environment ``os.environ`` without credentials
+    (:func:`tool_environment`) + ``ctx.env`` (kept whole) + ``DURABLE_HARNESS_IDEMPOTENCY_KEY``,
+    ``DURABLE_HARNESS_RUN_ID`` and ``DURABLE_HARNESS_TOOL_CALL_ID``. stdout and stderr are
+    combined; the result keeps the last :data:`OUTPUT_CAP_BYTES` bytes. A non-zero exit appends
+    ``"exit code N"`` and sets ``is_error`` (N is negative when a signal killed the shell).
+    ``details``: ``{"exit_code", "timed_out", "output_bytes", "truncated", "runtime"}``.
 
     Process lifetime: when the shell exits, processes still in its group are stopped
-    (SIGTERM, grace, SIGKILL). On timeout the group is stopped the same way and the result
-    is an error saying so, with the output captured until then. On cancellation (abort,
-    close) the stop is staged (:func:`_stop_cancelled`): pty runtime, SIGINT to the terminal's
-    foreground group; then SIGTERM; SIGKILL once ``ctx.grace()`` seconds have passed (1 s
-    for an abort, the host's ``close_grace`` for a close); the shell is reaped (shielded)
-    before the cancellation propagates.
+    (SIGTERM, grace, SIGKILL); on timeout the whole group is, and the result is an error saying
+    so, with the output captured until then. On cancellation (abort, close) the stop is staged
+    (:func:`_stop_cancelled`) over ``ctx.grace()`` seconds (1 s for an abort, the host's
+    ``close_grace`` for a close) and the shell is reaped (shielded) before the cancellation
+    propagates. A process that leaves the group on purpose (``setsid``) is not tracked.
 
     Error results: timeout, non-zero exit, ``bash`` or the working directory missing.
     """
 
-    name: ClassVar[str] = "bash"
-    description: ClassVar[str] = (
+    name = "bash"
+    description = (
         "Run a bash command in the working directory and return its combined stdout and "
         "stderr (the last 256 KiB) and exit code. Commands are killed, with every process "
         "they started, after timeout seconds (default 120). Background processes do not "
         "outlive the command."
     )
-    Args: ClassVar[type[BaseModel]] = BashArgs
-    replay: ClassVar[Replay] = "never"
+    Args = BashArgs
 
     default_timeout: ClassVar[float] = 120.0
     """Seconds allowed when ``args.timeout`` is not given."""
@@ -359,16 +342,10 @@ class BashTool(Tool):
         pgid = process.pid  # start_new_session: the shell leads its own group
         tail = _Tail(OUTPUT_CAP_BYTES)
         if master is not None:
-            fd = master
-
-            def pump(done: anyio.Event) -> Coroutine[Any, Any, None]:
-                return _pump_pty(fd, tail, done)
+            pump = functools.partial(_pump_pty, master, tail)
         else:
             assert process.stdout is not None
-            stdout = process.stdout
-
-            def pump(done: anyio.Event) -> Coroutine[Any, Any, None]:
-                return _pump(stdout, tail, done)
+            pump = functools.partial(_pump, process.stdout, tail)
 
         finished = False
         try:

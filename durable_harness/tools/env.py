@@ -8,8 +8,6 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 
-__all__ = ["SECRET_NAME_PATTERNS", "is_secret_name", "tool_environment"]
-
 SECRET_NAME_PATTERNS: tuple[str, ...] = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
 """Environment variable names (shell-style, matched upper-cased) that look like credentials.
 Provider keys (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``) match ``*_KEY``."""

@@ -3,8 +3,9 @@
 Every path argument is resolved with :func:`~durable_harness.fs.resolve_path`, so it
 must stay inside the session's working directory (``ToolContext.cwd``); a path that escapes,
 directly or through a symlink, yields an ``is_error`` result naming the path, never an
-exception. Other expected failures (missing file, text not found) are ``is_error`` results
-too, so the model can see and correct them.
+exception. Other expected failures (a missing file, a directory, a parent that is a file,
+permission denied, a full disk, text not found) are ``is_error`` results too, so the model can
+see and correct them.
 
 Durability: ``write_file`` and ``edit_file`` replace the target atomically
 (:func:`~durable_harness.fs.atomic_write`), so after a crash the file holds either the
@@ -19,28 +20,23 @@ from __future__ import annotations
 
 import errno
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from durable_harness.errors import PathEscape
 from durable_harness.fs import append_durably, atomic_write, read_bytes_or_none, resolve_path
-from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
-
-__all__ = [
-    "AppendFileArgs",
-    "AppendFileTool",
-    "EditFileArgs",
-    "EditFileTool",
-    "ReadFileArgs",
-    "ReadFileTool",
-    "WriteFileArgs",
-    "WriteFileTool",
-]
+from durable_harness.tools.base import (
+    OUTPUT_CAP_BYTES,
+    Replay,
+    StrictArgs,
+    Tool,
+    ToolContext,
+    ToolResult,
+)
 
 
 def _escape_result(exc: PathEscape) -> ToolResult:
@@ -107,14 +103,43 @@ def _cut_utf8(data: bytes, limit: int) -> bytes:
     return data[:end]
 
 
+class _FileTool(Tool):
+    """A file tool: :meth:`execute` resolves ``args.path`` inside ``ctx.cwd`` and runs the
+    blocking :meth:`apply` in a worker thread; a path escape or an :class:`OSError` becomes an
+    error result naming the path (``"<verb> <path>: ..."``)."""
+
+    verb: ClassVar[str]
+
+    def __init_subclass__(
+        cls, *, name: str, args: type[BaseModel], verb: str, replay: Replay = "never"
+    ) -> None:
+        """Declare a file tool: its ``name``, argument model, ``replay`` and the ``verb`` its
+        error results start with."""
+        super().__init_subclass__()
+        cls.name, cls.Args, cls.verb, cls.replay = name, args, verb, replay
+
+    def apply(self, target: Path, args: Any) -> ToolResult:
+        """The effect on ``target`` (blocking). Raises :class:`OSError` on I/O failure."""
+        raise NotImplementedError
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        """Resolve the path and apply the tool (see the class docstring)."""
+        try:
+            target = resolve_path(ctx.cwd, args.path)
+        except PathEscape as exc:
+            return _escape_result(exc)
+        try:
+            return await anyio.to_thread.run_sync(self.apply, target, args)
+        except OSError as exc:
+            return _os_error_result(self.verb, args.path, exc)
+
+
 # --------------------------------------------------------------------------------------------
 # read_file
 
 
-class ReadFileArgs(BaseModel):
+class ReadFileArgs(StrictArgs):
     """Arguments of ``read_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of the file to read, relative to the working "
@@ -131,7 +156,9 @@ class ReadFileArgs(BaseModel):
     )
 
 
-class ReadFileTool(Tool):
+class ReadFileTool(
+    _FileTool, name="read_file", args=ReadFileArgs, verb="cannot read", replay="safe"
+):
     """``read_file``: return a file's text, optionally a window of lines.
 
     Args model: :class:`ReadFileArgs` (``path``, ``offset`` 1-based line, ``limit`` lines).
@@ -139,28 +166,16 @@ class ReadFileTool(Tool):
     at most :data:`OUTPUT_CAP_BYTES` bytes; when it is cut, a note at the end gives the
     ``offset`` to continue from. ``details``: ``{"path", "offset", "lines", "total_lines",
     "truncated"}``.
-
-    Error results (``is_error``): path outside the working directory, file missing, a
-    directory, unreadable, or ``offset`` past the end of a non-empty file.
+    Also an error result: ``offset`` past the end of a non-empty file.
     """
 
-    name: ClassVar[str] = "read_file"
-    description: ClassVar[str] = (
+    description = (
         "Read a text file inside the working directory. Optionally give offset (1-based first "
         "line) and limit (number of lines) to read a window of a large file. Output is capped "
         "at 256 KiB; a note says where to continue."
     )
-    Args: ClassVar[type[BaseModel]] = ReadFileArgs
-    replay: ClassVar[Replay] = "safe"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Read ``args.path`` and return its text (see the class docstring)."""
-        assert isinstance(args, ReadFileArgs)
-        return await _file_op(ctx, args.path, "cannot read", lambda t: self._read(t, args))
-
-    @staticmethod
-    def _read(target: Path, args: ReadFileArgs) -> ToolResult:
-        """Blocking body of :meth:`execute`; raises :class:`OSError` on I/O failure."""
+    def apply(self, target: Path, args: Any) -> ToolResult:
         first = args.offset or 1
         chunks: list[str] = []
         used = 0
@@ -218,10 +233,8 @@ class ReadFileTool(Tool):
 # write_file
 
 
-class WriteFileArgs(BaseModel):
+class WriteFileArgs(StrictArgs):
     """Arguments of ``write_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of the file to write, relative to the working "
@@ -233,35 +246,23 @@ class WriteFileArgs(BaseModel):
     )
 
 
-class WriteFileTool(Tool):
+class WriteFileTool(_FileTool, name="write_file", args=WriteFileArgs, verb="cannot write"):
     """``write_file``: create or replace a file atomically.
 
     Args model: :class:`WriteFileArgs` (``path``, ``content``). Result text
     ``"wrote N bytes to PATH"`` (N = UTF-8 bytes of ``content``); ``details``:
     ``{"path": absolute path, "bytes": N, "sha256": hex digest}``.
-
-    Error results: path outside the working directory, the path is a directory, a parent is a
-    file, permission denied, disk full.
     """
 
-    name: ClassVar[str] = "write_file"
-    description: ClassVar[str] = (
+    description = (
         "Create or overwrite a file inside the working directory with the given content. "
         "Parent directories are created. The write is atomic."
     )
-    Args: ClassVar[type[BaseModel]] = WriteFileArgs
-    replay: ClassVar[Replay] = "never"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Write ``args.content`` to ``args.path`` (see the class docstring)."""
-        assert isinstance(args, WriteFileArgs)
+    def apply(self, target: Path, args: Any) -> ToolResult:
         data = args.content.encode("utf-8")
-
-        def write(target: Path) -> ToolResult:
-            atomic_write(target, data)
-            return self._success(args.path, target, data, reconciled=False)
-
-        return await _file_op(ctx, args.path, "cannot write", write)
+        atomic_write(target, data)
+        return self._success(args.path, target, data, reconciled=False)
 
     async def reconcile(self, args: Any, ctx: ToolContext) -> ToolResult | None:
         """Decide an in-doubt ``write_file`` from the file.
@@ -287,10 +288,8 @@ class WriteFileTool(Tool):
 # edit_file
 
 
-class EditFileArgs(BaseModel):
+class EditFileArgs(StrictArgs):
     """Arguments of ``edit_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of an existing text file, relative to the working directory."
@@ -303,33 +302,22 @@ class EditFileArgs(BaseModel):
     new_text: str = Field(description="Text that replaces old_text.")
 
 
-class EditFileTool(Tool):
+class EditFileTool(_FileTool, name="edit_file", args=EditFileArgs, verb="cannot edit"):
     """``edit_file``: replace the single occurrence of ``old_text`` with ``new_text``.
 
     Args model: :class:`EditFileArgs` (``path``, ``old_text``, ``new_text``). The file is
     rewritten atomically like ``write_file``. Result text ``"edited PATH: replaced 1
     occurrence (N bytes)"``; ``details``: ``{"path", "bytes", "sha256"}`` of the new content.
-
-    Error results: path outside the working directory, file missing or not UTF-8,
-    ``old_text`` absent or occurring more than once (the count is given).
+    Also error results: a file not UTF-8, ``old_text`` absent or occurring more than once
+    (the count is given).
     """
 
-    name: ClassVar[str] = "edit_file"
-    description: ClassVar[str] = (
+    description = (
         "Edit a text file inside the working directory by replacing old_text, which must "
         "occur exactly once, with new_text. The write is atomic."
     )
-    Args: ClassVar[type[BaseModel]] = EditFileArgs
-    replay: ClassVar[Replay] = "never"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Apply the edit (see the class docstring)."""
-        assert isinstance(args, EditFileArgs)
-        return await _file_op(ctx, args.path, "cannot edit", lambda t: self._edit(t, args))
-
-    @classmethod
-    def _edit(cls, target: Path, args: EditFileArgs) -> ToolResult:
-        """Blocking body of :meth:`execute`; raises :class:`OSError` on I/O failure."""
+    def apply(self, target: Path, args: Any) -> ToolResult:
         raw = target.read_bytes()
         try:
             text = raw.decode("utf-8")
@@ -349,7 +337,7 @@ class EditFileTool(Tool):
             )
         data = text.replace(args.old_text, args.new_text, 1).encode("utf-8")
         atomic_write(target, data)
-        return cls._success(args.path, target, data, reconciled=False)
+        return self._success(args.path, target, data, reconciled=False)
 
     async def reconcile(self, args: Any, ctx: ToolContext) -> ToolResult | None:
         """Decide an in-doubt ``edit_file`` from the file.
@@ -383,10 +371,8 @@ class EditFileTool(Tool):
 # append_file
 
 
-class AppendFileArgs(BaseModel):
+class AppendFileArgs(StrictArgs):
     """Arguments of ``append_file``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(
         description="Path of the file to append to, relative to the working "
@@ -395,50 +381,23 @@ class AppendFileArgs(BaseModel):
     content: str = Field(description="Text (UTF-8) to add at the end of the file.")
 
 
-class AppendFileTool(Tool):
+class AppendFileTool(_FileTool, name="append_file", args=AppendFileArgs, verb="cannot append to"):
     """``append_file``: add text at the end of a file (``O_APPEND``, then ``fsync``).
 
     Args model: :class:`AppendFileArgs` (``path``, ``content``). Result text
     ``"appended N bytes to PATH"`` (N = UTF-8 bytes); ``details``: ``{"path", "bytes"}``.
     No ``reconcile``: whether an append happened cannot be told from the file alone.
-
-    Error results: path outside the working directory, the path is a directory, permission
-    denied, disk full.
     """
 
-    name: ClassVar[str] = "append_file"
-    description: ClassVar[str] = (
+    description = (
         "Append text to the end of a file inside the working directory, creating the file "
         "(and parent directories) if needed."
     )
-    Args: ClassVar[type[BaseModel]] = AppendFileArgs
-    replay: ClassVar[Replay] = "never"
 
-    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Append ``args.content`` to ``args.path`` (see the class docstring)."""
-        assert isinstance(args, AppendFileArgs)
+    def apply(self, target: Path, args: Any) -> ToolResult:
         data = args.content.encode("utf-8")
-
-        def append(target: Path) -> ToolResult:
-            append_durably(target, data)
-            return ToolResult.text(
-                f"appended {len(data)} bytes to {args.path}",
-                details={"path": str(target), "bytes": len(data)},
-            )
-
-        return await _file_op(ctx, args.path, "cannot append to", append)
-
-
-async def _file_op(
-    ctx: ToolContext, path: str, verb: str, body: Callable[[Path], ToolResult]
-) -> ToolResult:
-    """Resolve ``path`` inside ``ctx.cwd`` and run the blocking ``body(target)`` in a worker
-    thread; a path escape or an :class:`OSError` becomes an error result naming the path."""
-    try:
-        target = resolve_path(ctx.cwd, path)
-    except PathEscape as exc:
-        return _escape_result(exc)
-    try:
-        return await anyio.to_thread.run_sync(body, target)
-    except OSError as exc:
-        return _os_error_result(verb, path, exc)
+        append_durably(target, data)
+        return ToolResult.text(
+            f"appended {len(data)} bytes to {args.path}",
+            details={"path": str(target), "bytes": len(data)},
+        )

@@ -1,16 +1,12 @@
 """Process groups a tool started: identifying them across a crash, and when they are alive.
 
-A ``bash`` tool runs in its own process group, so SIGKILL of the harness does not stop it: the
-group may go on and finish its effect after the crash. The harness records each group
-(``tool_process``: pgid and the leader's start time, from ``/proc/<pid>/stat`` field 22, in
-clock ticks since boot) so that recovery can tell a group the dead harness left running from an
-unrelated one that reuses the number, and kill it before deciding anything about the call.
-
-One liveness rule serves the ``bash`` tool (stopping a command's stragglers), the harness
-(killing a group left by a crash) and recovery (reporting it): :func:`group_alive`. A zombie
-does not count as alive: it runs no code and can cause no further effect, and its reaping may
-never come (an orphan waits for init, which a container may not run; a leader waits for the
-parent that started it). ``proc(5)`` documents the ``stat`` fields read here.
+A ``bash`` command's group outlives a SIGKILLed harness and may still finish its effect, so
+the harness records each group (``tool_process``: pgid and the leader's start time,
+``/proc/<pid>/stat`` field 22, clock ticks since boot, ``proc(5)``): recovery can then tell the
+group a dead harness left from an unrelated one reusing the number. One liveness rule serves
+the ``bash`` tool, the harness and recovery: :func:`group_alive`. A zombie does not count: it
+runs no code, and its reaping may never come (an orphan waits for an init a container may not
+run).
 """
 
 from __future__ import annotations
@@ -19,14 +15,6 @@ import os
 import signal
 import socket
 import time
-
-__all__ = [
-    "group_alive",
-    "kill_group",
-    "process_start_time",
-    "signal_group",
-    "this_host",
-]
 
 _PROC = "/proc"
 

@@ -22,10 +22,14 @@ from openai.types.chat.completion_create_params import (
 )
 from pydantic import TypeAdapter
 
-from durable_harness.providers._wire import ANTHROPIC_IMAGES, OPENAI_IMAGES, check_image
-from durable_harness.providers.anthropic_provider import AnthropicProvider, to_anthropic_messages
+from durable_harness.providers._wire import check_image
+from durable_harness.providers.anthropic_provider import (
+    ANTHROPIC_IMAGES,
+    AnthropicProvider,
+    to_anthropic_messages,
+)
 from durable_harness.providers.base import ProviderRequest, ToolSpec
-from durable_harness.providers.openai_compat import MAX_TOOL_ID, OpenAIProvider
+from durable_harness.providers.openai_compat import MAX_TOOL_ID, OPENAI_IMAGES, OpenAIProvider
 from durable_harness.session.context import build_context
 
 from .images import JPEG_B64, PNG_B64
