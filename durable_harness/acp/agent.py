@@ -20,28 +20,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import anyio.abc
-from acp import (
-    PROTOCOL_VERSION,
-    RequestError,
-    tool_terminal_ref,
-    update_agent_message_text,
-    update_tool_call,
-)
+from acp import PROTOCOL_VERSION, RequestError, update_agent_message_text
 from acp.interfaces import Client
 from acp.schema import (
     AgentCapabilities,
-    AllowedOutcome,
     AudioContentBlock,
     ClientCapabilities,
     EmbeddedResourceContentBlock,
-    EnvVariable,
     ImageContentBlock,
     Implementation,
     InitializeResponse,
@@ -53,30 +44,18 @@ from acp.schema import (
     ResourceContentBlock,
     TextContentBlock,
     TextResourceContents,
-    ToolCallUpdate,
 )
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from durable_harness import __version__
 from durable_harness.acp.errors import CONFLICT, INTERNAL, INVALID_PARAMS, rpc_error
-from durable_harness.acp.tools import UNSAFE_TOOLS, acp_tools
-from durable_harness.acp.updates import (
-    TOOL_KINDS,
-    EventTranslator,
-    Update,
-    recovery_plan,
-    replay,
-    tool_call_running,
-    tool_title,
-)
+from durable_harness.acp.runtime import ToolRuntime, question
+from durable_harness.acp.updates import EventTranslator, Update, recovery_plan, replay
 from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
 from durable_harness.harness.core import Event
 from durable_harness.host.manager import SessionManager
 from durable_harness.host.options import HostOptions
-from durable_harness.host.record import CommandRuntime
 from durable_harness.recovery.decide import ToolCallPlan
-from durable_harness.tools.base import OUTPUT_CAP_BYTES, Tool, ToolContext, ToolResult
-from durable_harness.tools.bash import BashArgs, BashTool
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +82,6 @@ IN_DOUBT_OPTIONS = [
 """The question for an in-doubt call after a crash: ``retry`` (decision ``retry``), ``fail``
 (decision ``fail``: an error result), ``skip`` (decision ``result`` with
 :data:`SKIPPED_RESULT`)."""
-
-TOOL_OPTIONS = [
-    PermissionOption(option_id="allow_once", name="Allow", kind="allow_once"),
-    PermissionOption(option_id="allow_always", name="Always allow", kind="allow_always"),
-    PermissionOption(option_id="reject_once", name="Reject", kind="reject_once"),
-]
-"""The question before an unsafe tool runs; ``allow_always`` is remembered in the session
-(:meth:`~durable_harness.host.SessionManager.allow_tool`)."""
 
 MAX_REPLAY_ENTRIES = 1_000_000
 
@@ -166,20 +137,18 @@ def prompt_text(blocks: list[PromptBlock]) -> str:
 
 class DurableAgent:
     """An ACP agent over a :class:`~durable_harness.host.SessionManager` (see the module
-    docstring). Build it, wrap the host's tools with :meth:`tools_factory`, then
-    :meth:`bind` it to the manager and a task group before the connection starts."""
+    docstring); its sessions' tools run through :attr:`runtime`. Build it, wrap the host's
+    tools (:func:`acp_options`), then :meth:`bind` it to the manager and a task group before
+    the connection starts."""
 
     def __init__(self) -> None:
         self.manager: SessionManager | None = None
         self.client: Client | None = None
-        self.client_capabilities = ClientCapabilities()
+        self.runtime = ToolRuntime(self)
         self._tg: anyio.abc.TaskGroup | None = None
         self._channels: dict[str, _Channel] = {}
-        self._run_sessions: dict[str, str] = {}  # run id -> session id
         self._ends: dict[str, _RunEnd] = {}  # run id -> its end
         self._live: set[str] = set()  # sessions with a generation started by this agent
-        self._approved: set[tuple[str, str]] = set()  # (session, tool call) retried by decision
-        self._ask_locks: dict[str, anyio.Lock] = {}
         self._creating: set[anyio.Event] = set()  # session/new requests being handled
         self._send_failed = False
         self.output_open: Callable[[], bool] = lambda: True
@@ -188,23 +157,16 @@ class DurableAgent:
 
     # -- wiring -------------------------------------------------------------------------------
 
-    def tools_factory(
-        self, inner: Callable[[CommandRuntime], Mapping[str, Tool]]
-    ) -> Callable[[CommandRuntime], Mapping[str, Tool]]:
-        """The host's tool factory with every tool wrapped for ACP
-        (:func:`~durable_harness.acp.tools.acp_tools`)."""
-        return lambda runtime: acp_tools(inner(runtime), self)
-
     def bind(self, manager: SessionManager, tg: anyio.abc.TaskGroup) -> None:
         """Attach the manager (its events start flowing to the channels) and the task group
         the channels' senders run in."""
-        self.manager = manager
+        self.manager = self.runtime.manager = manager
         self._tg = tg
         manager.observe(self._observe)
 
     def on_connect(self, conn: Client) -> None:
         """The SDK hands over the client side of the connection."""
-        self.client = conn
+        self.client = self.runtime.client = conn
 
     def _manager(self) -> SessionManager:
         if self.manager is None:
@@ -225,13 +187,14 @@ class DurableAgent:
 
     def _observe(self, session_id: str, event: Event) -> None:
         if event.get("type") == "run_start" and event.get("runId"):
-            self._run_sessions[str(event["runId"])] = session_id
+            self.runtime.run_sessions[str(event["runId"])] = session_id
         self._channel(session_id).send.send_nowait(("event", event))
 
-    def _push(self, session_id: str, update: Update) -> None:
+    def push(self, session_id: str, update: Update) -> None:
+        """Queue ``update`` after what the session's channel holds."""
         self._channel(session_id).send.send_nowait(("update", update))
 
-    async def _flush(self, session_id: str) -> None:
+    async def flush(self, session_id: str) -> None:
         """Wait until the session's channel has sent everything queued before this call."""
         marker = anyio.Event()
         self._channel(session_id).send.send_nowait(("flush", marker))
@@ -326,7 +289,7 @@ class DurableAgent:
         """Agree on the protocol version (this agent's, ``1``) and keep the client's
         capabilities (its file system is used where offered)."""
         if client_capabilities is not None:
-            self.client_capabilities = client_capabilities
+            self.runtime.capabilities = client_capabilities
         return InitializeResponse(
             protocol_version=PROTOCOL_VERSION,
             agent_capabilities=AgentCapabilities(
@@ -403,9 +366,10 @@ class DurableAgent:
         if outcome == "declined":
             return "refusal"
         if outcome == "failed":
-            reason = self._failure_reason(session_id, end.lane, run_id)
-            if reason.startswith("max_turns "):
+            finished = self._finished(session_id, end.lane, run_id)
+            if finished.get("limit") == "max_turns":
                 return "max_turn_requests"
+            reason = str(finished.get("reason") or "no reason recorded")
             raise RequestError(
                 INTERNAL,
                 f"run {run_id} failed: {reason}",
@@ -418,12 +382,13 @@ class DurableAgent:
             {"code": "suspended", "runId": run_id},
         )
 
-    def _failure_reason(self, session_id: str, lane: str, run_id: str) -> str:
+    def _finished(self, session_id: str, lane: str, run_id: str) -> dict[str, Any]:
+        """The run's ``run_finished`` record (``{}`` when there is none)."""
         page = self._manager().log(session_id, lane=lane, limit=MAX_REPLAY_ENTRIES)
         for rec in reversed(page["records"]):
             if rec.get("type") == "run_finished" and rec.get("runId") == run_id:
-                return str(rec.get("reason") or "no reason recorded")
-        return "no reason recorded"
+                return dict(rec)
+        return {}
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         """Abort the session's running turn (durably: ``abort_requested`` first); nothing
@@ -459,24 +424,24 @@ class DurableAgent:
         chan.cwd = rec.cwd
         entries = manager.messages(session_id, limit=MAX_REPLAY_ENTRIES)["entries"]
         for update in replay(rec.cwd, entries):
-            self._push(session_id, update)
-        await self._flush(session_id)
+            self.push(session_id, update)
+        await self.flush(session_id)
         if session_id in self._live:
             return LoadSessionResponse()
         plan = manager.plan(session_id) if rec.state == "suspended" else None
         lanes = [lp for lp in (plan.lanes if plan else []) if lp.run_id is not None]
         decisions: dict[str, dict[str, Any]] = {}
         if lanes:
-            self._push(session_id, recovery_plan(lanes, "pending"))
+            self.push(session_id, recovery_plan(lanes, "pending"))
             for lp in lanes:
-                self._push(
+                self.push(
                     session_id,
                     update_agent_message_text(
                         f"Run {lp.run_id} on lane {lp.lane} was interrupted; "
                         f"resuming it ({lp.next_action.replace('_', ' ')}).\n"
                     ),
                 )
-            await self._flush(session_id)
+            await self.flush(session_id)
             for lp in lanes:
                 for call in lp.waiting():
                     answer = await self._ask_in_doubt(session_id, call)
@@ -487,12 +452,12 @@ class DurableAgent:
                         )
                     decisions[call.tool_call_id] = answer
                     if answer["decision"] == "retry":
-                        self._approved.add((session_id, call.tool_call_id))
+                        self.runtime.approved.add((session_id, call.tool_call_id))
         ends = {str(lp.run_id): self._end(str(lp.run_id)) for lp in lanes}
         try:
             resumed = await manager.resume(session_id, decisions or None)
         except DurableHarnessError as exc:  # e.g. already_decided: nothing was written
-            self._approved -= {(session_id, call_id) for call_id in decisions}
+            self.runtime.approved -= {(session_id, call_id) for call_id in decisions}
             raise rpc_error(exc) from exc
         if resumed.state not in ("idle", "running"):
             raise rpc_error(
@@ -513,28 +478,27 @@ class DurableAgent:
                     "runId": run_id,
                     "lane": end.lane,
                     "outcome": end.outcome,
-                    "stopReason": _quiet_stop_reason(self, session_id, run_id, end),
+                    "stopReason": self._quiet_stop_reason(session_id, run_id, end),
                 }
             )
         if lanes:
-            self._push(session_id, recovery_plan(lanes, "completed"))
-            await self._flush(session_id)
+            self.push(session_id, recovery_plan(lanes, "completed"))
+            await self.flush(session_id)
         meta = {"durableHarness": {"recovered": recovered}} if recovered else None
         return LoadSessionResponse(field_meta=meta)
 
     async def _ask_in_doubt(self, session_id: str, call: ToolCallPlan) -> dict[str, Any] | None:
         """Put an in-doubt call to the client; its answer as a decision, or ``None`` when the
         client cancelled the question."""
-        args = call.arguments or {}
-        question = ToolCallUpdate(
-            tool_call_id=call.tool_call_id,
-            title=f"{tool_title(call.tool_name, args)} (interrupted: outcome unknown)",
-            kind=TOOL_KINDS.get(call.tool_name, "other"),
-            status="pending",
-            raw_input=args,
-            field_meta={"durableHarness": {"inDoubt": True, "doubt": call.doubt}},
+        asked = question(
+            call.tool_call_id,
+            call.tool_name,
+            call.arguments or {},
+            " (interrupted: outcome unknown)",
+            inDoubt=True,
+            doubt=call.doubt,
         )
-        answer = await self._ask(session_id, question, IN_DOUBT_OPTIONS)
+        answer = await self.runtime.ask(session_id, asked, IN_DOUBT_OPTIONS)
         if answer == "retry":
             return {"decision": "retry"}
         if answer == "fail":
@@ -543,142 +507,13 @@ class DurableAgent:
             return {"decision": "result", "result": SKIPPED_RESULT}
         return None
 
-    async def _ask(
-        self, session_id: str, question: ToolCallUpdate, options: list[PermissionOption]
-    ) -> str | None:
-        """Ask the client (one question at a time per session, after the updates queued
-        before it); the chosen option id, or ``None`` when cancelled or unknown."""
-        if self.client is None:
-            return None
-        await self._flush(session_id)
-        lock = self._ask_locks.setdefault(session_id, anyio.Lock())
-        async with lock:
-            response = await self.client.request_permission(
-                session_id=session_id, tool_call=question, options=options
-            )
-        outcome = response.outcome
-        if not isinstance(outcome, AllowedOutcome):
-            return None
-        chosen = outcome.option_id
-        return chosen if chosen in {o.option_id for o in options} else None
-
-    # -- the tools' gate (durable_harness.acp.tools.Gate) -------------------------------------
-
-    async def before_tool(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> str | None:
-        """Ask before an unsafe tool runs (unless the session always allows it, or the call
-        is being retried by the client's decision); then announce it ``in_progress``."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        if session_id is None:
-            return None  # not a run of this agent's sessions
-        approved = (session_id, ctx.tool_call_id) in self._approved
-        self._approved.discard((session_id, ctx.tool_call_id))
-        if tool in UNSAFE_TOOLS and not approved:
-            rec = await self._manager().get(session_id)
-            if tool not in rec.allowed_tools:
-                question = ToolCallUpdate(
-                    tool_call_id=ctx.tool_call_id,
-                    title=tool_title(tool, args),
-                    kind=TOOL_KINDS.get(tool, "other"),
-                    status="pending",
-                    raw_input=args,
-                )
-                answer = await self._ask(session_id, question, TOOL_OPTIONS)
-                if answer is None:
-                    return f"permission to run {tool} was cancelled; the call did not run"
-                if answer == "reject_once":
-                    return f"the user refused permission to run {tool}; the call did not run"
-                if answer == "allow_always":
-                    await self._manager().allow_tool(session_id, tool)
-        self._push(session_id, tool_call_running(ctx.tool_call_id))
-        return None
-
-    async def client_read(self, ctx: ToolContext, path: Path) -> str | None:
-        """Read through the client's ``fs/read_text_file`` when it offers it."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        fs = self.client_capabilities.fs
-        if session_id is None or self.client is None or fs is None or not fs.read_text_file:
-            return None
-        response = await self.client.read_text_file(session_id=session_id, path=str(path))
-        return response.content
-
-    async def client_write(self, ctx: ToolContext, path: Path, content: str) -> bool:
-        """Write through the client's ``fs/write_text_file`` when it offers it."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        fs = self.client_capabilities.fs
-        if session_id is None or self.client is None or fs is None or not fs.write_text_file:
-            return False
-        await self.client.write_text_file(session_id=session_id, path=str(path), content=content)
-        return True
-
-    async def client_bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
-        """Run ``bash -c COMMAND`` in a client terminal when the client offers terminals:
-        the terminal is shown on the call (``terminal`` content), waited for up to the
-        call's timeout (then killed), its output read (the client keeps at most
-        :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES`), and released, also when the
-        call is cancelled. The result reads like the local tool's: the output, then ``exit
-        code N`` or the signal, ``is_error`` unless it exited 0."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        client = self.client
-        if session_id is None or client is None or not self.client_capabilities.terminal:
-            return None
-        timeout = args.timeout or BashTool.default_timeout
-        env = [
-            EnvVariable(name="DURABLE_HARNESS_IDEMPOTENCY_KEY", value=ctx.idempotency_key),
-            EnvVariable(name="DURABLE_HARNESS_RUN_ID", value=ctx.run_id),
-            EnvVariable(name="DURABLE_HARNESS_TOOL_CALL_ID", value=ctx.tool_call_id),
-        ]
-        created = await client.create_terminal(
-            session_id=session_id,
-            command="bash",
-            args=["-c", args.command],
-            cwd=str(ctx.cwd),
-            env=env,
-            output_byte_limit=OUTPUT_CAP_BYTES,
-        )
-        terminal = created.terminal_id
-        self._push(
-            session_id,
-            update_tool_call(ctx.tool_call_id, content=[tool_terminal_ref(terminal)]),
-        )
-        finished = False
+    def _quiet_stop_reason(self, session_id: str, run_id: str, end: _RunEnd) -> str:
+        """:meth:`stop_reason`, or the ``data.code`` of the error it raises."""
         try:
-            exit_code: int | None = None
-            signal_name: str | None = None
-            with anyio.move_on_after(timeout) as waited:
-                status = await client.wait_for_terminal_exit(
-                    session_id=session_id, terminal_id=terminal
-                )
-                exit_code, signal_name = status.exit_code, status.signal
-            if waited.cancelled_caught:
-                await client.kill_terminal(session_id=session_id, terminal_id=terminal)
-            output = await client.terminal_output(session_id=session_id, terminal_id=terminal)
-            finished = True
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    if not finished:
-                        await client.kill_terminal(session_id=session_id, terminal_id=terminal)
-                    await client.release_terminal(session_id=session_id, terminal_id=terminal)
-                except (ConnectionError, RequestError) as exc:
-                    log.warning("releasing terminal %s: %s", terminal, exc)
-        details: dict[str, Any] = {
-            "exit_code": exit_code,
-            "signal": signal_name,
-            "timed_out": waited.cancelled_caught,
-            "truncated": output.truncated,
-            "terminal_id": terminal,
-            "via": "client",
-        }
-        text = output.output.rstrip("\n")
-        if waited.cancelled_caught:
-            note = f"command timed out after {timeout:g} seconds; its terminal was killed"
-        elif exit_code == 0:
-            return ToolResult.text(output.output or "(no output)", details=details)
-        elif signal_name:
-            note = f"killed by {signal_name}"
-        else:
-            note = f"exit code {exit_code}"
-        return ToolResult.text(f"{text}\n{note}" if text else note, is_error=True, details=details)
+            return self.stop_reason(session_id, run_id, end)
+        except RequestError as exc:
+            data = exc.data if isinstance(exc.data, dict) else {}
+            return str(data.get("code", "error"))
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -701,18 +536,10 @@ class DurableAgent:
         self._live.clear()
 
 
-def _quiet_stop_reason(agent: DurableAgent, session_id: str, run_id: str, end: _RunEnd) -> str:
-    try:
-        return agent.stop_reason(session_id, run_id, end)
-    except RequestError as exc:
-        data = exc.data if isinstance(exc.data, dict) else {}
-        return str(data.get("code", "error"))
-
-
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:
     """The host options an ACP agent runs with: the tools wrapped for the client, and no
     session resumed at start-up (a session resumes when a client loads it, so that its
     questions have someone to answer them)."""
     return dataclasses.replace(
-        options, tools=agent.tools_factory(options.tools), auto_resume="never"
+        options, tools=agent.runtime.tools(options.tools), auto_resume="never"
     )

@@ -1,0 +1,357 @@
+"""The tools' runtime of an ACP session: what a tool call needs from the client
+(``design/acp.md``): its permission, its file system and its terminal.
+
+The harness is not patched: each tool is wrapped (:func:`wrap`) in an ordinary
+:class:`~durable_harness.tools.base.Tool` with the inner tool's name, arguments, description
+and replay declaration (so recovery plans exactly as it would for the bare tool), whose
+:meth:`~AcpTool.execute` first settles the permission and then runs through the client where it
+offers the capability (``read_file``, ``write_file``: its file system; ``bash``: a terminal),
+else the inner tool. The harness writes a call's ``tool_started`` intent before it calls
+``execute``, so a call the client refuses settles as an error result, and one whose agent dies
+while the question is open is in doubt after the crash, like any call that was started.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, cast
+
+import anyio
+from acp import RequestError, tool_terminal_ref, update_tool_call
+from acp.interfaces import Client
+from acp.schema import (
+    AllowedOutcome,
+    ClientCapabilities,
+    EnvVariable,
+    PermissionOption,
+    ToolCallUpdate,
+)
+from pydantic import BaseModel
+
+from durable_harness.acp.updates import TOOL_KINDS, Update, tool_call_running, tool_title
+from durable_harness.errors import PathEscape
+from durable_harness.fs import resolve_path
+from durable_harness.host.manager import SessionManager
+from durable_harness.host.record import CommandRuntime
+from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
+from durable_harness.tools.bash import BashArgs, BashTool, command_env, command_result
+from durable_harness.tools.files import ReadFileArgs, WriteFileArgs
+
+log = logging.getLogger(__name__)
+
+UNSAFE_TOOLS = frozenset({"bash", "write_file", "edit_file", "append_file"})
+"""Tools that ask the client before they run (unless always allowed in the session)."""
+
+TOOL_OPTIONS = [
+    PermissionOption(option_id="allow_once", name="Allow", kind="allow_once"),
+    PermissionOption(option_id="allow_always", name="Always allow", kind="allow_always"),
+    PermissionOption(option_id="reject_once", name="Reject", kind="reject_once"),
+]
+"""The question before an unsafe tool runs; ``allow_always`` is remembered in the session
+(:meth:`~durable_harness.host.SessionManager.allow_tool`)."""
+
+
+def question(
+    tool_call_id: str, tool: str, args: dict[str, Any], note: str = "", **meta: Any
+) -> ToolCallUpdate:
+    """The tool call a permission question is about: its title (with ``note``), kind and
+    arguments, ``pending``; ``meta`` goes to ``_meta.durableHarness``."""
+    return ToolCallUpdate(
+        tool_call_id=tool_call_id,
+        title=tool_title(tool, args) + note,
+        kind=TOOL_KINDS.get(tool, "other"),
+        status="pending",
+        raw_input=args,
+        field_meta={"durableHarness": meta} if meta else None,
+    )
+
+
+class Outbox(Protocol):
+    """What the runtime needs from the protocol adapter
+    (:class:`~durable_harness.acp.agent.DurableAgent`): each session's ordered updates."""
+
+    def push(self, session_id: str, update: Update) -> None:
+        """Queue ``update`` after what the session's channel holds."""
+
+    async def flush(self, session_id: str) -> None:
+        """Wait until the session's channel has sent everything queued before this call."""
+
+
+class ToolRuntime:
+    """The client's side of the tools of an agent's sessions: permission questions (one at a
+    time per session, after the updates queued before them), the client's file system and
+    its terminals, each used only when the client offers it (:attr:`capabilities`).
+
+    The adapter sets :attr:`manager`, :attr:`client` and :attr:`capabilities` as the
+    connection comes up, maps each run to its session (:attr:`run_sessions`) and marks the
+    in-doubt calls the client decided to retry (:attr:`approved`: asked once, not twice).
+    """
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.manager: SessionManager | None = None
+        self.client: Client | None = None
+        self.capabilities = ClientCapabilities()
+        self.run_sessions: dict[str, str] = {}  # run id -> session id
+        self.approved: set[tuple[str, str]] = set()  # (session, tool call) retried by decision
+        self._ask_locks: dict[str, anyio.Lock] = {}
+
+    def tools(
+        self, inner: Callable[[CommandRuntime], Mapping[str, Tool]]
+    ) -> Callable[[CommandRuntime], Mapping[str, Tool]]:
+        """The host's tool factory with every tool wrapped for ACP (:func:`wrap`)."""
+        return lambda runtime: {n: wrap(t, self) for n, t in inner(runtime).items()}
+
+    async def ask(
+        self, session_id: str, asked: ToolCallUpdate, options: list[PermissionOption]
+    ) -> str | None:
+        """Ask the client ``session/request_permission``; the chosen option id, or ``None``
+        when cancelled, unknown, or there is no client."""
+        if self.client is None:
+            return None
+        await self.outbox.flush(session_id)
+        async with self._ask_locks.setdefault(session_id, anyio.Lock()):
+            response = await self.client.request_permission(
+                session_id=session_id, tool_call=asked, options=options
+            )
+        outcome = response.outcome
+        if not isinstance(outcome, AllowedOutcome):
+            return None
+        chosen = outcome.option_id
+        return chosen if chosen in {o.option_id for o in options} else None
+
+    async def before_tool(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> str | None:
+        """Ask before an unsafe tool runs (unless the session always allows it, or the call
+        is being retried by the client's decision); then announce it ``in_progress``. Returns
+        ``None`` to go ahead, or the text of the error result the call settles with."""
+        session_id = self.run_sessions.get(ctx.run_id)
+        if session_id is None or self.manager is None:
+            return None  # not a run of this agent's sessions
+        approved = (session_id, ctx.tool_call_id) in self.approved
+        self.approved.discard((session_id, ctx.tool_call_id))
+        allowed = approved or tool not in UNSAFE_TOOLS
+        if not allowed and tool not in (await self.manager.get(session_id)).allowed_tools:
+            asked = question(ctx.tool_call_id, tool, args)
+            answer = await self.ask(session_id, asked, TOOL_OPTIONS)
+            if answer is None:
+                return f"permission to run {tool} was cancelled; the call did not run"
+            if answer == "reject_once":
+                return f"the user refused permission to run {tool}; the call did not run"
+            if answer == "allow_always":
+                await self.manager.allow_tool(session_id, tool)
+        self.outbox.push(session_id, tool_call_running(ctx.tool_call_id))
+        return None
+
+    def _client_for(self, ctx: ToolContext, offered: bool | None) -> tuple[Client, str] | None:
+        session_id = self.run_sessions.get(ctx.run_id)
+        if session_id is None or self.client is None or not offered:
+            return None
+        return self.client, session_id
+
+    async def read(self, ctx: ToolContext, path: Path) -> str | None:
+        """The file's text through the client's ``fs/read_text_file``, or ``None`` when the
+        client offers none (the tool then reads locally)."""
+        fs = self.capabilities.fs
+        found = self._client_for(ctx, fs is not None and fs.read_text_file)
+        if found is None:
+            return None
+        client, session_id = found
+        return (await client.read_text_file(session_id=session_id, path=str(path))).content
+
+    async def write(self, ctx: ToolContext, path: Path, content: str) -> bool:
+        """Write through the client's ``fs/write_text_file``; ``False`` when it offers none
+        (the tool then writes locally)."""
+        fs = self.capabilities.fs
+        found = self._client_for(ctx, fs is not None and fs.write_text_file)
+        if found is None:
+            return False
+        client, session_id = found
+        await client.write_text_file(session_id=session_id, path=str(path), content=content)
+        return True
+
+    async def bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
+        """Run ``bash -c COMMAND`` in a client terminal when the client offers terminals
+        (else ``None``: the tool runs it locally), with the bash tool's environment
+        (:func:`~durable_harness.tools.bash.command_env`): the terminal is shown on the call,
+        waited for up to the call's timeout (then killed), its output read (the client keeps
+        at most :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES`) and released, also when
+        the call is cancelled. The result is worded as the local tool's
+        (:func:`~durable_harness.tools.bash.command_result`)."""
+        found = self._client_for(ctx, bool(self.capabilities.terminal))
+        if found is None:
+            return None
+        client, session_id = found
+        timeout = args.timeout or BashTool.default_timeout
+        created = await client.create_terminal(
+            session_id=session_id,
+            command="bash",
+            args=["-c", args.command],
+            cwd=str(ctx.cwd),
+            env=[EnvVariable(name=k, value=v) for k, v in command_env(ctx).items()],
+            output_byte_limit=OUTPUT_CAP_BYTES,
+        )
+        terminal = created.terminal_id
+        ref = update_tool_call(ctx.tool_call_id, content=[tool_terminal_ref(terminal)])
+        self.outbox.push(session_id, ref)
+        exit_code: int | None = None
+        signal_name: str | None = None
+        finished = False
+        try:
+            with anyio.move_on_after(timeout) as waited:
+                status = await client.wait_for_terminal_exit(
+                    session_id=session_id, terminal_id=terminal
+                )
+                exit_code, signal_name = status.exit_code, status.signal
+            if waited.cancelled_caught:
+                await client.kill_terminal(session_id=session_id, terminal_id=terminal)
+            output = await client.terminal_output(session_id=session_id, terminal_id=terminal)
+            finished = True
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    if not finished:
+                        await client.kill_terminal(session_id=session_id, terminal_id=terminal)
+                    await client.release_terminal(session_id=session_id, terminal_id=terminal)
+                except (ConnectionError, RequestError) as exc:
+                    log.warning("releasing terminal %s: %s", terminal, exc)
+        details: dict[str, Any] = {
+            "exit_code": exit_code,
+            "signal": signal_name,
+            "timed_out": waited.cancelled_caught,
+            "truncated": output.truncated,
+            "terminal_id": terminal,
+            "via": "client",
+        }
+        return command_result(
+            output.output,
+            details,
+            exit_code=exit_code,
+            timed_out=waited.cancelled_caught,
+            timeout=timeout,
+            signal_name=signal_name,
+            killed="its terminal",
+        )
+
+
+class AcpTool(Tool):
+    """Base of the wrappers :func:`wrap` builds (one subclass per inner tool, carrying its
+    class attributes)."""
+
+    name: ClassVar[str] = "acp"
+    description: ClassVar[str] = "a tool asked through ACP"
+    Args: ClassVar[type[BaseModel]] = BaseModel
+    replay: ClassVar[Replay] = "never"
+
+    def __init__(self, inner: Tool, runtime: ToolRuntime) -> None:
+        self.inner = inner
+        self.runtime = runtime
+
+    async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
+        """Ask (an unsafe tool), then run through the client where it offers the capability,
+        else the inner tool."""
+        raw = args.model_dump() if isinstance(args, BaseModel) else {}
+        refusal = await self.runtime.before_tool(self.name, raw, ctx)
+        if refusal is not None:
+            return ToolResult.text(refusal, is_error=True, details={"error": "permission"})
+        via_client = await self._via_client(args, ctx)
+        return via_client if via_client is not None else await self.inner.execute(args, ctx)
+
+    async def _via_client(self, args: Any, ctx: ToolContext) -> ToolResult | None:
+        """The call performed through the client, or ``None`` to run locally (also for a
+        path outside the working directory: the inner tool words the refusal)."""
+        if isinstance(args, BashArgs) and self.name == "bash":
+            return await self.runtime.bash(ctx, args)
+        kind = _FILE_TOOLS.get(self.name)
+        if kind is None or not isinstance(args, kind):
+            return None
+        try:
+            target = resolve_path(ctx.cwd, args.path)
+        except PathEscape:
+            return None
+        if isinstance(args, ReadFileArgs):
+            text = await self.runtime.read(ctx, target)
+            return None if text is None else _window(text, args, target)
+        if not await self.runtime.write(ctx, target, args.content):
+            return None
+        size = len(args.content.encode("utf-8"))
+        return ToolResult.text(
+            f"wrote {size} bytes to {args.path}",
+            details={"path": str(target), "bytes": size, "via": "client"},
+        )
+
+
+_FILE_TOOLS: dict[str, type[ReadFileArgs | WriteFileArgs]] = {
+    "read_file": ReadFileArgs,
+    "write_file": WriteFileArgs,
+}
+"""The file tools the client's file system serves, with their argument models."""
+
+
+def _window(text: str, args: ReadFileArgs, target: Path) -> ToolResult:
+    """``read_file``'s line window over text the client returned: whole lines, at most
+    :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES` bytes, with the same note as the
+    local tool when cut (a single line over the cap gives its head)."""
+    lines = text.splitlines(keepends=True)
+    first = args.offset or 1
+    if lines and first > len(lines):
+        return ToolResult.text(
+            f"cannot read {args.path}: offset {first} is past the end of the file "
+            f"({len(lines)} lines)",
+            is_error=True,
+            details={"error": "offset_out_of_range", "path": args.path, "total_lines": len(lines)},
+        )
+    window = lines[first - 1 :]
+    if args.limit is not None:
+        window = window[: args.limit]
+    shown: list[str] = []
+    used = 0
+    for line in window:
+        size = len(line.encode("utf-8"))
+        if used + size > OUTPUT_CAP_BYTES:
+            if not shown:  # one line over the cap: its head, as the local tool gives
+                head = line.encode("utf-8")[:OUTPUT_CAP_BYTES].decode("utf-8", "ignore")
+                shown.append(head)
+            break
+        shown.append(line)
+        used += size
+    truncated = len(shown) < len(window) or (bool(shown) and shown[-1] != window[len(shown) - 1])
+    text = "".join(shown)
+    if truncated:
+        text += (
+            f"{'' if text.endswith(chr(10)) or not text else chr(10)}[output truncated at "
+            f"{OUTPUT_CAP_BYTES} bytes: showed lines {first}-{first + len(shown) - 1} of "
+            f"{len(lines)}; continue with offset={first + len(shown)}]"
+        )
+    return ToolResult.text(
+        text,
+        details={
+            "path": str(target),
+            "offset": first,
+            "lines": len(shown),
+            "total_lines": len(lines),
+            "truncated": truncated,
+            "via": "client",
+        },
+    )
+
+
+def wrap(inner: Tool, runtime: ToolRuntime) -> AcpTool:
+    """Wrap one tool: a subclass of :class:`AcpTool` with ``inner``'s name, description,
+    argument model and replay declaration, and its ``reconcile`` when it has one."""
+    attrs: dict[str, Any] = {
+        "name": inner.name,
+        "description": inner.description,
+        "Args": inner.Args,
+        "replay": inner.replay,
+        "__doc__": f"``{inner.name}`` asked through ACP.",
+    }
+    if inner.can_reconcile:
+
+        async def reconcile(self: AcpTool, args: Any, ctx: ToolContext) -> ToolResult | None:
+            return await self.inner.reconcile(args, ctx)
+
+        attrs["reconcile"] = reconcile
+    cls = cast(type[AcpTool], type(f"Acp_{inner.name}", (AcpTool,), attrs))
+    return cls(inner, runtime)
