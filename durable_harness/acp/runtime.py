@@ -13,6 +13,7 @@ while the question is open is in doubt after the crash, like any call that was s
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,7 +38,7 @@ from durable_harness.host.manager import SessionManager
 from durable_harness.host.record import CommandRuntime
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
 from durable_harness.tools.bash import BashArgs, BashTool, command_env, command_result
-from durable_harness.tools.files import ReadFileArgs, WriteFileArgs
+from durable_harness.tools.files import ReadFileArgs, WriteFileArgs, read_window
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,12 @@ class AcpTool(Tool):
             return None
         if isinstance(args, ReadFileArgs):
             text = await self.runtime.read(ctx, target)
-            return None if text is None else _window(text, args, target)
+            if text is None:
+                return None
+            result = read_window(io.StringIO(text, newline=""), args, target)
+            if result.details is not None and not result.is_error:
+                result.details["via"] = "client"
+            return result
         if not await self.runtime.write(ctx, target, args.content):
             return None
         size = len(args.content.encode("utf-8"))
@@ -287,54 +293,6 @@ _FILE_TOOLS: dict[str, type[ReadFileArgs | WriteFileArgs]] = {
     "write_file": WriteFileArgs,
 }
 """The file tools the client's file system serves, with their argument models."""
-
-
-def _window(text: str, args: ReadFileArgs, target: Path) -> ToolResult:
-    """``read_file``'s line window over text the client returned: whole lines, at most
-    :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES` bytes, with the same note as the
-    local tool when cut (a single line over the cap gives its head)."""
-    lines = text.splitlines(keepends=True)
-    first = args.offset or 1
-    if lines and first > len(lines):
-        return ToolResult.text(
-            f"cannot read {args.path}: offset {first} is past the end of the file "
-            f"({len(lines)} lines)",
-            is_error=True,
-            details={"error": "offset_out_of_range", "path": args.path, "total_lines": len(lines)},
-        )
-    window = lines[first - 1 :]
-    if args.limit is not None:
-        window = window[: args.limit]
-    shown: list[str] = []
-    used = 0
-    for line in window:
-        size = len(line.encode("utf-8"))
-        if used + size > OUTPUT_CAP_BYTES:
-            if not shown:  # one line over the cap: its head, as the local tool gives
-                head = line.encode("utf-8")[:OUTPUT_CAP_BYTES].decode("utf-8", "ignore")
-                shown.append(head)
-            break
-        shown.append(line)
-        used += size
-    truncated = len(shown) < len(window) or (bool(shown) and shown[-1] != window[len(shown) - 1])
-    text = "".join(shown)
-    if truncated:
-        text += (
-            f"{'' if text.endswith(chr(10)) or not text else chr(10)}[output truncated at "
-            f"{OUTPUT_CAP_BYTES} bytes: showed lines {first}-{first + len(shown) - 1} of "
-            f"{len(lines)}; continue with offset={first + len(shown)}]"
-        )
-    return ToolResult.text(
-        text,
-        details={
-            "path": str(target),
-            "offset": first,
-            "lines": len(shown),
-            "total_lines": len(lines),
-            "truncated": truncated,
-            "via": "client",
-        },
-    )
 
 
 def wrap(inner: Tool, runtime: ToolRuntime) -> AcpTool:

@@ -4,6 +4,7 @@ several commands take, opening the store or session, and printing for a person o
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -41,17 +42,22 @@ class Command:
     example: str = ""
 
 
-def command(
-    name: str, help_text: str, example: str, *options: Options
-) -> Callable[[Handler], Command]:
+def command(name: str, *options: Options, example: str = "") -> Callable[[Handler], Command]:
     """Make the decorated handler a :class:`Command` with these options (applied in order).
-    Nothing is registered: a command exists once ``cli/main.py`` lists it."""
+    Its docstring is its help: the first paragraph, as one line, the help line; the lines
+    after ``example:`` (else ``example``) the examples its ``--help`` ends with. Nothing is
+    registered: a command exists once ``cli/main.py`` lists it."""
 
     def add(p: argparse.ArgumentParser) -> None:
         for option in options:
             option(p)
 
-    return lambda fn: Command(name, help_text, fn, add, example)
+    def make(fn: Handler) -> Command:
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        examples = doc.partition("\nexample:\n")[2].partition("\n\n")[0]
+        return Command(name, " ".join(doc.split("\n\n")[0].split()), fn, add, examples or example)
+
+    return make
 
 
 def json_option(p: argparse.ArgumentParser) -> None:

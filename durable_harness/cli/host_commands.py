@@ -185,16 +185,15 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     _root_option(p)
 
 
-@command(
-    "serve",
-    "Serve the store's sessions over HTTP (see design/http.md).",
-    "  durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5\n"
-    "  DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db\n"
-    "  durable-harness serve --root ~/projects --root /srv/agents",
-    _serve_options,
-)
+@command("serve", _serve_options)
 def serve(args: argparse.Namespace) -> int:
-    """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
+    """Serve the store's sessions over HTTP (see design/http.md).
+
+    example:
+      durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5
+      DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db
+      durable-harness serve --root ~/projects --root /srv/agents
+    """
     from durable_harness.console import console_router, is_console_path
     from durable_harness.http import create_app
     from durable_harness.http import serve as serve_http
@@ -239,16 +238,17 @@ def _acp_options(p: argparse.ArgumentParser) -> None:
     _root_option(p)
 
 
-@command(
-    "acp",
-    "Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).",
-    "  durable-harness acp --provider anthropic:claude-sonnet-4-5\n"
-    "  durable-harness acp --provider scripted:script.json --store sqlite:sessions.db",
-    _acp_options,
-)
+@command("acp", _acp_options)
 def acp(args: argparse.Namespace) -> int:
-    """Run the ACP agent (``design/acp.md``) until the client closes stdin; stdout carries
-    only JSON-RPC, logs go to stderr."""
+    """Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).
+
+    Until the client closes stdin (``design/acp.md``); stdout carries only JSON-RPC, logs
+    go to stderr.
+
+    example:
+      durable-harness acp --provider anthropic:claude-sonnet-4-5
+      durable-harness acp --provider scripted:script.json --store sqlite:sessions.db
+    """
     from durable_harness.acp import serve as serve_acp
 
     require_credentials(args.provider)
@@ -260,18 +260,20 @@ def acp(args: argparse.Namespace) -> int:
     return 0
 
 
-@command(
-    "migrate",
-    "Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at start).",
-    "  durable-harness migrate --store postgresql://agent@db.internal/agents\n"
-    "  durable-harness migrate --store sqlite:agent.db --json",
-    json_option,
-)
+@command("migrate", json_option)
 def migrate(args: argparse.Namespace) -> int:
-    """Bring the store named by ``--store`` (or ``$DURABLE_HARNESS_STORE``) to the current
+    """Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at
+    start).
+
+    Bring the store named by ``--store`` (or ``$DURABLE_HARNESS_STORE``) to the current
     schema and print the versions applied. A PostgreSQL database without our tables gets
     them; a JSONL store has no schema (nothing to do). Opening a store for writing applies the
-    same migrations, so this is for operators who upgrade the schema before the workers."""
+    same migrations, so this is for operators who upgrade the schema before the workers.
+
+    example:
+      durable-harness migrate --store postgresql://agent@db.internal/agents
+      durable-harness migrate --store sqlite:agent.db --json
+    """
     spec = store_spec(args) or ""
     if spec.startswith(("postgresql://", "postgres://")):
         from durable_harness.storage.postgres import migrate_spec

@@ -139,20 +139,18 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follow-up", action="append", default=[], help="queue a follow-up message")
 
 
-@command(
-    "run",
-    "Run a prompt to its end, streaming to the terminal.",
-    "  durable-harness run 'fix the failing test' --provider anthropic:claude-sonnet-4-5\n"
-    "  OPENAI_BASE_URL=http://localhost:11434/v1 durable-harness run 'hi' --provider openai:qwen3\n"
-    "  durable-harness run 'and now the docs' --session 01a2f --provider scripted:script.json",
-    _running_options("main", "lane to run on"),
-    _run_options,
-)
+@command("run", _running_options("main", "lane to run on"), _run_options)
 def run(args: argparse.Namespace) -> int:
-    """Run one prompt to its end, streaming events; the exit status reflects the outcome.
+    """Run a prompt to its end, streaming to the terminal.
 
-    Everything that can be refused before a session exists (the provider spec, its API key)
-    is checked before one is created."""
+    The exit status reflects the outcome. Everything that can be refused before a session
+    exists (the provider spec, its API key) is checked before one is created.
+
+    example:
+      durable-harness run 'fix the failing test' --provider anthropic:claude-sonnet-4-5
+      OPENAI_BASE_URL=http://localhost:11434/v1 durable-harness run 'hi' --provider openai:qwen3
+      durable-harness run 'and now the docs' --session 01a2f --provider scripted:script.json
+    """
     if not args.provider:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     require_credentials(args.provider)
@@ -278,17 +276,14 @@ def print_plan(plan: RecoveryPlan) -> None:
         line(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
 
 
-@command(
-    "recover",
-    "Print the recovery plan of a session (runs nothing).",
-    "  durable-harness recover SESSION\n"
-    "  durable-harness recover SESSION --policy retry-safe --json",
-    session_argument,
-    json_option,
-    _policy_option,
-)
+@command("recover", session_argument, json_option, _policy_option)
 def recover(args: argparse.Namespace) -> int:
-    """Print the recovery plan; nothing runs."""
+    """Print the recovery plan of a session (runs nothing).
+
+    example:
+      durable-harness recover SESSION
+      durable-harness recover SESSION --policy retry-safe --json
+    """
     with open_named(args) as s:
         plan = plan_of(s.store, builtin_tools(), policy=args.policy)
     if args.json:
@@ -310,10 +305,6 @@ def _decide_option(p: argparse.ArgumentParser) -> None:
 
 @command(
     "resume",
-    "Apply the recovery plan and continue interrupted runs to their end.",
-    "  durable-harness resume SESSION\n"
-    "  durable-harness resume SESSION --decide call_ab12_2_1=fail\n"
-    "  durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'",
     session_argument,
     _running_options(None, "only this lane"),
     _policy_option,
@@ -321,10 +312,17 @@ def _decide_option(p: argparse.ArgumentParser) -> None:
     json_option,
 )
 def resume(args: argparse.Namespace) -> int:
-    """Apply decisions, resume interrupted runs, and print each lane's outcome. Which provider
-    a resumed run uses is :func:`~durable_harness.providers.choice.choose_provider`'s choice
-    (through :func:`~durable_harness.recovery.resume.resumed_provider`): ``--provider``, else
-    the one the run recorded, whose API key is checked before anything runs."""
+    """Apply the recovery plan and continue interrupted runs to their end.
+
+    Prints each lane's outcome. The provider a resumed run uses is the one rule's choice
+    (:func:`~durable_harness.recovery.resume.resumed_provider`, over ``choose_provider``):
+    ``--provider``, else the run's recorded one, whose API key is checked before anything runs.
+
+    example:
+      durable-harness resume SESSION
+      durable-harness resume SESSION --decide call_ab12_2_1=fail
+      durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'
+    """
     decisions = dict(parse_decision(d) for d in args.decide)
     if args.provider:
         require_credentials(args.provider)
@@ -364,16 +362,16 @@ def resume(args: argparse.Namespace) -> int:
     return max((EXIT.get(o, 1) for o in results.values()), default=0)
 
 
-@command(
-    "crash-points",
-    "List the named crash points (DURABLE_HARNESS_CRASH_AT=POINT[:N]).",
-    "  durable-harness crash-points\n"
-    "  DURABLE_HARNESS_CRASH_AT=after_tool_started durable-harness run 'deploy' "
-    "--provider scripted:script.json",
-    json_option,
+EXAMPLE_CRASH_POINTS = (
+    "  durable-harness crash-points\n  DURABLE_HARNESS_CRASH_AT=after_tool_started "
+    "durable-harness run 'deploy' --provider scripted:script.json"
 )
+"""``crash-points``'s examples (a line too long for a docstring)."""
+
+
+@command("crash-points", json_option, example=EXAMPLE_CRASH_POINTS)
 def crash_points(args: argparse.Namespace) -> int:
-    """List the named crash points with one line each."""
+    """List the named crash points (DURABLE_HARNESS_CRASH_AT=POINT[:N])."""
     if args.json:
         out(crash.CRASH_POINTS)
         return 0
@@ -384,12 +382,15 @@ def crash_points(args: argparse.Namespace) -> int:
 
 @command(
     "demo",
-    "The main job: a run killed mid-tool, recovered, resumed; then a pi import.",
-    "  durable-harness demo\n  durable-harness demo --dir /tmp/dh-demo --store sqlite:demo.db",
     lambda p: p.add_argument("--dir", help="scratch folder (default: a new temporary one)"),
 )
 def demo(args: argparse.Namespace) -> int:
-    """Run the demo (see :mod:`durable_harness.demo`)."""
+    """The main job: a run killed mid-tool, recovered, resumed; then a pi import.
+
+    example:
+      durable-harness demo
+      durable-harness demo --dir /tmp/dh-demo --store sqlite:demo.db
+    """
     from durable_harness.demo import run_demo
 
     return run_demo(args.dir, getattr(args, "store", None))
@@ -401,15 +402,14 @@ def _crash_test_options(p: argparse.ArgumentParser) -> None:
     configure_parser(p)
 
 
-@command(
-    "crash-test",
-    "Run the crash matrix: every scenario at every crash point it reaches.",
-    "  durable-harness crash-test --jobs 2\n"
-    "  durable-harness crash-test --backend sqlite --scenario single_tool --report matrix.md",
-    _crash_test_options,
-)
+@command("crash-test", _crash_test_options)
 def crash_test(args: argparse.Namespace) -> int:
-    """Run the crash matrix (see :mod:`durable_harness.crashtest`)."""
+    """Run the crash matrix: every scenario at every crash point it reaches.
+
+    example:
+      durable-harness crash-test --jobs 2
+      durable-harness crash-test --backend sqlite --scenario single_tool --report matrix.md
+    """
     from durable_harness.crashtest import run_cli
 
     return run_cli(args)

@@ -90,17 +90,11 @@ def _sessions_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command(
-    "sessions",
-    "List sessions, most recently modified first, with their state and the calls they wait on.",
-    "  durable-harness sessions\n"
-    "  durable-harness sessions --state suspended --json --store sqlite:agent.db\n"
-    "  durable-harness sessions --cwd ~/project",
-    json_option,
-    _sessions_options,
-)
+@command("sessions", json_option, _sessions_options)
 def sessions(args: argparse.Namespace) -> int:
-    """A header, then per session its id, last modification, state, number of in-doubt calls
+    """List sessions, most recently modified first, with their state and the calls they wait on.
+
+    A header, then per session its id, last modification, state, number of in-doubt calls
     waiting for a decision and cwd. ``--cwd`` narrows to one directory (real paths),
     ``--state`` (repeatable) to those states (an unreadable session has none: left out then,
     still counted on stderr); ``--json`` prints the rows (``SessionInfo`` fields plus
@@ -108,6 +102,11 @@ def sessions(args: argparse.Namespace) -> int:
 
     Raises:
         InvalidRequest: a ``--state`` value is no lifecycle state.
+
+    example:
+      durable-harness sessions
+      durable-harness sessions --state suspended --json --store sqlite:agent.db
+      durable-harness sessions --cwd ~/project
     """
     from durable_harness.host.listing import check_states
 
@@ -202,16 +201,18 @@ def _tree_lines(roots: list[Any], leaves: dict[str, str]) -> list[str]:
 
 @command(
     "show",
-    "Show a session: header, lanes, facts, damage (and the tree with --tree).",
-    "  durable-harness show 01a2f   # a unique prefix of the session id is enough\n"
-    "  durable-harness show SESSION --tree\n"
-    "  durable-harness show ~/.pi/agent/sessions/x.jsonl --json",
     session_argument,
     json_option,
     lambda p: p.add_argument("--tree", action="store_true", help="print the whole tree"),
 )
 def show(args: argparse.Namespace) -> int:
-    """Print a session's header, lanes, facts and damage, and with ``--tree`` its tree."""
+    """Show a session: header, lanes, facts, damage (and the tree with --tree).
+
+    example:
+      durable-harness show 01a2f   # a unique prefix of the session id is enough
+      durable-harness show SESSION --tree
+      durable-harness show ~/.pi/agent/sessions/x.jsonl --json
+    """
     with open_named(args) as s:
         lanes = {k: vars(v) for k, v in s.store.lanes().items()}
         info = {
@@ -266,18 +267,15 @@ def _context_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command(
-    "context",
-    "Print the provider context built from a leaf: exactly what the next request would carry.",
-    "  durable-harness context SESSION\n"
-    "  durable-harness context SESSION --json --lane side\n"
-    "  durable-harness context SESSION --leaf ENTRY_ID   # as it was at an earlier entry",
-    session_argument,
-    json_option,
-    _context_options,
-)
+@command("context", session_argument, json_option, _context_options)
 def context(args: argparse.Namespace) -> int:
-    """Print the provider context built from a leaf (the lane's by default)."""
+    """Print the provider context built from a leaf: exactly what the next request would carry.
+
+    example:
+      durable-harness context SESSION
+      durable-harness context SESSION --json --lane side
+      durable-harness context SESSION --leaf ENTRY_ID   # as it was at an earlier entry
+    """
     with open_named(args) as s:
         if args.leaf is None:
             require_lane(s, args.lane)
@@ -300,9 +298,6 @@ def context(args: argparse.Namespace) -> int:
 
 @command(
     "fsck",
-    "Check a session file or store; report damage with byte offsets.",
-    "  durable-harness fsck ~/.durable-harness/sessions/--home-me-project--/x.jsonl\n"
-    "  durable-harness fsck sqlite:agent.db --json",
     json_option,
     lambda p: p.add_argument(
         "path",
@@ -311,9 +306,15 @@ def context(args: argparse.Namespace) -> int:
     ),
 )
 def fsck(args: argparse.Namespace) -> int:
-    """Check a session (by id, or its file), a file or a store read-only; exit 1 when damage
-    is found. A path that exists (or a ``jsonl:``/``sqlite:`` spec) is checked as given;
-    anything else is a session id looked up in the store, as the other commands do."""
+    """Check a session file or store; report damage with byte offsets.
+
+    Read-only; exit 1 when damage is found. A path that exists (or a ``jsonl:``/``sqlite:``
+    spec) is checked as given; anything else is a session id looked up in the store.
+
+    example:
+      durable-harness fsck ~/.durable-harness/sessions/--home-me-project--/x.jsonl
+      durable-harness fsck sqlite:agent.db --json
+    """
     target = str(args.path)
     spec = target.startswith(("jsonl:", "sqlite:", "postgresql://", "postgres://"))
     if spec or os.path.exists(target):
@@ -339,14 +340,16 @@ def fsck(args: argparse.Namespace) -> int:
 
 @command(
     "import",
-    "Import a pi session file as a new session (the file is not modified).",
-    "  durable-harness import ~/.pi/agent/sessions/--home-me-project--/x.jsonl\n"
-    "  durable-harness import x.jsonl --store sqlite:agent.db --json",
     json_option,
     lambda p: p.add_argument("file", help="a pi session file (format version 1, 2 or 3)"),
 )
 def import_(args: argparse.Namespace) -> int:
-    """Import a pi session file as a new session of the store."""
+    """Import a pi session file as a new session (the file is not modified).
+
+    example:
+      durable-harness import ~/.pi/agent/sessions/--home-me-project--/x.jsonl
+      durable-harness import x.jsonl --store sqlite:agent.db --json
+    """
     if not os.path.isfile(args.file):
         raise SessionNotFound(f"no file at {args.file}", path=args.file)
     store = store_of(args, create=True)
@@ -360,14 +363,17 @@ def import_(args: argparse.Namespace) -> int:
 
 @command(
     "log",
-    "Print the lane operation log as a timeline.",
-    "  durable-harness log SESSION\n  durable-harness log SESSION --lane main --json",
     session_argument,
     json_option,
     lambda p: p.add_argument("--lane", help="only this lane (must exist)"),
 )
 def log(args: argparse.Namespace) -> int:
-    """Print a session's operation log as a timeline."""
+    """Print the lane operation log as a timeline.
+
+    example:
+      durable-harness log SESSION
+      durable-harness log SESSION --lane main --json
+    """
     with open_named(args) as s:
         if args.lane is not None:
             require_lane(s, args.lane)
@@ -384,15 +390,14 @@ def log(args: argparse.Namespace) -> int:
     return 0
 
 
-@command(
-    "cost",
-    "Print cost per turn, per run and for the session (USD).",
-    "  durable-harness cost SESSION\n  durable-harness cost SESSION --json",
-    session_argument,
-    json_option,
-)
+@command("cost", session_argument, json_option)
 def cost(args: argparse.Namespace) -> int:
-    """Print cost per turn, per run and for the session (USD, tokens)."""
+    """Print cost per turn, per run and for the session (USD).
+
+    example:
+      durable-harness cost SESSION
+      durable-harness cost SESSION --json
+    """
     with open_named(args) as s:
         report = cost_report(s.store)
     if args.json:
@@ -427,19 +432,17 @@ def _fork_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cwd", help="working directory of the new session (default: the same)")
 
 
-@command(
-    "fork",
-    "Fork a new session holding the path up to an entry (ids kept; the original is untouched).",
-    "  durable-harness fork SESSION                        # the whole current branch of main\n"
-    "  durable-harness fork SESSION --entry 9f2c1a0b --before   # try that turn again\n"
-    "  durable-harness fork ~/.pi/agent/sessions/x.jsonl --cwd ~/other-project",
-    session_argument,
-    json_option,
-    _fork_options,
-)
+@command("fork", session_argument, json_option, _fork_options)
 def fork(args: argparse.Namespace) -> int:
-    """Fork a session at an entry (default: the lane's leaf) into a new session of the store;
-    print the new session's id."""
+    """Fork a new session holding the path up to an entry (ids kept; the original is untouched).
+
+    The entry defaults to the lane's leaf; prints the new session's id.
+
+    example:
+      durable-harness fork SESSION                        # the whole current branch of main
+      durable-harness fork SESSION --entry 9f2c1a0b --before   # try that turn again
+      durable-harness fork ~/.pi/agent/sessions/x.jsonl --cwd ~/other-project
+    """
     position: Literal["at", "before"] = "before" if args.before else "at"
     with open_named(args) as s:
         entry = args.entry
