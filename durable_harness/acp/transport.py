@@ -1,33 +1,17 @@
-"""Newline-delimited JSON-RPC over stdio that answers malformed input (``design/acp.md``).
+"""Newline-delimited JSON-RPC over stdio that answers malformed input (``design/acp.md``,
+"Bounds" and "Lifetime").
 
-The SDK's stdio transport drops a line it cannot parse without a word, and a line that parses
-to something other than a message object would stop its receive loop. This transport checks
-each line before the connection sees it and answers, as JSON-RPC 2.0 says:
+The SDK's transport drops a line it cannot parse without a word, and one that parses to no
+message object stops its receive loop. Here each line is checked first and answered as
+JSON-RPC 2.0 says: not JSON (or nested too deeply to parse) is ``-32700`` with ``id: null``;
+JSON that is no request, notification or response is ``-32600``, with the message's ``id``
+when usable; a line over :data:`MAX_LINE_BYTES` is read to its end without being kept, and
+answered ``-32600``. Every error sent is cut to a bounded size first (:func:`clip_error_data`).
 
-- a line that is not JSON: ``-32700`` (parse error), ``id: null``;
-- JSON that is not a request, notification or response (an array, a number, an object with
-  neither ``method`` nor ``id``, a non-string ``method``, an ``id`` that is not a string,
-  number or null): ``-32600`` (invalid request), with the message's ``id`` when it has a
-  usable one.
-
-The process lives on either way; only well-formed messages reach the agent. Two more bounds
-keep one hostile line from stopping it:
-
-- a line over :data:`MAX_LINE_BYTES` (16 MiB) is read to its end and discarded without being
-  kept in memory, and answered ``-32600`` (nothing of it is parsed);
-- JSON nested too deeply for the parser (``[[[[...]]]]``) is a ``-32700``, not a
-  ``RecursionError`` that would end the receive loop.
-
-Every error this process sends passes through :func:`clip_error_data` first, so an error
-never echoes a large input back (the SDK's ``-32602`` puts the offending value in
-``data.errors[].input``).
-
-A client that vanishes (``design/acp.md``, "Lifetime"): :func:`stdio_transport` reads and
-writes duplicates of fds 0 and 1 (closing them never closes ``sys.stdin``/``sys.stdout``),
-writes to a regular file directly (``durable-harness acp > file``: asyncio's pipe transport
-refuses a regular file), and notices when the reader of stdout goes away (EPIPE, or the pipe's
-read end closed while idle): it then stops reading stdin, so the agent sees the end of input
-and shuts down as when stdin closes. A message sent after that is dropped, and said once.
+A client that vanishes: :func:`stdio_transport` reads and writes duplicates of fds 0 and 1,
+writes a regular file directly (asyncio's pipe transport refuses one), and when the reader of
+stdout goes away (EPIPE, or the pipe closed while idle) stops reading stdin, so the agent
+shuts down as at the end of input; later messages are dropped, and said once.
 """
 
 from __future__ import annotations
@@ -48,23 +32,14 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 
 MAX_LINE_BYTES = 16 << 20
-"""The longest line (one JSON-RPC message) taken, in bytes (16 MiB; ``design/acp.md``)."""
-
+"""The longest line (one JSON-RPC message) taken, in bytes (16 MiB)."""
 READ_CHUNK_BYTES = 1 << 20
-"""The stream reader's buffer limit: an over-long line is consumed in pieces of about this
-size, so discarding it never holds more than this much of it."""
-
-MAX_ECHO_CHARS = 200
-"""The longest string an error's ``data`` carries (longer ones are cut, their length said)."""
-
+"""The reader's buffer limit: an over-long line is consumed (and dropped) in such pieces."""
+MAX_ECHO_CHARS, MAX_ECHO_ITEMS, MAX_ECHO_DEPTH = 200, 20, 6
+"""The longest string, most items of a list or object, deepest nesting an error's ``data``
+carries (a cut is said in the text)."""
 MAX_ERROR_MESSAGE_CHARS = 2000
 """The longest ``message`` an error carries (a library message quotes the input it refuses)."""
-
-MAX_ECHO_ITEMS = 20
-"""The most items of one list or object an error's ``data`` carries."""
-
-MAX_ECHO_DEPTH = 6
-"""The deepest nesting an error's ``data`` carries."""
 
 
 def clip_error_data(value: Any, depth: int = 0) -> Any:

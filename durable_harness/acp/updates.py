@@ -252,26 +252,11 @@ class EventTranslator:
 def recovery_plan(lanes: list[LanePlan], status: Literal["pending", "completed"]) -> Update:
     """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
     in-doubt call."""
-    entries = []
+    texts = []
     for lp in lanes:
-        entries.append(
-            PlanEntry(
-                content=visible(
-                    f"Resume run {lp.run_id} on lane {lp.lane}: {lp.next_action.replace('_', ' ')}"
-                ),
-                priority="high",
-                status=status,
-            )
-        )
-        for call in lp.waiting():
-            entries.append(
-                PlanEntry(
-                    content=visible(
-                        f"Decide {call.tool_name} call {call.tool_call_id} "
-                        "(started before the crash, outcome unknown)"
-                    ),
-                    priority="high",
-                    status=status,
-                )
-            )
+        action = lp.next_action.replace("_", " ")
+        texts.append(f"Resume run {lp.run_id} on lane {lp.lane}: {action}")
+        doubt = "(started before the crash, outcome unknown)"
+        texts += [f"Decide {c.tool_name} call {c.tool_call_id} {doubt}" for c in lp.waiting()]
+    entries = [PlanEntry(content=visible(t), priority="high", status=status) for t in texts]
     return update_plan(entries)

@@ -25,15 +25,9 @@ Options = Callable[[argparse.ArgumentParser], object]
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand (``cli/main.py`` lists them all, in ``--help`` order).
-
-    Attributes:
-        name: the word on the command line.
-        help: one sentence, the line in the top-level ``--help`` and the command's description.
-        run: the handler: parsed arguments in, exit status out.
-        options: adds the command's own options to its parser (``--store`` is everyone's).
-        example: invocations shown at the end of its ``--help`` (``durable-harness ...  #``).
-    """
+    """One subcommand (``cli/main.py`` lists them all): its name, help line, handler (parsed
+    arguments in, exit status out), options (``--store`` is everyone's) and the example lines
+    its ``--help`` ends with."""
 
     name: str
     help: str
@@ -104,11 +98,8 @@ def durability_option(help_text: str, *, alias: bool = False) -> Options:
 
 
 def price_of(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The parsed ``--price`` of a command, or ``None``.
-
-    Raises:
-        FormatError: a malformed value or table (:func:`~durable_harness.providers.parse_price`).
-    """
+    """The parsed ``--price`` of a command, or ``None``; a malformed one is a ``FormatError``
+    (:func:`~durable_harness.providers.parse_price`)."""
     from durable_harness.providers import parse_price
 
     text = getattr(args, "price", None)
@@ -120,18 +111,11 @@ def out(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
-def line(
-    text: str = "",
-    *,
-    multiline: bool = False,
-    file: Any = None,
-    end: str = "\n",
-    flush: bool = False,
-) -> None:
+def line(text: str = "", *, multiline: bool = False, file: Any = None, **kw: Any) -> None:
     """Print ``text`` for a person: every invisible or reordering character shown as
     ``\\u{HEX}`` (:func:`durable_harness.display.visible`; ``multiline`` keeps newlines and
     tabs). Every human-form line of the commands goes through here; ``--json`` does not."""
-    print(visible(text, multiline=multiline), file=file, end=end, flush=flush)
+    print(visible(text, multiline=multiline), file=file, **kw)
 
 
 def json_text(value: Any) -> str:
@@ -144,16 +128,15 @@ def or_dash(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-def store_spec(args: argparse.Namespace) -> str | None:
-    """The store ``--store`` names, else ``$DURABLE_HARNESS_STORE``, else ``None`` (the
+def store_spec(args: argparse.Namespace) -> str:
+    """The store ``--store`` names, else ``$DURABLE_HARNESS_STORE``, else ``""`` (the
     embedded JSONL store)."""
-    return getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or None
+    return getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or ""
 
 
 def store_of(args: argparse.Namespace, *, create: bool = False) -> Store:
-    """Open the store of :func:`store_spec`. Commands that only read pass ``create=False``
-    (the default): a named store that does not exist is
-    :class:`~durable_harness.errors.StoreNotFound` and nothing is created."""
+    """Open the store of :func:`store_spec`; with ``create=False`` (readers) a named store
+    that does not exist is :class:`~durable_harness.errors.StoreNotFound`, nothing created."""
     return open_store(store_spec(args), create=create)
 
 
@@ -168,11 +151,8 @@ def open_named(
 
 
 def require_lane(session: Session, lane: str) -> None:
-    """Refuse a lane the session does not have, naming the lanes it has.
-
-    Raises:
-        UnknownLane: ``lane`` is not among ``session``'s lanes.
-    """
+    """Refuse a lane the session does not have: :class:`~durable_harness.errors.UnknownLane`
+    naming the lanes it has."""
     lanes = sorted(session.store.lanes())
     if lane not in lanes:
         raise UnknownLane(

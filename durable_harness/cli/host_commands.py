@@ -274,7 +274,7 @@ def migrate(args: argparse.Namespace) -> int:
       durable-harness migrate --store postgresql://agent@db.internal/agents
       durable-harness migrate --store sqlite:agent.db --json
     """
-    spec = store_spec(args) or ""
+    spec = store_spec(args)
     if spec.startswith(("postgresql://", "postgres://")):
         from durable_harness.storage.postgres import migrate_spec
 

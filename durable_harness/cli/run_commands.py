@@ -11,21 +11,16 @@ from typing import Any
 
 from durable_harness import crash
 from durable_harness import terminal as ui
+from durable_harness.cli import common
 from durable_harness.cli.common import (
     command,
-    durability_option,
     json_option,
     json_text,
     line,
-    open_named,
     or_dash,
     out,
     price_of,
-    price_option,
-    require_lane,
     run_async,
-    session_argument,
-    store_of,
 )
 from durable_harness.errors import FormatError
 from durable_harness.harness.harness import Harness, HarnessOptions
@@ -61,8 +56,10 @@ def _running_options(lane_default: str | None, lane_help: str) -> Callable[..., 
 
     def add(p: argparse.ArgumentParser) -> None:
         p.add_argument("--provider", help="scripted:FILE, openai:MODEL or anthropic:MODEL")
-        price_option(p)
-        durability_option("sync: fsync each commit; batch: share fsyncs; none: never fsync")(p)
+        common.price_option(p)
+        common.durability_option("sync: fsync each commit; batch: share fsyncs; none: never fsync")(
+            p
+        )
         p.add_argument("--lane", default=lane_default, help=lane_help)
         p.add_argument("--quiet", action="store_true", help="print only the outcome")
         p.add_argument(
@@ -155,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     require_credentials(args.provider)
     provider = make_provider(args.provider, price_of(args))
-    store = store_of(args, create=True)
+    store = common.store_of(args, create=True)
     cwd = os.path.abspath(args.cwd or os.getcwd())
     tool_cwd: str | None = None
     if args.continue_recent and not args.session:
@@ -168,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         elif not args.quiet:
             line(f"no session of {cwd} to continue: starting a new one", file=sys.stderr)
     if args.session:
-        session = open_named(args, write=True, durability=args.durability)
+        session = common.open_named(args, write=True, durability=args.durability)
     else:
         session = Session(store.create_session(cwd, durability=args.durability))
     opts = HarnessOptions(provider_spec=provider_spec(args.provider))
@@ -276,7 +273,7 @@ def print_plan(plan: RecoveryPlan) -> None:
         line(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
 
 
-@command("recover", session_argument, json_option, _policy_option)
+@command("recover", common.session_argument, json_option, _policy_option)
 def recover(args: argparse.Namespace) -> int:
     """Print the recovery plan of a session (runs nothing).
 
@@ -284,7 +281,7 @@ def recover(args: argparse.Namespace) -> int:
       durable-harness recover SESSION
       durable-harness recover SESSION --policy retry-safe --json
     """
-    with open_named(args) as s:
+    with common.open_named(args) as s:
         plan = plan_of(s.store, builtin_tools(), policy=args.policy)
     if args.json:
         out(plan.to_json())
@@ -305,7 +302,7 @@ def _decide_option(p: argparse.ArgumentParser) -> None:
 
 @command(
     "resume",
-    session_argument,
+    common.session_argument,
     _running_options(None, "only this lane"),
     _policy_option,
     _decide_option,
@@ -327,9 +324,9 @@ def resume(args: argparse.Namespace) -> int:
     if args.provider:
         require_credentials(args.provider)
     provider = make_provider(args.provider, price_of(args)) if args.provider else None
-    with open_named(args, write=True, durability=args.durability) as session:
+    with common.open_named(args, write=True, durability=args.durability) as session:
         if args.lane is not None:
-            require_lane(session, args.lane)
+            common.require_lane(session, args.lane)
         if not args.provider:  # the runs resume with their recorded provider: its key is needed
             for lane in [args.lane] if args.lane else sorted(session.store.lanes()):
                 choice = resumed_provider(session, lane)
