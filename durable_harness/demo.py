@@ -1,15 +1,7 @@
-"""``durable-harness demo``: the main job, end to end, with no network and no server.
-
-1. A scripted agent runs in a child process with real file and shell tools in a scratch
-   folder, and SIGKILLs itself in the middle of its second turn: both tool intents of that
-   turn are durable, neither result is (crash point ``after_tool_started:3``).
-2. A fresh process prints the recovery plan: ``read_file`` (replay safe) will be re-run, ``bash``
-   (replay never) is refused and waits for a decision.
-3. The operator looks at the real side effect (``deploy.log``), decides, and resumes; the run
-   finishes. The operation-log timeline and the cost per turn are printed.
-4. pi's ``v3-branched.jsonl`` (from ``../shared/data/pi-sessions`` or the copy shipped in the
-   package) is imported and its tree shown.
-"""
+"""``durable-harness demo``: the main job, end to end, with no network and no server: a
+scripted run SIGKILLed mid-tool (crash point ``after_tool_started:3``), its recovery plan read
+by a fresh process, a decision taken from the real side effect and the run resumed; then a pi
+v3 session imported."""
 
 from __future__ import annotations
 
@@ -59,23 +51,17 @@ def _say(text: str) -> None:
     say(f"== {text}", "bold")
 
 
-def _cli(args: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    args: list[str], env: dict[str, str], cwd: str, *, echo: bool = True
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "durable_harness", *args]
-    print("$ durable-harness " + shlex.join(args), flush=True)
-    proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, check=False)
-    sys.stdout.write(proc.stdout)
-    sys.stdout.write(proc.stderr)
-    sys.stdout.flush()
+    if echo:
+        print("$ durable-harness " + shlex.join(args), flush=True)
+    proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, check=not echo)
+    if echo:
+        sys.stdout.write(proc.stdout + proc.stderr)
+        sys.stdout.flush()
     return proc
-
-
-def pi_sample() -> Path:
-    """Return the pi v3 sample: the shared copy if present, else the one in the package."""
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "pi-sessions"
-    candidate = shared / "v3-branched.jsonl"
-    return (
-        candidate if candidate.is_file() else Path(__file__).parent / "data" / "v3-branched.jsonl"
-    )
 
 
 def run_demo(folder: str | None = None, store: str | None = None) -> int:
@@ -121,16 +107,7 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     sid = sessions[0]["id"]
 
     _say("2. A fresh process reads the recovery plan (nothing runs yet)")
-    plan = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "durable_harness", "recover", sid, "--json"],
-            env=env,
-            cwd=str(work),
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout
-    )
+    plan = json.loads(_cli(["recover", sid, "--json"], env, str(work), echo=False).stdout)
     _cli(["recover", sid], env, str(work))
     calls = plan["lanes"][0]["tool_calls"]
     waiting = [c for c in calls if c["action"] == "await_decision"]
@@ -160,7 +137,10 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
     _cli(["cost", sid], env, str(work))
 
     _say("5. A real pi session (format v3) imported, its tree and context")
-    sample = pi_sample()
+    # the shared copy of pi's sample if present, else the one shipped in the package
+    sample = Path(__file__).resolve().parents[2] / "shared/data/pi-sessions/v3-branched.jsonl"
+    if not sample.is_file():
+        sample = Path(__file__).parent / "data" / "v3-branched.jsonl"
     imported = _cli(["import", str(sample), "--json"], env, str(work))
     pi_sid = json.loads(imported.stdout)["session_id"] if imported.returncode == 0 else ""
     shown = _cli(["show", pi_sid, "--tree"], env, str(work))

@@ -1,18 +1,9 @@
 """The ACP agent: Agent Client Protocol requests as verbs of the host's session manager
-(``design/acp.md``).
+(``design/acp.md``, "Methods").
 
-:class:`DurableAgent` is a front, thin over :class:`~durable_harness.host.SessionManager`:
-``session/new`` is ``create``, ``session/prompt`` is ``send`` then the run's events as
-``session/update`` notifications until its ``run_end``, ``session/cancel`` is ``abort``,
-``session/load`` replays the transcript and then ``resume`` (an in-doubt call is put to the
-client as ``session/request_permission`` first; the answer is the durable decision). Every
-refusal is a JSON-RPC error (:mod:`durable_harness.acp.errors`).
-
-Order on the wire: each session has one channel, fed in order by the manager's observer (its
-harness events) and by the tools (a call starting), and drained by one task that sends the
-updates; a prompt's response and a permission request wait until the channel has delivered
-everything before them, so a client sees a run's updates before its stop reason, and a
-tool's ``tool_call`` before the question about it.
+Order on the wire: each session has one channel, fed in order by the manager's observer and by
+the tools, and drained by one task; a prompt's response and a permission request wait until
+the channel has delivered everything before them.
 """
 
 from __future__ import annotations
@@ -55,6 +46,7 @@ from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, 
 from durable_harness.harness.core import Event
 from durable_harness.host.manager import SessionManager
 from durable_harness.host.options import HostOptions
+from durable_harness.host.record import SessionRecord
 from durable_harness.recovery.decide import ToolCallPlan
 
 log = logging.getLogger(__name__)
@@ -71,17 +63,21 @@ SKIPPED_RESULT = (
     "Skipped after a crash: this call was started, its outcome is unknown, and the user chose "
     "not to run it again. Check its effect before relying on it."
 )
-"""The result an in-doubt call settles with when the client answers "skip" (not an error:
-the conversation goes on; the model is told the effect is unknown)."""
+"""The result (not an error) an in-doubt call settles with when the client answers "skip"."""
 
 IN_DOUBT_OPTIONS = [
     PermissionOption(option_id="retry", name="Run it again", kind="allow_once"),
     PermissionOption(option_id="fail", name="Mark it failed", kind="reject_once"),
     PermissionOption(option_id="skip", name="Skip it (outcome unknown)", kind="reject_once"),
 ]
-"""The question for an in-doubt call after a crash: ``retry`` (decision ``retry``), ``fail``
-(decision ``fail``: an error result), ``skip`` (decision ``result`` with
-:data:`SKIPPED_RESULT`)."""
+"""The question for an in-doubt call after a crash; the decision of each answer:
+:data:`IN_DOUBT_DECISIONS`."""
+
+IN_DOUBT_DECISIONS: dict[str, dict[str, Any]] = {
+    "retry": {"decision": "retry"},
+    "fail": {"decision": "fail"},
+    "skip": {"decision": "result", "result": SKIPPED_RESULT},
+}
 
 MAX_REPLAY_ENTRIES = 1_000_000
 
@@ -136,10 +132,9 @@ def prompt_text(blocks: list[PromptBlock]) -> str:
 
 
 class DurableAgent:
-    """An ACP agent over a :class:`~durable_harness.host.SessionManager` (see the module
-    docstring); its sessions' tools run through :attr:`runtime`. Build it, wrap the host's
-    tools (:func:`acp_options`), then :meth:`bind` it to the manager and a task group before
-    the connection starts."""
+    """An ACP agent over a :class:`~durable_harness.host.SessionManager`; its sessions' tools
+    run through :attr:`runtime`. Build it, wrap the host's tools (:func:`acp_options`), then
+    :meth:`bind` it before the connection starts."""
 
     def __init__(self) -> None:
         self.manager: SessionManager | None = None
@@ -151,11 +146,7 @@ class DurableAgent:
         self._live: set[str] = set()  # sessions with a generation started by this agent
         self._creating: set[anyio.Event] = set()  # session/new requests being handled
         self._send_failed = False
-        self.output_open: Callable[[], bool] = lambda: True
-        """Whether the client can still be written to (set by :func:`~durable_harness.acp.serve`
-        from its transport)."""
-
-    # -- wiring -------------------------------------------------------------------------------
+        self.output_open: Callable[[], bool] = lambda: True  # set by acp.serve
 
     def bind(self, manager: SessionManager, tg: anyio.abc.TaskGroup) -> None:
         """Attach the manager (its events start flowing to the channels) and the task group
@@ -172,8 +163,6 @@ class DurableAgent:
         if self.manager is None:
             raise RuntimeError("DurableAgent.bind() was not called")
         return self.manager
-
-    # -- the channel ----------------------------------------------------------------------------
 
     def _channel(self, session_id: str) -> _Channel:
         chan = self._channels.get(session_id)
@@ -258,15 +247,15 @@ class DurableAgent:
                 return message
         return None
 
-    # -- errors ---------------------------------------------------------------------------------
+    async def _get(self, session_id: str) -> SessionRecord:
+        try:
+            return await self._manager().get(session_id)
+        except DurableHarnessError as exc:
+            raise rpc_error(exc) from exc
 
     async def _check_live(self, session_id: str) -> None:
         """Refuse a session this agent does not run: unknown (``-32002``), or not loaded."""
-        manager = self._manager()
-        try:
-            rec = await manager.get(session_id)
-        except DurableHarnessError as exc:
-            raise rpc_error(exc) from exc
+        rec = await self._get(session_id)
         if session_id not in self._live:
             raise rpc_error(
                 SessionNotLive(
@@ -277,8 +266,6 @@ class DurableAgent:
                 )
             )
 
-    # -- the Agent interface ----------------------------------------------------------------
-
     async def initialize(
         self,
         protocol_version: int,
@@ -286,8 +273,7 @@ class DurableAgent:
         client_info: Implementation | None = None,
         **kwargs: Any,
     ) -> InitializeResponse:
-        """Agree on the protocol version (this agent's, ``1``) and keep the client's
-        capabilities (its file system is used where offered)."""
+        """Agree on the protocol version (``1``) and keep the client's capabilities."""
         if client_capabilities is not None:
             self.runtime.capabilities = client_capabilities
         return InitializeResponse(
@@ -306,9 +292,8 @@ class DurableAgent:
         mcp_servers: list[Any] | None = None,
         **kwargs: Any,
     ) -> NewSessionResponse:
-        """A new durable session in ``cwd`` (its id is the ACP session id); MCP servers are
-        not supported and ignored. A client that goes away meanwhile does not cut the create
-        short: :meth:`close_all` waits for it, then closes the session."""
+        """A new durable session in ``cwd`` (its id is the ACP session id; MCP servers are
+        ignored); a client that goes away meanwhile does not cut it short (:meth:`close_all`)."""
         done = anyio.Event()
         self._creating.add(done)
         try:
@@ -331,8 +316,7 @@ class DurableAgent:
     async def prompt(
         self, session_id: str, prompt: list[PromptBlock], **kwargs: Any
     ) -> PromptResponse:
-        """Start a durable run with the prompt, stream its updates, return its stop reason
-        (:meth:`stop_reason`)."""
+        """Start a durable run with the prompt, stream its updates, return its stop reason."""
         text = prompt_text(prompt)
         await self._check_live(session_id)
         try:
@@ -348,15 +332,11 @@ class DurableAgent:
     def stop_reason(
         self, session_id: str, run_id: str, end: _RunEnd
     ) -> Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]:
-        """A run's outcome as an ACP stop reason: ``completed`` -> ``end_turn`` (``max_tokens``
-        when the last answer was cut at the token limit), ``aborted`` -> ``cancelled``,
-        ``declined`` -> ``refusal``, ``failed`` at the ``max_turns`` limit ->
-        ``max_turn_requests``.
+        """A run's outcome as an ACP stop reason (``design/acp.md``, "Stop reasons").
 
         Raises:
-            RequestError: a run that failed otherwise (provider error, attempt cap, tool-call
-                limit: ``-32603`` with ``data.code`` ``run_failed`` and the reason), or that
-                suspended waiting for a decision (``-32010``, ``data.code`` ``suspended``).
+            RequestError: a run that failed otherwise (``-32603``, ``run_failed``), or that
+                suspended waiting for a decision (``-32010``, ``suspended``).
         """
         outcome = end.outcome
         if outcome == "completed":
@@ -391,8 +371,7 @@ class DurableAgent:
         return {}
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
-        """Abort the session's running turn (durably: ``abort_requested`` first); nothing
-        to do when no run is open (a notification has no answer)."""
+        """Abort the session's running turn (durably); nothing to do when no run is open."""
         try:
             await self._manager().abort(session_id)
         except (NoOpenRun, SessionNotLive, SessionLive):
@@ -408,18 +387,10 @@ class DurableAgent:
         additional_directories: list[str] | None = None,
         **kwargs: Any,
     ) -> LoadSessionResponse:
-        """Replay the transcript as updates; then, unless this agent runs the session
-        already, resume it: report an interrupted run (a ``plan`` update), ask the client
-        about each in-doubt call, and wait for the resumed runs to end. The response's
-        ``_meta.durableHarness`` says what was recovered (``recovered``: run id, lane,
-        outcome, stop reason) or still waits (``awaiting``: tool call ids).
-
-        The session keeps its recorded working directory (``cwd`` is not applied)."""
+        """Replay the transcript as updates; then, unless this agent runs the session already,
+        resume it, asking about in-doubt calls first (``design/acp.md``, "Methods")."""
         manager = self._manager()
-        try:
-            rec = await manager.get(session_id)
-        except DurableHarnessError as exc:
-            raise rpc_error(exc) from exc
+        rec = await self._get(session_id)
         chan = self._channel(session_id)
         chan.cwd = rec.cwd
         entries = manager.messages(session_id, limit=MAX_REPLAY_ENTRIES)["entries"]
@@ -488,8 +459,7 @@ class DurableAgent:
         return LoadSessionResponse(field_meta=meta)
 
     async def _ask_in_doubt(self, session_id: str, call: ToolCallPlan) -> dict[str, Any] | None:
-        """Put an in-doubt call to the client; its answer as a decision, or ``None`` when the
-        client cancelled the question."""
+        """Put an in-doubt call to the client; its answer as a decision (``None``: cancelled)."""
         asked = question(
             call.tool_call_id,
             call.tool_name,
@@ -499,13 +469,7 @@ class DurableAgent:
             doubt=call.doubt,
         )
         answer = await self.runtime.ask(session_id, asked, IN_DOUBT_OPTIONS)
-        if answer == "retry":
-            return {"decision": "retry"}
-        if answer == "fail":
-            return {"decision": "fail"}
-        if answer == "skip":
-            return {"decision": "result", "result": SKIPPED_RESULT}
-        return None
+        return IN_DOUBT_DECISIONS.get(answer or "")
 
     def _quiet_stop_reason(self, session_id: str, run_id: str, end: _RunEnd) -> str:
         """:meth:`stop_reason`, or the ``data.code`` of the error it raises."""
@@ -515,13 +479,9 @@ class DurableAgent:
             data = exc.data if isinstance(exc.data, dict) else {}
             return str(data.get("code", "error"))
 
-    # -- shutdown ---------------------------------------------------------------------------
-
     async def close_all(self, reason: str = "the client went away") -> None:
-        """Close every session this agent runs (``reason``: the client went away): each
-        ``session/new`` still being handled is let finish first (up to
-        :data:`CREATE_WAIT_S`), then running turns are aborted, given the host's grace period,
-        and the sessions closed (``manager.close``: the log is left consistent)."""
+        """Close every session this agent runs (``manager.close``), once each ``session/new``
+        still being handled has finished (up to :data:`CREATE_WAIT_S`)."""
         manager = self._manager()
         with anyio.move_on_after(CREATE_WAIT_S):
             for done in list(self._creating):
@@ -538,8 +498,7 @@ class DurableAgent:
 
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:
     """The host options an ACP agent runs with: the tools wrapped for the client, and no
-    session resumed at start-up (a session resumes when a client loads it, so that its
-    questions have someone to answer them)."""
+    session resumed at start-up (``design/acp.md``, "Lifetime")."""
     return dataclasses.replace(
         options, tools=agent.runtime.tools(options.tools), auto_resume="never"
     )

@@ -1,14 +1,9 @@
-"""The tools' runtime of an ACP session: what a tool call needs from the client
-(``design/acp.md``): its permission, its file system and its terminal.
+"""The tools' runtime of an ACP session: its permission questions, the client's file system
+and terminal (``design/acp.md``, "Asking before a tool runs", "Client capabilities").
 
-The harness is not patched: each tool is wrapped (:func:`wrap`) in an ordinary
-:class:`~durable_harness.tools.base.Tool` with the inner tool's name, arguments, description
-and replay declaration (so recovery plans exactly as it would for the bare tool), whose
-:meth:`~AcpTool.execute` first settles the permission and then runs through the client where it
-offers the capability (``read_file``, ``write_file``: its file system; ``bash``: a terminal),
-else the inner tool. The harness writes a call's ``tool_started`` intent before it calls
-``execute``, so a call the client refuses settles as an error result, and one whose agent dies
-while the question is open is in doubt after the crash, like any call that was started.
+The harness is not patched: each tool is wrapped (:func:`wrap`) in a tool with the inner
+tool's name, arguments, description and replay declaration, so recovery plans as for the bare
+tool.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from acp.schema import (
 )
 from pydantic import BaseModel
 
-from durable_harness.acp.updates import TOOL_KINDS, Update, tool_call_running, tool_title
+from durable_harness.acp.updates import TOOL_KINDS, Update, tool_title
 from durable_harness.errors import PathEscape
 from durable_harness.fs import resolve_path
 from durable_harness.host.manager import SessionManager
@@ -50,8 +45,7 @@ TOOL_OPTIONS = [
     PermissionOption(option_id="allow_always", name="Always allow", kind="allow_always"),
     PermissionOption(option_id="reject_once", name="Reject", kind="reject_once"),
 ]
-"""The question before an unsafe tool runs; ``allow_always`` is remembered in the session
-(:meth:`~durable_harness.host.SessionManager.allow_tool`)."""
+"""The question before an unsafe tool runs; ``allow_always`` is remembered in the session."""
 
 
 def question(
@@ -70,8 +64,7 @@ def question(
 
 
 class Outbox(Protocol):
-    """What the runtime needs from the protocol adapter
-    (:class:`~durable_harness.acp.agent.DurableAgent`): each session's ordered updates."""
+    """What the runtime needs of the adapter (``DurableAgent``): each session's ordered outbox."""
 
     def push(self, session_id: str, update: Update) -> None:
         """Queue ``update`` after what the session's channel holds."""
@@ -82,12 +75,11 @@ class Outbox(Protocol):
 
 class ToolRuntime:
     """The client's side of the tools of an agent's sessions: permission questions (one at a
-    time per session, after the updates queued before them), the client's file system and
-    its terminals, each used only when the client offers it (:attr:`capabilities`).
+    time per session), the client's file system and terminals where it offers them.
 
-    The adapter sets :attr:`manager`, :attr:`client` and :attr:`capabilities` as the
-    connection comes up, maps each run to its session (:attr:`run_sessions`) and marks the
-    in-doubt calls the client decided to retry (:attr:`approved`: asked once, not twice).
+    The adapter sets :attr:`manager`, :attr:`client` and :attr:`capabilities`, maps each run to
+    its session (:attr:`run_sessions`) and marks the in-doubt calls decided ``retry``
+    (:attr:`approved`: asked once, not twice).
     """
 
     def __init__(self, outbox: Outbox) -> None:
@@ -124,9 +116,8 @@ class ToolRuntime:
         return chosen if chosen in {o.option_id for o in options} else None
 
     async def before_tool(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> str | None:
-        """Ask before an unsafe tool runs (unless the session always allows it, or the call
-        is being retried by the client's decision); then announce it ``in_progress``. Returns
-        ``None`` to go ahead, or the text of the error result the call settles with."""
+        """Ask before an unsafe tool runs (unless always allowed, or retried by decision), then
+        announce it ``in_progress``; ``None`` to go ahead, else the error result's text."""
         session_id = self.run_sessions.get(ctx.run_id)
         if session_id is None or self.manager is None:
             return None  # not a run of this agent's sessions
@@ -142,7 +133,7 @@ class ToolRuntime:
                 return f"the user refused permission to run {tool}; the call did not run"
             if answer == "allow_always":
                 await self.manager.allow_tool(session_id, tool)
-        self.outbox.push(session_id, tool_call_running(ctx.tool_call_id))
+        self.outbox.push(session_id, update_tool_call(ctx.tool_call_id, status="in_progress"))
         return None
 
     def _client_for(self, ctx: ToolContext, offered: bool | None) -> tuple[Client, str] | None:
@@ -152,8 +143,7 @@ class ToolRuntime:
         return self.client, session_id
 
     async def read(self, ctx: ToolContext, path: Path) -> str | None:
-        """The file's text through the client's ``fs/read_text_file``, or ``None`` when the
-        client offers none (the tool then reads locally)."""
+        """The file's text through the client's ``fs/read_text_file`` (``None``: not offered)."""
         fs = self.capabilities.fs
         found = self._client_for(ctx, fs is not None and fs.read_text_file)
         if found is None:
@@ -162,8 +152,7 @@ class ToolRuntime:
         return (await client.read_text_file(session_id=session_id, path=str(path))).content
 
     async def write(self, ctx: ToolContext, path: Path, content: str) -> bool:
-        """Write through the client's ``fs/write_text_file``; ``False`` when it offers none
-        (the tool then writes locally)."""
+        """Write through the client's ``fs/write_text_file`` (``False``: not offered)."""
         fs = self.capabilities.fs
         found = self._client_for(ctx, fs is not None and fs.write_text_file)
         if found is None:
@@ -173,13 +162,9 @@ class ToolRuntime:
         return True
 
     async def bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
-        """Run ``bash -c COMMAND`` in a client terminal when the client offers terminals
-        (else ``None``: the tool runs it locally), with the bash tool's environment
-        (:func:`~durable_harness.tools.bash.command_env`): the terminal is shown on the call,
-        waited for up to the call's timeout (then killed), its output read (the client keeps
-        at most :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES`) and released, also when
-        the call is cancelled. The result is worded as the local tool's
-        (:func:`~durable_harness.tools.bash.command_result`)."""
+        """Run ``bash -c COMMAND`` in a client terminal (``None``: terminals not offered), with
+        the bash tool's environment and result wording (``design/acp.md``, "Client
+        capabilities")."""
         found = self._client_for(ctx, bool(self.capabilities.terminal))
         if found is None:
             return None
@@ -237,8 +222,7 @@ class ToolRuntime:
 
 
 class AcpTool(Tool):
-    """Base of the wrappers :func:`wrap` builds (one subclass per inner tool, carrying its
-    class attributes)."""
+    """Base of the wrappers :func:`wrap` builds (one subclass per inner tool)."""
 
     name: ClassVar[str] = "acp"
     description: ClassVar[str] = "a tool asked through ACP"
@@ -250,8 +234,7 @@ class AcpTool(Tool):
         self.runtime = runtime
 
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
-        """Ask (an unsafe tool), then run through the client where it offers the capability,
-        else the inner tool."""
+        """Ask (an unsafe tool), then run through the client where it can, else the inner tool."""
         raw = args.model_dump() if isinstance(args, BaseModel) else {}
         refusal = await self.runtime.before_tool(self.name, raw, ctx)
         if refusal is not None:
@@ -260,8 +243,8 @@ class AcpTool(Tool):
         return via_client if via_client is not None else await self.inner.execute(args, ctx)
 
     async def _via_client(self, args: Any, ctx: ToolContext) -> ToolResult | None:
-        """The call performed through the client, or ``None`` to run locally (also for a
-        path outside the working directory: the inner tool words the refusal)."""
+        """The call performed through the client, or ``None`` to run locally (also for a path
+        outside the working directory: the inner tool words the refusal)."""
         if isinstance(args, BashArgs) and self.name == "bash":
             return await self.runtime.bash(ctx, args)
         kind = _FILE_TOOLS.get(self.name)
@@ -292,12 +275,11 @@ _FILE_TOOLS: dict[str, type[ReadFileArgs | WriteFileArgs]] = {
     "read_file": ReadFileArgs,
     "write_file": WriteFileArgs,
 }
-"""The file tools the client's file system serves, with their argument models."""
 
 
 def wrap(inner: Tool, runtime: ToolRuntime) -> AcpTool:
-    """Wrap one tool: a subclass of :class:`AcpTool` with ``inner``'s name, description,
-    argument model and replay declaration, and its ``reconcile`` when it has one."""
+    """Wrap one tool: an :class:`AcpTool` subclass with ``inner``'s class attributes and its
+    ``reconcile`` when it has one."""
     attrs: dict[str, Any] = {
         "name": inner.name,
         "description": inner.description,

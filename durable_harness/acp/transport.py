@@ -1,18 +1,6 @@
 """Newline-delimited JSON-RPC over stdio that answers malformed input (``design/acp.md``,
-"Bounds" and "Lifetime").
-
-The SDK's transport drops a line it cannot parse without a word, and one that parses to no
-message object stops its receive loop. Here each line is checked first and answered as
-JSON-RPC 2.0 says: not JSON (or nested too deeply to parse) is ``-32700`` with ``id: null``;
-JSON that is no request, notification or response is ``-32600``, with the message's ``id``
-when usable; a line over :data:`MAX_LINE_BYTES` is read to its end without being kept, and
-answered ``-32600``. Every error sent is cut to a bounded size first (:func:`clip_error_data`).
-
-A client that vanishes: :func:`stdio_transport` reads and writes duplicates of fds 0 and 1,
-writes a regular file directly (asyncio's pipe transport refuses one), and when the reader of
-stdout goes away (EPIPE, or the pipe closed while idle) stops reading stdin, so the agent
-shuts down as at the end of input; later messages are dropped, and said once.
-"""
+"Errors", "Bounds" and "Lifetime"): the SDK's transport drops a line it cannot parse without a
+word, and one that parses to no message object stops its receive loop."""
 
 from __future__ import annotations
 
@@ -43,10 +31,8 @@ MAX_ERROR_MESSAGE_CHARS = 2000
 
 
 def clip_error_data(value: Any, depth: int = 0) -> Any:
-    """``value`` (an error's ``data``) cut to a bounded size: strings to
-    :data:`MAX_ECHO_CHARS`, lists and objects to :data:`MAX_ECHO_ITEMS` items, nesting to
-    :data:`MAX_ECHO_DEPTH`; anything that is not JSON becomes its (cut) ``str``. The cut is
-    said in the text, never silent."""
+    """``value`` (an error's ``data``) cut to the ``MAX_ECHO_*`` bounds, each cut said in the
+    text; anything that is not JSON becomes its (cut) ``str``."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
@@ -94,80 +80,8 @@ def check_message(message: Any) -> tuple[str, Any] | None:
     return "the message has no method and is not a response", usable_id
 
 
-class CheckedNdjsonTransport(NdjsonTransport):
-    """:class:`acp._transport.NdjsonTransport` that answers malformed lines with JSON-RPC
-    errors (see the module docstring) instead of dropping them."""
-
-    async def receive(self) -> dict[str, Any] | None:
-        """The next well-formed message, or ``None`` at end of input."""
-        while True:
-            line, size = await self._read_bounded()
-            if size > MAX_LINE_BYTES:
-                details = f"the line is {size} bytes, over the limit of {MAX_LINE_BYTES}; discarded"
-                await self._refuse(INVALID_REQUEST, "Invalid request", details, None)
-                continue
-            if not line:
-                return None
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                message = json.loads(line)
-            except ValueError as exc:
-                await self._refuse(PARSE_ERROR, "Parse error", f"not JSON: {exc}", None)
-                continue
-            except RecursionError:
-                details = "the JSON is nested too deeply to parse"
-                await self._refuse(PARSE_ERROR, "Parse error", details, None)
-                continue
-            problem = check_message(message)
-            if problem is None:
-                assert isinstance(message, dict)
-                return message
-            await self._refuse(INVALID_REQUEST, "Invalid request", *problem)
-
-    async def _read_bounded(self) -> tuple[bytes, int]:
-        """The next line and its size in bytes; ``b""`` at end of input. A line over
-        :data:`MAX_LINE_BYTES` is read to its end but not kept (``(b"", size)``)."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            done = True
-            try:
-                piece = await self._wait_for_reader(self._reader.readuntil(b"\n"))
-            except asyncio.LimitOverrunError as exc:
-                piece = await self._wait_for_reader(self._reader.readexactly(exc.consumed))
-                done = False
-            except asyncio.IncompleteReadError as exc:
-                piece = exc.partial
-            size += len(piece)
-            if size <= MAX_LINE_BYTES:
-                chunks.append(piece)
-            else:
-                chunks.clear()
-            if done:
-                return b"".join(chunks), size
-
-    async def send(self, message: dict[str, Any]) -> None:
-        """Send ``message``; an error's ``data`` is cut first (:func:`clip_error_data`)."""
-        error = message.get("error")
-        if isinstance(error, dict) and "data" in error:
-            error = {**error, "data": clip_error_data(error["data"])}
-            text = error.get("message")
-            if isinstance(text, str) and len(text) > MAX_ERROR_MESSAGE_CHARS:
-                error["message"] = text[:MAX_ERROR_MESSAGE_CHARS] + "..."
-            message = {**message, "error": error}
-        await super().send(message)
-
-    async def _refuse(self, code: int, message: str, details: str, mid: Any) -> None:
-        log.warning("refused a malformed JSON-RPC message: %s", details)
-        error = {"code": code, "message": f"{message}: {details}", "data": {"details": details}}
-        await self.send({"jsonrpc": "2.0", "id": mid, "error": error})
-
-
 class _Output(asyncio.Protocol):
-    """The write side's protocol: flow control for ``StreamWriter.drain`` and the moment
-    the client stops reading (``connection_lost``)."""
+    """The write side's protocol: flow control for ``StreamWriter.drain``, and ``on_lost``."""
 
     def __init__(self, on_lost: Any) -> None:
         self._paused = False
@@ -193,8 +107,7 @@ class _Output(asyncio.Protocol):
 
 
 class _FileOutput(asyncio.WriteTransport):
-    """Writes to a regular file (``acp > file``), each message at once: a file never makes
-    a writer wait long, and asyncio's pipe transport refuses one."""
+    """Writes to a regular file (``acp > file``) at once: asyncio's pipe transport refuses one."""
 
     def __init__(self, fd: int, protocol: _Output) -> None:
         super().__init__()
@@ -229,15 +142,15 @@ class _FileOutput(asyncio.WriteTransport):
         self.close()
 
 
-class StdioTransport(CheckedNdjsonTransport):
-    """:class:`CheckedNdjsonTransport` over this process's stdin and stdout that knows when
-    the client stopped reading (:attr:`output_lost`) and which requests it has not answered
-    yet (:meth:`answered`)."""
+class StdioTransport(NdjsonTransport):
+    """:class:`acp._transport.NdjsonTransport` over this process's stdin and stdout (duplicates
+    of fds 0 and 1) that answers malformed lines with JSON-RPC errors instead of dropping them,
+    knows when the client stopped reading (:attr:`output_lost`: stdin is then closed too, as at
+    the end of input) and which requests are unanswered (:meth:`answered`)."""
 
     def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
         super().__init__(reader, sender)
-        self.output_lost = False
-        """True once stdout is broken (EPIPE, or the client closed its end)."""
+        self.output_lost = False  # stdout broken (EPIPE, or the client closed its end)
         self.input_transport: asyncio.ReadTransport | None = None
         self._closing = False
         self._dropped = 0
@@ -257,18 +170,67 @@ class StdioTransport(CheckedNdjsonTransport):
             self.input_transport.close()
 
     async def receive(self) -> dict[str, Any] | None:
-        """The next well-formed message (a request is remembered until it is answered), or
-        ``None`` at end of input."""
-        message = await super().receive()
-        mid = message.get("id") if message is not None else None
-        if message is not None and "method" in message and isinstance(mid, (str, int)):
-            self._unanswered.add(mid)
-            self._all_answered.clear()
-        return message
+        """The next well-formed message (a request kept until answered); ``None`` at the end."""
+        while True:
+            line, size = await self._read_bounded()
+            if size > MAX_LINE_BYTES:
+                details = f"the line is {size} bytes, over the limit of {MAX_LINE_BYTES}; discarded"
+                await self._refuse(INVALID_REQUEST, "Invalid request", details, None)
+                continue
+            if not line:
+                return None
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError as exc:
+                await self._refuse(PARSE_ERROR, "Parse error", f"not JSON: {exc}", None)
+                continue
+            except RecursionError:
+                details = "the JSON is nested too deeply to parse"
+                await self._refuse(PARSE_ERROR, "Parse error", details, None)
+                continue
+            problem = check_message(message)
+            if problem is None:
+                assert isinstance(message, dict)
+                mid = message.get("id")
+                if "method" in message and isinstance(mid, (str, int)):
+                    self._unanswered.add(mid)
+                    self._all_answered.clear()
+                return message
+            await self._refuse(INVALID_REQUEST, "Invalid request", *problem)
+
+    async def _read_bounded(self) -> tuple[bytes, int]:
+        """The next line and its size in bytes; ``b""`` at end of input. A line over
+        :data:`MAX_LINE_BYTES` is read to its end but not kept (``(b"", size)``)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            done = True
+            try:
+                piece = await self._wait_for_reader(self._reader.readuntil(b"\n"))
+            except asyncio.LimitOverrunError as exc:
+                piece = await self._wait_for_reader(self._reader.readexactly(exc.consumed))
+                done = False
+            except asyncio.IncompleteReadError as exc:
+                piece = exc.partial
+            size += len(piece)
+            if size <= MAX_LINE_BYTES:
+                chunks.append(piece)
+            else:
+                chunks.clear()
+            if done:
+                return b"".join(chunks), size
+
+    async def _refuse(self, code: int, message: str, details: str, mid: Any) -> None:
+        log.warning("refused a malformed JSON-RPC message: %s", details)
+        error = {"code": code, "message": f"{message}: {details}", "data": {"details": details}}
+        await self.send({"jsonrpc": "2.0", "id": mid, "error": error})
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Send ``message``, or drop it once stdout is broken (a dropped answer is logged
-        with its request id, the first dropped notification too)."""
+        """Send ``message`` (an error's ``data`` cut first: :func:`clip_error_data`), or drop it
+        once stdout is broken (logged: each answer, and the first other message)."""
         answers = "method" not in message and message.get("id") in self._unanswered
         if self.output_lost:
             self._dropped += 1
@@ -279,6 +241,13 @@ class StdioTransport(CheckedNdjsonTransport):
             elif self._dropped == 1:
                 log.warning("stdout is closed: messages to the client are dropped")
         else:
+            error = message.get("error")
+            if isinstance(error, dict) and "data" in error:
+                error = {**error, "data": clip_error_data(error["data"])}
+                text = error.get("message")
+                if isinstance(text, str) and len(text) > MAX_ERROR_MESSAGE_CHARS:
+                    error["message"] = text[:MAX_ERROR_MESSAGE_CHARS] + "..."
+                message = {**message, "error": error}
             await super().send(message)
         if answers:
             self._unanswered.discard(message["id"])
@@ -286,8 +255,8 @@ class StdioTransport(CheckedNdjsonTransport):
                 self._all_answered.set()
 
     async def answered(self, limit: float) -> bool:
-        """Wait up to ``limit`` seconds until every request received has been answered (or
-        stdout is lost); whether none is left unanswered."""
+        """Wait up to ``limit`` seconds for every request to be answered (or stdout lost);
+        whether none is left unanswered."""
         try:
             await asyncio.wait_for(self._all_answered.wait(), limit)
         except TimeoutError:
@@ -304,9 +273,8 @@ class StdioTransport(CheckedNdjsonTransport):
 
 
 async def stdio_transport() -> tuple[StdioTransport, TaskSupervisor]:
-    """The checked transport over this process's stdin and stdout, and the supervisor of its
-    writer task (shut it down when done). Stdout may be a pipe, a socket, a terminal or a
-    regular file."""
+    """The checked transport over stdin and stdout (a pipe, socket, terminal or regular file)
+    and the supervisor of its writer task (shut it down when done)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=READ_CHUNK_BYTES)
     supervisor = TaskSupervisor(source="durable_harness.acp.transport")
@@ -332,7 +300,6 @@ async def stdio_transport() -> tuple[StdioTransport, TaskSupervisor]:
 
 __all__ = [
     "MAX_LINE_BYTES",
-    "CheckedNdjsonTransport",
     "StdioTransport",
     "check_message",
     "clip_error_data",

@@ -1,19 +1,6 @@
-"""What the client sees: harness events and transcript entries as ACP ``session/update``
-payloads (``design/acp.md``).
-
-Two sources give the same shapes, so a live run and its replay by ``session/load`` read
-alike:
-
-- :class:`EventTranslator` turns the events of a live run (``design/run-loop.md``) into
-  updates as they happen;
-- :func:`replay` turns the transcript (the lane's entries from the root to its leaf) into
-  the updates that rebuild it.
-
-An assistant message streams as ``agent_message_chunk`` (text) and ``agent_thought_chunk``
-(thinking); each tool call it asks for is a ``tool_call`` (``pending``, with its arguments as
-``rawInput``), then a ``tool_call_update`` ``in_progress`` when it starts, and one
-``completed`` or ``failed`` carrying the result's text when it settles.
-"""
+"""What the client sees: harness events (:class:`EventTranslator`) and transcript entries
+(:func:`replay`) as ACP ``session/update`` payloads of the same shapes, so a live run and its
+replay by ``session/load`` read alike (``design/acp.md``, "Objects")."""
 
 from __future__ import annotations
 
@@ -73,11 +60,7 @@ _BLANKS = re.compile(r"[ \t\n]+")
 
 def tool_title(name: str, arguments: dict[str, Any]) -> str:
     """A one-line title for a call: the tool's name and its main argument (a file tool's
-    ``path``, bash's ``command``), runs of spaces, tabs and newlines as one space, every
-    other invisible or reordering character shown as ``\\u{HEX}``
-    (:func:`durable_harness.display.visible`: the client shows what will run), cut at 120
-    characters (never inside a token). The same title heads the ``tool_call`` update and the
-    permission question."""
+    ``path``, bash's ``command``), shown by ``design/acp.md``'s "What the operator reads"."""
     key = _TITLE_ARG.get(name, "path")
     value = arguments.get(key)
     title = f"{name}: {value}" if isinstance(value, str) and value else name
@@ -85,33 +68,24 @@ def tool_title(name: str, arguments: dict[str, Any]) -> str:
     return clip(title, _TITLE_CAP)
 
 
-def tool_locations(cwd: str, arguments: dict[str, Any]) -> list[ToolCallLocation] | None:
-    """The file a call touches, as an absolute path under ``cwd`` (``None`` for none)."""
-    path = arguments.get("path")
-    if not isinstance(path, str) or not path:
-        return None
-    return [ToolCallLocation(path=str(Path(cwd) / path))]
-
-
 def tool_call_started(cwd: str, call: dict[str, Any]) -> ToolCallStart:
     """The ``tool_call`` update (status ``pending``) of an assistant's ``toolCall`` block
-    (``{"id", "name", "arguments"}``)."""
+    (``{"id", "name", "arguments"}``); its location is the file it touches, under ``cwd``."""
     name = str(call.get("name", ""))
     arguments = call.get("arguments")
     args = arguments if isinstance(arguments, dict) else {}
+    path = args.get("path")
+    where = (
+        [ToolCallLocation(path=str(Path(cwd) / path))] if isinstance(path, str) and path else None
+    )
     return start_tool_call(
         str(call.get("id", "")),
         tool_title(name, args),
         kind=TOOL_KINDS.get(name, "other"),
         status="pending",
-        locations=tool_locations(cwd, args),
+        locations=where,
         raw_input=args,
     )
-
-
-def tool_call_running(tool_call_id: str) -> ToolCallProgress:
-    """The ``tool_call_update`` saying a call's tool is now running."""
-    return update_tool_call(tool_call_id, status="in_progress")
 
 
 def tool_call_settled(result: dict[str, Any]) -> ToolCallProgress:
@@ -145,10 +119,8 @@ def _assistant_blocks(cwd: str, message: dict[str, Any], *, text: bool) -> list[
 
 
 def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
-    """The updates that rebuild a transcript for a client (``session/load``): user text as
-    ``user_message_chunk``, assistant text and thinking as chunks, each tool call as a
-    ``tool_call`` and, once its result is in the transcript, its settling update. Entries
-    other than messages (model changes, labels, compaction summaries) are not shown."""
+    """The updates that rebuild a transcript for a client (``session/load``, in
+    ``design/acp.md``); entries other than messages are not shown."""
     out: list[Update] = []
     for entry in entries:
         message = entry.get("message") if entry.get("type") == "message" else None
@@ -171,13 +143,9 @@ def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
 
 
 class EventTranslator:
-    """Turns one session's harness events into updates, in order.
-
-    Args:
-        cwd: the session's working directory (tool locations are absolute paths under it).
-        result_of: ``tool call id -> toolResult message or None``: reads a settled call's
-            result from the transcript (the ``tool_execution_end`` event carries no content).
-    """
+    """Turns one session's harness events into updates, in order; ``cwd`` is the session's
+    working directory, ``result_of`` reads a settled call's ``toolResult`` message (or
+    ``None``) from the transcript (``tool_execution_end`` carries no content)."""
 
     def __init__(self, cwd: str, result_of: Callable[[str], dict[str, Any] | None]) -> None:
         self.cwd = cwd
@@ -199,9 +167,7 @@ class EventTranslator:
                 return [update_agent_thought_text(event["thinking"])]
             return []
         if etype == "provider_request_end":
-            # text already sent cannot be taken back: a failed attempt's partial text is
-            # closed by a notice, so the retry's answer is not read as its continuation
-            # (the store keeps the retry alone: design/providers-and-tools.md)
+            # a failed attempt's streamed text is closed by a notice (design/acp.md, "Objects")
             run_id = str(event.get("runId"))
             if event.get("outcome") != "error" or run_id not in self.streamed:
                 self.streamed.discard(run_id)
@@ -250,8 +216,7 @@ class EventTranslator:
 
 
 def recovery_plan(lanes: list[LanePlan], status: Literal["pending", "completed"]) -> Update:
-    """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
-    in-doubt call."""
+    """The recovery plan as a ``plan`` update: an entry per interrupted run and in-doubt call."""
     texts = []
     for lp in lanes:
         action = lp.next_action.replace("_", " ")

@@ -1,5 +1,5 @@
-"""What every command module shares: the :class:`Command` a handler becomes, the options
-several commands take, opening the store or session, and printing for a person or as JSON."""
+"""What the command modules share: :class:`Command`, the shared options, opening the store or
+session, printing for a person or as JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import anyio
 
 from durable_harness.display import visible
 from durable_harness.errors import UnknownLane, root_cause
+from durable_harness.recovery.decide import POLICIES
 from durable_harness.session import Session, open_session
 from durable_harness.storage import DURABILITY_MODES, Store, open_store
 
@@ -25,9 +26,8 @@ Options = Callable[[argparse.ArgumentParser], object]
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand (``cli/main.py`` lists them all): its name, help line, handler (parsed
-    arguments in, exit status out), options (``--store`` is everyone's) and the example lines
-    its ``--help`` ends with."""
+    """One subcommand: name, help line, handler (parsed arguments in, exit status out),
+    options and the example lines its ``--help`` ends with (``design/cli.md``, "Commands")."""
 
     name: str
     help: str
@@ -37,10 +37,9 @@ class Command:
 
 
 def command(name: str, *options: Options, example: str = "") -> Callable[[Handler], Command]:
-    """Make the decorated handler a :class:`Command` with these options (applied in order).
-    Its docstring is its help: the first paragraph, as one line, the help line; the lines
-    after ``example:`` (else ``example``) the examples its ``--help`` ends with. Nothing is
-    registered: a command exists once ``cli/main.py`` lists it."""
+    """Make the decorated handler a :class:`Command` with these options (applied in order);
+    its docstring's first paragraph is the help line, the lines after ``example:`` (else
+    ``example``) its examples."""
 
     def add(p: argparse.ArgumentParser) -> None:
         for option in options:
@@ -74,6 +73,11 @@ def price_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def policy_option(help_text: str) -> Options:
+    """``--policy ask|retry-safe|fail-in-doubt`` (default ``ask``) with this help."""
+    return lambda p: p.add_argument("--policy", choices=POLICIES, default="ask", help=help_text)
+
+
 class _Deprecated(argparse.Action):
     """An old spelling of an option: stored as the option it names, with a warning."""
 
@@ -83,8 +87,8 @@ class _Deprecated(argparse.Action):
 
 
 def durability_option(help_text: str, *, alias: bool = False) -> Options:
-    """``--durability sync|batch|none`` (default ``sync``); with ``alias``, also the old
-    ``--mode`` (``serve``): accepted, hidden from ``--help``, warned about on stderr."""
+    """``--durability sync|batch|none`` (default ``sync``); with ``alias``, also the deprecated
+    ``--mode`` (``design/cli.md``)."""
 
     def add(p: argparse.ArgumentParser) -> None:
         p.add_argument("--durability", choices=DURABILITY_MODES, default="sync", help=help_text)
@@ -98,8 +102,7 @@ def durability_option(help_text: str, *, alias: bool = False) -> Options:
 
 
 def price_of(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The parsed ``--price`` of a command, or ``None``; a malformed one is a ``FormatError``
-    (:func:`~durable_harness.providers.parse_price`)."""
+    """The parsed ``--price`` of a command, or ``None``; a malformed one is a ``FormatError``."""
     from durable_harness.providers import parse_price
 
     text = getattr(args, "price", None)
@@ -112,9 +115,8 @@ def out(data: Any) -> None:
 
 
 def line(text: str = "", *, multiline: bool = False, file: Any = None, **kw: Any) -> None:
-    """Print ``text`` for a person: every invisible or reordering character shown as
-    ``\\u{HEX}`` (:func:`durable_harness.display.visible`; ``multiline`` keeps newlines and
-    tabs). Every human-form line of the commands goes through here; ``--json`` does not."""
+    """Print ``text`` for a person, through :func:`~durable_harness.display.visible`
+    (``multiline`` keeps newlines and tabs); every human-form line goes through here."""
     print(visible(text, multiline=multiline), file=file, **kw)
 
 
@@ -135,8 +137,8 @@ def store_spec(args: argparse.Namespace) -> str:
 
 
 def store_of(args: argparse.Namespace, *, create: bool = False) -> Store:
-    """Open the store of :func:`store_spec`; with ``create=False`` (readers) a named store
-    that does not exist is :class:`~durable_harness.errors.StoreNotFound`, nothing created."""
+    """Open the store of :func:`store_spec`; with ``create=False`` a named store that does not
+    exist is :class:`~durable_harness.errors.StoreNotFound`."""
     return open_store(store_spec(args), create=create)
 
 
@@ -163,9 +165,8 @@ def require_lane(session: Session, lane: str) -> None:
 
 
 def run_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an async function to completion (asyncio backend). An error raised inside a task
-    group (the harness's) arrives wrapped in an exception group; it is reduced to its root
-    cause (:func:`~durable_harness.errors.root_cause`), so the caller sees the error itself."""
+    """Run an async function to completion (asyncio); an exception group is reduced to its
+    root cause (:func:`~durable_harness.errors.root_cause`)."""
     try:
         return anyio.run(fn, *args)
     except BaseExceptionGroup as group:

@@ -1,5 +1,4 @@
-"""The host's commands: ``serve`` (the HTTP API and the console), ``acp`` (the ACP agent) and
-``migrate`` (a store's schema). Each parses, calls the library and renders (``design/cli.md``)."""
+"""The host's commands: ``serve`` (HTTP API and console), ``acp`` and ``migrate``."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_harness.cli.common import (
-    Options,
     command,
     durability_option,
     json_option,
     out,
+    policy_option,
     price_of,
     price_option,
     run_async,
@@ -23,7 +22,6 @@ from durable_harness.cli.common import (
 )
 from durable_harness.errors import InvalidRequest
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import POLICIES
 from durable_harness.storage import open_store
 from durable_harness.tools.builtin import builtin_tools
 
@@ -31,12 +29,7 @@ if TYPE_CHECKING:
     from durable_harness.host.options import HostOptions
 
 
-def _policy_option(help_text: str) -> Options:
-    return lambda p: p.add_argument("--policy", choices=POLICIES, default="ask", help=help_text)
-
-
 def _root_option(p: argparse.ArgumentParser) -> None:
-    """The ``--root DIR`` option (repeatable) of ``serve`` and ``acp``."""
     p.add_argument(
         "--root",
         action="append",
@@ -47,8 +40,7 @@ def _root_option(p: argparse.ArgumentParser) -> None:
 
 
 def roots_of(args: argparse.Namespace) -> tuple[Path, ...] | None:
-    """The ``--root`` directories as real paths, or ``None`` without any; each must be an
-    existing directory.
+    """The ``--root`` directories as real paths, or ``None`` without any.
 
     Raises:
         InvalidRequest: a ``--root`` that is not an existing directory, naming it.
@@ -80,11 +72,7 @@ def announce_roots(roots: tuple[Path, ...] | None, front: str) -> None:
 
 
 def _window(text: str) -> tuple[int, int]:
-    """A pty window size ``ROWSxCOLUMNS`` (argparse type), e.g. ``24x80``.
-
-    Raises:
-        argparse.ArgumentTypeError: not two positive integers joined by ``x``.
-    """
+    """A pty window size ``ROWSxCOLUMNS`` (argparse type), e.g. ``24x80``."""
     rows, _, columns = text.lower().partition("x")
     if not (rows.isdigit() and columns.isdigit() and 0 < int(rows) < 65536 > int(columns) > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a window size ROWSxCOLUMNS (24x80)")
@@ -92,11 +80,7 @@ def _window(text: str) -> tuple[int, int]:
 
 
 def _seconds(text: str) -> float:
-    """A non-negative number of seconds (argparse type).
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, or negative.
-    """
+    """A non-negative number of seconds (argparse type)."""
     try:
         value = float(text)
     except ValueError:
@@ -107,13 +91,9 @@ def _seconds(text: str) -> float:
 
 
 def _host_options(args: argparse.Namespace, front: str, **extra: Any) -> HostOptions:
-    """The host options ``serve`` and ``acp`` both take from their command line (provider,
-    price, durability, policy, roots), once the roots are said on stderr.
-
-    Raises:
-        InvalidRequest: a ``--root`` that is no directory (:func:`roots_of`).
-        FormatError: a malformed ``--price``.
-    """
+    """The host options ``serve`` and ``acp`` take from their command line, once the roots
+    are said on stderr (raises ``InvalidRequest`` for a bad ``--root``, ``FormatError``
+    for a bad ``--price``)."""
     from durable_harness.host.options import HostOptions
 
     roots = roots_of(args)
@@ -139,7 +119,7 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         "deprecated name)",
         alias=True,
     )(p)
-    _policy_option(
+    policy_option(
         "in-doubt tool calls on resume: ask (wait for a decision through the API), "
         "retry-safe, fail-in-doubt",
     )(p)
@@ -230,7 +210,7 @@ def _acp_options(p: argparse.ArgumentParser) -> None:
         help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
     )
     price_option(p)
-    _policy_option(
+    policy_option(
         "in-doubt tool calls after a crash: ask (put them to the client as a permission "
         "request), retry-safe or fail-in-doubt (decide without asking)",
     )(p)
@@ -241,9 +221,6 @@ def _acp_options(p: argparse.ArgumentParser) -> None:
 @command("acp", _acp_options)
 def acp(args: argparse.Namespace) -> int:
     """Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).
-
-    Until the client closes stdin (``design/acp.md``); stdout carries only JSON-RPC, logs
-    go to stderr.
 
     example:
       durable-harness acp --provider anthropic:claude-sonnet-4-5
@@ -265,10 +242,8 @@ def migrate(args: argparse.Namespace) -> int:
     """Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at
     start).
 
-    Bring the store named by ``--store`` (or ``$DURABLE_HARNESS_STORE``) to the current
-    schema and print the versions applied. A PostgreSQL database without our tables gets
-    them; a JSONL store has no schema (nothing to do). Opening a store for writing applies the
-    same migrations, so this is for operators who upgrade the schema before the workers.
+    Prints the versions applied; a JSONL store has no schema. Opening a store for writing
+    applies the same migrations: this is for operators who upgrade before the workers.
 
     example:
       durable-harness migrate --store postgresql://agent@db.internal/agents

@@ -1,13 +1,5 @@
-"""The ``durable-harness`` command: a thin shell over the library.
-
-Each command parses its options, opens the store or session, calls one library function and
-prints. Every failure leaves through :func:`main`, the CLI's one error boundary
-(``design/cli.md``): an exception group is reduced to its root cause
-(:func:`~durable_harness.errors.root_cause`), an ``OSError`` or database error is named by
-:func:`~durable_harness.storage.oserrors.translate`, and the result prints as
-``error[<code>]: message`` (``{"error": {...}}`` with ``--json``). Exit statuses:
-:data:`EXIT_STATUS_HELP`.
-"""
+"""The ``durable-harness`` command: the list of commands, the parser, and :func:`main`, the
+CLI's one error boundary (``design/cli.md``, "Errors"); exit statuses: :data:`EXIT_STATUS_HELP`."""
 
 from __future__ import annotations
 
@@ -46,8 +38,7 @@ COMMANDS: dict[str, Command] = {
         host.migrate,
     )
 }
-"""Every subcommand, in ``--help`` order; each module declares its commands' options beside
-their handlers (:func:`~durable_harness.cli.common.command`)."""
+"""Every subcommand, in ``--help`` order (``design/cli.md``, "Commands")."""
 
 EXIT_ERROR = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, not a user error
@@ -92,16 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--store",
             help="jsonl:DIR, sqlite:PATH or postgresql://USER@HOST/DB (default: JSONL under "
-            "$DURABLE_HARNESS_HOME, "
-            "else ~/.durable-harness)",
+            "$DURABLE_HARNESS_HOME, else ~/.durable-harness)",
         )
         c.options(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit status (see
-    :data:`EXIT_STATUS_HELP`)."""
+    """Entry point of the console script; returns the exit status (:data:`EXIT_STATUS_HELP`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -113,12 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
-    """Print ``exc`` for a person (or as JSON) and return the exit status.
-
-    A task group's exception group is reduced to its root cause; an ``OSError`` or database
-    error becomes a typed error naming its path; anything else is an internal error
-    (``error[internal]``, exit 70), printed without a traceback.
-    """
+    """Print ``exc`` for a person (or as JSON) and return the exit status: its root cause,
+    an ``OSError`` or database error as the typed error naming its path, anything else
+    ``error[internal]`` (exit 70) without a traceback."""
     from durable_harness import terminal as ui
 
     root = root_cause(exc)

@@ -25,7 +25,7 @@ from durable_harness.cli.common import (
 from durable_harness.errors import FormatError
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.providers import make_provider, provider_spec, require_credentials
-from durable_harness.recovery.decide import POLICIES, RecoveryPlan
+from durable_harness.recovery.decide import RecoveryPlan
 from durable_harness.recovery.fsck import damage_location
 from durable_harness.recovery.resume import (
     parse_decision,
@@ -47,8 +47,7 @@ TOOL_STATUS_TEXT = {
     "in_doubt": "started, outcome unknown",
     "completed": "completed",
 }
-"""How a tool call's recovery status reads for a person: an intent that is durable with no
-settlement is *started, outcome unknown*, never "ran"."""
+"""How a tool call's recovery status reads for a person (never "ran")."""
 
 
 def _running_options(lane_default: str | None, lane_help: str) -> Callable[..., None]:
@@ -74,15 +73,10 @@ def _running_options(lane_default: str | None, lane_help: str) -> Callable[..., 
     return add
 
 
-def _policy_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default="ask",
-        help="in-doubt tool calls: ask (wait for a decision), retry-safe "
-        "(never wait; fail what cannot be re-run or reconciled), fail-in-doubt (fail every "
-        "in-doubt call, re-running nothing)",
-    )
+_policy_option = common.policy_option(
+    "in-doubt tool calls: ask (wait for a decision), retry-safe (never wait; fail what cannot "
+    "be re-run or reconciled), fail-in-doubt (fail every in-doubt call, re-running nothing)"
+)
 
 
 def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:
@@ -311,9 +305,8 @@ def _decide_option(p: argparse.ArgumentParser) -> None:
 def resume(args: argparse.Namespace) -> int:
     """Apply the recovery plan and continue interrupted runs to their end.
 
-    Prints each lane's outcome. The provider a resumed run uses is the one rule's choice
-    (:func:`~durable_harness.recovery.resume.resumed_provider`, over ``choose_provider``):
-    ``--provider``, else the run's recorded one, whose API key is checked before anything runs.
+    Prints each lane's outcome. A resumed run uses ``--provider``, else its recorded one
+    (:func:`~durable_harness.recovery.resume.resumed_provider`), whose key is checked first.
 
     example:
       durable-harness resume SESSION
@@ -363,7 +356,6 @@ EXAMPLE_CRASH_POINTS = (
     "  durable-harness crash-points\n  DURABLE_HARNESS_CRASH_AT=after_tool_started "
     "durable-harness run 'deploy' --provider scripted:script.json"
 )
-"""``crash-points``'s examples (a line too long for a docstring)."""
 
 
 @command("crash-points", json_option, example=EXAMPLE_CRASH_POINTS)

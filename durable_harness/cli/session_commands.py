@@ -34,18 +34,14 @@ from durable_harness.storage.base import SessionInfo, Store
 from durable_harness.tools.builtin import builtin_tools
 
 HEADER = ("ID", "MODIFIED", "STATE", "WAITING", "CWD")
-"""The columns of the ``sessions`` listing; rows are sorted by MODIFIED (as the catalogue
-gives it: ISO 8601 UTC with milliseconds on every backend, ``design/cli.md``), most recent
-first."""
+"""The columns of the ``sessions`` listing (``design/cli.md``, "Output")."""
 
 MAX_INDENT = 32
-"""Branch levels drawn in ``show --tree``; deeper ones print their level as a number instead
-(``[40] ├─ id ...``), so that no line grows with the depth of the tree."""
+"""Branch levels drawn in ``show --tree``; deeper ones print their level as ``[40] ``."""
 
 
 def _when(value: str) -> datetime:
-    """A catalogue time (ISO 8601; seconds since the epoch in older catalogues) as an aware
-    datetime, the sort key; an unknown one sorts last."""
+    """A catalogue time (ISO 8601, or epoch seconds) as an aware datetime; unknown sorts last."""
     try:
         return datetime.fromtimestamp(float(value), UTC)
     except ValueError:
@@ -58,10 +54,8 @@ def _when(value: str) -> datetime:
 
 
 async def _rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
-    """Each catalogue row with ``state`` and ``waiting`` (the in-doubt calls a suspended
-    session waits on, by the host's reading rule, :mod:`durable_harness.host.listing`, so the
-    CLI and ``GET /sessions`` agree); an unreadable session keeps its ``error`` and has
-    ``state`` ``None``."""
+    """Each catalogue row with ``state`` and ``waiting`` by the host's rule
+    (:mod:`durable_harness.host.listing`); an unreadable one keeps its ``error``, state ``None``."""
     from durable_harness.host.listing import read_listed, waiting_calls
 
     rows: list[dict[str, Any]] = []
@@ -94,11 +88,7 @@ def _sessions_options(p: argparse.ArgumentParser) -> None:
 def sessions(args: argparse.Namespace) -> int:
     """List sessions, most recently modified first, with their state and the calls they wait on.
 
-    A header, then per session its id, last modification, state, number of in-doubt calls
-    waiting for a decision and cwd. ``--cwd`` narrows to one directory (real paths),
-    ``--state`` (repeatable) to those states (an unreadable session has none: left out then,
-    still counted on stderr); ``--json`` prints the rows (``SessionInfo`` fields plus
-    ``state`` and ``waiting``). Exit 1 when a session cannot be read.
+    The columns and filters: ``design/cli.md``, "Output". Exit 1 when a session cannot be read.
 
     Raises:
         InvalidRequest: a ``--state`` value is no lifecycle state.
@@ -163,14 +153,8 @@ def _describe(e: dict[str, Any]) -> str:
 
 
 def _tree_lines(roots: list[Any], leaves: dict[str, str]) -> list[str]:
-    """The tree as lines, depth first, children in ``seq`` order.
-
-    An only child stays at its parent's indentation (a conversation is a chain: indenting every
-    entry would make line length grow with its length); each child of a branch point starts
-    with ``├─`` (``└─`` for the last), and the lines of its branch keep a ``│`` under it.
-    Iterative, with an explicit stack: a 100,000-entry chain is as deep as it is long, and
-    Python's recursion limit is about 1,000.
-    """
+    """The tree as lines, depth first, children in ``seq`` order; only branch points indent
+    (``design/cli.md``, "Output"). Iterative: a 100,000-entry chain is as deep as it is long."""
     lines: list[str] = []
     # (node, prefix of its own line, prefix of the lines below it, branch level)
     stack: list[tuple[Any, str, str, int]] = []
