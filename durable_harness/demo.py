@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from durable_harness.terminal import say
+
 SCRIPT = {
     "turns": [
         {
@@ -45,8 +47,6 @@ SCRIPT = {
 
 
 def _say(text: str) -> None:
-    from durable_harness.terminal import say
-
     print(flush=True)
     say(f"== {text}", "bold")
 
@@ -85,18 +85,8 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
         "(read_file, bash) are durable and before bash starts"
     )
     crash_env = {**env, "DURABLE_HARNESS_CRASH_AT": "after_tool_started:3"}
-    first = _cli(
-        [
-            "run",
-            "Write release notes and deploy",
-            "--provider",
-            f"scripted:{script}",
-            "--cwd",
-            str(work),
-        ],
-        crash_env,
-        str(work),
-    )
+    run = ["run", "Write release notes and deploy", "--provider", f"scripted:{script}"]
+    first = _cli([*run, "--cwd", str(work)], crash_env, str(work))
     if first.returncode != -9:
         print(f"expected the child to die by SIGKILL (-9), got {first.returncode}")
         return 1

@@ -27,10 +27,10 @@ def console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
-def say(text: str, style: str | None = None, *, stderr: bool = False, end: str = "\n") -> None:
+def say(text: str, style: str | None = None, *, stderr: bool = False) -> None:
     """Print ``text`` in ``style`` (a ``rich`` style name) when colour is on, plain otherwise;
     newlines and tabs kept, other invisible characters escaped."""
-    console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""), end=end)
+    console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""))
 
 
 def styled(*parts: tuple[str, str | None] | str) -> Text:

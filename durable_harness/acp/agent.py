@@ -131,6 +131,12 @@ def prompt_text(blocks: list[PromptBlock]) -> str:
     return "\n\n".join(parts)
 
 
+def _not_live(session_id: str, state: str, why: str) -> RequestError:
+    return rpc_error(
+        SessionNotLive(f"session {session_id} {why}", session_id=session_id, state=state)
+    )
+
+
 class DurableAgent:
     """An ACP agent over a :class:`~durable_harness.host.SessionManager`; its sessions' tools
     run through :attr:`runtime`. Build it, wrap the host's tools (:func:`acp_options`), then
@@ -257,14 +263,8 @@ class DurableAgent:
         """Refuse a session this agent does not run: unknown (``-32002``), or not loaded."""
         rec = await self._get(session_id)
         if session_id not in self._live:
-            raise rpc_error(
-                SessionNotLive(
-                    f"session {session_id} is {rec.state} and not loaded in this agent: "
-                    "send session/load first",
-                    session_id=session_id,
-                    state=rec.state,
-                )
-            )
+            why = f"is {rec.state} and not loaded in this agent: send session/load first"
+            raise _not_live(session_id, rec.state, why)
 
     async def initialize(
         self,
@@ -391,8 +391,7 @@ class DurableAgent:
         resume it, asking about in-doubt calls first (``design/acp.md``, "Methods")."""
         manager = self._manager()
         rec = await self._get(session_id)
-        chan = self._channel(session_id)
-        chan.cwd = rec.cwd
+        self._channel(session_id).cwd = rec.cwd
         entries = manager.messages(session_id, limit=MAX_REPLAY_ENTRIES)["entries"]
         for update in replay(rec.cwd, entries):
             self.push(session_id, update)
@@ -431,14 +430,9 @@ class DurableAgent:
             self.runtime.approved -= {(session_id, call_id) for call_id in decisions}
             raise rpc_error(exc) from exc
         if resumed.state not in ("idle", "running"):
-            raise rpc_error(
-                SessionNotLive(
-                    f"session {session_id} did not resume: it is {resumed.state}"
-                    + (f" ({resumed.last_error})" if resumed.last_error else ""),
-                    session_id=session_id,
-                    state=resumed.state,
-                )
-            )
+            why = f"did not resume: it is {resumed.state}"
+            why += f" ({resumed.last_error})" if resumed.last_error else ""
+            raise _not_live(session_id, resumed.state, why)
         self._live.add(session_id)
         recovered = []
         for run_id, end in ends.items():

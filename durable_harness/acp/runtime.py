@@ -12,7 +12,7 @@ import io
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import anyio
 from acp import RequestError, tool_terminal_ref, update_tool_call
@@ -26,7 +26,7 @@ from acp.schema import (
 )
 from pydantic import BaseModel
 
-from durable_harness.acp.updates import TOOL_KINDS, Update, tool_title
+from durable_harness.acp.updates import TOOL_KINDS, tool_title
 from durable_harness.errors import PathEscape
 from durable_harness.fs import resolve_path
 from durable_harness.host.manager import SessionManager
@@ -34,6 +34,9 @@ from durable_harness.host.record import CommandRuntime
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
 from durable_harness.tools.bash import BashArgs, BashTool, command_env, command_result
 from durable_harness.tools.files import ReadFileArgs, WriteFileArgs, read_window
+
+if TYPE_CHECKING:
+    from durable_harness.acp.agent import DurableAgent
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +66,6 @@ def question(
     )
 
 
-class Outbox(Protocol):
-    """What the runtime needs of the adapter (``DurableAgent``): each session's ordered outbox."""
-
-    def push(self, session_id: str, update: Update) -> None:
-        """Queue ``update`` after what the session's channel holds."""
-
-    async def flush(self, session_id: str) -> None:
-        """Wait until the session's channel has sent everything queued before this call."""
-
-
 class ToolRuntime:
     """The client's side of the tools of an agent's sessions: permission questions (one at a
     time per session), the client's file system and terminals where it offers them.
@@ -82,7 +75,7 @@ class ToolRuntime:
     (:attr:`approved`: asked once, not twice).
     """
 
-    def __init__(self, outbox: Outbox) -> None:
+    def __init__(self, outbox: DurableAgent) -> None:
         self.outbox = outbox
         self.manager: SessionManager | None = None
         self.client: Client | None = None

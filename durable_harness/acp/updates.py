@@ -129,10 +129,8 @@ def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
         role = message.get("role")
         if role == "user":
             content = message.get("content")
-            if isinstance(content, str):
-                out.append(update_user_message_text(content))
-                continue
-            for block in content or []:
+            as_blocks = [{"type": "text", "text": content}] if isinstance(content, str) else None
+            for block in as_blocks or content or []:
                 if isinstance(block, dict) and block.get("type") == "text":
                     out.append(update_user_message_text(str(block.get("text", ""))))
         elif role == "assistant":
@@ -169,10 +167,10 @@ class EventTranslator:
         if etype == "provider_request_end":
             # a failed attempt's streamed text is closed by a notice (design/acp.md, "Objects")
             run_id = str(event.get("runId"))
-            if event.get("outcome") != "error" or run_id not in self.streamed:
-                self.streamed.discard(run_id)
-                return []
+            streamed = run_id in self.streamed
             self.streamed.discard(run_id)
+            if event.get("outcome") != "error" or not streamed:
+                return []
             again = "; retrying" if event.get("retryable") else ""
             notice = f"[attempt {event.get('attempt')} failed: {event.get('error')}{again}]"
             return [update_agent_message_text(f"\n\n{visible(notice)}\n\n")]
@@ -193,26 +191,21 @@ class EventTranslator:
             open_calls = self.open_calls.pop(str(event.get("runId")), [])
             if event.get("outcome") == "suspended":
                 return []
-            ends: list[Update] = []
-            for call_id in open_calls:
-                result = self.result_of(call_id)
-                ends.append(
-                    tool_call_settled(result)
-                    if result is not None
-                    else update_tool_call(call_id, status="failed")
-                )
-            return ends
+            return [self._settled(call_id, failed=True) for call_id in open_calls]
         if etype == "tool_execution_end":
             call_id = str(event.get("toolCallId", ""))
             calls = self.open_calls.get(str(event.get("runId")), [])
             if call_id in calls:
                 calls.remove(call_id)
-            result = self.result_of(call_id)
-            if result is None:
-                failed = bool(event.get("isError"))
-                return [update_tool_call(call_id, status="failed" if failed else "completed")]
-            return [tool_call_settled(result)]
+            return [self._settled(call_id, failed=bool(event.get("isError")))]
         return []
+
+    def _settled(self, call_id: str, *, failed: bool) -> Update:
+        """The call's settling update from its result in the transcript, else bare."""
+        result = self.result_of(call_id)
+        if result is None:
+            return update_tool_call(call_id, status="failed" if failed else "completed")
+        return tool_call_settled(result)
 
 
 def recovery_plan(lanes: list[LanePlan], status: Literal["pending", "completed"]) -> Update:

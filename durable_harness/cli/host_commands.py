@@ -39,38 +39,6 @@ def _root_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def roots_of(args: argparse.Namespace) -> tuple[Path, ...] | None:
-    """The ``--root`` directories as real paths, or ``None`` without any.
-
-    Raises:
-        InvalidRequest: a ``--root`` that is not an existing directory, naming it.
-    """
-    given: list[str] | None = getattr(args, "root", None)
-    if not given:
-        return None
-    roots = []
-    for text in given:
-        real = Path(os.path.realpath(Path(text).expanduser()))
-        if not real.is_dir():
-            raise InvalidRequest(f"--root {text!r} is not an existing directory", root=text)
-        roots.append(real)
-    return tuple(roots)
-
-
-def announce_roots(roots: tuple[Path, ...] | None, front: str) -> None:
-    """Say on stderr where sessions created through ``front`` may run."""
-    if roots is None:
-        print(
-            f"durable-harness: {front} sessions may be created in any directory "
-            "(confine them with --root DIR)",
-            file=sys.stderr,
-            flush=True,
-        )
-    else:
-        shown = ", ".join(str(root) for root in roots)
-        print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
-
-
 def _window(text: str) -> tuple[int, int]:
     """A pty window size ``ROWSxCOLUMNS`` (argparse type), e.g. ``24x80``."""
     rows, _, columns = text.lower().partition("x")
@@ -91,21 +59,37 @@ def _seconds(text: str) -> float:
 
 
 def _host_options(args: argparse.Namespace, front: str, **extra: Any) -> HostOptions:
-    """The host options ``serve`` and ``acp`` take from their command line, once the roots
-    are said on stderr (raises ``InvalidRequest`` for a bad ``--root``, ``FormatError``
-    for a bad ``--price``)."""
+    """The host options ``serve`` and ``acp`` take from their command line (``--root``: real
+    paths, ``None`` without any), once stderr has said where sessions may run.
+
+    Raises:
+        InvalidRequest: a ``--root`` that is not an existing directory, naming it.
+        FormatError: a malformed ``--price``.
+    """
     from durable_harness.host.options import HostOptions
 
-    roots = roots_of(args)
+    roots = tuple(Path(os.path.realpath(Path(text).expanduser())) for text in args.root or ())
+    for text, real in zip(args.root or (), roots, strict=True):
+        if not real.is_dir():
+            raise InvalidRequest(f"--root {text!r} is not an existing directory", root=text)
     options = HostOptions(
         provider=args.provider,
         price=price_of(args),
         mode=args.durability,
         policy=args.policy,
-        roots=roots,
+        roots=roots or None,
         **extra,
     )
-    announce_roots(roots, front)
+    if not roots:
+        print(
+            f"durable-harness: {front} sessions may be created in any directory "
+            "(confine them with --root DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        shown = ", ".join(str(root) for root in roots)
+        print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
     return options
 
 

@@ -134,8 +134,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run a prompt to its end, streaming to the terminal.
 
-    The exit status reflects the outcome. Everything that can be refused before a session
-    exists (the provider spec, its API key) is checked before one is created.
+    The exit status reflects the outcome; the provider and its key are checked first.
 
     example:
       durable-harness run 'fix the failing test' --provider anthropic:claude-sonnet-4-5

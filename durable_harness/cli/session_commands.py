@@ -292,8 +292,7 @@ def context(args: argparse.Namespace) -> int:
 def fsck(args: argparse.Namespace) -> int:
     """Check a session file or store; report damage with byte offsets.
 
-    Read-only; exit 1 when damage is found. A path that exists (or a ``jsonl:``/``sqlite:``
-    spec) is checked as given; anything else is a session id looked up in the store.
+    Read-only; exit 1 when damage is found.
 
     example:
       durable-harness fsck ~/.durable-harness/sessions/--home-me-project--/x.jsonl
@@ -419,8 +418,6 @@ def _fork_options(p: argparse.ArgumentParser) -> None:
 @command("fork", session_argument, json_option, _fork_options)
 def fork(args: argparse.Namespace) -> int:
     """Fork a new session holding the path up to an entry (ids kept; the original is untouched).
-
-    The entry defaults to the lane's leaf; prints the new session's id.
 
     example:
       durable-harness fork SESSION                        # the whole current branch of main
