@@ -28,8 +28,7 @@ def console(*, stderr: bool = False) -> Console:
 
 
 def say(text: str, style: str | None = None, *, stderr: bool = False) -> None:
-    """Print ``text`` in ``style`` (a ``rich`` style name) when colour is on, plain otherwise;
-    newlines and tabs kept, other invisible characters escaped."""
+    """Print ``text`` in ``style`` (a ``rich`` style) when colour is on; newlines, tabs kept."""
     console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""))
 
 
@@ -37,10 +36,8 @@ def styled(*parts: tuple[str, str | None] | str) -> Text:
     """A line of ``text`` or ``(text, style)`` parts, each through ``visible`` (one line)."""
     line = Text()
     for part in parts:
-        if isinstance(part, str):
-            line.append(visible(part))
-        else:
-            line.append(visible(part[0]), style=part[1] or "")
+        text, style = (part, None) if isinstance(part, str) else part
+        line.append(visible(text), style=style or "")
     return line
 
 

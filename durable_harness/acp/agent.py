@@ -70,8 +70,7 @@ IN_DOUBT_OPTIONS = [
     PermissionOption(option_id="fail", name="Mark it failed", kind="reject_once"),
     PermissionOption(option_id="skip", name="Skip it (outcome unknown)", kind="reject_once"),
 ]
-"""The question for an in-doubt call after a crash; the decision of each answer:
-:data:`IN_DOUBT_DECISIONS`."""
+"""The question for an in-doubt call after a crash (answers: :data:`IN_DOUBT_DECISIONS`)."""
 
 IN_DOUBT_DECISIONS: dict[str, dict[str, Any]] = {
     "retry": {"decision": "retry"},
@@ -155,8 +154,7 @@ class DurableAgent:
         self.output_open: Callable[[], bool] = lambda: True  # set by acp.serve
 
     def bind(self, manager: SessionManager, tg: anyio.abc.TaskGroup) -> None:
-        """Attach the manager (its events start flowing to the channels) and the task group
-        the channels' senders run in."""
+        """Attach the manager (its events flow to the channels) and the senders' task group."""
         self.manager = self.runtime.manager = manager
         self._tg = tg
         manager.observe(self._observe)
@@ -387,8 +385,7 @@ class DurableAgent:
         additional_directories: list[str] | None = None,
         **kwargs: Any,
     ) -> LoadSessionResponse:
-        """Replay the transcript as updates; then, unless this agent runs the session already,
-        resume it, asking about in-doubt calls first (``design/acp.md``, "Methods")."""
+        """Replay the transcript, then resume the session (``design/acp.md``, "Methods")."""
         manager = self._manager()
         rec = await self._get(session_id)
         self._channel(session_id).cwd = rec.cwd
@@ -404,12 +401,10 @@ class DurableAgent:
         if lanes:
             self.push(session_id, recovery_plan(lanes, "pending"))
             for lp in lanes:
+                what = f"Run {lp.run_id} on lane {lp.lane} was interrupted"
+                action = lp.next_action.replace("_", " ")
                 self.push(
-                    session_id,
-                    update_agent_message_text(
-                        f"Run {lp.run_id} on lane {lp.lane} was interrupted; "
-                        f"resuming it ({lp.next_action.replace('_', ' ')}).\n"
-                    ),
+                    session_id, update_agent_message_text(f"{what}; resuming it ({action}).\n")
                 )
             await self.flush(session_id)
             for lp in lanes:
@@ -474,8 +469,7 @@ class DurableAgent:
             return str(data.get("code", "error"))
 
     async def close_all(self, reason: str = "the client went away") -> None:
-        """Close every session this agent runs (``manager.close``), once each ``session/new``
-        still being handled has finished (up to :data:`CREATE_WAIT_S`)."""
+        """Close every session this agent runs, once each ``session/new`` being handled ends."""
         manager = self._manager()
         with anyio.move_on_after(CREATE_WAIT_S):
             for done in list(self._creating):
@@ -491,8 +485,7 @@ class DurableAgent:
 
 
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:
-    """The host options an ACP agent runs with: the tools wrapped for the client, and no
-    session resumed at start-up (``design/acp.md``, "Lifetime")."""
+    """The host options of an ACP agent: tools wrapped, no session resumed at start-up."""
     return dataclasses.replace(
         options, tools=agent.runtime.tools(options.tools), auto_resume="never"
     )

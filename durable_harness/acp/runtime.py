@@ -93,8 +93,7 @@ class ToolRuntime:
     async def ask(
         self, session_id: str, asked: ToolCallUpdate, options: list[PermissionOption]
     ) -> str | None:
-        """Ask the client ``session/request_permission``; the chosen option id, or ``None``
-        when cancelled, unknown, or there is no client."""
+        """Ask the client ``session/request_permission``; the option chosen, or ``None``."""
         if self.client is None:
             return None
         await self.outbox.flush(session_id)
@@ -236,8 +235,7 @@ class AcpTool(Tool):
         return via_client if via_client is not None else await self.inner.execute(args, ctx)
 
     async def _via_client(self, args: Any, ctx: ToolContext) -> ToolResult | None:
-        """The call performed through the client, or ``None`` to run locally (also for a path
-        outside the working directory: the inner tool words the refusal)."""
+        """The call performed through the client, or ``None`` to run it locally."""
         if isinstance(args, BashArgs) and self.name == "bash":
             return await self.runtime.bash(ctx, args)
         kind = _FILE_TOOLS.get(self.name)

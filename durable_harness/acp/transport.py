@@ -202,8 +202,7 @@ class StdioTransport(NdjsonTransport):
             await self._refuse(INVALID_REQUEST, "Invalid request", *problem)
 
     async def _read_bounded(self) -> tuple[bytes, int]:
-        """The next line and its size in bytes; ``b""`` at end of input. A line over
-        :data:`MAX_LINE_BYTES` is read to its end but not kept (``(b"", size)``)."""
+        """The next line and its size in bytes (``b""``: end of input, or a line too long)."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -255,8 +254,7 @@ class StdioTransport(NdjsonTransport):
                 self._all_answered.set()
 
     async def answered(self, limit: float) -> bool:
-        """Wait up to ``limit`` seconds for every request to be answered (or stdout lost);
-        whether none is left unanswered."""
+        """Whether every request got its answer (or stdout was lost) within ``limit`` seconds."""
         try:
             await asyncio.wait_for(self._all_answered.wait(), limit)
         except TimeoutError:

@@ -59,8 +59,8 @@ _BLANKS = re.compile(r"[ \t\n]+")
 
 
 def tool_title(name: str, arguments: dict[str, Any]) -> str:
-    """A one-line title for a call: the tool's name and its main argument (a file tool's
-    ``path``, bash's ``command``), shown by ``design/acp.md``'s "What the operator reads"."""
+    """A call's one-line title: its tool and main argument (``design/acp.md``, "What the
+    operator reads")."""
     key = _TITLE_ARG.get(name, "path")
     value = arguments.get(key)
     title = f"{name}: {value}" if isinstance(value, str) and value else name
@@ -119,8 +119,7 @@ def _assistant_blocks(cwd: str, message: dict[str, Any], *, text: bool) -> list[
 
 
 def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
-    """The updates that rebuild a transcript for a client (``session/load``, in
-    ``design/acp.md``); entries other than messages are not shown."""
+    """The updates that rebuild a transcript's messages for a client (``session/load``)."""
     out: list[Update] = []
     for entry in entries:
         message = entry.get("message") if entry.get("type") == "message" else None

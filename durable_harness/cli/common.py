@@ -26,8 +26,7 @@ Options = Callable[[argparse.ArgumentParser], object]
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: name, help line, handler (parsed arguments in, exit status out),
-    options and the example lines its ``--help`` ends with (``design/cli.md``, "Commands")."""
+    """One subcommand: its name, help line, handler, options and examples (``design/cli.md``)."""
 
     name: str
     help: str
@@ -131,8 +130,7 @@ def or_dash(value: Any) -> str:
 
 
 def store_spec(args: argparse.Namespace) -> str:
-    """The store ``--store`` names, else ``$DURABLE_HARNESS_STORE``, else ``""`` (the
-    embedded JSONL store)."""
+    """The store ``--store`` names, else ``$DURABLE_HARNESS_STORE``, else ``""`` (the default)."""
     return getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or ""
 
 
@@ -145,16 +143,14 @@ def store_of(args: argparse.Namespace, *, create: bool = False) -> Store:
 def open_named(
     args: argparse.Namespace, *, write: bool = False, durability: str = "sync"
 ) -> Session:
-    """Open the session ``args.session`` names; a session file path needs no store (the
-    default one stands in, and nothing is created)."""
+    """Open the session ``args.session`` names (a session file path needs no store)."""
     ref = args.session
     store = open_store(None, create=False) if os.path.isfile(ref) else store_of(args)
     return open_session(ref, store, write=write, durability=durability)  # type: ignore[arg-type]
 
 
 def require_lane(session: Session, lane: str) -> None:
-    """Refuse a lane the session does not have: :class:`~durable_harness.errors.UnknownLane`
-    naming the lanes it has."""
+    """Refuse a lane the session does not have (``UnknownLane``, naming the lanes it has)."""
     lanes = sorted(session.store.lanes())
     if lane not in lanes:
         raise UnknownLane(

@@ -246,13 +246,9 @@ def migrate(args: argparse.Namespace) -> int:
         out(result)
     else:
         applied = result["applied"]
-        done = (
-            "up to date"
-            if applied == []
-            else "migrated"
-            if applied is None
-            else "applied migration(s) " + ", ".join(str(v) for v in applied)
-        )
+        done = "applied migration(s) " + ", ".join(str(v) for v in applied or ())
+        if not applied:
+            done = "migrated" if applied is None else "up to date"
         version = "" if result["version"] is None else f" (schema version {result['version']})"
         print(f"{result['store']}: {done}{version}")
     return 0

@@ -187,8 +187,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _attempts_text(attempts: Any) -> str:
-    """Provider attempts per counter (``{"turn 1": 2, "compaction 2": 1}``) as
-    ``turn 1: 2, compaction 2: 1``."""
+    """Provider attempts per counter (``{"turn 1": 2}``) as ``turn 1: 2``."""
     if not isinstance(attempts, dict) or not attempts:
         return "none"
     return ", ".join(f"{key}: {n}" for key, n in attempts.items())
@@ -221,11 +220,8 @@ def print_plan(plan: RecoveryPlan) -> None:
                 f"    provider attempts {_attempts_text(lp.attempts)} (cap {lp.attempt_cap} "
                 f"per turn); {lp.cost_unknown_attempts} with unknown cost"
             )
-        if lp.last_safe_boundary:
-            line(
-                f"    last safe boundary: seq {lp.last_safe_boundary['seq']} "
-                f"({lp.last_safe_boundary['type']})"
-            )
+        if boundary := lp.last_safe_boundary:
+            line(f"    last safe boundary: seq {boundary['seq']} ({boundary['type']})")
         if lp.tool_calls:
             line(f"    {'tool call':<16} {'tool':<12} {'status':<12} {'replay':<7} action")
             for c in lp.tool_calls:

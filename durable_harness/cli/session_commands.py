@@ -54,8 +54,7 @@ def _when(value: str) -> datetime:
 
 
 async def _rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
-    """Each catalogue row with ``state`` and ``waiting`` by the host's rule
-    (:mod:`durable_harness.host.listing`); an unreadable one keeps its ``error``, state ``None``."""
+    """Each catalogue row with ``state`` and ``waiting`` by the host's rule (``host.listing``)."""
     from durable_harness.host.listing import read_listed, waiting_calls
 
     rows: list[dict[str, Any]] = []
