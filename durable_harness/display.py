@@ -83,9 +83,8 @@ def visible(value: object, *, multiline: bool = False) -> str:
 
 
 def visible_html(value: object, *, multiline: bool = True) -> str:
-    """:func:`visible` as HTML: the text HTML-escaped, each token in
-    ``<span class="esc" title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u{202e}</span>`` so the
-    console can mark it. Returns markup (the caller marks it safe)."""
+    """:func:`visible` as HTML markup (the caller marks it safe): each token in
+    ``<span class="esc" title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u{202e}</span>``."""
     text = "" if value is None else str(value)
     out: list[str] = []
     for escaped, piece in _pieces(text, multiline):

@@ -25,10 +25,9 @@ ANSWER_WAIT_S = 10.0
 
 
 async def serve(store: Store | str | None, options: HostOptions) -> None:
-    """Serve ACP on stdin/stdout, over the sessions of ``store`` (a store or its spec) with
-    ``options`` (:func:`~durable_harness.acp.agent.acp_options` applied), until the client goes
-    away; then close the sessions this agent ran, answer what is open and return
-    (``design/acp.md``, "Lifetime")."""
+    """Serve ACP on stdin/stdout over ``store`` (or its spec) with ``options`` (made
+    :func:`~durable_harness.acp.agent.acp_options`) until the client goes away; then close the
+    sessions this agent ran and answer what is open (``design/acp.md``, "Lifetime")."""
     agent = DurableAgent()
     transport, supervisor = await stdio_transport()
     agent.output_open = lambda: not transport.output_lost

@@ -1,10 +1,6 @@
 """The ACP agent: Agent Client Protocol requests as verbs of the host's session manager
-(``design/acp.md``, "Methods").
-
-Order on the wire: each session has one channel, fed in order by the manager's observer and by
-the tools, and drained by one task; a prompt's response and a permission request wait until
-the channel has delivered everything before them.
-"""
+(``design/acp.md``, "Methods"). Each session has one channel (its updates in order, sent by
+one task); a response or a question waits until the channel has sent what came before it."""
 
 from __future__ import annotations
 
@@ -104,8 +100,7 @@ class _Channel:
 
 
 def prompt_text(blocks: list[PromptBlock]) -> str:
-    """A prompt's content as the text of one user message: text blocks as they are, a
-    resource link as ``[name](uri)``, an embedded text resource as its URI then its text.
+    """A prompt's content as one user message's text (``design/acp.md``, "Methods").
 
     Raises:
         RequestError: an image, audio or binary resource (not advertised).
@@ -137,9 +132,8 @@ def _not_live(session_id: str, state: str, why: str) -> RequestError:
 
 
 class DurableAgent:
-    """An ACP agent over a :class:`~durable_harness.host.SessionManager`; its sessions' tools
-    run through :attr:`runtime`. Build it, wrap the host's tools (:func:`acp_options`), then
-    :meth:`bind` it before the connection starts."""
+    """An ACP agent over a :class:`~durable_harness.host.SessionManager`, its tools run through
+    :attr:`runtime`: build it, wrap the tools (:func:`acp_options`), :meth:`bind` it."""
 
     def __init__(self) -> None:
         self.manager: SessionManager | None = None
@@ -433,13 +427,12 @@ class DurableAgent:
         for run_id, end in ends.items():
             await end.done.wait()
             self._ends.pop(run_id, None)
+            try:
+                stop: str = self.stop_reason(session_id, run_id, end)
+            except RequestError as exc:  # the error's data.code
+                stop = str((exc.data if isinstance(exc.data, dict) else {}).get("code", "error"))
             recovered.append(
-                {
-                    "runId": run_id,
-                    "lane": end.lane,
-                    "outcome": end.outcome,
-                    "stopReason": self._quiet_stop_reason(session_id, run_id, end),
-                }
+                dict(runId=run_id, lane=end.lane, outcome=end.outcome, stopReason=stop)
             )
         if lanes:
             self.push(session_id, recovery_plan(lanes, "completed"))
@@ -459,14 +452,6 @@ class DurableAgent:
         )
         answer = await self.runtime.ask(session_id, asked, IN_DOUBT_OPTIONS)
         return IN_DOUBT_DECISIONS.get(answer or "")
-
-    def _quiet_stop_reason(self, session_id: str, run_id: str, end: _RunEnd) -> str:
-        """:meth:`stop_reason`, or the ``data.code`` of the error it raises."""
-        try:
-            return self.stop_reason(session_id, run_id, end)
-        except RequestError as exc:
-            data = exc.data if isinstance(exc.data, dict) else {}
-            return str(data.get("code", "error"))
 
     async def close_all(self, reason: str = "the client went away") -> None:
         """Close every session this agent runs, once each ``session/new`` being handled ends."""

@@ -1,10 +1,6 @@
 """The tools' runtime of an ACP session: its permission questions, the client's file system
-and terminal (``design/acp.md``, "Asking before a tool runs", "Client capabilities").
-
-The harness is not patched: each tool is wrapped (:func:`wrap`) in a tool with the inner
-tool's name, arguments, description and replay declaration, so recovery plans as for the bare
-tool.
-"""
+and terminal, through a wrapper of each tool (:func:`wrap`; ``design/acp.md``, "Asking before
+a tool runs", "Client capabilities")."""
 
 from __future__ import annotations
 
@@ -67,13 +63,9 @@ def question(
 
 
 class ToolRuntime:
-    """The client's side of the tools of an agent's sessions: permission questions (one at a
-    time per session), the client's file system and terminals where it offers them.
-
-    The adapter sets :attr:`manager`, :attr:`client` and :attr:`capabilities`, maps each run to
-    its session (:attr:`run_sessions`) and marks the in-doubt calls decided ``retry``
-    (:attr:`approved`: asked once, not twice).
-    """
+    """The client's side of the tools of an agent's sessions. The adapter sets :attr:`manager`,
+    :attr:`client` and :attr:`capabilities`, maps runs to sessions (:attr:`run_sessions`) and
+    marks the in-doubt calls decided ``retry`` (:attr:`approved`: asked once, not twice)."""
 
     def __init__(self, outbox: DurableAgent) -> None:
         self.outbox = outbox
@@ -154,9 +146,8 @@ class ToolRuntime:
         return True
 
     async def bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
-        """Run ``bash -c COMMAND`` in a client terminal (``None``: terminals not offered), with
-        the bash tool's environment and result wording (``design/acp.md``, "Client
-        capabilities")."""
+        """Run ``bash -c COMMAND`` in a client terminal (``None``: not offered), with the bash
+        tool's environment and result wording (``design/acp.md``, "Client capabilities")."""
         found = self._client_for(ctx, bool(self.capabilities.terminal))
         if found is None:
             return None
@@ -269,8 +260,7 @@ _FILE_TOOLS: dict[str, type[ReadFileArgs | WriteFileArgs]] = {
 
 
 def wrap(inner: Tool, runtime: ToolRuntime) -> AcpTool:
-    """Wrap one tool: an :class:`AcpTool` subclass with ``inner``'s class attributes and its
-    ``reconcile`` when it has one."""
+    """Wrap one tool: an :class:`AcpTool` subclass with ``inner``'s attributes and reconcile."""
     attrs: dict[str, Any] = {
         "name": inner.name,
         "description": inner.description,

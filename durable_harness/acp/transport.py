@@ -24,8 +24,7 @@ MAX_LINE_BYTES = 16 << 20
 READ_CHUNK_BYTES = 1 << 20
 """The reader's buffer limit: an over-long line is consumed (and dropped) in such pieces."""
 MAX_ECHO_CHARS, MAX_ECHO_ITEMS, MAX_ECHO_DEPTH = 200, 20, 6
-"""The longest string, most items of a list or object, deepest nesting an error's ``data``
-carries (a cut is said in the text)."""
+"""The longest string, most items, deepest nesting an error's ``data`` carries."""
 MAX_ERROR_MESSAGE_CHARS = 2000
 """The longest ``message`` an error carries (a library message quotes the input it refuses)."""
 
@@ -143,10 +142,8 @@ class _FileOutput(asyncio.WriteTransport):
 
 
 class StdioTransport(NdjsonTransport):
-    """:class:`acp._transport.NdjsonTransport` over this process's stdin and stdout (duplicates
-    of fds 0 and 1) that answers malformed lines with JSON-RPC errors instead of dropping them,
-    knows when the client stopped reading (:attr:`output_lost`: stdin is then closed too, as at
-    the end of input) and which requests are unanswered (:meth:`answered`)."""
+    """The SDK's NDJSON transport over stdin and stdout that answers malformed lines, knows when
+    the client stopped reading (:attr:`output_lost`) and which requests are unanswered."""
 
     def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
         super().__init__(reader, sender)

@@ -59,8 +59,7 @@ _BLANKS = re.compile(r"[ \t\n]+")
 
 
 def tool_title(name: str, arguments: dict[str, Any]) -> str:
-    """A call's one-line title: its tool and main argument (``design/acp.md``, "What the
-    operator reads")."""
+    """A call's one-line title: its tool and main argument, shown as ``design/acp.md`` says."""
     key = _TITLE_ARG.get(name, "path")
     value = arguments.get(key)
     title = f"{name}: {value}" if isinstance(value, str) and value else name
@@ -140,9 +139,8 @@ def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
 
 
 class EventTranslator:
-    """Turns one session's harness events into updates, in order; ``cwd`` is the session's
-    working directory, ``result_of`` reads a settled call's ``toolResult`` message (or
-    ``None``) from the transcript (``tool_execution_end`` carries no content)."""
+    """Turns one session's harness events into updates, in order; ``result_of`` reads a settled
+    call's ``toolResult`` message (or ``None``) from the transcript."""
 
     def __init__(self, cwd: str, result_of: Callable[[str], dict[str, Any] | None]) -> None:
         self.cwd = cwd

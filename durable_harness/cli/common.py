@@ -36,9 +36,8 @@ class Command:
 
 
 def command(name: str, *options: Options, example: str = "") -> Callable[[Handler], Command]:
-    """Make the decorated handler a :class:`Command` with these options (applied in order);
-    its docstring's first paragraph is the help line, the lines after ``example:`` (else
-    ``example``) its examples."""
+    """Make the decorated handler a :class:`Command` with these options; its docstring is its
+    help line (first paragraph) and examples (after ``example:``, else ``example``)."""
 
     def add(p: argparse.ArgumentParser) -> None:
         for option in options:

@@ -102,9 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
-    """Print ``exc`` for a person (or as JSON) and return the exit status: its root cause,
-    an ``OSError`` or database error as the typed error naming its path, anything else
-    ``error[internal]`` (exit 70) without a traceback."""
+    """Print ``exc`` (its root cause; an OS or database error translated; anything else
+    ``error[internal]``) for a person or as JSON, and return the exit status."""
     from durable_harness import terminal as ui
 
     root = root_cause(exc)

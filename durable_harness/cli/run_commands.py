@@ -300,8 +300,7 @@ def _decide_option(p: argparse.ArgumentParser) -> None:
 def resume(args: argparse.Namespace) -> int:
     """Apply the recovery plan and continue interrupted runs to their end.
 
-    Prints each lane's outcome. A resumed run uses ``--provider``, else its recorded one
-    (:func:`~durable_harness.recovery.resume.resumed_provider`), whose key is checked first.
+    Prints each lane's outcome; a run resumes with ``--provider``, else its recorded one.
 
     example:
       durable-harness resume SESSION
