@@ -1,15 +1,7 @@
-"""``durable-harness demo``: the main job, end to end, with no network and no server.
-
-1. A scripted agent runs in a child process with real file and shell tools in a scratch
-   folder, and SIGKILLs itself in the middle of its second turn: both tool intents of that
-   turn are durable, neither result is (crash point ``after_tool_started:3``).
-2. A fresh process prints the recovery plan: ``read_file`` (replay safe) will be re-run, ``bash``
-   (replay never) is refused and waits for a decision.
-3. The operator looks at the real side effect (``deploy.log``), decides, and resumes; the run
-   finishes. The operation-log timeline and the cost per turn are printed.
-4. pi's ``v3-branched.jsonl`` (from ``../shared/data/pi-sessions`` or the copy shipped in the
-   package) is imported and its tree shown.
-"""
+"""``durable-harness demo``: the main job, end to end, with no network and no server: a
+scripted run SIGKILLed mid-tool (crash point ``after_tool_started:3``), its recovery plan read
+by a fresh process, a decision taken from the real side effect and the run resumed; then a pi
+v3 session imported."""
 
 from __future__ import annotations
 
@@ -20,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from durable_harness.terminal import say
 
 SCRIPT = {
     "turns": [
@@ -53,37 +47,29 @@ SCRIPT = {
 
 
 def _say(text: str) -> None:
-    from durable_harness.terminal import say
-
     print(flush=True)
     say(f"== {text}", "bold")
 
 
-def _cli(args: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    args: list[str], env: dict[str, str], cwd: str, *, echo: bool = True
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "durable_harness", *args]
-    print("$ durable-harness " + shlex.join(args), flush=True)
-    proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, check=False)
-    sys.stdout.write(proc.stdout)
-    sys.stdout.write(proc.stderr)
-    sys.stdout.flush()
+    if echo:
+        print("$ durable-harness " + shlex.join(args), flush=True)
+    proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, capture_output=True, check=not echo)
+    if echo:
+        sys.stdout.write(proc.stdout + proc.stderr)
+        sys.stdout.flush()
     return proc
 
 
-def pi_sample() -> Path:
-    """Return the pi v3 sample: the shared copy if present, else the one in the package."""
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "pi-sessions"
-    candidate = shared / "v3-branched.jsonl"
-    return (
-        candidate if candidate.is_file() else Path(__file__).parent / "data" / "v3-branched.jsonl"
-    )
-
-
 def run_demo(folder: str | None = None, store: str | None = None) -> int:
-    """Run the demo in ``folder`` (default: a new temporary folder); return the exit status
-    (0 when the recovered run completed and the pi session imported)."""
+    """Run the demo in ``folder`` (default: a new temporary one); 0 when it all worked."""
     scratch = Path(folder or tempfile.mkdtemp(prefix="durable-harness-demo-")).resolve()
     work = scratch / "project"
     work.mkdir(parents=True, exist_ok=True)
+    cwd = str(work)
     log = work / "deploy.log"
     # a reused --dir may hold an earlier demo's deploy line: judge this run by what it adds
     before = log.read_text().count("deployed release 1.2") if log.exists() else 0
@@ -99,39 +85,17 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
         "(read_file, bash) are durable and before bash starts"
     )
     crash_env = {**env, "DURABLE_HARNESS_CRASH_AT": "after_tool_started:3"}
-    first = _cli(
-        [
-            "run",
-            "Write release notes and deploy",
-            "--provider",
-            f"scripted:{script}",
-            "--cwd",
-            str(work),
-        ],
-        crash_env,
-        str(work),
-    )
+    run = ["run", "Write release notes and deploy", "--provider", f"scripted:{script}"]
+    first = _cli([*run, "--cwd", cwd], crash_env, cwd)
     if first.returncode != -9:
         print(f"expected the child to die by SIGKILL (-9), got {first.returncode}")
         return 1
     print("child process killed by SIGKILL (exit -9)")
-    sessions = json.loads(
-        _cli(["sessions", "--json", "--cwd", str(work)], env, str(work)).stdout or "[]"
-    )
-    sid = sessions[0]["id"]
+    sid = json.loads(_cli(["sessions", "--json", "--cwd", cwd], env, cwd).stdout or "[]")[0]["id"]
 
     _say("2. A fresh process reads the recovery plan (nothing runs yet)")
-    plan = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "durable_harness", "recover", sid, "--json"],
-            env=env,
-            cwd=str(work),
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout
-    )
-    _cli(["recover", sid], env, str(work))
+    plan = json.loads(_cli(["recover", sid, "--json"], env, cwd, echo=False).stdout)
+    _cli(["recover", sid], env, cwd)
     calls = plan["lanes"][0]["tool_calls"]
     waiting = [c for c in calls if c["action"] == "await_decision"]
     rerun = [c for c in calls if c["action"] == "re-execute"]
@@ -151,20 +115,23 @@ def run_demo(folder: str | None = None, store: str | None = None) -> int:
             f"operator decides {c['tool_call_id']}={choice.split(':')[0]}"
         )
         decisions += ["--decide", f"{c['tool_call_id']}={choice}"]
-    resumed = _cli(["resume", sid, *decisions, "--quiet"], env, str(work))
+    resumed = _cli(["resume", sid, *decisions, "--quiet"], env, cwd)
     lines = (log.read_text().count("deployed release 1.2") if log.exists() else 0) - before
     print(f"deploy.log got the deploy line {lines} time(s): the bash tool ran exactly once")
 
     _say("4. The operation log and the cost per turn")
-    _cli(["log", sid], env, str(work))
-    _cli(["cost", sid], env, str(work))
+    _cli(["log", sid], env, cwd)
+    _cli(["cost", sid], env, cwd)
 
     _say("5. A real pi session (format v3) imported, its tree and context")
-    sample = pi_sample()
-    imported = _cli(["import", str(sample), "--json"], env, str(work))
+    # the shared copy of pi's sample if present, else the one shipped in the package
+    sample = Path(__file__).resolve().parents[2] / "shared/data/pi-sessions/v3-branched.jsonl"
+    if not sample.is_file():
+        sample = Path(__file__).parent / "data" / "v3-branched.jsonl"
+    imported = _cli(["import", str(sample), "--json"], env, cwd)
     pi_sid = json.loads(imported.stdout)["session_id"] if imported.returncode == 0 else ""
-    shown = _cli(["show", pi_sid, "--tree"], env, str(work))
-    _cli(["context", pi_sid], env, str(work))
+    shown = _cli(["show", pi_sid, "--tree"], env, cwd)
+    _cli(["context", pi_sid], env, cwd)
     ok = resumed.returncode == 0 and lines == 1 and shown.returncode == 0
     _say("demo " + ("finished: the run completed after the crash" if ok else "FAILED"))
     print(

@@ -1,31 +1,6 @@
-"""Text from a session as a person is shown it: invisible and reordering characters escaped.
-
-One rule for every door (CLI text output, the console, ACP titles; ``design/cli.md``,
-"What the operator reads"): :func:`visible` replaces each character a reader cannot see, or
-that changes how the text around it is drawn, by the token ``\\u{HEX}`` (lowercase hex, no
-padding: Rust's ``char::escape_unicode`` notation), e.g. ``rm\\u{202e}`` for ``rm`` + U+202E.
-Nothing stored changes: this is for display only; ``--json`` and the APIs carry the exact
-stored string.
-
-Escaped (:func:`needs_escape`):
-
-* every character of Unicode general category ``C``: controls (``Cc``: C0, DEL, C1; ``\\n``
-  and ``\\t`` are kept when ``multiline`` is true), format characters (``Cf``: the bidi
-  controls U+202A-202E, U+2066-2069, U+200E/200F, U+061C, zero-width U+200B-200D, U+2060,
-  U+FEFF, soft hyphen, tags...), surrogates (``Cs``), private use (``Co``) and unassigned
-  code points (``Cn``);
-* line and paragraph separators (``Zl``, ``Zp``: U+2028, U+2029) and every space separator
-  but U+0020 (``Zs``: no-break and other spaces look like a space and are not one to a
-  shell);
-* every other ``Default_Ignorable_Code_Point`` of Unicode's DerivedCoreProperties.txt
-  (Hangul fillers, combining grapheme joiner, variation selectors, Mongolian free variation
-  selectors...): drawn as nothing, so they can hide text.
-
-Unambiguous: a backslash of the text that is followed by ``u{`` is itself escaped
-(``\\u{5c}``), so every ``\\u{`` a reader sees starts an escape; any other backslash (``\\n``
-in a ``printf`` argument) is shown as it is. Reversible: :func:`unescape` gives the original
-back. The console also marks each token (``<span class="esc">``, :func:`visible_html`).
-"""
+"""Text from a session as a person is shown it: invisible and reordering characters escaped
+as ``\\u{HEX}`` (the one rule of every door: ``design/cli.md``, "What the operator reads").
+Display only: ``--json`` and the APIs carry the exact stored string."""
 
 from __future__ import annotations
 
@@ -62,8 +37,8 @@ def _ignorable(cp: int) -> bool:
 
 
 def needs_escape(ch: str, *, multiline: bool = False) -> bool:
-    """Whether the one character ``ch`` is shown as ``\\u{HEX}`` (the classes are in the
-    module docstring); ``\\n`` and ``\\t`` are kept when ``multiline``."""
+    """Whether the one character ``ch`` is shown as ``\\u{HEX}`` (the classes:
+    ``design/cli.md``); ``\\n`` and ``\\t`` are kept when ``multiline``."""
     if ch == " " or ("!" <= ch <= "~"):
         return False
     if multiline and ch in "\n\t":
@@ -82,7 +57,6 @@ def _pieces(text: str, multiline: bool) -> list[tuple[bool, str]]:
     """``text`` as ``(escaped, piece)`` runs: plain text, or one character's token."""
     pieces: list[tuple[bool, str]] = []
     start = 0
-    n = len(text)
     for i, ch in enumerate(text):
         if ch == "\\":
             if not text.startswith("u{", i + 1):
@@ -93,19 +67,15 @@ def _pieces(text: str, multiline: bool) -> list[tuple[bool, str]]:
             pieces.append((False, text[start:i]))
         pieces.append((True, _escape(ch)))
         start = i + 1
-    if start < n:
+    if start < len(text):
         pieces.append((False, text[start:]))
     return pieces
 
 
 def visible(value: object, *, multiline: bool = False) -> str:
     """``value`` (its ``str``; ``None`` is ``""``) with every invisible, reordering or control
-    character as ``\\u{HEX}``, and a backslash that precedes ``u{`` as ``\\u{5c}``.
-
-    ``multiline``: keep ``\\n`` and ``\\t`` (a transcript, a context dump); otherwise they are
-    escaped too, so a line of a listing stays one line. The result is at least as long as the
-    text; :func:`unescape` inverts it.
-    """
+    character as ``\\u{HEX}``, and a backslash that precedes ``u{`` as ``\\u{5c}``;
+    ``multiline`` keeps ``\\n`` and ``\\t``. :func:`unescape` inverts it."""
     text = "" if value is None else str(value)
     if text.isascii() and text.isprintable() and "\\u{" not in text:
         return text  # the common case: nothing to escape
@@ -113,9 +83,8 @@ def visible(value: object, *, multiline: bool = False) -> str:
 
 
 def visible_html(value: object, *, multiline: bool = True) -> str:
-    """:func:`visible` as HTML: the text HTML-escaped, each token in
-    ``<span class="esc" title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u{202e}</span>`` so the
-    console can mark it. Returns markup (the caller marks it safe)."""
+    """:func:`visible` as HTML markup (the caller marks it safe): each token in
+    ``<span class="esc" title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u{202e}</span>``."""
     text = "" if value is None else str(value)
     out: list[str] = []
     for escaped, piece in _pieces(text, multiline):

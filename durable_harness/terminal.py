@@ -1,22 +1,10 @@
-"""Terminal output (CLI, demo, crash matrix) through ``rich``: colour and progress on a tty only.
-
-Rules (``design/cli.md``):
-
-* Colour and live progress appear only when the stream is a terminal; ``NO_COLOR`` (any
-  non-empty value, https://no-color.org) turns colour off, and ``FORCE_COLOR`` /
-  ``TTY_COMPATIBLE`` are honoured as ``rich`` documents them. Piped output is plain text.
-* Data lines (listings, trees, timelines) are printed as plain text and never wrapped, so that
-  scripts and ``grep`` see exactly one record per line.
-* No escape code is written by hand: styles go through :class:`rich.text.Text`.
-* Every text printed here passes :func:`durable_harness.display.visible` first: a control,
-  bidi or invisible character of a session's text (which could also forge a terminal escape
-  sequence) is shown as ``\\u{HEX}``.
-"""
+"""Terminal output (CLI, demo, crash matrix) through ``rich``: colour and live progress on a
+tty only, ``NO_COLOR`` honoured, data lines never wrapped, every text through
+:func:`durable_harness.display.visible` first (``design/cli.md``, "Output")."""
 
 from __future__ import annotations
 
 import time
-from types import TracebackType
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -35,27 +23,21 @@ from durable_harness.display import visible
 
 
 def console(*, stderr: bool = False) -> Console:
-    """A console on stdout (or stderr) as it is now: colour detection runs at each call, so a
-    redirected stream (tests, pipes) is seen as it is."""
+    """A console on stdout (or stderr) as it is now (a redirected stream is seen as such)."""
     return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
-def say(text: str, style: str | None = None, *, stderr: bool = False, end: str = "\n") -> None:
-    """Print one line of ``text`` in ``style`` (a ``rich`` style name) when colour is on; plain
-    otherwise. Never wraps, never interprets markup; newlines and tabs of ``text`` are kept,
-    other invisible characters escaped (:func:`~durable_harness.display.visible`)."""
-    console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""), end=end)
+def say(text: str, style: str | None = None, *, stderr: bool = False) -> None:
+    """Print ``text`` in ``style`` (a ``rich`` style) when colour is on; newlines, tabs kept."""
+    console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""))
 
 
 def styled(*parts: tuple[str, str | None] | str) -> Text:
-    """Build a line from ``text`` or ``(text, style)`` parts, each shown with
-    :func:`~durable_harness.display.visible` (a newline in a part is escaped: one line)."""
+    """A line of ``text`` or ``(text, style)`` parts, each through ``visible`` (one line)."""
     line = Text()
     for part in parts:
-        if isinstance(part, str):
-            line.append(visible(part))
-        else:
-            line.append(visible(part[0]), style=part[1] or "")
+        text, style = (part, None) if isinstance(part, str) else part
+        line.append(visible(text), style=style or "")
     return line
 
 
@@ -83,11 +65,9 @@ class _Cell(Protocol):
 
 
 class MatrixProgress:
-    """Live progress of the crash matrix on stderr: cells done of total, failures so far, time
-    elapsed and left, and the cell just finished. Shows nothing unless stderr is a terminal.
-
-    Use as a context manager; pass the instance as ``run_matrix(progress=...)``.
-    """
+    """Live progress of the crash matrix on stderr (nothing unless it is a terminal): cells
+    done of total, failures, time elapsed and left, the last cell. A context manager, passed
+    as ``run_matrix(progress=...)``."""
 
     def __init__(self, out: Console | None = None) -> None:
         self.console = out or console(stderr=True)
@@ -122,12 +102,7 @@ class MatrixProgress:
         )
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
     def __call__(self, cell: _Cell, done: int, total: int) -> None:
@@ -147,11 +122,4 @@ class MatrixProgress:
             )
 
 
-__all__ = [
-    "MatrixProgress",
-    "console",
-    "error_line",
-    "say",
-    "say_parts",
-    "styled",
-]
+__all__ = ["MatrixProgress", "console", "error_line", "say", "say_parts", "styled"]

@@ -1,9 +1,5 @@
-"""durable-harness as an Agent Client Protocol agent over stdio (``design/acp.md``).
-
-:func:`serve` runs :class:`~durable_harness.acp.agent.DurableAgent` on this process's stdin
-and stdout, over a :class:`~durable_harness.host.SessionManager` of one store; the command
-``durable-harness acp`` calls it.
-"""
+"""durable-harness as an Agent Client Protocol agent over stdio (``design/acp.md``):
+:func:`serve`, which ``durable-harness acp`` calls."""
 
 from __future__ import annotations
 
@@ -25,21 +21,13 @@ __all__ = ["ANSWER_WAIT_S", "DurableAgent", "serve"]
 log = logging.getLogger(__name__)
 
 ANSWER_WAIT_S = 10.0
-"""How long the agent, its sessions closed, waits for the answers of requests still being
-handled before it exits (seconds)."""
+"""How long the agent, its sessions closed, waits for its open requests' answers (seconds)."""
 
 
 async def serve(store: Store | str | None, options: HostOptions) -> None:
-    """Serve ACP on stdin/stdout until the client goes away (it closes stdin, or stops
-    reading stdout); then close the sessions this agent ran (running turns are aborted, a
-    ``session/new`` still being handled is finished first), answer the requests still open
-    while stdout is, and return (``design/acp.md``, "Lifetime").
-
-    Args:
-        store: the store (or spec) of the sessions.
-        options: the host options (provider, policy...); tools are wrapped for ACP and no
-            session is resumed at start-up (:func:`~durable_harness.acp.agent.acp_options`).
-    """
+    """Serve ACP on stdin/stdout over ``store`` (or its spec) with ``options`` (made
+    :func:`~durable_harness.acp.agent.acp_options`) until the client goes away; then close the
+    sessions this agent ran and answer what is open (``design/acp.md``, "Lifetime")."""
     agent = DurableAgent()
     transport, supervisor = await stdio_transport()
     agent.output_open = lambda: not transport.output_lost
@@ -56,8 +44,6 @@ async def serve(store: Store | str | None, options: HostOptions) -> None:
             with anyio.CancelScope(shield=True):
                 gone = "closed stdout" if transport.output_lost else "closed stdin"
                 await agent.close_all(f"the client {gone}")
-                # every request received gets its answer while stdout is open (a prompt the
-                # close aborted: "cancelled"; a session/new that finished: its session id)
                 if not await transport.answered(ANSWER_WAIT_S):
                     log.warning("some requests were not answered within %s s", ANSWER_WAIT_S)
                 await conn.close()

@@ -1,47 +1,25 @@
 """The ACP agent: Agent Client Protocol requests as verbs of the host's session manager
-(``design/acp.md``).
-
-:class:`DurableAgent` is a front, thin over :class:`~durable_harness.host.SessionManager`:
-``session/new`` is ``create``, ``session/prompt`` is ``send`` then the run's events as
-``session/update`` notifications until its ``run_end``, ``session/cancel`` is ``abort``,
-``session/load`` replays the transcript and then ``resume`` (an in-doubt call is put to the
-client as ``session/request_permission`` first; the answer is the durable decision). Every
-refusal is a JSON-RPC error (:mod:`durable_harness.acp.errors`).
-
-Order on the wire: each session has one channel, fed in order by the manager's observer (its
-harness events) and by the tools (a call starting), and drained by one task that sends the
-updates; a prompt's response and a permission request wait until the channel has delivered
-everything before them, so a client sees a run's updates before its stop reason, and a
-tool's ``tool_call`` before the question about it.
-"""
+(``design/acp.md``, "Methods"). Each session has one channel (its updates in order, sent by
+one task); a response or a question waits until the channel has sent what came before it."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import anyio.abc
-from acp import (
-    PROTOCOL_VERSION,
-    RequestError,
-    tool_terminal_ref,
-    update_agent_message_text,
-    update_tool_call,
-)
+from acp import PROTOCOL_VERSION, RequestError, update_agent_message_text
 from acp.interfaces import Client
 from acp.schema import (
     AgentCapabilities,
-    AllowedOutcome,
     AudioContentBlock,
     ClientCapabilities,
     EmbeddedResourceContentBlock,
-    EnvVariable,
     ImageContentBlock,
     Implementation,
     InitializeResponse,
@@ -53,30 +31,19 @@ from acp.schema import (
     ResourceContentBlock,
     TextContentBlock,
     TextResourceContents,
-    ToolCallUpdate,
 )
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from durable_harness import __version__
 from durable_harness.acp.errors import CONFLICT, INTERNAL, INVALID_PARAMS, rpc_error
-from durable_harness.acp.tools import UNSAFE_TOOLS, acp_tools
-from durable_harness.acp.updates import (
-    TOOL_KINDS,
-    EventTranslator,
-    Update,
-    recovery_plan,
-    replay,
-    tool_call_running,
-    tool_title,
-)
+from durable_harness.acp.runtime import ToolRuntime, question
+from durable_harness.acp.updates import EventTranslator, Update, recovery_plan, replay
 from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
 from durable_harness.harness.core import Event
 from durable_harness.host.manager import SessionManager
 from durable_harness.host.options import HostOptions
-from durable_harness.host.record import CommandRuntime
+from durable_harness.host.record import SessionRecord
 from durable_harness.recovery.decide import ToolCallPlan
-from durable_harness.tools.base import OUTPUT_CAP_BYTES, Tool, ToolContext, ToolResult
-from durable_harness.tools.bash import BashArgs, BashTool
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +59,20 @@ SKIPPED_RESULT = (
     "Skipped after a crash: this call was started, its outcome is unknown, and the user chose "
     "not to run it again. Check its effect before relying on it."
 )
-"""The result an in-doubt call settles with when the client answers "skip" (not an error:
-the conversation goes on; the model is told the effect is unknown)."""
+"""The result (not an error) an in-doubt call settles with when the client answers "skip"."""
 
 IN_DOUBT_OPTIONS = [
     PermissionOption(option_id="retry", name="Run it again", kind="allow_once"),
     PermissionOption(option_id="fail", name="Mark it failed", kind="reject_once"),
     PermissionOption(option_id="skip", name="Skip it (outcome unknown)", kind="reject_once"),
 ]
-"""The question for an in-doubt call after a crash: ``retry`` (decision ``retry``), ``fail``
-(decision ``fail``: an error result), ``skip`` (decision ``result`` with
-:data:`SKIPPED_RESULT`)."""
+"""The question for an in-doubt call after a crash (answers: :data:`IN_DOUBT_DECISIONS`)."""
 
-TOOL_OPTIONS = [
-    PermissionOption(option_id="allow_once", name="Allow", kind="allow_once"),
-    PermissionOption(option_id="allow_always", name="Always allow", kind="allow_always"),
-    PermissionOption(option_id="reject_once", name="Reject", kind="reject_once"),
-]
-"""The question before an unsafe tool runs; ``allow_always`` is remembered in the session
-(:meth:`~durable_harness.host.SessionManager.allow_tool`)."""
+IN_DOUBT_DECISIONS: dict[str, dict[str, Any]] = {
+    "retry": {"decision": "retry"},
+    "fail": {"decision": "fail"},
+    "skip": {"decision": "result", "result": SKIPPED_RESULT},
+}
 
 MAX_REPLAY_ENTRIES = 1_000_000
 
@@ -138,8 +100,7 @@ class _Channel:
 
 
 def prompt_text(blocks: list[PromptBlock]) -> str:
-    """A prompt's content as the text of one user message: text blocks as they are, a
-    resource link as ``[name](uri)``, an embedded text resource as its URI then its text.
+    """A prompt's content as one user message's text (``design/acp.md``, "Methods").
 
     Raises:
         RequestError: an image, audio or binary resource (not advertised).
@@ -164,54 +125,42 @@ def prompt_text(blocks: list[PromptBlock]) -> str:
     return "\n\n".join(parts)
 
 
+def _not_live(session_id: str, state: str, why: str) -> RequestError:
+    return rpc_error(
+        SessionNotLive(f"session {session_id} {why}", session_id=session_id, state=state)
+    )
+
+
 class DurableAgent:
-    """An ACP agent over a :class:`~durable_harness.host.SessionManager` (see the module
-    docstring). Build it, wrap the host's tools with :meth:`tools_factory`, then
-    :meth:`bind` it to the manager and a task group before the connection starts."""
+    """An ACP agent over a :class:`~durable_harness.host.SessionManager`, its tools run through
+    :attr:`runtime`: build it, wrap the tools (:func:`acp_options`), :meth:`bind` it."""
 
     def __init__(self) -> None:
         self.manager: SessionManager | None = None
         self.client: Client | None = None
-        self.client_capabilities = ClientCapabilities()
+        self.runtime = ToolRuntime(self)
         self._tg: anyio.abc.TaskGroup | None = None
         self._channels: dict[str, _Channel] = {}
-        self._run_sessions: dict[str, str] = {}  # run id -> session id
         self._ends: dict[str, _RunEnd] = {}  # run id -> its end
         self._live: set[str] = set()  # sessions with a generation started by this agent
-        self._approved: set[tuple[str, str]] = set()  # (session, tool call) retried by decision
-        self._ask_locks: dict[str, anyio.Lock] = {}
         self._creating: set[anyio.Event] = set()  # session/new requests being handled
         self._send_failed = False
-        self.output_open: Callable[[], bool] = lambda: True
-        """Whether the client can still be written to (set by :func:`~durable_harness.acp.serve`
-        from its transport)."""
-
-    # -- wiring -------------------------------------------------------------------------------
-
-    def tools_factory(
-        self, inner: Callable[[CommandRuntime], Mapping[str, Tool]]
-    ) -> Callable[[CommandRuntime], Mapping[str, Tool]]:
-        """The host's tool factory with every tool wrapped for ACP
-        (:func:`~durable_harness.acp.tools.acp_tools`)."""
-        return lambda runtime: acp_tools(inner(runtime), self)
+        self.output_open: Callable[[], bool] = lambda: True  # set by acp.serve
 
     def bind(self, manager: SessionManager, tg: anyio.abc.TaskGroup) -> None:
-        """Attach the manager (its events start flowing to the channels) and the task group
-        the channels' senders run in."""
-        self.manager = manager
+        """Attach the manager (its events flow to the channels) and the senders' task group."""
+        self.manager = self.runtime.manager = manager
         self._tg = tg
         manager.observe(self._observe)
 
     def on_connect(self, conn: Client) -> None:
         """The SDK hands over the client side of the connection."""
-        self.client = conn
+        self.client = self.runtime.client = conn
 
     def _manager(self) -> SessionManager:
         if self.manager is None:
             raise RuntimeError("DurableAgent.bind() was not called")
         return self.manager
-
-    # -- the channel ----------------------------------------------------------------------------
 
     def _channel(self, session_id: str) -> _Channel:
         chan = self._channels.get(session_id)
@@ -225,13 +174,14 @@ class DurableAgent:
 
     def _observe(self, session_id: str, event: Event) -> None:
         if event.get("type") == "run_start" and event.get("runId"):
-            self._run_sessions[str(event["runId"])] = session_id
+            self.runtime.run_sessions[str(event["runId"])] = session_id
         self._channel(session_id).send.send_nowait(("event", event))
 
-    def _push(self, session_id: str, update: Update) -> None:
+    def push(self, session_id: str, update: Update) -> None:
+        """Queue ``update`` after what the session's channel holds."""
         self._channel(session_id).send.send_nowait(("update", update))
 
-    async def _flush(self, session_id: str) -> None:
+    async def flush(self, session_id: str) -> None:
         """Wait until the session's channel has sent everything queued before this call."""
         marker = anyio.Event()
         self._channel(session_id).send.send_nowait(("flush", marker))
@@ -295,26 +245,18 @@ class DurableAgent:
                 return message
         return None
 
-    # -- errors ---------------------------------------------------------------------------------
+    async def _get(self, session_id: str) -> SessionRecord:
+        try:
+            return await self._manager().get(session_id)
+        except DurableHarnessError as exc:
+            raise rpc_error(exc) from exc
 
     async def _check_live(self, session_id: str) -> None:
         """Refuse a session this agent does not run: unknown (``-32002``), or not loaded."""
-        manager = self._manager()
-        try:
-            rec = await manager.get(session_id)
-        except DurableHarnessError as exc:
-            raise rpc_error(exc) from exc
+        rec = await self._get(session_id)
         if session_id not in self._live:
-            raise rpc_error(
-                SessionNotLive(
-                    f"session {session_id} is {rec.state} and not loaded in this agent: "
-                    "send session/load first",
-                    session_id=session_id,
-                    state=rec.state,
-                )
-            )
-
-    # -- the Agent interface ----------------------------------------------------------------
+            why = f"is {rec.state} and not loaded in this agent: send session/load first"
+            raise _not_live(session_id, rec.state, why)
 
     async def initialize(
         self,
@@ -323,10 +265,9 @@ class DurableAgent:
         client_info: Implementation | None = None,
         **kwargs: Any,
     ) -> InitializeResponse:
-        """Agree on the protocol version (this agent's, ``1``) and keep the client's
-        capabilities (its file system is used where offered)."""
+        """Agree on the protocol version (``1``) and keep the client's capabilities."""
         if client_capabilities is not None:
-            self.client_capabilities = client_capabilities
+            self.runtime.capabilities = client_capabilities
         return InitializeResponse(
             protocol_version=PROTOCOL_VERSION,
             agent_capabilities=AgentCapabilities(
@@ -343,9 +284,8 @@ class DurableAgent:
         mcp_servers: list[Any] | None = None,
         **kwargs: Any,
     ) -> NewSessionResponse:
-        """A new durable session in ``cwd`` (its id is the ACP session id); MCP servers are
-        not supported and ignored. A client that goes away meanwhile does not cut the create
-        short: :meth:`close_all` waits for it, then closes the session."""
+        """A new durable session in ``cwd`` (its id is the ACP session id; MCP servers are
+        ignored); a client that goes away meanwhile does not cut it short (:meth:`close_all`)."""
         done = anyio.Event()
         self._creating.add(done)
         try:
@@ -368,8 +308,7 @@ class DurableAgent:
     async def prompt(
         self, session_id: str, prompt: list[PromptBlock], **kwargs: Any
     ) -> PromptResponse:
-        """Start a durable run with the prompt, stream its updates, return its stop reason
-        (:meth:`stop_reason`)."""
+        """Start a durable run with the prompt, stream its updates, return its stop reason."""
         text = prompt_text(prompt)
         await self._check_live(session_id)
         try:
@@ -385,15 +324,11 @@ class DurableAgent:
     def stop_reason(
         self, session_id: str, run_id: str, end: _RunEnd
     ) -> Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]:
-        """A run's outcome as an ACP stop reason: ``completed`` -> ``end_turn`` (``max_tokens``
-        when the last answer was cut at the token limit), ``aborted`` -> ``cancelled``,
-        ``declined`` -> ``refusal``, ``failed`` at the ``max_turns`` limit ->
-        ``max_turn_requests``.
+        """A run's outcome as an ACP stop reason (``design/acp.md``, "Stop reasons").
 
         Raises:
-            RequestError: a run that failed otherwise (provider error, attempt cap, tool-call
-                limit: ``-32603`` with ``data.code`` ``run_failed`` and the reason), or that
-                suspended waiting for a decision (``-32010``, ``data.code`` ``suspended``).
+            RequestError: a run that failed otherwise (``-32603``, ``run_failed``), or that
+                suspended waiting for a decision (``-32010``, ``suspended``).
         """
         outcome = end.outcome
         if outcome == "completed":
@@ -403,9 +338,10 @@ class DurableAgent:
         if outcome == "declined":
             return "refusal"
         if outcome == "failed":
-            reason = self._failure_reason(session_id, end.lane, run_id)
-            if reason.startswith("max_turns "):
+            finished = self._finished(session_id, end.lane, run_id)
+            if finished.get("limit") == "max_turns":
                 return "max_turn_requests"
+            reason = str(finished.get("reason") or "no reason recorded")
             raise RequestError(
                 INTERNAL,
                 f"run {run_id} failed: {reason}",
@@ -418,16 +354,16 @@ class DurableAgent:
             {"code": "suspended", "runId": run_id},
         )
 
-    def _failure_reason(self, session_id: str, lane: str, run_id: str) -> str:
+    def _finished(self, session_id: str, lane: str, run_id: str) -> dict[str, Any]:
+        """The run's ``run_finished`` record (``{}`` when there is none)."""
         page = self._manager().log(session_id, lane=lane, limit=MAX_REPLAY_ENTRIES)
         for rec in reversed(page["records"]):
             if rec.get("type") == "run_finished" and rec.get("runId") == run_id:
-                return str(rec.get("reason") or "no reason recorded")
-        return "no reason recorded"
+                return dict(rec)
+        return {}
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
-        """Abort the session's running turn (durably: ``abort_requested`` first); nothing
-        to do when no run is open (a notification has no answer)."""
+        """Abort the session's running turn (durably); nothing to do when no run is open."""
         try:
             await self._manager().abort(session_id)
         except (NoOpenRun, SessionNotLive, SessionLive):
@@ -443,40 +379,28 @@ class DurableAgent:
         additional_directories: list[str] | None = None,
         **kwargs: Any,
     ) -> LoadSessionResponse:
-        """Replay the transcript as updates; then, unless this agent runs the session
-        already, resume it: report an interrupted run (a ``plan`` update), ask the client
-        about each in-doubt call, and wait for the resumed runs to end. The response's
-        ``_meta.durableHarness`` says what was recovered (``recovered``: run id, lane,
-        outcome, stop reason) or still waits (``awaiting``: tool call ids).
-
-        The session keeps its recorded working directory (``cwd`` is not applied)."""
+        """Replay the transcript, then resume the session (``design/acp.md``, "Methods")."""
         manager = self._manager()
-        try:
-            rec = await manager.get(session_id)
-        except DurableHarnessError as exc:
-            raise rpc_error(exc) from exc
-        chan = self._channel(session_id)
-        chan.cwd = rec.cwd
+        rec = await self._get(session_id)
+        self._channel(session_id).cwd = rec.cwd
         entries = manager.messages(session_id, limit=MAX_REPLAY_ENTRIES)["entries"]
         for update in replay(rec.cwd, entries):
-            self._push(session_id, update)
-        await self._flush(session_id)
+            self.push(session_id, update)
+        await self.flush(session_id)
         if session_id in self._live:
             return LoadSessionResponse()
         plan = manager.plan(session_id) if rec.state == "suspended" else None
         lanes = [lp for lp in (plan.lanes if plan else []) if lp.run_id is not None]
         decisions: dict[str, dict[str, Any]] = {}
         if lanes:
-            self._push(session_id, recovery_plan(lanes, "pending"))
+            self.push(session_id, recovery_plan(lanes, "pending"))
             for lp in lanes:
-                self._push(
-                    session_id,
-                    update_agent_message_text(
-                        f"Run {lp.run_id} on lane {lp.lane} was interrupted; "
-                        f"resuming it ({lp.next_action.replace('_', ' ')}).\n"
-                    ),
+                what = f"Run {lp.run_id} on lane {lp.lane} was interrupted"
+                action = lp.next_action.replace("_", " ")
+                self.push(
+                    session_id, update_agent_message_text(f"{what}; resuming it ({action}).\n")
                 )
-            await self._flush(session_id)
+            await self.flush(session_id)
             for lp in lanes:
                 for call in lp.waiting():
                     answer = await self._ask_in_doubt(session_id, call)
@@ -487,206 +411,50 @@ class DurableAgent:
                         )
                     decisions[call.tool_call_id] = answer
                     if answer["decision"] == "retry":
-                        self._approved.add((session_id, call.tool_call_id))
+                        self.runtime.approved.add((session_id, call.tool_call_id))
         ends = {str(lp.run_id): self._end(str(lp.run_id)) for lp in lanes}
         try:
             resumed = await manager.resume(session_id, decisions or None)
         except DurableHarnessError as exc:  # e.g. already_decided: nothing was written
-            self._approved -= {(session_id, call_id) for call_id in decisions}
+            self.runtime.approved -= {(session_id, call_id) for call_id in decisions}
             raise rpc_error(exc) from exc
         if resumed.state not in ("idle", "running"):
-            raise rpc_error(
-                SessionNotLive(
-                    f"session {session_id} did not resume: it is {resumed.state}"
-                    + (f" ({resumed.last_error})" if resumed.last_error else ""),
-                    session_id=session_id,
-                    state=resumed.state,
-                )
-            )
+            why = f"did not resume: it is {resumed.state}"
+            why += f" ({resumed.last_error})" if resumed.last_error else ""
+            raise _not_live(session_id, resumed.state, why)
         self._live.add(session_id)
         recovered = []
         for run_id, end in ends.items():
             await end.done.wait()
             self._ends.pop(run_id, None)
+            try:
+                stop: str = self.stop_reason(session_id, run_id, end)
+            except RequestError as exc:  # the error's data.code
+                stop = str((exc.data if isinstance(exc.data, dict) else {}).get("code", "error"))
             recovered.append(
-                {
-                    "runId": run_id,
-                    "lane": end.lane,
-                    "outcome": end.outcome,
-                    "stopReason": _quiet_stop_reason(self, session_id, run_id, end),
-                }
+                dict(runId=run_id, lane=end.lane, outcome=end.outcome, stopReason=stop)
             )
         if lanes:
-            self._push(session_id, recovery_plan(lanes, "completed"))
-            await self._flush(session_id)
+            self.push(session_id, recovery_plan(lanes, "completed"))
+            await self.flush(session_id)
         meta = {"durableHarness": {"recovered": recovered}} if recovered else None
         return LoadSessionResponse(field_meta=meta)
 
     async def _ask_in_doubt(self, session_id: str, call: ToolCallPlan) -> dict[str, Any] | None:
-        """Put an in-doubt call to the client; its answer as a decision, or ``None`` when the
-        client cancelled the question."""
-        args = call.arguments or {}
-        question = ToolCallUpdate(
-            tool_call_id=call.tool_call_id,
-            title=f"{tool_title(call.tool_name, args)} (interrupted: outcome unknown)",
-            kind=TOOL_KINDS.get(call.tool_name, "other"),
-            status="pending",
-            raw_input=args,
-            field_meta={"durableHarness": {"inDoubt": True, "doubt": call.doubt}},
+        """Put an in-doubt call to the client; its answer as a decision (``None``: cancelled)."""
+        asked = question(
+            call.tool_call_id,
+            call.tool_name,
+            call.arguments or {},
+            " (interrupted: outcome unknown)",
+            inDoubt=True,
+            doubt=call.doubt,
         )
-        answer = await self._ask(session_id, question, IN_DOUBT_OPTIONS)
-        if answer == "retry":
-            return {"decision": "retry"}
-        if answer == "fail":
-            return {"decision": "fail"}
-        if answer == "skip":
-            return {"decision": "result", "result": SKIPPED_RESULT}
-        return None
-
-    async def _ask(
-        self, session_id: str, question: ToolCallUpdate, options: list[PermissionOption]
-    ) -> str | None:
-        """Ask the client (one question at a time per session, after the updates queued
-        before it); the chosen option id, or ``None`` when cancelled or unknown."""
-        if self.client is None:
-            return None
-        await self._flush(session_id)
-        lock = self._ask_locks.setdefault(session_id, anyio.Lock())
-        async with lock:
-            response = await self.client.request_permission(
-                session_id=session_id, tool_call=question, options=options
-            )
-        outcome = response.outcome
-        if not isinstance(outcome, AllowedOutcome):
-            return None
-        chosen = outcome.option_id
-        return chosen if chosen in {o.option_id for o in options} else None
-
-    # -- the tools' gate (durable_harness.acp.tools.Gate) -------------------------------------
-
-    async def before_tool(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> str | None:
-        """Ask before an unsafe tool runs (unless the session always allows it, or the call
-        is being retried by the client's decision); then announce it ``in_progress``."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        if session_id is None:
-            return None  # not a run of this agent's sessions
-        approved = (session_id, ctx.tool_call_id) in self._approved
-        self._approved.discard((session_id, ctx.tool_call_id))
-        if tool in UNSAFE_TOOLS and not approved:
-            rec = await self._manager().get(session_id)
-            if tool not in rec.allowed_tools:
-                question = ToolCallUpdate(
-                    tool_call_id=ctx.tool_call_id,
-                    title=tool_title(tool, args),
-                    kind=TOOL_KINDS.get(tool, "other"),
-                    status="pending",
-                    raw_input=args,
-                )
-                answer = await self._ask(session_id, question, TOOL_OPTIONS)
-                if answer is None:
-                    return f"permission to run {tool} was cancelled; the call did not run"
-                if answer == "reject_once":
-                    return f"the user refused permission to run {tool}; the call did not run"
-                if answer == "allow_always":
-                    await self._manager().allow_tool(session_id, tool)
-        self._push(session_id, tool_call_running(ctx.tool_call_id))
-        return None
-
-    async def client_read(self, ctx: ToolContext, path: Path) -> str | None:
-        """Read through the client's ``fs/read_text_file`` when it offers it."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        fs = self.client_capabilities.fs
-        if session_id is None or self.client is None or fs is None or not fs.read_text_file:
-            return None
-        response = await self.client.read_text_file(session_id=session_id, path=str(path))
-        return response.content
-
-    async def client_write(self, ctx: ToolContext, path: Path, content: str) -> bool:
-        """Write through the client's ``fs/write_text_file`` when it offers it."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        fs = self.client_capabilities.fs
-        if session_id is None or self.client is None or fs is None or not fs.write_text_file:
-            return False
-        await self.client.write_text_file(session_id=session_id, path=str(path), content=content)
-        return True
-
-    async def client_bash(self, ctx: ToolContext, args: BashArgs) -> ToolResult | None:
-        """Run ``bash -c COMMAND`` in a client terminal when the client offers terminals:
-        the terminal is shown on the call (``terminal`` content), waited for up to the
-        call's timeout (then killed), its output read (the client keeps at most
-        :data:`~durable_harness.tools.base.OUTPUT_CAP_BYTES`), and released, also when the
-        call is cancelled. The result reads like the local tool's: the output, then ``exit
-        code N`` or the signal, ``is_error`` unless it exited 0."""
-        session_id = self._run_sessions.get(ctx.run_id)
-        client = self.client
-        if session_id is None or client is None or not self.client_capabilities.terminal:
-            return None
-        timeout = args.timeout or BashTool.default_timeout
-        env = [
-            EnvVariable(name="DURABLE_HARNESS_IDEMPOTENCY_KEY", value=ctx.idempotency_key),
-            EnvVariable(name="DURABLE_HARNESS_RUN_ID", value=ctx.run_id),
-            EnvVariable(name="DURABLE_HARNESS_TOOL_CALL_ID", value=ctx.tool_call_id),
-        ]
-        created = await client.create_terminal(
-            session_id=session_id,
-            command="bash",
-            args=["-c", args.command],
-            cwd=str(ctx.cwd),
-            env=env,
-            output_byte_limit=OUTPUT_CAP_BYTES,
-        )
-        terminal = created.terminal_id
-        self._push(
-            session_id,
-            update_tool_call(ctx.tool_call_id, content=[tool_terminal_ref(terminal)]),
-        )
-        finished = False
-        try:
-            exit_code: int | None = None
-            signal_name: str | None = None
-            with anyio.move_on_after(timeout) as waited:
-                status = await client.wait_for_terminal_exit(
-                    session_id=session_id, terminal_id=terminal
-                )
-                exit_code, signal_name = status.exit_code, status.signal
-            if waited.cancelled_caught:
-                await client.kill_terminal(session_id=session_id, terminal_id=terminal)
-            output = await client.terminal_output(session_id=session_id, terminal_id=terminal)
-            finished = True
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    if not finished:
-                        await client.kill_terminal(session_id=session_id, terminal_id=terminal)
-                    await client.release_terminal(session_id=session_id, terminal_id=terminal)
-                except (ConnectionError, RequestError) as exc:
-                    log.warning("releasing terminal %s: %s", terminal, exc)
-        details: dict[str, Any] = {
-            "exit_code": exit_code,
-            "signal": signal_name,
-            "timed_out": waited.cancelled_caught,
-            "truncated": output.truncated,
-            "terminal_id": terminal,
-            "via": "client",
-        }
-        text = output.output.rstrip("\n")
-        if waited.cancelled_caught:
-            note = f"command timed out after {timeout:g} seconds; its terminal was killed"
-        elif exit_code == 0:
-            return ToolResult.text(output.output or "(no output)", details=details)
-        elif signal_name:
-            note = f"killed by {signal_name}"
-        else:
-            note = f"exit code {exit_code}"
-        return ToolResult.text(f"{text}\n{note}" if text else note, is_error=True, details=details)
-
-    # -- shutdown ---------------------------------------------------------------------------
+        answer = await self.runtime.ask(session_id, asked, IN_DOUBT_OPTIONS)
+        return IN_DOUBT_DECISIONS.get(answer or "")
 
     async def close_all(self, reason: str = "the client went away") -> None:
-        """Close every session this agent runs (``reason``: the client went away): each
-        ``session/new`` still being handled is let finish first (up to
-        :data:`CREATE_WAIT_S`), then running turns are aborted, given the host's grace period,
-        and the sessions closed (``manager.close``: the log is left consistent)."""
+        """Close every session this agent runs, once each ``session/new`` being handled ends."""
         manager = self._manager()
         with anyio.move_on_after(CREATE_WAIT_S):
             for done in list(self._creating):
@@ -701,18 +469,8 @@ class DurableAgent:
         self._live.clear()
 
 
-def _quiet_stop_reason(agent: DurableAgent, session_id: str, run_id: str, end: _RunEnd) -> str:
-    try:
-        return agent.stop_reason(session_id, run_id, end)
-    except RequestError as exc:
-        data = exc.data if isinstance(exc.data, dict) else {}
-        return str(data.get("code", "error"))
-
-
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:
-    """The host options an ACP agent runs with: the tools wrapped for the client, and no
-    session resumed at start-up (a session resumes when a client loads it, so that its
-    questions have someone to answer them)."""
+    """The host options of an ACP agent: tools wrapped, no session resumed at start-up."""
     return dataclasses.replace(
-        options, tools=agent.tools_factory(options.tools), auto_resume="never"
+        options, tools=agent.runtime.tools(options.tools), auto_resume="never"
     )

@@ -1,9 +1,5 @@
-"""Library errors as JSON-RPC errors (``design/acp.md``).
-
-Every refusal the agent gives is a JSON-RPC error whose ``message`` is the library's own
-message (it names the cause: the session id, the path, the state) and whose ``data`` carries
-the stable library ``code`` and details (:meth:`DurableHarnessError.to_json`).
-"""
+"""Library errors as JSON-RPC errors: the library's message and ``data`` its JSON
+(``design/acp.md``, "Errors")."""
 
 from __future__ import annotations
 
@@ -36,14 +32,10 @@ _BY_CODE: dict[str, int] = {
     "decision_required": CONFLICT,
     "already_decided": CONFLICT,
 }
-"""JSON-RPC error code per library error code: bad parameters ``-32602``, an unknown session
-``-32002`` (ACP's "resource not found"), a request the session's state refuses ``-32010``;
-anything else ``-32603`` (internal error)."""
+"""JSON-RPC error code per library error code; any other ``-32603`` (``design/acp.md``)."""
 
 
 def rpc_error(exc: DurableHarnessError) -> RequestError:
-    """The JSON-RPC error for a library error: its message, and ``data`` =
-    ``exc.to_remote_json()`` (``{"code", "message", ...details}``, without what stays local:
-    :meth:`~durable_harness.errors.DurableHarnessError.to_remote_json`)."""
+    """The JSON-RPC error for a library error: its message, ``data`` its ``to_remote_json()``."""
     shown = exc.to_remote_json()
     return RequestError(_BY_CODE.get(exc.code, INTERNAL), str(shown["message"]), shown)

@@ -1,34 +1,6 @@
-"""Newline-delimited JSON-RPC over stdio that answers malformed input (``design/acp.md``).
-
-The SDK's stdio transport drops a line it cannot parse without a word, and a line that parses
-to something other than a message object would stop its receive loop. This transport checks
-each line before the connection sees it and answers, as JSON-RPC 2.0 says:
-
-- a line that is not JSON: ``-32700`` (parse error), ``id: null``;
-- JSON that is not a request, notification or response (an array, a number, an object with
-  neither ``method`` nor ``id``, a non-string ``method``, an ``id`` that is not a string,
-  number or null): ``-32600`` (invalid request), with the message's ``id`` when it has a
-  usable one.
-
-The process lives on either way; only well-formed messages reach the agent. Two more bounds
-keep one hostile line from stopping it:
-
-- a line over :data:`MAX_LINE_BYTES` (16 MiB) is read to its end and discarded without being
-  kept in memory, and answered ``-32600`` (nothing of it is parsed);
-- JSON nested too deeply for the parser (``[[[[...]]]]``) is a ``-32700``, not a
-  ``RecursionError`` that would end the receive loop.
-
-Every error this process sends passes through :func:`clip_error_data` first, so an error
-never echoes a large input back (the SDK's ``-32602`` puts the offending value in
-``data.errors[].input``).
-
-A client that vanishes (``design/acp.md``, "Lifetime"): :func:`stdio_transport` reads and
-writes duplicates of fds 0 and 1 (closing them never closes ``sys.stdin``/``sys.stdout``),
-writes to a regular file directly (``durable-harness acp > file``: asyncio's pipe transport
-refuses a regular file), and notices when the reader of stdout goes away (EPIPE, or the pipe's
-read end closed while idle): it then stops reading stdin, so the agent sees the end of input
-and shuts down as when stdin closes. A message sent after that is dropped, and said once.
-"""
+"""Newline-delimited JSON-RPC over stdio that answers malformed input (``design/acp.md``,
+"Errors", "Bounds" and "Lifetime"): the SDK's transport drops a line it cannot parse without a
+word, and one that parses to no message object stops its receive loop."""
 
 from __future__ import annotations
 
@@ -48,30 +20,18 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 
 MAX_LINE_BYTES = 16 << 20
-"""The longest line (one JSON-RPC message) taken, in bytes (16 MiB; ``design/acp.md``)."""
-
+"""The longest line (one JSON-RPC message) taken, in bytes (16 MiB)."""
 READ_CHUNK_BYTES = 1 << 20
-"""The stream reader's buffer limit: an over-long line is consumed in pieces of about this
-size, so discarding it never holds more than this much of it."""
-
-MAX_ECHO_CHARS = 200
-"""The longest string an error's ``data`` carries (longer ones are cut, their length said)."""
-
+"""The reader's buffer limit: an over-long line is consumed (and dropped) in such pieces."""
+MAX_ECHO_CHARS, MAX_ECHO_ITEMS, MAX_ECHO_DEPTH = 200, 20, 6
+"""The longest string, most items, deepest nesting an error's ``data`` carries."""
 MAX_ERROR_MESSAGE_CHARS = 2000
 """The longest ``message`` an error carries (a library message quotes the input it refuses)."""
 
-MAX_ECHO_ITEMS = 20
-"""The most items of one list or object an error's ``data`` carries."""
-
-MAX_ECHO_DEPTH = 6
-"""The deepest nesting an error's ``data`` carries."""
-
 
 def clip_error_data(value: Any, depth: int = 0) -> Any:
-    """``value`` (an error's ``data``) cut to a bounded size: strings to
-    :data:`MAX_ECHO_CHARS`, lists and objects to :data:`MAX_ECHO_ITEMS` items, nesting to
-    :data:`MAX_ECHO_DEPTH`; anything that is not JSON becomes its (cut) ``str``. The cut is
-    said in the text, never silent."""
+    """``value`` (an error's ``data``) cut to the ``MAX_ECHO_*`` bounds, each cut said in the
+    text; anything that is not JSON becomes its (cut) ``str``."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
@@ -119,80 +79,8 @@ def check_message(message: Any) -> tuple[str, Any] | None:
     return "the message has no method and is not a response", usable_id
 
 
-class CheckedNdjsonTransport(NdjsonTransport):
-    """:class:`acp._transport.NdjsonTransport` that answers malformed lines with JSON-RPC
-    errors (see the module docstring) instead of dropping them."""
-
-    async def receive(self) -> dict[str, Any] | None:
-        """The next well-formed message, or ``None`` at end of input."""
-        while True:
-            line, size = await self._read_bounded()
-            if size > MAX_LINE_BYTES:
-                details = f"the line is {size} bytes, over the limit of {MAX_LINE_BYTES}; discarded"
-                await self._refuse(INVALID_REQUEST, "Invalid request", details, None)
-                continue
-            if not line:
-                return None
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                message = json.loads(line)
-            except ValueError as exc:
-                await self._refuse(PARSE_ERROR, "Parse error", f"not JSON: {exc}", None)
-                continue
-            except RecursionError:
-                details = "the JSON is nested too deeply to parse"
-                await self._refuse(PARSE_ERROR, "Parse error", details, None)
-                continue
-            problem = check_message(message)
-            if problem is None:
-                assert isinstance(message, dict)
-                return message
-            await self._refuse(INVALID_REQUEST, "Invalid request", *problem)
-
-    async def _read_bounded(self) -> tuple[bytes, int]:
-        """The next line and its size in bytes; ``b""`` at end of input. A line over
-        :data:`MAX_LINE_BYTES` is read to its end but not kept (``(b"", size)``)."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            done = True
-            try:
-                piece = await self._wait_for_reader(self._reader.readuntil(b"\n"))
-            except asyncio.LimitOverrunError as exc:
-                piece = await self._wait_for_reader(self._reader.readexactly(exc.consumed))
-                done = False
-            except asyncio.IncompleteReadError as exc:
-                piece = exc.partial
-            size += len(piece)
-            if size <= MAX_LINE_BYTES:
-                chunks.append(piece)
-            else:
-                chunks.clear()
-            if done:
-                return b"".join(chunks), size
-
-    async def send(self, message: dict[str, Any]) -> None:
-        """Send ``message``; an error's ``data`` is cut first (:func:`clip_error_data`)."""
-        error = message.get("error")
-        if isinstance(error, dict) and "data" in error:
-            error = {**error, "data": clip_error_data(error["data"])}
-            text = error.get("message")
-            if isinstance(text, str) and len(text) > MAX_ERROR_MESSAGE_CHARS:
-                error["message"] = text[:MAX_ERROR_MESSAGE_CHARS] + "..."
-            message = {**message, "error": error}
-        await super().send(message)
-
-    async def _refuse(self, code: int, message: str, details: str, mid: Any) -> None:
-        log.warning("refused a malformed JSON-RPC message: %s", details)
-        error = {"code": code, "message": f"{message}: {details}", "data": {"details": details}}
-        await self.send({"jsonrpc": "2.0", "id": mid, "error": error})
-
-
 class _Output(asyncio.Protocol):
-    """The write side's protocol: flow control for ``StreamWriter.drain`` and the moment
-    the client stops reading (``connection_lost``)."""
+    """The write side's protocol: flow control for ``StreamWriter.drain``, and ``on_lost``."""
 
     def __init__(self, on_lost: Any) -> None:
         self._paused = False
@@ -218,8 +106,7 @@ class _Output(asyncio.Protocol):
 
 
 class _FileOutput(asyncio.WriteTransport):
-    """Writes to a regular file (``acp > file``), each message at once: a file never makes
-    a writer wait long, and asyncio's pipe transport refuses one."""
+    """Writes to a regular file (``acp > file``) at once: asyncio's pipe transport refuses one."""
 
     def __init__(self, fd: int, protocol: _Output) -> None:
         super().__init__()
@@ -254,15 +141,13 @@ class _FileOutput(asyncio.WriteTransport):
         self.close()
 
 
-class StdioTransport(CheckedNdjsonTransport):
-    """:class:`CheckedNdjsonTransport` over this process's stdin and stdout that knows when
-    the client stopped reading (:attr:`output_lost`) and which requests it has not answered
-    yet (:meth:`answered`)."""
+class StdioTransport(NdjsonTransport):
+    """The SDK's NDJSON transport over stdin and stdout that answers malformed lines, knows when
+    the client stopped reading (:attr:`output_lost`) and which requests are unanswered."""
 
     def __init__(self, reader: asyncio.StreamReader, sender: MessageSender) -> None:
         super().__init__(reader, sender)
-        self.output_lost = False
-        """True once stdout is broken (EPIPE, or the client closed its end)."""
+        self.output_lost = False  # stdout broken (EPIPE, or the client closed its end)
         self.input_transport: asyncio.ReadTransport | None = None
         self._closing = False
         self._dropped = 0
@@ -282,18 +167,66 @@ class StdioTransport(CheckedNdjsonTransport):
             self.input_transport.close()
 
     async def receive(self) -> dict[str, Any] | None:
-        """The next well-formed message (a request is remembered until it is answered), or
-        ``None`` at end of input."""
-        message = await super().receive()
-        mid = message.get("id") if message is not None else None
-        if message is not None and "method" in message and isinstance(mid, (str, int)):
-            self._unanswered.add(mid)
-            self._all_answered.clear()
-        return message
+        """The next well-formed message (a request kept until answered); ``None`` at the end."""
+        while True:
+            line, size = await self._read_bounded()
+            if size > MAX_LINE_BYTES:
+                details = f"the line is {size} bytes, over the limit of {MAX_LINE_BYTES}; discarded"
+                await self._refuse(INVALID_REQUEST, "Invalid request", details, None)
+                continue
+            if not line:
+                return None
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError as exc:
+                await self._refuse(PARSE_ERROR, "Parse error", f"not JSON: {exc}", None)
+                continue
+            except RecursionError:
+                details = "the JSON is nested too deeply to parse"
+                await self._refuse(PARSE_ERROR, "Parse error", details, None)
+                continue
+            problem = check_message(message)
+            if problem is None:
+                assert isinstance(message, dict)
+                mid = message.get("id")
+                if "method" in message and isinstance(mid, (str, int)):
+                    self._unanswered.add(mid)
+                    self._all_answered.clear()
+                return message
+            await self._refuse(INVALID_REQUEST, "Invalid request", *problem)
+
+    async def _read_bounded(self) -> tuple[bytes, int]:
+        """The next line and its size in bytes (``b""``: end of input, or a line too long)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            done = True
+            try:
+                piece = await self._wait_for_reader(self._reader.readuntil(b"\n"))
+            except asyncio.LimitOverrunError as exc:
+                piece = await self._wait_for_reader(self._reader.readexactly(exc.consumed))
+                done = False
+            except asyncio.IncompleteReadError as exc:
+                piece = exc.partial
+            size += len(piece)
+            if size <= MAX_LINE_BYTES:
+                chunks.append(piece)
+            else:
+                chunks.clear()
+            if done:
+                return b"".join(chunks), size
+
+    async def _refuse(self, code: int, message: str, details: str, mid: Any) -> None:
+        log.warning("refused a malformed JSON-RPC message: %s", details)
+        error = {"code": code, "message": f"{message}: {details}", "data": {"details": details}}
+        await self.send({"jsonrpc": "2.0", "id": mid, "error": error})
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Send ``message``, or drop it once stdout is broken (a dropped answer is logged
-        with its request id, the first dropped notification too)."""
+        """Send ``message`` (an error's ``data`` cut first: :func:`clip_error_data`), or drop it
+        once stdout is broken (logged: each answer, and the first other message)."""
         answers = "method" not in message and message.get("id") in self._unanswered
         if self.output_lost:
             self._dropped += 1
@@ -304,6 +237,13 @@ class StdioTransport(CheckedNdjsonTransport):
             elif self._dropped == 1:
                 log.warning("stdout is closed: messages to the client are dropped")
         else:
+            error = message.get("error")
+            if isinstance(error, dict) and "data" in error:
+                error = {**error, "data": clip_error_data(error["data"])}
+                text = error.get("message")
+                if isinstance(text, str) and len(text) > MAX_ERROR_MESSAGE_CHARS:
+                    error["message"] = text[:MAX_ERROR_MESSAGE_CHARS] + "..."
+                message = {**message, "error": error}
             await super().send(message)
         if answers:
             self._unanswered.discard(message["id"])
@@ -311,8 +251,7 @@ class StdioTransport(CheckedNdjsonTransport):
                 self._all_answered.set()
 
     async def answered(self, limit: float) -> bool:
-        """Wait up to ``limit`` seconds until every request received has been answered (or
-        stdout is lost); whether none is left unanswered."""
+        """Whether every request got its answer (or stdout was lost) within ``limit`` seconds."""
         try:
             await asyncio.wait_for(self._all_answered.wait(), limit)
         except TimeoutError:
@@ -329,9 +268,8 @@ class StdioTransport(CheckedNdjsonTransport):
 
 
 async def stdio_transport() -> tuple[StdioTransport, TaskSupervisor]:
-    """The checked transport over this process's stdin and stdout, and the supervisor of its
-    writer task (shut it down when done). Stdout may be a pipe, a socket, a terminal or a
-    regular file."""
+    """The checked transport over stdin and stdout (a pipe, socket, terminal or regular file)
+    and the supervisor of its writer task (shut it down when done)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=READ_CHUNK_BYTES)
     supervisor = TaskSupervisor(source="durable_harness.acp.transport")
@@ -357,7 +295,6 @@ async def stdio_transport() -> tuple[StdioTransport, TaskSupervisor]:
 
 __all__ = [
     "MAX_LINE_BYTES",
-    "CheckedNdjsonTransport",
     "StdioTransport",
     "check_message",
     "clip_error_data",

@@ -1,19 +1,6 @@
-"""What the client sees: harness events and transcript entries as ACP ``session/update``
-payloads (``design/acp.md``).
-
-Two sources give the same shapes, so a live run and its replay by ``session/load`` read
-alike:
-
-- :class:`EventTranslator` turns the events of a live run (``design/run-loop.md``) into
-  updates as they happen;
-- :func:`replay` turns the transcript (the lane's entries from the root to its leaf) into
-  the updates that rebuild it.
-
-An assistant message streams as ``agent_message_chunk`` (text) and ``agent_thought_chunk``
-(thinking); each tool call it asks for is a ``tool_call`` (``pending``, with its arguments as
-``rawInput``), then a ``tool_call_update`` ``in_progress`` when it starts, and one
-``completed`` or ``failed`` carrying the result's text when it settles.
-"""
+"""What the client sees: harness events (:class:`EventTranslator`) and transcript entries
+(:func:`replay`) as ACP ``session/update`` payloads of the same shapes, so a live run and its
+replay by ``session/load`` read alike (``design/acp.md``, "Objects")."""
 
 from __future__ import annotations
 
@@ -72,12 +59,7 @@ _BLANKS = re.compile(r"[ \t\n]+")
 
 
 def tool_title(name: str, arguments: dict[str, Any]) -> str:
-    """A one-line title for a call: the tool's name and its main argument (a file tool's
-    ``path``, bash's ``command``), runs of spaces, tabs and newlines as one space, every
-    other invisible or reordering character shown as ``\\u{HEX}``
-    (:func:`durable_harness.display.visible`: the client shows what will run), cut at 120
-    characters (never inside a token). The same title heads the ``tool_call`` update and the
-    permission question."""
+    """A call's one-line title: its tool and main argument, shown as ``design/acp.md`` says."""
     key = _TITLE_ARG.get(name, "path")
     value = arguments.get(key)
     title = f"{name}: {value}" if isinstance(value, str) and value else name
@@ -85,33 +67,24 @@ def tool_title(name: str, arguments: dict[str, Any]) -> str:
     return clip(title, _TITLE_CAP)
 
 
-def tool_locations(cwd: str, arguments: dict[str, Any]) -> list[ToolCallLocation] | None:
-    """The file a call touches, as an absolute path under ``cwd`` (``None`` for none)."""
-    path = arguments.get("path")
-    if not isinstance(path, str) or not path:
-        return None
-    return [ToolCallLocation(path=str(Path(cwd) / path))]
-
-
 def tool_call_started(cwd: str, call: dict[str, Any]) -> ToolCallStart:
     """The ``tool_call`` update (status ``pending``) of an assistant's ``toolCall`` block
-    (``{"id", "name", "arguments"}``)."""
+    (``{"id", "name", "arguments"}``); its location is the file it touches, under ``cwd``."""
     name = str(call.get("name", ""))
     arguments = call.get("arguments")
     args = arguments if isinstance(arguments, dict) else {}
+    path = args.get("path")
+    where = (
+        [ToolCallLocation(path=str(Path(cwd) / path))] if isinstance(path, str) and path else None
+    )
     return start_tool_call(
         str(call.get("id", "")),
         tool_title(name, args),
         kind=TOOL_KINDS.get(name, "other"),
         status="pending",
-        locations=tool_locations(cwd, args),
+        locations=where,
         raw_input=args,
     )
-
-
-def tool_call_running(tool_call_id: str) -> ToolCallProgress:
-    """The ``tool_call_update`` saying a call's tool is now running."""
-    return update_tool_call(tool_call_id, status="in_progress")
 
 
 def tool_call_settled(result: dict[str, Any]) -> ToolCallProgress:
@@ -145,10 +118,7 @@ def _assistant_blocks(cwd: str, message: dict[str, Any], *, text: bool) -> list[
 
 
 def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
-    """The updates that rebuild a transcript for a client (``session/load``): user text as
-    ``user_message_chunk``, assistant text and thinking as chunks, each tool call as a
-    ``tool_call`` and, once its result is in the transcript, its settling update. Entries
-    other than messages (model changes, labels, compaction summaries) are not shown."""
+    """The updates that rebuild a transcript's messages for a client (``session/load``)."""
     out: list[Update] = []
     for entry in entries:
         message = entry.get("message") if entry.get("type") == "message" else None
@@ -157,10 +127,8 @@ def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
         role = message.get("role")
         if role == "user":
             content = message.get("content")
-            if isinstance(content, str):
-                out.append(update_user_message_text(content))
-                continue
-            for block in content or []:
+            as_blocks = [{"type": "text", "text": content}] if isinstance(content, str) else None
+            for block in as_blocks or content or []:
                 if isinstance(block, dict) and block.get("type") == "text":
                     out.append(update_user_message_text(str(block.get("text", ""))))
         elif role == "assistant":
@@ -171,13 +139,8 @@ def replay(cwd: str, entries: Iterable[dict[str, Any]]) -> list[Update]:
 
 
 class EventTranslator:
-    """Turns one session's harness events into updates, in order.
-
-    Args:
-        cwd: the session's working directory (tool locations are absolute paths under it).
-        result_of: ``tool call id -> toolResult message or None``: reads a settled call's
-            result from the transcript (the ``tool_execution_end`` event carries no content).
-    """
+    """Turns one session's harness events into updates, in order; ``result_of`` reads a settled
+    call's ``toolResult`` message (or ``None``) from the transcript."""
 
     def __init__(self, cwd: str, result_of: Callable[[str], dict[str, Any] | None]) -> None:
         self.cwd = cwd
@@ -199,14 +162,12 @@ class EventTranslator:
                 return [update_agent_thought_text(event["thinking"])]
             return []
         if etype == "provider_request_end":
-            # text already sent cannot be taken back: a failed attempt's partial text is
-            # closed by a notice, so the retry's answer is not read as its continuation
-            # (the store keeps the retry alone: design/providers-and-tools.md)
+            # a failed attempt's streamed text is closed by a notice (design/acp.md, "Objects")
             run_id = str(event.get("runId"))
-            if event.get("outcome") != "error" or run_id not in self.streamed:
-                self.streamed.discard(run_id)
-                return []
+            streamed = run_id in self.streamed
             self.streamed.discard(run_id)
+            if event.get("outcome") != "error" or not streamed:
+                return []
             again = "; retrying" if event.get("retryable") else ""
             notice = f"[attempt {event.get('attempt')} failed: {event.get('error')}{again}]"
             return [update_agent_message_text(f"\n\n{visible(notice)}\n\n")]
@@ -227,51 +188,30 @@ class EventTranslator:
             open_calls = self.open_calls.pop(str(event.get("runId")), [])
             if event.get("outcome") == "suspended":
                 return []
-            ends: list[Update] = []
-            for call_id in open_calls:
-                result = self.result_of(call_id)
-                ends.append(
-                    tool_call_settled(result)
-                    if result is not None
-                    else update_tool_call(call_id, status="failed")
-                )
-            return ends
+            return [self._settled(call_id, failed=True) for call_id in open_calls]
         if etype == "tool_execution_end":
             call_id = str(event.get("toolCallId", ""))
             calls = self.open_calls.get(str(event.get("runId")), [])
             if call_id in calls:
                 calls.remove(call_id)
-            result = self.result_of(call_id)
-            if result is None:
-                failed = bool(event.get("isError"))
-                return [update_tool_call(call_id, status="failed" if failed else "completed")]
-            return [tool_call_settled(result)]
+            return [self._settled(call_id, failed=bool(event.get("isError")))]
         return []
+
+    def _settled(self, call_id: str, *, failed: bool) -> Update:
+        """The call's settling update from its result in the transcript, else bare."""
+        result = self.result_of(call_id)
+        if result is None:
+            return update_tool_call(call_id, status="failed" if failed else "completed")
+        return tool_call_settled(result)
 
 
 def recovery_plan(lanes: list[LanePlan], status: Literal["pending", "completed"]) -> Update:
-    """The recovery plan as an ACP ``plan`` update: one entry per interrupted run, one per
-    in-doubt call."""
-    entries = []
+    """The recovery plan as a ``plan`` update: an entry per interrupted run and in-doubt call."""
+    texts = []
     for lp in lanes:
-        entries.append(
-            PlanEntry(
-                content=visible(
-                    f"Resume run {lp.run_id} on lane {lp.lane}: {lp.next_action.replace('_', ' ')}"
-                ),
-                priority="high",
-                status=status,
-            )
-        )
-        for call in lp.waiting():
-            entries.append(
-                PlanEntry(
-                    content=visible(
-                        f"Decide {call.tool_name} call {call.tool_call_id} "
-                        "(started before the crash, outcome unknown)"
-                    ),
-                    priority="high",
-                    status=status,
-                )
-            )
+        action = lp.next_action.replace("_", " ")
+        texts.append(f"Resume run {lp.run_id} on lane {lp.lane}: {action}")
+        doubt = "(started before the crash, outcome unknown)"
+        texts += [f"Decide {c.tool_name} call {c.tool_call_id} {doubt}" for c in lp.waiting()]
+    entries = [PlanEntry(content=visible(t), priority="high", status=status) for t in texts]
     return update_plan(entries)

@@ -1,5 +1,4 @@
-"""The host's commands: ``serve`` (the HTTP API and the console), ``acp`` (the ACP agent) and
-``migrate`` (a store's schema). Each parses, calls the library and renders (``design/cli.md``)."""
+"""The host's commands: ``serve`` (HTTP API and console), ``acp`` and ``migrate``."""
 
 from __future__ import annotations
 
@@ -7,48 +6,30 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from durable_harness.cli.main import (
-    add_price_argument,
+from durable_harness.cli.common import (
     command,
+    durability_option,
+    json_option,
     out,
+    policy_option,
     price_of,
+    price_option,
     run_async,
     store_of,
+    store_spec,
 )
 from durable_harness.errors import InvalidRequest
 from durable_harness.providers import make_provider, require_credentials
-from durable_harness.recovery.decide import POLICIES
-from durable_harness.storage import DURABILITY_MODES, open_store
+from durable_harness.storage import open_store
 from durable_harness.tools.builtin import builtin_tools
 
-
-def configure_host(name: str, p: argparse.ArgumentParser) -> None:
-    """Add the options of ``serve`` or ``acp``."""
-    if name == "serve":
-        _configure_serve(p)
-    elif name == "acp":
-        p.add_argument(
-            "--provider",
-            required=True,
-            help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
-        )
-        add_price_argument(p)
-        p.add_argument(
-            "--policy",
-            choices=POLICIES,
-            default="ask",
-            help="in-doubt tool calls after a crash: ask (put them to the client as a "
-            "permission request), retry-safe or fail-in-doubt (decide without asking)",
-        )
-        p.add_argument(
-            "--durability", choices=DURABILITY_MODES, default="sync", help="of new sessions"
-        )
-        _add_root(p)
+if TYPE_CHECKING:
+    from durable_harness.host.options import HostOptions
 
 
-def _add_root(p: argparse.ArgumentParser) -> None:
-    """The ``--root DIR`` option (repeatable) of ``serve`` and ``acp``."""
+def _root_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--root",
         action="append",
@@ -58,45 +39,8 @@ def _add_root(p: argparse.ArgumentParser) -> None:
     )
 
 
-def roots_of(args: argparse.Namespace) -> tuple[Path, ...] | None:
-    """The ``--root`` directories as real paths, or ``None`` without any; each must be an
-    existing directory.
-
-    Raises:
-        InvalidRequest: a ``--root`` that is not an existing directory, naming it.
-    """
-    given: list[str] | None = getattr(args, "root", None)
-    if not given:
-        return None
-    roots = []
-    for text in given:
-        real = Path(os.path.realpath(Path(text).expanduser()))
-        if not real.is_dir():
-            raise InvalidRequest(f"--root {text!r} is not an existing directory", root=text)
-        roots.append(real)
-    return tuple(roots)
-
-
-def announce_roots(roots: tuple[Path, ...] | None, front: str) -> None:
-    """Say on stderr where sessions created through ``front`` may run."""
-    if roots is None:
-        print(
-            f"durable-harness: {front} sessions may be created in any directory "
-            "(confine them with --root DIR)",
-            file=sys.stderr,
-            flush=True,
-        )
-    else:
-        shown = ", ".join(str(root) for root in roots)
-        print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
-
-
 def _window(text: str) -> tuple[int, int]:
-    """A pty window size ``ROWSxCOLUMNS`` (argparse type), e.g. ``24x80``.
-
-    Raises:
-        argparse.ArgumentTypeError: not two positive integers joined by ``x``.
-    """
+    """A pty window size ``ROWSxCOLUMNS`` (argparse type), e.g. ``24x80``."""
     rows, _, columns = text.lower().partition("x")
     if not (rows.isdigit() and columns.isdigit() and 0 < int(rows) < 65536 > int(columns) > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a window size ROWSxCOLUMNS (24x80)")
@@ -104,11 +48,7 @@ def _window(text: str) -> tuple[int, int]:
 
 
 def _seconds(text: str) -> float:
-    """A non-negative number of seconds (argparse type).
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, or negative.
-    """
+    """A non-negative number of seconds (argparse type)."""
     try:
         value = float(text)
     except ValueError:
@@ -118,25 +58,55 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _configure_serve(p: argparse.ArgumentParser) -> None:
-    """The options of ``serve``."""
+def _host_options(args: argparse.Namespace, front: str, **extra: Any) -> HostOptions:
+    """The host options ``serve`` and ``acp`` take from their command line (``--root``: real
+    paths, ``None`` without any), once stderr has said where sessions may run.
+
+    Raises:
+        InvalidRequest: a ``--root`` that is not an existing directory, naming it.
+        FormatError: a malformed ``--price``.
+    """
+    from durable_harness.host.options import HostOptions
+
+    roots = tuple(Path(os.path.realpath(Path(text).expanduser())) for text in args.root or ())
+    for text, real in zip(args.root or (), roots, strict=True):
+        if not real.is_dir():
+            raise InvalidRequest(f"--root {text!r} is not an existing directory", root=text)
+    options = HostOptions(
+        provider=args.provider,
+        price=price_of(args),
+        mode=args.durability,
+        policy=args.policy,
+        roots=roots or None,
+        **extra,
+    )
+    if not roots:
+        print(
+            f"durable-harness: {front} sessions may be created in any directory "
+            "(confine them with --root DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        shown = ", ".join(str(root) for root in roots)
+        print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
+    return options
+
+
+def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     p.add_argument("--port", type=int, default=8421, help="port (0: a free one; default 8421)")
     p.add_argument("--provider", help="provider of sessions created without one")
-    add_price_argument(p)
-    p.add_argument(
-        "--mode",
-        choices=DURABILITY_MODES,
-        default="sync",
-        help="durability mode of sessions created without one (default sync)",
-    )
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default="ask",
-        help="in-doubt tool calls on resume: ask (wait for a decision through the API), "
+    price_option(p)
+    durability_option(
+        "durability mode of sessions created without one (default sync; --mode is its old, "
+        "deprecated name)",
+        alias=True,
+    )(p)
+    policy_option(
+        "in-doubt tool calls on resume: ask (wait for a decision through the API), "
         "retry-safe, fail-in-doubt",
-    )
+    )(p)
     p.add_argument(
         "--auto-resume",
         choices=("no_decision", "never"),
@@ -176,37 +146,28 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
         metavar="ROWSxCOLUMNS",
         help="the window size of the pty runtime's terminals (default 24x80)",
     )
-    _add_root(p)
+    _root_option(p)
 
 
-@command(
-    "serve",
-    "Serve the store's sessions over HTTP (see design/http.md).",
-    "  durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5\n"
-    "  DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db\n"
-    "  durable-harness serve --root ~/projects --root /srv/agents",
-)
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the HTTP API until SIGINT or SIGTERM; print the URL once it answers."""
+@command("serve", _serve_options)
+def serve(args: argparse.Namespace) -> int:
+    """Serve the store's sessions over HTTP (see design/http.md).
+
+    example:
+      durable-harness serve --port 8421 --provider anthropic:claude-sonnet-4-5
+      DURABLE_HARNESS_TOKEN=s3cret durable-harness serve --host 0.0.0.0 --store sqlite:h.db
+      durable-harness serve --root ~/projects --root /srv/agents
+    """
     from durable_harness.console import console_router, is_console_path
-    from durable_harness.host import HostOptions
-    from durable_harness.http import create_app, serve
+    from durable_harness.http import create_app
+    from durable_harness.http import serve as serve_http
     from durable_harness.http.control import control_endpoint
     from durable_harness.http.server import require_token
 
     token = args.token or os.environ.get("DURABLE_HARNESS_TOKEN") or None
     require_token(args.host, token)  # before the store is opened: a refusal creates nothing
-    roots = roots_of(args)
-    options = HostOptions(
-        provider=args.provider,
-        price=price_of(args),
-        mode=args.mode,
-        policy=args.policy,
-        auto_resume=args.auto_resume,
-        control=control_endpoint(token=token) if args.control_ports else None,
-        roots=roots,
-    )
-    announce_roots(roots, "API")
+    control = control_endpoint(token=token) if args.control_ports else None
+    options = _host_options(args, "API", auto_resume=args.auto_resume, control=control)
     if args.claim_interval is not None:
         options.claim_interval = args.claim_interval or None
     if args.close_grace is not None:
@@ -214,82 +175,80 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.pty_size is not None:
         size = args.pty_size
         options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)
-    store = store_of(args, create=True)
     app = create_app(
-        store=store,
+        store=store_of(args, create=True),
         options=options,
         token=token,
         own_auth=is_console_path,
         loopback_hosts_only=token is None,  # a tokenless server is loopback: DNS rebinding
     )
     app.include_router(console_router(lambda: app.state.manager, token=token))
-    serve(app, args.host, args.port, token=token)
+    serve_http(app, args.host, args.port, token=token)
     return 0
 
 
-@command(
-    "acp",
-    "Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).",
-    "  durable-harness acp --provider anthropic:claude-sonnet-4-5\n"
-    "  durable-harness acp --provider scripted:script.json --store sqlite:sessions.db",
-)
-def cmd_acp(args: argparse.Namespace) -> int:
-    """Run the ACP agent (``design/acp.md``) until the client closes stdin; stdout carries
-    only JSON-RPC, logs go to stderr."""
-    from durable_harness.acp import serve
-    from durable_harness.host.options import HostOptions
+def _acp_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--provider",
+        required=True,
+        help="scripted:FILE, openai:MODEL or anthropic:MODEL (for new sessions)",
+    )
+    price_option(p)
+    policy_option(
+        "in-doubt tool calls after a crash: ask (put them to the client as a permission "
+        "request), retry-safe or fail-in-doubt (decide without asking)",
+    )(p)
+    durability_option("of new sessions")(p)
+    _root_option(p)
+
+
+@command("acp", _acp_options)
+def acp(args: argparse.Namespace) -> int:
+    """Serve the Agent Client Protocol on stdin/stdout (for editors and ACP clients).
+
+    example:
+      durable-harness acp --provider anthropic:claude-sonnet-4-5
+      durable-harness acp --provider scripted:script.json --store sqlite:sessions.db
+    """
+    from durable_harness.acp import serve as serve_acp
 
     require_credentials(args.provider)
     make_provider(args.provider)
     # an editor's agent serves its client's sessions; claiming crashed workers' sessions is
     # for `serve` (design/host.md, "Workers")
-    roots = roots_of(args)
-    options = HostOptions(
-        provider=args.provider,
-        price=price_of(args),
-        policy=args.policy,
-        mode=args.durability,
-        claim_interval=None,
-        roots=roots,
-    )
-    announce_roots(roots, "ACP")
-    run_async(serve, store_of(args, create=True), options)
+    options = _host_options(args, "ACP", claim_interval=None)
+    run_async(serve_acp, store_of(args, create=True), options)
     return 0
 
 
-@command(
-    "migrate",
-    "Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at start).",
-    "  durable-harness migrate --store postgresql://agent@db.internal/agents\n"
-    "  durable-harness migrate --store sqlite:agent.db --json",
-)
-def cmd_migrate(args: argparse.Namespace) -> int:
-    """Bring the store named by ``--store`` (or ``$DURABLE_HARNESS_STORE``) to the current
-    schema and print the versions applied. A PostgreSQL database without our tables gets
-    them; a JSONL store has no schema (nothing to do). Opening a store for writing applies the
-    same migrations, so this is for operators who upgrade the schema before the workers."""
-    spec = getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or ""
+@command("migrate", json_option)
+def migrate(args: argparse.Namespace) -> int:
+    """Apply the store's pending schema migrations (PostgreSQL and SQLite; also applied at
+    start).
+
+    Prints the versions applied; a JSONL store has no schema. Opening a store for writing
+    applies the same migrations: this is for operators who upgrade before the workers.
+
+    example:
+      durable-harness migrate --store postgresql://agent@db.internal/agents
+      durable-harness migrate --store sqlite:agent.db --json
+    """
+    spec = store_spec(args)
     if spec.startswith(("postgresql://", "postgres://")):
         from durable_harness.storage.postgres import migrate_spec
 
         result = migrate_spec(spec)
-    elif spec.startswith("sqlite:"):
-        store = open_store(spec, create=True)  # SqliteStore migrates when it opens
-        result = {"store": store.spec, "applied": None, "version": None}
-    else:
+    else:  # SqliteStore migrates when it opens; a JSONL store has nothing to apply
         store = open_store(spec or None, create=True)
-        result = {"store": store.spec, "applied": [], "version": None}
+        applied: list[int] | None = None if spec.startswith("sqlite:") else []
+        result = {"store": store.spec, "applied": applied, "version": None}
     if args.json:
         out(result)
     else:
         applied = result["applied"]
-        done = (
-            "up to date"
-            if applied == []
-            else "migrated"
-            if applied is None
-            else "applied migration(s) " + ", ".join(str(v) for v in applied)
-        )
+        done = "applied migration(s) " + ", ".join(str(v) for v in applied or ())
+        if not applied:
+            done = "migrated" if applied is None else "up to date"
         version = "" if result["version"] is None else f" (schema version {result['version']})"
         print(f"{result['store']}: {done}{version}")
     return 0

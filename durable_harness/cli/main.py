@@ -1,36 +1,45 @@
-"""The ``durable-harness`` command: a thin shell over the library.
-
-Each command parses its options, opens the store or session, calls one library function and
-prints. Every failure leaves through :func:`main`, the CLI's one error boundary
-(``design/cli.md``): an exception group is reduced to its root cause
-(:func:`~durable_harness.errors.root_cause`), an ``OSError`` or database error is named by
-:func:`~durable_harness.storage.oserrors.translate`, and the result prints as
-``error[<code>]: message`` (``{"error": {...}}`` with ``--json``). Exit statuses:
-:data:`EXIT_STATUS_HELP`.
-"""
+"""The ``durable-harness`` command: the list of commands, the parser, and :func:`main`, the
+CLI's one error boundary (``design/cli.md``, "Errors"); exit statuses: :data:`EXIT_STATUS_HELP`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import anyio
-
-from durable_harness import __version__, crash
+from durable_harness import __version__
+from durable_harness.cli import host_commands as host
+from durable_harness.cli import run_commands as runs
+from durable_harness.cli import session_commands as sessions
 from durable_harness.cli.advice import advised
+from durable_harness.cli.common import Command, out
 from durable_harness.errors import DurableHarnessError, root_cause
-from durable_harness.storage import DURABILITY_MODES, Store, open_store
 from durable_harness.storage.oserrors import translate
 
-Handler = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, Handler]] = {}
-EXAMPLES: dict[str, str] = {}
-"""Per command: example invocations shown at the end of its ``--help`` (one per line,
-``durable-harness ...  # what it does``)."""
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        sessions.sessions,
+        sessions.show,
+        sessions.context,
+        sessions.fsck,
+        sessions.import_,
+        runs.run,
+        sessions.log,
+        sessions.cost,
+        runs.recover,
+        runs.resume,
+        runs.crash_points,
+        runs.demo,
+        runs.crash_test,
+        sessions.fork,
+        host.serve,
+        host.acp,
+        host.migrate,
+    )
+}
+"""Every subcommand, in ``--help`` order (``design/cli.md``, "Commands")."""
 
 EXIT_ERROR = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, not a user error
@@ -47,61 +56,8 @@ exit status:
   130  interrupted (Ctrl-C); 141: stdout closed early (e.g. `| head`)"""
 
 
-def command(name: str, help_text: str, example: str = "") -> Callable[[Handler], Handler]:
-    """Register a subcommand handler (the registry the docs test walks), with the example
-    lines its ``--help`` ends with."""
-
-    def deco(fn: Handler) -> Handler:
-        COMMANDS[name] = (help_text, fn)
-        EXAMPLES[name] = example
-        return fn
-
-    return deco
-
-
-def add_price_argument(p: argparse.ArgumentParser) -> None:
-    """Add ``--price`` (``run``, ``resume``, ``serve``, ``acp``): what the provider's tokens
-    cost, read by :func:`~durable_harness.providers.parse_price` when the command runs (a
-    bad value is a ``format_error`` naming it)."""
-    p.add_argument(
-        "--price",
-        metavar="IN,OUT[,CACHE_READ[,CACHE_WRITE]]|TABLE.json",
-        help="USD per million tokens, or a JSON price table (one price, or one per model); "
-        "without it a network provider's cost is unknown, never $0",
-    )
-
-
-def price_of(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The parsed ``--price`` of a command, or ``None``.
-
-    Raises:
-        FormatError: a malformed value or table (:func:`~durable_harness.providers.parse_price`).
-    """
-    from durable_harness.providers import parse_price
-
-    text = getattr(args, "price", None)
-    return parse_price(text) if text else None
-
-
-def out(data: Any) -> None:
-    """Print JSON (pretty, UTF-8)."""
-    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
-
-
-def store_of(args: argparse.Namespace, *, create: bool = False) -> Store:
-    """Open the store named by ``--store`` (default: the embedded JSONL store).
-
-    Commands that only read pass ``create=False`` (the default): a named store that does not
-    exist is :class:`~durable_harness.errors.StoreNotFound` and nothing is created.
-    """
-    spec = getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE")
-    return open_store(spec, create=create)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser with every registered command."""
-    from durable_harness.cli import commands
-
+    """The argument parser of every command in :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="durable-harness",
         description="Crash-durable runs for LLM agents: a session tree plus a write-ahead lane "
@@ -117,33 +73,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"durable-harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, _fn) in COMMANDS.items():
-        example = EXAMPLES.get(name, "")
+    for c in COMMANDS.values():
         p = sub.add_parser(
-            name,
-            help=help_text,
-            description=help_text,
+            c.name,
+            help=c.help,
+            description=c.help,
             formatter_class=argparse.RawDescriptionHelpFormatter,
-            epilog=(f"example:\n{example}\n\n" if example else "") + EXIT_STATUS_HELP,
+            epilog=(f"example:\n{c.example}\n\n" if c.example else "") + EXIT_STATUS_HELP,
         )
         p.add_argument(
             "--store",
             help="jsonl:DIR, sqlite:PATH or postgresql://USER@HOST/DB (default: JSONL under "
-            "$DURABLE_HARNESS_HOME, "
-            "else ~/.durable-harness)",
+            "$DURABLE_HARNESS_HOME, else ~/.durable-harness)",
         )
-        commands.configure(name, p)
+        c.options(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit status (see
-    :data:`EXIT_STATUS_HELP`)."""
+    """Entry point of the console script; returns the exit status (:data:`EXIT_STATUS_HELP`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _help, fn = COMMANDS[args.command]
     try:
-        status = fn(args)
+        status = COMMANDS[args.command].run(args)
         sys.stdout.flush()
         return status
     except BaseException as exc:  # the one boundary: every failure is reported here
@@ -151,12 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
-    """Print ``exc`` for a person (or as JSON) and return the exit status.
-
-    A task group's exception group is reduced to its root cause; an ``OSError`` or database
-    error becomes a typed error naming its path; anything else is an internal error
-    (``error[internal]``, exit 70), printed without a traceback.
-    """
+    """Print ``exc`` (its root cause; an OS or database error translated; anything else
+    ``error[internal]``) for a person or as JSON, and return the exit status."""
     from durable_harness import terminal as ui
 
     root = root_cause(exc)
@@ -187,28 +135,7 @@ def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
     return EXIT_INTERNAL
 
 
-def run_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an async function to completion (asyncio backend).
-
-    An error raised inside a task group (the harness's) arrives wrapped in an exception group;
-    it is reduced to its root cause (:func:`~durable_harness.errors.root_cause`) so that the
-    caller, and :func:`main`, see the error itself.
-    """
-    try:
-        return anyio.run(fn, *args)
-    except BaseExceptionGroup as group:
-        raise root_cause(group) from group
-
-
-__all__ = [
-    "COMMANDS",
-    "DURABILITY_MODES",
-    "EXAMPLES",
-    "crash",
-    "main",
-    "report_failure",
-    "run_async",
-]
+__all__ = ["COMMANDS", "EXIT_STATUS_HELP", "build_parser", "main", "report_failure"]
 
 
 if __name__ == "__main__":  # pragma: no cover

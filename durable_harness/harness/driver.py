@@ -111,7 +111,9 @@ class Driver:
                     self.tool_calls.settle_aborted(live)
         except Suspend:
             live.outcome = None
-        except (AttemptCapReached, ProviderError) as exc:
+        except AttemptCapReached as exc:
+            self._finish(live, "failed", reason=exc.message, limit="attempt_cap")
+        except ProviderError as exc:
             self._finish(live, "failed", reason=exc.message)
         finally:
             with anyio.CancelScope(shield=True):
@@ -156,9 +158,9 @@ class Driver:
             self._finish(live, "failed" if s.last_stop_reason == "error" else "completed")
         elif action == "fail_run_limit":
             self.tool_calls.settle_not_run(live, step.reason or "the run reached its limit")
-            self._finish(live, "failed", reason=step.reason)
+            self._finish(live, "failed", reason=step.reason, limit=step.limit)
         elif action == "park_failed_attempt_cap":
-            self._finish(live, "failed", reason=step.reason)
+            self._finish(live, "failed", reason=step.reason, limit=step.limit)
         elif action in ("issue_provider_request", "reissue_provider_request"):
             if step.purpose == "compaction":
                 await self.turns.compact(s.lane, live)

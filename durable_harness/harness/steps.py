@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from durable_harness.harness.state import LaneLog, RunState, attempt_key
+from durable_harness.models.records import RunLimit
 
 #: What a lane does next. ``none``/``start_next_run`` are for an idle lane;
 #: ``none_held_by_live_process`` for a lane whose session a live process holds.
@@ -63,12 +64,14 @@ class Step:
             ``fail_run_limit``), as written in ``run_finished.reason``.
         purpose: for a provider request step, what the request is for (``turn``,
             ``compaction``, ``branch_summary``).
+        limit: the run limit a failing step enforces, as written in ``run_finished.limit``.
     """
 
     action: LaneAction
     calls: Mapping[str, CallAction] = field(default_factory=dict)
     reason: str | None = None
     purpose: str = "turn"
+    limit: RunLimit | None = None
 
 
 def next_step(run: RunState, log: LaneLog, calls: Mapping[str, CallAction]) -> Step:
@@ -95,7 +98,9 @@ def next_step(run: RunState, log: LaneLog, calls: Mapping[str, CallAction]) -> S
         purpose = run.pending.purpose
         if used >= cap:
             reason = _cap_reason(run, run.pending.key, used)
-            return Step("park_failed_attempt_cap", reason=reason, purpose=purpose)
+            return Step(
+                "park_failed_attempt_cap", reason=reason, purpose=purpose, limit="attempt_cap"
+            )
         return Step("reissue_provider_request", purpose=purpose)
     open_calls = [c for c in run.tool_calls if c.status != "completed"] if run.tool_calls else []
     if open_calls and run.last_assistant_id:
@@ -107,6 +112,7 @@ def next_step(run: RunState, log: LaneLog, calls: Mapping[str, CallAction]) -> S
                 reason=f"max_tool_calls {limits.max_tool_calls} reached "
                 f"(turn {run.turns} asked for {len(run.tool_calls)}, "
                 f"{run.tool_calls_total} in the run)",
+                limit="max_tool_calls",
             )
         if not calls:  # the live loop: every open call is one this process issued
             return Step("resume_tool_calls")
@@ -120,11 +126,15 @@ def next_step(run: RunState, log: LaneLog, calls: Mapping[str, CallAction]) -> S
             return Step("deliver_queued")
         return Step("finish_run")
     if run.turns >= limits.max_turns:
-        return Step("fail_run_limit", reason=f"max_turns {limits.max_turns} reached")
+        return Step(
+            "fail_run_limit", reason=f"max_turns {limits.max_turns} reached", limit="max_turns"
+        )
     key = attempt_key("turn", run.turns + 1)
     used = run.attempts.get(key, 0)
     if used >= cap:
-        return Step("park_failed_attempt_cap", reason=_cap_reason(run, key, used))
+        return Step(
+            "park_failed_attempt_cap", reason=_cap_reason(run, key, used), limit="attempt_cap"
+        )
     return Step("issue_provider_request")
 
 

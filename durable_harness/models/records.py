@@ -29,6 +29,9 @@ Queue = Literal["steer", "follow_up", "next_run"]
 Purpose = Literal["turn", "compaction", "branch_summary"]
 """What a provider request is for."""
 
+RunLimit = Literal["max_turns", "max_tool_calls", "attempt_cap"]
+"""The run limits that fail a run (``run_finished.limit``)."""
+
 
 class _Envelope(TypedDict, total=False):
     id: Required[str]
@@ -334,6 +337,8 @@ class RunFinished(_Envelope, total=False):
     """Ids of the ``write_deferred`` records applied when it settled."""
     reason: str | None
     """Why it failed, in words (attempt cap, run limit, provider error)."""
+    limit: RunLimit | None
+    """The limit that failed the run, when one did (the typed twin of ``reason``)."""
 
 
 class SessionLifecycle(_Envelope, total=False):

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 from durable_harness.errors import AlreadyDecided, RecoveryError
 from durable_harness.harness.state import RunLimits, ToolCallState
 from durable_harness.harness.steps import CallAction, LaneAction, Step, next_step
+from durable_harness.models.records import RunLimit
 from durable_harness.recovery.remote import check_remote_retries
 from durable_harness.recovery.snapshot import LaneSnapshot, Snapshot
 from durable_harness.storage.damage import WARNING_KINDS
@@ -92,7 +93,8 @@ class LanePlan:
     """One lane's plan.
 
     Contract fields ``lane``, ``state``, ``run_id``, ``abort_requested``, ``next_action``,
-    ``tool_calls``; plus ``reason``, ``purpose`` (of a provider request step),
+    ``tool_calls``; plus ``reason``, ``limit`` (the run limit a failing step enforces),
+    ``purpose`` (of a provider request step),
     ``request_key`` (the attempt counter of the request in flight, if any), the provider
     attempts per counter (``"turn 2"``, ``"compaction 2"``) and their cap, the run's limits,
     the last safe boundary, the number of attempts whose cost is unknown (never counted as
@@ -107,6 +109,7 @@ class LanePlan:
     tool_calls: list[ToolCallPlan] = field(default_factory=list)
     reason: str | None = None
     purpose: str = "turn"
+    limit: RunLimit | None = None
     request_key: str | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     attempt_cap: int = RunLimits().attempt_cap
@@ -120,7 +123,7 @@ class LanePlan:
     def step(self) -> Step:
         """The harness step this lane plan orders (what ``resume`` executes)."""
         calls = {c.call_key: c.action for c in self.tool_calls if c.status != "completed"}
-        return Step(self.next_action, calls, self.reason, self.purpose)
+        return Step(self.next_action, calls, self.reason, self.purpose, self.limit)
 
     def waiting(self) -> list[ToolCallPlan]:
         """The calls that wait for a decision."""
@@ -388,6 +391,7 @@ def _lane_plan(
         calls,
         reason=step.reason or ("awaiting_decision" if step.action == "await_decision" else "crash"),
         purpose=step.purpose,
+        limit=step.limit,
         request_key=run.pending.key if run.pending else None,
         attempts=dict(run.attempts),
         attempt_cap=run.limits.attempt_cap,

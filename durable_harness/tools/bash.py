@@ -78,6 +78,49 @@ def _checked_size(size: tuple[int, int]) -> tuple[int, int]:
     return rows, columns
 
 
+def command_env(ctx: ToolContext) -> dict[str, str]:
+    """What a command sees beyond its inherited environment, wherever it runs (here, or in an
+    ACP client's terminal): ``ctx.env``, then ``DURABLE_HARNESS_IDEMPOTENCY_KEY``,
+    ``DURABLE_HARNESS_RUN_ID`` and ``DURABLE_HARNESS_TOOL_CALL_ID``."""
+    return {
+        **ctx.env,
+        "DURABLE_HARNESS_IDEMPOTENCY_KEY": ctx.idempotency_key,
+        "DURABLE_HARNESS_RUN_ID": ctx.run_id,
+        "DURABLE_HARNESS_TOOL_CALL_ID": ctx.tool_call_id,
+    }
+
+
+def command_result(
+    output: str,
+    details: dict[str, Any],
+    *,
+    exit_code: int | None,
+    timed_out: bool,
+    timeout: float,
+    signal_name: str | None = None,
+    killed: str = "its process group",
+) -> ToolResult:
+    """A command's result, wherever it ran: the output (``"(no output)"`` when empty) on exit
+    0; else an error result, the output then ``command timed out after N seconds; KILLED was
+    killed`` or ``exit code N`` (``(killed by SIGNAME)`` when a signal ended it: a negative
+    ``exit_code`` or ``signal_name``; ``killed by SIGNAME`` alone without an exit code)."""
+    if exit_code == 0 and not timed_out:
+        return ToolResult.text(output or "(no output)", details=details)
+    if timed_out:
+        note = f"command timed out after {timeout:g} seconds; {killed} was killed"
+    else:
+        if signal_name is None and exit_code is not None and exit_code < 0:
+            try:
+                signal_name = signal.Signals(-exit_code).name
+            except ValueError:
+                pass
+        note = "" if exit_code is None and signal_name else f"exit code {exit_code}"
+        if signal_name:
+            note = f"{note} (killed by {signal_name})" if note else f"killed by {signal_name}"
+    text = f"{output.rstrip(chr(10))}\n{note}" if output else note
+    return ToolResult.text(text, is_error=True, details=details)
+
+
 class BashArgs(StrictArgs):
     """Arguments of ``bash``."""
 
@@ -303,13 +346,7 @@ class BashTool(Tool):
         """
         assert isinstance(args, BashArgs)
         timeout = args.timeout if args.timeout is not None else self.default_timeout
-        env = {
-            **tool_environment(os.environ, self.allow_env),
-            **ctx.env,
-            "DURABLE_HARNESS_IDEMPOTENCY_KEY": ctx.idempotency_key,
-            "DURABLE_HARNESS_RUN_ID": ctx.run_id,
-            "DURABLE_HARNESS_TOOL_CALL_ID": ctx.tool_call_id,
-        }
+        env = {**tool_environment(os.environ, self.allow_env), **command_env(ctx)}
         master: int | None = None
         gate, opener = os.pipe()  # both close-on-exec; only the read end is passed (pass_fds)
         try:
@@ -431,7 +468,6 @@ class BashTool(Tool):
         returncode: int | None, timed_out: bool, timeout: float, tail: _Tail, runtime: Runtime
     ) -> ToolResult:
         """Build the result from the exit status, the timeout flag and the output."""
-        output = tail.text()
         details: dict[str, Any] = {
             "exit_code": returncode,
             "timed_out": timed_out,
@@ -439,17 +475,6 @@ class BashTool(Tool):
             "truncated": tail.total > len(tail.buffer),
             "runtime": runtime,
         }
-        if timed_out:
-            note = f"command timed out after {timeout:g} seconds; its process group was killed"
-            text = f"{output.rstrip(chr(10))}\n{note}" if output else note
-            return ToolResult.text(text, is_error=True, details=details)
-        if returncode == 0:
-            return ToolResult.text(output or "(no output)", details=details)
-        status = f"exit code {returncode}"
-        if returncode is not None and returncode < 0:
-            try:
-                status += f" (killed by {signal.Signals(-returncode).name})"
-            except ValueError:
-                pass
-        text = f"{output.rstrip(chr(10))}\n{status}" if output else status
-        return ToolResult.text(text, is_error=True, details=details)
+        return command_result(
+            tail.text(), details, exit_code=returncode, timed_out=timed_out, timeout=timeout
+        )

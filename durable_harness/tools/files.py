@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -176,57 +177,64 @@ class ReadFileTool(
     )
 
     def apply(self, target: Path, args: Any) -> ToolResult:
-        first = args.offset or 1
-        chunks: list[str] = []
-        used = 0
-        shown = 0
-        total = 0
-        truncated = False
         with open(target, encoding="utf-8", errors="replace", newline="") as handle:
-            for number, line in enumerate(handle, start=1):
-                total = number
-                if number < first or truncated:
-                    continue
-                if args.limit is not None and shown >= args.limit:
-                    continue
-                size = len(line.encode("utf-8"))
-                if used + size > OUTPUT_CAP_BYTES:
-                    truncated = True
-                    if shown == 0:
-                        # A single line longer than the cap: return its head.
-                        head = _cut_utf8(line.encode("utf-8"), OUTPUT_CAP_BYTES)
-                        chunks.append(head.decode("utf-8"))
-                        shown = 1
-                    continue
-                chunks.append(line)
-                used += size
-                shown += 1
-        if total > 0 and first > total:
-            return ToolResult.text(
-                f"cannot read {args.path}: offset {first} is past the end of the file "
-                f"({total} lines)",
-                is_error=True,
-                details={"error": "offset_out_of_range", "path": args.path, "total_lines": total},
-            )
-        text = "".join(chunks)
-        if truncated:
-            next_line = first + shown
-            if not text.endswith("\n"):
-                text += "\n"
-            text += (
-                f"[output truncated at {OUTPUT_CAP_BYTES} bytes: showed lines {first}-"
-                f"{first + shown - 1} of {total}; continue with offset={next_line}]"
-            )
+            return read_window(handle, args, target)
+
+
+def read_window(lines: Iterable[str], args: ReadFileArgs, target: Path) -> ToolResult:
+    """``read_file``'s result over a file's lines (line ends kept), wherever they were read
+    (here, or through an ACP client): the window ``args`` asks for, whole lines and at most
+    :data:`OUTPUT_CAP_BYTES` bytes (a single line over the cap gives its head), with a note
+    when cut saying where to continue; an error result for an ``offset`` past the end."""
+    first = args.offset or 1
+    chunks: list[str] = []
+    used = 0
+    shown = 0
+    total = 0
+    truncated = False
+    for number, line in enumerate(lines, start=1):
+        total = number
+        if number < first or truncated:
+            continue
+        if args.limit is not None and shown >= args.limit:
+            continue
+        size = len(line.encode("utf-8"))
+        if used + size > OUTPUT_CAP_BYTES:
+            truncated = True
+            if shown == 0:
+                # A single line longer than the cap: return its head.
+                head = _cut_utf8(line.encode("utf-8"), OUTPUT_CAP_BYTES)
+                chunks.append(head.decode("utf-8"))
+                shown = 1
+            continue
+        chunks.append(line)
+        used += size
+        shown += 1
+    if total > 0 and first > total:
         return ToolResult.text(
-            text,
-            details={
-                "path": str(target),
-                "offset": first,
-                "lines": shown,
-                "total_lines": total,
-                "truncated": truncated,
-            },
+            f"cannot read {args.path}: offset {first} is past the end of the file ({total} lines)",
+            is_error=True,
+            details={"error": "offset_out_of_range", "path": args.path, "total_lines": total},
         )
+    text = "".join(chunks)
+    if truncated:
+        next_line = first + shown
+        if not text.endswith("\n"):
+            text += "\n"
+        text += (
+            f"[output truncated at {OUTPUT_CAP_BYTES} bytes: showed lines {first}-"
+            f"{first + shown - 1} of {total}; continue with offset={next_line}]"
+        )
+    return ToolResult.text(
+        text,
+        details={
+            "path": str(target),
+            "offset": first,
+            "lines": shown,
+            "total_lines": total,
+            "truncated": truncated,
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------

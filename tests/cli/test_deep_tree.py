@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from durable_harness.cli.commands import _tree_lines
+from durable_harness.cli.session_commands import _tree_lines
 from durable_harness.session import Session
 from durable_harness.storage import EntryOp, MemorySessionStore, open_store
 

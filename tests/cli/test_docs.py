@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from durable_harness.cli import commands  # noqa: F401  (fills the COMMANDS registry)
 from durable_harness.cli.main import COMMANDS, build_parser, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -33,7 +32,7 @@ def test_registry_has_the_required_commands() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_command_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    help_text, handler = COMMANDS[name]
+    help_text, handler = COMMANDS[name].help, COMMANDS[name].run
     assert help_text.strip(), f"command {name!r} has an empty help string"
     assert help_text.strip()[0].isupper() and help_text.rstrip().endswith("."), help_text
     assert callable(handler)

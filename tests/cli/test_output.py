@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +21,6 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from durable_harness.cli import commands  # noqa: F401  (fills the COMMANDS registry)
 from durable_harness.cli.main import COMMANDS, EXIT_STATUS_HELP, main
 from durable_harness.storage import open_store
 from durable_harness.terminal import MatrixProgress
@@ -175,7 +175,7 @@ def test_internal_error_exits_70_without_traceback(
     def boom(args: Any) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setitem(COMMANDS, "crash-points", (COMMANDS["crash-points"][0], boom))
+    monkeypatch.setitem(COMMANDS, "crash-points", replace(COMMANDS["crash-points"], run=boom))
     res = cli("crash-points")
     assert res.code == 70
     assert res.err.startswith("error[internal]: RuntimeError: a bug") and "Traceback" not in res.err

@@ -200,6 +200,7 @@ def test_tool_call_bound_fails_the_run_before_the_extra_calls(backend: str, tmp_
     assert started["limits"]["maxToolCalls"] == 5
     (finished,) = [r for r in records if r["type"] == "run_finished"]
     assert finished["reason"].startswith("max_tool_calls 5 reached")
+    assert finished["limit"] == "max_tool_calls"
     not_run = [r for r in records if r["type"] == "tool_finished" and r["outcome"] == "not_run"]
     assert len(not_run) == 2  # the transcript stays well-formed: every call has a result
 
@@ -213,3 +214,4 @@ def test_recorded_limits_govern_a_resumed_run() -> None:
     log.rec("save_point", turn=1)
     lp = plan(log.snapshot(), TOOLS).lane("main")
     assert (lp.next_action, lp.reason) == ("fail_run_limit", "max_turns 1 reached")
+    assert lp.step().limit == "max_turns"  # the typed stop cause the resumed run records

@@ -1,0 +1,168 @@
+"""What the command modules share: :class:`Command`, the shared options, opening the store or
+session, printing for a person or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from durable_harness.display import visible
+from durable_harness.errors import UnknownLane, root_cause
+from durable_harness.recovery.decide import POLICIES
+from durable_harness.session import Session, open_session
+from durable_harness.storage import DURABILITY_MODES, Store, open_store
+
+Handler = Callable[[argparse.Namespace], int]
+Options = Callable[[argparse.ArgumentParser], object]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, help line, handler, options and examples (``design/cli.md``)."""
+
+    name: str
+    help: str
+    run: Handler
+    options: Options
+    example: str = ""
+
+
+def command(name: str, *options: Options, example: str = "") -> Callable[[Handler], Command]:
+    """Make the decorated handler a :class:`Command` with these options; its docstring is its
+    help line (first paragraph) and examples (after ``example:``, else ``example``)."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        for option in options:
+            option(p)
+
+    def make(fn: Handler) -> Command:
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        examples = doc.partition("\nexample:\n")[2].partition("\n\n")[0]
+        return Command(name, " ".join(doc.split("\n\n")[0].split()), fn, add, examples or example)
+
+    return make
+
+
+def json_option(p: argparse.ArgumentParser) -> None:
+    """``--json``: print JSON instead of lines for a person."""
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def session_argument(p: argparse.ArgumentParser) -> None:
+    """The ``SESSION`` argument (:func:`open_named`)."""
+    p.add_argument("session", help="session id, unique id prefix, or session file path")
+
+
+def price_option(p: argparse.ArgumentParser) -> None:
+    """``--price`` (``run``, ``resume``, ``serve``, ``acp``), read by :func:`price_of`."""
+    p.add_argument(
+        "--price",
+        metavar="IN,OUT[,CACHE_READ[,CACHE_WRITE]]|TABLE.json",
+        help="USD per million tokens, or a JSON price table (one price, or one per model); "
+        "without it a network provider's cost is unknown, never $0",
+    )
+
+
+def policy_option(help_text: str) -> Options:
+    """``--policy ask|retry-safe|fail-in-doubt`` (default ``ask``) with this help."""
+    return lambda p: p.add_argument("--policy", choices=POLICIES, default="ask", help=help_text)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of an option: stored as the option it names, with a warning."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        print(f"durable-harness: {option} is deprecated; use --{self.dest}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def durability_option(help_text: str, *, alias: bool = False) -> Options:
+    """``--durability sync|batch|none`` (default ``sync``); with ``alias``, also the deprecated
+    ``--mode`` (``design/cli.md``)."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--durability", choices=DURABILITY_MODES, default="sync", help=help_text)
+        if alias:
+            p.add_argument(
+                "--mode", dest="durability", choices=DURABILITY_MODES, action=_Deprecated,
+                help=argparse.SUPPRESS,
+            )  # fmt: skip
+
+    return add
+
+
+def price_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The parsed ``--price`` of a command, or ``None``; a malformed one is a ``FormatError``."""
+    from durable_harness.providers import parse_price
+
+    text = getattr(args, "price", None)
+    return parse_price(text) if text else None
+
+
+def out(data: Any) -> None:
+    """Print JSON (pretty, UTF-8)."""
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def line(text: str = "", *, multiline: bool = False, file: Any = None, **kw: Any) -> None:
+    """Print ``text`` for a person, through :func:`~durable_harness.display.visible`
+    (``multiline`` keeps newlines and tabs); every human-form line goes through here."""
+    print(visible(text, multiline=multiline), file=file, **kw)
+
+
+def json_text(value: Any) -> str:
+    """A value as compact JSON for human output (never a Python repr)."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def or_dash(value: Any) -> str:
+    """``-`` for a missing value, else its text."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def store_spec(args: argparse.Namespace) -> str:
+    """The store ``--store`` names, else ``$DURABLE_HARNESS_STORE``, else ``""`` (the default)."""
+    return getattr(args, "store", None) or os.environ.get("DURABLE_HARNESS_STORE") or ""
+
+
+def store_of(args: argparse.Namespace, *, create: bool = False) -> Store:
+    """Open the store of :func:`store_spec`; with ``create=False`` a named store that does not
+    exist is :class:`~durable_harness.errors.StoreNotFound`."""
+    return open_store(store_spec(args), create=create)
+
+
+def open_named(
+    args: argparse.Namespace, *, write: bool = False, durability: str = "sync"
+) -> Session:
+    """Open the session ``args.session`` names (a session file path needs no store)."""
+    ref = args.session
+    store = open_store(None, create=False) if os.path.isfile(ref) else store_of(args)
+    return open_session(ref, store, write=write, durability=durability)  # type: ignore[arg-type]
+
+
+def require_lane(session: Session, lane: str) -> None:
+    """Refuse a lane the session does not have (``UnknownLane``, naming the lanes it has)."""
+    lanes = sorted(session.store.lanes())
+    if lane not in lanes:
+        raise UnknownLane(
+            f"session {session.id} has no lane {lane!r}; its lanes: {', '.join(lanes)}",
+            lane=lane,
+            lanes=lanes,
+        )
+
+
+def run_async(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an async function to completion (asyncio); an exception group is reduced to its
+    root cause (:func:`~durable_harness.errors.root_cause`)."""
+    try:
+        return anyio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        raise root_cause(group) from group

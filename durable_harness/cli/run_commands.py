@@ -1,0 +1,398 @@
+"""The commands that run, plan or break runs: ``run``, ``recover``, ``resume``,
+``crash-points``, ``demo`` and ``crash-test`` (``design/cli.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from durable_harness import crash
+from durable_harness import terminal as ui
+from durable_harness.cli import common
+from durable_harness.cli.common import (
+    command,
+    json_option,
+    json_text,
+    line,
+    or_dash,
+    out,
+    price_of,
+    run_async,
+)
+from durable_harness.errors import FormatError
+from durable_harness.harness.harness import Harness, HarnessOptions
+from durable_harness.providers import make_provider, provider_spec, require_credentials
+from durable_harness.recovery.decide import RecoveryPlan
+from durable_harness.recovery.fsck import damage_location
+from durable_harness.recovery.resume import (
+    parse_decision,
+    plan_recovery,
+    resume_session,
+    resumed_provider,
+)
+from durable_harness.recovery.resume import (
+    recover as plan_of,
+)
+from durable_harness.session import Session
+from durable_harness.tools.builtin import builtin_tools
+
+EXIT = {"completed": 0, "failed": 1, "aborted": 3, "declined": 4, "suspended": 5, "idle": 0}
+"""The exit status of a run's outcome (``main.EXIT_STATUS_HELP``)."""
+
+TOOL_STATUS_TEXT = {
+    "not_started": "not started",
+    "in_doubt": "started, outcome unknown",
+    "completed": "completed",
+}
+"""How a tool call's recovery status reads for a person (never "ran")."""
+
+
+def _running_options(lane_default: str | None, lane_help: str) -> Callable[..., None]:
+    """The options ``run`` and ``resume`` share (``--lane`` differs)."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--provider", help="scripted:FILE, openai:MODEL or anthropic:MODEL")
+        common.price_option(p)
+        common.durability_option("sync: fsync each commit; batch: share fsyncs; none: never fsync")(
+            p
+        )
+        p.add_argument("--lane", default=lane_default, help=lane_help)
+        p.add_argument("--quiet", action="store_true", help="print only the outcome")
+        p.add_argument(
+            "--allow-env",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="let bash inherit this credential-like variable (*_KEY, *_TOKEN, *_SECRET, "
+            "*PASSWORD*; removed by default); a name or shell pattern, repeatable",
+        )
+
+    return add
+
+
+_policy_option = common.policy_option(
+    "in-doubt tool calls: ask (wait for a decision), retry-safe (never wait; fail what cannot "
+    "be re-run or reconciled), fail-in-doubt (fail every in-doubt call, re-running nothing)"
+)
+
+
+def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """The harness listener that streams a run to the terminal (nothing when ``quiet``)."""
+
+    def on_event(e: dict[str, Any]) -> None:
+        if quiet:
+            return
+        t = e["type"]
+        if t == "turn_start":
+            line(flush=True)
+            ui.say(f"--- turn {e['turn']} ---", "bold")
+        elif t == "message_update" and "delta" in e:
+            line(e["delta"], multiline=True, end="", flush=True)
+        elif t == "message_end":
+            line(flush=True)
+        elif t == "provider_request_end" and e.get("outcome") == "error":
+            # the text printed so far was no answer: say so, so a retry's is not read as its end
+            line(flush=True)
+            again = "; retrying" if e.get("retryable") else ""
+            ui.say(f"  [attempt {e.get('attempt')} failed: {e.get('error')}{again}]", "yellow")
+        elif t == "tool_execution_start":
+            ui.say_parts(("  [tool] ", "cyan"), f"{e['toolName']} {json_text(e['arguments'])}")
+        elif t == "tool_execution_end":
+            outcome = str(e["outcome"])
+            ui.say_parts(
+                ("  [tool] ", "cyan"),
+                f"{e['toolName']} -> ",
+                (outcome, "green" if outcome == "completed" else "yellow"),
+            )
+        elif t == "suspended":
+            ui.say_parts(
+                ("  [suspended]", "bold yellow"),
+                f" awaiting a decision on {', '.join(e['awaiting'])}",
+            )
+
+    return on_event
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--session", help="continue this session (default: a new one)")
+    p.add_argument(
+        "--continue",
+        dest="continue_recent",
+        action="store_true",
+        help="continue the most recent session of the working directory (a new one if it has none)",
+    )
+    p.add_argument("--cwd", default=None, help="working directory (default: current)")
+    p.add_argument("--steer", action="append", default=[], help="queue a steering message")
+    p.add_argument("--follow-up", action="append", default=[], help="queue a follow-up message")
+
+
+@command("run", _running_options("main", "lane to run on"), _run_options)
+def run(args: argparse.Namespace) -> int:
+    """Run a prompt to its end, streaming to the terminal.
+
+    The exit status reflects the outcome; the provider and its key are checked first.
+
+    example:
+      durable-harness run 'fix the failing test' --provider anthropic:claude-sonnet-4-5
+      OPENAI_BASE_URL=http://localhost:11434/v1 durable-harness run 'hi' --provider openai:qwen3
+      durable-harness run 'and now the docs' --session 01a2f --provider scripted:script.json
+    """
+    if not args.provider:
+        raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
+    require_credentials(args.provider)
+    provider = make_provider(args.provider, price_of(args))
+    store = common.store_of(args, create=True)
+    cwd = os.path.abspath(args.cwd or os.getcwd())
+    tool_cwd: str | None = None
+    if args.continue_recent and not args.session:
+        # the directory's own latest session (by its recorded cwd as a real path); none: a
+        # new session here, as pi does, never another directory's
+        recent = store.most_recent(cwd)
+        if recent is not None:
+            args.session = recent.id
+            tool_cwd = cwd  # the same directory as the recorded one, as the user spells it
+        elif not args.quiet:
+            line(f"no session of {cwd} to continue: starting a new one", file=sys.stderr)
+    if args.session:
+        session = common.open_named(args, write=True, durability=args.durability)
+    else:
+        session = Session(store.create_session(cwd, durability=args.durability))
+    opts = HarnessOptions(provider_spec=provider_spec(args.provider))
+    tool_cwd = tool_cwd or session.cwd or cwd
+
+    async def go() -> str:
+        tools = builtin_tools(allow_env=args.allow_env)
+        async with Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h:
+            h.subscribe(_printer(args.quiet))
+            handle = await h.prompt(args.prompt, lane=args.lane)
+            for text in args.steer:
+                await h.steer(text, lane=args.lane)
+            for text in args.follow_up:
+                await h.follow_up(text, lane=args.lane)
+            return await handle.wait()
+
+    with session:
+        line(f"session {session.id}", file=sys.stderr)
+        outcome: str = run_async(go)
+        if outcome == "failed":
+            done = session.store.records(args.lane, types=("run_finished",))
+            reason = done[-1].get("reason") if done else None
+            ui.say(f"run failed: {reason or 'see durable-harness log'}", "red", stderr=True)
+    ui.say(f"run {outcome}", "green" if outcome == "completed" else "yellow", stderr=True)
+    return EXIT.get(outcome, 1)
+
+
+def _attempts_text(attempts: Any) -> str:
+    """Provider attempts per counter (``{"turn 1": 2}``) as ``turn 1: 2``."""
+    if not isinstance(attempts, dict) or not attempts:
+        return "none"
+    return ", ".join(f"{key}: {n}" for key, n in attempts.items())
+
+
+def print_plan(plan: RecoveryPlan) -> None:
+    """Print a recovery plan as a readable table."""
+    line(f"session {plan.session_id}")
+    if plan.lease:
+        line(
+            f"  lease held by live process {or_dash(plan.lease.get('pid'))}: "
+            "nothing will be recovered"
+        )
+    for lp in plan.lanes:
+        reason = f" ({lp.reason})" if lp.reason else ""
+        line(
+            f"  lane {lp.lane}: {lp.state}{reason}  run {lp.run_id or '-'}  next: {lp.next_action}"
+        )
+        if lp.abort_requested:
+            line("    abort requested: the run settles as aborted, it is not resumed")
+        if lp.last_run and lp.state == "idle":
+            last = lp.last_run
+            reason = f" ({last['reason']})" if last.get("reason") else ""
+            line(
+                f"    last run {last['run_id']}: {last['outcome']}{reason}; provider attempts "
+                f"{_attempts_text(last.get('attempts'))}"
+            )
+        if lp.attempts:
+            line(
+                f"    provider attempts {_attempts_text(lp.attempts)} (cap {lp.attempt_cap} "
+                f"per turn); {lp.cost_unknown_attempts} with unknown cost"
+            )
+        if boundary := lp.last_safe_boundary:
+            line(f"    last safe boundary: seq {boundary['seq']} ({boundary['type']})")
+        if lp.tool_calls:
+            line(f"    {'tool call':<16} {'tool':<12} {'status':<12} {'replay':<7} action")
+            for c in lp.tool_calls:
+                line(
+                    f"    {c.tool_call_id:<16} {c.tool_name:<12} {c.status:<12} "
+                    f"{c.replay or '-':<7} {c.action}"
+                )
+            for c in lp.tool_calls:
+                if c.process and c.process.get("alive"):
+                    line(
+                        f"    {c.tool_call_id}: its process group {c.process['pgid']} is still "
+                        "running (left by the crashed process); resume kills it first"
+                    )
+                elif c.process and c.process.get("host") and c.process.get("alive") is None:
+                    print(
+                        f"    {c.tool_call_id}: its process group {c.process['pgid']} was "
+                        f"started on host {c.process['host']} and may still run there; retry "
+                        f"is refused until it is killed there (or decide {c.tool_call_id}=retry!)"
+                    )
+            for c in lp.tool_calls:
+                if c.action != "await_decision":
+                    continue
+                line(
+                    f"    {c.tool_call_id} {c.tool_name} "
+                    f"{TOOL_STATUS_TEXT.get(c.status, c.status)}, with arguments "
+                    f"{json_text(c.arguments or {})}: check its effect, then"
+                )
+                line(
+                    f"      durable-harness resume {plan.session_id} --decide "
+                    f"{c.tool_call_id}=retry|fail|result:TEXT"
+                )
+        for q in lp.queued:
+            line(
+                f"    queued {q.get('queue')} {or_dash(q.get('itemId'))} "
+                "(delivered exactly once on resume)"
+            )
+    for d in plan.damage:
+        line(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
+
+
+@command("recover", common.session_argument, json_option, _policy_option)
+def recover(args: argparse.Namespace) -> int:
+    """Print the recovery plan of a session (runs nothing).
+
+    example:
+      durable-harness recover SESSION
+      durable-harness recover SESSION --policy retry-safe --json
+    """
+    with common.open_named(args) as s:
+        plan = plan_of(s.store, builtin_tools(), policy=args.policy)
+    if args.json:
+        out(plan.to_json())
+    else:
+        print_plan(plan)
+    return 0
+
+
+def _decide_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--decide",
+        action="append",
+        default=[],
+        metavar="ID=DECISION",
+        help="TOOL_CALL_ID=retry|fail|result:TEXT (repeatable)",
+    )
+
+
+@command(
+    "resume",
+    common.session_argument,
+    _running_options(None, "only this lane"),
+    _policy_option,
+    _decide_option,
+    json_option,
+)
+def resume(args: argparse.Namespace) -> int:
+    """Apply the recovery plan and continue interrupted runs to their end.
+
+    Prints each lane's outcome; a run resumes with ``--provider``, else its recorded one.
+
+    example:
+      durable-harness resume SESSION
+      durable-harness resume SESSION --decide call_ab12_2_1=fail
+      durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'
+    """
+    decisions = dict(parse_decision(d) for d in args.decide)
+    if args.provider:
+        require_credentials(args.provider)
+    provider = make_provider(args.provider, price_of(args)) if args.provider else None
+    with common.open_named(args, write=True, durability=args.durability) as session:
+        if args.lane is not None:
+            common.require_lane(session, args.lane)
+        if not args.provider:  # the runs resume with their recorded provider: its key is needed
+            for lane in [args.lane] if args.lane else sorted(session.store.lanes()):
+                choice = resumed_provider(session, lane)
+                if session.lane(lane).run_id is not None and choice is not None:
+                    require_credentials(choice.spec)
+        tools = builtin_tools(allow_env=args.allow_env)
+
+        async def go() -> dict[str, str]:
+            rec = await plan_recovery(session.store, tools, args.policy, decisions, session.cwd)
+            if not args.quiet and not args.json:
+                print_plan(rec.plan)
+            return await resume_session(
+                session,
+                tools,
+                provider=provider,
+                decisions=decisions,
+                policy=args.policy,
+                lanes=[args.lane] if args.lane else None,
+                recovery=rec,
+                price=price_of(args),
+            )
+
+        results: dict[str, str] = run_async(go)
+        after = plan_of(session.store, tools, policy=args.policy)
+    if args.json:
+        out({"results": results, "plan": after.to_json()})
+    else:
+        for lane, outcome in results.items():
+            line(f"lane {lane}: {outcome}")
+    return max((EXIT.get(o, 1) for o in results.values()), default=0)
+
+
+EXAMPLE_CRASH_POINTS = (
+    "  durable-harness crash-points\n  DURABLE_HARNESS_CRASH_AT=after_tool_started "
+    "durable-harness run 'deploy' --provider scripted:script.json"
+)
+
+
+@command("crash-points", json_option, example=EXAMPLE_CRASH_POINTS)
+def crash_points(args: argparse.Namespace) -> int:
+    """List the named crash points (DURABLE_HARNESS_CRASH_AT=POINT[:N])."""
+    if args.json:
+        out(crash.CRASH_POINTS)
+        return 0
+    for name, desc in crash.CRASH_POINTS.items():
+        line(f"{name:<32} {desc}")
+    return 0
+
+
+@command(
+    "demo",
+    lambda p: p.add_argument("--dir", help="scratch folder (default: a new temporary one)"),
+)
+def demo(args: argparse.Namespace) -> int:
+    """The main job: a run killed mid-tool, recovered, resumed; then a pi import.
+
+    example:
+      durable-harness demo
+      durable-harness demo --dir /tmp/dh-demo --store sqlite:demo.db
+    """
+    from durable_harness.demo import run_demo
+
+    return run_demo(args.dir, getattr(args, "store", None))
+
+
+def _crash_test_options(p: argparse.ArgumentParser) -> None:
+    from durable_harness.crashtest import configure_parser
+
+    configure_parser(p)
+
+
+@command("crash-test", _crash_test_options)
+def crash_test(args: argparse.Namespace) -> int:
+    """Run the crash matrix: every scenario at every crash point it reaches.
+
+    example:
+      durable-harness crash-test --jobs 2
+      durable-harness crash-test --backend sqlite --scenario single_tool --report matrix.md
+    """
+    from durable_harness.crashtest import run_cli
+
+    return run_cli(args)
