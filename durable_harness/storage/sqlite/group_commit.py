@@ -1,20 +1,6 @@
-"""Group commit across the sessions of one store: concurrent commit calls, of one session or
-of many, applied in one ``BEGIN IMMEDIATE`` transaction and made durable by one WAL sync.
-
-Two ways in, one runner (:func:`run_group`):
-
-* :func:`commit_async` (tasks on an event loop, ``batch`` sessions): the call queues its ops
-  and yields once; the first queued task to resume takes the whole queue, of every session of
-  the store, and runs it. A barrier (``wait_durable_async``) queues a call without ops, so the
-  barriers of many sessions share one sync too.
-* :func:`commit_threaded` (``commit()`` in ``batch`` mode, threads): calls that arrive while a
-  group runs form the next one; one leader runs it, the others wait.
-
-Inside the transaction each session's fence (its lease generation) is checked once, with one
-query for the whole group; a stale session's calls fail, the others go on. The calls' inserts
-run with no savepoint; when one fails, the transaction is rolled back and run again with a
-savepoint per call, so the failing call fails alone. The WAL sync runs after the COMMIT,
-outside the writer's lock, and covers every commit made before it started.
+"""Group commit across the sessions of one store: concurrent calls of one session or many in one
+``BEGIN IMMEDIATE`` transaction and one WAL sync (``design/storage.md`` "SQLite"), from tasks
+(:func:`commit_async`) or threads (:func:`commit_threaded`), run by :func:`run_group`.
 """
 
 from __future__ import annotations
@@ -49,8 +35,7 @@ class _Retry(Exception):
 
 
 class GroupQueues:
-    """The queues of one :class:`~.database.SharedDatabase`: tasks' calls waiting for the
-    next group, threads' calls waiting for the running one to finish."""
+    """The queues of one :class:`~.database.SharedDatabase`: tasks' and threads' calls."""
 
     def __init__(self) -> None:
         self.tasks: TaskQueue[SessionCommit] = TaskQueue()
@@ -76,9 +61,9 @@ def commit_threaded(db: SharedDatabase, queues: GroupQueues, item: SessionCommit
 
 
 def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit]) -> None:
-    """Commit every call of ``batch`` in one transaction, then sync the WAL once if any call
-    needs it (its session is not ``none``); set each call's ``seq`` or ``error`` and ``done``.
-    A call of a closed session fails with :class:`SessionClosed`."""
+    """Commit ``batch`` in one transaction, then sync the WAL once if any call needs it; set each
+    call's ``seq`` or ``error`` and ``done`` (a closed session's: :class:`SessionClosed`).
+    """
     try:
         with settling(batch):
             writes = [item for item in batch if item.ops]
@@ -100,9 +85,9 @@ def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit
 
 
 def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints: bool) -> bool:
-    """One attempt at the group's transaction. Without ``savepoints`` a failing call rolls
-    everything back and returns ``False`` (the caller retries with them); with them it fails
-    alone. A stale session's calls fail with :class:`StaleGeneration` in either."""
+    """One attempt at the group's transaction; without ``savepoints`` a failing call rolls all back
+    and returns ``False``; with them it fails alone.
+    """
     c = db.writer
     sessions = list(dict.fromkeys(item.session for item in writes))
     for item in writes:
