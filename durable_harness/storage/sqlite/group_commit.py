@@ -11,13 +11,12 @@ from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
 from durable_harness.storage.base import Op
 from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue, settling
+from durable_harness.storage.sql.catalogue import CHUNK
 from durable_harness.storage.sqlite.connection import rollback
 
 if TYPE_CHECKING:
     from durable_harness.storage.sqlite.database import SharedDatabase
     from durable_harness.storage.sqlite.session import SqliteSessionStore
-
-FENCE_CHUNK = 500  # sessions per fence query (under SQLite's bound-parameter limit)
 
 
 class SessionCommit(PendingCommit):
@@ -144,8 +143,8 @@ def _fence(c: Any, sessions: list[SqliteSessionStore]) -> dict[str, tuple[int, i
     """``{session id: (generation, last_seq)}`` read inside the open transaction."""
     out: dict[str, tuple[int, int]] = {}
     ids = [s.session_id for s in sessions]
-    for start in range(0, len(ids), FENCE_CHUNK):
-        part = ids[start : start + FENCE_CHUNK]
+    for start in range(0, len(ids), CHUNK):
+        part = ids[start : start + CHUNK]
         marks = ",".join("?" * len(part))
         for sid, generation, last_seq in c.execute(
             f"SELECT id, generation, last_seq FROM sessions WHERE id IN ({marks})", part
