@@ -1,6 +1,6 @@
-"""Group commit across the sessions of one store: concurrent calls of one session or many in one
-``BEGIN IMMEDIATE`` transaction and one WAL sync (``design/storage.md`` "SQLite"), from tasks
-(:func:`commit_async`) or threads (:func:`commit_threaded`), run by :func:`run_group`.
+"""Group commit across the sessions of one store: concurrent calls of one session or many, from
+tasks or threads (:class:`GroupQueues`), in one ``BEGIN IMMEDIATE`` transaction and one WAL sync
+(:func:`run_group`; ``design/storage.md`` "SQLite").
 """
 
 from __future__ import annotations
@@ -39,24 +39,6 @@ class GroupQueues:
     def __init__(self) -> None:
         self.tasks: TaskQueue[SessionCommit] = TaskQueue()
         self.threads: GroupLeader[SessionCommit] = GroupLeader()
-
-
-async def commit_async(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
-    """Commit ``item`` in the next group of tasks' calls; return its seq once durable.
-
-    Raises:
-        whatever :func:`run_group` recorded as this call's error.
-    """
-    return await queues.tasks.commit(item, lambda batch: run_group(db, queues, batch))
-
-
-def commit_threaded(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
-    """Commit ``item`` in the next group of threads' calls; return its seq once durable.
-
-    Raises:
-        whatever :func:`run_group` recorded as this call's error.
-    """
-    return queues.threads.commit(item, lambda batch: run_group(db, queues, batch))
 
 
 def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit]) -> None:

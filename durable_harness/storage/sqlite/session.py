@@ -147,7 +147,7 @@ class SqliteSessionStore(SqlSessionStore):
         started = timing.start()
         shared = self._shared
         if self.durability == "batch" and wait:
-            seq = group_commit.commit_threaded(shared, self._queues, SessionCommit(self, list(ops)))
+            seq = self._queues.threads.commit(SessionCommit(self, list(ops)), self._run_group)
         else:
             with shared.lock:
                 if self.closed:
@@ -186,11 +186,12 @@ class SqliteSessionStore(SqlSessionStore):
         if not ops:
             return self.last_seq()
         started = timing.start()
-        seq = await group_commit.commit_async(
-            self._shared, self._queues, SessionCommit(self, list(ops))
-        )
+        seq = await self._queues.tasks.commit(SessionCommit(self, list(ops)), self._run_group)
         timing.since("commit", started)
         return seq
+
+    def _run_group(self, batch: list[SessionCommit]) -> None:
+        group_commit.run_group(self._shared, self._queues, batch)
 
     def note_committed(self, ticket: int) -> None:
         """After a COMMIT with this session's calls: keep its entries, lanes, ticket."""
@@ -220,7 +221,7 @@ class SqliteSessionStore(SqlSessionStore):
         if self.durability != "batch" or self.read_only:
             self.wait_durable()
         elif self._shared.synced < self._ticket:
-            await group_commit.commit_async(self._shared, self._queues, SessionCommit(self, []))
+            await self._queues.tasks.commit(SessionCommit(self, []), self._run_group)
 
     def _fence(self) -> int:
         """Inside the open transaction: check this writer's generation, return ``last_seq``.
@@ -371,7 +372,7 @@ class SqliteSessionStore(SqlSessionStore):
             if not self.read_only:
                 batch = self._queues.tasks.take()
                 if batch:
-                    group_commit.run_group(shared, self._queues, batch)
+                    self._run_group(batch)
                 with shared.lock:
                     self.closed = True
                 self.wait_durable()
