@@ -226,8 +226,7 @@ class Database:
             conn = self.pool.getconn()
             if not _closed_by_server(conn):
                 return conn
-            # a server restart closed the pooled connections: a commit sent on one would
-            # reach no server, and a SIGKILL before its reply is read would lose it
+            # closed by a server restart (design/postgres.md "Unwaited commits")
             conn.close()
             self.pool.putconn(conn)
             self.pool.check()
@@ -258,17 +257,13 @@ class Database:
                 except psycopg.OperationalError:
                     if attempt == 2 or not idempotent or not conn.broken:
                         raise
-            # the server restarted: the other idle connections are dead too; test them all
-            # now (the dead are dropped) rather than meet them one failure at a time
+            # the server restarted: drop every dead idle connection now
             self.pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run_until(self, fn: Callable[[psycopg.Connection[Any]], T], deadline: float) -> T:
-        """``fn(conn)`` (idempotent) as :meth:`run`, retried every 0.2 s while the server cannot be
-        reached, until ``deadline`` (``time.monotonic()``).
-
-        Raises:
-            psycopg.OperationalError: the server was still unreachable at ``deadline``.
+        """``fn(conn)`` (idempotent) as :meth:`run`, retried every 0.2 s until ``deadline``
+        (``time.monotonic()``), then psycopg.OperationalError.
         """
         while True:
             try:
@@ -318,10 +313,7 @@ class Database:
 
 def migrate_spec(spec: str) -> dict[str, Any]:
     """``durable-harness migrate``: apply the pending migrations at ``spec``; return ``{"store",
-    "applied": [versions], "version"}``.
-
-    Raises:
-        FormatError: not a PostgreSQL URL. StorageIOError: the server cannot be reached.
+    "applied": [versions], "version"}`` (FormatError, StorageIOError).
     """
     db = Database.get(spec)
     with db.connect() as conn:

@@ -23,10 +23,7 @@ LEASE_ENV = "DURABLE_HARNESS_PG_LEASE_S"
 
 def lease_seconds(value: float | None = None) -> float:
     """The lease duration in seconds: ``value``, else ``$DURABLE_HARNESS_PG_LEASE_S``, else
-    :data:`DEFAULT_LEASE_S`.
-
-    Raises:
-        StorageError: the duration is not a positive number.
+    :data:`DEFAULT_LEASE_S` (StorageError when not a positive number).
     """
     raw: Any = value if value is not None else os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S
     try:
@@ -42,18 +39,6 @@ _HOLDER = (
     "SELECT pid, host, generation, owner, expires, broken FROM leases WHERE session_id = %s "
     "AND owner IS NOT NULL AND expires > clock_timestamp()"
 )
-
-
-def _holder_dict(row: tuple[Any, ...]) -> dict[str, Any]:
-    pid, host, generation, owner, expires, broken = row
-    return {
-        "pid": pid,
-        "host": host,
-        "generation": int(generation),
-        "owner": owner,
-        "expires": expires.isoformat() if expires is not None else None,
-        "broken": bool(broken),
-    }
 
 
 def _pid_namespace() -> str:
@@ -95,7 +80,15 @@ def live_holder(conn: psycopg.Connection[Any], session_id: str) -> dict[str, Any
     row = conn.execute(_HOLDER, (session_id,)).fetchone()
     if row is None or dead_here(row[3], row[0]):
         return None
-    return _holder_dict(row)
+    pid, host, generation, owner, expires, broken = row
+    return {
+        "pid": pid,
+        "host": host,
+        "generation": int(generation),
+        "owner": owner,
+        "expires": expires.isoformat() if expires is not None else None,
+        "broken": bool(broken),
+    }
 
 
 def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
@@ -112,13 +105,9 @@ def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
 
 
 class DbLease:
-    """The writer lease of one session, held through a :class:`Database`.
-
-    Attributes:
-        generation: this holder's fencing generation (positive once acquired).
-        owner: this acquisition's random token (``None`` before acquiring).
-        lost: set by the heartbeat when another writer took the lease.
-        seconds: the lease duration.
+    """The writer lease of one session, held through a :class:`Database`: its ``generation``
+    (positive once acquired), ``owner`` token, ``lost`` (set when another writer took it) and
+    ``seconds``.
     """
 
     def __init__(self, db: Database, session_id: str, what: str, seconds: float) -> None:

@@ -45,11 +45,8 @@ _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 
 
 class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
-    """One session of a PostgreSQL store. Thread-safe; not bound to an event loop.
-
-    Attributes (besides :class:`~durable_harness.storage.base.SessionStore`'s):
-        db: the shared :class:`~durable_harness.storage.postgres.connection.Database`.
-        lease: the writer lease (``None`` when read-only).
+    """One session of a PostgreSQL store (``db``: the shared :class:`Database`; ``lease``: ``None``
+    when read-only). Thread-safe; not bound to an event loop.
     """
 
     dialect = PostgresDialect()
@@ -83,8 +80,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self._damage: list[dict[str, Any]] | None = None
         self._closed = False
         self._txn_start = -1
-        # The writer's view of its own session (valid while it holds the lease: nobody else
-        # writes): last_seq, the lanes, recent entry bodies. Reloaded after any doubt.
+        # the writer's cache (valid while it holds the lease), reloaded after any doubt
         self._state_ok = False
         self._last = 0
         self._lane_state: dict[str, LaneState] = {}
@@ -255,12 +251,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
 
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
-        """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
-        transaction.
-
-        Raises:
-            as :meth:`commit`.
-        """
+        """Commit ``ops``; in ``batch`` mode one event loop's calls share one transaction."""
         if self.durability != "batch":
             return await super().commit_async(ops)
         if self.read_only:
@@ -336,14 +327,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         return True
 
     def _head(self, lost: BaseException, deadline: float) -> int:
-        """The stored ``last_seq``, read on a new connection after ``lost`` (retried until
-        ``deadline``).
-
-        Raises:
-            StorageIOError: the server could not be reached again by ``deadline``.
-            SessionNotFound: the session was deleted.
-            StaleGeneration: another writer holds the lease now.
-        """
+        """The stored ``last_seq`` on a new connection after ``lost`` (raises as the fence does)."""
         try:
             row = self.db.run_until(
                 lambda c: c.execute(

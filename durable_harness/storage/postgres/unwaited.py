@@ -7,6 +7,7 @@ from __future__ import annotations
 import select
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,11 +97,7 @@ class Pipeline:
         return unit
 
     def read_all(self) -> None:
-        """Wait for the reply of every unit sent.
-
-        Raises:
-            psycopg.OperationalError: the connection was lost first (units read have ``done``).
-        """
+        """Wait for the reply of every unit sent (psycopg.OperationalError: lost first)."""
         self._read(block=True)
 
     def close(self) -> None:
@@ -158,27 +155,16 @@ class UnwaitedCommits:
         """True when this writer was fenced out (every later commit is refused)."""
         return self.lease is not None and self.lease.lost
 
-    def _run_batch(self, batch: list[PendingCommit]) -> None:
-        raise NotImplementedError
-
-    def _after(self, batch: list[PendingCommit]) -> None:
-        raise NotImplementedError
-
-    def _head(self, lost: BaseException, deadline: float) -> int:
-        raise NotImplementedError
-
-    def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
-        raise NotImplementedError
-
-    def _stale(self, current: int) -> Exception:
-        raise NotImplementedError
+    # the store's own, used here
+    _run_batch: Callable[[list[PendingCommit]], None]
+    _after: Callable[[list[PendingCommit]], None]
+    _head: Callable[[BaseException, float], int]
+    _commit_params: Callable[[list[Op], int], list[str | None]]
+    _stale: Callable[[int], Exception]
 
     def _send_unwaited(self, item: PendingCommit) -> bool:
-        """Send ``item`` on the pipeline and fold it into the cache without its reply; ``False``
-        (nothing sent) when the waited path must run instead.
-
-        Raises:
-            as :meth:`commit` (an earlier unwaited commit's failure, or this one's own).
+        """Send ``item`` on the pipeline, unanswered; ``False`` (nothing sent): take the waited
+        path.
         """
         pipe = self._pipe
         if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
@@ -244,13 +230,8 @@ class UnwaitedCommits:
                 raise item.error
 
     def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
-        """After a lost connection: the ``last_seq`` the unread ``items`` (sent after ``start``)
-        reached.
-
-        Raises:
-            StorageIOError: the server is unreachable past the deadline, or ``last_seq`` is not
-                ``start`` nor the end of one of ``items``.
-            StaleGeneration, SessionNotFound: another writer took over, the session is gone.
+        """After a lost connection: the ``last_seq`` the unread ``items`` reached (StorageIOError
+        if none).
         """
         last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
         if last_seq < start:

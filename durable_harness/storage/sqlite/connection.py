@@ -34,10 +34,8 @@ MIGRATIONS: list[str] = [
         session_id TEXT NOT NULL, name TEXT NOT NULL, leaf_id TEXT, config BLOB NOT NULL,
         run_id TEXT, run_seq INTEGER, PRIMARY KEY (session_id, name)) WITHOUT ROWID;
     """,
-    # 2: every seq is stored in a row, so a deleted row shows as a gap below ``last_seq`` (the
-    # durable high-water mark): a lane op gets a row of its own. Seqs a session used before
-    # this migration cannot be checked (its lane ops have no rows): ``checked_from`` says where
-    # continuity checking starts.
+    # 2: a lane op gets a row of its own, so a deleted row shows as a gap below ``last_seq``;
+    # ``checked_from``: where continuity checking starts (``design/storage.md``)
     """
     CREATE TABLE lane_ops (
         session_id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT NOT NULL, body BLOB NOT NULL,

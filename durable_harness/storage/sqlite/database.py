@@ -97,10 +97,8 @@ class SharedDatabase:
 
     @property
     def writer(self) -> sqlite3.Connection:
-        """The writer connection (``synchronous=NORMAL``), opened on first use; hold :attr:`lock`.
-
-        Raises:
-            sqlite3.Error: the database cannot be opened for writing.
+        """The writer connection (``synchronous=NORMAL``), opened on first use; hold
+        :attr:`lock`.
         """
         conn = self._writer
         if conn is None:
@@ -146,11 +144,7 @@ class SharedDatabase:
         return self.handoff.synced
 
     def _sync_wal(self) -> None:
-        """``fdatasync`` the ``-wal`` file (what ``synchronous=FULL`` does at each commit).
-
-        Raises:
-            OSError: the sync failed.
-        """
+        """``fdatasync`` the ``-wal`` file (what ``synchronous=FULL`` does at each commit)."""
         try:
             inode = os.stat(self.wal_path).st_ino
         except FileNotFoundError:  # no WAL: everything is checkpointed into the database

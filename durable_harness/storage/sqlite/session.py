@@ -71,13 +71,10 @@ class SqliteSessionStore(SqlSessionStore):
             shared.acquire()
         self._shared = shared
         self._queues = queues or GroupQueues()
-        # Entry ids known to exist (entries are never deleted): made by the open transaction,
-        # and by recent committed ones. A parent found here is not looked up. Both are used
-        # only while the writer's lock is held.
+        # entry ids and lanes known to exist (never deleted), made by the open transaction or
+        # recent committed ones: no lookup, no INSERT OR IGNORE (the writer's lock held)
         self._txn_entries: set[str] = set()
         self._recent_entries: set[str] = set()
-        # Lanes known to have a row (lanes are never deleted), likewise: a record on one of
-        # them needs no INSERT OR IGNORE.
         self._txn_lanes: set[str] = set()
         self._known_lanes: set[str] = set()
         self._ticket = 0  # the shared writer's ticket of this session's last commit
@@ -174,11 +171,7 @@ class SqliteSessionStore(SqlSessionStore):
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops`` and await its durability; in ``batch`` mode as a call of the store's next
-        group (:mod:`.group_commit`).
-
-        Raises:
-            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
-            StaleGeneration: as :meth:`commit`.
+        group (raises as :meth:`commit`).
         """
         if self.durability != "batch":
             return self.commit(ops)
@@ -224,11 +217,7 @@ class SqliteSessionStore(SqlSessionStore):
             await self._queues.tasks.commit(SessionCommit(self, []), self._run_group)
 
     def _fence(self) -> int:
-        """Inside the open transaction: check this writer's generation, return ``last_seq``.
-
-        Raises:
-            StaleGeneration, SessionNotFound: as :meth:`stale_error`.
-        """
+        """Inside the open transaction: check this writer's generation, return ``last_seq``."""
         row = self._shared.writer.execute(
             "SELECT generation, last_seq FROM sessions WHERE id=?", (self.session_id,)
         ).fetchone()
