@@ -100,10 +100,8 @@ class GroupLeader(Generic[P]):
         self._leading = False
 
     def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
-        """Queue ``item`` and return its ``seq`` once a group ran it (``run`` settles every item).
-
-        Raises:
-            whatever ``run`` recorded as this item's error.
+        """Queue ``item``; return its ``seq`` once a group ran it, or raise its error (``run``
+        settles all).
         """
         with self.cond:
             self.queue.append(item)
@@ -148,11 +146,7 @@ class TaskQueue(Generic[P]):
             self.done.notify_all()
 
     async def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
-        """Queue ``item``; return its ``seq`` once a group ran it.
-
-        Raises:
-            whatever ``run`` recorded as this item's error.
-        """
+        """Queue ``item``; return its ``seq`` once a group ran it, or raise its error."""
         with self.lock:
             self.items.append(item)
         try:

@@ -40,11 +40,7 @@ class MemoryStore(Store):
         return session if write else session.reader()
 
     def delete_session(self, session_id: str) -> None:
-        """Drop the session from this store.
-
-        Raises:
-            SessionNotFound: no session has this id.
-        """
+        """Drop the session from this store (SessionNotFound: no session has this id)."""
         if self._sessions.pop(session_id, None) is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
 

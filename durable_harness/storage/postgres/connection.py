@@ -74,11 +74,7 @@ def describe(spec: str) -> str:
 
 
 def parse(spec: str) -> dict[str, str]:
-    """The libpq parameters of ``spec`` (``postgres://`` read as ``postgresql://``).
-
-    Raises:
-        FormatError: ``spec`` is not a valid libpq URL (the message never shows a password).
-    """
+    """The libpq parameters of ``spec`` (FormatError, never showing a password, when invalid)."""
     if not is_postgres_spec(spec):
         raise FormatError(f"store spec {redact_dsn(spec)!r} is not a postgresql:// URL")
     try:
@@ -171,10 +167,8 @@ class Database:
 
     @classmethod
     def get(cls, spec: str) -> Database:
-        """The process's :class:`Database` for ``spec`` (a forked child gets its own).
-
-        Raises:
-            FormatError: ``spec`` is not a valid libpq URL.
+        """The process's :class:`Database` for ``spec`` (a forked child gets its own;
+        FormatError).
         """
         key = (os.getpid(), spec)
         with cls._cache_lock:
@@ -210,12 +204,9 @@ class Database:
             yield conn
 
     def hold(self) -> psycopg.Connection[Any] | None:
-        """A pooled connection kept past the call (an unwaited commit's), or ``None`` when that
-        would leave fewer than :data:`HELD_SPARE` for waited commits (``design/postgres.md``
-        "Unwaited commits"). Give it back with :meth:`unhold`.
-
-        Raises:
-            psycopg_pool.PoolTimeout: no connection within the pool's timeout.
+        """A pooled connection kept past the call (an unwaited commit's; give it back with
+        :meth:`unhold`), or ``None`` when fewer than :data:`HELD_SPARE` would stay for waited
+        commits. psycopg_pool.PoolTimeout: none within the pool's timeout.
         """
         with self._lock:
             if self._held >= self.pool.max_size - HELD_SPARE:

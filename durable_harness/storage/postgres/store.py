@@ -216,12 +216,10 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
         """Commit ``ops`` in one transaction; with ``wait=False`` COMMIT does not wait for the WAL
-        flush (``synchronous_commit = off``) and :meth:`wait_durable` makes it durable.
+        flush and :meth:`wait_durable` makes it durable.
 
         Raises:
-            ReadOnlySession, StaleGeneration, IdConflict, UnknownEntry, InvalidOp: as
-                :meth:`SessionStore.commit`.
-            StorageIOError: the server could not be reached again to finish the commit.
+            as :meth:`SessionStore.commit`; StorageIOError: the server could not be reached again.
         """
         if self.read_only:
             raise ReadOnlySession(f"session {self.location} is open read-only")

@@ -66,11 +66,8 @@ class Pipeline:
         behind: bool = False,
     ) -> Unit:
         """Send ``query`` (``$1`` placeholders, each cast) as the prepared statement ``name`` with
-        ``params`` (PostgreSQL text input format, ``None`` for ``NULL``), then ``Sync``; return
-        once every byte is with the kernel.
-
-        Raises:
-            psycopg.OperationalError: the connection broke while sending (the unit stays queued).
+        ``params`` (text format, ``None`` for ``NULL``), then ``Sync``, all bytes to the kernel;
+        psycopg.OperationalError when the connection broke (the unit stays queued).
         """
         pgconn = self.conn.pgconn
         encoding = self.conn.info.encoding
@@ -190,12 +187,8 @@ class UnwaitedCommits:
         return True
 
     def _settle(self) -> None:
-        """Read every reply of the pipeline and give its connection back (caller holds ``_lock``);
-        handle the first commit that did not land (``design/postgres.md`` "Unwaited commits").
-
-        Raises:
-            StaleGeneration, SessionNotFound, IdConflict, UnknownEntry, StorageIOError,
-            StorageError: an unwaited commit's failure, raised to whichever call came next.
+        """Read every reply and give the connection back (``_lock`` held); raise the first unwaited
+        commit's failure or redo what did not land (``design/postgres.md`` "Unwaited commits").
         """
         pipe, self._pipe = self._pipe, None
         if pipe is None:

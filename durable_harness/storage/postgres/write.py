@@ -70,13 +70,10 @@ def write_params(
     ops: Sequence[Op],
     lanes_known: Mapping[str, LaneState],
 ) -> list[str | None]:
-    """The parameters of :data:`WRITE` for ``ops`` numbered after ``last_seq``: the session, the
-    lease ``generation``, ``last_seq``, ``sync``, the time, the ops as parallel arrays, then the
-    lanes ``lanes_known`` (the writer's view of the stored lanes) lacks.
-
-    Raises:
-        UnknownEntry: an entry or record without a non-empty string id.
-        InvalidOp: an id, parent, type, lane or run id holding a NUL character.
+    """The parameters of :data:`WRITE` for ``ops`` after ``last_seq``: the session, ``generation``,
+    ``last_seq``, ``sync``, the time, the ops as parallel arrays, and the lanes ``lanes_known``
+    (the writer's cached lanes) lacks. UnknownEntry: an entry or record without a string id;
+    InvalidOp: an id, parent, type, lane or run id holding a NUL.
     """
     rows: list[tuple[Any, ...]] = []  # kind, id, parent, type, lane, run, body, leaf?, config
     merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them

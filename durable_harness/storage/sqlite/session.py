@@ -50,13 +50,12 @@ class SqliteSessionStore(SqlSessionStore):
         shared: SharedDatabase | None = None,
         queues: GroupQueues | None = None,
     ) -> None:
-        """Open session ``session_id`` of the database at ``db_path`` through ``shared`` (acquired
-        by the caller, released at :meth:`close`) and ``queues``, or through a database of its
-        own on ``conn`` (read-only, as ``fsck`` passes) or a new connection.
+        """Open ``session_id`` of the database at ``db_path`` through ``shared`` (released at
+        :meth:`close`) and ``queues``, or a database of its own on ``conn`` (``fsck``'s
+        read-only).
 
         Raises:
-            SessionNotFound: no such session in the database.
-            LeaseHeld: ``lease`` is held by another live process.
+            SessionNotFound: no such session. LeaseHeld: ``lease`` is held by a live process.
         """
         self.db_path = db_path
         self.session_id = session_id
@@ -135,8 +134,7 @@ class SqliteSessionStore(SqlSessionStore):
         group.
 
         Raises:
-            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
-            StaleGeneration: as :meth:`SessionStore.commit`.
+            as :meth:`SessionStore.commit`; SessionClosed: the session was closed.
         """
         self._check_writable()
         if not ops:
@@ -241,10 +239,7 @@ class SqliteSessionStore(SqlSessionStore):
 
     def apply_ops(self, ops: list[Op], seq: int) -> int:
         """Insert ``ops`` after ``seq`` inside the open transaction, each row then its lane change;
-        return the last seq.
-
-        Raises:
-            InvalidOp, IdConflict, UnknownEntry: as :meth:`commit`.
+        return the last seq (raises as :meth:`commit`).
         """
         self._check_shapes(ops)
         for op in number(ops, seq):
