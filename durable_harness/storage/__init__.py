@@ -1,8 +1,7 @@
 """Storage: one interface (:mod:`.base`) and its backends; :func:`open_store` turns a spec into a
 :class:`~.base.Store`: ``None`` or ``""`` (JSONL under :func:`default_home`), ``jsonl:DIR``,
 ``sqlite:PATH``, ``postgresql://...`` (imported only when named) or ``memory:`` (nothing
-durable).
-"""
+durable)."""
 
 from __future__ import annotations
 

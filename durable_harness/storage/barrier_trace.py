@@ -1,6 +1,5 @@
 """Barrier bookkeeping for power-cut tests: what a store's own fsyncs made durable, traced only when
-:data:`TRACE_ENV` names a folder (``design/crash-matrix.md`` "Power cuts").
-"""
+:data:`TRACE_ENV` names a folder (``design/crash-matrix.md`` "Power cuts")."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ class BarrierTrace:
 
     def record(self, length: int, mark: int = 0, salt: str = "") -> None:
         """Rewrite the trace (one ``pwrite``, fixed size: never a mix): the barrier just completed
-        covered ``length`` bytes, with the JSONL ``mark`` and the WAL ``salt`` of its start.
-        """
+        covered ``length`` bytes, with the JSONL ``mark`` and the WAL ``salt`` of its start."""
         body = json.dumps({"path": self.path, "length": length, "mark": mark, "salt": salt})
         os.pwrite(self.fd, body.encode().ljust(_RECORD_SIZE), 0)
 
@@ -71,8 +69,7 @@ def read_trace(folder: str, path: str) -> dict[str, Any] | None:
 
 def wal_commit_end(wal_path: str) -> tuple[int, str]:
     """``(end of the last valid commit frame, salts as hex)`` of a SQLite WAL file (``(0, "")``
-    without one); a frame is valid while it repeats the header's salts.
-    """
+    without one); a frame is valid while it repeats the header's salts."""
     try:
         fd = os.open(wal_path, os.O_RDONLY)
     except FileNotFoundError:

@@ -1,7 +1,6 @@
 """The storage interface: one session's tree, lanes and lane operation logs under one ``seq``
 (:class:`SessionStore`), and a catalogue of sessions (:class:`Store`), implemented by every
-backend; the guarantees are ``design/storage.md`` "Guarantee".
-"""
+backend; the guarantees are ``design/storage.md`` "Guarantee"."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class EntryOp:
 @dataclass(frozen=True)
 class RecordOp:
     """Append an operation-log ``record`` (``type``, ``id``, ``lane``, ``runId``, ``timestamp``);
-    ``run_started`` / ``run_finished`` open and close its lane's run in the same commit.
-    """
+    ``run_started`` / ``run_finished`` open and close its lane's run in the same commit."""
 
     record: dict[str, Any]
 
@@ -105,8 +103,7 @@ class SessionInfo:
     ``created`` and ``modified`` (ISO 8601 for SQLite, epoch seconds for JSONL), ``name``,
     ``parent_session``. ``error`` is ``None``, or for a session that exists but cannot be read
     ``{"code": "session_unreadable", "errno", "message"}`` (``cwd`` then ``""``;
-    ``design/storage.md`` "Finding a session by working directory").
-    """
+    ``design/storage.md`` "Finding a session by working directory")."""
 
     id: str
     cwd: str
@@ -146,8 +143,7 @@ def new_header(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The header of a new session (``type="session"``, version 3, our format name, ``id``,
-    ``timestamp``, ``cwd``, ``parentSession`` when forked), plus ``extra``.
-    """
+    ``timestamp``, ``cwd``, ``parentSession`` when forked), plus ``extra``."""
     header: dict[str, Any] = {
         "type": "session",
         "version": 3,
@@ -171,8 +167,7 @@ class CwdMatcher:
     """The one rule of session lookup by working directory ``query``: a recorded cwd matches when
     both resolve (:func:`os.path.realpath`) to the same path; a relative one only when spelled
     the same, an empty one never (``design/storage.md`` "Finding a session by working
-    directory").
-    """
+    directory")."""
 
     def __init__(self, query: str) -> None:
         self.query = query
@@ -293,8 +288,7 @@ class SessionStore(abc.ABC):
 
     def lease_holder(self) -> dict[str, Any] | None:
         """Return ``{"pid", "host", "generation"}`` of the live process holding the writer lease
-        (this one included), or ``None``.
-        """
+        (this one included), or ``None``."""
         return None
 
     @abc.abstractmethod
@@ -366,8 +360,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Return sessions (of the working directory ``cwd`` by :class:`CwdMatcher`, or all), most
-        recently modified first, unreadable ones included with their ``error``.
-        """
+        recently modified first, unreadable ones included with their ``error``."""
 
     def delete_session(self, session_id: str) -> None:
         """Delete one session (by exact id) and everything stored beside it, under its writer lease.
@@ -411,14 +404,12 @@ class Store(abc.ABC):
     def find_exact(self, session_id: str) -> SessionInfo | None:
         """The row of the session whose id is exactly ``session_id``, found without listing the
         store, or ``None`` (then :meth:`resolve` asks :meth:`find_prefixed`); this default finds
-        nothing.
-        """
+        nothing."""
         return None
 
     def find_prefixed(self, prefix: str) -> list[SessionInfo]:
         """The rows whose id starts with ``prefix``, in any order (at least two when several
-        match).
-        """
+        match)."""
         return [i for i in self.list_sessions() if i.id.startswith(prefix)]
 
     def most_recent(self, cwd: str) -> SessionInfo | None:
@@ -449,8 +440,7 @@ _HINT = "check its permissions and the disk, or move it out of the store"
 
 def unreadable_error(path: str, exc: OSError, *, what: str = "cannot be read") -> SessionUnreadable:
     """The :class:`~durable_harness.errors.SessionUnreadable` for ``path``, which raised ``exc``
-    (``what`` says how), returned for the caller to raise ``from exc``.
-    """
+    (``what`` says how), returned for the caller to raise ``from exc``."""
     name = errno_name(exc)
     return SessionUnreadable(
         f"{path}: {what}: {exc.strerror or exc} ({name}); {_HINT}", path=path, errno=name

@@ -1,6 +1,5 @@
 """JSON encoding for session files and rows: orjson, with lone surrogates written and read as U+FFFD
-(``design/storage.md`` "The JSONL file, line by line"; the ``replaced_surrogate`` damage kind).
-"""
+(``design/storage.md`` "The JSONL file, line by line"; the ``replaced_surrogate`` damage kind)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def scrub(value: Any) -> Any:
     """``value`` with every lone surrogate in its strings and keys replaced by U+FFFD (itself
-    when none).
-    """
+    when none)."""
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
     return _scrub(value)
@@ -77,8 +75,7 @@ _REPLACEMENT = rb"\ufffd"
 
 def repair_surrogates(data: bytes) -> tuple[bytes, int]:
     """``(data, count)`` with every lone surrogate escape in the JSON text rewritten as ``\ufffd``
-    (a valid pair and raw bytes are kept); ``count`` 0 returns ``data`` itself.
-    """
+    (a valid pair and raw bytes are kept); ``count`` 0 returns ``data`` itself."""
     if b"\\u" not in data:
         return data, 0
     count = 0
@@ -127,8 +124,7 @@ def loads(data: bytes | str) -> Any:
 
 def lone_surrogate_paths(data: bytes) -> list[tuple[str | int, ...]]:
     """The paths (keys and list indexes from the root) to strings or keys of the JSON text ``data``
-    holding a lone surrogate; ``[]`` when it does not decode. Slow (the standard decoder).
-    """
+    holding a lone surrogate; ``[]`` when it does not decode. Slow (the standard decoder)."""
     try:
         value = json.loads(data)
     except ValueError:

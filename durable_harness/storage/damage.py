@@ -13,8 +13,7 @@ def damage(
     kind: str, detail: str, *, offset: int | None = None, line: int | None = None, **extra: Any
 ) -> dict[str, Any]:
     """Build one damage item ``{kind, detail, offset?, line?, ...}`` (``offset`` a byte offset,
-    ``line`` 1-based; the kinds: ``design/storage.md`` "Every damage kind, every backend").
-    """
+    ``line`` 1-based; the kinds: ``design/storage.md`` "Every damage kind, every backend")."""
     item: dict[str, Any] = {"kind": kind, "detail": detail}
     if offset is not None:
         item["offset"] = offset
@@ -32,8 +31,7 @@ def surrogate_warnings(
     raw: bytes, ops: list[Any], *, offset: int | None = None, line: int | None = None
 ) -> list[dict[str, Any]]:
     """One ``replaced_surrogate`` warning per op of the commit line ``raw`` (decoded into ``ops``)
-    that held a lone surrogate, naming the op and where in it.
-    """
+    that held a lone surrogate, naming the op and where in it."""
     by_op: dict[int, list[str]] = {}
     for path in codec.lone_surrogate_paths(raw):
         if len(path) >= 2 and path[0] == "ops" and isinstance(path[1], int):
@@ -66,8 +64,7 @@ def surrogate_warnings(
 
 def seq_gap_damage(after: int, seq: int, **location: Any) -> dict[str, Any]:
     """A ``seq_gap`` item: ``seq`` follows ``after`` with numbers missing; ``location`` of the op
-    after.
-    """
+    after."""
     return damage(
         "seq_gap",
         f"seq jumps from {after} to {seq}: {seq - after - 1} op(s) are missing before it",
@@ -98,8 +95,7 @@ def continuity_damage(
 ) -> list[dict[str, Any]]:
     """The one continuity rule of every backend: ``seq_gap`` items for ``ops`` (``(seq, location)``
     in stored order, after ``start``), and ``truncated`` (at ``end``) when the last seq is below
-    the high-water ``mark`` (``None``: none kept).
-    """
+    the high-water ``mark`` (``None``: none kept)."""
     out: list[dict[str, Any]] = []
     prev = start
     for seq, location in ops:

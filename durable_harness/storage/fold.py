@@ -1,7 +1,6 @@
 """The one lane/run fold: how committed ops move a session's lanes (an entry op's lane leaf, a run
 opened and closed by its records, a lane op's leaf and config; ``design/storage.md``), applied by
-every backend (PostgreSQL's ``dh_write`` restates it in SQL).
-"""
+every backend (PostgreSQL's ``dh_write`` restates it in SQL)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
 
 def number(ops: list[Op], seq: int) -> list[dict[str, Any]]:
     """``ops`` numbered past ``seq``, as the op dicts a JSONL line holds (entries and records
-    copied).
-    """
+    copied)."""
     out: list[dict[str, Any]] = []
     for op in ops:
         seq += 1
@@ -35,8 +33,7 @@ def number(ops: list[Op], seq: int) -> list[dict[str, Any]]:
 
 def lane_change(op: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """What the numbered ``op`` does to a lane: ``(lane, change)`` or ``None``; ``change`` holds
-    ``leaf_id``, ``config`` (merged), ``run`` (``(run_id, seq)`` opens) or ``close`` (a run id).
-    """
+    ``leaf_id``, ``config`` (merged), ``run`` (``(run_id, seq)`` opens) or ``close`` (a run id)."""
     kind = op.get("op")
     if kind == "entry":
         lane = op.get("lane")

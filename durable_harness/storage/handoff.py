@@ -1,8 +1,7 @@
 """The fsync hand-off, written once for every backend: callers waiting for the same work (an fsync,
 a group's transaction) elect one leader at a time to do it for all queued (:class:`SyncHandoff`
 for syncs, :class:`GroupLeader` for threads' groups, :class:`TaskQueue` for tasks';
-``design/storage.md`` "Write path (JSONL)" and "SQLite").
-"""
+``design/storage.md`` "Write path (JSONL)" and "SQLite")."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ P = TypeVar("P", bound=PendingCommit)
 @contextmanager
 def settling(batch: list[P]) -> Iterator[None]:
     """Run a group of ``batch``: the block's error becomes every item's that has none (a
-    non-``Exception`` is raised on), and every item is ``done`` after it.
-    """
+    non-``Exception`` is raised on), and every item is ``done`` after it."""
     try:
         yield
     except BaseException as exc:
@@ -52,8 +50,7 @@ def settling(batch: list[P]) -> Iterator[None]:
 
 class SyncHandoff:
     """Durability counted in tickets: ``synced``, the highest known durable, read or raised
-    holding ``cond``.
-    """
+    holding ``cond``."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -91,8 +88,7 @@ class SyncHandoff:
 
 class GroupLeader(Generic[P]):
     """Threads' group commit: calls arriving while a group runs form the next, run by one of
-    them.
-    """
+    them."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -101,8 +97,7 @@ class GroupLeader(Generic[P]):
 
     def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
         """Queue ``item``; return its ``seq`` once a group ran it, or raise its error (``run``
-        settles all).
-        """
+        settles all)."""
         with self.cond:
             self.queue.append(item)
             while not item.done:
@@ -126,8 +121,7 @@ class GroupLeader(Generic[P]):
 class TaskQueue(Generic[P]):
     """Tasks' group commit: a call queues its item and yields once; the first to resume runs the
     whole queue. A call cancelled before its item was taken is not committed; one taken by a
-    group in another thread waits for it in a worker thread.
-    """
+    group in another thread waits for it in a worker thread."""
 
     def __init__(self) -> None:
         self.items: list[P] = []

@@ -1,6 +1,5 @@
 """The shared in-memory index of a session (parents, types, seqs, lanes, records; content in the
-backend), used by the memory and JSONL backends; ``apply`` enforces the SQL backends' rules.
-"""
+backend), used by the memory and JSONL backends; ``apply`` enforces the SQL backends' rules."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ from durable_harness.storage.shapes import checked_id, id_conflict, op_shape_err
 
 class IndexedSessionStore(SessionStore):
     """Base for backends that index the whole session in memory (:meth:`_persist`,
-    :meth:`_load_entry`).
-    """
+    :meth:`_load_entry`)."""
 
     def __init__(
         self, header: dict[str, Any], *, read_only: bool, durability: Durability, location: str
@@ -152,8 +150,7 @@ class IndexedSessionStore(SessionStore):
 
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
         """Write one commit (durable per the mode with ``sync``); a content location per op.
-        Under the lock.
-        """
+        Under the lock."""
         raise NotImplementedError
 
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
@@ -166,8 +163,7 @@ class IndexedSessionStore(SessionStore):
 class MemorySessionStore(IndexedSessionStore):
     """The reference backend: everything in memory, nothing durable (pi files opened in place, the
     ``memory:`` store, the model in agreement tests). Entries are kept encoded and every read
-    decodes a private copy; a writable session is generation 1.
-    """
+    decodes a private copy; a writable session is generation 1."""
 
     def __init__(
         self, header: dict[str, Any], *, read_only: bool = False, location: str = "memory"

@@ -1,7 +1,6 @@
 """The single-writer lease of the file backends: an exclusive ``flock`` on a lock file (JSON
 ``{"pid", "host", "generation", "acquiredAt", "broken"}``) plus a fencing generation
-(``design/storage.md`` "The lease").
-"""
+(``design/storage.md`` "The lease")."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ class FileLease:
 
     def raise_floor(self, floor: int) -> int:
         """Make the held generation exceed ``floor`` (the highest found in the data); having to sets
-        :attr:`contested` (the lock file was lost, its writer may be alive).
-        """
+        :attr:`contested` (the lock file was lost, its writer may be alive)."""
         if self._fd is not None and self.generation <= floor:
             self.contested = True
             self._write(floor + 1, broken=False)
@@ -134,8 +132,7 @@ class FileLease:
     def check(self) -> None:
         """Raise :class:`StaleGeneration` if another writer took the lease since we did: one
         ``fstat`` unless the lock file's stamp changed (then its inode and generation are
-        checked).
-        """
+        checked)."""
         if self._fd is None or self._stat(self._fd) == self._stamp:
             return  # unlinking or replacing the lock file changes its ctime: never missed here
         try:

@@ -18,8 +18,7 @@ from durable_harness.storage.indexed import MemorySessionStore
 class MemoryStore(Store):
     """Sessions kept in this process only (spec ``memory:``): no lease; ``open_session`` hands back
     the session's one object, or with ``write=False`` a read-only view; ``durability`` and
-    ``break_lease`` are ignored. Each ``open_store("memory:")`` makes a new, empty store.
-    """
+    ``break_lease`` are ignored. Each ``open_store("memory:")`` makes a new, empty store."""
 
     def __init__(self) -> None:
         self.spec = "memory:"

@@ -1,7 +1,6 @@
 """The one boundary where operating-system and database errors become typed errors:
 :func:`translate`, applied by :func:`boundary` on store methods that do I/O and by
-:func:`storage_boundary` around a block (``design/cli.md`` "Errors: one boundary each side").
-"""
+:func:`storage_boundary` around a block (``design/cli.md`` "Errors: one boundary each side")."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ CAUGHT: tuple[type[BaseException], ...] = (OSError, sqlite3.Error)
 
 def register_family(kind: type[BaseException], translator: Translator) -> None:
     """Make the boundary catch ``kind`` (a driver's base error, e.g. ``psycopg.Error``) and turn it
-    into ``translator(exc, where)``; the backend registers it on import (replacing any earlier).
-    """
+    into ``translator(exc, where)``; the backend registers it on import (replacing any earlier)."""
     global CAUGHT
     _FAMILIES[:] = [(k, t) for k, t in _FAMILIES if k is not kind]
     _FAMILIES.append((kind, translator))
@@ -79,8 +77,7 @@ def busy_timeout_s() -> float:
 
 def translate(exc: BaseException, where: str | None = None) -> BaseException:
     """Return the typed error for ``exc`` (``where``: the store or file it was about, used when
-    ``exc`` names no file), or ``exc`` itself when it is not an OS or database error.
-    """
+    ``exc`` names no file), or ``exc`` itself when it is not an OS or database error."""
     if isinstance(exc, DurableHarnessError):
         return exc
     for kind, translator in _FAMILIES:
@@ -183,8 +180,7 @@ def _where(obj: Any, args: tuple[Any, ...]) -> str | None:
 
 def boundary(fn: F) -> F:
     """Decorate a store method (sync or async) that does I/O, so OS and database errors leave it
-    typed, naming the store's location (else a path argument).
-    """
+    typed, naming the store's location (else a path argument)."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)

@@ -1,6 +1,5 @@
 """Private files and folders: what a store creates is ``0700`` / ``0600`` whatever the umask,
-existing folders untouched (``design/storage.md`` "Files and modes").
-"""
+existing folders untouched (``design/storage.md`` "Files and modes")."""
 
 from __future__ import annotations
 

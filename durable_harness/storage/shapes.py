@@ -1,8 +1,7 @@
 """Shape checks for stored entries and records: on read a value that fails is damage, left out; on
 commit the same checks run first (:func:`op_shape_error`), so a commit never reads back as
 damage. Storage knows the record envelope; record fields are the registered check's
-(``design/api.md``).
-"""
+(``design/api.md``)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ CHECK_TRUSTED: bool = os.environ.get("DURABLE_HARNESS_CHECK_ALL_RECORDS") == "1"
 def register_record_check(check: RecordCheck, *, trusted: type | None = None) -> None:
     """Add ``check`` (why a record is malformed, or ``None``; never raises) to what
     :func:`record_shape_error` applies after the envelope; a record of exactly the ``dict``
-    subclass ``trusted`` gets the envelope check only (unless :data:`CHECK_TRUSTED`).
-    """
+    subclass ``trusted`` gets the envelope check only (unless :data:`CHECK_TRUSTED`)."""
     if check not in _record_checks:
         _record_checks.append(check)
     if trusted is not None:
@@ -42,8 +40,7 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 def record_shape_error(rec: dict[str, Any]) -> str | None:
     """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope, then the
-    registered checks (not on a trusted record).
-    """
+    registered checks (not on a trusted record)."""
     if not isinstance(rec.get("type"), str) or not isinstance(rec.get("id"), str):
         return "type and id must be strings"
     if not (_opt(rec.get("lane"), str) and _opt(rec.get("runId"), str)):

@@ -1,7 +1,6 @@
 """Commit and fsync latency, reported by the backends to registered observers (the host's metrics):
 ``(what, seconds)``, ``what`` ``"commit"`` (a call, its fsync included when it waits) or
-``"fsync"`` (one sync of the store's data). Without observers nothing is timed.
-"""
+``"fsync"`` (one sync of the store's data). Without observers nothing is timed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The PostgreSQL backend: many hosts, one session store, fenced writers (``design/postgres.md``).
-Needs ``psycopg`` and ``psycopg_pool``.
-"""
+Needs ``psycopg`` and ``psycopg_pool``."""
 
 from __future__ import annotations
 

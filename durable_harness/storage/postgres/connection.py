@@ -1,6 +1,5 @@
 """Connections to the PostgreSQL store: spec parsing, one pool per database per process, and the
-boundary that turns ``psycopg`` errors into typed ones (``design/postgres.md``).
-"""
+boundary that turns ``psycopg`` errors into typed ones (``design/postgres.md``)."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def parse(spec: str) -> dict[str, str]:
 def translate_psycopg(exc: BaseException, where: str | None) -> BaseException:
     """The typed error for a ``psycopg`` error, password removed: DatabaseLocked for a lock or
     statement timeout or a deadlock, StorageIOError for anything else (``design/postgres.md``
-    "Errors").
-    """
+    "Errors")."""
     server = redact_dsn(where or "PostgreSQL server")
     text = redact_dsn(str(exc)).strip() or type(exc).__name__
     sqlstate = getattr(exc, "sqlstate", None)
@@ -168,8 +166,7 @@ class Database:
     @classmethod
     def get(cls, spec: str) -> Database:
         """The process's :class:`Database` for ``spec`` (a forked child gets its own;
-        FormatError).
-        """
+        FormatError)."""
         key = (os.getpid(), spec)
         with cls._cache_lock:
             db = cls._cache.get(key)
@@ -206,8 +203,7 @@ class Database:
     def hold(self) -> psycopg.Connection[Any] | None:
         """A pooled connection kept past the call (an unwaited commit's; give it back with
         :meth:`unhold`), or ``None`` when fewer than :data:`HELD_SPARE` would stay for waited
-        commits. psycopg_pool.PoolTimeout: none within the pool's timeout.
-        """
+        commits. psycopg_pool.PoolTimeout: none within the pool's timeout."""
         with self._lock:
             if self._held >= self.pool.max_size - HELD_SPARE:
                 return None
@@ -239,8 +235,7 @@ class Database:
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T], *, idempotent: bool = True) -> T:
         """``fn(conn)`` on a pooled connection; when ``idempotent`` and the connection was broken in
-        the pool, once more on a fresh one.
-        """
+        the pool, once more on a fresh one."""
         for attempt in (1, 2):
             with self.connection() as conn:
                 try:
@@ -254,8 +249,7 @@ class Database:
 
     def run_until(self, fn: Callable[[psycopg.Connection[Any]], T], deadline: float) -> T:
         """``fn(conn)`` (idempotent) as :meth:`run`, retried every 0.2 s until ``deadline``
-        (``time.monotonic()``), then psycopg.OperationalError.
-        """
+        (``time.monotonic()``), then psycopg.OperationalError."""
         while True:
             try:
                 return self.run(fn, idempotent=True)
@@ -304,8 +298,7 @@ class Database:
 
 def migrate_spec(spec: str) -> dict[str, Any]:
     """``durable-harness migrate``: apply the pending migrations at ``spec``; return ``{"store",
-    "applied": [versions], "version"}`` (FormatError, StorageIOError).
-    """
+    "applied": [versions], "version"}`` (FormatError, StorageIOError)."""
     db = Database.get(spec)
     with db.connect() as conn:
         applied = migrate(conn, db.display)
@@ -316,8 +309,7 @@ def migrate_spec(spec: str) -> dict[str, Any]:
 
 def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     """True when idle ``conn`` is closed or readable: the server sends an idle connection nothing
-    but its goodbye, so a readable one is not trusted with a commit (one ``select``).
-    """
+    but its goodbye, so a readable one is not trusted with a commit (one ``select``)."""
     if conn.closed:
         return True
     readable, _w, _x = select.select([conn.pgconn.socket], [], [], 0)

@@ -1,7 +1,6 @@
 """Writer leases in the database: one ``leases`` row per session, its times on the database's clock;
 acquire, renew (:class:`Heartbeat`), fence, release (``design/postgres.md`` "Leases and
-fencing").
-"""
+fencing")."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ LEASE_ENV = "DURABLE_HARNESS_PG_LEASE_S"
 
 def lease_seconds(value: float | None = None) -> float:
     """The lease duration in seconds: ``value``, else ``$DURABLE_HARNESS_PG_LEASE_S``, else
-    :data:`DEFAULT_LEASE_S` (StorageError when not a positive number).
-    """
+    :data:`DEFAULT_LEASE_S` (StorageError when not a positive number)."""
     raw: Any = value if value is not None else os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S
     try:
         secs = float(raw)
@@ -55,8 +53,7 @@ def owner_token() -> str:
 
 def dead_here(owner: str | None, pid: int | None) -> bool:
     """True when ``owner`` names a process of this host and pid namespace that no longer exists (its
-    lease is free at once; a reused pid reads as alive).
-    """
+    lease is free at once; a reused pid reads as alive)."""
     if not owner or pid is None:
         return False
     parts = owner.split(":")
@@ -75,8 +72,7 @@ def dead_here(owner: str | None, pid: int | None) -> bool:
 
 def live_holder(conn: psycopg.Connection[Any], session_id: str) -> dict[str, Any] | None:
     """The live holder of ``session_id``'s lease (``{"pid", "host", "generation", "owner",
-    "expires", "broken"}``), or ``None`` when free, expired or :func:`dead_here`.
-    """
+    "expires", "broken"}``), or ``None`` when free, expired or :func:`dead_here`."""
     row = conn.execute(_HOLDER, (session_id,)).fetchone()
     if row is None or dead_here(row[3], row[0]):
         return None
@@ -107,8 +103,7 @@ def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
 class DbLease:
     """The writer lease of one session, held through a :class:`Database`: its ``generation``
     (positive once acquired), ``owner`` token, ``lost`` (set when another writer took it) and
-    ``seconds``.
-    """
+    ``seconds``."""
 
     def __init__(self, db: Database, session_id: str, what: str, seconds: float) -> None:
         self.db = db
@@ -183,8 +178,7 @@ class DbLease:
 
     def expire(self) -> None:
         """Stop renewing and make the lease expire now, owner kept (as a crash), so a claim takes it
-        at once. Never raises.
-        """
+        at once. Never raises."""
         if self.owner is None:
             return
         try:
@@ -207,8 +201,7 @@ class DbLease:
 
 class Heartbeat:
     """The thread renewing every lease one process holds in one database: one ``UPDATE`` every third
-    of the shortest lease; from the first lease to the last.
-    """
+    of the shortest lease; from the first lease to the last."""
 
     _guard = threading.Lock()
 

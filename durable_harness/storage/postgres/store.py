@@ -1,8 +1,7 @@
 """One session in PostgreSQL, opened through
 :class:`~durable_harness.storage.postgres.catalogue.PostgresStore`: the SQL core's reads,
 answered from the writer's cache where it can; one ``dh_write`` statement per commit
-(``design/postgres.md`` "Commit").
-"""
+(``design/postgres.md`` "Commit")."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 
 class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     """One session of a PostgreSQL store (``db``: the shared :class:`Database`; ``lease``: ``None``
-    when read-only). Thread-safe; not bound to an event loop.
-    """
+    when read-only). Thread-safe; not bound to an event loop."""
 
     dialect = PostgresDialect()
 
@@ -207,8 +205,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     @boundary
     def lease_holder(self) -> dict[str, Any] | None:
         """The live holder of the writer lease (``{"pid", "host", "generation", "owner", "expires",
-        "broken", "self"}``), or ``None``.
-        """
+        "broken", "self"}``), or ``None``."""
         probe = self.lease or DbLease(self.db, self.session_id, self.location, 1.0)
         return probe.probe()
 
@@ -299,8 +296,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
     ) -> bool:
         """After a lost connection: whether the group landed, from ``last_seq``; ``False`` to
-        rerun.
-        """
+        rerun."""
         try:
             last_seq = self._head(lost, deadline)
         except StorageError as exc:
@@ -367,8 +363,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
 
     def _transaction(self, conn: Conn, batch: list[PendingCommit]) -> None:
         """Run ``batch`` in one transaction, ``_txn_start`` its starting ``last_seq``: one
-        ``dh_write``, or one savepoint per call when a group fails (so the bad call fails alone).
-        """
+        ``dh_write``, or one savepoint per call when a group fails (so the bad call fails alone)."""
         pending = [item for item in batch if not item.done]
         for attempt in (1, 2):
             if not self._state_ok:
@@ -440,8 +435,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     def wait_durable(self) -> None:
         """Make every commit so far durable: one synchronous write of this session's lease row,
         whose COMMIT flushes the WAL past every earlier commit (``design/postgres.md`` "Unwaited
-        commits").
-        """
+        commits")."""
         if not self._unsynced and self._pipe is None:
             return
         with self._lock:
@@ -499,8 +493,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     def hand_back(self, *, flush: bool = False) -> None:
         """Stop writing and mark the lease expired (not released), so the next claim takes it at
         once; ``flush`` makes earlier commits durable first. Never raises; idempotent
-        (``design/postgres.md`` "Worker claims").
-        """
+        (``design/postgres.md`` "Worker claims")."""
         if self._closed:
             return
         self._closed = True

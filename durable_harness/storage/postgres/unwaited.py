@@ -1,6 +1,5 @@
 """Commits sent without waiting for their replies, and the replies read later
-(``design/postgres.md``, "Unwaited commits"), through libpq's pipeline mode (:mod:`psycopg.pq`).
-"""
+(``design/postgres.md``, "Unwaited commits"), through libpq's pipeline mode (:mod:`psycopg.pq`)."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ this process keeps (``design/postgres.md`` "Unwaited commits").
 @dataclass
 class Unit:
     """One statement sent in a :class:`Pipeline`: the caller's ``tag``, ``done`` once its reply was
-    read, ``error`` the server's refusal.
-    """
+    read, ``error`` the server's refusal."""
 
     tag: Any
     done: bool = False
@@ -46,8 +44,7 @@ class Unit:
 @dataclass
 class Pipeline:
     """A held connection (from ``Database.hold``) in pipeline mode, its ``units`` sent and unread
-    (oldest first) and the ``failed`` ones read so far. Not thread-safe.
-    """
+    (oldest first) and the ``failed`` ones read so far. Not thread-safe."""
 
     conn: Conn
     units: deque[Unit] = field(default_factory=deque)
@@ -67,8 +64,7 @@ class Pipeline:
     ) -> Unit:
         """Send ``query`` (``$1`` placeholders, each cast) as the prepared statement ``name`` with
         ``params`` (text format, ``None`` for ``NULL``), then ``Sync``, all bytes to the kernel;
-        psycopg.OperationalError when the connection broke (the unit stays queued).
-        """
+        psycopg.OperationalError when the connection broke (the unit stays queued)."""
         pgconn = self.conn.pgconn
         encoding = self.conn.info.encoding
         dumped = [None if p is None else p.encode(encoding) for p in params]
@@ -134,8 +130,7 @@ class Pipeline:
 
 class UnwaitedCommits:
     """The unwaited commits of one
-    :class:`~durable_harness.storage.postgres.store.PostgresSessionStore` (a part of it).
-    """
+    :class:`~durable_harness.storage.postgres.store.PostgresSessionStore` (a part of it)."""
 
     db: Database
     session_id: str
@@ -161,8 +156,7 @@ class UnwaitedCommits:
 
     def _send_unwaited(self, item: PendingCommit) -> bool:
         """Send ``item`` on the pipeline, unanswered; ``False`` (nothing sent): take the waited
-        path.
-        """
+        path."""
         pipe = self._pipe
         if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
             self._settle()
@@ -188,8 +182,7 @@ class UnwaitedCommits:
 
     def _settle(self) -> None:
         """Read every reply and give the connection back (``_lock`` held); raise the first unwaited
-        commit's failure or redo what did not land (``design/postgres.md`` "Unwaited commits").
-        """
+        commit's failure or redo what did not land (``design/postgres.md`` "Unwaited commits")."""
         pipe, self._pipe = self._pipe, None
         if pipe is None:
             return
@@ -224,8 +217,7 @@ class UnwaitedCommits:
 
     def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
         """After a lost connection: the ``last_seq`` the unread ``items`` reached (StorageIOError
-        if none).
-        """
+        if none)."""
         last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
         if last_seq < start:
             raise StorageIOError(

@@ -1,8 +1,7 @@
 """The statements a PostgreSQL writer sends and their parameters, for both ways of sending them
 (waited through psycopg, unwaited on a pipeline): :data:`WRITE` (``dh_write``, migration 4) and
 :data:`BARRIER` (``design/postgres.md`` "Commit"). Every parameter is a ``str`` (or ``None``) in
-PostgreSQL's text input format, cast in the statement itself.
-"""
+PostgreSQL's text input format, cast in the statement itself."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ BARRIER_PIPELINED = _BARRIER.format("$1", "$2", "$3").encode()
 
 def text_array(values: Sequence[str | None]) -> str:
     """A ``text[]`` literal (elements double-quoted, ``\\`` and ``"`` escaped; ``None`` as
-    ``NULL``).
-    """
+    ``NULL``)."""
     return (
         "{"
         + ",".join(
@@ -73,8 +71,7 @@ def write_params(
     """The parameters of :data:`WRITE` for ``ops`` after ``last_seq``: the session, ``generation``,
     ``last_seq``, ``sync``, the time, the ops as parallel arrays, and the lanes ``lanes_known``
     (the writer's cached lanes) lacks. UnknownEntry: an entry or record without a string id;
-    InvalidOp: an id, parent, type, lane or run id holding a NUL.
-    """
+    InvalidOp: an id, parent, type, lane or run id holding a NUL."""
     rows: list[tuple[Any, ...]] = []  # kind, id, parent, type, lane, run, body, leaf?, config
     merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
     for op in number(list(ops), last_seq):
@@ -152,8 +149,7 @@ def refusal(
     stale: Callable[[int], Exception],
 ) -> Exception:
     """The typed error for a ``dh_write`` of ``ops`` the server refused (a fence's ``DH00x``, a key
-    by its constraint's name), or ``exc`` itself when no op can cause it.
-    """
+    by its constraint's name), or ``exc`` itself when no op can cause it."""
     if not isinstance(exc, psycopg.errors.IntegrityError):
         number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
         if exc.sqlstate == "DH002":

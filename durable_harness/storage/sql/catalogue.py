@@ -1,6 +1,5 @@
 """The catalogue of a SQL store, for both dialects: lookups by id, prefix and cwd, and a new
-session's rows.
-"""
+session's rows."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ CHUNK = 500
 
 def new_session(header: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
     """The statements (``?`` placeholders) and parameters storing the new session's row and
-    ``main`` lane.
-    """
+    ``main`` lane."""
     sid, ts = header["id"], header["timestamp"]
     return [
         (
@@ -34,8 +32,7 @@ def new_session(header: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
 
 class SqlStore(Store):
     """A catalogue in one SQL database; a subclass sets :attr:`dialect`, implements the two
-    below.
-    """
+    below."""
 
     dialect: ClassVar[Dialect]
 
@@ -72,8 +69,7 @@ class SqlStore(Store):
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
         """Every session (of ``cwd`` by :class:`CwdMatcher`, each distinct recorded cwd resolved
-        once), most recently modified first, then by id.
-        """
+        once), most recently modified first, then by id."""
         if cwd is None:
             rows = self._catalogue(INFO + " ORDER BY modified DESC, id", [])
         else:

@@ -58,8 +58,7 @@ def scan_rows(
     checked_from)``, ``entries`` rows ``(id, seq, parent_id, body)``, ``records`` rows ``(id,
     seq, body)``, ``lane_ops`` rows ``(seq, lane)``: ``bad_row``, ``orphan_parent``, and the
     continuity of seqs past ``checked_from`` (``design/storage.md`` "Every damage kind, every
-    backend"). Raises nothing on stored content.
-    """
+    backend"). Raises nothing on stored content."""
     last_seq, start = head
     out: list[dict[str, Any]] = []
     stored: list[tuple[int, str, str]] = []

@@ -1,8 +1,7 @@
 """One session in a SQL database, read the same way in every dialect: the queries, the decoding of
 rows (a damaged row reported, never raised) and the damage scan; a dialect's subclass runs a
 query, reads the scan's snapshot, and commits (the schema: ``design/storage.md`` "SQLite",
-``design/postgres.md`` "Schema").
-"""
+``design/postgres.md`` "Schema")."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ def lane_row(r: Sequence[Any]) -> LaneState:
 class SqlSessionStore(SessionStore):
     """The reads, decoding and damage scan of one SQL session. A subclass sets :attr:`dialect`,
     ``_lock`` (an ``RLock``) and ``_damage = None``, and implements :meth:`_rows` and
-    :meth:`_snapshot`.
-    """
+    :meth:`_snapshot`."""
 
     dialect: ClassVar[Dialect] = Dialect()
     _lock: threading.RLock
@@ -68,8 +66,7 @@ class SqlSessionStore(SessionStore):
 
     def _scan_queries(self) -> list[str]:
         """The scan's queries: the head ``(last_seq, checked_from)``, then entry, record, lane op
-        rows.
-        """
+        rows."""
         return [
             "SELECT last_seq, checked_from FROM sessions WHERE id=?",
             "SELECT id, seq, parent_id, body FROM entries WHERE session_id=?",
@@ -137,8 +134,7 @@ class SqlSessionStore(SessionStore):
 
     def _decode(self, table: str, ident: str, seq: Any, body: Any) -> dict[str, Any] | None:
         """Decode a stored body; a damaged one is reported in ``damage`` (``bad_row``) and left
-        out.
-        """
+        out."""
         value, problem = row_problem(table, ident, int(seq), body)
         if problem is not None:
             item = bad_row(self.location, table, ident, int(seq), problem)
@@ -151,8 +147,7 @@ class SqlSessionStore(SessionStore):
     @property
     def damage(self) -> list[dict[str, Any]]:
         """Damage in this session: one full :meth:`scan` on first use, plus damaged rows met
-        later.
-        """
+        later."""
         with self._lock:
             if self._damage is None:
                 self._damage = self.scan()
@@ -164,8 +159,7 @@ class SqlSessionStore(SessionStore):
 
     def scan(self) -> list[dict[str, Any]]:
         """Check the whole session in one snapshot; return its damage (raises nothing on
-        content).
-        """
+        content)."""
         head, entries, records, lane_ops = self._snapshot(
             [self.dialect.sql(q) for q in self._scan_queries()]
         )

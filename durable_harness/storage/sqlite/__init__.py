@@ -1,6 +1,5 @@
 """The SQLite backend: many sessions in one database file (stdlib ``sqlite3``, WAL mode;
-``design/storage.md`` "SQLite"), over the SQL core (``storage/sql``).
-"""
+``design/storage.md`` "SQLite"), over the SQL core (``storage/sql``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The SQLite database itself: connections, the schema as an ordered list of migrations (an old one
-never edited), and read snapshots.
-"""
+never edited), and read snapshots."""
 
 from __future__ import annotations
 

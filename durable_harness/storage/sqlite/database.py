@@ -1,6 +1,5 @@
 """What the sessions opened through one :class:`~.catalogue.SqliteStore` object share: a reader and
-a writer connection, and the WAL's durability tickets (``design/storage.md`` "SQLite").
-"""
+a writer connection, and the WAL's durability tickets (``design/storage.md`` "SQLite")."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ measured in ``bench/bench_sessions.py``).
 @dataclass
 class WriteStats:
     """Counters of one :class:`SharedDatabase`: ``commits`` (calls), ``transactions`` (COMMITs on
-    the writer), ``wal_syncs`` (``fdatasync`` of the ``-wal`` file).
-    """
+    the writer), ``wal_syncs`` (``fdatasync`` of the ``-wal`` file)."""
 
     commits: int = 0
     transactions: int = 0
@@ -98,8 +96,7 @@ class SharedDatabase:
     @property
     def writer(self) -> sqlite3.Connection:
         """The writer connection (``synchronous=NORMAL``), opened on first use; hold
-        :attr:`lock`.
-        """
+        :attr:`lock`."""
         conn = self._writer
         if conn is None:
             with self.lock:

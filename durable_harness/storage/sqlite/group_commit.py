@@ -1,7 +1,6 @@
 """Group commit across the sessions of one store: concurrent calls of one session or many, from
 tasks or threads (:class:`GroupQueues`), in one ``BEGIN IMMEDIATE`` transaction and one WAL sync
-(:func:`run_group`; ``design/storage.md`` "SQLite").
-"""
+(:func:`run_group`; ``design/storage.md`` "SQLite")."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class GroupQueues:
 
 def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit]) -> None:
     """Commit ``batch`` in one transaction, then sync the WAL once if any call needs it; set each
-    call's ``seq`` or ``error`` and ``done`` (a closed session's: :class:`SessionClosed`).
-    """
+    call's ``seq`` or ``error`` and ``done`` (a closed session's: :class:`SessionClosed`)."""
     try:
         with settling(batch):
             writes = [item for item in batch if item.ops]
@@ -67,8 +65,7 @@ def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit
 
 def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints: bool) -> bool:
     """One attempt at the group's transaction; without ``savepoints`` a failing call rolls all back
-    and returns ``False``; with them it fails alone.
-    """
+    and returns ``False``; with them it fails alone."""
     c = db.writer
     sessions = list(dict.fromkeys(item.session for item in writes))
     for item in writes:

@@ -1,6 +1,5 @@
 """One session inside a SQLite database: the SQL core's reads, and commits as fenced ``BEGIN
-IMMEDIATE`` transactions on the store's shared connections (``design/storage.md`` "SQLite").
-"""
+IMMEDIATE`` transactions on the store's shared connections (``design/storage.md`` "SQLite")."""
 
 from __future__ import annotations
 
@@ -169,8 +168,7 @@ class SqliteSessionStore(SqlSessionStore):
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
         """Commit ``ops`` and await its durability; in ``batch`` mode as a call of the store's next
-        group (raises as :meth:`commit`).
-        """
+        group (raises as :meth:`commit`)."""
         if self.durability != "batch":
             return self.commit(ops)
         self._check_writable()
@@ -207,8 +205,7 @@ class SqliteSessionStore(SqlSessionStore):
     @boundary
     async def wait_durable_async(self) -> None:
         """As :meth:`wait_durable`; in ``batch`` mode as a call of the next group (barriers share
-        a sync).
-        """
+        a sync)."""
         if self.durability != "batch" or self.read_only:
             self.wait_durable()
         elif self._shared.synced < self._ticket:
@@ -239,8 +236,7 @@ class SqliteSessionStore(SqlSessionStore):
 
     def apply_ops(self, ops: list[Op], seq: int) -> int:
         """Insert ``ops`` after ``seq`` inside the open transaction, each row then its lane change;
-        return the last seq (raises as :meth:`commit`).
-        """
+        return the last seq (raises as :meth:`commit`)."""
         self._check_shapes(ops)
         for op in number(ops, seq):
             if op["op"] == "entry":
@@ -347,8 +343,7 @@ class SqliteSessionStore(SqlSessionStore):
     @boundary
     def close(self) -> None:
         """Commit the store's queued grouped calls, make this session's commits durable, release the
-        lease and the shared connections. Idempotent.
-        """
+        lease and the shared connections. Idempotent."""
         if self.closed:
             return
         shared = self._shared
