@@ -165,8 +165,11 @@ class Database:
 
     @classmethod
     def get(cls, spec: str) -> Database:
-        """The process's :class:`Database` for ``spec`` (a forked child gets its own;
-        FormatError)."""
+        """The process's :class:`Database` for ``spec`` (a forked child gets its own).
+
+        Raises:
+            FormatError: ``spec`` is not a valid libpq URL.
+        """
         key = (os.getpid(), spec)
         with cls._cache_lock:
             db = cls._cache.get(key)
