@@ -1,15 +1,7 @@
-"""Storage: one interface (:mod:`.base`), backends ``memory``, ``jsonl`` (default) and ``sqlite``.
-
-:func:`open_store` turns a spec string into a :class:`~.base.Store`:
-
-* ``None`` or ``""``: JSONL under ``$DURABLE_HARNESS_HOME`` (default ``~/.durable-harness``);
-* ``jsonl:DIR``: JSONL files under ``DIR``;
-* ``sqlite:PATH``: one SQLite database at ``PATH``;
-* ``postgresql://...`` (or ``postgres://...``): a PostgreSQL database
-  (:class:`~.postgres.PostgresStore`; imported only when named, see ``design/postgres.md``);
-* ``memory:``: sessions kept in this process only (:class:`~.memory.MemoryStore`), for one-off
-  scripts and tests: nothing is durable.
-"""
+"""Storage: one interface (:mod:`.base`) and its backends; :func:`open_store` turns a spec into a
+:class:`~.base.Store`: ``None`` or ``""`` (JSONL under :func:`default_home`), ``jsonl:DIR``,
+``sqlite:PATH``, ``postgresql://...`` (imported only when named) or ``memory:`` (nothing
+durable)."""
 
 from __future__ import annotations
 
@@ -61,10 +53,8 @@ def default_home() -> str:
 
 
 def open_store(spec: str | None = None, *, create: bool = True) -> Store:
-    """Open the store named by ``spec`` (see the module docstring).
-
-    With ``create=False`` (commands that only read) nothing is created: a named store that does
-    not exist is an error, and the default store, when missing, reads as empty.
+    """Open the store named by ``spec``; with ``create=False`` nothing is created (a named store
+    must exist; the default one, when missing, reads as empty).
 
     Raises:
         FormatError: the spec's scheme is not ``jsonl``, ``sqlite``, ``memory`` or

@@ -1,17 +1,5 @@
-"""Barrier bookkeeping for power-cut tests: what a store's own fsyncs made durable.
-
-Only when :data:`TRACE_ENV` names a folder (the crash matrix's ``--power-cut`` mode sets it in
-the child it kills); otherwise :func:`open_trace` returns ``None`` and a store pays one ``is
-None`` test per fsync (``design/crash-matrix.md``, "Power cuts", has the measurement).
-
-A trace is one small file per store file in that folder, rewritten in place with one
-``pwrite`` after each completed barrier: ``{"path", "length", "mark", "salt"}``. ``length`` is
-the byte length the barrier covered (JSONL: the end of the data when the ``fdatasync`` started;
-SQLite: the end of the WAL's last commit frame then), ``mark`` the JSONL high-water mark that
-was in line 1 when it started (the mark moved after a barrier reaches the disk with the next
-one), ``salt`` the WAL's salts (a WAL restarted since has none of its frames durable).
-:func:`durable_harness.crashtest.powercut.cut` reads it to cut the store back.
-"""
+"""Barrier bookkeeping for power-cut tests: what a store's own fsyncs made durable, traced only when
+:data:`TRACE_ENV` names a folder (``design/crash-matrix.md`` "Power cuts")."""
 
 from __future__ import annotations
 
@@ -29,23 +17,21 @@ WAL_FRAME_HEADER = 24
 
 
 def trace_file(folder: str, path: str) -> str:
-    """The trace file in ``folder`` for the store file at ``path`` (named by a hash of its
-    absolute path)."""
+    """The trace file in ``folder`` for the store file at ``path``."""
     digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:24]
     return os.path.join(folder, f"{digest}.json")
 
 
 @dataclass
 class BarrierTrace:
-    """The open trace file of one store file. :meth:`record` after each barrier."""
+    """The open trace file of one store file."""
 
     path: str
     fd: int
 
     def record(self, length: int, mark: int = 0, salt: str = "") -> None:
-        """Rewrite the trace: the barrier that just completed covered ``length`` bytes (see
-        the module docstring for ``mark`` and ``salt``). One ``pwrite`` of a fixed-size
-        record: a SIGKILL leaves the previous record or this one, never a mix."""
+        """Rewrite the trace (one ``pwrite``, fixed size: never a mix): the barrier just completed
+        covered ``length`` bytes, with the JSONL ``mark`` and the WAL ``salt`` of its start."""
         body = json.dumps({"path": self.path, "length": length, "mark": mark, "salt": salt})
         os.pwrite(self.fd, body.encode().ljust(_RECORD_SIZE), 0)
 
@@ -82,13 +68,8 @@ def read_trace(folder: str, path: str) -> dict[str, Any] | None:
 
 
 def wal_commit_end(wal_path: str) -> tuple[int, str]:
-    """Scan a SQLite WAL file: ``(end of its last valid commit frame, its salts as hex)``.
-
-    A frame is valid while its header repeats the WAL header's salts (the format in
-    https://www.sqlite.org/fileformat2.html#walformat); a restarted WAL rewrites the header with
-    new salts, so frames of the earlier generation after the end are ignored. ``(0, "")``
-    when there is no WAL or no header yet.
-    """
+    """``(end of the last valid commit frame, salts as hex)`` of a SQLite WAL file (``(0, "")``
+    without one); a frame is valid while it repeats the header's salts."""
     try:
         fd = os.open(wal_path, os.O_RDONLY)
     except FileNotFoundError:

@@ -1,19 +1,6 @@
-"""The storage interface: one session's tree, lanes and lane operation logs under one ``seq``.
-
-Every backend (``memory``, ``jsonl``, ``sqlite``; later ``postgres``) implements
-:class:`SessionStore` for one session and :class:`Store` for a catalogue of sessions.
-
-Guarantees a caller can check at the call site:
-
-* :meth:`SessionStore.commit` is atomic: all of its ops become visible and durable together, or
-  none does (one JSONL line, one SQL transaction).
-* When ``commit`` returns, the ops are durable per the store's :data:`Durability` mode.
-* ``seq`` strictly rises across every op of a session, whatever its kind.
-* Entries are never edited or deleted; lanes only move their leaf.
-* A commit is refused with :class:`~durable_harness.errors.StaleGeneration` once another writer
-  has taken the lease, and with :class:`~durable_harness.errors.ReadOnlySession` on a read-only
-  open.
-"""
+"""The storage interface: one session's tree, lanes and lane operation logs under one ``seq``
+(:class:`SessionStore`), and a catalogue of sessions (:class:`Store`), implemented by every
+backend; the guarantees are ``design/storage.md`` "Guarantee"."""
 
 from __future__ import annotations
 
@@ -52,11 +39,8 @@ class EntryOp:
 
 @dataclass(frozen=True)
 class RecordOp:
-    """Append an operation-log ``record`` (``type``, ``id``, ``lane``, ``runId``, ``timestamp``).
-
-    ``run_started`` opens a run on its lane and ``run_finished`` closes it; the store keeps the
-    lane's open run in step with these records in the same commit.
-    """
+    """Append an operation-log ``record`` (``type``, ``id``, ``lane``, ``runId``, ``timestamp``);
+    ``run_started`` / ``run_finished`` open and close its lane's run in the same commit."""
 
     record: dict[str, Any]
 
@@ -115,15 +99,11 @@ class LaneState:
 
 @dataclass
 class SessionInfo:
-    """A catalogue row: ``id``, ``cwd`` (as recorded in the session's header), ``path`` (file or
-    ``sqlite:PATH#id``), ``created`` and ``modified`` (ISO 8601 for SQLite, seconds since the
-    epoch for JSONL), ``name`` if set, ``parent_session``.
-
-    ``error`` is ``None`` for a readable session. A session file (or folder of them) that exists
-    but cannot be read is still listed, never left out: ``error`` is then
-    ``{"code": "session_unreadable", "errno": "EACCES", "message": ...}``, ``path`` names the
-    file, ``id`` comes from the file name (``""`` for a folder) and ``cwd`` is ``""`` (unknown).
-    """
+    """A catalogue row: ``id``, ``cwd`` (from the header), ``path`` (file or ``sqlite:PATH#id``),
+    ``created`` and ``modified`` (ISO 8601 for SQLite, epoch seconds for JSONL), ``name``,
+    ``parent_session``. ``error`` is ``None``, or for a session that exists but cannot be read
+    ``{"code": "session_unreadable", "errno", "message"}`` (``cwd`` then ``""``;
+    ``design/storage.md`` "Finding a session by working directory")."""
 
     id: str
     cwd: str
@@ -163,8 +143,7 @@ def new_header(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The header of a new session (``type="session"``, version 3, our format name, ``id``,
-    ``timestamp``, ``cwd``, ``parentSession`` when forked), plus ``extra``
-    (``design/storage.md``)."""
+    ``timestamp``, ``cwd``, ``parentSession`` when forked), plus ``extra``."""
     header: dict[str, Any] = {
         "type": "session",
         "version": 3,
@@ -185,23 +164,10 @@ def errno_name(exc: OSError) -> str:
 
 
 class CwdMatcher:
-    """The one rule of session lookup by working directory (``sessions --cwd``,
-    ``run --continue``, :meth:`Store.list_sessions` and :meth:`Store.most_recent`).
-
-    A session belongs to the directory ``query`` when the ``cwd`` recorded in its header names
-    the same directory: both sides resolved with :func:`os.path.realpath` (symlinks, ``..``,
-    repeated slashes), so a project reached through a symlink, or moved behind one after the
-    session started, is found under either spelling. Where the recorded directory no longer
-    exists, ``realpath`` resolves the part that still exists and keeps the rest as spelled, so
-    the literal recorded spelling still finds the session. A recorded cwd that is not an
-    absolute path matches only the query spelled the same way; an empty one matches nothing.
-
-    The JSONL folder name (pi's encoding, ``--a-b-c--``) is never consulted: it maps
-    ``/r/x/y`` and ``/r/x-y`` to one folder. Each recorded spelling is resolved once per matcher.
-
-    Args:
-        query: the working directory asked about (relative to the process's cwd if relative).
-    """
+    """The one rule of session lookup by working directory ``query``: a recorded cwd matches when
+    both resolve (:func:`os.path.realpath`) to the same path; a relative one only when spelled
+    the same, an empty one never (``design/storage.md`` "Finding a session by working
+    directory")."""
 
     def __init__(self, query: str) -> None:
         self.query = query
@@ -234,9 +200,7 @@ class SessionStore(abc.ABC):
         read_only: True when opened without the writer lease.
         generation: the lease's fencing generation (0 when read-only).
         durability: the :data:`Durability` mode of commits.
-        damage: damage in the stored session (see :func:`damage`), never raised: found on
-            open (JSONL), or by a full scan the first time it is read (SQLite). ``fsck`` and
-            recovery both read this list.
+        damage: damage in the stored session (see :func:`damage`), never raised.
         location: a human-readable location (file path or ``sqlite:PATH#id``).
     """
 
@@ -250,11 +214,9 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
-        """Apply ``ops`` atomically and durably (per :attr:`durability`); return the last seq.
-
-        With ``wait=False`` (``sync`` or ``batch``) the call may return once the commit is
-        written, before its fsync; :meth:`wait_durable` makes every earlier commit durable.
-        Backends whose commit is its own durability point (SQLite) ignore ``wait``.
+        """Apply ``ops`` atomically and durably (per :attr:`durability`); return the last seq. With
+        ``wait=False`` it may return before the fsync (:meth:`wait_durable` then makes it
+        durable).
 
         Raises:
             ReadOnlySession: opened read-only.
@@ -269,8 +231,7 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     def iter_entries(self, types: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """Return every entry (or those of ``types``) in ``seq`` order: a full read, for
-        listings, facts, fsck and export."""
+        """Return every entry (or those of ``types``) in ``seq`` order."""
 
     @abc.abstractmethod
     def entry_count(self) -> int:
@@ -281,8 +242,7 @@ class SessionStore(abc.ABC):
         """Return every lane by name (``main`` always exists)."""
 
     def lane(self, name: str) -> LaneState:
-        """Return one lane (an unknown lane is empty). Backends answer it without reading
-        every lane: it is on the hot path (each append reads its lane's leaf)."""
+        """Return one lane (an unknown lane is empty); backends answer it without reading all."""
         return self.lanes().get(name) or LaneState(name)
 
     def records(
@@ -316,11 +276,8 @@ class SessionStore(abc.ABC):
             self.wait_durable()
 
     async def commit_async(self, ops: list[Op]) -> int:
-        """Commit ``ops`` and await its durability; return the commit's last seq.
-
-        In ``batch`` mode concurrent tasks share fsyncs (group commit); the JSONL and SQLite
-        backends go further and share one write or one transaction per group (see theirs).
-        A fast fsync may run on the event loop's thread, as a ``sync`` commit's does.
+        """Commit ``ops`` and await its durability (concurrent ``batch`` calls share fsyncs); return
+        the commit's last seq.
 
         Raises:
             ReadOnlySession, IdConflict, UnknownEntry, StaleGeneration: as :meth:`commit`.
@@ -331,7 +288,7 @@ class SessionStore(abc.ABC):
 
     def lease_holder(self) -> dict[str, Any] | None:
         """Return ``{"pid", "host", "generation"}`` of the live process holding the writer lease
-        (this one included), or ``None`` when no live process holds it."""
+        (this one included), or ``None``."""
         return None
 
     @abc.abstractmethod
@@ -364,7 +321,7 @@ class Store(abc.ABC):
         header_extra: dict[str, Any] | None = None,
         durability: Durability = "sync",
     ) -> SessionStore:
-        """Create a new empty session (lane ``main``; its header by :func:`new_header`, id
+        """Create a new empty session (lane ``main``, header by :func:`new_header`, id
         ``session_id`` or a new UUIDv7), exclusively, and open it for writing.
 
         Raises:
@@ -375,8 +332,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
-        """Store the new session ``header`` names and open it for writing (``fresh``: its id
-        was just made, so no other session can hold it)."""
+        """Store the new session ``header`` names and open it (``fresh``: a new id, no clash)."""
 
     @boundary
     def open_session(
@@ -387,10 +343,8 @@ class Store(abc.ABC):
         durability: Durability = "sync",
         break_lease: bool = False,
     ) -> SessionStore:
-        """Open a session by id or unique id prefix.
-
-        With ``write=True`` the writer lease is taken (generation bumped); ``break_lease=True``
-        takes it even from a live holder, whose later commits then fail with StaleGeneration.
+        """Open a session by id or unique id prefix; ``write`` takes the writer lease (generation
+        bumped), ``break_lease`` even from a live holder (which then gets StaleGeneration).
 
         Raises:
             SessionNotFound, AmbiguousSessionPrefix, LeaseHeld.
@@ -405,18 +359,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        """Return sessions (of one working directory, or all), most recently modified first.
-
-        With ``cwd``, a session belongs to it by :class:`CwdMatcher` (the recorded cwd, as real
-        paths), never by the JSONL folder name. Sessions that cannot be read are listed with
-        their ``error`` (see :class:`SessionInfo`); a cwd listing includes those whose folder
-        name is the encoding of ``cwd``, since their recorded cwd is unknown.
-        """
+        """Return sessions (of the working directory ``cwd`` by :class:`CwdMatcher`, or all), most
+        recently modified first, unreadable ones included with their ``error``."""
 
     def delete_session(self, session_id: str) -> None:
-        """Delete one session (by exact id) and everything stored beside it, for good.
-
-        Takes the writer lease first, so a session a live process holds is never deleted.
+        """Delete one session (by exact id) and everything stored beside it, under its writer lease.
 
         Raises:
             SessionNotFound: no session has this id.
@@ -426,10 +373,8 @@ class Store(abc.ABC):
         raise StorageError(f"{self.spec} cannot delete sessions", session_id=session_id)
 
     def resolve(self, ref: str) -> SessionInfo:
-        """Find one session by exact id or unique prefix: the exact id first, by the backend's
-        own fast path (:meth:`find_exact`: one file or one indexed row, not a listing), then
-        every session whose id starts with ``ref`` (:meth:`find_prefixed`). An exact id wins
-        over a longer id it prefixes (``design/storage.md``, "Finding a session").
+        """Find one session by exact id (:meth:`find_exact` first) or unique prefix
+        (:meth:`find_prefixed`) (``design/storage.md`` "Finding a session by id").
 
         Raises:
             SessionNotFound: nothing matches.
@@ -453,33 +398,26 @@ class Store(abc.ABC):
         return _readable(matches[0])
 
     def where(self) -> str:
-        """The store as an error message names it: its spec (a backend whose spec may hold a
-        credential names its location instead)."""
+        """The store as error messages name it (never a credential)."""
         return self.spec
 
     def find_exact(self, session_id: str) -> SessionInfo | None:
-        """The catalogue row of the session whose id is exactly ``session_id``, found without
-        listing the store, or ``None`` when this fast path does not find it (then
-        :meth:`resolve` asks :meth:`find_prefixed`, which decides). A row may carry an
-        ``error`` (a file that cannot be read), as in :meth:`list_sessions`.
-
-        Backends override it (an indexed row, one known file); this default finds nothing.
-        """
+        """The row of the session whose id is exactly ``session_id``, found without listing the
+        store, or ``None`` (then :meth:`resolve` asks :meth:`find_prefixed`); this default finds
+        nothing."""
         return None
 
     def find_prefixed(self, prefix: str) -> list[SessionInfo]:
-        """The catalogue rows whose id starts with ``prefix`` (an exact id included), in any
-        order. The default filters :meth:`list_sessions`; database backends ask their index.
-        A backend may cap the number of rows (at least two, so ambiguity is still seen)."""
+        """The rows whose id starts with ``prefix``, in any order (at least two when several
+        match)."""
         return [i for i in self.list_sessions() if i.id.startswith(prefix)]
 
     def most_recent(self, cwd: str) -> SessionInfo | None:
         """Return the most recently modified session of ``cwd`` (see :class:`CwdMatcher`), or
-        ``None`` when the directory has none of its own.
+        ``None``.
 
         Raises:
-            SessionUnreadable: the most recent candidate cannot be read, so whether it is this
-                directory's latest session is unknown (it is never skipped silently).
+            SessionUnreadable: the most recent candidate cannot be read (never skipped silently).
             CorruptSession: the most recent candidate's header is damaged and names no cwd.
         """
         infos = self.list_sessions(cwd)
@@ -501,7 +439,7 @@ _HINT = "check its permissions and the disk, or move it out of the store"
 
 def unreadable_error(path: str, exc: OSError, *, what: str = "cannot be read") -> SessionUnreadable:
     """The :class:`~durable_harness.errors.SessionUnreadable` for ``path``, which raised ``exc``
-    when opened or read (returned, for the caller to raise ``from exc``); ``what`` says which."""
+    (``what`` says how), returned for the caller to raise ``from exc``."""
     name = errno_name(exc)
     return SessionUnreadable(
         f"{path}: {what}: {exc.strerror or exc} ({name}); {_HINT}", path=path, errno=name
@@ -509,7 +447,7 @@ def unreadable_error(path: str, exc: OSError, *, what: str = "cannot be read") -
 
 
 def _readable(info: SessionInfo) -> SessionInfo:
-    """``info`` itself, or :class:`~durable_harness.errors.SessionUnreadable` for an error row."""
+    """``info`` itself, or SessionUnreadable for an error row."""
     if info.error is not None:
         raise SessionUnreadable(
             f"{info.error['message']}; {_HINT}",

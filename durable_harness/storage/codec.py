@@ -1,17 +1,5 @@
-"""JSON encoding for session files and rows: orjson, with lone surrogates made safe.
-
-orjson refuses ``str`` values holding lone UTF-16 surrogates (which Python strings can carry,
-e.g. from ``surrogateescape`` decoding). Such text is rewritten with U+FFFD before encoding so a
-write never fails halfway and the file stays valid UTF-8. U+2028, U+2029 and U+0085 are written
-raw: lines are split on ``\\n`` only.
-
-Reading is lenient the same way: other agents write escaped lone halves (``"\\ud83d"`` with no
-low half) when they cut text by UTF-16 units. RFC 8259 section 8.2 leaves such strings'
-behaviour undefined; orjson rejects the whole document. :func:`loads` then retries that one
-document with each lone ``\\uD800``-``\\uDFFF`` escape rewritten as ``\\uFFFD`` (a valid pair
-is kept), so the text loads with U+FFFD where the half was. The happy path costs nothing: the
-retry runs only on a document orjson refused for a surrogate.
-"""
+"""JSON encoding for session files and rows: orjson, with lone surrogates written and read as U+FFFD
+(``design/storage.md`` "The JSONL file, line by line"; the ``replaced_surrogate`` damage kind)."""
 
 from __future__ import annotations
 
@@ -25,8 +13,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def scrub(value: Any) -> Any:
-    """``value`` with every lone UTF-16 surrogate in its strings (keys included) replaced by
-    U+FFFD, as it is written; ``value`` itself when it holds none (a scan, no copy)."""
+    """``value`` with every lone surrogate in its strings and keys replaced by U+FFFD (itself
+    when none)."""
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
     return _scrub(value)
@@ -57,10 +45,8 @@ def dumps(value: Any) -> bytes:
 
 
 def dumps_held(value: Any, *, line: bool = False) -> tuple[bytes, Any]:
-    """:func:`dumps` (with ``line``: :func:`dumps_line`), and the value the bytes hold:
-    ``value`` itself, or, when it held lone surrogates, a copy with each one replaced by
-    U+FFFD. A store that keeps committed values in memory keeps the second, so what it
-    returns before and after a reopen is the same.
+    """:func:`dumps` (with ``line``: plus ``\n``), and the value the bytes hold: ``value``, or its
+    scrubbed copy (what a store keeping committed values in memory must keep).
 
     Raises:
         TypeError: ``value`` holds something JSON cannot represent.
@@ -73,14 +59,6 @@ def dumps_held(value: Any, *, line: bool = False) -> tuple[bytes, Any]:
             raise TypeError(str(exc)) from exc
         clean = _scrub(value)
         return orjson.dumps(clean, option=option), clean
-
-
-def dumps_line(value: Any) -> bytes:
-    """:func:`dumps` plus a trailing ``\\n``: one JSONL line, encoded in one pass."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
-    except orjson.JSONEncodeError:
-        return dumps(value) + b"\n"
 
 
 # One JSON escape per match, left to right, so an escaped backslash (``\\``) is consumed whole
@@ -96,12 +74,8 @@ _REPLACEMENT = rb"\ufffd"
 
 
 def repair_surrogates(data: bytes) -> tuple[bytes, int]:
-    """Rewrite every lone surrogate escape in the JSON text ``data`` as ``\\ufffd``.
-
-    Returns ``(bytes, count)``: the repaired text and how many lone halves were replaced (0: the
-    input is returned unchanged). A high half directly followed by a low half is a valid pair
-    and is kept. Only escapes are looked at: raw surrogate bytes are invalid UTF-8 and stay so.
-    """
+    """``(data, count)`` with every lone surrogate escape in the JSON text rewritten as ``\ufffd``
+    (a valid pair and raw bytes are kept); ``count`` 0 returns ``data`` itself."""
     if b"\\u" not in data:
         return data, 0
     count = 0
@@ -137,7 +111,7 @@ def loads_counted(data: bytes | str) -> tuple[Any, int]:
 
 
 def loads(data: bytes | str) -> Any:
-    """Decode JSON, reading a lone surrogate escape as U+FFFD (see the module docstring).
+    """Decode JSON, reading a lone surrogate escape as U+FFFD.
 
     Raises:
         orjson.JSONDecodeError: (a ``ValueError``) ``data`` is not JSON.
@@ -149,13 +123,8 @@ def loads(data: bytes | str) -> Any:
 
 
 def lone_surrogate_paths(data: bytes) -> list[tuple[str | int, ...]]:
-    """Where the JSON text ``data`` holds strings (or keys) with a lone surrogate half.
-
-    Each path is the keys and list indexes from the root to the string, e.g.
-    ``("ops", 0, "entry", "message", "content", 0, "text")``. Used only to name what
-    :func:`loads` repaired, so it may use the slower standard-library decoder (which keeps lone
-    halves). Returns ``[]`` when ``data`` does not decode.
-    """
+    """The paths (keys and list indexes from the root) to strings or keys of the JSON text ``data``
+    holding a lone surrogate; ``[]`` when it does not decode. Slow (the standard decoder)."""
     try:
         value = json.loads(data)
     except ValueError:
@@ -180,8 +149,7 @@ def lone_surrogate_paths(data: bytes) -> list[tuple[str | int, ...]]:
 
 
 def format_path(path: tuple[str | int, ...]) -> str:
-    """A path from :func:`lone_surrogate_paths` as ``message.content[0].text`` (lone halves in
-    keys shown as U+FFFD)."""
+    """A path from :func:`lone_surrogate_paths` as ``message.content[0].text``."""
     out = ""
     for part in path:
         if isinstance(part, int):

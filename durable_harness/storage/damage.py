@@ -12,15 +12,8 @@ from durable_harness.storage import codec
 def damage(
     kind: str, detail: str, *, offset: int | None = None, line: int | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """Build one damage item ``{kind, detail, offset?, line?, ...}``.
-
-    Kinds (the table with each backend's detection and location fields is in
-    ``design/storage.md``): ``torn_tail`` (quarantined), ``bad_line``, ``bad_header``,
-    ``missing_header``, ``bad_mark``, ``bad_row``, ``orphan_parent``, ``duplicate_id``,
-    ``seq_regression``, ``seq_gap``, ``truncated``, ``stale_generation``; and the warnings in
-    :data:`WARNING_KINDS`, which lose nothing. ``offset`` is a byte
-    offset into the file; ``line`` is 1-based; SQLite damage names ``table``, ``id``, ``seq``.
-    """
+    """Build one damage item ``{kind, detail, offset?, line?, ...}`` (``offset`` a byte offset,
+    ``line`` 1-based; the kinds: ``design/storage.md`` "Every damage kind, every backend")."""
     item: dict[str, Any] = {"kind": kind, "detail": detail}
     if offset is not None:
         item["offset"] = offset
@@ -31,17 +24,14 @@ def damage(
 
 
 WARNING_KINDS = frozenset({"replaced_surrogate"})
-"""Damage kinds that are warnings: the entry loaded whole (a lone UTF-16 surrogate read as
-U+FFFD), no commit is missing, so they never make a log "damaged" for recovery or fsck. With
-``torn_tail`` (never acknowledged, quarantined) these are the kinds a "damaged" test skips."""
+"""Damage kinds that lose nothing (warnings): they never make a log "damaged"."""
 
 
 def surrogate_warnings(
     raw: bytes, ops: list[Any], *, offset: int | None = None, line: int | None = None
 ) -> list[dict[str, Any]]:
-    """One ``replaced_surrogate`` warning per op of the commit line ``raw`` (already decoded into
-    ``ops``) that held a lone UTF-16 surrogate, naming the entry (or record, or lane) and where
-    in it the text was; see :func:`durable_harness.storage.codec.loads`."""
+    """One ``replaced_surrogate`` warning per op of the commit line ``raw`` (decoded into ``ops``)
+    that held a lone surrogate, naming the op and where in it."""
     by_op: dict[int, list[str]] = {}
     for path in codec.lone_surrogate_paths(raw):
         if len(path) >= 2 and path[0] == "ops" and isinstance(path[1], int):
@@ -73,8 +63,8 @@ def surrogate_warnings(
 
 
 def seq_gap_damage(after: int, seq: int, **location: Any) -> dict[str, Any]:
-    """A ``seq_gap`` item: the op numbered ``seq`` follows ``after`` with numbers missing between
-    (a deleted line or row). ``location`` names where the op after the gap is stored."""
+    """A ``seq_gap`` item: ``seq`` follows ``after`` with numbers missing; ``location`` of the op
+    after."""
     return damage(
         "seq_gap",
         f"seq jumps from {after} to {seq}: {seq - after - 1} op(s) are missing before it",
@@ -86,9 +76,7 @@ def seq_gap_damage(after: int, seq: int, **location: Any) -> dict[str, Any]:
 
 
 def truncated_damage(expected: int, found: int, **location: Any) -> dict[str, Any]:
-    """A ``truncated`` item: the durable high-water mark says seq ``expected`` was committed
-    but the stored ops end at ``found`` (the last commits are gone). ``location`` names where
-    the data ends."""
+    """A ``truncated`` item: the mark says ``expected`` but the stored ops end at ``found``."""
     return damage(
         "truncated",
         f"the high-water mark says seq {expected} was committed but the stored ops end at "
@@ -105,15 +93,9 @@ def continuity_damage(
     mark: int | None,
     end: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Check that stored seqs run on without a gap: ``ops`` are ``(seq, location)`` pairs in
-    the order stored, ``start`` is the seq known to precede the first (0 for a whole session),
-    ``mark`` the durable high-water mark (``None`` when the backend keeps none), ``end`` the
-    location where the stored data ends (for a ``truncated`` item).
-
-    Returns ``seq_gap`` items (a seq more than one past the one before it; a repeated or falling
-    seq is another backend check's ``seq_regression``) and a ``truncated`` item when the last
-    seq is below ``mark``. The one continuity rule of every backend.
-    """
+    """The one continuity rule of every backend: ``seq_gap`` items for ``ops`` (``(seq, location)``
+    in stored order, after ``start``), and ``truncated`` (at ``end``) when the last seq is below
+    the high-water ``mark`` (``None``: none kept)."""
     out: list[dict[str, Any]] = []
     prev = start
     for seq, location in ops:

@@ -1,15 +1,6 @@
-"""The one lane/run fold: how committed ops move a session's lanes (``design/storage.md``).
-
-* an entry op with a ``lane`` moves that lane's leaf to the entry;
-* a ``run_started`` record on a lane opens its run (``run_id`` and the record's ``seq``);
-  a ``run_finished`` record closes it when it names the open run;
-* a lane op moves the leaf (when it sets one) and merges its ``config``.
-
-A lane an op names is created empty when missing. Every backend applies these rules from
-here: memory and JSONL fold each op into their index (:func:`fold`), PostgreSQL's writer into
-its cache, SQLite turns each :func:`lane_change` into its ``UPDATE`` statements. (PostgreSQL's
-``dh_write``, migration 4, states the same rules in SQL; a migration is never edited.)
-"""
+"""The one lane/run fold: how committed ops move a session's lanes (an entry op's lane leaf, a run
+opened and closed by its records, a lane op's leaf and config; ``design/storage.md``), applied by
+every backend (PostgreSQL's ``dh_write`` restates it in SQL)."""
 
 from __future__ import annotations
 
@@ -19,9 +10,8 @@ from durable_harness.storage.base import EntryOp, LaneState, Op, RecordOp
 
 
 def number(ops: list[Op], seq: int) -> list[dict[str, Any]]:
-    """``ops`` numbered past ``seq``, as the op dicts a JSONL line holds: ``{"op": "entry",
-    "entry": {..., "seq"}, "lane"?}``, ``{"op": "record", "record": {..., "seq"}}``, ``{"op":
-    "lane", "lane", "seq", "leafId"?, "config"?}`` (entries and records are copied)."""
+    """``ops`` numbered past ``seq``, as the op dicts a JSONL line holds (entries and records
+    copied)."""
     out: list[dict[str, Any]] = []
     for op in ops:
         seq += 1
@@ -42,10 +32,8 @@ def number(ops: list[Op], seq: int) -> list[dict[str, Any]]:
 
 
 def lane_change(op: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """What the numbered op ``op`` (see :func:`number`) does to a lane: ``(lane, change)``,
-    or ``None`` when it names no lane. ``change`` holds ``leaf_id`` (the new leaf), ``config``
-    (merged into the lane's), ``run`` (``(run_id, seq)``: a run opens) or ``close`` (the run
-    id that closes the open run when it is the one open)."""
+    """What the numbered ``op`` does to a lane: ``(lane, change)`` or ``None``; ``change`` holds
+    ``leaf_id``, ``config`` (merged), ``run`` (``(run_id, seq)`` opens) or ``close`` (a run id)."""
     kind = op.get("op")
     if kind == "entry":
         lane = op.get("lane")

@@ -1,14 +1,7 @@
-"""The fsync hand-off, written once for every backend: callers that must wait for the same kind
-of work (an fsync, a group's transaction) elect one leader at a time to do it for everyone
-queued; the others only wait for its outcome (``design/storage.md``, "Group commit").
-
-* :class:`SyncHandoff`: "make everything up to ticket N durable". The leader's one sync covers
-  every commit written before it started (JSONL's ``fdatasync`` of the file, SQLite's of the
-  ``-wal`` file).
-* :class:`GroupLeader`: threads' commit calls that arrive while a group runs form the next
-  group (SQLite and PostgreSQL ``batch`` mode).
-* :class:`TaskQueue`: the same for tasks on an event loop.
-"""
+"""The fsync hand-off, written once for every backend: callers waiting for the same work (an fsync,
+a group's transaction) elect one leader at a time to do it for all queued (:class:`SyncHandoff`
+for syncs, :class:`GroupLeader` for threads' groups, :class:`TaskQueue` for tasks';
+``design/storage.md`` "Write path (JSONL)" and "SQLite")."""
 
 from __future__ import annotations
 
@@ -41,9 +34,8 @@ P = TypeVar("P", bound=PendingCommit)
 
 @contextmanager
 def settling(batch: list[P]) -> Iterator[None]:
-    """Run a group of ``batch``: an error the block raises becomes the error of every item
-    that has none (a ``BaseException`` that is no ``Exception`` is raised on), and every item
-    is ``done`` after it."""
+    """Run a group of ``batch``: the block's error becomes every item's that has none (a
+    non-``Exception`` is raised on), and every item is ``done`` after it."""
     try:
         yield
     except BaseException as exc:
@@ -57,8 +49,8 @@ def settling(batch: list[P]) -> Iterator[None]:
 
 
 class SyncHandoff:
-    """Durability counted in tickets: ``synced`` is the highest ticket known durable. Read or
-    raise ``synced`` holding ``cond``."""
+    """Durability counted in tickets: ``synced``, the highest known durable, read or raised
+    holding ``cond``."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -66,9 +58,9 @@ class SyncHandoff:
         self._syncing = False
 
     def sync_to(self, ticket: int, sync: Callable[[], int]) -> None:
-        """Return once every ticket up to ``ticket`` is durable. One caller at a time runs
-        ``sync()`` (without ``cond``): it makes durable what was written before it started
-        and returns the ticket that covers; callers it covers wait and return.
+        """Return once every ticket up to ``ticket`` is durable: one caller at a time runs
+        ``sync()`` (without ``cond``), which returns the ticket it covers; the callers it covers
+        wait.
 
         Raises:
             whatever ``sync`` raised (the tickets it was to cover are not known durable).
@@ -95,8 +87,8 @@ class SyncHandoff:
 
 
 class GroupLeader(Generic[P]):
-    """Threads' group commit: a call queues its item; while a group runs, the calls that
-    arrive form the next one, which one of them (the leader) runs for all."""
+    """Threads' group commit: calls arriving while a group runs form the next, run by one of
+    them."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -104,12 +96,8 @@ class GroupLeader(Generic[P]):
         self._leading = False
 
     def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
-        """Queue ``item`` and return its ``seq`` once a group ran it (``run`` sets every
-        item's outcome and ``done``).
-
-        Raises:
-            whatever ``run`` recorded as this item's error.
-        """
+        """Queue ``item``; return its ``seq`` once a group ran it, or raise its error (``run``
+        settles all)."""
         with self.cond:
             self.queue.append(item)
             while not item.done:
@@ -131,11 +119,9 @@ class GroupLeader(Generic[P]):
 
 
 class TaskQueue(Generic[P]):
-    """Group commit for tasks on an event loop: a call queues its item and yields once; the
-    first queued task to resume takes the whole queue and runs it for all (``run`` settles
-    every item), the others find their outcome when they resume. A call cancelled before its
-    item was taken leaves the queue and is not committed; one taken by a group running in
-    another thread (a second event loop) waits for it in a worker thread."""
+    """Tasks' group commit: a call queues its item and yields once; the first to resume runs the
+    whole queue. A call cancelled before its item was taken is not committed; one taken by a
+    group in another thread waits for it in a worker thread."""
 
     def __init__(self) -> None:
         self.items: list[P] = []
@@ -154,11 +140,7 @@ class TaskQueue(Generic[P]):
             self.done.notify_all()
 
     async def commit(self, item: P, run: Callable[[list[P]], None]) -> int:
-        """Queue ``item``; return its ``seq`` once a group ran it.
-
-        Raises:
-            whatever ``run`` recorded as this item's error.
-        """
+        """Queue ``item``; return its ``seq`` once a group ran it, or raise its error."""
         with self.lock:
             self.items.append(item)
         try:

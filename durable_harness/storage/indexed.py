@@ -1,10 +1,5 @@
-"""The shared in-memory index of a session, used by the memory and JSONL backends.
-
-It keeps, per entry, its parent, type and seq (content lives in the backend: a dict for memory,
-a byte range of the file for JSONL), every lane, and the operation-log records. ``apply``
-enforces the same rules as the SQLite backend: entry ids are unique among entries and record ids
-among records, parents and leaves must be entries that exist, ``seq`` strictly rises.
-"""
+"""The shared in-memory index of a session (parents, types, seqs, lanes, records; content in the
+backend), used by the memory and JSONL backends; ``apply`` enforces the SQL backends' rules."""
 
 from __future__ import annotations
 
@@ -32,11 +27,8 @@ from durable_harness.storage.shapes import checked_id, id_conflict, op_shape_err
 
 
 class IndexedSessionStore(SessionStore):
-    """Base for backends that index the whole session in memory.
-
-    Subclasses implement :meth:`_persist` (make one encoded commit durable) and
-    :meth:`_load_entry` (fetch an entry's content by its location).
-    """
+    """Base for backends that index the whole session in memory (:meth:`_persist`,
+    :meth:`_load_entry`)."""
 
     def __init__(
         self, header: dict[str, Any], *, read_only: bool, durability: Durability, location: str
@@ -77,11 +69,6 @@ class IndexedSessionStore(SessionStore):
 
     def entry_count(self) -> int:
         return len(self._order)
-
-    def entry_parent(self, entry_id: str) -> tuple[bool, str | None]:
-        """Return ``(exists, parentId)`` without loading content."""
-        meta = self._meta.get(entry_id)
-        return (False, None) if meta is None else (True, meta[0])
 
     def lanes(self) -> dict[str, LaneState]:
         with self._lock:
@@ -130,8 +117,7 @@ class IndexedSessionStore(SessionStore):
         return number(ops, self._seq)
 
     def _apply(self, op: dict[str, Any], location: Any) -> None:
-        """Apply one numbered op dict to the index (on open and after a commit); the lanes
-        follow the one fold (:mod:`~durable_harness.storage.fold`)."""
+        """Apply one numbered op dict to the index (on open and after a commit)."""
         kind = op.get("op")
         if kind == "entry":
             entry = op["entry"]
@@ -163,8 +149,8 @@ class IndexedSessionStore(SessionStore):
             return self._seq
 
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
-        """Write one commit (and with ``sync``, make it durable per the durability mode);
-        return a content location per op. Called under the lock."""
+        """Write one commit (durable per the mode with ``sync``); a content location per op.
+        Under the lock."""
         raise NotImplementedError
 
     def _load_entry(self, entry_id: str, location: Any) -> dict[str, Any]:
@@ -175,14 +161,9 @@ class IndexedSessionStore(SessionStore):
 
 
 class MemorySessionStore(IndexedSessionStore):
-    """The reference backend: everything in memory, nothing durable. Used for pi files opened
-    in place (read-only), for the ``memory:`` store and as the model in agreement tests.
-
-    It keeps the storage contract's copy rule like the file backends: a committed entry is
-    kept encoded (the same JSON bytes a JSONL line would hold) and every read decodes a private
-    copy, so a caller mutating what it got, or what it committed, changes nothing stored. A
-    writable session is its one writer: generation 1 (there is no lease to count takeovers).
-    """
+    """The reference backend: everything in memory, nothing durable (pi files opened in place, the
+    ``memory:`` store, the model in agreement tests). Entries are kept encoded and every read
+    decodes a private copy; a writable session is generation 1."""
 
     def __init__(
         self, header: dict[str, Any], *, read_only: bool = False, location: str = "memory"
@@ -219,9 +200,7 @@ class MemorySessionStore(IndexedSessionStore):
             self._apply(op, op.get("entry"))
 
     def reader(self) -> MemorySessionStore:
-        """A read-only view of this session: it shares the index (so it sees every commit at
-        once, as a second reader of a file backend does) and refuses commits
-        (``ReadOnlySession``). Closing it leaves this session open."""
+        """A read-only view sharing the index (sees every commit); closing it leaves this open."""
         return _MemoryReader(self)
 
 

@@ -1,17 +1,6 @@
-"""The single-writer lease: an exclusive ``flock`` on a lock file plus a fencing generation.
-
-Why flock: the kernel drops it when the holding process dies, however it dies (SIGKILL
-included), so a lease left by a dead process is taken over at once, with no timeout to tune.
-A live holder is never displaced except by an explicit ``break_lease`` (an operator's
-override), which bumps the generation so that the old holder's next commit fails with
-:class:`~durable_harness.errors.StaleGeneration` instead of interleaving with the new writer.
-
-Lock file content (JSON, rewritten and fsynced on each acquisition)::
-
-    {"pid": 1234, "host": "name", "generation": 7, "acquiredAt": "2026-...Z"}
-
-Assumption: a local filesystem with working ``flock`` (not NFS); see ``design/storage.md``.
-"""
+"""The single-writer lease of the file backends: an exclusive ``flock`` on a lock file (JSON
+``{"pid", "host", "generation", "acquiredAt", "broken"}``) plus a fencing generation
+(``design/storage.md`` "The lease")."""
 
 from __future__ import annotations
 
@@ -49,10 +38,8 @@ class FileLease:
         return data if isinstance(data, dict) else {}
 
     def acquire(self, *, break_lease: bool = False, floor: int = 0) -> int:
-        """Take the lease and return the new generation (``max(old, floor) + 1``).
-
-        Sets :attr:`contested` when a live holder was displaced (``break_lease``); see also
-        :meth:`raise_floor`.
+        """Take the lease and return the new generation (``max(old, floor) + 1``); :attr:`contested`
+        when a live holder was displaced (``break_lease``).
 
         Raises:
             LeaseHeld: a live process holds it and ``break_lease`` is False.
@@ -92,12 +79,8 @@ class FileLease:
         return self.generation
 
     def raise_floor(self, floor: int) -> int:
-        """Make the held generation exceed ``floor`` (the highest generation found in the data:
-        a lost or reset lock file must not hand out a generation already used).
-
-        Having to raise it means the lock file was removed or reset while the data was written
-        under a lease: the writer that held it may still be alive, so :attr:`contested` is set.
-        """
+        """Make the held generation exceed ``floor`` (the highest found in the data); having to sets
+        :attr:`contested` (the lock file was lost, its writer may be alive)."""
         if self._fd is not None and self.generation <= floor:
             self.contested = True
             self._write(floor + 1, broken=False)
@@ -127,10 +110,7 @@ class FileLease:
         return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
     def probe(self) -> dict[str, Any] | None:
-        """Return the live holder's lock-file content, or ``None`` when nobody holds the lease.
-
-        Takes and drops the flock without writing; a process that dies holding it frees it.
-        """
+        """Return the live holder's lock-file content, or ``None`` (takes and drops the flock)."""
         if self._fd is not None:
             return {"pid": os.getpid(), "generation": self.generation, "self": True}
         try:
@@ -147,23 +127,12 @@ class FileLease:
         finally:
             os.close(fd)
 
-    def current_generation(self) -> int:
-        """Return the generation recorded in the lock file now."""
-        if self._fd is None:
-            return 0
-        value = self._read(self._fd).get("generation", 0)
-        return value if isinstance(value, int) and not isinstance(value, bool) else -1
-
     _stamp: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def check(self) -> None:
-        """Raise :class:`StaleGeneration` if another writer took the lease since we did.
-
-        Cheap on the hot path: one ``fstat`` of the held lock file. Only when its stamp (mtime,
-        ctime, size) changed since we wrote it (a breaker rewrote it, or it was unlinked or
-        replaced, which changes its ctime) is the lock path checked to still name the file we
-        locked, and the generation re-read.
-        """
+        """Raise :class:`StaleGeneration` if another writer took the lease since we did: one
+        ``fstat`` unless the lock file's stamp changed (then its inode and generation are
+        checked)."""
         if self._fd is None or self._stat(self._fd) == self._stamp:
             return  # unlinking or replacing the lock file changes its ctime: never missed here
         try:
@@ -176,7 +145,8 @@ class FileLease:
                 "writer held it; another writer may have started, so the append was refused",
                 generation=self.generation,
             )
-        current = self.current_generation()
+        value = self._read(self._fd).get("generation", 0)
+        current = value if isinstance(value, int) and not isinstance(value, bool) else -1
         if current != self.generation:
             raise StaleGeneration(
                 f"{self.what}: this writer holds generation {self.generation} but the lease is "

@@ -1,9 +1,4 @@
-"""The ``memory:`` store: a catalogue of in-memory sessions, for one-off scripts and tests.
-
-Nothing is written to disk and nothing survives the process, so it offers none of the
-durability guarantees (every session's durability mode is ``none``). Sessions are
-:class:`~durable_harness.storage.indexed.MemorySessionStore` objects, the reference backend.
-"""
+"""The ``memory:`` store: in-memory sessions for one-off scripts and tests, nothing durable."""
 
 from __future__ import annotations
 
@@ -21,15 +16,9 @@ from durable_harness.storage.indexed import MemorySessionStore
 
 
 class MemoryStore(Store):
-    """Sessions kept in this process only (spec ``memory:``).
-
-    One process is the only writer, so there is no lease: :meth:`open_session` hands back the
-    session's one store object, or with ``write=False`` a read-only view of it
-    (:meth:`~durable_harness.storage.indexed.MemorySessionStore.reader`); ``durability`` and
-    ``break_lease`` are accepted for the :class:`~durable_harness.storage.base.Store` interface
-    and ignored (nothing is durable: every session's mode is ``none``). Reads hand out copies,
-    as the file backends' do. Each ``open_store("memory:")`` call makes a new, empty store.
-    """
+    """Sessions kept in this process only (spec ``memory:``): no lease; ``open_session`` hands back
+    the session's one object, or with ``write=False`` a read-only view; ``durability`` and
+    ``break_lease`` are ignored. Each ``open_store("memory:")`` makes a new, empty store."""
 
     def __init__(self) -> None:
         self.spec = "memory:"
@@ -50,16 +39,12 @@ class MemoryStore(Store):
         return session if write else session.reader()
 
     def delete_session(self, session_id: str) -> None:
-        """Drop the session from this store (see :meth:`Store.delete_session`; no lease here).
-
-        Raises:
-            SessionNotFound: no session has this id.
-        """
+        """Drop the session from this store (SessionNotFound: no session has this id)."""
         if self._sessions.pop(session_id, None) is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
 
     def find_exact(self, session_id: str) -> SessionInfo | None:
-        """The row of ``session_id`` (one dictionary lookup), or ``None``: no such id."""
+        """The row of ``session_id``, or ``None``: no such id."""
         session = self._sessions.get(session_id)
         return self._info(session_id, session) if session is not None else None
 

@@ -1,18 +1,6 @@
-"""The one boundary where operating-system and database errors become typed errors.
-
-Backends call ``os``, ``sqlite3`` and ``psycopg`` directly; what those raise (a full disk, a
-read-only or unreadable file, a locked database, an I/O error) leaves a store only through
-:func:`translate`, applied explicitly where a store touches the OS or a database: by the
-:func:`boundary` decorator on those methods, and by :func:`storage_boundary` around a block
-(reads made outside a store, such as opening a file by path). A method that only reads memory
-carries neither. The result names the path and the cause::
-
-    StorageIOError   /home/me/.durable-harness/sessions/.../x.jsonl: No space left on device
-    DatabaseLocked   /data/agent.db: database is locked by another connection (waited 5 s)
-
-A :class:`~durable_harness.errors.DurableHarnessError` passes through unchanged. See
-``design/cli.md`` for how the CLI prints them and which exit status it returns.
-"""
+"""The one boundary where operating-system and database errors become typed errors:
+:func:`translate`, applied by :func:`boundary` on store methods that do I/O and by
+:func:`storage_boundary` around a block (``design/cli.md`` "Errors: one boundary each side")."""
 
 from __future__ import annotations
 
@@ -35,9 +23,9 @@ from durable_harness.errors import (
 
 BUSY_TIMEOUT_ENV = "DURABLE_HARNESS_SQLITE_BUSY_TIMEOUT"
 DEFAULT_BUSY_TIMEOUT_S = 10.0
-"""How long a SQLite connection waits for another connection's lock before the operation fails
-with :class:`~durable_harness.errors.DatabaseLocked` (seconds; ``$DURABLE_HARNESS_SQLITE_BUSY_
-TIMEOUT`` overrides it). Bounded so that a stuck holder is reported instead of hanging a run."""
+"""Seconds a SQLite connection waits for another's lock before DatabaseLocked
+(``$DURABLE_HARNESS_SQLITE_BUSY_TIMEOUT`` overrides it).
+"""
 
 # SQLite primary result codes (https://www.sqlite.org/rescode.html) that are OS conditions,
 # with the errno name and wording a user knows them by.
@@ -55,16 +43,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 Translator = Callable[[BaseException, "str | None"], BaseException]
 _FAMILIES: list[tuple[type[BaseException], Translator]] = []
 CAUGHT: tuple[type[BaseException], ...] = (OSError, sqlite3.Error)
-"""The exception types the boundary catches: ``OSError``, ``sqlite3.Error`` and every family a
-backend registered with :func:`register_family` (read at match time, so a family registered
-after a class was guarded is still caught)."""
+"""The exception types the boundary catches: OS, SQLite, and every registered family."""
 
 
 def register_family(kind: type[BaseException], translator: Translator) -> None:
-    """Make the boundary catch ``kind`` (a database driver's base error, e.g. ``psycopg.Error``)
-    and turn it into a typed error with ``translator(exc, where)``. A backend registers its
-    driver's family when it is imported, so this module never imports an optional driver.
-    Registering the same ``kind`` again replaces its translator."""
+    """Make the boundary catch ``kind`` (a driver's base error, e.g. ``psycopg.Error``) and turn it
+    into ``translator(exc, where)``; the backend registers it on import (replacing any earlier)."""
     global CAUGHT
     _FAMILIES[:] = [(k, t) for k, t in _FAMILIES if k is not kind]
     _FAMILIES.append((kind, translator))
@@ -92,13 +76,8 @@ def busy_timeout_s() -> float:
 
 
 def translate(exc: BaseException, where: str | None = None) -> BaseException:
-    """Return the typed error for ``exc``, or ``exc`` itself when it is not an OS or database
-    error (a :class:`DurableHarnessError` included).
-
-    Args:
-        exc: the exception caught.
-        where: the store or file the operation was about (used when ``exc`` names no file).
-    """
+    """Return the typed error for ``exc`` (``where``: the store or file it was about, used when
+    ``exc`` names no file), or ``exc`` itself when it is not an OS or database error."""
     if isinstance(exc, DurableHarnessError):
         return exc
     for kind, translator in _FAMILIES:
@@ -200,9 +179,8 @@ def _where(obj: Any, args: tuple[Any, ...]) -> str | None:
 
 
 def boundary(fn: F) -> F:
-    """Decorate a store method (sync or async) that touches the OS or a database, so that OS
-    and database errors leave it typed (see :func:`translate`), naming the store's location
-    (its ``db_path``, ``location``, ``path`` or ``spec``, else a path argument)."""
+    """Decorate a store method (sync or async) that does I/O, so OS and database errors leave it
+    typed, naming the store's location (else a path argument)."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)

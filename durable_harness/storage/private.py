@@ -1,18 +1,11 @@
-"""Private files and folders: what a store creates is readable by its owner only.
-
-Session files hold prompts, tool output and model answers, which may include secrets. Every
-folder a store creates is ``0700`` and every file ``0600``, whatever the process umask: the
-mode is passed at creation *and* set with ``chmod`` afterwards, because the umask can only
-remove bits (a umask of ``0o077`` is harmless, but ``0o777`` would leave ``0o000`` and a file
-the store itself cannot reopen). Folders that already exist (a user's project folder, ``/tmp``)
-are never changed. An existing session file with group or other bits is tightened to ``0600``
-when it is opened for writing (``design/storage.md``, "Files and modes").
-"""
+"""Private files and folders: what a store creates is ``0700`` / ``0600`` whatever the umask,
+existing folders untouched (``design/storage.md`` "Files and modes")."""
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 DIR_MODE = 0o700
@@ -22,10 +15,10 @@ FILE_MODE = 0o600
 
 
 def make_private_dirs(path: str | Path) -> None:
-    """Create ``path`` and any missing parents, each created one ``0700``.
+    """Create ``path`` and any missing parents, each ``0700`` (existing folders keep their mode).
 
-    Existing folders keep their mode. Raises ``OSError`` as ``os.mkdir`` does (``FileExistsError``
-    only when a component exists and is not a folder).
+    Raises:
+        OSError: as ``os.mkdir`` (``FileExistsError`` only for a component that is no folder).
     """
     target = Path(path)
     missing: list[Path] = []
@@ -46,8 +39,7 @@ def make_private_dirs(path: str | Path) -> None:
 
 
 def private_fd(fd: int) -> None:
-    """Set an open file's mode to ``0600`` unless it is already (one ``fstat``, and one
-    ``fchmod`` when needed). A file owned by another user is left as it is (``EPERM``)."""
+    """Set an open file's mode to ``0600`` unless it is already (another user's file is left)."""
     mode = stat.S_IMODE(os.fstat(fd).st_mode)
     if mode != FILE_MODE:
         try:
@@ -57,25 +49,22 @@ def private_fd(fd: int) -> None:
 
 
 def tighten_fd(fd: int) -> None:
-    """Remove group and other permission bits from an open file that has any (a session file
-    opened for writing); owner bits are left as they are."""
-    mode = stat.S_IMODE(os.fstat(fd).st_mode)
-    if mode & 0o077:
-        try:
-            os.fchmod(fd, mode & ~0o077 & 0o7777)
-        except PermissionError:
-            pass
+    """Remove group and other permission bits from an open file (owner bits kept)."""
+    _tighten(stat.S_IMODE(os.fstat(fd).st_mode), lambda mode: os.fchmod(fd, mode))
 
 
 def tighten_path(path: str | Path) -> None:
-    """:func:`tighten_fd` by path, for a file another library opens (an SQLite database and its
-    ``-wal``/``-shm`` files); a missing file is skipped."""
+    """:func:`tighten_fd` by path, for a file another library opens; a missing file is skipped."""
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         return
+    _tighten(mode, lambda new: os.chmod(path, new))
+
+
+def _tighten(mode: int, chmod: Callable[[int], None]) -> None:
     if mode & 0o077:
         try:
-            os.chmod(path, mode & ~0o077 & 0o7777)
+            chmod(mode & ~0o077 & 0o7777)
         except PermissionError:
             pass

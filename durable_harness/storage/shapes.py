@@ -1,13 +1,7 @@
-"""Shape checks for stored entries and records. Reading applies them to what a file or database
-holds: a value that fails is reported as damage and left out, never allowed to raise later in a
-reader. Committing applies the same checks first (:func:`op_shape_error`), so a commit that
-returned never reads back as damage.
-
-Storage knows only the record envelope (``type``, ``id``, ``lane``, ``runId``, ``seq``,
-``timestamp``); the fields of each record type are checked by the check the harness registers
-(:func:`register_record_check`), derived from :mod:`durable_harness.models.records`. Records of
-a type the registering layer marks as trusted (built by it, declared-shape by construction) get
-only the envelope check, unless :data:`CHECK_TRUSTED`."""
+"""Shape checks for stored entries and records: on read a value that fails is damage, left out; on
+commit the same checks run first (:func:`op_shape_error`), so a commit never reads back as
+damage. Storage knows the record envelope; record fields are the registered check's
+(``design/api.md``)."""
 
 from __future__ import annotations
 
@@ -25,22 +19,15 @@ _record_checks: list[RecordCheck] = []
 _trusted: set[type] = set()
 
 CHECK_TRUSTED: bool = os.environ.get("DURABLE_HARNESS_CHECK_ALL_RECORDS") == "1"
-"""Whether the registered checks run on trusted records too: off by default, on when the
-environment variable ``DURABLE_HARNESS_CHECK_ALL_RECORDS`` is ``1`` at import (the test suite
-sets both), so a suite proves the trusted builder builds declared shapes."""
+"""Whether the registered checks run on trusted records too
+(``$DURABLE_HARNESS_CHECK_ALL_RECORDS=1``).
+"""
 
 
 def register_record_check(check: RecordCheck, *, trusted: type | None = None) -> None:
-    """Add ``check`` to what :func:`record_shape_error` applies after the envelope: the layer
-    that owns the record vocabulary (the harness, :mod:`durable_harness.harness.records`)
-    registers the check derived from its declarations, so storage needs no field names beyond
-    the envelope. ``check(record)`` returns why the record is malformed, or ``None``; it must
-    not raise. Registering the same function twice has no effect.
-
-    ``trusted`` names a ``dict`` subclass whose instances that layer builds itself from values
-    of the declared types: a record of exactly that type gets the envelope check only (unless
-    :data:`CHECK_TRUSTED`), which saves the field check's cost on every commit. A plain dict,
-    whatever its origin, is checked in full."""
+    """Add ``check`` (why a record is malformed, or ``None``; never raises) to what
+    :func:`record_shape_error` applies after the envelope; a record of exactly the ``dict``
+    subclass ``trusted`` gets the envelope check only (unless :data:`CHECK_TRUSTED`)."""
     if check not in _record_checks:
         _record_checks.append(check)
     if trusted is not None:
@@ -52,10 +39,8 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 
 def record_shape_error(rec: dict[str, Any]) -> str | None:
-    """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope
-    (``type`` and ``id`` strings, ``lane`` and ``runId`` strings or null), then every check
-    registered with :func:`register_record_check` (the record fields the harness declares in
-    :mod:`durable_harness.models.records`), except on a record of a trusted type."""
+    """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope, then the
+    registered checks (not on a trusted record)."""
     if not isinstance(rec.get("type"), str) or not isinstance(rec.get("id"), str):
         return "type and id must be strings"
     if not (_opt(rec.get("lane"), str) and _opt(rec.get("runId"), str)):
@@ -118,8 +103,7 @@ def entry_shape_error(entry: dict[str, Any]) -> str | None:
 
 
 def op_shape_error(op: Any) -> str | None:
-    """Why a commit op (``EntryOp``, ``RecordOp`` or ``LaneOp``) would read back as damage, or
-    ``None``: the checks above, plus the types of the op's own fields."""
+    """Why a commit op would read back as damage, or ``None``."""
     if isinstance(op, EntryOp):
         if not isinstance(op.entry, dict):
             return "an entry must be an object"

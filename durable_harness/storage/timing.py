@@ -1,16 +1,6 @@
-"""Commit and fsync latency, reported by the backends to whoever listens (the host's metrics).
-
-Storage knows nothing of Prometheus: a backend calls :func:`observe` with what it timed, and
-each registered observer receives ``(what, seconds)``. With no observer registered (the CLI,
-most library use) :func:`observe` returns at once and :func:`enabled` is False, so a backend
-may skip reading the clock.
-
-``what`` is one of:
-
-- ``"commit"``: one commit call, from its start to its return (its fsync included when the
-  commit waits for it);
-- ``"fsync"``: one ``fsync``/``fdatasync`` (or SQLite WAL sync) of the store's data.
-"""
+"""Commit and fsync latency, reported by the backends to registered observers (the host's metrics):
+``(what, seconds)``, ``what`` ``"commit"`` (a call, its fsync included when it waits) or
+``"fsync"`` (one sync of the store's data). Without observers nothing is timed."""
 
 from __future__ import annotations
 
@@ -24,13 +14,12 @@ _observers: list[Observer] = []
 
 
 def enabled() -> bool:
-    """True when at least one observer is registered (backends may skip timing otherwise)."""
+    """True when at least one observer is registered."""
     return bool(_observers)
 
 
 def add_observer(observer: Observer) -> Callable[[], None]:
-    """Register ``observer`` for every later commit and fsync in this process; returns the
-    function that removes it."""
+    """Register ``observer`` for every later commit and fsync; return its remover."""
     _observers.append(observer)
 
     def remove() -> None:

@@ -1,12 +1,5 @@
 """The PostgreSQL backend: many hosts, one session store, fenced writers (``design/postgres.md``).
-
-Modules: :mod:`.connection` (spec parsing, the per-process pool, the error boundary),
-:mod:`.migrations` (the versioned schema), :mod:`.lease` (lease rows and the heartbeat),
-:mod:`.store` (one session, :class:`PostgresSessionStore`), :mod:`.write` (the statements a
-writer sends), :mod:`.unwaited` (commits answered later), :mod:`.catalogue`
-(:class:`PostgresStore`). Importing this package
-needs ``psycopg`` and ``psycopg_pool`` (dependencies of durable-harness).
-"""
+Needs ``psycopg`` and ``psycopg_pool``."""
 
 from __future__ import annotations
 

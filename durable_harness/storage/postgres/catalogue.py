@@ -1,5 +1,4 @@
-"""The catalogue of a PostgreSQL store (:class:`PostgresStore`): create, open, list and delete
-sessions of one database (``open_store("postgresql://...")``)."""
+"""The catalogue of a PostgreSQL store (:class:`PostgresStore`): sessions of one database."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ from durable_harness.storage.sql.session import PostgresDialect
 
 
 class PostgresStore(SqlStore):
-    """Sessions in one PostgreSQL database (``spec``: a ``postgresql://`` URL; see
-    :mod:`durable_harness.storage.postgres.connection`).
+    """Sessions in one PostgreSQL database (``spec``: a ``postgresql://`` URL).
 
     Attributes:
         spec: the URL as given (it may hold a password: print :attr:`location` instead).
@@ -106,8 +104,7 @@ class PostgresStore(SqlStore):
 
     @boundary
     def delete_session(self, session_id: str) -> None:
-        """Delete one session and every row of it (one transaction, the lease row locked
-        first: a session whose lease is live is never deleted).
+        """Delete one session and every row of it, in one transaction with the lease row locked.
 
         Raises:
             SessionNotFound: no session has this id.
@@ -135,12 +132,9 @@ class PostgresStore(SqlStore):
     def claim_expired(
         self, limit: int = 10, *, durability: Durability = "sync"
     ) -> list[SessionStore]:
-        """Take over up to ``limit`` sessions whose writer died: a lease that is held (owner
-        set) but expired. One statement claims them (``FOR UPDATE SKIP LOCKED``: workers
-        claiming at once never wait for each other and never get the same session), bumping
-        each one's generation; each comes back open for writing, its lease renewed by this
-        process's heartbeat. Sessions closed cleanly (lease released) are not claimed: nobody
-        crashed. Oldest expiry first. A worker loop calls this on start and periodically.
+        """Take over up to ``limit`` sessions whose lease is held but expired (their writer died),
+        oldest expiry first, in one ``FOR UPDATE SKIP LOCKED`` statement; each comes back open
+        for writing at the next generation (``design/postgres.md`` "Worker claims").
 
         Raises:
             StorageIOError: the server cannot be reached.

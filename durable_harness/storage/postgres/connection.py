@@ -1,14 +1,5 @@
-"""Connections to the PostgreSQL store: spec parsing, one pool per database per process, and
-the boundary that turns ``psycopg`` errors into typed ones.
-
-A spec is a libpq URL, ``postgresql://[user[:password]@]host[:port]/dbname[?param=value...]``
-(``postgres://`` is accepted too; every libpq parameter works, ``options=-csearch_path=NAME``
-puts the store in its own schema). A password in the spec works but is never shown: every
-message, location and listing names the server as :func:`describe` prints it
-(``postgresql://user@host:port/dbname``). Prefer ``PGPASSWORD`` or ``~/.pgpass``.
-
-Schema changes are in :mod:`.migrations`. See ``design/postgres.md``.
-"""
+"""Connections to the PostgreSQL store: spec parsing, one pool per database per process, and the
+boundary that turns ``psycopg`` errors into typed ones (``design/postgres.md``)."""
 
 from __future__ import annotations
 
@@ -39,20 +30,17 @@ from durable_harness.storage.postgres.migrations import MIGRATIONS, check_not_ne
 SCHEMES = ("postgresql://", "postgres://")
 
 CONNECT_TIMEOUT_S = 10
-"""Seconds to wait for a connection (a new one, or a free one from the pool) before the call
-fails with :class:`~durable_harness.errors.StorageIOError` naming the server."""
+"""Seconds to wait for a connection (new or pooled) before StorageIOError."""
 
 POOL_MAX_ENV = "DURABLE_HARNESS_PG_POOL_MAX"
 DEFAULT_POOL_MAX = 8
 """Connections one process keeps to one database at most (``$DURABLE_HARNESS_PG_POOL_MAX``)."""
 
 HELD_SPARE = 2
-"""Pool connections never held past a call (:meth:`Database.hold`): with the default pool, six
-sessions at a time may have an unwaited commit in flight."""
+"""Pool connections never held past a call (:meth:`Database.hold`)."""
 
 RECONNECT_DEADLINE_S = 30.0
-"""How long a commit whose connection was lost keeps trying to reach the server again to learn
-whether the commit landed (see :meth:`Database.connection`)."""
+"""Seconds a commit whose connection was lost retries to learn if it landed."""
 
 _PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
 _PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
@@ -70,9 +58,8 @@ def redact_dsn(text: str) -> str:
 
 
 def describe(spec: str) -> str:
-    """``spec`` without its password: the printable name of the store, and a URL that reopens
-    it wherever the password comes from ``PGPASSWORD`` or ``~/.pgpass`` (every other parameter
-    is kept; ``postgres://`` is written ``postgresql://``).
+    """``spec`` without its password (``postgres://`` written ``postgresql://``): printable, and it
+    reopens the store when the password comes from ``PGPASSWORD`` or ``~/.pgpass``.
 
     Raises:
         FormatError: ``spec`` is not a valid libpq URL.
@@ -86,11 +73,7 @@ def describe(spec: str) -> str:
 
 
 def parse(spec: str) -> dict[str, str]:
-    """The libpq parameters of ``spec`` (``postgres://`` read as ``postgresql://``).
-
-    Raises:
-        FormatError: ``spec`` is not a valid libpq URL (the message never shows a password).
-    """
+    """The libpq parameters of ``spec`` (FormatError, never showing a password, when invalid)."""
     if not is_postgres_spec(spec):
         raise FormatError(f"store spec {redact_dsn(spec)!r} is not a postgresql:// URL")
     try:
@@ -106,16 +89,9 @@ def parse(spec: str) -> dict[str, str]:
 
 
 def translate_psycopg(exc: BaseException, where: str | None) -> BaseException:
-    """The typed error for a ``psycopg`` error (registered with the storage boundary,
-    :func:`~durable_harness.storage.oserrors.register_family`).
-
-    * a lost or refused connection, a pool that found no connection in time, a server
-      shutting down: :class:`~durable_harness.errors.StorageIOError` naming the server;
-    * a lock or statement timeout, a deadlock: :class:`~durable_harness.errors.DatabaseLocked`;
-    * anything else: :class:`~durable_harness.errors.StorageIOError` with the server's text.
-
-    Passwords are removed from every message.
-    """
+    """The typed error for a ``psycopg`` error, password removed: DatabaseLocked for a lock or
+    statement timeout or a deadlock, StorageIOError for anything else (``design/postgres.md``
+    "Errors")."""
     server = redact_dsn(where or "PostgreSQL server")
     text = redact_dsn(str(exc)).strip() or type(exc).__name__
     sqlstate = getattr(exc, "sqlstate", None)
@@ -150,11 +126,8 @@ T = TypeVar("T")
 
 
 class Database:
-    """One PostgreSQL database as this process uses it: a connection pool (autocommit
-    connections; writes open explicit transactions) and the schema, migrated on first use.
-
-    Get one with :meth:`get`: one object per (process, spec), shared by every store object
-    opened on the same spec, so reopening a store opens no new connections.
+    """One PostgreSQL database as this process uses it: a pool of autocommit connections and the
+    schema, migrated on first use; one per (process, spec), from :meth:`get`.
 
     Attributes:
         spec: the libpq URL as given (may hold a password: never print it).
@@ -192,8 +165,7 @@ class Database:
 
     @classmethod
     def get(cls, spec: str) -> Database:
-        """The process's :class:`Database` for ``spec`` (made on first use; a forked child gets
-        its own, never its parent's connections).
+        """The process's :class:`Database` for ``spec`` (a forked child gets its own).
 
         Raises:
             FormatError: ``spec`` is not a valid libpq URL.
@@ -207,19 +179,14 @@ class Database:
 
     @classmethod
     def forget(cls, spec: str) -> None:
-        """Close this process's pool for ``spec`` and drop it from the cache (tests, which
-        make a schema per test; stores still open on it fail afterwards)."""
+        """Close this process's pool for ``spec`` and drop it from the cache (tests)."""
         with cls._cache_lock:
             db = cls._cache.pop((os.getpid(), spec), None)
         if db is not None and db._pool_opened:
             db.pool.close(timeout=5)
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A new connection of its own (not from the pool), autocommit.
-
-        Raises:
-            psycopg.OperationalError: the server cannot be reached (translated by the boundary).
-        """
+        """A new autocommit connection of its own, outside the pool."""
         return psycopg.connect(self.spec, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
 
     def _open_pool(self) -> None:
@@ -231,23 +198,15 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled autocommit connection for the block. A connection found broken when it is
-        returned (the server restarted, the network dropped) is discarded by the pool."""
+        """A pooled autocommit connection for the block (a broken one is discarded)."""
         self._open_pool()
         with self.pool.connection() as conn:
             yield conn
 
     def hold(self) -> psycopg.Connection[Any] | None:
-        """A pooled connection kept past the call that took it (an unwaited commit's, until its
-        reply is read), or ``None`` when :data:`HELD_SPARE` connections would no longer stay
-        for everyone else. Those spare connections are what makes holding safe: a caller
-        that cannot hold commits the waited way on one of them, so a process whose sessions
-        hold connections across an event loop's turns never waits on itself. Give it back
-        with :meth:`unhold`.
-
-        Raises:
-            psycopg_pool.PoolTimeout: no connection within the pool's timeout.
-        """
+        """A pooled connection kept past the call (an unwaited commit's; give it back with
+        :meth:`unhold`), or ``None`` when fewer than :data:`HELD_SPARE` would stay for waited
+        commits. psycopg_pool.PoolTimeout: none within the pool's timeout."""
         with self._lock:
             if self._held >= self.pool.max_size - HELD_SPARE:
                 return None
@@ -257,8 +216,7 @@ class Database:
             conn = self.pool.getconn()
             if not _closed_by_server(conn):
                 return conn
-            # a server restart closed the pooled connections: a commit sent on one would
-            # reach no server, and a SIGKILL before its reply is read would lose it
+            # closed by a server restart (design/postgres.md "Unwaited commits")
             conn.close()
             self.pool.putconn(conn)
             self.pool.check()
@@ -269,8 +227,7 @@ class Database:
             raise
 
     def unhold(self, conn: psycopg.Connection[Any], *, discard: bool = False) -> None:
-        """Give back a connection from :meth:`hold`; with ``discard`` (its state is unknown:
-        a reply not read, a broken link) it is closed rather than reused."""
+        """Give back a :meth:`hold` connection; ``discard`` closes it (state unknown)."""
         try:
             if discard and not conn.closed:
                 conn.close()
@@ -280,9 +237,8 @@ class Database:
                 self._held -= 1
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T], *, idempotent: bool = True) -> T:
-        """``fn(conn)`` on a pooled connection. When ``idempotent`` (reads) and the connection
-        turns out broken (a server restart closed it while it sat in the pool), ``fn`` runs once
-        more on a fresh connection; the second failure is raised."""
+        """``fn(conn)`` on a pooled connection; when ``idempotent`` and the connection was broken in
+        the pool, once more on a fresh one."""
         for attempt in (1, 2):
             with self.connection() as conn:
                 try:
@@ -290,19 +246,13 @@ class Database:
                 except psycopg.OperationalError:
                     if attempt == 2 or not idempotent or not conn.broken:
                         raise
-            # the server restarted: the other idle connections are dead too; test them all
-            # now (the dead are dropped) rather than meet them one failure at a time
+            # the server restarted: drop every dead idle connection now
             self.pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run_until(self, fn: Callable[[psycopg.Connection[Any]], T], deadline: float) -> T:
-        """``fn(conn)`` (idempotent) as :meth:`run`, tried again every 0.2 s while the server
-        cannot be reached, until ``deadline`` (a ``time.monotonic()`` value): what a writer
-        uses to learn the outcome of a commit whose connection was lost, or to redo a barrier.
-
-        Raises:
-            psycopg.OperationalError: the server was still unreachable at ``deadline``.
-        """
+        """``fn(conn)`` (idempotent) as :meth:`run`, retried every 0.2 s until ``deadline``
+        (``time.monotonic()``), then psycopg.OperationalError."""
         while True:
             try:
                 return self.run(fn, idempotent=True)
@@ -320,9 +270,8 @@ class Database:
         return int(row[0]) if row else 0
 
     def ensure_schema(self, *, create: bool) -> None:
-        """Apply the migrations this database lacks (once per process), or with ``create=False``
-        only check that it is a durable-harness store (a store behind the current schema is
-        still migrated: an upgrade must not need a separate step before reading).
+        """Apply the migrations this database lacks (once per process); with ``create=False`` a
+        database holding no store is refused (an older store is still migrated).
 
         Raises:
             StoreNotFound: ``create=False`` and the database holds no durable-harness store.
@@ -350,12 +299,8 @@ class Database:
 
 
 def migrate_spec(spec: str) -> dict[str, Any]:
-    """``durable-harness migrate``: apply the pending migrations of the store at ``spec``;
-    return ``{"store", "applied": [versions], "version"}``.
-
-    Raises:
-        FormatError: not a PostgreSQL URL. StorageIOError: the server cannot be reached.
-    """
+    """``durable-harness migrate``: apply the pending migrations at ``spec``; return ``{"store",
+    "applied": [versions], "version"}`` (FormatError, StorageIOError)."""
     db = Database.get(spec)
     with db.connect() as conn:
         applied = migrate(conn, db.display)
@@ -365,11 +310,8 @@ def migrate_spec(spec: str) -> dict[str, Any]:
 
 
 def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
-    """True when ``conn``, idle in the pool, is closed or has something to read: the server
-    sends an idle connection nothing but its goodbye (a restart's or an administrator's
-    ``terminating connection``, then the end) short of a rare spontaneous notice, so a
-    readable one is not trusted with a commit that must reach the server. One non-blocking
-    ``select``, no round trip."""
+    """True when idle ``conn`` is closed or readable: the server sends an idle connection nothing
+    but its goodbye, so a readable one is not trusted with a commit (one ``select``)."""
     if conn.closed:
         return True
     readable, _w, _x = select.select([conn.pgconn.socket], [], [], 0)

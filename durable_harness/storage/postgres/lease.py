@@ -1,27 +1,6 @@
-"""Writer leases in the database: one ``leases`` row per session, with the holder (a random
-``owner`` token per acquisition, ``host``, ``pid``), the fencing ``generation`` and an ``expires``
-time on the **database's** clock (``clock_timestamp()``), so hosts' clocks never matter.
-
-* **Acquire** (one transaction, the row locked ``FOR UPDATE``): a live lease (``owner`` set,
-  ``expires`` in the future, and not held by a process of this host that has died:
-  :func:`dead_here`) refuses with :class:`~durable_harness.errors.LeaseHeld` unless
-  ``break_lease``; otherwise ``generation + 1``, a fresh owner token, ``expires = now +
-  duration``. Taking over an expired lease and breaking a live one both bump the generation.
-* **Renew**: one heartbeat thread per database per process (:class:`Heartbeat`) renews every
-  lease the process holds there in one ``UPDATE`` every ``duration / 3``, matched by owner
-  token: a lease another writer took (new token) is not renewed, and its holder is marked
-  :attr:`DbLease.lost`. A lease that expired but that nobody took is renewed (the generation
-  did not move, so nobody else can have written).
-* **Fence**: every commit reads the generation with its rows locked in the commit's own
-  transaction (``storage/postgres/store.py``); a lower one than the row's is
-  :class:`~durable_harness.errors.StaleGeneration`, so a paused or partitioned old owner cannot
-  write after a takeover, however late it wakes up.
-* **Release** (``close``): clears the owner and expiry if the token is still ours; the generation
-  stays.
-
-Duration: :data:`DEFAULT_LEASE_S`, or ``$DURABLE_HARNESS_PG_LEASE_S``, or the store's
-``lease_seconds``. See ``design/postgres.md``.
-"""
+"""Writer leases in the database: one ``leases`` row per session, its times on the database's clock;
+acquire, renew (:class:`Heartbeat`), fence, release (``design/postgres.md`` "Leases and
+fencing")."""
 
 from __future__ import annotations
 
@@ -43,11 +22,7 @@ LEASE_ENV = "DURABLE_HARNESS_PG_LEASE_S"
 
 def lease_seconds(value: float | None = None) -> float:
     """The lease duration in seconds: ``value``, else ``$DURABLE_HARNESS_PG_LEASE_S``, else
-    :data:`DEFAULT_LEASE_S`.
-
-    Raises:
-        StorageError: the duration is not a positive number.
-    """
+    :data:`DEFAULT_LEASE_S` (StorageError when not a positive number)."""
     raw: Any = value if value is not None else os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S
     try:
         secs = float(raw)
@@ -64,18 +39,6 @@ _HOLDER = (
 )
 
 
-def _holder_dict(row: tuple[Any, ...]) -> dict[str, Any]:
-    pid, host, generation, owner, expires, broken = row
-    return {
-        "pid": pid,
-        "host": host,
-        "generation": int(generation),
-        "owner": owner,
-        "expires": expires.isoformat() if expires is not None else None,
-        "broken": bool(broken),
-    }
-
-
 def _pid_namespace() -> str:
     try:
         return str(os.stat("/proc/self/ns/pid").st_ino)
@@ -84,16 +47,13 @@ def _pid_namespace() -> str:
 
 
 def owner_token() -> str:
-    """A new owner token: ``host:pid:pid-namespace:random``. The host and pid namespace let a
-    process on the same machine tell that a holder's process is gone (:func:`dead_here`)."""
+    """A new owner token: ``host:pid:pid-namespace:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{_pid_namespace()}:{secrets.token_hex(8)}"
 
 
 def dead_here(owner: str | None, pid: int | None) -> bool:
-    """True when ``owner`` names a process on this host, in this pid namespace, that no longer
-    exists: its lease cannot be renewed any more, so it is taken over at once instead of after
-    it expires (as a ``flock`` is freed when its process dies). A reused pid reads as alive,
-    which only means waiting for the expiry."""
+    """True when ``owner`` names a process of this host and pid namespace that no longer exists (its
+    lease is free at once; a reused pid reads as alive)."""
     if not owner or pid is None:
         return False
     parts = owner.split(":")
@@ -112,12 +72,19 @@ def dead_here(owner: str | None, pid: int | None) -> bool:
 
 def live_holder(conn: psycopg.Connection[Any], session_id: str) -> dict[str, Any] | None:
     """The live holder of ``session_id``'s lease (``{"pid", "host", "generation", "owner",
-    "expires", "broken"}``), or ``None`` when it is free, expired, or held by a process of this
-    host that has died (:func:`dead_here`)."""
+    "expires", "broken"}``), or ``None`` when free, expired or :func:`dead_here`."""
     row = conn.execute(_HOLDER, (session_id,)).fetchone()
     if row is None or dead_here(row[3], row[0]):
         return None
-    return _holder_dict(row)
+    pid, host, generation, owner, expires, broken = row
+    return {
+        "pid": pid,
+        "host": host,
+        "generation": int(generation),
+        "owner": owner,
+        "expires": expires.isoformat() if expires is not None else None,
+        "broken": bool(broken),
+    }
 
 
 def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
@@ -134,14 +101,9 @@ def held_error(what: str, holder: dict[str, Any]) -> LeaseHeld:
 
 
 class DbLease:
-    """The writer lease of one session, held through a :class:`Database`.
-
-    Attributes:
-        generation: this holder's fencing generation (positive once acquired).
-        owner: this acquisition's random token (``None`` before acquiring).
-        lost: set by the heartbeat when another writer took the lease.
-        seconds: the lease duration.
-    """
+    """The writer lease of one session, held through a :class:`Database`: its ``generation``
+    (positive once acquired), ``owner`` token, ``lost`` (set when another writer took it) and
+    ``seconds``."""
 
     def __init__(self, db: Database, session_id: str, what: str, seconds: float) -> None:
         self.db = db
@@ -197,8 +159,7 @@ class DbLease:
         return self.generation
 
     def adopt(self, generation: int, owner: str) -> None:
-        """Hold a lease taken for us by a claim (``PostgresStore.claim_expired``): record it
-        and start renewing it."""
+        """Hold a lease a claim took for us: record it and start renewing it."""
         self.generation, self.owner, self.lost = generation, owner, False
         Heartbeat.of(self.db).add(self)
 
@@ -210,17 +171,14 @@ class DbLease:
         return holder
 
     def release(self) -> None:
-        """Give the lease up if it is still ours (owner and expiry cleared, generation kept).
-        Idempotent; a lease taken over meanwhile is left to its new holder."""
+        """Give the lease up if it is still ours (the generation stays). Idempotent."""
         if self.owner is None:
             return
         self._give_up("owner = NULL, expires = NULL, pid = NULL")
 
     def expire(self) -> None:
-        """Stop renewing this lease and make it expire now, keeping its owner set (a crash,
-        not a clean close), so that any worker's claim takes it over at once. Only a lease
-        still ours is touched; when the server cannot be reached it runs out on its own.
-        Never raises."""
+        """Stop renewing and make the lease expire now, owner kept (as a crash), so a claim takes it
+        at once. Never raises."""
         if self.owner is None:
             return
         try:
@@ -240,18 +198,10 @@ class DbLease:
             idempotent=True,
         )
 
-    def renew(self) -> bool:
-        """Renew this lease now (the heartbeat does this on its own); ``False`` (and
-        :attr:`lost` set) when another writer has taken it."""
-        Heartbeat.of(self.db).beat([self])
-        return not self.lost
-
 
 class Heartbeat:
-    """The thread that renews every lease one process holds in one database (one ``UPDATE``
-    per beat, every third of the shortest held lease's duration). It starts with the first
-    lease and ends when the last is released. A beat that cannot reach the server is retried
-    at the next tick; leases then expire on the server, which is the point."""
+    """The thread renewing every lease one process holds in one database: one ``UPDATE`` every third
+    of the shortest lease; from the first lease to the last."""
 
     _guard = threading.Lock()
 
@@ -260,8 +210,6 @@ class Heartbeat:
         self._leases: dict[int, DbLease] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self.beats = 0
-        self.failures = 0
 
     @classmethod
     def of(cls, db: Database) -> Heartbeat:
@@ -304,7 +252,7 @@ class Heartbeat:
                 try:
                     self.beat(leases)
                 except Exception:  # the server is away: the next tick tries again
-                    self.failures += 1
+                    pass
 
     def beat(self, leases: list[DbLease]) -> None:
         """Renew ``leases`` in one statement; mark those another writer took as lost."""
@@ -327,7 +275,6 @@ class Heartbeat:
             return {str(r[0]) for r in rows}
 
         renewed = self.db.run(renew)
-        self.beats += 1
         for lease in held:
             if lease.owner is not None and lease.owner not in renewed:
                 lease.lost = True

@@ -1,9 +1,5 @@
-"""The PostgreSQL store's versioned schema (``design/postgres.md``, "Schema"): :data:`MIGRATIONS`,
-an ordered list applied past the highest version in the ``migrations`` table, each in one
-transaction with its version row (PostgreSQL's DDL is transactional), under a
-transaction-scoped advisory lock so that workers starting together apply each migration once.
-An old migration is never edited.
-"""
+"""The PostgreSQL store's versioned schema, :data:`MIGRATIONS` (``design/postgres.md``,
+"Schema"); an old migration is never edited."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ def _shared(script: str) -> str:
 
 
 MIGRATIONS: list[str] = [
-    # 1: the tables. Bodies are the exact JSON bytes the codec wrote (BYTEA, not JSONB: JSONB
-    # reorders keys and refuses \u0000, and an entry must read back as it was written).
+    # 1: the tables (design/postgres.md, "Schema")
     """
     CREATE TABLE sessions (
         id TEXT PRIMARY KEY, cwd TEXT NOT NULL, created TEXT NOT NULL, modified TEXT NOT NULL,
@@ -88,10 +83,7 @@ MIGRATIONS: list[str] = [
         seq BIGINT NOT NULL, lane TEXT NOT NULL, body BYTEA NOT NULL,
         CONSTRAINT lane_ops_pkey PRIMARY KEY (session_id, seq));
     """,
-    # 2: the fence as one call, so a commit needs no round trip before its inserts: a writer
-    # that knows its session's last_seq (it holds the lease: nobody else moves it) sends the
-    # fence, the inserts, the last_seq update and COMMIT in one transaction; a failed fence aborts
-    # the transaction, so COMMIT rolls back. SQLSTATEs DH001-DH003 are ours.
+    # 2: the fence as one call, dh_fence (SQLSTATEs DH001-DH003 are ours)
     """
     CREATE FUNCTION dh_fence(p_session TEXT, p_generation BIGINT, p_last_seq BIGINT)
     RETURNS VOID LANGUAGE plpgsql AS $fence$
@@ -114,11 +106,7 @@ MIGRATIONS: list[str] = [
     END
     $fence$;
     """,
-    # 3: a whole commit as one statement (one parse, one round trip; PL/pgSQL keeps its plans):
-    # the fence, then each op, numbered past p_last_seq, then last_seq. The ops come as
-    # parallel arrays (kind e/r/l, id, parent or a lane op's leaf, type, lane, run id, body,
-    # whether a lane op sets the leaf, a lane op's merged config as JSON text). The writer
-    # merges configs itself: it holds the lease and knows each lane's config.
+    # 3: a whole commit as one statement, dh_commit, the ops as parallel arrays
     _shared("""
     CREATE FUNCTION dh_commit(
         p_session TEXT, p_generation BIGINT, p_last_seq BIGINT, p_sync BOOLEAN,
@@ -167,14 +155,7 @@ MIGRATIONS: list[str] = [
     END
     $commit$;
     """),
-    # 4: dh_write, the commit with less work per call (design/postgres.md, "Commit"): the
-    # fence is the session row's own update (its last_seq checked in the UPDATE's WHERE,
-    # so the row lock and the check are one step) and a shared lock on the lease row at the
-    # writer's generation (a takeover's UPDATE of that row waits for this commit, or this
-    # commit sees the new generation): locks taken session row first, lease row second, as
-    # a delete takes them. A lane row is inserted only for the lanes the writer names as new
-    # (p_new_lanes); every other lane change is a plain UPDATE. The rules for the tree, the
-    # lanes and the numbering are migration 3's.
+    # 4: dh_write, the commit with less work per call (design/postgres.md, "Commit")
     _shared("""
     DROP FUNCTION dh_commit(TEXT, BIGINT, BIGINT, BOOLEAN, TEXT, TEXT[], TEXT[], TEXT[], TEXT[],
         TEXT[], TEXT[], BYTEA[], BOOLEAN[], TEXT[]);
@@ -255,10 +236,8 @@ def check_not_newer(version: int, display: str) -> None:
 
 
 def migrate(conn: psycopg.Connection[Any], display: str) -> list[int]:
-    """Apply every migration past the database's version; return the versions applied.
-
-    Each runs in one transaction with its version row, under an advisory lock held for that
-    transaction, so concurrent callers apply it once (the others find its row and skip it).
+    """Apply every migration past the database's version (each in one transaction with its
+    version row, under an advisory lock); return the versions applied.
 
     Raises:
         StorageError: the schema is newer than this code knows.

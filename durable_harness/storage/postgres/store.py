@@ -1,15 +1,7 @@
-"""One session in PostgreSQL (:class:`PostgresSessionStore`), opened through
-:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`; its reads are the SQL
-core's (:mod:`~durable_harness.storage.sql.session`), answered from the writer's cache where it
-can (``last_seq``, the lanes, recent entry bodies: valid while it holds the lease).
-
-A commit is one statement, ``SELECT dh_write(...)`` (migration 4; :mod:`.write`): the fence,
-the rows numbered past ``last_seq``, the lanes and ``last_seq``, in one transaction; the
-database's keys refuse a taken id or a missing parent or leaf. ``batch`` groups threads' and
-tasks' calls into one transaction (:mod:`~durable_harness.storage.handoff`), a failing call
-rolled back alone; ``commit(wait=False)`` rides a pipeline (:mod:`.unwaited`). A commit whose
-connection is lost is resolved from ``last_seq``, never guessed. ``design/postgres.md``.
-"""
+"""One session in PostgreSQL, opened through
+:class:`~durable_harness.storage.postgres.catalogue.PostgresStore`: the SQL core's reads,
+answered from the writer's cache where it can; one ``dh_write`` statement per commit
+(``design/postgres.md`` "Commit")."""
 
 from __future__ import annotations
 
@@ -44,8 +36,7 @@ from durable_harness.storage.sql.session import LANES, PostgresDialect, SqlSessi
 
 Conn = psycopg.Connection[Any]
 RECENT_BODIES = 4096
-"""Entry bodies a writer keeps (those it committed or read), so that walking a context from the
-leaf costs no round trip for recent entries."""
+"""Entry bodies a writer keeps in its cache (those it committed or read)."""
 
 _HEADER = "SELECT header FROM sessions WHERE id = %s"
 _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
@@ -53,12 +44,8 @@ _USER_ERRORS = (IdConflict, UnknownEntry, InvalidOp)
 
 
 class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
-    """One session of a PostgreSQL store. Thread-safe; not bound to an event loop.
-
-    Attributes (besides :class:`~durable_harness.storage.base.SessionStore`'s):
-        db: the shared :class:`~durable_harness.storage.postgres.connection.Database`.
-        lease: the writer lease (``None`` when read-only).
-    """
+    """One session of a PostgreSQL store (``db``: the shared :class:`Database`; ``lease``: ``None``
+    when read-only). Thread-safe; not bound to an event loop."""
 
     dialect = PostgresDialect()
 
@@ -91,8 +78,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self._damage: list[dict[str, Any]] | None = None
         self._closed = False
         self._txn_start = -1
-        # The writer's view of its own session (valid while it holds the lease: nobody else
-        # writes): last_seq, the lanes, recent entry bodies. Reloaded after any doubt.
+        # the writer's cache (valid while it holds the lease), reloaded after any doubt
         self._state_ok = False
         self._last = 0
         self._lane_state: dict[str, LaneState] = {}
@@ -142,8 +128,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
             self._bodies.popitem(last=False)
 
     def _after(self, batch: list[PendingCommit]) -> None:
-        """After a batch: fold each committed item's ops into the writer's cache, in seq
-        order; any error that leaves the stored state in doubt drops the cache."""
+        """Fold the committed items into the writer's cache; drop it on doubt."""
         if any(
             item.error is not None and not isinstance(item.error, _USER_ERRORS) for item in batch
         ):
@@ -181,8 +166,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         return self.db.run(read)
 
     def _scan_queries(self) -> list[str]:
-        """Every seq is checked (the schema has no ``checked_from``: lane ops always had
-        rows)."""
+        """Every seq is checked (the schema has no ``checked_from``)."""
         head, *rest = super()._scan_queries()
         return [head.replace("checked_from", "0"), *rest]
 
@@ -220,23 +204,19 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
 
     @boundary
     def lease_holder(self) -> dict[str, Any] | None:
-        """The live holder of the writer lease (``{"pid", "host", "generation", "owner",
-        "expires", "broken", "self"}``), or ``None`` when nobody holds an unexpired lease."""
+        """The live holder of the writer lease (``{"pid", "host", "generation", "owner", "expires",
+        "broken", "self"}``), or ``None``."""
         probe = self.lease or DbLease(self.db, self.session_id, self.location, 1.0)
         return probe.probe()
 
     # -- writing ---------------------------------------------------------------------------
     @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
-        """Commit ``ops`` in one transaction (see the module docstring). With ``wait`` (and
-        not in ``none`` mode) COMMIT waits for the server's WAL flush; with ``wait=False`` it
-        does not (``synchronous_commit = off`` for that transaction) and :meth:`wait_durable`
-        makes it durable.
+        """Commit ``ops`` in one transaction; with ``wait=False`` COMMIT does not wait for the WAL
+        flush and :meth:`wait_durable` makes it durable.
 
         Raises:
-            ReadOnlySession, StaleGeneration, IdConflict, UnknownEntry, InvalidOp: as
-                :meth:`SessionStore.commit`.
-            StorageIOError: the server could not be reached again to finish the commit.
+            as :meth:`SessionStore.commit`; StorageIOError: the server could not be reached again.
         """
         if self.read_only:
             raise ReadOnlySession(f"session {self.location} is open read-only")
@@ -266,12 +246,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
 
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
-        """Commit ``ops``; in ``batch`` mode the calls queued on one event loop share one
-        transaction (see :class:`~durable_harness.storage.handoff.TaskQueue`).
-
-        Raises:
-            as :meth:`commit`.
-        """
+        """Commit ``ops``; in ``batch`` mode one event loop's calls share one transaction."""
         if self.durability != "batch":
             return await super().commit_async(ops)
         if self.read_only:
@@ -282,8 +257,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         return await self._tasks.commit(PendingCommit(ops), self._run_locked)
 
     def _commit_batch(self, batch: list[PendingCommit]) -> None:
-        """Commit every item of ``batch`` in one transaction, setting each one's ``seq`` or
-        ``error`` and ``done``. Resolves a lost connection (see the module docstring)."""
+        """Commit ``batch`` in one transaction; resolve a lost connection."""
         deadline = time.monotonic() + RECONNECT_DEADLINE_S
         while True:
             self._txn_start = -1
@@ -306,9 +280,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
                 return
 
     def _run_batch(self, batch: list[PendingCommit]) -> None:
-        """:meth:`_commit_batch`, then the writer's cache follows what was committed. An
-        unwaited commit still in flight is settled first; its error, if any, is every item's
-        (none of them is sent)."""
+        """Settle the pipeline, :meth:`_commit_batch`, update the cache."""
         try:
             self._settle()
         except BaseException as exc:
@@ -323,8 +295,8 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     def _resolve(
         self, batch: list[PendingCommit], start: int, lost: BaseException, deadline: float
     ) -> bool:
-        """After the connection was lost mid-commit: learn from a new connection whether the
-        group landed. Returns ``True`` when every item is settled, ``False`` to run it again."""
+        """After a lost connection: whether the group landed, from ``last_seq``; ``False`` to
+        rerun."""
         try:
             last_seq = self._head(lost, deadline)
         except StorageError as exc:
@@ -349,14 +321,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         return True
 
     def _head(self, lost: BaseException, deadline: float) -> int:
-        """The stored ``last_seq``, read on a new connection after ``lost`` (retried until
-        ``deadline``, a ``time.monotonic()`` value).
-
-        Raises:
-            StorageIOError: the server could not be reached again by ``deadline``.
-            SessionNotFound: the session was deleted.
-            StaleGeneration: another writer holds the lease now.
-        """
+        """The stored ``last_seq`` on a new connection after ``lost`` (raises as the fence does)."""
         try:
             row = self.db.run_until(
                 lambda c: c.execute(
@@ -386,7 +351,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         return int(row[0])
 
     def _stale(self, current: int) -> StaleGeneration:
-        """The error of a fence that found generation ``current``: this writer was fenced out."""
+        """The error of a fence that found generation ``current``."""
         if self.lease is not None:
             self.lease.lost = True
         return StaleGeneration(
@@ -397,14 +362,8 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         )
 
     def _transaction(self, conn: Conn, batch: list[PendingCommit]) -> None:
-        """Run ``batch`` in one transaction on ``conn``, noting the ``last_seq`` it started from
-        in ``_txn_start``. Each item is settled (``seq`` or ``error``) except on a lost
-        connection.
-
-        The fast path (a writer, which knows its ``last_seq``) is one ``dh_write`` statement
-        (:meth:`_send`): one round trip whatever the number of ops; a failed fence aborts it.
-        When a group of several calls fails, it is rolled back and run again one call per
-        savepoint, so the bad call fails alone."""
+        """Run ``batch`` in one transaction, ``_txn_start`` its starting ``last_seq``: one
+        ``dh_write``, or one savepoint per call when a group fails (so the bad call fails alone)."""
         pending = [item for item in batch if not item.done]
         for attempt in (1, 2):
             if not self._state_ok:
@@ -433,8 +392,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
             item.done = True
 
     def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
-        """Every item in one statement, ``dh_write`` (migration 4): one transaction, no
-        savepoints; any failure fails all."""
+        """Every item in one ``dh_write`` statement; any failure fails all."""
         ops = [op for item in pending for op in item.ops]
         seq = self._txn_start = self._last
         for item in pending:
@@ -448,31 +406,17 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
             raise self._refusal(exc, ops) from exc
 
     def _send(self, conn: Conn, ops: list[Op], last_seq: int) -> None:
-        """One ``SELECT dh_write(...)`` (autocommit: its own transaction) for ``ops`` after
-        ``last_seq``.
-
-        Raises:
-            UnknownEntry: an entry or record without a string id (checked before sending).
-            psycopg.Error: the database refused it (a key, the fence).
-        """
+        """One ``SELECT dh_write(...)`` for ``ops`` after ``last_seq``."""
         conn.execute(write.WRITE, self._commit_params(ops, last_seq))
 
     def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
-        """The parameters of ``dh_write`` for ``ops`` after ``last_seq``
-        (:func:`~durable_harness.storage.postgres.write.write_params`; the writer's cached
-        lanes say which lanes are new).
-
-        Raises:
-            UnknownEntry: an entry or record without a string id.
-        """
+        """The parameters of ``dh_write`` for ``ops`` after ``last_seq``."""
         return write.write_params(
             self.session_id, self.generation, last_seq, self._sync_commit, ops, self._lane_state
         )
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
-        """Every item in one transaction, each its own ``dh_write`` in its own savepoint: a
-        failing item gets its error, the others commit (each call's fence sees the
-        ``last_seq`` the call before it left)."""
+        """Every item in one transaction, each in its own savepoint."""
         seq = self._txn_start = self._last
         with conn.transaction():
             for item in pending:
@@ -489,9 +433,9 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
 
     @boundary
     def wait_durable(self) -> None:
-        """Make every commit so far durable: after a ``commit(wait=False)``, one synchronous
-        write (this session's lease row: renewed if still ours, else rewritten as it is) whose
-        COMMIT flushes the server's WAL past every earlier commit of any connection."""
+        """Make every commit so far durable: one synchronous write of this session's lease row,
+        whose COMMIT flushes the WAL past every earlier commit (``design/postgres.md`` "Unwaited
+        commits")."""
         if not self._unsynced and self._pipe is None:
             return
         with self._lock:
@@ -517,33 +461,23 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
                             return
                         if not isinstance(unit.error, psycopg.OperationalError):
                             raise unit.error
-                self._barrier(params)  # no pipeline, or it was lost before the reply
+                # no pipeline, or it was lost before the reply (a second renewal is harmless)
+                self.db.run_until(
+                    lambda c: c.execute(write.BARRIER, params),
+                    time.monotonic() + RECONNECT_DEADLINE_S,
+                )
             except BaseException:
                 self._unsynced = True
                 raise
 
-    def _barrier(self, params: list[str | None]) -> None:
-        """The barrier's write on a pooled connection, tried again while the server cannot be
-        reached, for up to :data:`RECONNECT_DEADLINE_S` (it only renews a lease: running it
-        twice does no harm).
-
-        Raises:
-            psycopg.OperationalError: the server stayed unreachable.
-        """
-        self.db.run_until(
-            lambda c: c.execute(write.BARRIER, params),
-            time.monotonic() + RECONNECT_DEADLINE_S,
-        )
-
     @boundary
     async def wait_durable_async(self) -> None:
-        """As :meth:`wait_durable`, on the event loop's thread (one round trip, as a commit)."""
+        """As :meth:`wait_durable`, on the event loop's thread."""
         self.wait_durable()
 
     @boundary
     def close(self) -> None:
-        """Make earlier commits durable, release the lease (if still ours). The connections
-        stay in the process's pool. Idempotent."""
+        """Make earlier commits durable and release the lease. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -551,22 +485,15 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
             if not self.read_only:
                 self.wait_durable()
         finally:
-            self._release()
-
-    def _release(self) -> None:
-        if self.lease is not None:
             lease, self.lease = self.lease, None
-            lease.release()
+            if lease is not None:
+                lease.release()
 
     @boundary
     def hand_back(self, *, flush: bool = False) -> None:
-        """Stop writing and leave the session to whichever worker claims it next: the lease
-        is not released but marked expired (if it is still ours), so
-        ``PostgresStore.claim_expired`` takes it over at once with the next generation. With
-        ``flush``, earlier commits are made durable first (:meth:`wait_durable`, a worker
-        shutting down); without, no barrier is tried (the server may be unreachable, or this
-        writer fenced out). When the server cannot be reached the lease simply runs out.
-        Never raises; idempotent. Used by the host (``design/postgres.md``, "Workers")."""
+        """Stop writing and mark the lease expired (not released), so the next claim takes it at
+        once; ``flush`` makes earlier commits durable first. Never raises; idempotent
+        (``design/postgres.md`` "Worker claims")."""
         if self._closed:
             return
         self._closed = True

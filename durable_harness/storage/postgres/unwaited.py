@@ -1,28 +1,12 @@
 """Commits sent without waiting for their replies, and the replies read later
-(``design/postgres.md``, "Unwaited commits").
-
-``commit(wait=False)`` on PostgreSQL hands the statement's bytes to the kernel and returns: the
-server runs it while the harness goes on, and the replies are read by the session's next call
-that must know them (the barrier, a read, a waited commit). A :class:`Pipeline` holds one
-pooled connection in libpq's pipeline mode, so several commits can be on the way at once.
-Each is sent as its own unit, the statement followed by ``Sync``, so the server commits it as
-soon as its bytes arrive, whether or not this process is still alive to read the reply: a
-SIGKILL after :meth:`Pipeline.send` returned keeps the commit, as a SIGKILL after a file
-backend's ``write`` does. A unit the server refuses does not stop the units after it; the
-store's fence (each commit names the ``last_seq`` it follows) refuses those.
-
-Parameters arrive already in PostgreSQL's text input format (:mod:`.write`). Only the
-documented layer of psycopg below its cursors is used: the libpq calls of :mod:`psycopg.pq`
-(``PQenterPipelineMode``, ``PQsendPrepare``, ``PQsendQueryPrepared``, ``PQpipelineSync``,
-``PQconsumeInput``, ``PQgetResult``) on the connection's ``pgconn``, which psycopg keeps in
-non-blocking mode.
-"""
+(``design/postgres.md``, "Unwaited commits"), through libpq's pipeline mode (:mod:`psycopg.pq`)."""
 
 from __future__ import annotations
 
 import select
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,24 +26,15 @@ Conn = psycopg.Connection[Any]
 _PREPARED = "_dh_prepared"  # attribute on a connection: the statement names prepared on it
 
 MAX_UNITS = 2
-"""Commit units one pipeline may have unanswered; a send past it first waits for the oldest
-reply. Two is what a SIGKILL of this process keeps: the server runs the first unit and writes
-its reply to the dead client (that write succeeds; the client's kernel answers it with a
-reset), runs and commits the second and fails to write that reply, and then drops the
-connection at its next interrupt check, so a third would be rolled back. Measured in
-``tests/storage/test_postgres_pipeline.py``. A barrier's unit may go behind them
-(``behind=True``): losing it loses nothing, since the barrier has not returned."""
+"""Commit units one pipeline may have unanswered (a barrier's may go behind them): what a SIGKILL of
+this process keeps (``design/postgres.md`` "Unwaited commits").
+"""
 
 
 @dataclass
 class Unit:
-    """One statement sent in a :class:`Pipeline`, and what its reply said once read.
-
-    Attributes:
-        tag: the caller's (the store keeps its commit and ``last_seq`` before it there).
-        done: the reply was read.
-        error: the server's refusal, when it refused.
-    """
+    """One statement sent in a :class:`Pipeline`: the caller's ``tag``, ``done`` once its reply was
+    read, ``error`` the server's refusal."""
 
     tag: Any
     done: bool = False
@@ -68,14 +43,8 @@ class Unit:
 
 @dataclass
 class Pipeline:
-    """A held connection in pipeline mode and the units sent on it whose replies are unread,
-    oldest first. Not thread-safe: its owner serialises calls.
-
-    Attributes:
-        conn: the connection (from ``Database.hold``).
-        units: the units sent and not yet read (:meth:`read_all` empties it).
-        failed: the units read so far that the server refused, oldest first.
-    """
+    """A held connection (from ``Database.hold``) in pipeline mode, its ``units`` sent and unread
+    (oldest first) and the ``failed`` ones read so far. Not thread-safe."""
 
     conn: Conn
     units: deque[Unit] = field(default_factory=deque)
@@ -93,15 +62,9 @@ class Pipeline:
         *,
         behind: bool = False,
     ) -> Unit:
-        """Send ``query`` (``$1``-style placeholders, every one cast in the query) as the
-        prepared statement ``name`` (prepared on this connection the first time) with
-        ``params`` (each in PostgreSQL's text input format, ``None`` for ``NULL``), then
-        ``Sync``; return once every byte is with the kernel.
-
-        Raises:
-            psycopg.OperationalError: the connection broke while sending (whether the server
-                got the whole unit is then unknown; the unit is queued all the same).
-        """
+        """Send ``query`` (``$1`` placeholders, each cast) as the prepared statement ``name`` with
+        ``params`` (text format, ``None`` for ``NULL``), then ``Sync``, all bytes to the kernel;
+        psycopg.OperationalError when the connection broke (the unit stays queued)."""
         pgconn = self.conn.pgconn
         encoding = self.conn.info.encoding
         dumped = [None if p is None else p.encode(encoding) for p in params]
@@ -127,26 +90,15 @@ class Pipeline:
         return unit
 
     def read_all(self) -> None:
-        """Wait for the reply of every unit sent (the queue is then empty and the connection
-        can leave pipeline mode).
-
-        Raises:
-            psycopg.OperationalError: the connection was lost before every reply arrived (the
-                units whose replies were read have ``done`` set).
-        """
+        """Wait for the reply of every unit sent (psycopg.OperationalError: lost first)."""
         self._read(block=True)
 
     def close(self) -> None:
-        """Leave pipeline mode (every reply read).
-
-        Raises:
-            psycopg.OperationalError: replies are still unread.
-        """
+        """Leave pipeline mode (raises psycopg.OperationalError with replies unread)."""
         self.conn.pgconn.exit_pipeline_mode()
 
     def _read(self, *, block: bool, keep: int = 0) -> None:
-        """Read replies until at most ``keep`` units are unanswered (``block``) or until none
-        that has arrived is left (not ``block``)."""
+        """Read replies until at most ``keep`` are unanswered, or (not ``block``) none arrived."""
         pgconn = self.conn.pgconn
         encoding = self.conn.info.encoding
         while len(self.units) > keep:
@@ -177,9 +129,8 @@ class Pipeline:
 
 
 class UnwaitedCommits:
-    """The unwaited commits of one PostgreSQL writer (a part of
-    :class:`~durable_harness.storage.postgres.store.PostgresSessionStore`): sent on its
-    :class:`Pipeline`, settled by the next call that must know their outcome."""
+    """The unwaited commits of one
+    :class:`~durable_harness.storage.postgres.store.PostgresSessionStore` (a part of it)."""
 
     db: Database
     session_id: str
@@ -193,36 +144,19 @@ class UnwaitedCommits:
 
     @property
     def writer_lost(self) -> bool:
-        """True when this writer was fenced out: the heartbeat or a commit found another
-        writer's generation on the lease (every later commit is refused)."""
+        """True when this writer was fenced out (every later commit is refused)."""
         return self.lease is not None and self.lease.lost
 
-    def _run_batch(self, batch: list[PendingCommit]) -> None:
-        raise NotImplementedError
-
-    def _after(self, batch: list[PendingCommit]) -> None:
-        raise NotImplementedError
-
-    def _head(self, lost: BaseException, deadline: float) -> int:
-        raise NotImplementedError
-
-    def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
-        raise NotImplementedError
-
-    def _stale(self, current: int) -> Exception:
-        raise NotImplementedError
+    # the store's own, used here
+    _run_batch: Callable[[list[PendingCommit]], None]
+    _after: Callable[[list[PendingCommit]], None]
+    _head: Callable[[BaseException, float], int]
+    _commit_params: Callable[[list[Op], int], list[str | None]]
+    _stale: Callable[[int], Exception]
 
     def _send_unwaited(self, item: PendingCommit) -> bool:
-        """Send ``item`` on this writer's pipeline (:mod:`.unwaited`) and return without its
-        reply, folding it into the writer's cache now; the replies are read by the next call
-        that must know them (:meth:`_settle`). Returns ``False``, having sent nothing, when
-        the waited path must run instead: not a writer with a loaded cache, or no connection
-        may be held (``Database.hold``).
-
-        Raises:
-            as :meth:`commit` (an earlier unwaited commit's failure, or this one's own before
-            anything is sent).
-        """
+        """Send ``item`` on the pipeline, unanswered; ``False`` (nothing sent): take the waited
+        path."""
         pipe = self._pipe
         if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
             self._settle()
@@ -247,20 +181,8 @@ class UnwaitedCommits:
         return True
 
     def _settle(self) -> None:
-        """Read every reply of the pipeline, if there is one, and give its connection back
-        (caller holds ``_lock``). When all landed, nothing more happens. Otherwise the commits
-        before the first that did not land are kept, the writer's cache is dropped, and:
-
-        * a refusal that sending again cures (``last_seq`` moved under the lease, a prepared
-          statement the connection lost) sends that commit and those after it again, waited;
-        * any other refusal is raised (the commits after it were refused by the fence);
-        * a lost connection is resolved from ``last_seq``, as for a waited commit: the
-          commits it shows landed are kept, the rest sent again, waited.
-
-        Raises:
-            StaleGeneration, SessionNotFound, IdConflict, UnknownEntry, StorageIOError,
-            StorageError: an unwaited commit's failure, raised to whichever call came next.
-        """
+        """Read every reply and give the connection back (``_lock`` held); raise the first unwaited
+        commit's failure or redo what did not land (``design/postgres.md`` "Unwaited commits")."""
         pipe, self._pipe = self._pipe, None
         if pipe is None:
             return
@@ -294,14 +216,8 @@ class UnwaitedCommits:
                 raise item.error
 
     def _landed(self, items: list[PendingCommit], start: int, lost: BaseException) -> int:
-        """After a lost connection: the ``last_seq`` the unread ``items`` (sent in order after
-        ``start``) reached, which must be ``start`` or the end of one of them.
-
-        Raises:
-            StorageIOError: the server is unreachable past the deadline, or ``last_seq`` is
-                none of those (reopen the session).
-            StaleGeneration, SessionNotFound: another writer took over, the session is gone.
-        """
+        """After a lost connection: the ``last_seq`` the unread ``items`` reached (StorageIOError
+        if none)."""
         last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
         if last_seq < start:
             raise StorageIOError(
@@ -322,13 +238,11 @@ class UnwaitedCommits:
         return last_seq
 
     def _refusal(self, exc: psycopg.Error, ops: list[Op]) -> Exception:
-        """The typed error for a commit the server refused (one mapping for every path:
-        :func:`~durable_harness.storage.postgres.write.refusal`)."""
+        """The typed error for a commit the server refused (:func:`.write.refusal`)."""
         return write.refusal(exc, ops, self.session_id, self.location, self._stale)
 
     def _drop_pipe(self) -> None:
-        """Give up the pipeline's replies unread (its connection is closed): whether those
-        commits landed is left to whoever reads the session next."""
+        """Give up the pipeline's replies unread (its connection is closed)."""
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             self.db.unhold(pipe.conn, discard=True)

@@ -1,19 +1,7 @@
-"""The statements a PostgreSQL writer sends, and their parameters, written once for both ways
-of sending them (waited, through psycopg; unwaited, on a pipeline: :mod:`.unwaited`).
-
-* :data:`WRITE`: one commit, ``SELECT dh_write(...)`` (migration 4: the fence, the rows, the
-  lanes, ``last_seq``; ``design/postgres.md``, "Commit"). :func:`write_params` builds its
-  parameters from the ops.
-* :data:`BARRIER`: the barrier's synchronous write (this session's lease row, renewed when it
-  is still ours, else rewritten as it is); its ``COMMIT`` flushes the WAL past every earlier
-  commit.
-
-Every parameter is a ``str`` (or ``None`` for SQL ``NULL``) in PostgreSQL's text input format,
-cast in the statement itself, so no per-call type adaptation runs: arrays are written as array
-literals (``{"a","b",NULL}``; ``bytea`` elements in hex), which is what the server's
-``array_in`` and ``byteain`` read (PostgreSQL manual, "Arrays: Array Value Input" and "Binary
-Data Types: bytea Hex Format").
-"""
+"""The statements a PostgreSQL writer sends and their parameters, for both ways of sending them
+(waited through psycopg, unwaited on a pipeline): :data:`WRITE` (``dh_write``, migration 4) and
+:data:`BARRIER` (``design/postgres.md`` "Commit"). Every parameter is a ``str`` (or ``None``) in
+PostgreSQL's text input format, cast in the statement itself."""
 
 from __future__ import annotations
 
@@ -60,8 +48,8 @@ BARRIER_PIPELINED = _BARRIER.format("$1", "$2", "$3").encode()
 
 
 def text_array(values: Sequence[str | None]) -> str:
-    """A ``text[]`` literal: each element double-quoted with ``\\`` and ``"`` escaped, ``None``
-    as ``NULL``."""
+    """A ``text[]`` literal (elements double-quoted, ``\\`` and ``"`` escaped; ``None`` as
+    ``NULL``)."""
     return (
         "{"
         + ",".join(
@@ -72,16 +60,6 @@ def text_array(values: Sequence[str | None]) -> str:
     )
 
 
-def bytea_array(values: Sequence[bytes]) -> str:
-    """A ``bytea[]`` literal, each element in hex format (``"\\\\x..."``)."""
-    return "{" + ",".join('"\\\\x' + v.hex() + '"' for v in values) + "}"
-
-
-def bool_array(values: Sequence[bool]) -> str:
-    """A ``boolean[]`` literal."""
-    return "{" + ",".join("t" if v else "f" for v in values) + "}"
-
-
 def write_params(
     session_id: str,
     generation: int,
@@ -90,17 +68,10 @@ def write_params(
     ops: Sequence[Op],
     lanes_known: Mapping[str, LaneState],
 ) -> list[str | None]:
-    """The parameters of :data:`WRITE` for ``ops`` numbered after ``last_seq``: the session,
-    the writer's lease ``generation``, ``last_seq``, whether the commit waits for the WAL
-    flush (``sync``), the time, then the ops as parallel arrays (kind ``e``/``r``/``l``, id,
-    parent or a lane op's leaf, type, lane, run id, body with its ``seq``, whether a lane op
-    sets the leaf, a lane op's config merged over the lane's), then the lanes the ops name
-    that ``lanes_known`` (the writer's view of the stored lanes) lacks.
-
-    Raises:
-        UnknownEntry: an entry or record without a non-empty string id.
-        InvalidOp: an id, parent, type, lane or run id holding a NUL character.
-    """
+    """The parameters of :data:`WRITE` for ``ops`` after ``last_seq``: the session, ``generation``,
+    ``last_seq``, ``sync``, the time, the ops as parallel arrays, and the lanes ``lanes_known``
+    (the writer's cached lanes) lacks. UnknownEntry: an entry or record without a string id;
+    InvalidOp: an id, parent, type, lane or run id holding a NUL."""
     rows: list[tuple[Any, ...]] = []  # kind, id, parent, type, lane, run, body, leaf?, config
     merged: dict[str, dict[str, Any]] = {}  # lane configs as this commit leaves them
     for op in number(list(ops), last_seq):
@@ -145,8 +116,8 @@ def write_params(
         text_array(types),
         text_array(lanes),
         text_array(runs),
-        bytea_array(bodies),
-        bool_array(set_leaf),
+        "{" + ",".join('"\\\\x' + v.hex() + '"' for v in bodies) + "}",  # bytea[], hex
+        "{" + ",".join("t" if v else "f" for v in set_leaf) + "}",
         text_array(configs),
         text_array(new_lanes) if new_lanes else None,
     ]
@@ -157,8 +128,7 @@ def _text(value: Any) -> str | None:
 
 
 def barrier_params(owner: str | None, seconds: float, session_id: str) -> list[str | None]:
-    """The parameters of :data:`BARRIER`: the lease's ``owner`` (``None`` when this writer
-    holds none), its length in ``seconds``, the session."""
+    """The parameters of :data:`BARRIER`: the lease's ``owner``, its ``seconds``, the session."""
     return [owner, repr(float(seconds)), session_id]
 
 
@@ -167,9 +137,7 @@ class StaleState(Exception):
 
 
 def resend_cures(exc: psycopg.Error) -> bool:
-    """True for a refusal that sending the commit again cures: ``last_seq`` moved under the
-    lease (``DH003``: a hand edit; the cache is reloaded first), or the connection lost the
-    prepared statement (psycopg deallocates its statements after a rollback)."""
+    """True for a refusal that sending again cures: ``DH003``, or a lost prepared statement."""
     return exc.sqlstate in ("DH003", "26000")
 
 
@@ -180,10 +148,8 @@ def refusal(
     where: str,
     stale: Callable[[int], Exception],
 ) -> Exception:
-    """The typed error for a ``dh_write`` of ``ops`` the server refused, or ``exc`` itself for
-    one no op can cause (the boundary then names it): a refused fence (``DH001`` the session
-    is gone, ``DH002`` ``stale(current generation)``, ``DH003`` :class:`StaleState`), or a key
-    (by the constraint's name: a taken id, a missing parent or leaf)."""
+    """The typed error for a ``dh_write`` of ``ops`` the server refused (a fence's ``DH00x``, a key
+    by its constraint's name), or ``exc`` itself when no op can cause it."""
     if not isinstance(exc, psycopg.errors.IntegrityError):
         number = re.search(r"(\d+)\s*$", exc.diag.message_primary or "")
         if exc.sqlstate == "DH002":

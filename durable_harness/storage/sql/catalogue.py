@@ -1,5 +1,5 @@
-"""The catalogue of a SQL store, for both dialects (:class:`SqlStore`): looking sessions up by
-id, prefix and working directory, and the rows a new session starts with."""
+"""The catalogue of a SQL store, for both dialects: lookups by id, prefix and cwd, and a new
+session's rows."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ CHUNK = 500
 
 
 def new_session(header: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
-    """The statements (``?`` placeholders) and parameters that store the new session
-    ``header`` names: its ``sessions`` row and its ``main`` lane."""
+    """The statements (``?`` placeholders) and parameters storing the new session's row and
+    ``main`` lane."""
     sid, ts = header["id"], header["timestamp"]
     return [
         (
@@ -31,8 +31,8 @@ def new_session(header: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
 
 
 class SqlStore(Store):
-    """The lookups of a catalogue in one SQL database. A dialect's subclass sets
-    :attr:`dialect` and implements :meth:`_catalogue` and :meth:`_prefix`."""
+    """A catalogue in one SQL database; a subclass sets :attr:`dialect`, implements the two
+    below."""
 
     dialect: ClassVar[Dialect]
 
@@ -43,10 +43,6 @@ class SqlStore(Store):
     @abc.abstractmethod
     def _prefix(self, prefix: str) -> tuple[str, list[Any]]:
         """The condition "``id`` starts with ``prefix``" (in the dialect) and its parameters."""
-
-    def where(self) -> str:
-        """The store as messages and catalogue rows name it (never a credential)."""
-        return self.spec
 
     def _info(self, r: Sequence[Any]) -> SessionInfo:
         return SessionInfo(
@@ -59,8 +55,7 @@ class SqlStore(Store):
         )
 
     def find_exact(self, session_id: str) -> SessionInfo | None:
-        """The session row of ``session_id`` by its primary key (see :meth:`Store.find_exact`);
-        ``None``: no such id (the lookup is exact and complete)."""
+        """The session row of ``session_id`` by its primary key, or ``None`` (no such id)."""
         rows = self._catalogue(self.dialect.sql(INFO + " WHERE id = ?"), (session_id,))
         return self._info(rows[0]) if rows else None
 
@@ -73,9 +68,8 @@ class SqlStore(Store):
         ]
 
     def list_sessions(self, cwd: str | None = None) -> list[SessionInfo]:
-        """Every session (of one cwd by :class:`CwdMatcher`: the recorded cwd, as real paths),
-        most recently modified first (then by id). Each distinct recorded cwd is resolved
-        once; the rows are then read through the ``(cwd, modified)`` index."""
+        """Every session (of ``cwd`` by :class:`CwdMatcher`, each distinct recorded cwd resolved
+        once), most recently modified first, then by id."""
         if cwd is None:
             rows = self._catalogue(INFO + " ORDER BY modified DESC, id", [])
         else:

@@ -11,8 +11,7 @@ from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
 
 def blob(value: Any) -> bytes | str:
-    """A stored body as :func:`~durable_harness.storage.codec.loads` reads it (a driver may
-    hand back a ``memoryview``; SQLite a ``str`` for a text literal such as ``'{}'``)."""
+    """A stored body as :func:`codec.loads` reads it (not a driver's ``memoryview``)."""
     return value if isinstance(value, bytes | str) else bytes(value)
 
 
@@ -57,18 +56,9 @@ def scan_rows(
 ) -> list[dict[str, Any]]:
     """The damage of one session's rows, read in one snapshot: ``head`` is ``(last_seq,
     checked_from)``, ``entries`` rows ``(id, seq, parent_id, body)``, ``records`` rows ``(id,
-    seq, body)``, ``lane_ops`` rows ``(seq, lane)``. Raises nothing on stored content.
-
-    * every entry and record row is decoded and shape-checked (``storage/shapes.py``), and
-      its body must name the row's own id and seq: else ``bad_row`` (``table``, ``id``,
-      ``seq``);
-    * an entry whose parent is missing is ``orphan_parent``;
-    * every seq from ``checked_from`` + 1 to ``last_seq`` (the durable high-water mark,
-      updated in the commit's own transaction) must be stored in exactly one row of
-      ``entries``, ``records`` or ``lane_ops``: a hole is ``seq_gap`` (naming the row after
-      it), missing last seqs are ``truncated`` (``expected``, ``found``), a seq in two rows is
-      ``seq_regression``.
-    """
+    seq, body)``, ``lane_ops`` rows ``(seq, lane)``: ``bad_row``, ``orphan_parent``, and the
+    continuity of seqs past ``checked_from`` (``design/storage.md`` "Every damage kind, every
+    backend"). Raises nothing on stored content."""
     last_seq, start = head
     out: list[dict[str, Any]] = []
     stored: list[tuple[int, str, str]] = []

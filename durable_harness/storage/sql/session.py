@@ -1,15 +1,7 @@
-"""One session in a SQL database, read the same way in every dialect: :class:`SqlSessionStore`
-holds the queries, the decoding of rows (a damaged row is reported, never raised) and the
-damage scan; a dialect's subclass (``storage/sqlite``, ``storage/postgres``) runs a query
-(:meth:`SqlSessionStore._rows`), reads the scan's snapshot, and commits.
-
-The schema both dialects share (``design/storage.md``, "SQL"): ``sessions`` (``id``, ``cwd``,
-``created``, ``modified``, ``header``, ``last_seq``, ``parent_session``), ``entries``
-(``session_id``, ``id``, ``seq``, ``parent_id``, ``type``, ``body``), ``records``
-(``session_id``, ``id``, ``seq``, ``lane``, ``run_id``, ``type``, ``body``), ``lanes``
-(``session_id``, ``name``, ``leaf_id``, ``config``, ``run_id``, ``run_seq``) and ``lane_ops``
-(``session_id``, ``seq``, ``lane``, ``body``).
-"""
+"""One session in a SQL database, read the same way in every dialect: the queries, the decoding of
+rows (a damaged row reported, never raised) and the damage scan; a dialect's subclass runs a
+query, reads the scan's snapshot, and commits (the schema: ``design/storage.md`` "SQLite",
+``design/postgres.md`` "Schema")."""
 
 from __future__ import annotations
 
@@ -26,10 +18,7 @@ from durable_harness.storage.sql.scan import bad_row, blob, row_problem, scan_ro
 
 
 class Dialect:
-    """What differs between the dialects in the shared queries: SQLite's (``?``
-    placeholders, ``IN (?, ...)`` lists), the default."""
-
-    name = "sqlite"
+    """What differs between the dialects in the shared queries; the default is SQLite's."""
 
     def sql(self, text: str) -> str:
         """``text`` (written with ``?`` placeholders) in this dialect."""
@@ -42,8 +31,6 @@ class Dialect:
 
 class PostgresDialect(Dialect):
     """PostgreSQL's: ``%s`` placeholders, ``= ANY(%s)`` with the list as one parameter."""
-
-    name = "postgres"
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
@@ -61,11 +48,9 @@ def lane_row(r: Sequence[Any]) -> LaneState:
 
 
 class SqlSessionStore(SessionStore):
-    """The reads, decoding and damage scan of one SQL session (see the module docstring).
-
-    A subclass sets :attr:`dialect`, ``_lock`` (an ``RLock``) and ``_damage = None`` in its
-    ``__init__``, and implements :meth:`_rows` and :meth:`_snapshot`.
-    """
+    """The reads, decoding and damage scan of one SQL session. A subclass sets :attr:`dialect`,
+    ``_lock`` (an ``RLock``) and ``_damage = None``, and implements :meth:`_rows` and
+    :meth:`_snapshot`."""
 
     dialect: ClassVar[Dialect] = Dialect()
     _lock: threading.RLock
@@ -73,17 +58,15 @@ class SqlSessionStore(SessionStore):
 
     @abc.abstractmethod
     def _rows(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        """Every row of one read (``sql`` in the dialect) of committed data; translated at
-        the OS/database boundary."""
+        """Every row of one read (``sql`` in the dialect) of committed data."""
 
     @abc.abstractmethod
     def _snapshot(self, queries: list[str]) -> list[list[Any]]:
-        """The rows of each of ``queries`` (in the dialect, one parameter: the session id),
-        read in one snapshot: a commit cannot fall between them."""
+        """The rows of each of ``queries`` (one parameter: the session id), in one snapshot."""
 
     def _scan_queries(self) -> list[str]:
-        """The scan's queries: the head ``(last_seq, checked_from)``, then the entry, record
-        and lane op rows (see :func:`~durable_harness.storage.sql.scan.scan_rows`)."""
+        """The scan's queries: the head ``(last_seq, checked_from)``, then entry, record, lane op
+        rows."""
         return [
             "SELECT last_seq, checked_from FROM sessions WHERE id=?",
             "SELECT id, seq, parent_id, body FROM entries WHERE session_id=?",
@@ -95,8 +78,7 @@ class SqlSessionStore(SessionStore):
         return self._rows(self.dialect.sql(text), args)
 
     def _filtered(self, table: str, where: str, args: list[Any], types: Any) -> list[Any]:
-        """The decoded ``table`` bodies of this session matching ``where`` and ``types``, in
-        seq order (a damaged one left out)."""
+        """The decoded ``table`` bodies matching ``where`` and ``types``, in seq order."""
         sql = f"SELECT id, seq, body FROM {table} WHERE session_id=?{where}"
         if types is not None:
             clause, more = self.dialect.one_of("type", list(types))
@@ -144,19 +126,15 @@ class SqlSessionStore(SessionStore):
         return int(rows[0][0])
 
     def _check_shapes(self, ops: list[Op]) -> None:
-        """Refuse ``ops`` that would read back as damage, before anything is written.
-
-        Raises:
-            InvalidOp: the first such op, named.
-        """
+        """Refuse ``ops`` that would read back as damage (InvalidOp), before anything is written."""
         for op in ops:
             problem = op_shape_error(op)
             if problem is not None:
                 raise InvalidOp(f"{self.location}: {problem}", op=type(op).__name__)
 
     def _decode(self, table: str, ident: str, seq: Any, body: Any) -> dict[str, Any] | None:
-        """Decode a stored entry or record body; a damaged one is reported in ``damage``
-        (kind ``bad_row``, with its table, id and seq) and left out, never raised."""
+        """Decode a stored body; a damaged one is reported in ``damage`` (``bad_row``) and left
+        out."""
         value, problem = row_problem(table, ident, int(seq), body)
         if problem is not None:
             item = bad_row(self.location, table, ident, int(seq), problem)
@@ -168,9 +146,8 @@ class SqlSessionStore(SessionStore):
 
     @property
     def damage(self) -> list[dict[str, Any]]:
-        """Damage in this session (see :func:`~durable_harness.storage.damage.damage`), from one
-        full :meth:`scan` run on first use (so opening stays one row read), plus any damaged
-        row met by a later read. ``fsck`` and recovery both read this: one scan, one answer."""
+        """Damage in this session: one full :meth:`scan` on first use, plus damaged rows met
+        later."""
         with self._lock:
             if self._damage is None:
                 self._damage = self.scan()
@@ -181,8 +158,8 @@ class SqlSessionStore(SessionStore):
         self._damage = value
 
     def scan(self) -> list[dict[str, Any]]:
-        """Check the whole session in one snapshot; return its damage, raising nothing on
-        stored content (the checks: :func:`~durable_harness.storage.sql.scan.scan_rows`)."""
+        """Check the whole session in one snapshot; return its damage (raises nothing on
+        content)."""
         head, entries, records, lane_ops = self._snapshot(
             [self.dialect.sql(q) for q in self._scan_queries()]
         )

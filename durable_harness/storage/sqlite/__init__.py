@@ -1,10 +1,5 @@
-"""The SQLite backend: many sessions in one database file (stdlib ``sqlite3``, WAL mode).
-
-One module per job: :mod:`.connection` (connections, :data:`MIGRATIONS`, read snapshots),
-:mod:`.scan` (a stored session read back as damage), :mod:`.session` (one session: reads and
-fenced commits), :mod:`.catalogue` (the store of many sessions). ``design/storage.md``,
-"SQLite", describes the schema and the write path.
-"""
+"""The SQLite backend: many sessions in one database file (stdlib ``sqlite3``, WAL mode;
+``design/storage.md`` "SQLite"), over the SQL core (``storage/sql``)."""
 
 from __future__ import annotations
 
@@ -14,11 +9,10 @@ from durable_harness.storage.sqlite.connection import (
     connect_read_only,
     schema_version,
 )
-from durable_harness.storage.sqlite.session import RECENT_ENTRIES, SqliteSessionStore
+from durable_harness.storage.sqlite.session import SqliteSessionStore
 
 __all__ = [
     "MIGRATIONS",
-    "RECENT_ENTRIES",
     "SqliteSessionStore",
     "SqliteStore",
     "connect_read_only",

@@ -26,10 +26,8 @@ _TOP = "\U0010ffff"  # above every character: ``prefix + _TOP`` bounds the ids s
 
 
 class SqliteStore(SqlStore):
-    """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``).
-
-    The sessions opened through one object share its connections and group their commits
-    (:mod:`.database`, :mod:`.group_commit`); :attr:`stats` counts what they did.
+    """A catalogue of sessions in one SQLite database file at ``path`` (created ``0600``), whose
+    sessions share its connections and group their commits.
 
     Raises:
         SessionUnreadable: the database file exists but cannot be read.
@@ -39,13 +37,11 @@ class SqliteStore(SqlStore):
 
     @boundary
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
-        """Open the store at ``path``; with ``create`` (the default) make the database, its
-        folder and its lock folder if missing. ``create=False`` (read-only commands) touches
-        nothing on disk that is not already there.
+        """Open the store at ``path``; ``create`` makes the database and its folders if missing,
+        ``create=False`` touches nothing that is not already there.
 
         Raises:
-            StoreNotFound: ``create=False`` and no database is at ``path``, or the file there
-                is not a durable-harness store.
+            StoreNotFound: ``create=False`` and no durable-harness store is at ``path``.
         """
         self.path = str(Path(path).expanduser())
         self.spec = f"sqlite:{self.path}"
@@ -81,8 +77,7 @@ class SqliteStore(SqlStore):
             conn.close()
 
     def _check_exists(self) -> int:
-        """For ``create=False``: the database must exist and hold our ``migrations`` table;
-        return its schema version."""
+        """The schema version of the existing store (raises StoreNotFound)."""
         if not os.path.isfile(self.path):
             raise StoreNotFound(
                 f"no such store: {self.path} does not exist (nothing was created)",
@@ -105,16 +100,14 @@ class SqliteStore(SqlStore):
 
     @property
     def stats(self) -> WriteStats:
-        """Commit calls, transactions and WAL syncs of this object's sessions (of the
-        connections open now: counting restarts after every session was closed)."""
+        """Commit calls, transactions and WAL syncs of the connections open now."""
         shared = self._shared
         return shared.stats if shared is not None else self._stats
 
     def _session(
         self, sid: str, write: bool, durability: Durability, break_lease: bool
     ) -> SqliteSessionStore:
-        """Open session ``sid`` through this object's shared connections (opened when none
-        is open)."""
+        """Open session ``sid`` through this object's shared connections."""
         shared = self._acquire_shared()
         return SqliteSessionStore(
             self.path,
@@ -128,8 +121,7 @@ class SqliteStore(SqlStore):
         )
 
     def _acquire_shared(self) -> SharedDatabase:
-        """This object's shared connections, counted one more user (the caller releases
-        them, or hands them to a session that does); opened when none are open."""
+        """This object's shared connections, counted one more user."""
         with self._shared_lock:
             shared = self._shared
             if shared is None or not shared.acquire():
@@ -170,9 +162,7 @@ class SqliteStore(SqlStore):
 
     @boundary
     def delete_session(self, session_id: str) -> None:
-        """Delete the session's rows (entries, records, lanes, lane ops, the session row) in
-        one transaction under its writer lease, then its lock file (see
-        :meth:`Store.delete_session`)."""
+        """Delete the session's rows in one transaction under its lease, then its lock file."""
         if self.find_exact(session_id) is None:
             raise SessionNotFound(f"no session {session_id} in {self.spec}", ref=session_id)
         lease = self._lease(session_id)
@@ -192,13 +182,12 @@ class SqliteStore(SqlStore):
             lease.release()
 
     def _prefix(self, prefix: str) -> tuple[str, list[Any]]:
-        """A range of the primary key (``BINARY`` order: exactly the ids that start with it)."""
+        """A range of the primary key: exactly the ids that start with ``prefix``."""
         return "id >= ? AND id < ?", [prefix, prefix + _TOP]
 
     @boundary
     def _catalogue(self, sql: str, args: Any) -> list[Any]:
-        """Run one catalogue query on the shared reader connection (the sessions' own, when
-        any is open: no connection of its own is opened or kept for a lookup)."""
+        """Run one catalogue query on the shared reader connection."""
         shared = self._acquire_shared()
         try:
             with shared.read_lock:

@@ -1,9 +1,5 @@
-"""The SQLite database itself: connections, the schema as an ordered list of migrations, and
-read snapshots.
-
-Schema changes are :data:`MIGRATIONS`, applied past the highest version in the ``migrations``
-table, each in the same transaction as its version row. An old entry is never edited.
-"""
+"""The SQLite database itself: connections, the schema as an ordered list of migrations (an old one
+never edited), and read snapshots."""
 
 from __future__ import annotations
 
@@ -37,10 +33,8 @@ MIGRATIONS: list[str] = [
         session_id TEXT NOT NULL, name TEXT NOT NULL, leaf_id TEXT, config BLOB NOT NULL,
         run_id TEXT, run_seq INTEGER, PRIMARY KEY (session_id, name)) WITHOUT ROWID;
     """,
-    # 2: every seq is stored in a row, so a deleted row shows as a gap below ``last_seq`` (the
-    # durable high-water mark): a lane op gets a row of its own. Seqs a session used before
-    # this migration cannot be checked (its lane ops have no rows): ``checked_from`` says where
-    # continuity checking starts.
+    # 2: a lane op gets a row of its own, so a deleted row shows as a gap below ``last_seq``;
+    # ``checked_from``: where continuity checking starts (``design/storage.md``)
     """
     CREATE TABLE lane_ops (
         session_id TEXT NOT NULL, seq INTEGER NOT NULL, lane TEXT NOT NULL, body BLOB NOT NULL,
@@ -52,9 +46,8 @@ MIGRATIONS: list[str] = [
 
 
 def connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
-    """A read-write connection to the database at ``path``: autocommit (transactions are
-    explicit ``BEGIN IMMEDIATE``), usable from any thread (callers serialise it), WAL mode,
-    ``PRAGMA synchronous`` as given, the busy timeout of :func:`~..oserrors.busy_timeout_s`.
+    """A read-write autocommit connection to ``path``, usable from any thread, WAL mode, ``PRAGMA
+    synchronous`` as given, the busy timeout of :func:`~..oserrors.busy_timeout_s`.
 
     Raises:
         sqlite3.Error: the database cannot be opened or switched to WAL.
@@ -68,10 +61,7 @@ def connect(path: str, synchronous: str = "FULL") -> sqlite3.Connection:
 
 
 def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
-    """``PRAGMA journal_mode=WAL``, tried again for up to ``timeout`` seconds while another
-    process holds the lock: SQLite answers a journal-mode change that meets another
-    connection's lock with ``SQLITE_BUSY`` at once, without its busy handler, so processes
-    opening a new database together would otherwise fail (seen with 4 at once, 1 run in 6)."""
+    """``PRAGMA journal_mode=WAL``, retried for ``timeout`` s (``design/storage.md`` "SQLite")."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -84,9 +74,7 @@ def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
 
 
 def rollback(conn: sqlite3.Connection) -> None:
-    """Roll back the open transaction while an error is being handled. SQLite may already have
-    rolled it back (it does on a full disk or an I/O error): then there is nothing to do, and a
-    failing ROLLBACK must never replace the error that caused it."""
+    """Roll back the open transaction, if SQLite did not already; a failing ROLLBACK is ignored."""
     if conn.in_transaction:
         try:
             conn.execute("ROLLBACK")
@@ -95,8 +83,7 @@ def rollback(conn: sqlite3.Connection) -> None:
 
 
 def connect_read_only(path: str) -> sqlite3.Connection:
-    """A connection that can change nothing (``mode=ro``), for ``fsck``: no migration, no
-    journal-mode change, nothing created.
+    """A connection that can change nothing (``mode=ro``), for ``fsck``.
 
     Raises:
         NotAStore: ``path`` is a readable SQLite database without the durable-harness tables.
@@ -125,9 +112,7 @@ def schema_version(conn: sqlite3.Connection) -> int:
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Apply every migration of :data:`MIGRATIONS` past the database's version, each in one
-    ``BEGIN IMMEDIATE`` transaction with its version row (a concurrent opener that applied it
-    first is skipped)."""
+    """Apply each migration past the database's version in one transaction with its version row."""
     conn.execute(
         "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied TEXT NOT NULL)"
     )
@@ -152,8 +137,7 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 @contextmanager
 def read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
-    """Run the reads inside one read transaction (WAL: one consistent snapshot); inside a
-    transaction already open, in that one."""
+    """Run the block's reads in one read transaction (or the one already open)."""
     if conn.in_transaction:
         yield
         return

@@ -1,17 +1,5 @@
-"""What the sessions opened through one :class:`~.catalogue.SqliteStore` object share: a reader
-connection, a writer connection, and the WAL's durability bookkeeping.
-
-Sharing the writer is what lets commits of *different* sessions share a transaction and a WAL
-sync (:mod:`.group_commit`); sharing the reader keeps a store of a thousand open sessions at two
-connections instead of a thousand. Reads go through the reader, so they never wait for the
-writer's transaction or fsync; a read after a commit returned sees it (WAL: a new read
-transaction sees every committed one).
-
-Durability is counted in tickets: each COMMIT on the writer takes the next ticket, and
-:meth:`SharedDatabase.sync_to` makes every ticket up to a given one durable with one
-``fdatasync`` of the ``-wal`` file that covers all commits made before it started (one leader
-syncs, the threads it covers only wait; design/storage.md, "SQLite").
-"""
+"""What the sessions opened through one :class:`~.catalogue.SqliteStore` object share: a reader and
+a writer connection, and the WAL's durability tickets (``design/storage.md`` "SQLite")."""
 
 from __future__ import annotations
 
@@ -27,27 +15,18 @@ from durable_harness.storage.sqlite import connection
 from durable_harness.storage.sqlite.connection import schema_version
 
 WRITER_CACHE_KIB = 65_536
-"""Page cache of the shared writer connection (SQLite's default is 2 MiB): a group of 200
-sessions' commits touches about seven pages per session, so the default cache would reread
-them from the file in every group. Allocated as used, not up front."""
+"""Page cache of the shared writer connection (``design/storage.md`` "SQLite")."""
 
 WAL_AUTOCHECKPOINT_PAGES = 10_000
-"""WAL pages after which a COMMIT of the shared writer checkpoints (SQLite's default: 1,000).
-Commits of different sessions share few pages, so a group of 200 writes about 1,400 and the
-default would checkpoint in nearly every group; a checkpoint copies each page once however
-often the WAL holds it, so a longer WAL copies far fewer pages per commit (measured in
-``bench/bench_sessions.py``: about 1.5x the commits/s in its later rounds)."""
+"""WAL pages after which a COMMIT of the shared writer checkpoints (SQLite's default: 1,000;
+measured in ``bench/bench_sessions.py``).
+"""
 
 
 @dataclass
 class WriteStats:
-    """Counters of one :class:`SharedDatabase` (tests and the benchmark read them).
-
-    Attributes:
-        commits: commit calls that committed (a group of 200 calls counts 200).
-        transactions: COMMITs of session data on the shared writer connection.
-        wal_syncs: ``fdatasync`` calls on the ``-wal`` file (checkpoints included).
-    """
+    """Counters of one :class:`SharedDatabase`: ``commits`` (calls), ``transactions`` (COMMITs on
+    the writer), ``wal_syncs`` (``fdatasync`` of the ``-wal`` file)."""
 
     commits: int = 0
     transactions: int = 0
@@ -55,14 +34,9 @@ class WriteStats:
 
 
 class SharedDatabase:
-    """The connections and WAL bookkeeping of one database, shared by the sessions of one
-    :class:`~.catalogue.SqliteStore` object (or private to one session that was given its own
-    connection, as ``fsck`` does). Counted by :meth:`acquire` / :meth:`release`: the last
-    release closes the connections.
-
-    ``lock`` serialises every use of the writer connection (a transaction holds it from
-    ``BEGIN IMMEDIATE`` to ``COMMIT``); ``read_lock`` every use of the reader. Neither is held
-    during a WAL sync.
+    """The connections and WAL bookkeeping of one database, counted by :meth:`acquire` /
+    :meth:`release` (the last release closes them). ``lock`` serialises the writer, ``read_lock``
+    the reader; neither is held during a WAL sync.
 
     Raises:
         sqlite3.Error: the database cannot be opened.
@@ -91,8 +65,7 @@ class SharedDatabase:
 
     # -- lifetime --------------------------------------------------------------------------
     def acquire(self) -> bool:
-        """Count one more session using this database; ``False`` when it is already closed
-        (the caller makes a new one)."""
+        """Count one more session; ``False`` when already closed (make a new one)."""
         with self._users_lock:
             if self.closed:
                 return False
@@ -122,12 +95,8 @@ class SharedDatabase:
 
     @property
     def writer(self) -> sqlite3.Connection:
-        """The writer connection (``synchronous=NORMAL``: SQLite does not sync the WAL at
-        commit; :meth:`sync_to` does), opened on first use. Use it holding :attr:`lock`.
-
-        Raises:
-            sqlite3.Error: the database cannot be opened for writing.
-        """
+        """The writer connection (``synchronous=NORMAL``), opened on first use; hold
+        :attr:`lock`."""
         conn = self._writer
         if conn is None:
             with self.lock:
@@ -145,16 +114,15 @@ class SharedDatabase:
 
     # -- durability ------------------------------------------------------------------------
     def note_commit(self, calls: int) -> int:
-        """After a COMMIT of ``calls`` commit calls on the writer (``lock`` held): its ticket."""
+        """After a COMMIT of ``calls`` calls on the writer (``lock`` held): its ticket."""
         self.committed += 1
         self.stats.transactions += 1
         self.stats.commits += calls
         return self.committed
 
     def sync_to(self, ticket: int) -> None:
-        """Return once every commit up to ``ticket`` is durable. One caller at a time syncs
-        the WAL, covering every commit made before its sync started; callers it covers wait
-        for it and return without a sync of their own.
+        """Return once every commit up to ``ticket`` is durable (one caller syncs for all it
+        covers).
 
         Raises:
             OSError: the sync failed (the commits it was to cover are not known durable).
@@ -173,13 +141,7 @@ class SharedDatabase:
         return self.handoff.synced
 
     def _sync_wal(self) -> None:
-        """``fdatasync`` the ``-wal`` file: every frame SQLite has written to it is then on
-        stable storage, which is what ``synchronous=FULL`` does at each commit. (SQLite itself
-        syncs the WAL before a checkpoint and its header when it starts reusing it.)
-
-        Raises:
-            OSError: the sync failed.
-        """
+        """``fdatasync`` the ``-wal`` file (what ``synchronous=FULL`` does at each commit)."""
         try:
             inode = os.stat(self.wal_path).st_ino
         except FileNotFoundError:  # no WAL: everything is checkpointed into the database

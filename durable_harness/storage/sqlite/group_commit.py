@@ -1,21 +1,6 @@
-"""Group commit across the sessions of one store: concurrent commit calls, of one session or
-of many, applied in one ``BEGIN IMMEDIATE`` transaction and made durable by one WAL sync.
-
-Two ways in, one runner (:func:`run_group`):
-
-* :func:`commit_async` (tasks on an event loop, ``batch`` sessions): the call queues its ops
-  and yields once; the first queued task to resume takes the whole queue, of every session of
-  the store, and runs it. A barrier (``wait_durable_async``) queues a call without ops, so the
-  barriers of many sessions share one sync too.
-* :func:`commit_threaded` (``commit()`` in ``batch`` mode, threads): calls that arrive while a
-  group runs form the next one; one leader runs it, the others wait.
-
-Inside the transaction each session's fence (its lease generation) is checked once, with one
-query for the whole group; a stale session's calls fail, the others go on. The calls' inserts
-run with no savepoint; when one fails, the transaction is rolled back and run again with a
-savepoint per call, so the failing call fails alone. The WAL sync runs after the COMMIT,
-outside the writer's lock, and covers every commit made before it started.
-"""
+"""Group commit across the sessions of one store: concurrent calls of one session or many, from
+tasks or threads (:class:`GroupQueues`), in one ``BEGIN IMMEDIATE`` transaction and one WAL sync
+(:func:`run_group`; ``design/storage.md`` "SQLite")."""
 
 from __future__ import annotations
 
@@ -25,13 +10,12 @@ from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
 from durable_harness.storage.base import Op
 from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue, settling
+from durable_harness.storage.sql.catalogue import CHUNK
 from durable_harness.storage.sqlite.connection import rollback
 
 if TYPE_CHECKING:
     from durable_harness.storage.sqlite.database import SharedDatabase
     from durable_harness.storage.sqlite.session import SqliteSessionStore
-
-FENCE_CHUNK = 500  # sessions per fence query (under SQLite's bound-parameter limit)
 
 
 class SessionCommit(PendingCommit):
@@ -49,36 +33,16 @@ class _Retry(Exception):
 
 
 class GroupQueues:
-    """The queues of one :class:`~.database.SharedDatabase`: tasks' calls waiting for the
-    next group, threads' calls waiting for the running one to finish."""
+    """The queues of one :class:`~.database.SharedDatabase`: tasks' and threads' calls."""
 
     def __init__(self) -> None:
         self.tasks: TaskQueue[SessionCommit] = TaskQueue()
         self.threads: GroupLeader[SessionCommit] = GroupLeader()
 
 
-async def commit_async(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
-    """Commit ``item`` in the next group of tasks' calls; return its seq once durable.
-
-    Raises:
-        whatever :func:`run_group` recorded as this call's error.
-    """
-    return await queues.tasks.commit(item, lambda batch: run_group(db, queues, batch))
-
-
-def commit_threaded(db: SharedDatabase, queues: GroupQueues, item: SessionCommit) -> int:
-    """Commit ``item`` in the next group of threads' calls; return its seq once durable.
-
-    Raises:
-        whatever :func:`run_group` recorded as this call's error.
-    """
-    return queues.threads.commit(item, lambda batch: run_group(db, queues, batch))
-
-
 def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit]) -> None:
-    """Commit every call of ``batch`` in one transaction, then sync the WAL once if any call
-    needs it (its session is not ``none``); set each call's ``seq`` or ``error`` and ``done``.
-    A call of a closed session fails with :class:`SessionClosed`."""
+    """Commit ``batch`` in one transaction, then sync the WAL once if any call needs it; set each
+    call's ``seq`` or ``error`` and ``done`` (a closed session's: :class:`SessionClosed`)."""
     try:
         with settling(batch):
             writes = [item for item in batch if item.ops]
@@ -100,9 +64,8 @@ def run_group(db: SharedDatabase, queues: GroupQueues, batch: list[SessionCommit
 
 
 def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints: bool) -> bool:
-    """One attempt at the group's transaction. Without ``savepoints`` a failing call rolls
-    everything back and returns ``False`` (the caller retries with them); with them it fails
-    alone. A stale session's calls fail with :class:`StaleGeneration` in either."""
+    """One attempt at the group's transaction; without ``savepoints`` a failing call rolls all back
+    and returns ``False``; with them it fails alone."""
     c = db.writer
     sessions = list(dict.fromkeys(item.session for item in writes))
     for item in writes:
@@ -159,8 +122,8 @@ def _fence(c: Any, sessions: list[SqliteSessionStore]) -> dict[str, tuple[int, i
     """``{session id: (generation, last_seq)}`` read inside the open transaction."""
     out: dict[str, tuple[int, int]] = {}
     ids = [s.session_id for s in sessions]
-    for start in range(0, len(ids), FENCE_CHUNK):
-        part = ids[start : start + FENCE_CHUNK]
+    for start in range(0, len(ids), CHUNK):
+        part = ids[start : start + CHUNK]
         marks = ",".join("?" * len(part))
         for sid, generation, last_seq in c.execute(
             f"SELECT id, generation, last_seq FROM sessions WHERE id IN ({marks})", part

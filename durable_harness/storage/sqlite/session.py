@@ -1,10 +1,5 @@
-"""One session inside a SQLite database (:class:`SqliteSessionStore`): reads (the SQL core's,
-:mod:`~durable_harness.storage.sql.session`), and commits as ``BEGIN IMMEDIATE`` transactions
-fenced by the session's lease generation: the generation checked, the rows inserted, the lanes
-changed by the one fold, ``last_seq`` (the durable high-water mark) updated. The sessions of
-one store object share its connections (:mod:`.database`: the store syncs the WAL itself) and
-group their ``batch`` commits (:mod:`.group_commit`). ``design/storage.md``, "SQLite".
-"""
+"""One session inside a SQLite database: the SQL core's reads, and commits as fenced ``BEGIN
+IMMEDIATE`` transactions on the store's shared connections (``design/storage.md`` "SQLite")."""
 
 from __future__ import annotations
 
@@ -38,8 +33,7 @@ RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then 
 
 
 class SqliteSessionStore(SqlSessionStore):
-    """One session inside a SQLite database. Opened through :class:`SqliteStore`, whose
-    sessions share its connections and group their commits (see the module docstring)."""
+    """One session inside a SQLite database, opened through :class:`SqliteStore`."""
 
     @boundary
     def __init__(
@@ -55,14 +49,12 @@ class SqliteSessionStore(SqlSessionStore):
         shared: SharedDatabase | None = None,
         queues: GroupQueues | None = None,
     ) -> None:
-        """Open session ``session_id`` of the database at ``db_path``, through ``shared``
-        (acquired by the caller; released at :meth:`close`) and its group-commit ``queues``,
-        or through a database of its own: ``conn`` (a read-only connection from
-        :func:`connect_read_only`, as ``fsck`` passes) or a new connection.
+        """Open ``session_id`` of the database at ``db_path`` through ``shared`` (released at
+        :meth:`close`) and ``queues``, or a database of its own on ``conn`` (``fsck``'s
+        read-only).
 
         Raises:
-            SessionNotFound: no such session in the database.
-            LeaseHeld: ``lease`` is held by another live process.
+            SessionNotFound: no such session. LeaseHeld: ``lease`` is held by a live process.
         """
         self.db_path = db_path
         self.session_id = session_id
@@ -77,13 +69,10 @@ class SqliteSessionStore(SqlSessionStore):
             shared.acquire()
         self._shared = shared
         self._queues = queues or GroupQueues()
-        # Entry ids known to exist (entries are never deleted): made by the open transaction,
-        # and by recent committed ones. A parent found here is not looked up. Both are used
-        # only while the writer's lock is held.
+        # entry ids and lanes known to exist (never deleted), made by the open transaction or
+        # recent committed ones: no lookup, no INSERT OR IGNORE (the writer's lock held)
         self._txn_entries: set[str] = set()
         self._recent_entries: set[str] = set()
-        # Lanes known to have a row (lanes are never deleted), likewise: a record on one of
-        # them needs no INSERT OR IGNORE.
         self._txn_lanes: set[str] = set()
         self._known_lanes: set[str] = set()
         self._ticket = 0  # the shared writer's ticket of this session's last commit
@@ -113,8 +102,7 @@ class SqliteSessionStore(SqlSessionStore):
 
     # -- reading (the queries: storage/sql/session.py) -----------------------------------
     def _read(self, sql: str, args: Any) -> list[Any]:
-        """Every row of one query on the shared reader (a snapshot of committed data); what
-        the database raises is left as it is (``fsck`` reports it)."""
+        """Every row of one query on the shared reader (errors left as raised)."""
         with self._shared.read_lock:
             return self._shared.reader.execute(sql, args).fetchall()
 
@@ -126,7 +114,7 @@ class SqliteSessionStore(SqlSessionStore):
             return [self._shared.reader.execute(q, (self.session_id,)).fetchall() for q in queries]
 
     def _scan_queries(self) -> list[str]:
-        """Before schema 2 lane ops had no rows: seqs are checked from ``last_seq`` on."""
+        """Before schema 2 lane ops had no rows: seqs checked from ``last_seq``."""
         queries = super()._scan_queries()
         if self._shared.schema >= 2:
             return queries
@@ -141,13 +129,11 @@ class SqliteSessionStore(SqlSessionStore):
 
     @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
-        """Commit ``ops`` in a transaction of its own (``sync``, ``none``, or ``wait=False``)
-        or in the next group of concurrent calls (``batch``); see
-        :meth:`SessionStore.commit`.
+        """Commit ``ops`` in a transaction of its own, or (``batch`` and ``wait``) in the next
+        group.
 
         Raises:
-            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
-            StaleGeneration: as :meth:`SessionStore.commit`.
+            as :meth:`SessionStore.commit`; SessionClosed: the session was closed.
         """
         self._check_writable()
         if not ops:
@@ -155,7 +141,7 @@ class SqliteSessionStore(SqlSessionStore):
         started = timing.start()
         shared = self._shared
         if self.durability == "batch" and wait:
-            seq = group_commit.commit_threaded(shared, self._queues, SessionCommit(self, list(ops)))
+            seq = self._queues.threads.commit(SessionCommit(self, list(ops)), self._run_group)
         else:
             with shared.lock:
                 if self.closed:
@@ -181,31 +167,23 @@ class SqliteSessionStore(SqlSessionStore):
 
     @boundary
     async def commit_async(self, ops: list[Op]) -> int:
-        """Commit ``ops`` and await its durability (see :meth:`SessionStore.commit_async`): in
-        ``batch`` mode as a call of the store's next group (:mod:`.group_commit`: one
-        transaction and one WAL sync for the concurrent calls of every ``batch`` session of
-        the store, a failing call failing alone; a call cancelled before its group was taken
-        is not committed), else at once as :meth:`commit`.
-
-        Raises:
-            ReadOnlySession, SessionClosed, IdConflict, UnknownEntry, InvalidOp,
-            StaleGeneration: as :meth:`commit`.
-        """
+        """Commit ``ops`` and await its durability; in ``batch`` mode as a call of the store's next
+        group (raises as :meth:`commit`)."""
         if self.durability != "batch":
             return self.commit(ops)
         self._check_writable()
         if not ops:
             return self.last_seq()
         started = timing.start()
-        seq = await group_commit.commit_async(
-            self._shared, self._queues, SessionCommit(self, list(ops))
-        )
+        seq = await self._queues.tasks.commit(SessionCommit(self, list(ops)), self._run_group)
         timing.since("commit", started)
         return seq
 
+    def _run_group(self, batch: list[SessionCommit]) -> None:
+        group_commit.run_group(self._shared, self._queues, batch)
+
     def note_committed(self, ticket: int) -> None:
-        """After a COMMIT that included this session's calls (writer's lock held): remember
-        the entries it made (a parent among them needs no SELECT) and its ticket."""
+        """After a COMMIT with this session's calls: keep its entries, lanes, ticket."""
         if len(self._recent_entries) > RECENT_ENTRIES:
             self._recent_entries.clear()
         self._recent_entries |= self._txn_entries
@@ -214,34 +192,27 @@ class SqliteSessionStore(SqlSessionStore):
         self._ticket = ticket
 
     def forget_txn(self) -> None:
-        """Forget what the open transaction made (at its start, or after a rollback)."""
+        """Forget what the open transaction made."""
         self._txn_entries.clear()
         self._txn_lanes.clear()
 
     @boundary
     def wait_durable(self) -> None:
-        """Make every commit of this session so far durable: one WAL sync, unless another
-        session's sync already covered them."""
+        """Make this session's commits so far durable (one WAL sync at most)."""
         if self.durability != "none" and not self.read_only:
             self._shared.sync_to(self._ticket)
 
     @boundary
     async def wait_durable_async(self) -> None:
-        """As :meth:`wait_durable`, on the event loop's thread. In ``batch`` mode as a call
-        of the next group (:mod:`.group_commit`), so the barriers of many sessions of the
-        store share one sync; in ``sync`` mode at once (it waits for no other task)."""
+        """As :meth:`wait_durable`; in ``batch`` mode as a call of the next group (barriers share
+        a sync)."""
         if self.durability != "batch" or self.read_only:
             self.wait_durable()
         elif self._shared.synced < self._ticket:
-            await group_commit.commit_async(self._shared, self._queues, SessionCommit(self, []))
+            await self._queues.tasks.commit(SessionCommit(self, []), self._run_group)
 
     def _fence(self) -> int:
-        """Inside the open transaction: check this writer's generation, return ``last_seq``.
-
-        Raises:
-            StaleGeneration: another writer took the session since this one opened it.
-            SessionNotFound: the session's row is gone.
-        """
+        """Inside the open transaction: check this writer's generation, return ``last_seq``."""
         row = self._shared.writer.execute(
             "SELECT generation, last_seq FROM sessions WHERE id=?", (self.session_id,)
         ).fetchone()
@@ -250,8 +221,7 @@ class SqliteSessionStore(SqlSessionStore):
         return int(row[1])
 
     def stale_error(self, current: int | None) -> StorageError:
-        """The error of a commit whose fence found generation ``current`` (``None``: the
-        session's row is gone)."""
+        """The error of a fence that found generation ``current`` (``None``: gone)."""
         if current is None:
             return SessionNotFound(
                 f"session {self.location} no longer exists; the append was refused",
@@ -265,14 +235,8 @@ class SqliteSessionStore(SqlSessionStore):
         )
 
     def apply_ops(self, ops: list[Op], seq: int) -> int:
-        """Insert ``ops`` after ``seq`` inside the open transaction (writer's lock held), each
-        op's row then its lane change (:func:`~durable_harness.storage.fold.lane_change`);
-        return the last seq.
-
-        Raises:
-            InvalidOp: an op would read back as damage (checked before anything is inserted).
-            IdConflict, UnknownEntry: as :meth:`commit`.
-        """
+        """Insert ``ops`` after ``seq`` inside the open transaction, each row then its lane change;
+        return the last seq (raises as :meth:`commit`)."""
         self._check_shapes(ops)
         for op in number(ops, seq):
             if op["op"] == "entry":
@@ -330,7 +294,7 @@ class SqliteSessionStore(SqlSessionStore):
         return row is not None
 
     def _change_lane(self, op: dict[str, Any]) -> None:
-        """Write the lane change of the numbered ``op`` (the one fold, as SQL)."""
+        """Write the lane change of the numbered ``op``."""
         found = lane_change(op)
         if found is None:
             return
@@ -378,9 +342,8 @@ class SqliteSessionStore(SqlSessionStore):
 
     @boundary
     def close(self) -> None:
-        """Commit the store's queued grouped calls (accepted before the close: none is left
-        behind), make this session's commits durable, release the lease and this session's
-        use of the shared connections. Idempotent."""
+        """Commit the store's queued grouped calls, make this session's commits durable, release the
+        lease and the shared connections. Idempotent."""
         if self.closed:
             return
         shared = self._shared
@@ -388,7 +351,7 @@ class SqliteSessionStore(SqlSessionStore):
             if not self.read_only:
                 batch = self._queues.tasks.take()
                 if batch:
-                    group_commit.run_group(shared, self._queues, batch)
+                    self._run_group(batch)
                 with shared.lock:
                     self.closed = True
                 self.wait_durable()
