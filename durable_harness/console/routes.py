@@ -37,19 +37,24 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
 from durable_harness.console.timeline import build_timeline, fmt_duration
-from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
+from durable_harness.console.view import ago, transcript
 from durable_harness.display import visible, visible_html
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.harness.report import format_cost
-from durable_harness.host.leftovers import running_calls
 from durable_harness.host.lifecycle import LIVE, STATES
-from durable_harness.host.options import needs_decision
 from durable_harness.http.errors import status_of
 from durable_harness.http.streams import SLOTS
 
 if TYPE_CHECKING:
     from durable_harness.host.manager import SessionManager
 
+
+HOOKS = {
+    "missing": "the tool is not installed in this host",
+    "unsure": "the reconcile hook could not tell whether the call took effect",
+    "none": "the tool has no reconcile hook: nothing can check what happened",
+}
+"""Why a waiting call could not be settled, by :data:`~durable_harness.host.read_model.Hook`."""
 
 NOTICES = {
     "sent": "Message accepted.",
@@ -202,7 +207,7 @@ def console_router(
         rows = []
         for rec in chosen[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]:
             try:
-                view = read_session(manager.store, rec.id)
+                view = manager.view(rec.id)
             except DurableHarnessError:
                 continue
             rows.append(
@@ -232,48 +237,31 @@ def console_router(
     async def session_context(
         request: Request, session_id: str, lane: str | None
     ) -> dict[str, Any]:
-        manager = get_manager()
-        rec = await manager.get(session_id)
-        status = await manager.status(session_id)
-        plan = manager.plan(session_id) if rec.state == "suspended" else None
-        view = read_session(manager.store, session_id)
-        running = running_calls(manager.store, session_id)
+        detail = await get_manager().detail(session_id)
+        view, rec, notice = detail.view, detail.record, request.query_params.get("notice", "")
         lane = lane if lane in view.lanes else "main"
-        keys = idempotency_keys(view.records)
-        tools = manager.options.tools(rec.command_runtime)
-        decisions = []
-        for lane_plan in plan.lanes if plan is not None else []:
-            for call in lane_plan.waiting():
-                tool = tools.get(call.tool_name)
-                if tool is None:
-                    hook = "the tool is not installed in this host"
-                elif tool.can_reconcile:
-                    hook = "the reconcile hook could not tell whether the call took effect"
-                else:
-                    hook = "the tool has no reconcile hook: nothing can check what happened"
-                decisions.append(
-                    {
-                        "lane": lane_plan.lane,
-                        "run_id": lane_plan.run_id,
-                        "call": call,
-                        "arguments": orjson.dumps(
-                            call.arguments, option=orjson.OPT_INDENT_2
-                        ).decode(),
-                        "idempotency_key": keys.get(call.call_key, ""),
-                        "reconcile": hook,
-                    }
-                )
+        decisions = [
+            {
+                "lane": w.lane,
+                "run_id": w.run_id,
+                "call": w.call,
+                "arguments": orjson.dumps(w.call.arguments, option=orjson.OPT_INDENT_2).decode(),
+                "idempotency_key": w.idempotency_key,
+                "reconcile": HOOKS[w.hook],
+            }
+            for w in detail.waiting
+        ]
         live = rec.state in LIVE
         return {
             "rec": rec,
-            "status": status,
-            "plan": plan,
-            "needs_decision": plan is not None and needs_decision(plan),
+            "status": detail.status,
+            "plan": detail.plan,
+            "needs_decision": detail.needs_decision,
             "decisions": decisions,
             "lane": lane,
-            "lanes": status["lanes"],
+            "lanes": detail.status["lanes"],
             "items": transcript(view.paths.get(lane, []), view.entries),
-            "running": running,
+            "running": detail.running,
             "cost": view.cost,
             "last": view.last_activity,
             "timeline": build_timeline(
@@ -281,12 +269,9 @@ def console_router(
             ),
             "timeline_cut": max(0, len(view.records) - TIMELINE_RECORDS),
             "live": live,
-            "resumable": rec.state in ("closed", "error")
-            or (rec.state == "suspended" and not (plan is not None and needs_decision(plan))),
-            "notice": NOTICES.get(request.query_params.get("notice", ""), ""),
-            "notice_key": request.query_params.get("notice", "")
-            if request.query_params.get("notice", "") in NOTICES
-            else "",
+            "resumable": detail.resumable,
+            "notice": NOTICES.get(notice, ""),
+            "notice_key": notice if notice in NOTICES else "",
         }
 
     @router.get("/console/sessions/{session_id}")

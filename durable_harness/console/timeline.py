@@ -33,8 +33,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
+
+from durable_harness.host.read_model import parse_ts
 
 WIDTH = 960
 """Width of the drawing, in pixels."""
@@ -65,17 +66,6 @@ _MARKS = {
     "session_lifecycle": "lifecycle",
     "write_deferred": "deferred",
 }
-
-
-def parse_ts(value: Any) -> float | None:
-    """Seconds since the epoch of a record ``timestamp`` (UTC ISO 8601 with ``Z``), or
-    ``None`` when it is missing or malformed."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def fmt_duration(seconds: float) -> str:

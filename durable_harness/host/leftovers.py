@@ -34,7 +34,7 @@ from durable_harness.tools.processes import this_host
 __all__ = [
     "kill_call_group",
     "kill_stored_leftovers",
-    "open_for_kill",
+    "open_writable",
     "plan_sees_live_group",
     "running_calls",
 ]
@@ -123,11 +123,12 @@ def kill_call_group(session: SessionStore, tool_call_id: str) -> dict[str, objec
     return {"tool_call_id": tool_call_id, "pgid": group[0], "killed": bool(killed)}
 
 
-def open_for_kill(store: Store, session_id: str, mode: Durability) -> SessionStore:
-    """Open a session no generation of this process runs for the operator's kill.
+def open_writable(store: Store, session_id: str, mode: Durability) -> SessionStore:
+    """Open a session no generation of this process runs for writing (its lease taken): to
+    resume it, close it, or kill one of its calls' groups.
 
     Raises:
-        SessionLive: another live process holds its lease (kill it through that host).
+        SessionLive: another live process holds its lease (act through that host).
     """
     try:
         return store.open_session(session_id, write=True, durability=mode)

@@ -48,7 +48,7 @@ class SessionProcess:
         self.port: int | None = None
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
-        self.releasing = False  # the generation's end has begun (``SessionManager._release``)
+        self.releasing = False  # the generation's end has begun (``GenerationRunner.release``)
         self.accepting = False  # the turn lock: a prompt is being accepted
         self.running: set[str] = set()  # lanes with a live run (from the harness's events)
         self.ended: deque[str] = deque(maxlen=64)  # ids of the runs that ended last

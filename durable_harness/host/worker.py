@@ -5,7 +5,8 @@ On a store whose sessions any host may take over (PostgreSQL: leases that expire
 manager claims the sessions whose writer died, at start-up and every ``claim_interval``
 seconds, and recovers each exactly once: the claim itself is the arbiter (one statement,
 ``FOR UPDATE SKIP LOCKED``, the generation bumped), so many workers share one database
-without a coordinator. Each claimed session goes to :meth:`SessionManager.adopt`, which plans
+without a coordinator. Each claimed session goes to the host's ``adopt`` (:class:`Host`: the
+few calls the loop makes of its manager), which plans
 it with the same planner as ``resume`` and ``recover`` and resumes it only when the plan needs
 no decision; the others are left ``suspended`` with their lease released.
 
@@ -37,7 +38,7 @@ from durable_harness.errors import (
 from durable_harness.storage.base import Durability, SessionStore, Store
 
 if TYPE_CHECKING:
-    from durable_harness.host.manager import SessionManager
+    from durable_harness.host.record import SessionRecord
 
 log = logging.getLogger("durable_harness.host.worker")
 
@@ -73,6 +74,24 @@ class HandsBack(Protocol):
     def hand_back(self, *, flush: bool = False) -> None:
         """Stop writing and leave the session claimable at once (after a barrier when
         ``flush``); never raises."""
+        ...
+
+
+class Host(Protocol):
+    """What the claim loop needs of its manager
+    (:class:`~durable_harness.host.manager.SessionManager`)."""
+
+    @property
+    def store(self) -> Store:
+        """The store claimed from."""
+        ...
+
+    async def adopt(self, store: SessionStore) -> SessionRecord:
+        """Recover a claimed session (open for writing, lease held); takes ``store`` over."""
+        ...
+
+    def stop_fenced(self) -> list[str]:
+        """Stop the generations whose lease another writer took; returns their ids."""
         ...
 
 
@@ -145,27 +164,23 @@ class Worker:
     """The claim loop of one manager (started by the manager when its store can claim).
 
     Args:
-        manager: the :class:`~durable_harness.host.manager.SessionManager`.
+        manager: the :class:`Host` (the manager).
         interval: seconds between claim rounds.
 
     Attributes:
         claimed: ids of the sessions this worker claimed, in order (each at most once per
             crash: a claim bumps the generation).
         failures: claim rounds that failed (the database unreachable); the next round retries.
-        lost: generations of this host stopped because their writer lost the session (fenced
-            out by another worker's claim, or the database lost past its reconnect deadline).
 
-    The three are exported as ``durable_harness_worker_*`` series by
-    :meth:`~durable_harness.host.metrics.HostMetrics.set_worker_counts`.
+    Both are exported as ``durable_harness_worker_*`` series (with the host's lost
+    generations: :meth:`~durable_harness.host.read_model.ReadModel.worker_counts`).
     """
 
-    def __init__(self, manager: SessionManager, interval: float) -> None:
+    def __init__(self, manager: Host, interval: float) -> None:
         self.manager = manager
         self.interval = interval
         self.claimed: list[str] = []
         self.failures = 0
-        self.lost = 0
-        self.stopping = False
         self._scope = anyio.CancelScope()
 
     async def run(
@@ -182,7 +197,6 @@ class Worker:
 
     def stop(self) -> None:
         """End the loop (the manager's shutdown: its generations are then handed over)."""
-        self.stopping = True
         self._scope.cancel()
 
     async def tick(self) -> None:
@@ -197,8 +211,8 @@ class Worker:
             log.warning("claiming crashed sessions failed: %s (retrying)", exc.message)
 
     async def claim_once(self) -> int:
-        """Claim up to :data:`CLAIM_BATCH` sessions and hand each to
-        :meth:`SessionManager.adopt`; returns how many were claimed.
+        """Claim up to :data:`CLAIM_BATCH` sessions and hand each to :meth:`Host.adopt`;
+        returns how many were claimed.
 
         Raises:
             StorageIOError: the claim itself failed (nothing was claimed).

@@ -24,11 +24,11 @@ from durable_harness import __version__
 from durable_harness.errors import root_cause
 from durable_harness.host.inputs import LANE_PATTERN, SESSION_ID_PATTERN
 from durable_harness.host.manager import SessionManager
+from durable_harness.host.metrics import HostMetrics
 from durable_harness.host.options import HostOptions
 from durable_harness.http import errors, models
 from durable_harness.http.guard import install_guards
 from durable_harness.http.methods import SAFE_METHODS
-from durable_harness.http.metrics import MetricsSink, make_sink, refresh
 from durable_harness.http.streams import SLOTS
 from durable_harness.storage.base import Store
 
@@ -108,7 +108,7 @@ def create_app(
     store: Store | str | None = None,
     options: HostOptions | None = None,
     token: str | None = None,
-    metrics: MetricsSink | None = None,
+    metrics: HostMetrics | None = None,
     own_auth: Callable[[str], bool] | None = None,
     loopback_hosts_only: bool = False,
 ) -> FastAPI:
@@ -121,7 +121,7 @@ def create_app(
             :class:`~durable_harness.storage.base.Store`; :class:`HostOptions`).
         token: when given, every request (``/metrics`` and ``/openapi.json`` included) needs
             ``Authorization: Bearer <token>``. The CLI requires one off loopback.
-        metrics: the ``/metrics`` sink (default: :func:`~durable_harness.http.metrics.make_sink`).
+        metrics: the ``/metrics`` sink (default: a new :class:`HostMetrics`).
         own_auth: ``path -> bool``: paths of a front mounted beside the API that checks the
             token itself (the console, which also takes it from a login cookie); the bearer
             header check lets them through.
@@ -134,7 +134,7 @@ def create_app(
         The FastAPI application (OpenAPI at ``/openapi.json``).
     """
     factory = manager_factory or (lambda: SessionManager(store, options))
-    sink = metrics or make_sink()
+    sink = metrics or HostMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -263,7 +263,7 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build
 
 
-def _routes(app: FastAPI, sink: MetricsSink) -> None:
+def _routes(app: FastAPI, sink: HostMetrics) -> None:
     """Register every route of the API on ``app``."""
 
     @app.post(
@@ -298,9 +298,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         one of the ``state`` values when given (repeatable: ``?state=suspended&state=error``),
         each with the in-doubt calls it waits on (``waiting``); and the unreadable ones with
         why. An unknown state is 400 ``invalid_request``."""
-        records = await manager.list(state)
-        sessions = [r.to_json() | {"waiting": manager.waiting(r.id)} for r in records]
-        return {"sessions": sessions, "unreadable": manager.unreadable}
+        return await manager.listing(state)
 
     @app.get(
         "/sessions/{id}",
@@ -408,8 +406,6 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
 
         return SLOTS.response(frames(), ping=SSE_PING_SECONDS)
 
-    awaiting_known: set[str] = set()
-
     @app.get(
         "/metrics",
         response_class=Response,
@@ -417,8 +413,12 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         tags=["host"],
     )
     async def metrics(manager: Manager) -> Response:
-        """Prometheus exposition of the host's metrics."""
-        await refresh(manager, sink, awaiting_known)
+        """Prometheus exposition of the host's metrics (the scrape-time gauges first: the
+        calls awaiting a decision, the sessions by state, a worker's counts)."""
+        sink.set_awaiting_counts(manager.awaiting_decisions())
+        sink.set_state_counts(await manager.state_counts())
+        if (counts := manager.worker_counts()) is not None:
+            sink.set_worker_counts(*counts)
         body, content_type = sink.render()
         return Response(body, media_type=content_type)
 
