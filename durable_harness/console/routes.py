@@ -21,7 +21,7 @@ every route needs the bearer token when one is configured (:mod:`.security`).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -67,6 +67,21 @@ NOTICES = {
     "waiting": "Decision recorded; other calls still wait for a decision.",
 }
 """The fixed notices a redirect may name (``?notice=``); anything else shows nothing."""
+
+CLOSE_SUMMARY = (
+    "Close this session: running turns are aborted, tool processes still running after the "
+    "grace period are killed; the transcript is kept."
+)
+"""What the close confirmation says."""
+
+DECIDE_SUMMARY = {
+    "retry": "Run the call again (it may have taken effect already).",
+    "retry!": "Run the call again although its process group may still run on another machine "
+    "(it may run twice at once).",
+    "fail": "Settle the call as failed: the model is told it did not complete.",
+    "result": "Settle the call with the result text below, as if the tool had returned it.",
+}
+"""What each decision's confirmation says."""
 
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 """The static files served under ``/console/static/``, with their media types."""
@@ -274,27 +289,26 @@ def console_router(
             "notice_key": notice if notice in NOTICES else "",
         }
 
-    @router.get("/console/sessions/{session_id}")
-    async def session_page(request: Request, session_id: str, lane: str | None = None) -> Response:
+    async def session_view(
+        request: Request, session_id: str, lane: str | None, template: str
+    ) -> Response:
         if not guard.authorized(request):
-            return unauthorized(request, page=True)
+            return unauthorized(request, page=template == "session.html")
         try:
             context = await session_context(request, session_id, lane)
         except DurableHarnessError as exc:
             return error_page(request, exc)
-        return render(request, "session.html", **context)
+        return render(request, template, **context)
+
+    @router.get("/console/sessions/{session_id}")
+    async def session_page(request: Request, session_id: str, lane: str | None = None) -> Response:
+        return await session_view(request, session_id, lane, "session.html")
 
     @router.get("/console/sessions/{session_id}/live")
     async def session_fragment(
         request: Request, session_id: str, lane: str | None = None
     ) -> Response:
-        if not guard.authorized(request):
-            return unauthorized(request, page=False)
-        try:
-            context = await session_context(request, session_id, lane)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return render(request, "live.html", **context)
+        return await session_view(request, session_id, lane, "live.html")
 
     @router.get("/console/sessions/{session_id}/events")
     async def session_events(request: Request, session_id: str) -> Response:
@@ -369,121 +383,101 @@ def console_router(
 
     # -- actions ------------------------------------------------------------------------------
 
-    @router.post("/console/sessions/{session_id}/send")
-    async def send(request: Request, session_id: str) -> Response:
+    Action = Callable[["SessionManager", dict[str, str]], Awaitable[str | Response]]
+
+    async def act(request: Request, session_id: str, action: Action) -> Response:
+        """A form action: the form checked (:func:`form_of`), one verb of the manager, then
+        back to the session page with the notice the action names (or the page it renders:
+        a confirmation), or the error page."""
         fields = await form_of(request)
         if isinstance(fields, Response):
             return fields
-        mode = fields.get("mode", "prompt")
         try:
-            await get_manager().send(
-                session_id,
-                fields.get("message", ""),
-                mode=mode,  # type: ignore[arg-type]  # the manager refuses another mode
-                lane=fields.get("lane") or "main",
-            )
+            notice = await action(get_manager(), fields)
         except DurableHarnessError as exc:
             return error_page(request, exc)
-        return back(session_id, "sent")
+        return notice if isinstance(notice, Response) else back(session_id, notice)
+
+    def confirm(
+        request: Request, session_id: str, action: str, summary: str, **fields: str
+    ) -> Response:
+        return render(
+            request,
+            "confirm.html",
+            session_id=session_id,
+            action=action,
+            summary=summary,
+            fields=fields,
+        )
+
+    @router.post("/console/sessions/{session_id}/send")
+    async def send(request: Request, session_id: str) -> Response:
+        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
+            await manager.send(
+                session_id,
+                fields.get("message", ""),
+                mode=fields.get("mode", "prompt"),  # type: ignore[arg-type]  # refused there
+                lane=fields.get("lane") or "main",
+            )
+            return "sent"
+
+        return await act(request, session_id, action)
 
     @router.post("/console/sessions/{session_id}/abort")
     async def abort(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            await get_manager().abort(session_id, fields.get("lane") or "main")
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "aborted")
+        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
+            await manager.abort(session_id, fields.get("lane") or "main")
+            return "aborted"
+
+        return await act(request, session_id, action)
 
     @router.post("/console/sessions/{session_id}/close")
     async def close(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        if fields.get("confirmed") != "yes":
-            return render(
-                request,
-                "confirm.html",
-                session_id=session_id,
-                action="close",
-                summary="Close this session: running turns are aborted, tool processes still "
-                "running after the grace period are killed; the transcript is kept.",
-                fields={},
-            )
-        try:
-            await get_manager().close(session_id)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "closed")
+        async def action(manager: SessionManager, fields: dict[str, str]) -> str | Response:
+            if fields.get("confirmed") != "yes":
+                return confirm(request, session_id, "close", CLOSE_SUMMARY)
+            await manager.close(session_id)
+            return "closed"
+
+        return await act(request, session_id, action)
 
     @router.post("/console/sessions/{session_id}/kill")
     async def kill(request: Request, session_id: str) -> Response:
         """The operator's kill of one call's live process group, deciding nothing (the
         host's verb, as ``POST /sessions/{id}/agent/kill``; a ``tool_process_killed``
         record)."""
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            out = await get_manager().kill_tool(session_id, fields.get("tool_call_id", ""))
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "killed" if out["killed"] else "gone")
+
+        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
+            out = await manager.kill_tool(session_id, fields.get("tool_call_id", ""))
+            return "killed" if out["killed"] else "gone"
+
+        return await act(request, session_id, action)
 
     @router.post("/console/sessions/{session_id}/resume")
     async def resume(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            await get_manager().resume(session_id)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "resumed")
+        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
+            await manager.resume(session_id)
+            return "resumed"
+
+        return await act(request, session_id, action)
 
     @router.post("/console/sessions/{session_id}/decide")
     async def decide(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        call = fields.get("call_key", "")
-        choice = fields.get("decision", "")
-        if choice == "result":
-            decision = "result:" + fields.get("result", "")
-        elif choice in ("retry", "retry!", "fail"):
-            decision = choice
-        else:
-            decision = choice or "(none)"  # refused by the manager as malformed
-        if fields.get("confirmed") != "yes" and choice in ("retry", "retry!", "fail", "result"):
-            what = {
-                "retry": "Run the call again (it may have taken effect already).",
-                "retry!": "Run the call again although its process group may still run on "
-                "another machine (it may run twice at once).",
-                "fail": "Settle the call as failed: the model is told it did not complete.",
-                "result": "Settle the call with the result text below, as if the tool "
-                "had returned it.",
-            }[choice]
-            return render(
-                request,
-                "confirm.html",
-                session_id=session_id,
-                action="decide",
-                summary=f"{what} Tool call {fields.get('tool_call_id', '')} ({call}).",
-                fields={
-                    "call_key": call,
-                    "tool_call_id": fields.get("tool_call_id", ""),
-                    "decision": choice,
-                    "result": fields.get("result", ""),
-                },
+        async def action(manager: SessionManager, fields: dict[str, str]) -> str | Response:
+            call, choice, call_id = (
+                fields.get(k, "") for k in ("call_key", "decision", "tool_call_id")
             )
-        manager = get_manager()
-        try:
-            rec = await manager.decide(session_id, call, decision)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "waiting" if rec.state == "suspended" else "decided")
+            if choice in DECIDE_SUMMARY and fields.get("confirmed") != "yes":
+                what = f"{DECIDE_SUMMARY[choice]} Tool call {call_id} ({call})."
+                kept = {"call_key": call, "tool_call_id": call_id, "decision": choice}
+                kept["result"] = fields.get("result", "")
+                return confirm(request, session_id, "decide", what, **kept)
+            # anything but a known choice is refused by the manager as malformed
+            decision = "result:" + fields.get("result", "") if choice == "result" else choice
+            rec = await manager.decide(session_id, call, decision or "(none)")
+            return "waiting" if rec.state == "suspended" else "decided"
+
+        return await act(request, session_id, action)
 
     return router
 

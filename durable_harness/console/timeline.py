@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_harness.harness.report import summarize_record
 from durable_harness.host.read_model import parse_ts
 
 WIDTH = 960
@@ -376,22 +377,14 @@ def _short(value: Any) -> str:
 
 
 def _mark_title(rtype: str, rec: Mapping[str, Any]) -> str:
-    ts = rec.get("timestamp")
-    if rtype.startswith("queue_"):
-        return f"{rtype} {rec.get('queue', '')} item {rec.get('itemId', '')} at {ts}"
-    if rtype == "save_point":
-        return f"save point after turn {rec.get('turn')} at {ts}"
-    if rtype == "abort_requested":
-        return f"abort requested at {ts}"
-    if rtype == "decision":
-        return f"decision for {rec.get('toolCallId')}: {rec.get('decision')} at {ts}"
-    if rtype == "tool_process":
-        return f"process group {rec.get('pgid')} of {rec.get('toolCallId')} at {ts}"
-    if rtype == "tool_process_killed":
-        return (
-            f"process group {rec.get('pgid')} of {rec.get('toolCallId')} killed "
-            f"({rec.get('by')}) at {ts}"
-        )
+    """A mark's tooltip: the record's one-line summary, as ``durable-harness log`` prints it
+    (:func:`~durable_harness.harness.report.summarize_record`), and its time."""
     if rtype == "session_lifecycle":
-        return f"lifecycle: {rec.get('state')} (generation {rec.get('generation')}) at {ts}"
-    return f"{rtype} at {ts}"
+        detail = f"{rec.get('state')} (generation {rec.get('generation')})"
+    else:
+        detail = summarize_record(dict(rec))
+    return (
+        f"{rtype} {detail} at {rec.get('timestamp')}"
+        if detail
+        else f"{rtype} at {rec.get('timestamp')}"
+    )

@@ -163,14 +163,20 @@ def _assistant_meta(message: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
+_NOTES = {
+    "model_change": "model: {provider}/{modelId}",
+    "thinking_level_change": "thinking level: {thinkingLevel}",
+    "label": "label {label!r} on {targetId}",
+    "session_info": "name: {name}",
+}
+"""How an entry that is no message is noted in the transcript, by its type."""
+
+
+class _Fields(dict[str, Any]):
+    def __missing__(self, key: str) -> None:
+        return None
+
+
 def _note(entry: Mapping[str, Any]) -> str:
-    etype = entry.get("type")
-    if etype == "model_change":
-        return f"model: {entry.get('provider')}/{entry.get('modelId')}"
-    if etype == "thinking_level_change":
-        return f"thinking level: {entry.get('thinkingLevel')}"
-    if etype == "label":
-        return f"label {entry.get('label')!r} on {entry.get('targetId')}"
-    if etype == "session_info":
-        return f"name: {entry.get('name')}"
-    return str(etype)
+    form = _NOTES.get(str(entry.get("type")))
+    return form.format_map(_Fields(entry)) if form else str(entry.get("type"))
