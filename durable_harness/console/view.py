@@ -57,13 +57,10 @@ def ago(timestamp: str | None, now: float | None = None) -> str:
     if t is None:
         return "never"
     delta = max(0.0, (now if now is not None else time.time()) - t)
-    if delta < 60:
-        return f"{delta:.0f} s ago"
-    if delta < 3600:
-        return f"{delta // 60:.0f} min ago"
-    if delta < 86400:
-        return f"{delta // 3600:.0f} h ago"
-    return f"{delta // 86400:.0f} d ago"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if delta >= size:
+            return f"{delta // size:.0f} {unit} ago"
+    return f"{delta:.0f} s ago"
 
 
 def _text(content: Any, kind: str = "text") -> str:

@@ -26,23 +26,12 @@ _log = logging.getLogger(__name__)
 
 PREFIX = "durable_harness_"
 
+# fmt: off
 STORAGE_BUCKETS: tuple[float, ...] = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
 )
+# fmt: on
 """Histogram buckets (seconds) for commits and fsyncs: an fsync on a local SSD takes 50 µs to
 a few ms, on a loaded or networked disk up to seconds."""
 
@@ -110,50 +99,43 @@ class HostMetrics:
     """
 
     def __init__(self, refresh: Callable[[HostMetrics], None] | None = None) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
-        self.runs_started = Counter(
-            PREFIX + "runs_started", "Runs started (new or resumed) by this host.", registry=reg
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=reg)
+
+        def histogram(name: str, doc: str, label: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(
+                PREFIX + name, doc, [label] if label else [], buckets=buckets, registry=reg
+            )
+
+        self.runs_started = counter("runs_started", "Runs started (new or resumed) by this host.")
+        self.runs = counter(
+            "runs", "Runs that ended or suspended in this host, by outcome.", "outcome"
         )
-        self.runs = Counter(
-            PREFIX + "runs",
-            "Runs that ended or suspended in this host, by outcome.",
-            ["outcome"],
-            registry=reg,
+        self.turns = counter("turns", "Provider turns begun.")
+        self.tool_calls = counter(
+            "tool_calls", "Tool calls settled, by tool and outcome.", "tool", "outcome"
         )
-        self.turns = Counter(PREFIX + "turns", "Provider turns begun.", registry=reg)
-        self.tool_calls = Counter(
-            PREFIX + "tool_calls",
-            "Tool calls settled, by tool and outcome.",
-            ["tool", "outcome"],
-            registry=reg,
-        )
-        self.tool_call_seconds = Histogram(
-            PREFIX + "tool_call_seconds",
+        self.tool_call_seconds = histogram(
+            "tool_call_seconds",
             "Duration of the tool calls this host ran, from start to settlement.",
-            ["tool"],
-            buckets=CALL_BUCKETS,
-            registry=reg,
+            "tool",
+            CALL_BUCKETS,
         )
-        self.provider_requests = Counter(
-            PREFIX + "provider_requests",
+        self.provider_requests = counter(
+            "provider_requests",
             "Provider request attempts, by purpose and outcome.",
-            ["purpose", "outcome"],
-            registry=reg,
+            "purpose",
+            "outcome",
         )
-        self.provider_request_seconds = Histogram(
-            PREFIX + "provider_request_seconds",
+        self.provider_request_seconds = histogram(
+            "provider_request_seconds",
             "Duration of provider request attempts (streaming included).",
-            ["purpose"],
-            buckets=CALL_BUCKETS,
-            registry=reg,
+            "purpose",
+            CALL_BUCKETS,
         )
-        self.tokens = Counter(
-            PREFIX + "tokens",
-            "Tokens reported by the provider's usage, by kind.",
-            ["kind"],
-            registry=reg,
-        )
+        self.tokens = counter("tokens", "Tokens reported by the provider's usage, by kind.", "kind")
         self.awaiting = Gauge(
             PREFIX + "tool_calls_awaiting_decision",
             "In-doubt tool calls waiting for a decision, over all sessions.",
@@ -162,32 +144,27 @@ class HostMetrics:
         self.sessions = Gauge(
             PREFIX + "sessions", "Sessions by lifecycle state.", ["state"], registry=reg
         )
-        self.worker_claims = Counter(
-            PREFIX + "worker_claims", "Crashed sessions this worker claimed.", registry=reg
+        self.worker_claims = counter("worker_claims", "Crashed sessions this worker claimed.")
+        self.worker_claim_failures = counter(
+            "worker_claim_failures", "Claim rounds that failed (the store unreachable)."
         )
-        self.worker_claim_failures = Counter(
-            PREFIX + "worker_claim_failures",
-            "Claim rounds that failed (the store unreachable).",
-            registry=reg,
-        )
-        self.worker_sessions_lost = Counter(
-            PREFIX + "worker_sessions_lost",
+        self.worker_sessions_lost = counter(
+            "worker_sessions_lost",
             "Generations stopped because their writer lost the session (fenced out, or the "
             "database lost).",
-            registry=reg,
         )
         self._worker_seen = (0, 0, 0)
-        self.commit_seconds = Histogram(
-            PREFIX + "commit_seconds",
+        self.commit_seconds = histogram(
+            "commit_seconds",
             "Storage commit latency (the write, and its fsync when the commit waits for it).",
-            buckets=STORAGE_BUCKETS,
-            registry=reg,
+            "",
+            STORAGE_BUCKETS,
         )
-        self.fsync_seconds = Histogram(
-            PREFIX + "fsync_seconds",
+        self.fsync_seconds = histogram(
+            "fsync_seconds",
             "Storage fsync latency (one fsync/fdatasync or WAL sync of a store's data).",
-            buckets=STORAGE_BUCKETS,
-            registry=reg,
+            "",
+            STORAGE_BUCKETS,
         )
         self._refresh = refresh
         self._lock = threading.Lock()
