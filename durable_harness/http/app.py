@@ -263,16 +263,26 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build
 
 
+def _route(
+    app: FastAPI, method: str, path: str, model: Any, responses: Any, tag: str, **more: Any
+) -> Callable[[Any], Any]:
+    """The decorator registering one route of the API (``app.get``, ``app.post``...)."""
+    return app.api_route(
+        path,
+        methods=[method.upper()],
+        response_model=model,
+        responses=responses,
+        tags=[tag],
+        **more,
+    )
+
+
 def _routes(app: FastAPI, sink: HostMetrics) -> None:
     """Register every route of the API on ``app``."""
 
-    @app.post(
-        "/sessions",
-        status_code=201,
-        response_model=models.Session,
-        responses={400: _ERROR, 403: {**_ERROR, "description": "cwd_not_allowed (--root)"}},
-        tags=["sessions"],
-    )
+    cwd_refused = {400: _ERROR, 403: {**_ERROR, "description": "cwd_not_allowed (--root)"}}
+
+    @_route(app, "post", "/sessions", models.Session, cwd_refused, "sessions", status_code=201)
     async def create_session(
         body: models.CreateSession, manager: Manager, key: IdempotencyKey = None
     ) -> dict[str, Any]:
@@ -287,9 +297,7 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
         )
         return rec.to_json()
 
-    @app.get(
-        "/sessions", response_model=models.SessionList, responses={400: _ERROR}, tags=["sessions"]
-    )
+    @_route(app, "get", "/sessions", models.SessionList, {400: _ERROR}, "sessions")
     async def list_sessions(
         manager: Manager,
         state: Annotated[list[str] | None, Query()] = None,
@@ -300,33 +308,18 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
         why. An unknown state is 400 ``invalid_request``."""
         return await manager.listing(state)
 
-    @app.get(
-        "/sessions/{id}",
-        response_model=models.Session,
-        responses=_SESSION_ERRORS,
-        tags=["sessions"],
-    )
+    @_route(app, "get", "/sessions/{id}", models.Session, _SESSION_ERRORS, "sessions")
     async def get_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
         """The session's record (``state``, ``generation``...)."""
         return (await manager.get(session_id)).to_json()
 
-    @app.post(
-        "/sessions/{id}/resume",
-        response_model=models.Session,
-        responses=_STATE_ERRORS,
-        tags=["sessions"],
-    )
+    @_route(app, "post", "/sessions/{id}/resume", models.Session, _STATE_ERRORS, "sessions")
     async def resume_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
         """Start the next generation (recovery first). A session whose plan needs a decision
         stays ``suspended``: decide through ``.../agent/decide``."""
         return (await manager.resume(session_id)).to_json()
 
-    @app.post(
-        "/sessions/{id}/close",
-        response_model=models.Session,
-        responses=_STATE_ERRORS,
-        tags=["sessions"],
-    )
+    @_route(app, "post", "/sessions/{id}/close", models.Session, _STATE_ERRORS, "sessions")
     async def close_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
         """Close the session (abort, grace period, kill, release); record and transcript are
         kept. Idempotent."""
@@ -340,12 +333,7 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
 
     agent_routes(app, "/sessions/{id}/agent", _session_from_path)
 
-    @app.get(
-        "/sessions/{id}/agent/log",
-        response_model=models.Log,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "get", "/sessions/{id}/agent/log", models.Log, _SESSION_ERRORS, "agent")
     async def oplog(
         session_id: SessionId,
         manager: Manager,
@@ -356,12 +344,7 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
         """A page of the operation log (records with ``seq`` above ``since_seq``)."""
         return manager.log(session_id, lane=lane, since_seq=since_seq, limit=limit)
 
-    @app.post(
-        "/sessions/{id}/agent/decide",
-        response_model=models.Session,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "post", "/sessions/{id}/agent/decide", models.Session, _STATE_ERRORS, "agent")
     async def decide(
         session_id: SessionId, body: models.Decide, manager: Manager
     ) -> dict[str, Any]:
@@ -413,8 +396,8 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
         tags=["host"],
     )
     async def metrics(manager: Manager) -> Response:
-        """Prometheus exposition of the host's metrics (the scrape-time gauges first: the
-        calls awaiting a decision, the sessions by state, a worker's counts)."""
+        """Prometheus exposition of the host's metrics."""
+        # the scrape-time gauges first: awaiting decisions, sessions by state, a worker's counts
         sink.set_awaiting_counts(manager.awaiting_decisions())
         sink.set_state_counts(await manager.state_counts())
         if (counts := manager.worker_counts()) is not None:
@@ -433,13 +416,9 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
     ``status``, ``abort``, ``messages``) under ``prefix``; ``session`` is the dependency that
     names the session (the path's ``{id}``, or the endpoint's own session)."""
 
-    @app.post(
-        f"{prefix}/send",
-        status_code=202,
-        response_model=models.Accepted,
-        responses={**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}},
-        tags=["agent"],
-    )
+    too_large = {**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}}
+
+    @_route(app, "post", f"{prefix}/send", models.Accepted, too_large, "agent", status_code=202)
     async def send(
         body: models.SendMessage,
         manager: Manager,
@@ -452,22 +431,12 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
             session_id, body.message, mode=body.mode, lane=body.lane, client_key=key
         )
 
-    @app.get(
-        f"{prefix}/status",
-        response_model=models.Status,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "get", f"{prefix}/status", models.Status, _SESSION_ERRORS, "agent")
     async def status(manager: Manager, session_id: str = Depends(session)) -> dict[str, Any]:
         """State, generation, lanes, and the recovery plan when suspended."""
         return await manager.status(session_id)
 
-    @app.post(
-        f"{prefix}/abort",
-        response_model=models.Aborted,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "post", f"{prefix}/abort", models.Aborted, _STATE_ERRORS, "agent")
     async def abort(
         manager: Manager,
         body: Annotated[models.AbortRun | None, Body()] = None,
@@ -476,12 +445,7 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
         """Abort the lane's running run (``abort_requested`` is durable first)."""
         return await manager.abort(session_id, lane=(body or models.AbortRun()).lane)
 
-    @app.post(
-        f"{prefix}/kill",
-        response_model=models.Killed,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "post", f"{prefix}/kill", models.Killed, _STATE_ERRORS, "agent")
     async def kill(
         manager: Manager, body: models.KillTool, session_id: str = Depends(session)
     ) -> dict[str, Any]:
@@ -489,12 +453,7 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
         recorded as ``tool_process_killed``; the call stays in doubt, nothing is decided."""
         return await manager.kill_tool(session_id, body.tool_call_id)
 
-    @app.get(
-        f"{prefix}/messages",
-        response_model=models.Messages,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "get", f"{prefix}/messages", models.Messages, _SESSION_ERRORS, "agent")
     async def messages(
         manager: Manager,
         session_id: str = Depends(session),
