@@ -61,7 +61,7 @@ from durable_harness.recovery.resume import parse_decision
 from durable_harness.recovery.snapshot import take_snapshot
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
-from durable_harness.storage.base import DURABILITY_MODES, Durability, RecordOp, SessionStore, Store
+from durable_harness.storage.base import DURABILITY_MODES, Durability, SessionStore, Store
 
 
 class SessionManager(ReadModel):
@@ -328,7 +328,8 @@ class SessionManager(ReadModel):
         """
         proc = self._held(session_id)
         if tool_name not in proc.record.allowed_tools:
-            proc.session.store.commit([RecordOp(permission_record(tool_name))])
+            assert proc.harness is not None  # a live generation has one
+            proc.harness.record(permission_record(tool_name))
             proc.record.allowed_tools = sorted({*proc.record.allowed_tools, tool_name})
         return proc.record
 

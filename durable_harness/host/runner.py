@@ -69,8 +69,14 @@ class GenerationRunner:
             proc.publish({"type": "lifecycle", "state": state})
 
     def write(self, proc: SessionProcess, state: State, **extra: Any) -> None:
-        """Make ``state`` durable (a ``session_lifecycle`` record) and enter it."""
-        proc.session.store.commit([RecordOp(lifecycle_record(proc.record, state, **extra))])
+        """Make ``state`` durable (a ``session_lifecycle`` record, through the generation's
+        harness: the only writer of a live session; straight to the store before the harness
+        is up) and enter it."""
+        rec = lifecycle_record(proc.record, state, **extra)
+        if proc.harness is not None:
+            proc.harness.record(rec)
+        else:
+            proc.session.store.commit([RecordOp(rec)])
         self.move(proc, state)
 
     async def start(

@@ -9,16 +9,15 @@ unknown fields, so a misspelt field is a 400 ``invalid_request`` rather than sil
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_harness.host.inputs import LANE_PATTERN
-
-State = Literal["creating", "idle", "running", "closing", "closed", "suspended", "error"]
-Mode = Literal["sync", "batch", "none"]
-CommandRuntime = Literal["pipe", "pty"]
-SendMode = Literal["prompt", "steer", "follow_up"]
+from durable_harness.host.lifecycle import State
+from durable_harness.host.options import SendMode
+from durable_harness.host.record import CommandRuntime
+from durable_harness.storage.base import Durability as Mode
 
 LANE_FIELD = Field(
     default="main",
