@@ -207,6 +207,17 @@ def build_timeline(
     times: list[float] = []
     last_t: float | None = None
 
+    def settle(
+        opened: dict[Any, _Span], key: Any, kind: str, lane: str, t: float, title: str = ""
+    ) -> _Span:
+        """End at ``t`` the span open under ``key`` (one with no start seen begins there)."""
+        span = opened.pop(key, None)
+        if span is None:
+            span = _Span(kind, lane, t, None, kind, title)
+            spans.append(span)
+        span.end = t
+        return span
+
     def lane_of(rec: Mapping[str, Any]) -> str:
         lane = str(rec.get("lane") or "main")
         if lane not in lanes:
@@ -240,11 +251,7 @@ def build_timeline(
             spans.append(span)
         elif rtype == "run_finished":
             outcome = str(rec.get("outcome") or "?")
-            found = open_runs.pop(lane, None)
-            span = found if found is not None else _Span("run", lane, t, None, "run", f"run {run}")
-            if span not in spans:
-                spans.append(span)
-            span.end = t
+            span = settle(open_runs, lane, "run", lane, t, f"run {run}")
             span.cls = f"run outcome-{outcome}"
             reason = f" ({rec.get('reason')})" if rec.get("reason") else ""
             span.title += f": {outcome}{reason}"
@@ -265,11 +272,7 @@ def build_timeline(
             spans.append(span)
         elif rtype in ("provider_request_finished", "provider_request_failed"):
             key = (run, rec.get("purpose") or "turn", rec.get("turn"), rec.get("attempt"))
-            found = open_req.pop(key, None)
-            span = found if found is not None else _Span("provider", lane, t, None, "provider", "")
-            if span not in spans:
-                spans.append(span)
-            span.end = t
+            span = settle(open_req, key, "provider", lane, t)
             if rtype == "provider_request_failed":
                 span.cls = "provider failed"
                 retry = "retryable" if rec.get("retryable") else "not retryable"
@@ -294,11 +297,7 @@ def build_timeline(
             spans.append(span)
         elif rtype == "tool_finished":
             key = (run, rec.get("callKey"))
-            found = open_tools.pop(key, None)
-            span = found if found is not None else _Span("tool", lane, t, None, "tool", "")
-            if span not in spans:
-                spans.append(span)
-            span.end = t
+            span = settle(open_tools, key, "tool", lane, t)
             span.cls = f"tool outcome-{rec.get('outcome') or 'ok'}"
             span.title += f": {rec.get('outcome')}"
         if rtype in _MARKS:

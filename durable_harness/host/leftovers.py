@@ -23,7 +23,6 @@ from durable_harness.errors import InvalidRequest, LeaseHeld, SessionLive
 from durable_harness.harness.groups import (
     KilledBy,
     kill_and_record,
-    live_groups,
     open_calls,
     recorded_group,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "kill_stored_leftovers",
     "open_writable",
     "plan_sees_live_group",
-    "running_calls",
 ]
 
 
@@ -46,18 +44,6 @@ def plan_sees_live_group(plan: RecoveryPlan) -> bool:
     return any(
         (c.process or {}).get("alive") is True for lane in plan.lanes for c in lane.tool_calls
     )
-
-
-def running_calls(store: Store, session_id: str) -> set[str]:
-    """The tool call ids of ``session_id``'s unsettled calls whose recorded process group is
-    alive on this machine now (read-only: what an operator may kill with
-    :func:`kill_call_group`; the console's "Stop it").
-
-    Raises:
-        SessionNotFound, StorageError: the session cannot be read.
-    """
-    with store.open_session(session_id, write=False) as session:
-        return {call.tool_call_id for call in live_groups(open_calls(session))}
 
 
 def kill_stored_leftovers(

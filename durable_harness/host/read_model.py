@@ -26,12 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from durable_harness.errors import DurableHarnessError, InvalidRequest, SessionLive, SessionNotFound
 from durable_harness.harness.groups import live_groups, open_calls
 from durable_harness.harness.report import cost_summary
+from durable_harness.harness.state import ToolCallState
 from durable_harness.host.inputs import SESSION_ID
-from durable_harness.host.leftovers import (
-    kill_stored_leftovers,
-    plan_sees_live_group,
-    running_calls,
-)
+from durable_harness.host.leftovers import kill_stored_leftovers, plan_sees_live_group
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.listing import check_states, read_listed, waiting_calls
 from durable_harness.host.options import HostOptions, needs_decision
@@ -295,9 +292,12 @@ class ReadModel:
         closed session with no open run has none, and is not opened again."""
         if session_id not in self._closed_open:
             return []
+        return [(c.process or {}).get("pgid", 0) for c in self._live_calls(session_id)]
+
+    def _live_calls(self, session_id: str) -> builtins.list[ToolCallState]:
+        """The unsettled calls whose recorded process group is alive on this machine now."""
         with self.open_read(session_id) as store:
-            calls = live_groups(open_calls(store))
-        return [(c.process or {}).get("pgid", 0) for c in calls]
+            return live_groups(open_calls(store))
 
     def holder_elsewhere(self, session_id: str) -> dict[str, Any] | None:
         """The live process holding the writer lease of a session this process does not run
@@ -432,7 +432,7 @@ class ReadModel:
         status = await self.status(session_id)
         plan = self.plan(session_id) if rec.state == "suspended" else None
         view = self.view(session_id)
-        running = running_calls(self.store, session_id)
+        running = {call.tool_call_id for call in self._live_calls(session_id)}
         keys = {
             str(r.get("callKey")): str(r["idempotencyKey"])
             for r in view.records
