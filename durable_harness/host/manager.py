@@ -37,7 +37,6 @@ from durable_harness.errors import (
 )
 from durable_harness.harness.core import Event
 from durable_harness.host import worker
-from durable_harness.host.closing import staged_close
 from durable_harness.host.inputs import (
     check_key,
     check_lane,
@@ -299,11 +298,11 @@ class SessionManager(ReadModel):
         return await self.resume(session_id, {key: value})
 
     async def close(self, session_id: str) -> SessionRecord:
-        """Close a session in stages (:func:`~durable_harness.host.closing.staged_close`):
-        abort its running turns (cooperatively), give them ``options.close_grace`` seconds,
-        then the kill step (tool groups SIGKILLed, nothing more recorded), then release the
-        lease. Returns within about ``close_grace + 2`` seconds whatever a tool does. The
-        record and transcript are kept. Idempotent.
+        """Close a session in stages (:meth:`GenerationRunner.close`): abort its running
+        turns (cooperatively), give them ``options.close_grace`` seconds, then the kill step
+        (tool groups SIGKILLed, nothing more recorded), then release the lease. Returns
+        within about ``close_grace + 2`` seconds whatever a tool does. The record and
+        transcript are kept. Idempotent.
 
         Raises:
             SessionLive: another process holds the session.
@@ -311,12 +310,7 @@ class SessionManager(ReadModel):
         proc = self.live.get(self.check_id(session_id))
         if proc is None:
             return await self.reconciler.close_stored(session_id)
-        if proc.record.state != "closing":
-            self.runner.write(proc, "closing")
-            await staged_close(proc, self.options.close_grace, self.runner.kill_groups)
-            with anyio.CancelScope(shield=True):
-                await self.runner.release(proc)  # a no-op if the generation got there first
-        await proc.stopped.wait()
+        await self.runner.close(proc)
         return proc.record
 
     async def allow_tool(self, session_id: str, tool_name: str) -> SessionRecord:

@@ -6,6 +6,25 @@ the recovery plan executed lane by lane, the control endpoint), follows its even
 lanes run), moves its lifecycle state (the only place a live generation's state moves:
 :func:`~durable_harness.host.lifecycle.check`), and ends it: ``closed`` written when it was
 closing, the store let go of (handed back on a worker), the process forgotten.
+
+The close of a live generation is staged and bounded (``design/host.md``, "Closing"):
+
+1. **Abort.** Every running lane is aborted with ``grace = close_grace``: ``abort_requested``
+   is durable, the run is cancelled, a ``bash`` command gets SIGINT (pty runtime, its
+   terminal's foreground group) and SIGTERM now and SIGKILL when the grace ends.
+2. **Grace.** Up to ``close_grace`` seconds (plus :data:`SETTLE_SLACK`, so that a command its
+   tool killed at the end of the grace can settle as aborted) for the runs to settle.
+3. **Kill step.** The harness is fenced (:meth:`~durable_harness.harness.harness.Harness.
+   fence`): nothing more is written to its lane logs, so a tool that ignored cancellation
+   and answers later does not have its result recorded, and its call stays in doubt with its
+   run open, exactly as after a crash (``recover`` shows it; a resume decides it). Then the
+   process groups of unsettled calls are SIGKILLed and the generation is cancelled.
+4. **Release.** Up to :data:`STOP_WAIT` seconds for the generation to stop; then ``closed``
+   is written and the lease released even if a tool (a thread that cannot be cancelled) is
+   still holding the generation's task.
+
+So a close returns within ``close_grace + SETTLE_SLACK + STOP_WAIT`` (< grace + 2 s), plus
+the bounded wait for a SIGKILLed group to die.
 """
 
 from __future__ import annotations
@@ -19,7 +38,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from durable_harness.errors import InvalidRequest, root_cause
+from durable_harness.errors import InvalidRequest, NoOpenRun, root_cause
 from durable_harness.harness.core import Event
 from durable_harness.harness.groups import kill_groups, open_calls
 from durable_harness.harness.harness import Harness
@@ -33,6 +52,13 @@ from durable_harness.providers.choice import choose_provider
 from durable_harness.recovery.resume import Recovery, recorded_provider_spec, resume_lane
 from durable_harness.session.session import Session
 from durable_harness.storage.base import RecordOp
+
+SETTLE_SLACK = 0.5
+"""Seconds after the grace for a run whose tool stopped at the grace's end to settle."""
+
+STOP_WAIT = 1.0
+"""Seconds after the kill step for the generation's task to stop before the close goes on
+without it."""
 
 Control = Callable[[str], AbstractAsyncContextManager[int | None]]
 """``session id -> async context manager yielding the generation's control port``."""
@@ -156,7 +182,7 @@ class GenerationRunner:
     async def release(self, proc: SessionProcess, lost: bool = False) -> None:
         """End a generation: write ``closed`` if it was closing, let go of the store, forget
         the process. Once only: a close that could not wait for a stuck tool calls it before
-        the generation task itself gets there (``host/closing.py``)."""
+        the generation task itself gets there (:meth:`close`)."""
         if proc.releasing:
             return
         proc.releasing = True
@@ -179,10 +205,27 @@ class GenerationRunner:
         proc.end_listeners()
         proc.stopped.set()
 
-    def kill_groups(self, proc: SessionProcess) -> None:
-        """SIGKILL the live process groups of this generation's unsettled tool calls and wait
-        until they are gone (:func:`~durable_harness.harness.groups.kill_groups`)."""
-        kill_groups(open_calls(proc.session.store), proc.record.id)
+    async def close(self, proc: SessionProcess) -> None:
+        """Close a live generation in the stages of the module docstring (``closing``
+        recorded first); a no-op when it is closing already. Returns once it is released."""
+        if proc.record.state != "closing":
+            self.write(proc, "closing")
+            harness = proc.harness
+            grace = self.options.close_grace
+            with anyio.move_on_after(grace + SETTLE_SLACK):
+                if harness is not None:
+                    async with anyio.create_task_group() as tg:
+                        for lane in sorted(proc.running):
+                            tg.start_soon(_abort, harness, lane, grace)
+            if harness is not None:
+                harness.fence()
+            kill_groups(open_calls(proc.session.store), proc.record.id)
+            proc.scope.cancel()
+            with anyio.move_on_after(STOP_WAIT):
+                await proc.stopped.wait()
+            with anyio.CancelScope(shield=True):
+                await self.release(proc)  # a no-op if the generation got there first
+        await proc.stopped.wait()
 
     def stop_fenced(self) -> list[str]:
         """Stop every generation whose writer lease another writer took (it was paused or
@@ -240,3 +283,10 @@ class GenerationRunner:
         proc.publish(event)
         if proc.record.state in LIVE:
             self.move(proc, "running" if proc.running else "idle")
+
+
+async def _abort(harness: Harness, lane: str, grace: float) -> None:
+    try:
+        await harness.abort(lane=lane, grace=grace)
+    except NoOpenRun:
+        pass
