@@ -214,23 +214,19 @@ class SessionManager(ReadModel):
                 "Idempotency").
         """
         rec = await self.get(self.keys[client_key])
-        asked = {
-            "cwd": cwd,
-            "mode": mode or self.options.mode,
-            "command_runtime": command_runtime,
-            "provider": provider or self.options.provider,
-        }
         try:
             resolved = str(Path(cwd).expanduser().resolve())
         except (OSError, RuntimeError, ValueError):
             resolved = cwd
-        had = {
-            "cwd": rec.cwd,
-            "mode": rec.mode,
-            "command_runtime": rec.command_runtime,
-            "provider": rec.provider,
-        }
-        differ = [k for k in asked if (resolved if k == "cwd" else asked[k]) != had[k]]
+        asked = (
+            resolved,
+            mode or self.options.mode,
+            command_runtime,
+            provider or self.options.provider,
+        )
+        had = (rec.cwd, rec.mode, rec.command_runtime, rec.provider)
+        fields = ("cwd", "mode", "command_runtime", "provider")
+        differ = [name for name, a, h in zip(fields, asked, had, strict=True) if a != h]
         if differ:
             raise IdempotencyKeyReused(
                 f"Idempotency-Key {client_key[:200]!r} created session {rec.id} with another "

@@ -45,21 +45,15 @@ counted as ``other``."""
 LIVE_STATES = frozenset({"creating", "idle", "running"})
 """Lifecycle states in which a session's generation (and its live suspensions) still exists."""
 
-_COUNTED = frozenset(
-    {
-        "run_start",
-        "run_end",
-        "turn_start",
-        "tool_execution_start",
-        "tool_execution_end",
-        "provider_request_start",
-        "provider_request_end",
-        "lifecycle",
-    }
-)
-
-_TOKEN_KINDS = {"input": "input", "output": "output", "cacheRead": "cache_read"}
-_TOKEN_KINDS["cacheWrite"] = "cache_write"
+# fmt: off
+_COUNTED = frozenset({
+    "run_start", "run_end", "turn_start", "tool_execution_start", "tool_execution_end",
+    "provider_request_start", "provider_request_end", "lifecycle",
+})
+_TOKEN_KINDS = {
+    "input": "input", "output": "output", "cacheRead": "cache_read", "cacheWrite": "cache_write"
+}
+# fmt: on
 
 
 class HostMetrics:

@@ -49,19 +49,12 @@ INSTRUMENTATION = "durable_harness.host"
 _RUN_EVENTS = ("suspended", "tool_process_killed", "queue_update")
 """Events recorded as span events on their run's span."""
 
-_TRACED = frozenset(
-    {
-        "run_start",
-        "run_end",
-        "turn_start",
-        "turn_end",
-        "provider_request_start",
-        "provider_request_end",
-        "tool_execution_start",
-        "tool_execution_end",
-        *_RUN_EVENTS,
-    }
-)
+# fmt: off
+_TRACED = frozenset({
+    "run_start", "run_end", "turn_start", "turn_end", "provider_request_start",
+    "provider_request_end", "tool_execution_start", "tool_execution_end", *_RUN_EVENTS,
+})
+# fmt: on
 
 _USAGE_ATTRS = {
     "input": "gen_ai.usage.input_tokens",
