@@ -65,25 +65,10 @@ class HostMetrics:
     any thread, and :meth:`observe` never raises (a broken event is logged and skipped: a
     metrics bug must not break a run).
 
-    Series (all prefixed ``durable_harness_``; see ``design/observability.md``):
-
-    - ``runs_started_total``; ``runs_total{outcome}``: runs that ended (``completed``,
-      ``failed``, ``aborted``, ``declined``, ``suspended``);
-    - ``turns_total``: provider turns begun;
-    - ``tool_calls_total{tool,outcome}``: tool calls settled (``ok``, ``error``, ``aborted``,
-      ``not_run``, ``reconciled``, ``failed_by_policy``, ``decided_result``, ``decided_fail``);
-      ``tool_call_seconds{tool}``: duration of the calls this process ran;
-    - ``provider_requests_total{purpose,outcome}`` (``ok``, ``error``, ``cancelled``) and
-      ``provider_request_seconds{purpose}``; ``tokens_total{kind}`` (``input``, ``output``,
-      ``cache_read``, ``cache_write``) from the answers' usage;
-    - ``tool_calls_awaiting_decision``: in-doubt calls waiting for a decision, over sessions;
-    - ``sessions{state}``: sessions by lifecycle state (:meth:`set_state_counts`);
-    - ``commit_seconds``, ``fsync_seconds``: storage latency
-      (:mod:`~durable_harness.storage.timing`);
-    - on a worker (a store that claims, ``design/host.md``): ``worker_claims_total``
-      (sessions claimed), ``worker_claim_failures_total`` (claim rounds that failed),
-      ``worker_sessions_lost_total`` (generations stopped because their writer lost the
-      session) (:meth:`set_worker_counts`).
+    Series: each one below with its help text, all prefixed ``durable_harness_``
+    (``design/observability.md`` lists their labels and values); ``sessions{state}``,
+    ``tool_calls_awaiting_decision`` and the ``worker_*`` counters are set by the manager
+    (:meth:`set_state_counts`, :meth:`set_awaiting_counts`, :meth:`set_worker_counts`).
 
     Args:
         refresh: called with this object at the start of every :meth:`render` (a scrape), to

@@ -80,19 +80,6 @@ class SessionView:
         return last_activity(self.entries, self.records)
 
 
-def read_session(store: Store, session_id: str) -> SessionView:
-    """Read a session read-only (no lease: also one a live generation is writing).
-
-    Raises:
-        SessionNotFound, StorageError: as :meth:`Store.open_session`.
-    """
-    with store.open_session(session_id, write=False) as s:
-        session = Session(s)
-        lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
-        paths = {name: session.path(leaf) for name, leaf in lanes.items()}
-        return SessionView(s.iter_entries(), s.records(None), lanes, paths)
-
-
 def last_activity(
     entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]]
 ) -> str | None:
@@ -419,8 +406,16 @@ class ReadModel:
         return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
 
     def view(self, session_id: str) -> SessionView:
-        """The session's files, read-only (:func:`read_session`)."""
-        return read_session(self.store, session_id)
+        """The session's files, read-only (no lease: also one a live generation writes).
+
+        Raises:
+            SessionNotFound, StorageError: as :meth:`Store.open_session`.
+        """
+        with self.store.open_session(session_id, write=False) as s:
+            session = Session(s)
+            lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
+            paths = {name: session.path(leaf) for name, leaf in lanes.items()}
+            return SessionView(s.iter_entries(), s.records(None), lanes, paths)
 
     async def detail(self, session_id: str) -> SessionDetail:
         """Everything a session's page shows (:class:`SessionDetail`).
