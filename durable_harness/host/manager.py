@@ -86,19 +86,18 @@ class SessionManager(ReadModel):
         self.runner = GenerationRunner(self, partial(control, self) if control else None)
         self._lock = anyio.Lock()  # lifecycle moves of different sessions never interleave
         self.reconciler = Reconciler(self, self.runner, self._lock)
-        self._tg: anyio.abc.TaskGroup | None = None
 
     # -- the manager's own lifetime ---------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self._tg = self.runner.tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        tg = self.runner.tg = anyio.create_task_group()
+        await tg.__aenter__()
         try:
             await self.reconcile()
             interval = self.options.claim_interval
             if interval is not None and worker.can_claim(self.store):
                 self.worker = worker.Worker(self, interval)
-                await self._tg.start(self.worker.run)
+                await tg.start(self.worker.run)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -106,7 +105,7 @@ class SessionManager(ReadModel):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.shutdown()
-        tg, self._tg = self._tg, None
+        tg, self.runner.tg = self.runner.tg, None
         if tg is not None:
             await tg.__aexit__(None, None, None)
 
