@@ -1,16 +1,8 @@
-"""The session manager: many durable sessions in one process (``design/host.md``).
-
-:class:`SessionManager` is the host's read model (:class:`~durable_harness.host.read_model.
-ReadModel`: everything a front reads) plus its verbs: ``create``, ``resume``, ``decide``,
-``close``, ``forget``, ``allow_tool``, ``kill_tool`` and the agent verbs (``send``, ``abort``,
-``listen``). The verbs are thin: a generation's life is the
-:class:`~durable_harness.host.runner.GenerationRunner`'s, planning and recovering a session no
-generation runs is the :class:`~durable_harness.host.reconcile.Reconciler`'s, the claim loop on
-a shared store is the :class:`~durable_harness.host.worker.Worker`'s.
-
-Use it as ``async with SessionManager(store, options) as manager:``; entering it reconciles
-the store (every session whose owner died becomes ``suspended`` with its plan, and those whose
-plan needs no decision are resumed when ``options.auto_resume`` says so) before it returns.
+"""The session manager: many durable sessions in one process (``design/host.md``, "The
+manager"): the read model plus the verbs, each thin over the
+:class:`~durable_harness.host.runner.GenerationRunner` (live generations), the
+:class:`~durable_harness.host.reconcile.Reconciler` (sessions no generation runs) and the
+:class:`~durable_harness.host.worker.Worker` (claims on a shared store).
 """
 
 from __future__ import annotations
@@ -64,18 +56,15 @@ from durable_harness.storage.base import DURABILITY_MODES, Durability, SessionSt
 
 
 class SessionManager(ReadModel):
-    """The host's sessions: the read model's ``get``, ``list``, ``status``, ``messages``,
-    ``log``, ``plan``, ``waiting``..., and the verbs. Every verb is a coroutine of the
-    manager's event loop.
+    """The host's sessions: the :class:`ReadModel` plus the verbs, used as ``async with
+    SessionManager(store, options) as manager:`` (entering it reconciles the store).
 
     Args:
         store: a :class:`~durable_harness.storage.base.Store` or a store spec.
         options: :class:`HostOptions`.
 
     Errors: every refusal is a :class:`~durable_harness.errors.DurableHarnessError` with its
-    ``code`` (``session_not_found``, ``session_live``, ``session_not_live``,
-    ``illegal_transition``, ``invalid_request``, ``message_too_large``, ``run_in_progress``,
-    ``no_open_run``, ``recovery_error``...); nothing is changed when one is raised.
+    ``code``; nothing is changed when one is raised.
     """
 
     def __init__(self, store: Store | str | None = None, options: HostOptions | None = None):
@@ -93,7 +82,7 @@ class SessionManager(ReadModel):
         tg = self.runner.tg = anyio.create_task_group()
         await tg.__aenter__()
         try:
-            await self.reconcile()
+            await self.reconciler.reconcile()
             interval = self.options.claim_interval
             if interval is not None and worker.can_claim(self.store):
                 self.worker = worker.Worker(self, interval)
@@ -111,15 +100,12 @@ class SessionManager(ReadModel):
 
     def observe(self, callback: Callable[[str, Event], None]) -> None:
         """Call ``callback(session_id, event)`` for every event of every generation started
-        from now on (harness events, plus ``lifecycle`` events ``{"type": "lifecycle",
-        "state"}``). Used by metrics and tracing."""
+        from now on (plus ``{"type": "lifecycle", "state"}`` events)."""
         self.runner.observers.append(callback)
 
     async def shutdown(self) -> None:
-        """Stop every live generation without closing its session: runs are left open as a
-        crash would leave them, leases are released (on a worker, handed back instead, so
-        the other workers claim them: ``host/worker.py``), and the next start-up reconciles
-        them. Idempotent."""
+        """Stop every live generation without closing its session, as a crash would (on a
+        worker, their sessions are handed back). Idempotent."""
         if self.worker is not None:
             self.worker.stop()
             self.runner.hand_over = True
@@ -129,10 +115,6 @@ class SessionManager(ReadModel):
         """Stop every generation whose writer lease another writer took, writing nothing;
         returns their ids (:meth:`GenerationRunner.stop_fenced`)."""
         return self.runner.stop_fenced()
-
-    async def reconcile(self) -> list[SessionRecord]:
-        """Start-up reconciliation (:meth:`Reconciler.reconcile`); returns the records."""
-        return await self.reconciler.reconcile()
 
     # -- the verbs --------------------------------------------------------------------------
 
@@ -145,10 +127,8 @@ class SessionManager(ReadModel):
         provider: str | None = None,
         client_key: str | None = None,
     ) -> SessionRecord:
-        """Create a session in ``cwd`` and start its generation 1.
-
-        Idempotent by ``client_key``: a second create with the same key returns the first
-        one's record.
+        """Create a session in ``cwd`` and start its generation 1; a repeated ``client_key``
+        returns the first create's record.
 
         Raises:
             InvalidRequest: ``cwd`` is not an existing directory, an unknown ``mode`` or
@@ -204,13 +184,10 @@ class SessionManager(ReadModel):
         command_runtime: str,
         provider: str | None,
     ) -> SessionRecord:
-        """The session a create with ``client_key`` made before, when this request asks for
-        the same session (same working directory, mode, command runtime and provider, the
-        host's defaults filling what is not given).
+        """The session a create with ``client_key`` made before, if this one asks the same.
 
         Raises:
-            IdempotencyKeyReused: the key came with a different request (``design/http.md``,
-                "Idempotency").
+            IdempotencyKeyReused: the key came with a different request.
         """
         rec = await self.get(self.keys[client_key])
         try:
@@ -237,12 +214,9 @@ class SessionManager(ReadModel):
         return rec
 
     async def resume(self, session_id: str, decisions: Decisions | None = None) -> SessionRecord:
-        """Start the next runtime generation of a closed, suspended or failed session, and
-        have it execute the session's recovery plan (``design/recovery.md``).
-
-        ``decisions``: ``{tool call id or call key: {"decision": "retry"|"fail"|"result",
-        "result": text}}``. Each is written durably; when the plan still needs a decision,
-        the session stays ``suspended`` (no generation is started) and its plan says which.
+        """Start the next generation of a closed, suspended or failed session, executing its
+        recovery plan with ``decisions`` (:data:`Decisions`, written durably); when the plan
+        still needs one, the session stays ``suspended`` with no generation.
 
         Raises:
             SessionLive: a live generation holds the session (here or in another process).
@@ -253,12 +227,9 @@ class SessionManager(ReadModel):
         return await self.reconciler.resume(session_id, decisions)
 
     async def adopt(self, store: SessionStore) -> SessionRecord:
-        """Recover a session whose writer lease this process already holds, taken over from
-        a dead writer by the worker loop (``host/worker.py``): exactly what start-up
-        reconciliation does for it (the same planner as :meth:`resume`), so it resumes when
-        its plan needs no decision and ``options.auto_resume`` allows, else stays
-        ``suspended`` with its plan and the lease released. Takes ``store`` over (started,
-        closed, or handed back on failure). Returns the record."""
+        """Recover a session the worker loop claimed (lease held): resumed as start-up
+        reconciliation would, else left ``suspended``. Takes ``store`` over; returns the
+        record."""
         return await self.reconciler.adopt(store)
 
     async def decide(self, session_id: str, tool_call_id: str, decision: str) -> SessionRecord:
@@ -293,11 +264,8 @@ class SessionManager(ReadModel):
         return await self.resume(session_id, {key: value})
 
     async def close(self, session_id: str) -> SessionRecord:
-        """Close a session in stages (:meth:`GenerationRunner.close`): abort its running
-        turns (cooperatively), give them ``options.close_grace`` seconds, then the kill step
-        (tool groups SIGKILLed, nothing more recorded), then release the lease. Returns
-        within about ``close_grace + 2`` seconds whatever a tool does. The record and
-        transcript are kept. Idempotent.
+        """Close a session in stages (:meth:`GenerationRunner.close`), within about
+        ``close_grace + 2`` seconds; record and transcript are kept. Idempotent.
 
         Raises:
             SessionLive: another process holds the session.
@@ -309,8 +277,7 @@ class SessionManager(ReadModel):
         return proc.record
 
     async def allow_tool(self, session_id: str, tool_name: str) -> SessionRecord:
-        """Remember durably that ``tool_name`` may run in the session without asking (a
-        ``tool_permission`` record); idempotent. Returns the record (``allowed_tools``).
+        """Record that ``tool_name`` may run in the session without asking; idempotent.
 
         Raises:
             SessionNotLive: the session has no live generation here.
@@ -323,9 +290,8 @@ class SessionManager(ReadModel):
         return proc.record
 
     async def kill_tool(self, session_id: str, tool_call_id: str) -> dict[str, Any]:
-        """The operator's kill of one unsettled call's live process group, deciding nothing
-        (:func:`~durable_harness.host.leftovers.kill_call_group`; a ``tool_process_killed``
-        record). Returns ``{"tool_call_id", "pgid", "killed"}``.
+        """The operator's kill of one unsettled call's live group, deciding nothing
+        (:func:`~durable_harness.host.leftovers.kill_call_group`, whose answer it returns).
 
         Raises:
             InvalidRequest: no such unsettled call, or no group of it on this machine.
@@ -347,9 +313,8 @@ class SessionManager(ReadModel):
         Raises:
             SessionLive: the session is live (here or elsewhere): close it first.
             IllegalTransition: the session is not closed (suspended or failed: close it).
-            ToolProcessRunning: closed, but a process group recorded for one of its unsettled
-                tool calls still runs (a close a crash interrupted, seen by a host started
-                before it): close it again, which kills the group.
+            ToolProcessRunning: a group recorded for one of its unsettled calls still runs
+                (close it again, which kills the group).
         """
         async with self._lock:
             rec = await self.read_not_live(session_id, "forgetting it")
@@ -381,9 +346,8 @@ class SessionManager(ReadModel):
         """The live generation of ``session_id`` in this process.
 
         Raises:
-            SessionLive: another live process holds the session (``design/host.md``: every
-                verb on a session another host holds is ``session_live``).
-            SessionNotLive: no live generation anywhere (or the session exists nowhere).
+            SessionLive: another live process holds the session.
+            SessionNotLive: no live generation anywhere (or no such session).
         """
         proc = self.live.get(self.check_id(session_id))
         if proc is None:
@@ -404,8 +368,7 @@ class SessionManager(ReadModel):
         return proc
 
     def check_message(self, message: str) -> None:
-        """Refuse an empty message, one with a lone surrogate, or one over
-        ``options.max_message_bytes``.
+        """Refuse an empty message, a lone surrogate, or one over ``max_message_bytes``.
 
         Raises:
             InvalidRequest, MessageTooLarge.
@@ -431,9 +394,8 @@ class SessionManager(ReadModel):
         client_key: str | None = None,
     ) -> dict[str, Any]:
         """Send a message: ``prompt`` starts a run, ``steer``/``follow_up`` queue into the
-        running one. Returns once the input is durable: ``{"mode", "lane", "run_id"}`` or
-        ``{"mode", "lane", "item_id"}``, plus ``"duplicate": true`` when ``client_key``
-        was accepted before (nothing is sent twice).
+        running one. Returns once the input is durable: ``{"mode", "lane", "run_id" |
+        "item_id"}``, plus ``"duplicate": true`` when ``client_key`` was accepted before.
 
         Raises:
             SessionLive (another process holds it), SessionNotLive, InvalidRequest (a bad
@@ -488,8 +450,8 @@ class SessionManager(ReadModel):
         return {"lane": lane, "returned": returned}
 
     def listen(self, session_id: str, after: tuple[int, int] | None = None) -> Any:
-        """The live generation's event stream, from now on or after the event ``after``
-        (``(generation, eventId)``) a reader saw (see :meth:`SessionProcess.listen`).
+        """The live generation's event stream, from now on or after ``after``
+        (``(generation, eventId)``: :meth:`SessionProcess.listen`).
 
         Raises:
             SessionLive (another process holds it), SessionNotLive. InvalidRequest: ``after``
@@ -499,8 +461,7 @@ class SessionManager(ReadModel):
 
 
 def _acceptance(rec: dict[str, Any], lane: str) -> dict[str, Any]:
-    """What ``send`` returns for an input accepted before (``rec``: its ``run_started`` or
-    queue receipt): ``{"mode", "lane", "run_id" | "item_id", "duplicate": True}``."""
+    """What ``send`` returns for an input ``rec`` accepted before."""
     if rec.get("type") == "run_started":
         return {"mode": "prompt", "lane": lane, "run_id": rec.get("runId"), "duplicate": True}
     mode, item = rec.get("queue", "write"), rec.get("itemId")

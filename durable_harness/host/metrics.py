@@ -1,10 +1,6 @@
-"""Prometheus metrics of a host (``design/observability.md``): runs, turns, tool calls, provider
-requests and tokens counted from the harness events of every session, in-doubt calls awaiting a
-decision, sessions by lifecycle state, and commit/fsync latency from
-:mod:`durable_harness.storage.timing`.
-
-Each :class:`HostMetrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the
-process-wide default one, so two hosts (or two tests) in one process never share a series.
+"""Prometheus metrics of a host, counted from the harness events of every session and from
+storage timing (``design/observability.md``). Each :class:`HostMetrics` owns its own registry,
+so two hosts (or two tests) in one process never share a series.
 """
 
 from __future__ import annotations
@@ -13,14 +9,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from durable_harness.harness.core import Event
 from durable_harness.storage import timing
-
-Event = dict[str, Any]
 
 _log = logging.getLogger(__name__)
 
@@ -32,15 +26,13 @@ STORAGE_BUCKETS: tuple[float, ...] = (
     1.0, 2.5,
 )
 # fmt: on
-"""Histogram buckets (seconds) for commits and fsyncs: an fsync on a local SSD takes 50 µs to
-a few ms, on a loaded or networked disk up to seconds."""
+"""Histogram buckets (seconds) for commits and fsyncs (50 µs on an SSD to seconds)."""
 
 CALL_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 """Histogram buckets (seconds) for tool calls and provider requests."""
 
 MAX_TOOL_LABELS = 64
-"""Distinct values of the ``tool`` label; later names (and names over 64 characters) are
-counted as ``other``."""
+"""Distinct values of the ``tool`` label; later (or longer than 64) names count as ``other``."""
 
 LIVE_STATES = frozenset({"creating", "idle", "running"})
 """Lifecycle states in which a session's generation (and its live suspensions) still exists."""
@@ -57,24 +49,13 @@ _TOKEN_KINDS = {
 
 
 class HostMetrics:
-    """The host's metrics, fed by harness events and storage timing, rendered for ``/metrics``.
-
-    Feed it with :meth:`observe` (``manager.observe(metrics.observe)``: the callback takes
-    ``(session_id, event)``), start it (:meth:`start`, or ``with HostMetrics() as m``) so it
-    hears commit and fsync latency, and serve :meth:`render`. Every method is safe to call from
-    any thread, and :meth:`observe` never raises (a broken event is logged and skipped: a
-    metrics bug must not break a run).
-
-    Series: each one below with its help text, all prefixed ``durable_harness_``
-    (``design/observability.md`` lists their labels and values); ``sessions{state}``,
-    ``tool_calls_awaiting_decision`` and the ``worker_*`` counters are set by the manager
-    (:meth:`set_state_counts`, :meth:`set_awaiting_counts`, :meth:`set_worker_counts`).
+    """The host's metrics, rendered for ``/metrics``: feed :meth:`observe`
+    (``manager.observe(metrics.observe)``), :meth:`start` it for storage timing, serve
+    :meth:`render`. Thread-safe; :meth:`observe` never raises (a broken event is logged).
 
     Args:
-        refresh: called with this object at the start of every :meth:`render` (a scrape), to
-            set the gauges whose truth lives elsewhere (:meth:`set_state_counts`,
-            :meth:`set_awaiting_counts` from the manager). An exception in it is logged and the
-            rest of the exposition still rendered.
+        refresh: called with this object at the start of every :meth:`render`, to set the
+            gauges whose truth lives elsewhere (an exception in it is logged).
     """
 
     def __init__(self, refresh: Callable[[HostMetrics], None] | None = None) -> None:
@@ -159,8 +140,7 @@ class HostMetrics:
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> HostMetrics:
-        """Listen to :mod:`durable_harness.storage.timing` (commit and fsync latency of every
-        store in this process); idempotent. Returns ``self``."""
+        """Listen to :mod:`durable_harness.storage.timing`; idempotent. Returns ``self``."""
         with self._lock:
             if self._remove_observer is None:
                 self._remove_observer = timing.add_observer(self._on_timing)
@@ -188,8 +168,7 @@ class HostMetrics:
     # -- harness events ----------------------------------------------------------------------
 
     def observe(self, session_id: str, event: Event) -> None:
-        """Count one harness event of session ``session_id`` (or a manager ``lifecycle`` event
-        ``{"type": "lifecycle", "state": ...}``). Never raises."""
+        """Count one event of session ``session_id`` (harness or ``lifecycle``). Never raises."""
         if event.get("type") not in _COUNTED:  # most events (stream deltas) count nothing
             return
         try:
@@ -230,13 +209,13 @@ class HostMetrics:
                 self.tool_call_seconds.labels(tool=tool).observe(time.monotonic() - began)
         elif etype == "provider_request_start":
             with self._lock:
-                self._started[(sid, run_id, _request_key(event))] = time.monotonic()
+                self._started[(sid, run_id, request_key(event))] = time.monotonic()
         elif etype == "provider_request_end":
             purpose = str(event.get("purpose", "turn"))
             outcome = str(event.get("outcome", "unknown"))
             self.provider_requests.labels(purpose=purpose, outcome=outcome).inc()
             with self._lock:
-                began = self._started.pop((sid, run_id, _request_key(event)), None)
+                began = self._started.pop((sid, run_id, request_key(event)), None)
             if began is not None:
                 self.provider_request_seconds.labels(purpose=purpose).observe(
                     time.monotonic() - began
@@ -255,8 +234,7 @@ class HostMetrics:
 
     def _tool_label(self, name: str) -> str:
         """The ``tool`` label for a tool name: the name, or ``other`` once
-        :data:`MAX_TOOL_LABELS` names are in use (a model may call a tool that does not exist,
-        under any name: it must not grow the number of series without bound)."""
+        :data:`MAX_TOOL_LABELS` names are in use (a model may call any name)."""
         with self._lock:
             if name in self._tool_names:
                 return name
@@ -274,7 +252,7 @@ class HostMetrics:
     # -- gauges set by the manager -----------------------------------------------------------
 
     def _awaiting_add(self, delta: int) -> None:
-        """Move the awaiting total by ``delta`` (called under the lock)."""
+        """Move the awaiting total by ``delta`` (under the lock)."""
         if delta:
             self._awaiting_total += delta
             self.awaiting.set(self._awaiting_total)
@@ -287,9 +265,8 @@ class HostMetrics:
             self._awaiting_add(count - old)
 
     def set_awaiting(self, session_id: str, count: int) -> None:
-        """Set the in-doubt calls of session ``session_id`` that wait for a decision according
-        to its recovery plan (a session with no live generation; ``0`` clears it). Calls a live
-        generation suspended on are counted from its ``run_end`` events, apart from this.
+        """Set the plan-derived count of in-doubt calls of ``session_id`` (``0`` clears it);
+        a live generation's are counted from its ``run_end`` events.
 
         Raises:
             ValueError: ``count`` is negative.
@@ -303,8 +280,7 @@ class HostMetrics:
             self._awaiting_add(count - old)
 
     def set_awaiting_counts(self, counts: Mapping[str, int]) -> None:
-        """Replace every plan-derived awaiting count with ``counts`` (``{session id: calls}``,
-        e.g. ``SessionManager.awaiting_decisions()``); sessions absent from it count 0.
+        """Replace every plan-derived awaiting count with ``counts`` (``{session id: calls}``).
 
         Raises:
             ValueError: a count is negative.
@@ -318,8 +294,7 @@ class HostMetrics:
             self._awaiting_add(sum(self._planned.values()) - old)
 
     def forget_session(self, session_id: str) -> None:
-        """Drop everything kept for ``session_id`` (its awaiting counts, pending start times):
-        for a forgotten or closed session. Counters keep their totals."""
+        """Drop the awaiting counts and start times kept for ``session_id``."""
         with self._lock:
             delta = -self._planned.pop(session_id, 0)
             for lane_key in [k for k in self._live if k[0] == session_id]:
@@ -329,8 +304,7 @@ class HostMetrics:
             self._awaiting_add(delta)
 
     def set_state_counts(self, counts: Mapping[str, int]) -> None:
-        """Set ``sessions{state}`` to ``counts`` (``{state: sessions}``); a state reported
-        before and absent now reads 0."""
+        """Set ``sessions{state}`` to ``counts``; a state absent now reads 0."""
         with self._lock:
             for state in self._states - set(counts):
                 self.sessions.labels(state=state).set(0)
@@ -341,8 +315,7 @@ class HostMetrics:
     # -- exposition --------------------------------------------------------------------------
 
     def set_worker_counts(self, claims: int, failures: int, lost: int) -> None:
-        """Bring the worker counters up to the worker's own totals (counts since the host
-        started; the counters only ever move up by the difference)."""
+        """Bring the worker counters up to the worker's own totals (they only move up)."""
         with self._lock:
             seen = self._worker_seen
             for counter, now, before in zip(
@@ -356,9 +329,8 @@ class HostMetrics:
             self._worker_seen = (max(claims, seen[0]), max(failures, seen[1]), max(lost, seen[2]))
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The exposition for a scrape: ``(body, content type)``. ``accept`` is the request's
-        ``Accept`` header: OpenMetrics when it asks for it, else the Prometheus text format
-        0.0.4. Runs the ``refresh`` hook first."""
+        """The exposition for a scrape: ``(body, content type)``, OpenMetrics when ``accept``
+        asks for it, else the Prometheus text format. Runs the ``refresh`` hook first."""
         if self._refresh is not None:
             try:
                 self._refresh(self)
@@ -368,7 +340,8 @@ class HostMetrics:
         return encoder(self.registry), content_type
 
 
-def _request_key(event: Event) -> str:
+def request_key(event: Event) -> str:
+    """The key of a provider request attempt among its run's: purpose, turn and attempt."""
     return f"req:{event.get('purpose')}:{event.get('turn')}:{event.get('attempt')}"
 
 

@@ -55,18 +55,11 @@ class HostOptions:
         tools: ``runtime -> {name: tool}``: the tools of a generation.
         harness: run-loop settings (the provider spec is set per session).
         control: ``(manager, session id) -> async context manager yielding a port or None``:
-            each generation's own control endpoint, entered once the generation is up and
-            left when it stops (the HTTP front's is
-            ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
-        claim_interval: on a store that can claim crashed sessions (PostgreSQL), seconds
-            between two claim rounds of the worker loop (``host/worker.py``; also one at
-            start-up); ``None``: no claiming.
-        roots: the directory trees sessions may be created in (``serve --root``,
-            repeatable): a new session's working directory must be one of them or inside
-            one, real paths compared (symlinks resolved), else
-            :class:`~durable_harness.errors.CwdNotAllowed`. The manager's ``create`` checks
-            it, so the HTTP API, the console and ACP's ``session/new`` apply the one rule.
-            ``None``: any directory.
+            each generation's control endpoint (``http.control.control_endpoint``), or None.
+        claim_interval: seconds between claim rounds on a store that can claim
+            (``host/worker.py``); ``None``: no claiming.
+        roots: the directory trees sessions may be created in (``design/host.md``,
+            "Roots"); ``None``: any directory.
     """
 
     provider: str | None = None

@@ -1,9 +1,5 @@
-"""A session process: one runtime generation of a session (``design/host.md``).
-
-Everything process-bound lives here and nowhere else: the open writable session (and so the
-writer lease), the :class:`~durable_harness.harness.harness.Harness` and its task group, the
-cancel scope that ends the generation, the turn lock, the event listeners, the control port.
-None of it is persisted; the :class:`~durable_harness.host.record.SessionRecord` is.
+"""A session process: one runtime generation of a session, everything process-bound and
+nothing persisted (``design/host.md``, "Two objects").
 """
 
 from __future__ import annotations
@@ -78,20 +74,13 @@ class SessionProcess:
                 stream.close()
 
     def listen(self, after: tuple[int, int] | None = None) -> MemoryObjectReceiveStream[Event]:
-        """A stream of this generation's events, in order; it ends when the generation stops
-        (or the reader falls too far behind).
-
-        ``after``: ``None``, from now on; ``(generation, eventId)`` of the last event a reader
-        saw, the events after it first (kept: the last :data:`REPLAY_EVENTS`), then the live
-        ones, none twice. From an earlier generation, this one's from its first event. When
-        kept events cannot cover the rest (some were dropped, or the reader's generation ended
-        since), a ``{"type": "gap", "reason": "dropped"|"generation", "after": [generation,
-        eventId], "resumes": [generation, eventId]}`` notice (no ``eventId``) comes first
-        (``design/http.md``, "Events").
+        """A stream of this generation's events, in order, ending when the generation stops
+        (or the reader falls too far behind). ``after``: the ``(generation, eventId)`` a reader
+        saw last: the kept events after it first, with a ``gap`` notice when they cannot
+        cover the rest (``design/http.md``, "Events").
 
         Raises:
-            InvalidRequest: ``after`` names an event this generation has not sent (a later
-                generation, or an eventId above the last one).
+            InvalidRequest: ``after`` names an event this generation has not sent.
         """
         replay: list[Event] = []
         if after is not None:

@@ -1,15 +1,6 @@
 """The host's read model: every value a front shows of a session, computed in one place
-(``design/host.md``, "Reading a session").
-
-:class:`ReadModel` answers ``get``, ``list``, ``status``, the transcript and log pages, the
-plan and the calls it waits on, and for the console's pages :meth:`ReadModel.detail` (cost,
-last activity, "resumable", the reconcile hook of each waiting call). The HTTP API, the console,
-ACP and the CLI read these and recompute none of them; :class:`~durable_harness.host.manager.
-SessionManager` is this read model plus the verbs.
-
-A session this process runs is read from its live generation (:attr:`ReadModel.live`, kept by
-the generation runner); any other one from the store, read-only (no lease taken), with its
-record and plan kept until something changes the session (:meth:`ReadModel.read`).
+(``design/host.md``, "Reading a session"). A live session is read from its generation, any
+other from the store, read-only, its record and plan kept until the session changes.
 """
 
 from __future__ import annotations
@@ -42,13 +33,11 @@ if TYPE_CHECKING:
     from durable_harness.host.worker import Worker
 
 Hook = Literal["missing", "unsure", "none"]
-"""Why a waiting call's tool could not settle it: not installed here, its reconcile hook
-could not tell, or it has no hook."""
+"""Why a waiting call's tool could not settle it: not installed, unsure, or no hook."""
 
 
 def parse_ts(value: Any) -> float | None:
-    """Seconds since the epoch of a record ``timestamp`` (UTC ISO 8601 with ``Z``), or
-    ``None`` when it is missing or malformed."""
+    """Seconds since the epoch of a record ``timestamp`` (ISO 8601), or ``None``."""
     if not isinstance(value, str) or not value:
         return None
     try:
@@ -59,8 +48,7 @@ def parse_ts(value: Any) -> float | None:
 
 @dataclass
 class SessionView:
-    """A session as read from its files: every entry, every record, each lane's leaf and
-    path (root to leaf)."""
+    """A session's files: every entry and record, each lane's leaf and path (root to leaf)."""
 
     entries: list[dict[str, Any]]
     records: list[dict[str, Any]]
@@ -70,8 +58,7 @@ class SessionView:
     @property
     def cost(self) -> dict[str, Any]:
         """The session's cost so far: the ``total`` of
-        :func:`~durable_harness.harness.report.cost_summary` (what ``durable-harness cost``
-        prints: ``{"tokens", "cost", "known_cost", "unknown_cost_turns"}``)."""
+        :func:`~durable_harness.harness.report.cost_summary`."""
         return dict(cost_summary(self.records, lambda: self.entries)["total"])
 
     @property
@@ -105,17 +92,8 @@ class WaitingCall:
 
 @dataclass
 class SessionDetail:
-    """What a session's page shows (:meth:`ReadModel.detail`).
-
-    Attributes:
-        record: the record; status: :meth:`ReadModel.status`'s answer.
-        plan: the recovery plan when suspended; needs_decision: whether it waits on one.
-        resumable: whether ``resume`` would start a generation now (closed, failed, or
-            suspended with a plan that needs no decision).
-        view: the session's files (cost, last activity, transcript, records).
-        running: ids of unsettled calls whose process group is alive on this machine.
-        waiting: the calls the plan waits on.
-    """
+    """What a session's page shows (:meth:`ReadModel.detail`); ``running``: ids of unsettled
+    calls whose process group is alive here; ``resumable``: :func:`resumable`."""
 
     record: SessionRecord
     status: dict[str, Any]
@@ -129,7 +107,7 @@ class SessionDetail:
 
 def resumable(rec: SessionRecord, plan: RecoveryPlan | None) -> bool:
     """Whether ``resume`` would start a generation of ``rec``'s session (``plan``: its plan
-    when suspended): closed, failed, or suspended with a plan that needs no decision."""
+    when suspended)."""
     if rec.state == "suspended":
         return plan is None or not needs_decision(plan)
     return rec.state in ("closed", "error")
@@ -141,18 +119,16 @@ def _copy(rec: SessionRecord) -> SessionRecord:
 
 
 class ReadModel:
-    """The read side of the host (see the module docstring).
+    """The read side of the host.
 
     Attributes:
-        store: the :class:`~durable_harness.storage.base.Store` read.
-        options: the host's :class:`~durable_harness.host.options.HostOptions`.
         live: ``{session id: live generation}`` of this process (the runner keeps it).
         plans: the kept recovery plans of suspended sessions, by id.
         keys: ``{creation Idempotency-Key: session id}``.
         unreadable: ``{"id", "path", "error"}`` of each session the last reconciliation
             could not read.
-        worker: the claim loop, on stores that claim; lost: generations of this host stopped
-            because their writer lost the session (fenced out, or the database lost).
+        worker: the claim loop, on stores that claim; lost: generations stopped because
+            their writer lost the session.
     """
 
     def __init__(self, store: Store, options: HostOptions) -> None:
@@ -191,8 +167,6 @@ class ReadModel:
             InvalidRequest: a malformed id. SessionNotFound: no such session.
         """
         self.check_id(session_id)
-        # One lookup: open_session resolves the reference itself (by the store's exact-id
-        # fast path, Store.find_exact), so a second resolve here would only repeat it.
         store = self.store.open_session(session_id, write=False)
         if store.session_id != session_id:  # a unique prefix of another id: ids here are exact
             store.close()
@@ -200,14 +174,9 @@ class ReadModel:
         return store
 
     async def read(self, session_id: str) -> SessionRecord:
-        """The record of a session this process does not run, and its plan when suspended.
-
-        Both are kept, keyed by what any change to the session changes (its last seq, its
-        lease generation, whether a live process holds it): a session nobody changed since it
-        was last read is not read and planned again. A plan that asked a tool's reconcile hook
-        or saw a live process group (both look at the world, not the log) is never kept. No
-        plan is offered while a dead generation's group runs here: it is killed and recorded
-        first (:func:`~durable_harness.host.leftovers.kill_stored_leftovers`)."""
+        """The record of a session this process does not run, and its plan when suspended,
+        both kept until the session changes; a dead generation's live group here is killed
+        before a plan is offered (``design/host.md``, "Reading a session")."""
         with self.open_read(session_id) as store:
             key = (store.last_seq(), store.generation, store.lease_holder() is not None)
             seen = self._seen.get(session_id)
@@ -250,12 +219,11 @@ class ReadModel:
         return rec
 
     async def read_not_live(self, session_id: str, before: str) -> SessionRecord:
-        """The stored record of a session that no live generation holds, here or in another
-        process (``before``: what the caller is about to do, for the message).
+        """The stored record of a session no live generation holds, here or elsewhere
+        (``before``: what the caller is about to do, for the message).
 
         Raises:
-            SessionLive: a generation of this process runs it, or another live process holds
-                it (its record says ``creating``, ``idle`` or ``running`` and its owner lives).
+            SessionLive: a generation here runs it, or another live process holds it.
         """
         proc = self.live.get(self.check_id(session_id))
         if proc is not None:
@@ -274,9 +242,8 @@ class ReadModel:
         return rec
 
     def live_groups(self, session_id: str) -> builtins.list[int]:
-        """The pgids of the live process groups recorded for the unsettled tool calls of a
-        closed session (as last read), read without the writer lease (reporting only). A
-        closed session with no open run has none, and is not opened again."""
+        """The pgids of the live groups recorded for a closed session's unsettled calls (as
+        last read; one with no open run is not opened again)."""
         if session_id not in self._closed_open:
             return []
         return [(c.process or {}).get("pgid", 0) for c in self._live_calls(session_id)]
@@ -288,8 +255,7 @@ class ReadModel:
 
     def holder_elsewhere(self, session_id: str) -> dict[str, Any] | None:
         """The live process holding the writer lease of a session this process does not run
-        (``{"pid", "host", "generation"}``), or ``None`` (also for a session that exists
-        nowhere or cannot be read: the caller's own error says so)."""
+        (``{"pid", "host", "generation"}``), or ``None`` (also when it cannot be read)."""
         try:
             with self.open_read(session_id) as store:
                 return store.lease_holder()
@@ -316,8 +282,8 @@ class ReadModel:
         return proc.record if proc is not None else await self.read(session_id)
 
     async def list(self, states: builtins.list[str] | None = None) -> builtins.list[SessionRecord]:
-        """Every readable session of the store, most recently modified first (unreadable
-        ones are in :attr:`unreadable`); with ``states``, only those in one of them.
+        """Every readable session, most recently modified first; with ``states``, only those
+        in one of them.
 
         Raises:
             InvalidRequest: a value of ``states`` is no lifecycle state.
@@ -336,8 +302,7 @@ class ReadModel:
         return out
 
     async def listing(self, states: builtins.list[str] | None = None) -> dict[str, Any]:
-        """``GET /sessions``: ``{"sessions", "unreadable"}``, each session's record with the
-        calls it waits on (``waiting``: :meth:`waiting`)."""
+        """``GET /sessions``: ``{"sessions", "unreadable"}``, each record with its ``waiting``."""
         records = await self.list(states)
         sessions = [r.to_json() | {"waiting": self.waiting(r.id)} for r in records]
         return {"sessions": sessions, "unreadable": self.unreadable}
@@ -347,9 +312,8 @@ class ReadModel:
         return None if session_id in self.live else self.plans.get(session_id)
 
     def waiting(self, session_id: str) -> builtins.list[dict[str, Any]]:
-        """The in-doubt calls a suspended session waits on for a decision (as last read),
-        each with its tool, call id and arguments or their digest
-        (:func:`~durable_harness.host.listing.waiting_calls`); ``[]`` otherwise."""
+        """The in-doubt calls a suspended session waits on (as last read:
+        :func:`~durable_harness.host.listing.waiting_calls`)."""
         return waiting_calls(self.plan(session_id))
 
     def awaiting_decisions(self) -> dict[str, int]:
@@ -366,15 +330,14 @@ class ReadModel:
         return {state: counts.get(state, 0) for state in STATES}
 
     def worker_counts(self) -> tuple[int, int, int] | None:
-        """``(sessions claimed, claim rounds failed, generations lost)`` on a worker
-        (``host/worker.py``), else ``None``."""
+        """``(sessions claimed, claim rounds failed, generations lost)`` on a worker, else
+        ``None``."""
         w = self.worker
         return None if w is None else (len(w.claimed), w.failures, self.lost)
 
     async def status(self, session_id: str) -> dict[str, Any]:
-        """``{"id", "state", "generation", "lanes", "plan", "port", "last_error"}``:
-        ``lanes`` lists each lane's ``lane``, ``leaf``, ``run_id`` and ``live``; ``plan`` is
-        the recovery plan (``durable-harness recover --json``) when suspended, else ``None``."""
+        """``{"id", "state", "generation", "lanes", "plan", "port", "last_error"}``; ``plan``
+        only when suspended."""
         proc = self.live.get(self.check_id(session_id))
         if proc is not None:
             return _status(proc.record, proc.session.store, proc.running, None, proc.port)
@@ -406,7 +369,7 @@ class ReadModel:
         return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
 
     def view(self, session_id: str) -> SessionView:
-        """The session's files, read-only (no lease: also one a live generation writes).
+        """The session's files, read-only (no lease).
 
         Raises:
             SessionNotFound, StorageError: as :meth:`Store.open_session`.

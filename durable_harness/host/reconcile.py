@@ -1,13 +1,6 @@
 """Start-up reconciliation and recovery of the sessions no generation of this process runs
-(``design/host.md``): plan each one, then adopt it (a worker's claim), resume it, or leave it
-``suspended`` with its plan; and finish a close a crash interrupted.
-
-:class:`Reconciler` plans with the same planner as ``durable-harness recover``
-(:func:`~durable_harness.recovery.resume.plan_recovery`), kills the process groups a dead
-generation left running before any plan is offered (:mod:`~durable_harness.host.leftovers`),
-writes decisions only through the one decision writer
-(:func:`~durable_harness.recovery.decisions.commit_decisions`), and starts the next generation
-through the :class:`~durable_harness.host.runner.GenerationRunner`.
+(``design/host.md``, "The manager"): plan each (the planner of ``durable-harness recover``),
+then adopt, resume, or leave it ``suspended`` with its plan; finish an interrupted close.
 """
 
 from __future__ import annotations
@@ -50,11 +43,9 @@ class Reconciler:
         self.lock = lock
 
     async def reconcile(self) -> list[SessionRecord]:
-        """Read every session of the store; a stored live state whose owner is gone becomes
-        ``suspended`` with its plan (``closing`` becomes ``closed``, after the process groups
-        its unsettled calls left running are killed: :meth:`close_stored`); then, per
-        ``options.auto_resume``, resume each suspended session whose plan needs no decision.
-        Returns the records after it."""
+        """Read every session (a dead owner's live state becomes ``suspended`` with its plan,
+        an interrupted close is finished), then resume per ``options.auto_resume``. Returns
+        the records after it."""
         reads = self.reads
         reads.unreadable = []
         records: list[SessionRecord] = []
@@ -133,9 +124,9 @@ class Reconciler:
         *,
         start: bool = True,
     ) -> SessionRecord:
-        """Plan ``rec``'s session on ``store`` (open for writing, lease held) and start its
-        next generation, unless the plan needs a decision (or not ``start``): then the
-        decisions are recorded, the lease released, and the session stays suspended."""
+        """Plan ``rec``'s session on ``store`` (lease held) and start its next generation;
+        when the plan needs a decision (or not ``start``), record the decisions, release
+        the lease and leave it suspended."""
         session = Session(store)
         options = self.reads.options
         try:
@@ -160,11 +151,9 @@ class Reconciler:
         return rec
 
     async def close_stored(self, session_id: str) -> SessionRecord:
-        """Close a session no generation of this process runs: under its lease, kill the live
-        process groups its crashed generation left for unsettled tool calls, then write
-        ``closed`` (a suspended or failed session, or one whose close a crash interrupted:
-        stored ``closing``, read as ``closed``). A closed session with no live group is left
-        as it is."""
+        """Close a session no generation here runs: under its lease, kill the live groups its
+        dead generation left, then write ``closed`` (a closed one with no live group is left
+        as it is)."""
         async with self.lock:
             rec = await self.reads.read_not_live(session_id, "closing it")
             if rec.state == "closed" and not self.reads.live_groups(session_id):

@@ -1,30 +1,6 @@
-"""The generation runner: the life of one session process, from the start of a runtime
-generation to the release of its lease (``design/host.md``).
-
-:class:`GenerationRunner` starts each generation in the manager's task group (the harness,
-the recovery plan executed lane by lane, the control endpoint), follows its events (which
-lanes run), moves its lifecycle state (the only place a live generation's state moves:
-:func:`~durable_harness.host.lifecycle.check`), and ends it: ``closed`` written when it was
-closing, the store let go of (handed back on a worker), the process forgotten.
-
-The close of a live generation is staged and bounded (``design/host.md``, "Closing"):
-
-1. **Abort.** Every running lane is aborted with ``grace = close_grace``: ``abort_requested``
-   is durable, the run is cancelled, a ``bash`` command gets SIGINT (pty runtime, its
-   terminal's foreground group) and SIGTERM now and SIGKILL when the grace ends.
-2. **Grace.** Up to ``close_grace`` seconds (plus :data:`SETTLE_SLACK`, so that a command its
-   tool killed at the end of the grace can settle as aborted) for the runs to settle.
-3. **Kill step.** The harness is fenced (:meth:`~durable_harness.harness.harness.Harness.
-   fence`): nothing more is written to its lane logs, so a tool that ignored cancellation
-   and answers later does not have its result recorded, and its call stays in doubt with its
-   run open, exactly as after a crash (``recover`` shows it; a resume decides it). Then the
-   process groups of unsettled calls are SIGKILLed and the generation is cancelled.
-4. **Release.** Up to :data:`STOP_WAIT` seconds for the generation to stop; then ``closed``
-   is written and the lease released even if a tool (a thread that cannot be cancelled) is
-   still holding the generation's task.
-
-So a close returns within ``close_grace + SETTLE_SLACK + STOP_WAIT`` (< grace + 2 s), plus
-the bounded wait for a SIGKILLed group to die.
+"""The generation runner: one session process's life, from the start of a runtime
+generation to the release of its lease (``design/host.md``, "The manager"; the staged close:
+**close** there).
 """
 
 from __future__ import annotations
@@ -65,18 +41,16 @@ Control = Callable[[str], AbstractAsyncContextManager[int | None]]
 
 
 class GenerationRunner:
-    """Starts, follows and ends the generations of one manager.
+    """Starts, follows and ends the generations of one manager; the only place a live
+    generation's state moves (:func:`~durable_harness.host.lifecycle.check`).
 
     Args:
-        reads: the manager's read model (its :attr:`~ReadModel.live` generations are kept
-            here).
+        reads: the manager's read model (its :attr:`~ReadModel.live` is kept here).
         control: the control endpoint of each generation, or ``None``.
 
     Attributes:
-        observers: ``(session id, event)`` callbacks given every event of every generation
-            started from then on.
-        hand_over: set when a worker shuts down: its generations' sessions are handed back
-            (``host/worker.py``) instead of closed, so the other workers claim them at once.
+        observers: ``(session id, event)`` callbacks for every event of later generations.
+        hand_over: a worker shutting down: sessions are handed back, not closed.
     """
 
     def __init__(self, reads: ReadModel, control: Control | None) -> None:
@@ -95,8 +69,7 @@ class GenerationRunner:
             proc.publish({"type": "lifecycle", "state": state})
 
     def write(self, proc: SessionProcess, state: State, **extra: Any) -> None:
-        """Make ``state`` durable (a ``session_lifecycle`` record, through the generation's
-        harness: the only writer of a live session; straight to the store before the harness
+        """Make ``state`` durable (a ``session_lifecycle`` record, through the harness once it
         is up) and enter it."""
         rec = lifecycle_record(proc.record, state, **extra)
         if proc.harness is not None:
@@ -113,7 +86,7 @@ class GenerationRunner:
         client_key: str | None,
     ) -> None:
         """Start a generation for ``rec`` on ``session`` (open for writing); returns once it
-        is up (or has failed and recorded why).
+        is up or has failed and recorded why.
 
         Raises:
             RuntimeError: the manager is not entered (``async with SessionManager(...)``).
@@ -136,7 +109,6 @@ class GenerationRunner:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """The body of one generation: the harness, then the release of the lease."""
         rec = proc.record
         started = False
         lost = False  # the writer lost the session: fenced out, or the database lost
@@ -180,9 +152,8 @@ class GenerationRunner:
                     task_status.started()
 
     async def release(self, proc: SessionProcess, lost: bool = False) -> None:
-        """End a generation: write ``closed`` if it was closing, let go of the store, forget
-        the process. Once only: a close that could not wait for a stuck tool calls it before
-        the generation task itself gets there (:meth:`close`)."""
+        """End a generation once: write ``closed`` if it was closing, let go of the store,
+        forget the process (a close that gave up waiting calls it before the task does)."""
         if proc.releasing:
             return
         proc.releasing = True
@@ -206,8 +177,8 @@ class GenerationRunner:
         proc.stopped.set()
 
     async def close(self, proc: SessionProcess) -> None:
-        """Close a live generation in the stages of the module docstring (``closing``
-        recorded first); a no-op when it is closing already. Returns once it is released."""
+        """Close a live generation in stages (abort, grace, kill step, release:
+        ``design/host.md``, **close**); returns once it is released."""
         if proc.record.state != "closing":
             self.write(proc, "closing")
             harness = proc.harness
@@ -228,8 +199,8 @@ class GenerationRunner:
         await proc.stopped.wait()
 
     def stop_fenced(self) -> list[str]:
-        """Stop every generation whose writer lease another writer took (it was paused or
-        cut off past its lease: ``host/worker.py``), writing nothing; returns their ids."""
+        """Stop every generation whose writer lease another writer took, writing nothing;
+        returns their ids."""
         fenced = [p for p in self.reads.live.values() if worker.fenced_out(p.session.store)]
         for proc in fenced:
             worker.log.warning(
@@ -249,8 +220,7 @@ class GenerationRunner:
 
     @asynccontextmanager
     async def _control(self, proc: SessionProcess) -> AsyncIterator[None]:
-        """The generation's control endpoint, if any: its port is runtime state on
-        ``proc.port`` while the generation lives, never persisted."""
+        """The generation's control endpoint, if any (``proc.port`` while it lives)."""
         if self.control is None:
             yield
             return
@@ -262,8 +232,8 @@ class GenerationRunner:
                 proc.port = None
 
     def _provider_spec(self, proc: SessionProcess) -> str:
-        """The spec a generation runs with (``choose_provider``, the one rule): the session's
-        own, else the first lane's recorded one, else the host default."""
+        """The spec a generation runs with (``choose_provider``): the session's own, else the
+        first lane's recorded one, else the host default."""
         store, rec = proc.session.store, proc.record
         recorded = next(
             filter(None, (recorded_provider_spec(proc.session, n) for n in store.lanes())), None

@@ -1,22 +1,6 @@
-"""The host as a worker of a shared store (``design/host.md``, "Workers";
+"""The host as a worker of a shared store: the claim loop, and letting go of a session
+whose writer was fenced out or lost its database (``design/host.md``, "Workers";
 ``design/postgres.md``, "Worker claims").
-
-On a store whose sessions any host may take over (PostgreSQL: leases that expire), the
-manager claims the sessions whose writer died, at start-up and every ``claim_interval``
-seconds, and recovers each exactly once: the claim itself is the arbiter (one statement,
-``FOR UPDATE SKIP LOCKED``, the generation bumped), so many workers share one database
-without a coordinator. Each claimed session goes to the host's ``adopt`` (:class:`Host`: the
-few calls the loop makes of its manager), which plans
-it with the same planner as ``resume`` and ``recover`` and resumes it only when the plan needs
-no decision; the others are left ``suspended`` with their lease released.
-
-The same loop stops the generations whose lease another worker took (the writer was paused
-or cut off past its lease): their commits are refused by the fence anyway; stopping them
-frees the memory and never writes over the new owner's record.
-
-The capabilities are two small protocols, so the host never asks which backend it runs on:
-:class:`ClaimingStore` (a catalogue that can claim) and :class:`HandsBack` (a session store
-that can tell it was fenced out and hand its session over).
 """
 
 from __future__ import annotations
@@ -102,12 +86,9 @@ def can_claim(store: Store) -> bool:
 
 def writer_lost(exc: BaseException, store: SessionStore) -> bool:
     """Whether ``exc``, which ended a generation on ``store``, means the writer lost the
-    session rather than that the session failed: fenced out (``StaleGeneration``: another
-    writer owns it; writing ``error`` would be refused and must not be tried over the new
-    owner), or, on a store that hands sessions back, the database lost (``StorageIOError``:
-    a commit whose outcome is unknown, a server restart longer than the reconnect deadline).
-    Such a generation is stopped without a lifecycle record and its session handed back for a
-    claim, which reloads it from what the database holds (``design/host.md``)."""
+    session (fenced out: ``StaleGeneration``; or, on a store that hands sessions back, the
+    database lost: ``StorageIOError``) rather than that the session failed
+    (``design/host.md``, "Workers": "Fenced out", "Database lost")."""
     cause = root_cause(exc)
     if isinstance(cause, StaleGeneration):
         return True
@@ -119,25 +100,15 @@ def writer_lost(exc: BaseException, store: SessionStore) -> bool:
 
 
 def fenced_out(store: SessionStore) -> bool:
-    """Whether another writer took ``store``'s lease (only stores with expiring leases can
-    tell; a ``flock`` cannot be lost)."""
+    """Whether another writer took ``store``'s lease (only a :class:`HandsBack` store can)."""
     return isinstance(store, HandsBack) and store.writer_lost
 
 
 async def let_go(store: SessionStore, *, lost: bool = False, hand_over: bool = False) -> None:
-    """Let go of a session open for writing.
-
-    * by default: close it (barrier, lease released);
-    * ``lost`` (:func:`writer_lost`, :func:`fenced_out`): hand it back without a barrier (the
-      server may be away, or the writer fenced out); the lease, if still ours, is marked
-      expired so the next claim anywhere takes it over;
-    * ``hand_over`` (a worker shutting down): barrier, then hand it back, so the other
-      workers claim its sessions at once instead of leaving them to the next start-up.
-
-    On a store that cannot hand sessions back both are a plain close. On one that can, this
-    runs on a worker thread (an unreachable server blocks for its connect timeout: that must
-    not stall the host's other sessions) and never raises (a failing close hands back too),
-    so one session's lost database never stops the host."""
+    """Let go of a session open for writing: close it; when ``lost``, hand it back without a
+    barrier; when ``hand_over`` (a worker shutting down), barrier then hand it back. On a
+    :class:`HandsBack` store this runs on a worker thread and never raises (a failing close
+    hands back too); on another, both flags mean a plain close."""
     if not isinstance(store, HandsBack):
         store.close()
         return
@@ -164,16 +135,11 @@ class Worker:
     """The claim loop of one manager (started by the manager when its store can claim).
 
     Args:
-        manager: the :class:`Host` (the manager).
-        interval: seconds between claim rounds.
+        manager: the :class:`Host` (the manager). interval: seconds between claim rounds.
 
     Attributes:
-        claimed: ids of the sessions this worker claimed, in order (each at most once per
-            crash: a claim bumps the generation).
-        failures: claim rounds that failed (the database unreachable); the next round retries.
-
-    Both are exported as ``durable_harness_worker_*`` series (with the host's lost
-    generations: :meth:`~durable_harness.host.read_model.ReadModel.worker_counts`).
+        claimed: ids of the sessions this worker claimed, in order.
+        failures: claim rounds that failed (the database unreachable).
     """
 
     def __init__(self, manager: Host, interval: float) -> None:
@@ -186,8 +152,8 @@ class Worker:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Claim once (before ``task_status.started()``: start-up reconciliation includes
-        it), then every :attr:`interval` seconds until :meth:`stop`."""
+        """Claim once (before ``task_status.started()``), then every :attr:`interval` seconds
+        until :meth:`stop`."""
         with self._scope:
             await self.tick()
             task_status.started()
@@ -196,12 +162,12 @@ class Worker:
                 await self.tick()
 
     def stop(self) -> None:
-        """End the loop (the manager's shutdown: its generations are then handed over)."""
+        """End the loop."""
         self._scope.cancel()
 
     async def tick(self) -> None:
-        """One round: stop the generations fenced out, then claim until none is left. A
-        failure is logged and counted; the next round tries again."""
+        """One round: stop the generations fenced out, then claim until none is left (a
+        failure is logged and counted)."""
         self.manager.stop_fenced()
         try:
             while await self.claim_once() == CLAIM_BATCH:
@@ -229,9 +195,6 @@ class Worker:
                 log.warning("session %s: claimed but not recovered: %s", claimed.session_id, exc)
                 continue
             log.info(
-                "session %s: claimed (generation %s), now %s",
-                rec.id,
-                rec.generation,
-                rec.state,
+                "session %s: claimed (generation %s), now %s", rec.id, rec.generation, rec.state
             )
         return len(stores)
