@@ -1,21 +1,6 @@
 """The console's routes: server-rendered pages over a :class:`SessionManager`
-(``design/console.md``).
-
-:func:`console_router` returns a FastAPI :class:`~fastapi.APIRouter` to include in the host's
-app (``app.include_router(console_router(lambda: app.state.manager, token=token))``). Pages:
-
-- ``GET /``: the sessions list (``?state=`` and ``?cwd=`` filter it);
-- ``GET /console/sessions/{id}``: a session (transcript, lanes, run timeline, decision panel);
-- ``GET /console/sessions/{id}/live``: the part of that page that changes (a fragment);
-- ``GET /console/sessions/{id}/events``: server-sent events telling the page to fetch the
-  fragment again (one per event of the session's live generation);
-- ``POST /console/sessions/{id}/{send,abort,close,resume,decide}``: the form actions, each
-  answered with a redirect to the session page (post/redirect/get), or the page again with
-  the error and its status;
-- ``GET|POST /console/login``, ``POST /console/filter``, ``GET /console/static/{name}``.
-
-Every POST needs a valid ``csrf_token`` (403 otherwise, before anything is read or written);
-every route needs the bearer token when one is configured (:mod:`.security`).
+(``design/console.md``, "Mounting"). Every POST needs a valid ``csrf_token`` (403 before
+anything is read or written); every route needs the bearer token when one is configured.
 """
 
 from __future__ import annotations
@@ -146,8 +131,7 @@ def console_router(
         csrf_secret: the CSRF MAC key; random per process when ``None``
             (:class:`~durable_harness.console.security.Guard`).
 
-    Returns: an :class:`APIRouter` with the routes of the module docstring; it adds no
-    middleware, so it can be included in any FastAPI app.
+    Returns: an :class:`APIRouter` (no middleware: it can be included in any FastAPI app).
     """
     router = APIRouter(route_class=_SecureRoute, include_in_schema=False)
     guard = Guard(token, csrf_secret)
@@ -170,8 +154,7 @@ def console_router(
         return Response("a bearer token is required", 401, {"WWW-Authenticate": "Bearer"})
 
     async def form_of(request: Request) -> dict[str, str] | Response:
-        """The POST's form fields, or the refusal (401 without the token, 403 without a
-        valid CSRF token): checked before any action."""
+        """The POST's form fields, or its refusal (401: no token; 403: no valid CSRF token)."""
         if not guard.authorized(request):
             return unauthorized(request, page=False)
         form = await request.form()
@@ -386,9 +369,8 @@ def console_router(
     Action = Callable[["SessionManager", dict[str, str]], Awaitable[str | Response]]
 
     async def act(request: Request, session_id: str, action: Action) -> Response:
-        """A form action: the form checked (:func:`form_of`), one verb of the manager, then
-        back to the session page with the notice the action names (or the page it renders:
-        a confirmation), or the error page."""
+        """A form action: the form checked, one verb of the manager, then back to the session
+        page with the action's notice (or the page it returns), or the error page."""
         fields = await form_of(request)
         if isinstance(fields, Response):
             return fields
@@ -443,10 +425,6 @@ def console_router(
 
     @router.post("/console/sessions/{session_id}/kill")
     async def kill(request: Request, session_id: str) -> Response:
-        """The operator's kill of one call's live process group, deciding nothing (the
-        host's verb, as ``POST /sessions/{id}/agent/kill``; a ``tool_process_killed``
-        record)."""
-
         async def action(manager: SessionManager, fields: dict[str, str]) -> str:
             out = await manager.kill_tool(session_id, fields.get("tool_call_id", ""))
             return "killed" if out["killed"] else "gone"
@@ -483,9 +461,8 @@ def console_router(
 
 
 def is_console_path(path: str) -> bool:
-    """Whether a request path is the console's (``/`` and ``/console/...``). The host's
-    bearer-token middleware lets these through: the console checks the same token itself,
-    also from the login cookie, since a browser cannot add a header to a navigation."""
+    """Whether a request path is the console's (``/`` and ``/console/...``), which checks the
+    bearer token itself (``design/console.md``, "Safety")."""
     return path == "/" or path == "/console" or path.startswith("/console/")
 
 

@@ -1,31 +1,6 @@
-"""The run timeline: a session's operation log laid out on a time axis (``design/console.md``).
-
-:func:`build_timeline` folds the records of a session's operation log (the record vocabulary of
-:mod:`durable_harness.models.records`, in ``seq`` order, every lane) into shapes with pixel
-coordinates; the template ``timeline.html`` draws them as an inline ``<svg class="timeline">``.
-No JavaScript is involved: the picture is made on the server.
-
-What is drawn, per lane, on four rows:
-
-- ``run``: ``run_started`` to ``run_finished`` (class ``run`` plus ``outcome-<outcome>``; a run
-  still open is ``open``);
-- ``provider``: one bar per provider attempt, ``provider_request_started`` to ``..._finished``
-  or ``..._failed`` (class ``failed`` for a failed attempt: the retries are the bars after it);
-- ``tools``: one bar per tool intent, ``tool_started`` to its ``tool_finished`` (class
-  ``outcome-<outcome>``); an intent whose generation ended before it was settled is
-  ``in-doubt`` and its bar runs across the gap to its settlement (or to the end);
-- ``marks``: queue receipts and consumptions, save points, abort markers, decisions, process
-  groups and lifecycle records, each a small mark with a ``<title>``.
-
-**The crash as a gap.** Records carry no writer generation, so a generation change is read
-from the log itself: a ``session_lifecycle`` record in state ``idle`` starts a generation, and
-when runs, provider attempts or tool intents are still open at that point, the previous
-generation died with them open. The time between its last record and the new generation's
-first is drawn as a hatched ``gap crash`` region; so is the time from the last record to now
-when the session has no live owner and something is still open (a suspended session). A long
-quiet stretch (more than :data:`QUIET_S` seconds) is drawn as a narrower ``gap quiet`` so a run
-of milliseconds stays visible beside an hour of idleness: the axis is piecewise linear and
-every gap is labelled with its real length.
+"""The run timeline: a session's operation log laid out on a time axis, drawn on the server
+as an inline SVG by ``timeline.html`` (``design/console.md``, "The run timeline": the rows, the
+crash as a gap, the piecewise axis).
 """
 
 from __future__ import annotations
@@ -190,10 +165,8 @@ def build_timeline(
 
     Args:
         records: records as :meth:`SessionStore.records` returns them.
-        live: whether a generation of the session is running now; when not, anything still open
-            at the end was left open by a generation that is gone, and the time from the last
-            record to ``now`` is drawn as a crash gap.
-        now: the current time in seconds since the epoch (the end of the axis when not live).
+        live: whether a generation runs now; when not, anything still open at the end ends in
+            a crash gap up to ``now`` (seconds since the epoch).
 
     Returns: a :class:`Timeline`; records without a parseable ``timestamp`` are skipped.
     """
@@ -376,8 +349,7 @@ def _short(value: Any) -> str:
 
 
 def _mark_title(rtype: str, rec: Mapping[str, Any]) -> str:
-    """A mark's tooltip: the record's one-line summary, as ``durable-harness log`` prints it
-    (:func:`~durable_harness.harness.report.summarize_record`), and its time."""
+    """A mark's tooltip: the record's one-line summary (as ``durable-harness log``) and time."""
     if rtype == "session_lifecycle":
         detail = f"{rec.get('state')} (generation {rec.get('generation')})"
     else:

@@ -1,6 +1,5 @@
 """What the console's pages show of a session's transcript (``design/console.md``): pure
-functions over its entries (pi session format, ``design/storage.md``), which the host's read
-model reads (:meth:`~durable_harness.host.read_model.ReadModel.view`).
+functions over its entries, which the host's read model reads.
 """
 
 from __future__ import annotations

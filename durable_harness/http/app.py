@@ -1,12 +1,6 @@
 """The HTTP API over :class:`~durable_harness.host.manager.SessionManager`
-(``design/http.md``).
-
-A front, and only a front: each route parses its input (:mod:`durable_harness.http.models`),
-makes one manager call, and renders the result; every error goes through
-:mod:`durable_harness.http.errors`. :func:`create_app` builds the application; its lifespan
-enters the manager, so start-up reconciliation has finished before the first request is
-answered, and leaves it on shutdown (live generations are stopped as a crash would stop them;
-the next start reconciles them).
+(``design/http.md``): each route parses its input (:mod:`durable_harness.http.models`), makes
+one manager call and renders the result; :func:`create_app`'s lifespan enters the manager.
 """
 
 from __future__ import annotations
@@ -40,9 +34,8 @@ SSE_PING_SECONDS = 15
 
 
 def body_limit_for(max_message_bytes: int) -> int:
-    """The largest request body accepted: the JSON encoding of the largest message
-    (worst case ``\\u00XX`` escapes: 6 bytes per byte) plus 64 KiB for the other fields.
-    Anything larger is refused before it is read (413 ``message_too_large``)."""
+    """The largest request body accepted: the largest message JSON-escaped (6 bytes per
+    byte at worst) plus 64 KiB for the other fields."""
     return 6 * max_message_bytes + 65536
 
 
@@ -86,9 +79,8 @@ LastEventId = Annotated[
 
 
 def event_id(event: dict[str, Any]) -> str:
-    """The SSE ``id`` of a generation's event: ``GENERATION-EVENTID`` (``design/http.md``,
-    "Events"), unique and ordered across the session's generations; ``""`` for a notice that
-    is not an event of the generation (a ``gap``)."""
+    """The SSE ``id`` of a generation's event, ``GENERATION-EVENTID`` (``design/http.md``,
+    "Events"); ``""`` for a ``gap`` notice."""
     if "eventId" not in event:
         return ""
     return f"{event.get('generation', 0)}-{event['eventId']}"
@@ -119,16 +111,12 @@ def create_app(
             default ``SessionManager(store, options)``.
         store, options: for the default factory (a store spec or
             :class:`~durable_harness.storage.base.Store`; :class:`HostOptions`).
-        token: when given, every request (``/metrics`` and ``/openapi.json`` included) needs
-            ``Authorization: Bearer <token>``. The CLI requires one off loopback.
+        token: when given, every request needs ``Authorization: Bearer <token>``.
         metrics: the ``/metrics`` sink (default: a new :class:`HostMetrics`).
-        own_auth: ``path -> bool``: paths of a front mounted beside the API that checks the
-            token itself (the console, which also takes it from a login cookie); the bearer
-            header check lets them through.
-        loopback_hosts_only: answer only requests whose ``Host`` is ``localhost``,
-            ``127.0.0.1`` or ``[::1]`` (any port); others are 400 ``host_not_allowed``
-            (:class:`~durable_harness.http.guard.LoopbackHosts`). The CLI sets it when it
-            serves without a token (which it does only on loopback): DNS rebinding.
+        own_auth: ``path -> bool``: paths of a front beside the API that checks the token
+            itself (the console); the bearer check lets them through.
+        loopback_hosts_only: answer only loopback ``Host`` values
+            (:class:`~durable_harness.http.guard.LoopbackHosts`).
 
     Returns:
         The FastAPI application (OpenAPI at ``/openapi.json``).
@@ -199,13 +187,15 @@ _KEYED_ROUTE: dict[str, str] = {
 }
 """The status a route taking an ``Idempotency-Key`` can answer besides."""
 
+_ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
 
 def _document_statuses(method: str, operation: dict[str, Any]) -> None:
     """Add to one operation of the document the statuses its route can answer beyond its
-    own (:data:`_ANY_ROUTE`, :data:`_UNSAFE_ROUTE`, :data:`_KEYED_ROUTE`), each with the
-    error body; and, to a POST/DELETE without a body, the ``{}`` it takes."""
+    own, each with the error body; and, to a POST/DELETE without a body, the ``{}`` it takes."""
     responses = operation.setdefault("responses", {})
-    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    if responses.pop("422", None) is not None:
+        responses.setdefault("400", {"description": "invalid_request", "content": _ERROR_BODY})
     extra = dict(_ANY_ROUTE)
     if method.upper() not in SAFE_METHODS:
         extra.update(_UNSAFE_ROUTE)
@@ -220,7 +210,7 @@ def _document_statuses(method: str, operation: dict[str, Any]) -> None:
     if any(p.get("name") == "Idempotency-Key" for p in operation.get("parameters", ())):
         extra.update(_KEYED_ROUTE)
     for status, description in extra.items():
-        answer = responses.setdefault(status, {"description": description, "content": error})
+        answer = responses.setdefault(status, {"description": description, "content": _ERROR_BODY})
         if answer.get("description") != description and description not in str(
             answer.get("description")
         ):
@@ -229,8 +219,7 @@ def _document_statuses(method: str, operation: dict[str, Any]) -> None:
 
 def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """The app's OpenAPI document with FastAPI's default 422 replaced by this API's 400
-    ``invalid_request`` (validation errors are rendered as 400 with the error body), and
-    every status a route can answer listed (:func:`_document_statuses`)."""
+    ``invalid_request`` and every status a route can answer listed."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is not None:
@@ -240,19 +229,6 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
         )
         for item in doc.get("paths", {}).values():
             for method, operation in item.items():
-                responses = operation.get("responses", {})
-                if responses.pop("422", None) is not None:
-                    responses.setdefault(
-                        "400",
-                        {
-                            "description": "invalid_request",
-                            "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/Error"}
-                                }
-                            },
-                        },
-                    )
                 _document_statuses(method, operation)
         schemas = doc.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):

@@ -1,10 +1,6 @@
-"""Errors as HTTP responses: the one table from error code to status (``design/http.md``).
-
-Every error leaves the API as ``{"code", "message", ...details}`` with the library's stable
-code (:mod:`durable_harness.errors`). A code in :data:`STATUS_BY_CODE` takes its status from
-there; any other library error takes the status of its nearest listed ancestor class in
-:data:`STATUS_BY_CLASS`; an exception that is no library error is a bug: 500 ``internal``,
-its text kept out of the body (it is logged).
+"""Errors as HTTP responses: the one table from error code to status, every error body
+``{"code", "message", ...details}`` (``design/http.md``, "Errors"); an exception that is no
+library error is 500 ``internal``, its text logged, not sent.
 """
 
 from __future__ import annotations
@@ -83,10 +79,8 @@ def status_of(error: DurableHarnessError) -> int:
 def error_response(
     status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> Response:
-    """A JSON error response: ``body`` is ``{"code", "message", **details}`` (details may
-    hold any key, ``status`` included), with ``headers`` and the ones the status needs
-    (``WWW-Authenticate`` on 401, ``Accept`` on 415, ``Retry-After`` on 503). Total: a string
-    that UTF-8 cannot encode (a lone surrogate quoted from the request) is escaped
+    """A JSON error response of ``body`` (``{"code", "message", **details}``) with ``headers``
+    and the ones the status needs (401, 415, 503); a string UTF-8 cannot encode is escaped
     (:func:`~durable_harness.errors.encodable`)."""
     headers = dict(headers or {})
     if status == 401:
@@ -99,17 +93,11 @@ def error_response(
         content = orjson.dumps(body, default=str)
     except TypeError:
         content = orjson.dumps(encodable(body), default=lambda v: encodable(str(v)))
-    return Response(
-        content,
-        status_code=status,
-        headers=headers,
-        media_type="application/json",
-    )
+    return Response(content, status_code=status, headers=headers, media_type="application/json")
 
 
 def library_error_response(error: DurableHarnessError) -> Response:
-    """The response of a library error: its ``to_remote_json()`` (what a caller who is not
-    the store's owner may see) with :func:`status_of`."""
+    """The response of a library error: its ``to_remote_json()`` with :func:`status_of`."""
     return error_response(status_of(error), error.to_remote_json())
 
 
