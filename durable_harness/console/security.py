@@ -76,14 +76,7 @@ class Guard:
 
     def set_csrf_cookie(self, request: Request, response: Response, csrf_id: str) -> None:
         """Set the CSRF cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` over https)."""
-        response.set_cookie(
-            CSRF_COOKIE,
-            csrf_id,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        _set_cookie(request, response, CSRF_COOKIE, csrf_id)
 
     # -- the bearer token ---------------------------------------------------------------------
 
@@ -105,12 +98,16 @@ class Guard:
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             return False
         assert self._login_mac is not None
-        response.set_cookie(
-            AUTH_COOKIE,
-            self._login_mac,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        _set_cookie(request, response, AUTH_COOKIE, self._login_mac)
         return True
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str) -> None:
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )

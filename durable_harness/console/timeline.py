@@ -191,6 +191,16 @@ def build_timeline(
         span.end = t
         return span
 
+    def crash(at: float) -> None:
+        """The generation died at ``at``: its tool intents are in doubt, its requests end."""
+        for span in open_tools.values():
+            span.doubt = True
+        for span in open_req.values():
+            span.end = at
+            span.cls += " interrupted"
+            span.title += ", interrupted by the crash"
+        open_req.clear()
+
     def lane_of(rec: Mapping[str, Any]) -> str:
         lane = str(rec.get("lane") or "main")
         if lane not in lanes:
@@ -208,13 +218,7 @@ def build_timeline(
             still_open = [*open_runs.values(), *open_req.values(), *open_tools.values()]
             if still_open:
                 crashes.append((last_t, t))
-                for span in open_tools.values():
-                    span.doubt = True
-                for key, span in list(open_req.items()):
-                    span.end = last_t
-                    span.cls += " interrupted"
-                    span.title += ", interrupted by the crash"
-                    del open_req[key]
+                crash(last_t)
         times.append(t)
         if rtype == "run_started":
             span = _Span(
@@ -230,7 +234,7 @@ def build_timeline(
             span.title += f": {outcome}{reason}"
         elif rtype == "provider_request_started":
             purpose = rec.get("purpose") or "turn"
-            key = (run, purpose, rec.get("turn"), rec.get("attempt"))
+            key: tuple[Any, ...] = (run, purpose, rec.get("turn"), rec.get("attempt"))
             span = _Span(
                 "provider",
                 lane,
@@ -283,14 +287,9 @@ def build_timeline(
     anything_open = bool(open_runs or open_req or open_tools)
     if not live and anything_open and now is not None and now > end:
         crashes.append((end, now))
+        crash(end)
         times.append(now)
         end = now
-        for span in open_tools.values():
-            span.doubt = True
-        for span in open_req.values():
-            span.end = times[-2]
-            span.cls += " interrupted"
-            span.title += ", interrupted by the crash"
     axis = _Axis(times, crashes, GUTTER)
     tl = Timeline(WIDTH, ROW_H * len(ROWS) * len(lanes) + AXIS_H)
     top = {lane: i * ROW_H * len(ROWS) for i, lane in enumerate(lanes)}

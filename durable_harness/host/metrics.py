@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
@@ -186,40 +187,28 @@ class HostMetrics:
         lane = str(event.get("lane", "main"))
         if etype == "run_start":
             self.runs_started.inc()
-            self._set_live(sid, lane, 0)
+            self._set_count(self._live, (sid, lane), 0)
         elif etype == "run_end":
             self.runs.labels(outcome=str(event.get("outcome", "unknown"))).inc()
             awaiting = event.get("awaiting") or []
-            self._set_live(sid, lane, len(awaiting) if event.get("outcome") == "suspended" else 0)
+            waiting = len(awaiting) if event.get("outcome") == "suspended" else 0
+            self._set_count(self._live, (sid, lane), waiting)
             self._drop_started(sid, run_id)
         elif etype == "turn_start":
             self.turns.inc()
-        elif etype == "tool_execution_start":
-            key = (sid, run_id, "tool:" + str(event.get("toolCallId")))
-            with self._lock:
-                self._started[key] = time.monotonic()
+        elif etype in ("tool_execution_start", "provider_request_start"):
+            self._clock((sid, run_id, _call_key(event)), start=True)
         elif etype == "tool_execution_end":
             tool = self._tool_label(str(event.get("toolName", "unknown")))
             self.tool_calls.labels(tool=tool, outcome=str(event.get("outcome", "unknown"))).inc()
-            with self._lock:
-                began = self._started.pop(
-                    (sid, run_id, "tool:" + str(event.get("toolCallId"))), None
-                )
-            if began is not None:
-                self.tool_call_seconds.labels(tool=tool).observe(time.monotonic() - began)
-        elif etype == "provider_request_start":
-            with self._lock:
-                self._started[(sid, run_id, request_key(event))] = time.monotonic()
+            if (took := self._clock((sid, run_id, _call_key(event)))) is not None:
+                self.tool_call_seconds.labels(tool=tool).observe(took)
         elif etype == "provider_request_end":
             purpose = str(event.get("purpose", "turn"))
             outcome = str(event.get("outcome", "unknown"))
             self.provider_requests.labels(purpose=purpose, outcome=outcome).inc()
-            with self._lock:
-                began = self._started.pop((sid, run_id, request_key(event)), None)
-            if began is not None:
-                self.provider_request_seconds.labels(purpose=purpose).observe(
-                    time.monotonic() - began
-                )
+            if (took := self._clock((sid, run_id, _call_key(event)))) is not None:
+                self.provider_request_seconds.labels(purpose=purpose).observe(took)
             usage = event.get("usage")
             if isinstance(usage, Mapping):
                 for field, kind in _TOKEN_KINDS.items():
@@ -243,6 +232,15 @@ class HostMetrics:
             self._tool_names.add(name)
             return name
 
+    def _clock(self, key: tuple[str, str, str], *, start: bool = False) -> float | None:
+        """Note the start of ``key`` (``start``), else the seconds since it (``None``: unseen)."""
+        with self._lock:
+            if start:
+                self._started[key] = time.monotonic()
+                return None
+            began = self._started.pop(key, None)
+        return None if began is None else time.monotonic() - began
+
     def _drop_started(self, sid: str, run_id: str) -> None:
         """Forget the start times a run left behind (a call the run ended without settling)."""
         with self._lock:
@@ -257,11 +255,11 @@ class HostMetrics:
             self._awaiting_total += delta
             self.awaiting.set(self._awaiting_total)
 
-    def _set_live(self, sid: str, lane: str, count: int) -> None:
+    def _set_count(self, table: dict[Any, int], key: Any, count: int) -> None:
         with self._lock:
-            old = self._live.pop((sid, lane), 0)
+            old = table.pop(key, 0)
             if count:
-                self._live[(sid, lane)] = count
+                table[key] = count
             self._awaiting_add(count - old)
 
     def set_awaiting(self, session_id: str, count: int) -> None:
@@ -273,11 +271,7 @@ class HostMetrics:
         """
         if count < 0:
             raise ValueError(f"awaiting count of session {session_id} is negative: {count}")
-        with self._lock:
-            old = self._planned.pop(session_id, 0)
-            if count:
-                self._planned[session_id] = count
-            self._awaiting_add(count - old)
+        self._set_count(self._planned, session_id, count)
 
     def set_awaiting_counts(self, counts: Mapping[str, int]) -> None:
         """Replace every plan-derived awaiting count with ``counts`` (``{session id: calls}``).
@@ -338,6 +332,12 @@ class HostMetrics:
                 _log.exception("metrics: the refresh hook failed; rendering the last values")
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+def _call_key(event: Event) -> str:
+    if str(event.get("type")).startswith("tool_"):
+        return "tool:" + str(event.get("toolCallId"))
+    return request_key(event)
 
 
 def request_key(event: Event) -> str:
