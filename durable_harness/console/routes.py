@@ -366,19 +366,30 @@ def console_router(
 
     # -- actions ------------------------------------------------------------------------------
 
-    Action = Callable[["SessionManager", dict[str, str]], Awaitable[str | Response]]
+    Action = Callable[[Request, str, dict[str, str]], Awaitable[str | Response]]
 
-    async def act(request: Request, session_id: str, action: Action) -> Response:
-        """A form action: the form checked, one verb of the manager, then back to the session
-        page with the action's notice (or the page it returns), or the error page."""
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            notice = await action(get_manager(), fields)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return notice if isinstance(notice, Response) else back(session_id, notice)
+    def action(verb: str) -> Callable[[Action], Action]:
+        """Register a form action at ``/console/sessions/{id}/VERB``: the form checked, one
+        verb of the manager, then back to the session page with the notice it returns (or
+        the page it returns: a confirmation), or the error page."""
+
+        def register(do: Action) -> Action:
+            async def route(request: Request, session_id: str) -> Response:
+                fields = await form_of(request)
+                if isinstance(fields, Response):
+                    return fields
+                try:
+                    notice = await do(request, session_id, fields)
+                except DurableHarnessError as exc:
+                    return error_page(request, exc)
+                return notice if isinstance(notice, Response) else back(session_id, notice)
+
+            router.add_api_route(
+                f"/console/sessions/{{session_id}}/{verb}", route, methods=["POST"]
+            )
+            return do
+
+        return register
 
     def confirm(
         request: Request, session_id: str, action: str, summary: str, **fields: str
@@ -392,70 +403,52 @@ def console_router(
             fields=fields,
         )
 
-    @router.post("/console/sessions/{session_id}/send")
-    async def send(request: Request, session_id: str) -> Response:
-        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
-            await manager.send(
-                session_id,
-                fields.get("message", ""),
-                mode=fields.get("mode", "prompt"),  # type: ignore[arg-type]  # refused there
-                lane=fields.get("lane") or "main",
-            )
-            return "sent"
+    @action("send")
+    async def send(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        await get_manager().send(
+            session_id,
+            fields.get("message", ""),
+            mode=fields.get("mode", "prompt"),  # type: ignore[arg-type]  # refused there
+            lane=fields.get("lane") or "main",
+        )
+        return "sent"
 
-        return await act(request, session_id, action)
+    @action("abort")
+    async def abort(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        await get_manager().abort(session_id, fields.get("lane") or "main")
+        return "aborted"
 
-    @router.post("/console/sessions/{session_id}/abort")
-    async def abort(request: Request, session_id: str) -> Response:
-        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
-            await manager.abort(session_id, fields.get("lane") or "main")
-            return "aborted"
+    @action("close")
+    async def close(request: Request, session_id: str, fields: dict[str, str]) -> str | Response:
+        if fields.get("confirmed") != "yes":
+            return confirm(request, session_id, "close", CLOSE_SUMMARY)
+        await get_manager().close(session_id)
+        return "closed"
 
-        return await act(request, session_id, action)
+    @action("kill")
+    async def kill(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        out = await get_manager().kill_tool(session_id, fields.get("tool_call_id", ""))
+        return "killed" if out["killed"] else "gone"
 
-    @router.post("/console/sessions/{session_id}/close")
-    async def close(request: Request, session_id: str) -> Response:
-        async def action(manager: SessionManager, fields: dict[str, str]) -> str | Response:
-            if fields.get("confirmed") != "yes":
-                return confirm(request, session_id, "close", CLOSE_SUMMARY)
-            await manager.close(session_id)
-            return "closed"
+    @action("resume")
+    async def resume(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        await get_manager().resume(session_id)
+        return "resumed"
 
-        return await act(request, session_id, action)
-
-    @router.post("/console/sessions/{session_id}/kill")
-    async def kill(request: Request, session_id: str) -> Response:
-        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
-            out = await manager.kill_tool(session_id, fields.get("tool_call_id", ""))
-            return "killed" if out["killed"] else "gone"
-
-        return await act(request, session_id, action)
-
-    @router.post("/console/sessions/{session_id}/resume")
-    async def resume(request: Request, session_id: str) -> Response:
-        async def action(manager: SessionManager, fields: dict[str, str]) -> str:
-            await manager.resume(session_id)
-            return "resumed"
-
-        return await act(request, session_id, action)
-
-    @router.post("/console/sessions/{session_id}/decide")
-    async def decide(request: Request, session_id: str) -> Response:
-        async def action(manager: SessionManager, fields: dict[str, str]) -> str | Response:
-            call, choice, call_id = (
-                fields.get(k, "") for k in ("call_key", "decision", "tool_call_id")
-            )
-            if choice in DECIDE_SUMMARY and fields.get("confirmed") != "yes":
-                what = f"{DECIDE_SUMMARY[choice]} Tool call {call_id} ({call})."
-                kept = {"call_key": call, "tool_call_id": call_id, "decision": choice}
-                kept["result"] = fields.get("result", "")
-                return confirm(request, session_id, "decide", what, **kept)
-            # anything but a known choice is refused by the manager as malformed
-            decision = "result:" + fields.get("result", "") if choice == "result" else choice
-            rec = await manager.decide(session_id, call, decision or "(none)")
-            return "waiting" if rec.state == "suspended" else "decided"
-
-        return await act(request, session_id, action)
+    @action("decide")
+    async def decide(request: Request, session_id: str, fields: dict[str, str]) -> str | Response:
+        call, choice, call_id = (
+            fields.get(k, "") for k in ("call_key", "decision", "tool_call_id")
+        )
+        if choice in DECIDE_SUMMARY and fields.get("confirmed") != "yes":
+            what = f"{DECIDE_SUMMARY[choice]} Tool call {call_id} ({call})."
+            kept = {"call_key": call, "tool_call_id": call_id, "decision": choice}
+            kept["result"] = fields.get("result", "")
+            return confirm(request, session_id, "decide", what, **kept)
+        # anything but a known choice is refused by the manager as malformed
+        decision = "result:" + fields.get("result", "") if choice == "result" else choice
+        rec = await get_manager().decide(session_id, call, decision or "(none)")
+        return "waiting" if rec.state == "suspended" else "decided"
 
     return router
 

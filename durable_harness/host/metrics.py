@@ -209,12 +209,9 @@ class HostMetrics:
             self.provider_requests.labels(purpose=purpose, outcome=outcome).inc()
             if (took := self._clock((sid, run_id, _call_key(event)))) is not None:
                 self.provider_request_seconds.labels(purpose=purpose).observe(took)
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                for field, kind in _TOKEN_KINDS.items():
-                    count = usage.get(field)
-                    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-                        self.tokens.labels(kind=kind).inc(count)
+            for field, count in usage_counts(event).items():
+                if count > 0:
+                    self.tokens.labels(kind=_TOKEN_KINDS[field]).inc(count)
         elif etype == "lifecycle" and event.get("state") not in LIVE_STATES:
             # the generation is gone: its live suspensions are now the manager's plan to report
             with self._lock:
@@ -332,6 +329,16 @@ class HostMetrics:
                 _log.exception("metrics: the refresh hook failed; rendering the last values")
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+def usage_counts(event: Event) -> dict[str, int]:
+    """The token counts of an event's ``usage`` (``input``, ``output``, ``cacheRead``,
+    ``cacheWrite``), those that are integers."""
+    usage = event.get("usage")
+    if not isinstance(usage, Mapping):
+        return {}
+    counts = {field: usage.get(field) for field in _TOKEN_KINDS}
+    return {f: c for f, c in counts.items() if isinstance(c, int) and not isinstance(c, bool)}
 
 
 def _call_key(event: Event) -> str:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from durable_harness.harness.core import Event
-from durable_harness.host.metrics import request_key
+from durable_harness.host.metrics import request_key, usage_counts
 
 _log = logging.getLogger(__name__)
 
@@ -192,12 +192,8 @@ class HostTracer:
             span = run.children.pop(request_key(event), None)
             if span is not None:
                 self._end_request(span, event)
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                for field in _USAGE_ATTRS:
-                    count = usage.get(field)
-                    if isinstance(count, int) and not isinstance(count, bool):
-                        run.usage[field] = run.usage.get(field, 0) + count
+            for field, count in usage_counts(event).items():
+                run.usage[field] = run.usage.get(field, 0) + count
         elif etype == "tool_execution_start":
             call_id = str(event.get("toolCallId"))
             run.children["tool:" + call_id] = self._start_tool(run, sid, event)
@@ -244,12 +240,8 @@ class HostTracer:
         assert _otel_trace is not None
         outcome = str(event.get("outcome", "unknown"))
         span.set_attribute("durable_harness.outcome", outcome)
-        usage = event.get("usage")
-        if isinstance(usage, Mapping):
-            for field, attr in _USAGE_ATTRS.items():
-                count = usage.get(field)
-                if isinstance(count, int) and not isinstance(count, bool):
-                    span.set_attribute(attr, count)
+        for field, count in usage_counts(event).items():
+            span.set_attribute(_USAGE_ATTRS[field], count)
         if event.get("stopReason"):
             span.set_attribute("gen_ai.response.finish_reasons", [str(event["stopReason"])])
         if outcome == "error":
