@@ -57,11 +57,8 @@ def fmt_duration(seconds: float) -> str:
 
 @dataclass
 class Shape:
-    """One drawn thing: a bar (``w`` > 0) or a mark (``w`` == 0) at pixel ``x``, ``y``.
-
-    ``kind`` is what it stands for (``run``, ``provider``, ``tool``, a mark kind, ``gap``),
-    ``cls`` its CSS classes, ``title`` the tooltip text, ``label`` a short text drawn beside it.
-    """
+    """One drawn thing: a bar (``w`` > 0) or a mark (``w`` == 0) at pixel ``x``, ``y``, of
+    ``kind`` ``run``, ``provider``, ``tool``, ``gap`` or a mark kind, with CSS classes ``cls``."""
 
     kind: str
     cls: str
@@ -83,10 +80,8 @@ class Tick:
 
 @dataclass
 class Timeline:
-    """What ``timeline.html`` draws: the size, row labels ``(y, text)``, shapes, axis ticks.
-
-    ``empty`` is true when the log has no record with a timestamp (nothing is drawn).
-    """
+    """What ``timeline.html`` draws: the size, row labels ``(y, text)``, shapes, axis ticks;
+    ``empty`` when no record has a timestamp."""
 
     width: int
     height: int

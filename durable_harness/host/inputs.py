@@ -36,11 +36,7 @@ def _quote(value: str) -> str:
 
 
 def check_text(name: str, value: str | None) -> None:
-    """Refuse a text field holding a NUL or a lone surrogate.
-
-    Raises:
-        InvalidRequest: naming the field and the cause.
-    """
+    """Refuse a text field holding a NUL or a lone surrogate (:class:`InvalidRequest`)."""
     if value is None:
         return
     if "\x00" in value:
@@ -49,11 +45,8 @@ def check_text(name: str, value: str | None) -> None:
 
 
 def check_unicode(name: str, value: str) -> None:
-    """Refuse text UTF-8 cannot encode (a lone surrogate, which JSON text may carry).
-
-    Raises:
-        InvalidRequest: naming the field and the position of the first bad character.
-    """
+    """Refuse text UTF-8 cannot encode, a lone surrogate (:class:`InvalidRequest`, naming
+    the field and the character's position)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -127,12 +120,8 @@ def check_root(path: Path, roots: tuple[Path, ...] | None) -> Path:
 
 
 def check_key(client_key: str | None) -> None:
-    """Refuse an empty or unencodable ``Idempotency-Key`` (an empty one would be recorded as
-    no key at all).
-
-    Raises:
-        InvalidRequest: naming the cause.
-    """
+    """Refuse an empty (it would be recorded as no key) or unencodable ``Idempotency-Key``
+    (:class:`InvalidRequest`)."""
     if client_key is None:
         return
     if not client_key.strip():
@@ -141,11 +130,7 @@ def check_key(client_key: str | None) -> None:
 
 
 def check_lane(lane: str) -> str:
-    """``lane`` when it is a lane name (:data:`LANE_PATTERN`).
-
-    Raises:
-        InvalidRequest: naming the value and the rule.
-    """
+    """``lane`` when it is a lane name (:data:`LANE_PATTERN`), else :class:`InvalidRequest`."""
     if not isinstance(lane, str) or not _LANE.fullmatch(lane):
         raise InvalidRequest(
             f"{_quote(str(lane))} is not a lane name (a letter or digit, then up to 127 "

@@ -80,11 +80,8 @@ def kill_call_group(session: SessionStore, tool_call_id: str) -> dict[str, objec
 
 
 def open_writable(store: Store, session_id: str, mode: Durability) -> SessionStore:
-    """Open a session no generation of this process runs for writing (its lease taken).
-
-    Raises:
-        SessionLive: another live process holds its lease (act through that host).
-    """
+    """Open a session no generation here runs for writing (``SessionLive``: another live
+    process holds its lease)."""
     try:
         return store.open_session(session_id, write=True, durability=mode)
     except LeaseHeld as exc:

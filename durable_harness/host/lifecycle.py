@@ -29,11 +29,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 
 
 def check(session_id: str, old: State, new: State) -> State:
-    """Return ``new`` if ``old`` → ``new`` is legal (staying put is always legal).
-
-    Raises:
-        IllegalTransition: not in :data:`TRANSITIONS`; ``details`` name both states.
-    """
+    """Return ``new`` if ``old`` → ``new`` is in :data:`TRANSITIONS` (staying put is always
+    legal), else raise :class:`IllegalTransition`."""
     if new != old and new not in TRANSITIONS[old]:
         raise IllegalTransition(
             f"session {session_id} is {old}: it cannot become {new}",

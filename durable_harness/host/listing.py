@@ -71,11 +71,8 @@ def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
 
 
 def check_states(states: Iterable[str] | None) -> frozenset[State] | None:
-    """The states a listing is filtered to (``None``: no filter).
-
-    Raises:
-        InvalidRequest: a value is no lifecycle state (the message lists them).
-    """
+    """The states a listing is filtered to (``None``: no filter); :class:`InvalidRequest`
+    for a value that is no lifecycle state."""
     if not states:
         return None
     chosen = list(states)

@@ -265,11 +265,8 @@ class SessionManager(ReadModel):
 
     async def close(self, session_id: str) -> SessionRecord:
         """Close a session in stages (:meth:`GenerationRunner.close`), within about
-        ``close_grace + 2`` seconds; record and transcript are kept. Idempotent.
-
-        Raises:
-            SessionLive: another process holds the session.
-        """
+        ``close_grace + 2`` seconds; record and transcript are kept. Idempotent
+        (``SessionLive``: another process holds it)."""
         proc = self.live.get(self.check_id(session_id))
         if proc is None:
             return await self.reconciler.close_stored(session_id)
@@ -277,11 +274,8 @@ class SessionManager(ReadModel):
         return proc.record
 
     async def allow_tool(self, session_id: str, tool_name: str) -> SessionRecord:
-        """Record that ``tool_name`` may run in the session without asking; idempotent.
-
-        Raises:
-            SessionNotLive: the session has no live generation here.
-        """
+        """Record that ``tool_name`` may run in the session without asking; idempotent
+        (``SessionNotLive``: no live generation here)."""
         proc = self._held(session_id)
         if tool_name not in proc.record.allowed_tools:
             assert proc.harness is not None  # a live generation has one
@@ -368,11 +362,8 @@ class SessionManager(ReadModel):
         return proc
 
     def check_message(self, message: str) -> None:
-        """Refuse an empty message, a lone surrogate, or one over ``max_message_bytes``.
-
-        Raises:
-            InvalidRequest, MessageTooLarge.
-        """
+        """Refuse an empty message or a lone surrogate (``InvalidRequest``), or one over
+        ``max_message_bytes`` (``MessageTooLarge``)."""
         if not message.strip():
             raise InvalidRequest("the message is empty")
         check_unicode("message", message)
@@ -440,8 +431,7 @@ class SessionManager(ReadModel):
         ``{"lane", "returned"}``: the steer and follow-up messages handed back.
 
         Raises:
-            SessionLive (another process holds it), SessionNotLive, NoOpenRun,
-            InvalidRequest (a bad lane name).
+            SessionLive, SessionNotLive (as :meth:`send`), NoOpenRun, InvalidRequest.
         """
         check_lane(lane)
         proc = self._held(session_id)
@@ -454,8 +444,7 @@ class SessionManager(ReadModel):
         (``(generation, eventId)``: :meth:`SessionProcess.listen`).
 
         Raises:
-            SessionLive (another process holds it), SessionNotLive. InvalidRequest: ``after``
-            names an event not sent.
+            SessionLive, SessionNotLive; InvalidRequest: ``after`` names an event not sent.
         """
         return self._held(session_id).listen(after)
 

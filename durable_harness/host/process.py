@@ -26,15 +26,8 @@ REPLAY_EVENTS = 1024
 
 
 class SessionProcess:
-    """One runtime generation of one session.
-
-    Attributes:
-        record: the session's record (shared with the manager; its ``state`` is kept current).
-        session: the session, open for writing (this generation holds its writer lease).
-        harness: the harness driving its runs (set once the generation is up).
-        generation: the writer lease's fencing generation.
-        port: the loopback control port, or ``None`` (runtime state, never persisted).
-    """
+    """One runtime generation of one session: its ``record`` (kept current), its ``session``
+    open for writing (the writer lease), its ``harness`` once up, its control ``port``."""
 
     def __init__(self, record: SessionRecord, session: Session) -> None:
         self.record = record

@@ -148,11 +148,7 @@ class ReadModel:
     # -- reading one session from the store ------------------------------------------------
 
     def check_id(self, session_id: str) -> str:
-        """``session_id`` when it looks like one.
-
-        Raises:
-            InvalidRequest: it does not (letters, digits, ``-`` and ``_``).
-        """
+        """``session_id`` when it looks like one, else :class:`InvalidRequest`."""
         if not SESSION_ID.fullmatch(session_id):
             raise InvalidRequest(
                 f"{session_id[:200]!r} is not a session id (letters, digits, '-' and '_')",
@@ -161,11 +157,8 @@ class ReadModel:
         return session_id
 
     def open_read(self, session_id: str) -> SessionStore:
-        """Open ``session_id`` read-only, by its exact id.
-
-        Raises:
-            InvalidRequest: a malformed id. SessionNotFound: no such session.
-        """
+        """Open ``session_id`` read-only, by its exact id (``InvalidRequest``: a malformed
+        id; ``SessionNotFound``: no such session)."""
         self.check_id(session_id)
         store = self.store.open_session(session_id, write=False)
         if store.session_id != session_id:  # a unique prefix of another id: ids here are exact
@@ -273,11 +266,7 @@ class ReadModel:
     # -- what the fronts read ---------------------------------------------------------------
 
     async def get(self, session_id: str) -> SessionRecord:
-        """The session's record (live ones from memory, others read from the store).
-
-        Raises:
-            InvalidRequest: a malformed id. SessionNotFound: no such session.
-        """
+        """The session's record, live ones from memory (raises as :meth:`open_read`)."""
         proc = self.live.get(self.check_id(session_id))
         return proc.record if proc is not None else await self.read(session_id)
 
@@ -369,11 +358,7 @@ class ReadModel:
         return {"records": page, "next_since_seq": page[-1]["seq"] if more and page else None}
 
     def view(self, session_id: str) -> SessionView:
-        """The session's files, read-only (no lease).
-
-        Raises:
-            SessionNotFound, StorageError: as :meth:`Store.open_session`.
-        """
+        """The session's files, read-only, no lease (raises as :meth:`Store.open_session`)."""
         with self.store.open_session(session_id, write=False) as s:
             session = Session(s)
             lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
@@ -381,11 +366,8 @@ class ReadModel:
             return SessionView(s.iter_entries(), s.records(None), lanes, paths)
 
     async def detail(self, session_id: str) -> SessionDetail:
-        """Everything a session's page shows (:class:`SessionDetail`).
-
-        Raises:
-            InvalidRequest, SessionNotFound, StorageError: the session cannot be read.
-        """
+        """Everything a session's page shows (``InvalidRequest``, ``SessionNotFound``,
+        ``StorageError``: the session cannot be read)."""
         rec = await self.get(session_id)
         status = await self.status(session_id)
         plan = self.plan(session_id) if rec.state == "suspended" else None

@@ -30,12 +30,8 @@ Decisions = Mapping[str, Mapping[str, Any]]
 
 
 class Reconciler:
-    """Plans and recovers the sessions of one manager that no generation here runs.
-
-    Args:
-        reads: the manager's read model. runner: its generation runner.
-        lock: the manager's lock (lifecycle moves of different sessions never interleave).
-    """
+    """Plans and recovers the sessions of one manager that no generation here runs, under
+    the manager's ``lock`` (lifecycle moves of different sessions never interleave)."""
 
     def __init__(self, reads: ReadModel, runner: GenerationRunner, lock: anyio.Lock) -> None:
         self.reads = reads

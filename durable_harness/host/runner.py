@@ -44,10 +44,6 @@ class GenerationRunner:
     """Starts, follows and ends the generations of one manager; the only place a live
     generation's state moves (:func:`~durable_harness.host.lifecycle.check`).
 
-    Args:
-        reads: the manager's read model (its :attr:`~ReadModel.live` is kept here).
-        control: the control endpoint of each generation, or ``None``.
-
     Attributes:
         observers: ``(session id, event)`` callbacks for every event of later generations.
         hand_over: a worker shutting down: sessions are handed back, not closed.

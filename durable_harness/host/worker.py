@@ -40,8 +40,8 @@ class ClaimingStore(Protocol):
     def claim_expired(
         self, limit: int = 10, *, durability: Durability = "sync"
     ) -> list[SessionStore]:
-        """Take over up to ``limit`` sessions whose writer's lease expired; each comes back
-        open for writing under a new generation (``design/postgres.md``)."""
+        """Take over up to ``limit`` sessions whose writer's lease expired, each open for
+        writing under a new generation."""
         ...
 
 
@@ -56,14 +56,12 @@ class HandsBack(Protocol):
         ...
 
     def hand_back(self, *, flush: bool = False) -> None:
-        """Stop writing and leave the session claimable at once (after a barrier when
-        ``flush``); never raises."""
+        """Stop writing, leave the session claimable at once (``flush``: barrier first)."""
         ...
 
 
 class Host(Protocol):
-    """What the claim loop needs of its manager
-    (:class:`~durable_harness.host.manager.SessionManager`)."""
+    """What the claim loop needs of its manager."""
 
     @property
     def store(self) -> Store:
@@ -178,11 +176,7 @@ class Worker:
 
     async def claim_once(self) -> int:
         """Claim up to :data:`CLAIM_BATCH` sessions and hand each to :meth:`Host.adopt`;
-        returns how many were claimed.
-
-        Raises:
-            StorageIOError: the claim itself failed (nothing was claimed).
-        """
+        returns how many were claimed (``StorageIOError``: the claim failed, none was)."""
         store = self.manager.store
         assert isinstance(store, ClaimingStore)
         # off the event loop: an unreachable server blocks for its connect timeout

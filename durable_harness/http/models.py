@@ -1,10 +1,6 @@
-"""Pydantic models of every request and response body of the HTTP API (``design/http.md``).
-
-The shapes follow the manager's return values (:mod:`durable_harness.host.manager`): the
-session resource is :meth:`~durable_harness.host.record.SessionRecord.to_json`, the status is
-:meth:`~durable_harness.host.manager.SessionManager.status`, and ``plan`` is the object
-``durable-harness recover --json`` prints (``design/recovery.md``). Request models forbid
-unknown fields, so a misspelt field is a 400 ``invalid_request`` rather than silently ignored.
+"""Pydantic models of every request and response body of the HTTP API (``design/http.md``),
+shaped as the manager's return values; request models forbid unknown fields (a misspelt
+field is 400 ``invalid_request``).
 """
 
 from __future__ import annotations

@@ -30,11 +30,7 @@ def is_loopback(host: str) -> bool:
 
 
 def require_token(host: str, token: str | None) -> None:
-    """Refuse to serve a non-loopback address without a bearer token.
-
-    Raises:
-        InvalidRequest: ``host`` is not loopback and ``token`` is empty.
-    """
+    """Refuse to serve a non-loopback ``host`` without a ``token`` (:class:`InvalidRequest`)."""
     if not is_loopback(host) and not token:
         raise InvalidRequest(
             f"serving on {host} (not loopback) needs a bearer token: pass --token or set "
