@@ -1,27 +1,12 @@
 """The console's routes: server-rendered pages over a :class:`SessionManager`
-(``design/console.md``).
-
-:func:`console_router` returns a FastAPI :class:`~fastapi.APIRouter` to include in the host's
-app (``app.include_router(console_router(lambda: app.state.manager, token=token))``). Pages:
-
-- ``GET /``: the sessions list (``?state=`` and ``?cwd=`` filter it);
-- ``GET /console/sessions/{id}``: a session (transcript, lanes, run timeline, decision panel);
-- ``GET /console/sessions/{id}/live``: the part of that page that changes (a fragment);
-- ``GET /console/sessions/{id}/events``: server-sent events telling the page to fetch the
-  fragment again (one per event of the session's live generation);
-- ``POST /console/sessions/{id}/{send,abort,close,resume,decide}``: the form actions, each
-  answered with a redirect to the session page (post/redirect/get), or the page again with
-  the error and its status;
-- ``GET|POST /console/login``, ``POST /console/filter``, ``GET /console/static/{name}``.
-
-Every POST needs a valid ``csrf_token`` (403 otherwise, before anything is read or written);
-every route needs the bearer token when one is configured (:mod:`.security`).
+(``design/console.md``, "Mounting"). Every POST needs a valid ``csrf_token`` (403 before
+anything is read or written); every route needs the bearer token when one is configured.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -37,19 +22,24 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from durable_harness.console.security import CSRF_FIELD, SECURITY_HEADERS, Guard
 from durable_harness.console.timeline import build_timeline, fmt_duration
-from durable_harness.console.view import ago, idempotency_keys, read_session, transcript
+from durable_harness.console.view import ago, transcript
 from durable_harness.display import visible, visible_html
 from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotLive, encodable
 from durable_harness.harness.report import format_cost
-from durable_harness.host.leftovers import running_calls
 from durable_harness.host.lifecycle import LIVE, STATES
-from durable_harness.host.options import needs_decision
 from durable_harness.http.errors import status_of
 from durable_harness.http.streams import SLOTS
 
 if TYPE_CHECKING:
     from durable_harness.host.manager import SessionManager
 
+
+HOOKS = {
+    "missing": "the tool is not installed in this host",
+    "unsure": "the reconcile hook could not tell whether the call took effect",
+    "none": "the tool has no reconcile hook: nothing can check what happened",
+}
+"""Why a waiting call could not be settled, by :data:`~durable_harness.host.read_model.Hook`."""
 
 NOTICES = {
     "sent": "Message accepted.",
@@ -62,6 +52,21 @@ NOTICES = {
     "waiting": "Decision recorded; other calls still wait for a decision.",
 }
 """The fixed notices a redirect may name (``?notice=``); anything else shows nothing."""
+
+CLOSE_SUMMARY = (
+    "Close this session: running turns are aborted, tool processes still running after the "
+    "grace period are killed; the transcript is kept."
+)
+"""What the close confirmation says."""
+
+DECIDE_SUMMARY = {
+    "retry": "Run the call again (it may have taken effect already).",
+    "retry!": "Run the call again although its process group may still run on another machine "
+    "(it may run twice at once).",
+    "fail": "Settle the call as failed: the model is told it did not complete.",
+    "result": "Settle the call with the result text below, as if the tool had returned it.",
+}
+"""What each decision's confirmation says."""
 
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 """The static files served under ``/console/static/``, with their media types."""
@@ -126,8 +131,7 @@ def console_router(
         csrf_secret: the CSRF MAC key; random per process when ``None``
             (:class:`~durable_harness.console.security.Guard`).
 
-    Returns: an :class:`APIRouter` with the routes of the module docstring; it adds no
-    middleware, so it can be included in any FastAPI app.
+    Returns: an :class:`APIRouter` (no middleware: it can be included in any FastAPI app).
     """
     router = APIRouter(route_class=_SecureRoute, include_in_schema=False)
     guard = Guard(token, csrf_secret)
@@ -150,8 +154,7 @@ def console_router(
         return Response("a bearer token is required", 401, {"WWW-Authenticate": "Bearer"})
 
     async def form_of(request: Request) -> dict[str, str] | Response:
-        """The POST's form fields, or the refusal (401 without the token, 403 without a
-        valid CSRF token): checked before any action."""
+        """The POST's form fields, or its refusal (401: no token; 403: no valid CSRF token)."""
         if not guard.authorized(request):
             return unauthorized(request, page=False)
         form = await request.form()
@@ -202,7 +205,7 @@ def console_router(
         rows = []
         for rec in chosen[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]:
             try:
-                view = read_session(manager.store, rec.id)
+                view = manager.view(rec.id)
             except DurableHarnessError:
                 continue
             rows.append(
@@ -232,48 +235,31 @@ def console_router(
     async def session_context(
         request: Request, session_id: str, lane: str | None
     ) -> dict[str, Any]:
-        manager = get_manager()
-        rec = await manager.get(session_id)
-        status = await manager.status(session_id)
-        plan = manager.plan(session_id) if rec.state == "suspended" else None
-        view = read_session(manager.store, session_id)
-        running = running_calls(manager.store, session_id)
+        detail = await get_manager().detail(session_id)
+        view, rec, notice = detail.view, detail.record, request.query_params.get("notice", "")
         lane = lane if lane in view.lanes else "main"
-        keys = idempotency_keys(view.records)
-        tools = manager.options.tools(rec.command_runtime)
-        decisions = []
-        for lane_plan in plan.lanes if plan is not None else []:
-            for call in lane_plan.waiting():
-                tool = tools.get(call.tool_name)
-                if tool is None:
-                    hook = "the tool is not installed in this host"
-                elif tool.can_reconcile:
-                    hook = "the reconcile hook could not tell whether the call took effect"
-                else:
-                    hook = "the tool has no reconcile hook: nothing can check what happened"
-                decisions.append(
-                    {
-                        "lane": lane_plan.lane,
-                        "run_id": lane_plan.run_id,
-                        "call": call,
-                        "arguments": orjson.dumps(
-                            call.arguments, option=orjson.OPT_INDENT_2
-                        ).decode(),
-                        "idempotency_key": keys.get(call.call_key, ""),
-                        "reconcile": hook,
-                    }
-                )
+        decisions = [
+            {
+                "lane": w.lane,
+                "run_id": w.run_id,
+                "call": w.call,
+                "arguments": orjson.dumps(w.call.arguments, option=orjson.OPT_INDENT_2).decode(),
+                "idempotency_key": w.idempotency_key,
+                "reconcile": HOOKS[w.hook],
+            }
+            for w in detail.waiting
+        ]
         live = rec.state in LIVE
         return {
             "rec": rec,
-            "status": status,
-            "plan": plan,
-            "needs_decision": plan is not None and needs_decision(plan),
+            "status": detail.status,
+            "plan": detail.plan,
+            "needs_decision": detail.needs_decision,
             "decisions": decisions,
             "lane": lane,
-            "lanes": status["lanes"],
+            "lanes": detail.status["lanes"],
             "items": transcript(view.paths.get(lane, []), view.entries),
-            "running": running,
+            "running": detail.running,
             "cost": view.cost,
             "last": view.last_activity,
             "timeline": build_timeline(
@@ -281,35 +267,31 @@ def console_router(
             ),
             "timeline_cut": max(0, len(view.records) - TIMELINE_RECORDS),
             "live": live,
-            "resumable": rec.state in ("closed", "error")
-            or (rec.state == "suspended" and not (plan is not None and needs_decision(plan))),
-            "notice": NOTICES.get(request.query_params.get("notice", ""), ""),
-            "notice_key": request.query_params.get("notice", "")
-            if request.query_params.get("notice", "") in NOTICES
-            else "",
+            "resumable": detail.resumable,
+            "notice": NOTICES.get(notice, ""),
+            "notice_key": notice if notice in NOTICES else "",
         }
 
-    @router.get("/console/sessions/{session_id}")
-    async def session_page(request: Request, session_id: str, lane: str | None = None) -> Response:
+    async def session_view(
+        request: Request, session_id: str, lane: str | None, template: str
+    ) -> Response:
         if not guard.authorized(request):
-            return unauthorized(request, page=True)
+            return unauthorized(request, page=template == "session.html")
         try:
             context = await session_context(request, session_id, lane)
         except DurableHarnessError as exc:
             return error_page(request, exc)
-        return render(request, "session.html", **context)
+        return render(request, template, **context)
+
+    @router.get("/console/sessions/{session_id}")
+    async def session_page(request: Request, session_id: str, lane: str | None = None) -> Response:
+        return await session_view(request, session_id, lane, "session.html")
 
     @router.get("/console/sessions/{session_id}/live")
     async def session_fragment(
         request: Request, session_id: str, lane: str | None = None
     ) -> Response:
-        if not guard.authorized(request):
-            return unauthorized(request, page=False)
-        try:
-            context = await session_context(request, session_id, lane)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return render(request, "live.html", **context)
+        return await session_view(request, session_id, lane, "live.html")
 
     @router.get("/console/sessions/{session_id}/events")
     async def session_events(request: Request, session_id: str) -> Response:
@@ -384,129 +366,96 @@ def console_router(
 
     # -- actions ------------------------------------------------------------------------------
 
-    @router.post("/console/sessions/{session_id}/send")
-    async def send(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        mode = fields.get("mode", "prompt")
-        try:
-            await get_manager().send(
-                session_id,
-                fields.get("message", ""),
-                mode=mode,  # type: ignore[arg-type]  # the manager refuses another mode
-                lane=fields.get("lane") or "main",
+    Action = Callable[[Request, str, dict[str, str]], Awaitable[str | Response]]
+
+    def action(verb: str) -> Callable[[Action], Action]:
+        """Register a form action at ``/console/sessions/{id}/VERB``: the form checked, one
+        verb of the manager, then back to the session page with the notice it returns (or
+        the page it returns: a confirmation), or the error page."""
+
+        def register(do: Action) -> Action:
+            async def route(request: Request, session_id: str) -> Response:
+                fields = await form_of(request)
+                if isinstance(fields, Response):
+                    return fields
+                try:
+                    notice = await do(request, session_id, fields)
+                except DurableHarnessError as exc:
+                    return error_page(request, exc)
+                return notice if isinstance(notice, Response) else back(session_id, notice)
+
+            router.add_api_route(
+                f"/console/sessions/{{session_id}}/{verb}", route, methods=["POST"]
             )
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "sent")
+            return do
 
-    @router.post("/console/sessions/{session_id}/abort")
-    async def abort(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            await get_manager().abort(session_id, fields.get("lane") or "main")
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "aborted")
+        return register
 
-    @router.post("/console/sessions/{session_id}/close")
-    async def close(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
+    def confirm(
+        request: Request, session_id: str, action: str, summary: str, **fields: str
+    ) -> Response:
+        return render(
+            request,
+            "confirm.html",
+            session_id=session_id,
+            action=action,
+            summary=summary,
+            fields=fields,
+        )
+
+    @action("send")
+    async def send(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        await get_manager().send(
+            session_id,
+            fields.get("message", ""),
+            mode=fields.get("mode", "prompt"),  # type: ignore[arg-type]  # refused there
+            lane=fields.get("lane") or "main",
+        )
+        return "sent"
+
+    @action("abort")
+    async def abort(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        await get_manager().abort(session_id, fields.get("lane") or "main")
+        return "aborted"
+
+    @action("close")
+    async def close(request: Request, session_id: str, fields: dict[str, str]) -> str | Response:
         if fields.get("confirmed") != "yes":
-            return render(
-                request,
-                "confirm.html",
-                session_id=session_id,
-                action="close",
-                summary="Close this session: running turns are aborted, tool processes still "
-                "running after the grace period are killed; the transcript is kept.",
-                fields={},
-            )
-        try:
-            await get_manager().close(session_id)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "closed")
+            return confirm(request, session_id, "close", CLOSE_SUMMARY)
+        await get_manager().close(session_id)
+        return "closed"
 
-    @router.post("/console/sessions/{session_id}/kill")
-    async def kill(request: Request, session_id: str) -> Response:
-        """The operator's kill of one call's live process group, deciding nothing (the
-        host's verb, as ``POST /sessions/{id}/agent/kill``; a ``tool_process_killed``
-        record)."""
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            out = await get_manager().kill_tool(session_id, fields.get("tool_call_id", ""))
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "killed" if out["killed"] else "gone")
+    @action("kill")
+    async def kill(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        out = await get_manager().kill_tool(session_id, fields.get("tool_call_id", ""))
+        return "killed" if out["killed"] else "gone"
 
-    @router.post("/console/sessions/{session_id}/resume")
-    async def resume(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        try:
-            await get_manager().resume(session_id)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "resumed")
+    @action("resume")
+    async def resume(request: Request, session_id: str, fields: dict[str, str]) -> str:
+        await get_manager().resume(session_id)
+        return "resumed"
 
-    @router.post("/console/sessions/{session_id}/decide")
-    async def decide(request: Request, session_id: str) -> Response:
-        fields = await form_of(request)
-        if isinstance(fields, Response):
-            return fields
-        call = fields.get("call_key", "")
-        choice = fields.get("decision", "")
-        if choice == "result":
-            decision = "result:" + fields.get("result", "")
-        elif choice in ("retry", "retry!", "fail"):
-            decision = choice
-        else:
-            decision = choice or "(none)"  # refused by the manager as malformed
-        if fields.get("confirmed") != "yes" and choice in ("retry", "retry!", "fail", "result"):
-            what = {
-                "retry": "Run the call again (it may have taken effect already).",
-                "retry!": "Run the call again although its process group may still run on "
-                "another machine (it may run twice at once).",
-                "fail": "Settle the call as failed: the model is told it did not complete.",
-                "result": "Settle the call with the result text below, as if the tool "
-                "had returned it.",
-            }[choice]
-            return render(
-                request,
-                "confirm.html",
-                session_id=session_id,
-                action="decide",
-                summary=f"{what} Tool call {fields.get('tool_call_id', '')} ({call}).",
-                fields={
-                    "call_key": call,
-                    "tool_call_id": fields.get("tool_call_id", ""),
-                    "decision": choice,
-                    "result": fields.get("result", ""),
-                },
-            )
-        manager = get_manager()
-        try:
-            rec = await manager.decide(session_id, call, decision)
-        except DurableHarnessError as exc:
-            return error_page(request, exc)
-        return back(session_id, "waiting" if rec.state == "suspended" else "decided")
+    @action("decide")
+    async def decide(request: Request, session_id: str, fields: dict[str, str]) -> str | Response:
+        call, choice, call_id = (
+            fields.get(k, "") for k in ("call_key", "decision", "tool_call_id")
+        )
+        if choice in DECIDE_SUMMARY and fields.get("confirmed") != "yes":
+            what = f"{DECIDE_SUMMARY[choice]} Tool call {call_id} ({call})."
+            kept = {"call_key": call, "tool_call_id": call_id, "decision": choice}
+            kept["result"] = fields.get("result", "")
+            return confirm(request, session_id, "decide", what, **kept)
+        # anything but a known choice is refused by the manager as malformed
+        decision = "result:" + fields.get("result", "") if choice == "result" else choice
+        rec = await get_manager().decide(session_id, call, decision or "(none)")
+        return "waiting" if rec.state == "suspended" else "decided"
 
     return router
 
 
 def is_console_path(path: str) -> bool:
-    """Whether a request path is the console's (``/`` and ``/console/...``). The host's
-    bearer-token middleware lets these through: the console checks the same token itself,
-    also from the login cookie, since a browser cannot add a header to a navigation."""
+    """Whether a request path is the console's (``/`` and ``/console/...``), which checks the
+    bearer token itself (``design/console.md``, "Safety")."""
     return path == "/" or path == "/console" or path.startswith("/console/")
 
 

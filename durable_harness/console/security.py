@@ -1,18 +1,6 @@
-"""The console's request safety: CSRF tokens, the bearer-token login, response headers
-(``design/console.md``).
-
-CSRF: the signed double-submit pattern. The first page a browser loads sets a random cookie
-``dh_console_csrf`` (``HttpOnly``, ``SameSite=Strict``); every form carries a hidden
-``csrf_token`` = HMAC-SHA256(per-process secret, cookie value). A POST is accepted only when
-both are present and the token matches the cookie (compared in constant time); another site
-can neither read the cookie nor compute the HMAC without the secret. A new secret (a restart)
-invalidates open forms: the page is reloaded and posts again.
-
-Bearer token: where the server needs one (a non-loopback bind), the console needs it too: in
-an ``Authorization: Bearer TOKEN`` header, or in the cookie ``dh_console_auth`` that the login
-form (``/console/login``) sets after checking the token. The cookie holds
-HMAC-SHA256(token, "durable-harness console login"), never the token itself, so it survives a
-restart and is worthless once the token changes. Both are compared in constant time.
+"""The console's request safety: signed double-submit CSRF tokens, the bearer-token login
+cookie (a MAC of the token, never the token), response headers (``design/console.md``,
+"Safety").
 """
 
 from __future__ import annotations
@@ -54,8 +42,7 @@ class Guard:
 
     Args:
         token: the bearer token the server requires, or ``None`` (a loopback bind: no login).
-        secret: the CSRF MAC key (bytes); a random per-process key when ``None``. Give the same
-            key to every worker of one server when several serve the same browsers.
+        secret: the CSRF MAC key; random per process when ``None`` (share it between workers).
     """
 
     def __init__(self, token: str | None, secret: bytes | None = None) -> None:
@@ -89,14 +76,7 @@ class Guard:
 
     def set_csrf_cookie(self, request: Request, response: Response, csrf_id: str) -> None:
         """Set the CSRF cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` over https)."""
-        response.set_cookie(
-            CSRF_COOKIE,
-            csrf_id,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        _set_cookie(request, response, CSRF_COOKIE, csrf_id)
 
     # -- the bearer token ---------------------------------------------------------------------
 
@@ -118,12 +98,16 @@ class Guard:
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             return False
         assert self._login_mac is not None
-        response.set_cookie(
-            AUTH_COOKIE,
-            self._login_mac,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path="/",
-        )
+        _set_cookie(request, response, AUTH_COOKIE, self._login_mac)
         return True
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str) -> None:
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )

@@ -1,31 +1,6 @@
-"""The run timeline: a session's operation log laid out on a time axis (``design/console.md``).
-
-:func:`build_timeline` folds the records of a session's operation log (the record vocabulary of
-:mod:`durable_harness.models.records`, in ``seq`` order, every lane) into shapes with pixel
-coordinates; the template ``timeline.html`` draws them as an inline ``<svg class="timeline">``.
-No JavaScript is involved: the picture is made on the server.
-
-What is drawn, per lane, on four rows:
-
-- ``run``: ``run_started`` to ``run_finished`` (class ``run`` plus ``outcome-<outcome>``; a run
-  still open is ``open``);
-- ``provider``: one bar per provider attempt, ``provider_request_started`` to ``..._finished``
-  or ``..._failed`` (class ``failed`` for a failed attempt: the retries are the bars after it);
-- ``tools``: one bar per tool intent, ``tool_started`` to its ``tool_finished`` (class
-  ``outcome-<outcome>``); an intent whose generation ended before it was settled is
-  ``in-doubt`` and its bar runs across the gap to its settlement (or to the end);
-- ``marks``: queue receipts and consumptions, save points, abort markers, decisions, process
-  groups and lifecycle records, each a small mark with a ``<title>``.
-
-**The crash as a gap.** Records carry no writer generation, so a generation change is read
-from the log itself: a ``session_lifecycle`` record in state ``idle`` starts a generation, and
-when runs, provider attempts or tool intents are still open at that point, the previous
-generation died with them open. The time between its last record and the new generation's
-first is drawn as a hatched ``gap crash`` region; so is the time from the last record to now
-when the session has no live owner and something is still open (a suspended session). A long
-quiet stretch (more than :data:`QUIET_S` seconds) is drawn as a narrower ``gap quiet`` so a run
-of milliseconds stays visible beside an hour of idleness: the axis is piecewise linear and
-every gap is labelled with its real length.
+"""The run timeline: a session's operation log laid out on a time axis, drawn on the server
+as an inline SVG by ``timeline.html`` (``design/console.md``, "The run timeline": the rows, the
+crash as a gap, the piecewise axis).
 """
 
 from __future__ import annotations
@@ -33,8 +8,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
+
+from durable_harness.harness.report import summarize_record
+from durable_harness.host.read_model import parse_ts
 
 WIDTH = 960
 """Width of the drawing, in pixels."""
@@ -67,17 +44,6 @@ _MARKS = {
 }
 
 
-def parse_ts(value: Any) -> float | None:
-    """Seconds since the epoch of a record ``timestamp`` (UTC ISO 8601 with ``Z``), or
-    ``None`` when it is missing or malformed."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def fmt_duration(seconds: float) -> str:
     """A short human duration: ``812 ms``, ``3.4 s``, ``5 min 12 s``, ``2 h 03 min``."""
     if seconds < 1:
@@ -91,11 +57,8 @@ def fmt_duration(seconds: float) -> str:
 
 @dataclass
 class Shape:
-    """One drawn thing: a bar (``w`` > 0) or a mark (``w`` == 0) at pixel ``x``, ``y``.
-
-    ``kind`` is what it stands for (``run``, ``provider``, ``tool``, a mark kind, ``gap``),
-    ``cls`` its CSS classes, ``title`` the tooltip text, ``label`` a short text drawn beside it.
-    """
+    """One drawn thing: a bar (``w`` > 0) or a mark (``w`` == 0) at pixel ``x``, ``y``, of
+    ``kind`` ``run``, ``provider``, ``tool``, ``gap`` or a mark kind, with CSS classes ``cls``."""
 
     kind: str
     cls: str
@@ -117,10 +80,8 @@ class Tick:
 
 @dataclass
 class Timeline:
-    """What ``timeline.html`` draws: the size, row labels ``(y, text)``, shapes, axis ticks.
-
-    ``empty`` is true when the log has no record with a timestamp (nothing is drawn).
-    """
+    """What ``timeline.html`` draws: the size, row labels ``(y, text)``, shapes, axis ticks;
+    ``empty`` when no record has a timestamp."""
 
     width: int
     height: int
@@ -199,10 +160,8 @@ def build_timeline(
 
     Args:
         records: records as :meth:`SessionStore.records` returns them.
-        live: whether a generation of the session is running now; when not, anything still open
-            at the end was left open by a generation that is gone, and the time from the last
-            record to ``now`` is drawn as a crash gap.
-        now: the current time in seconds since the epoch (the end of the axis when not live).
+        live: whether a generation runs now; when not, anything still open at the end ends in
+            a crash gap up to ``now`` (seconds since the epoch).
 
     Returns: a :class:`Timeline`; records without a parseable ``timestamp`` are skipped.
     """
@@ -215,6 +174,27 @@ def build_timeline(
     lanes: list[str] = []
     times: list[float] = []
     last_t: float | None = None
+
+    def settle(
+        opened: dict[Any, _Span], key: Any, kind: str, lane: str, t: float, title: str = ""
+    ) -> _Span:
+        """End at ``t`` the span open under ``key`` (one with no start seen begins there)."""
+        span = opened.pop(key, None)
+        if span is None:
+            span = _Span(kind, lane, t, None, kind, title)
+            spans.append(span)
+        span.end = t
+        return span
+
+    def crash(at: float) -> None:
+        """The generation died at ``at``: its tool intents are in doubt, its requests end."""
+        for span in open_tools.values():
+            span.doubt = True
+        for span in open_req.values():
+            span.end = at
+            span.cls += " interrupted"
+            span.title += ", interrupted by the crash"
+        open_req.clear()
 
     def lane_of(rec: Mapping[str, Any]) -> str:
         lane = str(rec.get("lane") or "main")
@@ -233,13 +213,7 @@ def build_timeline(
             still_open = [*open_runs.values(), *open_req.values(), *open_tools.values()]
             if still_open:
                 crashes.append((last_t, t))
-                for span in open_tools.values():
-                    span.doubt = True
-                for key, span in list(open_req.items()):
-                    span.end = last_t
-                    span.cls += " interrupted"
-                    span.title += ", interrupted by the crash"
-                    del open_req[key]
+                crash(last_t)
         times.append(t)
         if rtype == "run_started":
             span = _Span(
@@ -249,17 +223,13 @@ def build_timeline(
             spans.append(span)
         elif rtype == "run_finished":
             outcome = str(rec.get("outcome") or "?")
-            found = open_runs.pop(lane, None)
-            span = found if found is not None else _Span("run", lane, t, None, "run", f"run {run}")
-            if span not in spans:
-                spans.append(span)
-            span.end = t
+            span = settle(open_runs, lane, "run", lane, t, f"run {run}")
             span.cls = f"run outcome-{outcome}"
             reason = f" ({rec.get('reason')})" if rec.get("reason") else ""
             span.title += f": {outcome}{reason}"
         elif rtype == "provider_request_started":
             purpose = rec.get("purpose") or "turn"
-            key = (run, purpose, rec.get("turn"), rec.get("attempt"))
+            key: tuple[Any, ...] = (run, purpose, rec.get("turn"), rec.get("attempt"))
             span = _Span(
                 "provider",
                 lane,
@@ -274,11 +244,7 @@ def build_timeline(
             spans.append(span)
         elif rtype in ("provider_request_finished", "provider_request_failed"):
             key = (run, rec.get("purpose") or "turn", rec.get("turn"), rec.get("attempt"))
-            found = open_req.pop(key, None)
-            span = found if found is not None else _Span("provider", lane, t, None, "provider", "")
-            if span not in spans:
-                spans.append(span)
-            span.end = t
+            span = settle(open_req, key, "provider", lane, t)
             if rtype == "provider_request_failed":
                 span.cls = "provider failed"
                 retry = "retryable" if rec.get("retryable") else "not retryable"
@@ -303,11 +269,7 @@ def build_timeline(
             spans.append(span)
         elif rtype == "tool_finished":
             key = (run, rec.get("callKey"))
-            found = open_tools.pop(key, None)
-            span = found if found is not None else _Span("tool", lane, t, None, "tool", "")
-            if span not in spans:
-                spans.append(span)
-            span.end = t
+            span = settle(open_tools, key, "tool", lane, t)
             span.cls = f"tool outcome-{rec.get('outcome') or 'ok'}"
             span.title += f": {rec.get('outcome')}"
         if rtype in _MARKS:
@@ -320,14 +282,9 @@ def build_timeline(
     anything_open = bool(open_runs or open_req or open_tools)
     if not live and anything_open and now is not None and now > end:
         crashes.append((end, now))
+        crash(end)
         times.append(now)
         end = now
-        for span in open_tools.values():
-            span.doubt = True
-        for span in open_req.values():
-            span.end = times[-2]
-            span.cls += " interrupted"
-            span.title += ", interrupted by the crash"
     axis = _Axis(times, crashes, GUTTER)
     tl = Timeline(WIDTH, ROW_H * len(ROWS) * len(lanes) + AXIS_H)
     top = {lane: i * ROW_H * len(ROWS) for i, lane in enumerate(lanes)}
@@ -386,22 +343,13 @@ def _short(value: Any) -> str:
 
 
 def _mark_title(rtype: str, rec: Mapping[str, Any]) -> str:
-    ts = rec.get("timestamp")
-    if rtype.startswith("queue_"):
-        return f"{rtype} {rec.get('queue', '')} item {rec.get('itemId', '')} at {ts}"
-    if rtype == "save_point":
-        return f"save point after turn {rec.get('turn')} at {ts}"
-    if rtype == "abort_requested":
-        return f"abort requested at {ts}"
-    if rtype == "decision":
-        return f"decision for {rec.get('toolCallId')}: {rec.get('decision')} at {ts}"
-    if rtype == "tool_process":
-        return f"process group {rec.get('pgid')} of {rec.get('toolCallId')} at {ts}"
-    if rtype == "tool_process_killed":
-        return (
-            f"process group {rec.get('pgid')} of {rec.get('toolCallId')} killed "
-            f"({rec.get('by')}) at {ts}"
-        )
+    """A mark's tooltip: the record's one-line summary (as ``durable-harness log``) and time."""
     if rtype == "session_lifecycle":
-        return f"lifecycle: {rec.get('state')} (generation {rec.get('generation')}) at {ts}"
-    return f"{rtype} at {ts}"
+        detail = f"{rec.get('state')} (generation {rec.get('generation')})"
+    else:
+        detail = summarize_record(dict(rec))
+    return (
+        f"{rtype} {detail} at {rec.get('timestamp')}"
+        if detail
+        else f"{rtype} at {rec.get('timestamp')}"
+    )

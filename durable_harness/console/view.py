@@ -1,9 +1,5 @@
-"""What the console's pages show, read from a session (``design/console.md``).
-
-Pure functions over the session's entries (pi session format, ``design/storage.md``) and
-operation-log records, plus :func:`read_session`, the one place the console reads a session's
-files: a read-only open of the store (``Store.open_session(id, write=False)``), which takes no
-lease, so it reads a session a live generation (here or in another process) is writing.
+"""What the console's pages show of a session's transcript (``design/console.md``): pure
+functions over its entries, which the host's read model reads.
 """
 
 from __future__ import annotations
@@ -15,10 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_harness.console.timeline import parse_ts
-from durable_harness.harness.report import cost_summary, format_cost, message_cost
-from durable_harness.session.session import Session
-from durable_harness.storage.base import Store
+from durable_harness.harness.report import format_cost, message_cost
+from durable_harness.host.read_model import parse_ts
 
 MAX_TEXT = 20_000
 """Longest text shown for one block (characters); the rest is cut with a note."""
@@ -56,68 +50,16 @@ class Item:
     meta: str = ""
 
 
-@dataclass
-class SessionView:
-    """A session as read from its files: every entry, every record, the lane leaves."""
-
-    entries: list[dict[str, Any]]
-    records: list[dict[str, Any]]
-    lanes: dict[str, str | None]
-    paths: dict[str, list[dict[str, Any]]]
-
-    @property
-    def cost(self) -> dict[str, Any]:
-        """The session's cost so far: the ``total`` of
-        :func:`~durable_harness.harness.report.cost_summary`, the computation
-        ``durable-harness cost`` prints (``{"tokens", "cost", "known_cost",
-        "unknown_cost_turns"}``; show it with ``format_cost``)."""
-        return dict(cost_summary(self.records, lambda: self.entries)["total"])
-
-    @property
-    def last_activity(self) -> str | None:
-        """The latest timestamp of an entry or record (UTC ISO 8601), or ``None``."""
-        return last_activity(self.entries, self.records)
-
-
-def read_session(store: Store, session_id: str) -> SessionView:
-    """Read a session read-only: entries, records and each lane's path (root to leaf).
-
-    Raises:
-        SessionNotFound, StorageError: as :meth:`Store.open_session`.
-    """
-    with store.open_session(session_id, write=False) as s:
-        session = Session(s)
-        lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
-        paths = {name: session.path(leaf) for name, leaf in lanes.items()}
-        return SessionView(s.iter_entries(), s.records(None), lanes, paths)
-
-
-def last_activity(
-    entries: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]]
-) -> str | None:
-    """The latest ``timestamp`` among ``entries`` and ``records``, or ``None``."""
-    best: tuple[float, str] | None = None
-    for item in (*entries, *records):
-        ts = item.get("timestamp")
-        t = parse_ts(ts)
-        if t is not None and (best is None or t > best[0]):
-            best = (t, str(ts))
-    return best[1] if best else None
-
-
 def ago(timestamp: str | None, now: float | None = None) -> str:
     """``timestamp`` as a short age (``12 s ago``), or ``never``."""
     t = parse_ts(timestamp)
     if t is None:
         return "never"
     delta = max(0.0, (now if now is not None else time.time()) - t)
-    if delta < 60:
-        return f"{delta:.0f} s ago"
-    if delta < 3600:
-        return f"{delta // 60:.0f} min ago"
-    if delta < 86400:
-        return f"{delta // 3600:.0f} h ago"
-    return f"{delta // 86400:.0f} d ago"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if delta >= size:
+            return f"{delta // size:.0f} {unit} ago"
+    return f"{delta:.0f} s ago"
 
 
 def _text(content: Any, kind: str = "text") -> str:
@@ -217,23 +159,20 @@ def _assistant_meta(message: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
+_NOTES = {
+    "model_change": "model: {provider}/{modelId}",
+    "thinking_level_change": "thinking level: {thinkingLevel}",
+    "label": "label {label!r} on {targetId}",
+    "session_info": "name: {name}",
+}
+"""How an entry that is no message is noted in the transcript, by its type."""
+
+
+class _Fields(dict[str, Any]):
+    def __missing__(self, key: str) -> None:
+        return None
+
+
 def _note(entry: Mapping[str, Any]) -> str:
-    etype = entry.get("type")
-    if etype == "model_change":
-        return f"model: {entry.get('provider')}/{entry.get('modelId')}"
-    if etype == "thinking_level_change":
-        return f"thinking level: {entry.get('thinkingLevel')}"
-    if etype == "label":
-        return f"label {entry.get('label')!r} on {entry.get('targetId')}"
-    if etype == "session_info":
-        return f"name: {entry.get('name')}"
-    return str(etype)
-
-
-def idempotency_keys(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """``{call key: idempotency key}`` of the latest ``tool_started`` of each call."""
-    out: dict[str, str] = {}
-    for rec in records:
-        if rec.get("type") == "tool_started" and rec.get("idempotencyKey"):
-            out[str(rec.get("callKey"))] = str(rec["idempotencyKey"])
-    return out
+    form = _NOTES.get(str(entry.get("type")))
+    return form.format_map(_Fields(entry)) if form else str(entry.get("type"))

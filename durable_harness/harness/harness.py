@@ -269,6 +269,13 @@ class Harness:
         call still running stays in doubt, as after a crash. Irreversible."""
         self._core.fenced = True
 
+    def record(self, *records: dict[str, Any]) -> None:
+        """Commit what the host records of the session this harness writes (its
+        ``session_lifecycle`` and ``tool_permission`` records), durable on return, so a live
+        session has one writer. Not fenced: the close that fenced the harness records
+        ``closed`` through it."""
+        self.store.commit([RecordOp(r) for r in records])
+
     # -- compaction and navigation ---------------------------------------------------------
 
     async def compact(self, lane: str = "main") -> dict[str, Any]:

@@ -1,10 +1,4 @@
-"""The host: many durable sessions in one process (``design/host.md``).
-
-- :class:`SessionManager` (with :class:`HostOptions`): ``create``, ``resume``, ``decide``,
-  ``close``, ``forget``, ``list``, ``shutdown`` and the agent verbs;
-- :class:`SessionRecord`: a session's durable facts; :data:`State`: its lifecycle state,
-  moved only through :func:`durable_harness.host.lifecycle.check`.
-"""
+"""The host: many durable sessions in one process (``design/host.md``)."""
 
 from durable_harness.host.lifecycle import State
 from durable_harness.host.manager import SessionManager

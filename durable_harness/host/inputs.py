@@ -1,11 +1,5 @@
-"""What the host takes from a client, checked before it reaches the operating system or a
-store (``design/host.md``, "Inputs"): text fields, the working directory, lane names, and a
-send's ``Idempotency-Key`` against the request it was first used for.
-
-Every front (HTTP, console, ACP) goes through :class:`~durable_harness.host.SessionManager`,
-which applies these checks, so a bad value is the same :class:`InvalidRequest` everywhere
-(HTTP 400, JSON-RPC ``-32602``), never an ``OSError`` or a ``UnicodeEncodeError`` from deep
-inside.
+"""What the host takes from a client, checked before it reaches the OS or a store: every
+front gets the same :class:`InvalidRequest` (``design/host.md``, "Inputs" and "Roots").
 """
 
 from __future__ import annotations
@@ -18,15 +12,13 @@ from typing import Any
 from durable_harness.errors import CwdNotAllowed, IdempotencyKeyReused, InvalidRequest
 
 SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}"
-"""What a session id looks like (the manager checks it; the HTTP API's OpenAPI document shows
-it)."""
+"""What a session id looks like (the manager checks it; the OpenAPI document shows it)."""
 
 SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 LANE_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
-"""What a lane name looks like: a letter or digit, then up to 127 letters, digits, ``.``,
-``_`` or ``-`` (so no path separator, control character or markup). The one definition: the
-manager checks it (:func:`check_lane`) and the HTTP models show it in the OpenAPI document."""
+"""What a lane name looks like (no path separator, control character or markup); checked by
+:func:`check_lane`, shown by the HTTP models."""
 
 _LANE = re.compile(LANE_PATTERN)
 
@@ -44,12 +36,7 @@ def _quote(value: str) -> str:
 
 
 def check_text(name: str, value: str | None) -> None:
-    """Refuse a text field that cannot be stored or handed to the OS: one with a NUL or a
-    character UTF-8 cannot encode (a lone surrogate such as ``\\ud800``).
-
-    Raises:
-        InvalidRequest: naming the field and the cause.
-    """
+    """Refuse a text field holding a NUL or a lone surrogate (:class:`InvalidRequest`)."""
     if value is None:
         return
     if "\x00" in value:
@@ -58,14 +45,8 @@ def check_text(name: str, value: str | None) -> None:
 
 
 def check_unicode(name: str, value: str) -> None:
-    """Refuse text UTF-8 cannot encode (a lone surrogate such as ``\ud800``, which JSON text
-    may carry). A message with one is refused up front rather than stored altered (the store
-    writes U+FFFD for it), so an identical retry under the same ``Idempotency-Key`` is never
-    compared against an altered copy and refused as a different message.
-
-    Raises:
-        InvalidRequest: naming the field and the position of the first bad character.
-    """
+    """Refuse text UTF-8 cannot encode, a lone surrogate (:class:`InvalidRequest`, naming
+    the field and the character's position)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -77,9 +58,8 @@ def check_unicode(name: str, value: str) -> None:
 
 
 def working_directory(cwd: str) -> Path:
-    """The session directory ``cwd`` names (``~`` expanded): it must be an absolute path to
-    an existing directory, at most :data:`MAX_PATH_BYTES` long with no component over
-    :data:`MAX_NAME_BYTES`.
+    """The session directory ``cwd`` names (``~`` expanded): an existing absolute directory
+    within :data:`MAX_PATH_BYTES` and :data:`MAX_NAME_BYTES`.
 
     Raises:
         InvalidRequest: naming ``cwd`` and which rule it breaks (or the OS's reason).
@@ -140,12 +120,8 @@ def check_root(path: Path, roots: tuple[Path, ...] | None) -> Path:
 
 
 def check_key(client_key: str | None) -> None:
-    """Refuse an empty or unencodable ``Idempotency-Key`` (a client key): an empty one would
-    be recorded as no key at all, and a retry with it would not be recognised.
-
-    Raises:
-        InvalidRequest: naming the cause.
-    """
+    """Refuse an empty (it would be recorded as no key) or unencodable ``Idempotency-Key``
+    (:class:`InvalidRequest`)."""
     if client_key is None:
         return
     if not client_key.strip():
@@ -154,11 +130,7 @@ def check_key(client_key: str | None) -> None:
 
 
 def check_lane(lane: str) -> str:
-    """``lane`` when it is a lane name (:data:`LANE_PATTERN`).
-
-    Raises:
-        InvalidRequest: naming the value and the rule.
-    """
+    """``lane`` when it is a lane name (:data:`LANE_PATTERN`), else :class:`InvalidRequest`."""
     if not isinstance(lane, str) or not _LANE.fullmatch(lane):
         raise InvalidRequest(
             f"{_quote(str(lane))} is not a lane name (a letter or digit, then up to 127 "
@@ -169,9 +141,8 @@ def check_lane(lane: str) -> str:
 
 
 def check_same_send(prior: dict[str, Any], client_key: str, message: str, mode: str) -> None:
-    """Refuse a send whose ``client_key`` accepted a different message or mode before (the
-    record that accepted it: ``run_started`` keeps the prompt, ``queue_enqueued`` the queue
-    and message).
+    """Refuse a send whose ``client_key`` accepted another message or mode before (``prior``:
+    the ``run_started`` or ``queue_enqueued`` record that accepted it).
 
     Raises:
         IdempotencyKeyReused: naming the key and what differs.

@@ -1,43 +1,15 @@
-"""The host's part in process groups left running by a dead generation: kill them before a
-plan is offered, and the operator's kill (``design/host.md``, "What happens to a running
-tool's group").
-
-A ``bash`` call's group outlives a SIGKILLed host (it is its own process group). Whatever
-reads a suspended session (start-up reconciliation, a PostgreSQL worker's claim, any later
-read of a session another host left suspended) must not offer a plan while that group can
-still land its effect: the plan would say "in doubt" of a call that is still running, and a
-``retry`` would run it twice at once. So the host kills, under the session's writer lease
-(which proves the generation that started the group dead), every live group the open runs
-recorded on this machine, records each kill (``tool_process_killed``), and only then plans.
-A group recorded on another machine is reported with its host and pid, never signalled
-(``durable_harness.recovery.remote`` refuses an unforced retry of its call).
-
-The operator can also kill one call's group without deciding anything
-(:func:`kill_call_group`: ``POST /sessions/{id}/agent/kill``, the console's "Kill it"): the
-call stays in doubt, its plan says the group is gone.
+"""The host's part in process groups a dead generation left running: kill them (under the
+writer lease) before a plan is offered, and the operator's kill of one call's group
+(``design/host.md``, "What happens to a running tool's group").
 """
 
 from __future__ import annotations
 
 from durable_harness.errors import InvalidRequest, LeaseHeld, SessionLive
-from durable_harness.harness.groups import (
-    KilledBy,
-    kill_and_record,
-    live_groups,
-    open_calls,
-    recorded_group,
-)
+from durable_harness.harness.groups import KilledBy, kill_and_record, open_calls, recorded_group
 from durable_harness.recovery.decide import RecoveryPlan
 from durable_harness.storage.base import Durability, SessionStore, Store
 from durable_harness.tools.processes import this_host
-
-__all__ = [
-    "kill_call_group",
-    "kill_stored_leftovers",
-    "open_for_kill",
-    "plan_sees_live_group",
-    "running_calls",
-]
 
 
 def plan_sees_live_group(plan: RecoveryPlan) -> bool:
@@ -48,25 +20,12 @@ def plan_sees_live_group(plan: RecoveryPlan) -> bool:
     )
 
 
-def running_calls(store: Store, session_id: str) -> set[str]:
-    """The tool call ids of ``session_id``'s unsettled calls whose recorded process group is
-    alive on this machine now (read-only: what an operator may kill with
-    :func:`kill_call_group`; the console's "Stop it").
-
-    Raises:
-        SessionNotFound, StorageError: the session cannot be read.
-    """
-    with store.open_session(session_id, write=False) as session:
-        return {call.tool_call_id for call in live_groups(open_calls(session))}
-
-
 def kill_stored_leftovers(
     store: Store, session_id: str, mode: Durability, by: KilledBy = "reconcile"
 ) -> int:
-    """Take ``session_id``'s writer lease, kill its open runs' live groups on this machine and
-    record each kill (:func:`~durable_harness.harness.groups.kill_and_record`); release the
-    lease. Returns how many groups were killed; 0 when another process holds the lease (a
-    live generation: its groups are its own, not leftovers).
+    """Under ``session_id``'s writer lease, kill and record its open runs' live groups on this
+    machine (:func:`~durable_harness.harness.groups.kill_and_record`). Returns how many were
+    killed; 0 when another process holds the lease (its groups are its own).
 
     Raises:
         ToolProcessRunning: a group outlived SIGKILL (the kills before it are recorded).
@@ -81,16 +40,13 @@ def kill_stored_leftovers(
 
 
 def kill_call_group(session: SessionStore, tool_call_id: str) -> dict[str, object]:
-    """The operator's kill: SIGKILL the live recorded group of the unsettled call
-    ``tool_call_id`` of ``session`` (open for writing: a live generation's store, or one
-    opened under the lease) and record it (``tool_process_killed``, ``by: "operator"``).
-    Returns ``{"tool_call_id", "pgid", "killed"}``; ``killed`` is False when the group had
-    already ended (nothing is written then).
+    """The operator's kill: SIGKILL and record (``by: "operator"``) the live group of the
+    unsettled call ``tool_call_id`` of ``session`` (open for writing). Returns
+    ``{"tool_call_id", "pgid", "killed"}`` (``killed`` False: the group had ended).
 
     Raises:
-        InvalidRequest: no unsettled call of an open run has this id, or it has no group
-            recorded on this machine (``details['host']`` names the machine when it was
-            recorded on another: kill it there).
+        InvalidRequest: no such unsettled call, or no group of it recorded on this machine
+            (``details['host']`` names the other machine).
         ToolProcessRunning: the group outlived SIGKILL.
     """
     calls = [c for c in open_calls(session) if c.tool_call_id == tool_call_id]
@@ -123,12 +79,9 @@ def kill_call_group(session: SessionStore, tool_call_id: str) -> dict[str, objec
     return {"tool_call_id": tool_call_id, "pgid": group[0], "killed": bool(killed)}
 
 
-def open_for_kill(store: Store, session_id: str, mode: Durability) -> SessionStore:
-    """Open a session no generation of this process runs for the operator's kill.
-
-    Raises:
-        SessionLive: another live process holds its lease (kill it through that host).
-    """
+def open_writable(store: Store, session_id: str, mode: Durability) -> SessionStore:
+    """Open a session no generation here runs for writing (``SessionLive``: another live
+    process holds its lease)."""
     try:
         return store.open_session(session_id, write=True, durability=mode)
     except LeaseHeld as exc:

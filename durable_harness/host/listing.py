@@ -1,12 +1,5 @@
-"""Listing sessions: what a session record plus its recovery plan says at a glance, written
-once for the host (``GET /sessions``) and the CLI (``durable-harness sessions``).
-
-- :func:`read_listed`: a session's record and, when suspended, its plan, from a read-only
-  open (the manager's :meth:`~durable_harness.host.manager.SessionManager.get` and the CLI both
-  read a session this way).
-- :func:`waiting_calls`: the in-doubt calls a suspended session waits on, each with its tool,
-  call id and arguments (or their digest when long).
-- :func:`check_states`: the ``state`` filter's values, checked against the lifecycle states.
+"""Listing sessions: a record plus its recovery plan at a glance, written once for the host
+(``GET /sessions``) and the CLI (``durable-harness sessions``).
 """
 
 from __future__ import annotations
@@ -26,10 +19,8 @@ from durable_harness.storage.base import SessionStore
 from durable_harness.tools.base import Tool
 
 ARGUMENTS_INLINE_BYTES = 1024
-"""A waiting call's arguments are listed as they are up to this many bytes of JSON; longer
-ones as ``arguments_digest`` (``sha256:HEX`` of the JSON, keys sorted) and
-``arguments_bytes``: a listing of many sessions stays small, and the full arguments are in the
-session's plan (``GET /sessions/{id}/agent/status``, ``durable-harness recover``)."""
+"""A waiting call's arguments are listed up to this many bytes of JSON; longer ones as a
+digest (the full arguments are in the session's plan)."""
 
 
 async def read_listed(
@@ -38,9 +29,8 @@ async def read_listed(
     tools: Callable[[CommandRuntime], Mapping[str, Tool]],
     policy: Policy = "ask",
 ) -> tuple[SessionRecord, RecoveryPlan | None]:
-    """The record of an open session (``spec``: its store's spec) and, when it reads
-    ``suspended``, its recovery plan with today's tools (``tools(command runtime)``) and
-    ``policy`` (reconcile hooks are asked; they only look). Writes nothing.
+    """The record of an open session (``spec``: its store's spec) and, when ``suspended``,
+    its recovery plan with today's ``tools`` and ``policy``. Writes nothing.
 
     Raises:
         StorageError: the session cannot be read.
@@ -81,11 +71,8 @@ def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
 
 
 def check_states(states: Iterable[str] | None) -> frozenset[State] | None:
-    """The states a listing is filtered to (``None``: no filter).
-
-    Raises:
-        InvalidRequest: a value is no lifecycle state (the message lists them).
-    """
+    """The states a listing is filtered to (``None``: no filter); :class:`InvalidRequest`
+    for a value that is no lifecycle state."""
     if not states:
         return None
     chosen = list(states)

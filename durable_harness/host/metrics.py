@@ -1,10 +1,6 @@
-"""Prometheus metrics of a host (``design/observability.md``): runs, turns, tool calls, provider
-requests and tokens counted from the harness events of every session, in-doubt calls awaiting a
-decision, sessions by lifecycle state, and commit/fsync latency from
-:mod:`durable_harness.storage.timing`.
-
-Each :class:`HostMetrics` owns its own :class:`prometheus_client.CollectorRegistry`, never the
-process-wide default one, so two hosts (or two tests) in one process never share a series.
+"""Prometheus metrics of a host, counted from the harness events of every session and from
+storage timing (``design/observability.md``). Each :class:`HostMetrics` owns its own registry,
+so two hosts (or two tests) in one process never share a series.
 """
 
 from __future__ import annotations
@@ -18,142 +14,89 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from durable_harness.harness.core import Event
 from durable_harness.storage import timing
-
-Event = dict[str, Any]
 
 _log = logging.getLogger(__name__)
 
 PREFIX = "durable_harness_"
 
+# fmt: off
 STORAGE_BUCKETS: tuple[float, ...] = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
 )
-"""Histogram buckets (seconds) for commits and fsyncs: an fsync on a local SSD takes 50 µs to
-a few ms, on a loaded or networked disk up to seconds."""
+# fmt: on
+"""Histogram buckets (seconds) for commits and fsyncs (50 µs on an SSD to seconds)."""
 
 CALL_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 """Histogram buckets (seconds) for tool calls and provider requests."""
 
 MAX_TOOL_LABELS = 64
-"""Distinct values of the ``tool`` label; later names (and names over 64 characters) are
-counted as ``other``."""
+"""Distinct values of the ``tool`` label; later (or longer than 64) names count as ``other``."""
 
 LIVE_STATES = frozenset({"creating", "idle", "running"})
 """Lifecycle states in which a session's generation (and its live suspensions) still exists."""
 
-_COUNTED = frozenset(
-    {
-        "run_start",
-        "run_end",
-        "turn_start",
-        "tool_execution_start",
-        "tool_execution_end",
-        "provider_request_start",
-        "provider_request_end",
-        "lifecycle",
-    }
-)
-
-_TOKEN_KINDS = {"input": "input", "output": "output", "cacheRead": "cache_read"}
-_TOKEN_KINDS["cacheWrite"] = "cache_write"
+# fmt: off
+_COUNTED = frozenset({
+    "run_start", "run_end", "turn_start", "tool_execution_start", "tool_execution_end",
+    "provider_request_start", "provider_request_end", "lifecycle",
+})
+_TOKEN_KINDS = {
+    "input": "input", "output": "output", "cacheRead": "cache_read", "cacheWrite": "cache_write"
+}
+# fmt: on
 
 
 class HostMetrics:
-    """The host's metrics, fed by harness events and storage timing, rendered for ``/metrics``.
-
-    Feed it with :meth:`observe` (``manager.observe(metrics.observe)``: the callback takes
-    ``(session_id, event)``), start it (:meth:`start`, or ``with HostMetrics() as m``) so it
-    hears commit and fsync latency, and serve :meth:`render`. Every method is safe to call from
-    any thread, and :meth:`observe` never raises (a broken event is logged and skipped: a
-    metrics bug must not break a run).
-
-    Series (all prefixed ``durable_harness_``; see ``design/observability.md``):
-
-    - ``runs_started_total``; ``runs_total{outcome}``: runs that ended (``completed``,
-      ``failed``, ``aborted``, ``declined``, ``suspended``);
-    - ``turns_total``: provider turns begun;
-    - ``tool_calls_total{tool,outcome}``: tool calls settled (``ok``, ``error``, ``aborted``,
-      ``not_run``, ``reconciled``, ``failed_by_policy``, ``decided_result``, ``decided_fail``);
-      ``tool_call_seconds{tool}``: duration of the calls this process ran;
-    - ``provider_requests_total{purpose,outcome}`` (``ok``, ``error``, ``cancelled``) and
-      ``provider_request_seconds{purpose}``; ``tokens_total{kind}`` (``input``, ``output``,
-      ``cache_read``, ``cache_write``) from the answers' usage;
-    - ``tool_calls_awaiting_decision``: in-doubt calls waiting for a decision, over sessions;
-    - ``sessions{state}``: sessions by lifecycle state (:meth:`set_state_counts`);
-    - ``commit_seconds``, ``fsync_seconds``: storage latency
-      (:mod:`~durable_harness.storage.timing`);
-    - on a worker (a store that claims, ``design/host.md``): ``worker_claims_total``
-      (sessions claimed), ``worker_claim_failures_total`` (claim rounds that failed),
-      ``worker_sessions_lost_total`` (generations stopped because their writer lost the
-      session) (:meth:`set_worker_counts`).
+    """The host's metrics, rendered for ``/metrics``: feed :meth:`observe`
+    (``manager.observe(metrics.observe)``), :meth:`start` it for storage timing, serve
+    :meth:`render`. Thread-safe; :meth:`observe` never raises (a broken event is logged).
 
     Args:
-        refresh: called with this object at the start of every :meth:`render` (a scrape), to
-            set the gauges whose truth lives elsewhere (:meth:`set_state_counts`,
-            :meth:`set_awaiting_counts` from the manager). An exception in it is logged and the
-            rest of the exposition still rendered.
+        refresh: called with this object at the start of every :meth:`render`, to set the
+            gauges whose truth lives elsewhere (an exception in it is logged).
     """
 
     def __init__(self, refresh: Callable[[HostMetrics], None] | None = None) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
-        self.runs_started = Counter(
-            PREFIX + "runs_started", "Runs started (new or resumed) by this host.", registry=reg
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=reg)
+
+        def histogram(name: str, doc: str, label: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(
+                PREFIX + name, doc, [label] if label else [], buckets=buckets, registry=reg
+            )
+
+        self.runs_started = counter("runs_started", "Runs started (new or resumed) by this host.")
+        self.runs = counter(
+            "runs", "Runs that ended or suspended in this host, by outcome.", "outcome"
         )
-        self.runs = Counter(
-            PREFIX + "runs",
-            "Runs that ended or suspended in this host, by outcome.",
-            ["outcome"],
-            registry=reg,
+        self.turns = counter("turns", "Provider turns begun.")
+        self.tool_calls = counter(
+            "tool_calls", "Tool calls settled, by tool and outcome.", "tool", "outcome"
         )
-        self.turns = Counter(PREFIX + "turns", "Provider turns begun.", registry=reg)
-        self.tool_calls = Counter(
-            PREFIX + "tool_calls",
-            "Tool calls settled, by tool and outcome.",
-            ["tool", "outcome"],
-            registry=reg,
-        )
-        self.tool_call_seconds = Histogram(
-            PREFIX + "tool_call_seconds",
+        self.tool_call_seconds = histogram(
+            "tool_call_seconds",
             "Duration of the tool calls this host ran, from start to settlement.",
-            ["tool"],
-            buckets=CALL_BUCKETS,
-            registry=reg,
+            "tool",
+            CALL_BUCKETS,
         )
-        self.provider_requests = Counter(
-            PREFIX + "provider_requests",
+        self.provider_requests = counter(
+            "provider_requests",
             "Provider request attempts, by purpose and outcome.",
-            ["purpose", "outcome"],
-            registry=reg,
+            "purpose",
+            "outcome",
         )
-        self.provider_request_seconds = Histogram(
-            PREFIX + "provider_request_seconds",
+        self.provider_request_seconds = histogram(
+            "provider_request_seconds",
             "Duration of provider request attempts (streaming included).",
-            ["purpose"],
-            buckets=CALL_BUCKETS,
-            registry=reg,
+            "purpose",
+            CALL_BUCKETS,
         )
-        self.tokens = Counter(
-            PREFIX + "tokens",
-            "Tokens reported by the provider's usage, by kind.",
-            ["kind"],
-            registry=reg,
-        )
+        self.tokens = counter("tokens", "Tokens reported by the provider's usage, by kind.", "kind")
         self.awaiting = Gauge(
             PREFIX + "tool_calls_awaiting_decision",
             "In-doubt tool calls waiting for a decision, over all sessions.",
@@ -162,32 +105,27 @@ class HostMetrics:
         self.sessions = Gauge(
             PREFIX + "sessions", "Sessions by lifecycle state.", ["state"], registry=reg
         )
-        self.worker_claims = Counter(
-            PREFIX + "worker_claims", "Crashed sessions this worker claimed.", registry=reg
+        self.worker_claims = counter("worker_claims", "Crashed sessions this worker claimed.")
+        self.worker_claim_failures = counter(
+            "worker_claim_failures", "Claim rounds that failed (the store unreachable)."
         )
-        self.worker_claim_failures = Counter(
-            PREFIX + "worker_claim_failures",
-            "Claim rounds that failed (the store unreachable).",
-            registry=reg,
-        )
-        self.worker_sessions_lost = Counter(
-            PREFIX + "worker_sessions_lost",
+        self.worker_sessions_lost = counter(
+            "worker_sessions_lost",
             "Generations stopped because their writer lost the session (fenced out, or the "
             "database lost).",
-            registry=reg,
         )
         self._worker_seen = (0, 0, 0)
-        self.commit_seconds = Histogram(
-            PREFIX + "commit_seconds",
+        self.commit_seconds = histogram(
+            "commit_seconds",
             "Storage commit latency (the write, and its fsync when the commit waits for it).",
-            buckets=STORAGE_BUCKETS,
-            registry=reg,
+            "",
+            STORAGE_BUCKETS,
         )
-        self.fsync_seconds = Histogram(
-            PREFIX + "fsync_seconds",
+        self.fsync_seconds = histogram(
+            "fsync_seconds",
             "Storage fsync latency (one fsync/fdatasync or WAL sync of a store's data).",
-            buckets=STORAGE_BUCKETS,
-            registry=reg,
+            "",
+            STORAGE_BUCKETS,
         )
         self._refresh = refresh
         self._lock = threading.Lock()
@@ -203,8 +141,7 @@ class HostMetrics:
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> HostMetrics:
-        """Listen to :mod:`durable_harness.storage.timing` (commit and fsync latency of every
-        store in this process); idempotent. Returns ``self``."""
+        """Listen to :mod:`durable_harness.storage.timing`; idempotent. Returns ``self``."""
         with self._lock:
             if self._remove_observer is None:
                 self._remove_observer = timing.add_observer(self._on_timing)
@@ -232,8 +169,7 @@ class HostMetrics:
     # -- harness events ----------------------------------------------------------------------
 
     def observe(self, session_id: str, event: Event) -> None:
-        """Count one harness event of session ``session_id`` (or a manager ``lifecycle`` event
-        ``{"type": "lifecycle", "state": ...}``). Never raises."""
+        """Count one event of session ``session_id`` (harness or ``lifecycle``). Never raises."""
         if event.get("type") not in _COUNTED:  # most events (stream deltas) count nothing
             return
         try:
@@ -251,46 +187,31 @@ class HostMetrics:
         lane = str(event.get("lane", "main"))
         if etype == "run_start":
             self.runs_started.inc()
-            self._set_live(sid, lane, 0)
+            self._set_count(self._live, (sid, lane), 0)
         elif etype == "run_end":
             self.runs.labels(outcome=str(event.get("outcome", "unknown"))).inc()
             awaiting = event.get("awaiting") or []
-            self._set_live(sid, lane, len(awaiting) if event.get("outcome") == "suspended" else 0)
+            waiting = len(awaiting) if event.get("outcome") == "suspended" else 0
+            self._set_count(self._live, (sid, lane), waiting)
             self._drop_started(sid, run_id)
         elif etype == "turn_start":
             self.turns.inc()
-        elif etype == "tool_execution_start":
-            key = (sid, run_id, "tool:" + str(event.get("toolCallId")))
-            with self._lock:
-                self._started[key] = time.monotonic()
+        elif etype in ("tool_execution_start", "provider_request_start"):
+            self._clock((sid, run_id, _call_key(event)), start=True)
         elif etype == "tool_execution_end":
             tool = self._tool_label(str(event.get("toolName", "unknown")))
             self.tool_calls.labels(tool=tool, outcome=str(event.get("outcome", "unknown"))).inc()
-            with self._lock:
-                began = self._started.pop(
-                    (sid, run_id, "tool:" + str(event.get("toolCallId"))), None
-                )
-            if began is not None:
-                self.tool_call_seconds.labels(tool=tool).observe(time.monotonic() - began)
-        elif etype == "provider_request_start":
-            with self._lock:
-                self._started[(sid, run_id, _request_key(event))] = time.monotonic()
+            if (took := self._clock((sid, run_id, _call_key(event)))) is not None:
+                self.tool_call_seconds.labels(tool=tool).observe(took)
         elif etype == "provider_request_end":
             purpose = str(event.get("purpose", "turn"))
             outcome = str(event.get("outcome", "unknown"))
             self.provider_requests.labels(purpose=purpose, outcome=outcome).inc()
-            with self._lock:
-                began = self._started.pop((sid, run_id, _request_key(event)), None)
-            if began is not None:
-                self.provider_request_seconds.labels(purpose=purpose).observe(
-                    time.monotonic() - began
-                )
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                for field, kind in _TOKEN_KINDS.items():
-                    count = usage.get(field)
-                    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-                        self.tokens.labels(kind=kind).inc(count)
+            if (took := self._clock((sid, run_id, _call_key(event)))) is not None:
+                self.provider_request_seconds.labels(purpose=purpose).observe(took)
+            for field, count in usage_counts(event).items():
+                if count > 0:
+                    self.tokens.labels(kind=_TOKEN_KINDS[field]).inc(count)
         elif etype == "lifecycle" and event.get("state") not in LIVE_STATES:
             # the generation is gone: its live suspensions are now the manager's plan to report
             with self._lock:
@@ -299,8 +220,7 @@ class HostMetrics:
 
     def _tool_label(self, name: str) -> str:
         """The ``tool`` label for a tool name: the name, or ``other`` once
-        :data:`MAX_TOOL_LABELS` names are in use (a model may call a tool that does not exist,
-        under any name: it must not grow the number of series without bound)."""
+        :data:`MAX_TOOL_LABELS` names are in use (a model may call any name)."""
         with self._lock:
             if name in self._tool_names:
                 return name
@@ -308,6 +228,15 @@ class HostMetrics:
                 return "other"
             self._tool_names.add(name)
             return name
+
+    def _clock(self, key: tuple[str, str, str], *, start: bool = False) -> float | None:
+        """Note the start of ``key`` (``start``), else the seconds since it (``None``: unseen)."""
+        with self._lock:
+            if start:
+                self._started[key] = time.monotonic()
+                return None
+            began = self._started.pop(key, None)
+        return None if began is None else time.monotonic() - began
 
     def _drop_started(self, sid: str, run_id: str) -> None:
         """Forget the start times a run left behind (a call the run ended without settling)."""
@@ -318,37 +247,31 @@ class HostMetrics:
     # -- gauges set by the manager -----------------------------------------------------------
 
     def _awaiting_add(self, delta: int) -> None:
-        """Move the awaiting total by ``delta`` (called under the lock)."""
+        """Move the awaiting total by ``delta`` (under the lock)."""
         if delta:
             self._awaiting_total += delta
             self.awaiting.set(self._awaiting_total)
 
-    def _set_live(self, sid: str, lane: str, count: int) -> None:
+    def _set_count(self, table: dict[Any, int], key: Any, count: int) -> None:
         with self._lock:
-            old = self._live.pop((sid, lane), 0)
+            old = table.pop(key, 0)
             if count:
-                self._live[(sid, lane)] = count
+                table[key] = count
             self._awaiting_add(count - old)
 
     def set_awaiting(self, session_id: str, count: int) -> None:
-        """Set the in-doubt calls of session ``session_id`` that wait for a decision according
-        to its recovery plan (a session with no live generation; ``0`` clears it). Calls a live
-        generation suspended on are counted from its ``run_end`` events, apart from this.
+        """Set the plan-derived count of in-doubt calls of ``session_id`` (``0`` clears it);
+        a live generation's are counted from its ``run_end`` events.
 
         Raises:
             ValueError: ``count`` is negative.
         """
         if count < 0:
             raise ValueError(f"awaiting count of session {session_id} is negative: {count}")
-        with self._lock:
-            old = self._planned.pop(session_id, 0)
-            if count:
-                self._planned[session_id] = count
-            self._awaiting_add(count - old)
+        self._set_count(self._planned, session_id, count)
 
     def set_awaiting_counts(self, counts: Mapping[str, int]) -> None:
-        """Replace every plan-derived awaiting count with ``counts`` (``{session id: calls}``,
-        e.g. ``SessionManager.awaiting_decisions()``); sessions absent from it count 0.
+        """Replace every plan-derived awaiting count with ``counts`` (``{session id: calls}``).
 
         Raises:
             ValueError: a count is negative.
@@ -362,8 +285,7 @@ class HostMetrics:
             self._awaiting_add(sum(self._planned.values()) - old)
 
     def forget_session(self, session_id: str) -> None:
-        """Drop everything kept for ``session_id`` (its awaiting counts, pending start times):
-        for a forgotten or closed session. Counters keep their totals."""
+        """Drop the awaiting counts and start times kept for ``session_id``."""
         with self._lock:
             delta = -self._planned.pop(session_id, 0)
             for lane_key in [k for k in self._live if k[0] == session_id]:
@@ -373,8 +295,7 @@ class HostMetrics:
             self._awaiting_add(delta)
 
     def set_state_counts(self, counts: Mapping[str, int]) -> None:
-        """Set ``sessions{state}`` to ``counts`` (``{state: sessions}``); a state reported
-        before and absent now reads 0."""
+        """Set ``sessions{state}`` to ``counts``; a state absent now reads 0."""
         with self._lock:
             for state in self._states - set(counts):
                 self.sessions.labels(state=state).set(0)
@@ -385,8 +306,7 @@ class HostMetrics:
     # -- exposition --------------------------------------------------------------------------
 
     def set_worker_counts(self, claims: int, failures: int, lost: int) -> None:
-        """Bring the worker counters up to the worker's own totals (counts since the host
-        started; the counters only ever move up by the difference)."""
+        """Bring the worker counters up to the worker's own totals (they only move up)."""
         with self._lock:
             seen = self._worker_seen
             for counter, now, before in zip(
@@ -400,9 +320,8 @@ class HostMetrics:
             self._worker_seen = (max(claims, seen[0]), max(failures, seen[1]), max(lost, seen[2]))
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The exposition for a scrape: ``(body, content type)``. ``accept`` is the request's
-        ``Accept`` header: OpenMetrics when it asks for it, else the Prometheus text format
-        0.0.4. Runs the ``refresh`` hook first."""
+        """The exposition for a scrape: ``(body, content type)``, OpenMetrics when ``accept``
+        asks for it, else the Prometheus text format. Runs the ``refresh`` hook first."""
         if self._refresh is not None:
             try:
                 self._refresh(self)
@@ -412,7 +331,24 @@ class HostMetrics:
         return encoder(self.registry), content_type
 
 
-def _request_key(event: Event) -> str:
+def usage_counts(event: Event) -> dict[str, int]:
+    """The token counts of an event's ``usage`` (``input``, ``output``, ``cacheRead``,
+    ``cacheWrite``), those that are integers."""
+    usage = event.get("usage")
+    if not isinstance(usage, Mapping):
+        return {}
+    counts = {field: usage.get(field) for field in _TOKEN_KINDS}
+    return {f: c for f, c in counts.items() if isinstance(c, int) and not isinstance(c, bool)}
+
+
+def _call_key(event: Event) -> str:
+    if str(event.get("type")).startswith("tool_"):
+        return "tool:" + str(event.get("toolCallId"))
+    return request_key(event)
+
+
+def request_key(event: Event) -> str:
+    """The key of a provider request attempt among its run's: purpose, turn and attempt."""
     return f"req:{event.get('purpose')}:{event.get('turn')}:{event.get('attempt')}"
 
 

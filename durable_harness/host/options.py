@@ -1,6 +1,5 @@
 """How a :class:`~durable_harness.host.manager.SessionManager` runs its sessions
-(``design/host.md``): :class:`HostOptions`, the default tools, and the rule for whether a
-recovery plan needs a decision before a session may be resumed unattended."""
+(``design/host.md``): :class:`HostOptions`, the default tools, and :func:`needs_decision`."""
 
 from __future__ import annotations
 
@@ -42,31 +41,22 @@ class HostOptions:
 
     Attributes:
         provider: the provider spec of sessions created without one (``scripted:FILE``...).
-        price: what providers' tokens cost (a price or a price table by model,
-            :func:`~durable_harness.providers.parse_price`); ``None``: a network provider's
-            cost is unknown.
+        price: what providers' tokens cost (:func:`~durable_harness.providers.parse_price`);
+            ``None``: a network provider's cost is unknown.
         mode: the durability mode of sessions created without one.
         policy: the recovery policy for in-doubt calls (``ask``: wait for a decision).
         auto_resume: at start-up, resume the suspended sessions whose plan needs no decision
-            (``no_decision``), or leave every one suspended (``never``).
-        close_grace: seconds a running turn is given to stop after the abort, before its tool
-            process groups are killed.
+            (``no_decision``), or none (``never``).
+        close_grace: seconds a running turn is given after the abort, before the kill step.
         max_message_bytes: the largest message accepted, in bytes of UTF-8.
         tools: ``runtime -> {name: tool}``: the tools of a generation.
         harness: run-loop settings (the provider spec is set per session).
         control: ``(manager, session id) -> async context manager yielding a port or None``:
-            each generation's own control endpoint, entered once the generation is up and
-            left when it stops (the HTTP front's is
-            ``durable_harness.http.control.control_endpoint``); ``None``: no endpoint.
-        claim_interval: on a store that can claim crashed sessions (PostgreSQL), seconds
-            between two claim rounds of the worker loop (``host/worker.py``; also one at
-            start-up); ``None``: no claiming.
-        roots: the directory trees sessions may be created in (``serve --root``,
-            repeatable): a new session's working directory must be one of them or inside
-            one, real paths compared (symlinks resolved), else
-            :class:`~durable_harness.errors.CwdNotAllowed`. The manager's ``create`` checks
-            it, so the HTTP API, the console and ACP's ``session/new`` apply the one rule.
-            ``None``: any directory.
+            each generation's control endpoint (``http.control.control_endpoint``), or None.
+        claim_interval: seconds between claim rounds on a store that can claim
+            (``host/worker.py``); ``None``: no claiming.
+        roots: the directory trees sessions may be created in (``design/host.md``,
+            "Roots"); ``None``: any directory.
     """
 
     provider: str | None = None

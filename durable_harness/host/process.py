@@ -1,9 +1,5 @@
-"""A session process: one runtime generation of a session (``design/host.md``).
-
-Everything process-bound lives here and nowhere else: the open writable session (and so the
-writer lease), the :class:`~durable_harness.harness.harness.Harness` and its task group, the
-cancel scope that ends the generation, the turn lock, the event listeners, the control port.
-None of it is persisted; the :class:`~durable_harness.host.record.SessionRecord` is.
+"""A session process: one runtime generation of a session, everything process-bound and
+nothing persisted (``design/host.md``, "Two objects").
 """
 
 from __future__ import annotations
@@ -30,15 +26,8 @@ REPLAY_EVENTS = 1024
 
 
 class SessionProcess:
-    """One runtime generation of one session.
-
-    Attributes:
-        record: the session's record (shared with the manager; its ``state`` is kept current).
-        session: the session, open for writing (this generation holds its writer lease).
-        harness: the harness driving its runs (set once the generation is up).
-        generation: the writer lease's fencing generation.
-        port: the loopback control port, or ``None`` (runtime state, never persisted).
-    """
+    """One runtime generation of one session: its ``record`` (kept current), its ``session``
+    open for writing (the writer lease), its ``harness`` once up, its control ``port``."""
 
     def __init__(self, record: SessionRecord, session: Session) -> None:
         self.record = record
@@ -48,7 +37,7 @@ class SessionProcess:
         self.port: int | None = None
         self.scope = anyio.CancelScope()
         self.stopped = anyio.Event()
-        self.releasing = False  # the generation's end has begun (``SessionManager._release``)
+        self.releasing = False  # the generation's end has begun (``GenerationRunner.release``)
         self.accepting = False  # the turn lock: a prompt is being accepted
         self.running: set[str] = set()  # lanes with a live run (from the harness's events)
         self.ended: deque[str] = deque(maxlen=64)  # ids of the runs that ended last
@@ -78,20 +67,13 @@ class SessionProcess:
                 stream.close()
 
     def listen(self, after: tuple[int, int] | None = None) -> MemoryObjectReceiveStream[Event]:
-        """A stream of this generation's events, in order; it ends when the generation stops
-        (or the reader falls too far behind).
-
-        ``after``: ``None``, from now on; ``(generation, eventId)`` of the last event a reader
-        saw, the events after it first (kept: the last :data:`REPLAY_EVENTS`), then the live
-        ones, none twice. From an earlier generation, this one's from its first event. When
-        kept events cannot cover the rest (some were dropped, or the reader's generation ended
-        since), a ``{"type": "gap", "reason": "dropped"|"generation", "after": [generation,
-        eventId], "resumes": [generation, eventId]}`` notice (no ``eventId``) comes first
-        (``design/http.md``, "Events").
+        """A stream of this generation's events, in order, ending when the generation stops
+        (or the reader falls too far behind). ``after``: the ``(generation, eventId)`` a reader
+        saw last: the kept events after it first, with a ``gap`` notice when they cannot
+        cover the rest (``design/http.md``, "Events").
 
         Raises:
-            InvalidRequest: ``after`` names an event this generation has not sent (a later
-                generation, or an eventId above the last one).
+            InvalidRequest: ``after`` names an event this generation has not sent.
         """
         replay: list[Event] = []
         if after is not None:

@@ -1,21 +1,5 @@
-"""The session record: a session's durable facts as the host sees them (``design/host.md``).
-
-Nothing here is process-bound. The record is derived from what the session itself stores, so
-every backend holds it with no table of its own, and a session the CLI created reads as one
-too:
-
-- the header (id, working directory);
-- the last ``session_lifecycle`` record in lane ``main`` (state, generation, mode, command
-  runtime, provider spec, last error, creation key), written by the generation that held
-  the writer lease;
-- the lane logs: a lane with an open run makes a stored ``idle`` read ``running`` (the
-  ``run_started`` record is that observation, so no extra commit is made per run);
-- the ``tool_permission`` records in lane ``main``: the tools a client allowed for good
-  (``design/acp.md``);
-- the lease: whether a live process holds it (:func:`~durable_harness.host.lifecycle.reconciled`).
-
-A session without any lifecycle record (made by ``durable-harness run``, which closes it on
-exit) reads ``closed``, or ``running`` when a run is open (the CLI process died mid-run).
+"""The session record: a session's durable facts, derived from what the session itself
+stores (``design/host.md``, "Two objects").
 """
 
 from __future__ import annotations
@@ -41,15 +25,13 @@ class SessionRecord:
         mode: the durability mode of its commits (``sync``, ``batch``, ``none``).
         store: the store spec (``jsonl:DIR``, ``sqlite:PATH``).
         transcript: where its tree and logs live (a file path or ``sqlite:PATH#id``).
-        generation: the runtime generation (writer-lease fencing generation) of the last
-            generation that wrote a lifecycle record (0: never served by a host).
+        generation: the fencing generation that last wrote a lifecycle record (0: none).
         state: the lifecycle state (:data:`~durable_harness.host.lifecycle.State`).
         last_error: why the last generation failed, or ``None``.
         command_runtime: ``pipe`` or ``pty``, re-chosen from here on every resume.
         provider: the provider spec new runs use (``None``: the host's default).
         client_key: the ``Idempotency-Key`` the session was created with, if any.
-        allowed_tools: the tools a client allowed to run without asking ("always allow"),
-            sorted (``tool_permission`` records).
+        allowed_tools: the tools allowed to run without asking, sorted.
     """
 
     id: str
@@ -71,10 +53,8 @@ class SessionRecord:
 
 
 def read_record(store: SessionStore, spec: str, *, owner_alive: bool) -> SessionRecord:
-    """Derive the :class:`SessionRecord` of an open session (read-only or writable).
-
-    ``owner_alive``: whether a live process holds the writer lease (this one included); when
-    not, a stored live state reads as its reconciled state (``suspended`` or ``closed``).
+    """Derive the :class:`SessionRecord` of an open session; ``owner_alive``: whether a live
+    process holds the writer lease (when not, the state is :func:`reconciled`).
 
     Raises:
         StorageError: the session cannot be read.
@@ -119,8 +99,7 @@ def read_record(store: SessionStore, spec: str, *, owner_alive: bool) -> Session
 def lifecycle_record(
     rec: SessionRecord, state: State, *, error: str | None = None, client_key: str | None = None
 ) -> dict[str, Any]:
-    """Build the ``session_lifecycle`` record that makes ``state`` durable for ``rec``'s
-    current generation (declared in :mod:`durable_harness.models.records`)."""
+    """The ``session_lifecycle`` record making ``state`` durable for ``rec``'s generation."""
     fields: dict[str, Any] = {
         "state": state,
         "generation": rec.generation,
@@ -136,6 +115,5 @@ def lifecycle_record(
 
 
 def permission_record(tool_name: str) -> dict[str, Any]:
-    """Build the ``tool_permission`` record that lets ``tool_name`` run without asking from
-    now on (declared in :mod:`durable_harness.models.records`)."""
+    """The ``tool_permission`` record letting ``tool_name`` run without asking from now on."""
     return record("tool_permission", "main", None, toolName=tool_name, permission="allow_always")

@@ -1,31 +1,17 @@
-"""OpenTelemetry spans of a host's runs (``design/observability.md``), built from harness events.
-
-Span tree, one per run::
-
-    durable_harness.run                      run_start .. run_end
-    ├── durable_harness.turn                 turn_start .. turn_end (or the run's end)
-    │   ├── chat {model}                     provider_request_start .. provider_request_end
-    │   └── execute_tool {tool}              tool_execution_start .. tool_execution_end
-    └── chat {model}                         a compaction request between turns
-
-A tool call settled without running (``not_run``, ``reconciled``, a decision, an unknown tool)
-gets a span of zero length at its settlement; a call resumed after a restart, or a compaction,
-hangs under the run when no turn is open. Anything still open when its run ends is ended with
-the run. Attributes follow the OpenTelemetry GenAI conventions where one exists
-(``gen_ai.tool.name``, ``gen_ai.usage.input_tokens``...), ``durable_harness.*`` otherwise.
-
-Needs the ``otel`` extra (``opentelemetry-api``); without it :class:`HostTracer` is a no-op
-with the same interface (:attr:`HostTracer.enabled` is False).
+"""OpenTelemetry spans of a host's runs, built from harness events (``design/observability.md``
+shows the span tree and attributes). Needs the ``otel`` extra; without it :class:`HostTracer`
+is a no-op (:attr:`HostTracer.enabled` is False).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-Event = dict[str, Any]
+from durable_harness.harness.core import Event
+from durable_harness.host.metrics import request_key, usage_counts
 
 _log = logging.getLogger(__name__)
 
@@ -37,8 +23,7 @@ except ImportError:  # without the otel extra (tests load the module so too)
     _ROOT = None
 else:
     _ROOT = _Context()
-    """The empty context: a run's span is the root of its own trace, whatever span is current
-    where the run's task was started (an HTTP request's, say: the run outlives it)."""
+    """The empty context: a run's span roots its own trace (the run outlives its request)."""
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
@@ -49,19 +34,12 @@ INSTRUMENTATION = "durable_harness.host"
 _RUN_EVENTS = ("suspended", "tool_process_killed", "queue_update")
 """Events recorded as span events on their run's span."""
 
-_TRACED = frozenset(
-    {
-        "run_start",
-        "run_end",
-        "turn_start",
-        "turn_end",
-        "provider_request_start",
-        "provider_request_end",
-        "tool_execution_start",
-        "tool_execution_end",
-        *_RUN_EVENTS,
-    }
-)
+# fmt: off
+_TRACED = frozenset({
+    "run_start", "run_end", "turn_start", "turn_end", "provider_request_start",
+    "provider_request_end", "tool_execution_start", "tool_execution_end", *_RUN_EVENTS,
+})
+# fmt: on
 
 _USAGE_ATTRS = {
     "input": "gen_ai.usage.input_tokens",
@@ -89,19 +67,12 @@ class _Run:
 
 
 class HostTracer:
-    """Turns the harness events of many sessions into OpenTelemetry spans.
-
-    Feed it like :class:`~durable_harness.host.metrics.HostMetrics`:
-    ``manager.observe(tracer.observe)`` or ``harness.subscribe(tracer.listener(session_id))``.
-    Spans are keyed by session and run id (turns by run, tool calls by tool call id, provider
-    requests by purpose, turn and attempt), so the runs of many sessions interleave freely.
+    """Turns the harness events of many sessions into OpenTelemetry spans, keyed by session
+    and run id; fed like :class:`~durable_harness.host.metrics.HostMetrics`.
     :meth:`observe` never raises (a broken event is logged and skipped).
 
     Args:
-        tracer_provider: where spans go; default the global provider
-            (``opentelemetry.trace.get_tracer_provider()``, set by the application or by
-            ``opentelemetry-instrument``). Tests pass an SDK ``TracerProvider`` with an
-            in-memory exporter.
+        tracer_provider: where spans go; default the global provider.
     """
 
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
@@ -136,8 +107,7 @@ class HostTracer:
             _log.exception("tracing: cannot trace event %r of session %s", event, session_id)
 
     def forget_session(self, session_id: str) -> None:
-        """End every span still open for ``session_id`` (a session closed or forgotten without
-        its runs' ``run_end``), marking them ``durable_harness.ended_by=forget``."""
+        """End every span still open for ``session_id`` (``durable_harness.ended_by=forget``)."""
         with self._lock:
             for key in [k for k in self._runs if k[0] == session_id]:
                 self._end_run(self._runs.pop(key), "forget")
@@ -145,8 +115,7 @@ class HostTracer:
                 self._orphans.pop(orphan).end()
 
     def close(self) -> None:
-        """End every open span (host shutdown): a run a crash or shutdown leaves open still
-        reaches the exporter, marked ``durable_harness.ended_by=shutdown``."""
+        """End every open span (host shutdown: ``durable_harness.ended_by=shutdown``)."""
         with self._lock:
             runs, self._runs = list(self._runs.values()), {}
             for run in runs:
@@ -163,7 +132,7 @@ class HostTracer:
         run_id = str(event.get("runId") or "")
         lane = str(event.get("lane", "main"))
         if not run_id:  # outside runs: a compaction or branch summary, a trace of its own
-            orphan = (sid, lane, _request_key(event))
+            orphan = (sid, lane, request_key(event))
             if etype == "provider_request_start":
                 self._orphans[orphan] = self._start_request(None, sid, event)
             elif etype == "provider_request_end" and orphan in self._orphans:
@@ -218,17 +187,13 @@ class HostTracer:
                 run.turn.end()
                 run.turn = None
         elif etype == "provider_request_start":
-            run.children[_request_key(event)] = self._start_request(run, sid, event)
+            run.children[request_key(event)] = self._start_request(run, sid, event)
         elif etype == "provider_request_end":
-            span = run.children.pop(_request_key(event), None)
+            span = run.children.pop(request_key(event), None)
             if span is not None:
                 self._end_request(span, event)
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                for field in _USAGE_ATTRS:
-                    count = usage.get(field)
-                    if isinstance(count, int) and not isinstance(count, bool):
-                        run.usage[field] = run.usage.get(field, 0) + count
+            for field, count in usage_counts(event).items():
+                run.usage[field] = run.usage.get(field, 0) + count
         elif etype == "tool_execution_start":
             call_id = str(event.get("toolCallId"))
             run.children["tool:" + call_id] = self._start_tool(run, sid, event)
@@ -275,12 +240,8 @@ class HostTracer:
         assert _otel_trace is not None
         outcome = str(event.get("outcome", "unknown"))
         span.set_attribute("durable_harness.outcome", outcome)
-        usage = event.get("usage")
-        if isinstance(usage, Mapping):
-            for field, attr in _USAGE_ATTRS.items():
-                count = usage.get(field)
-                if isinstance(count, int) and not isinstance(count, bool):
-                    span.set_attribute(attr, count)
+        for field, count in usage_counts(event).items():
+            span.set_attribute(_USAGE_ATTRS[field], count)
         if event.get("stopReason"):
             span.set_attribute("gen_ai.response.finish_reasons", [str(event["stopReason"])])
         if outcome == "error":
@@ -307,8 +268,7 @@ class HostTracer:
         )
 
     def _end_run(self, run: _Run, ended_by: str | None) -> None:
-        """End a run's open children, its turn, then the run (children first, so every span
-        ends within its parent)."""
+        """End a run's open children, its turn, then the run."""
         for span in run.children.values():
             span.set_attribute("durable_harness.ended_by", ended_by or "run_end")
             span.end()
@@ -319,10 +279,6 @@ class HostTracer:
         if ended_by is not None:
             run.span.set_attribute("durable_harness.ended_by", ended_by)
         run.span.end()
-
-
-def _request_key(event: Event) -> str:
-    return f"req:{event.get('purpose')}:{event.get('turn')}:{event.get('attempt')}"
 
 
 __all__ = ["INSTRUMENTATION", "HostTracer", "available"]

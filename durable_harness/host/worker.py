@@ -1,21 +1,6 @@
-"""The host as a worker of a shared store (``design/host.md``, "Workers";
+"""The host as a worker of a shared store: the claim loop, and letting go of a session
+whose writer was fenced out or lost its database (``design/host.md``, "Workers";
 ``design/postgres.md``, "Worker claims").
-
-On a store whose sessions any host may take over (PostgreSQL: leases that expire), the
-manager claims the sessions whose writer died, at start-up and every ``claim_interval``
-seconds, and recovers each exactly once: the claim itself is the arbiter (one statement,
-``FOR UPDATE SKIP LOCKED``, the generation bumped), so many workers share one database
-without a coordinator. Each claimed session goes to :meth:`SessionManager.adopt`, which plans
-it with the same planner as ``resume`` and ``recover`` and resumes it only when the plan needs
-no decision; the others are left ``suspended`` with their lease released.
-
-The same loop stops the generations whose lease another worker took (the writer was paused
-or cut off past its lease): their commits are refused by the fence anyway; stopping them
-frees the memory and never writes over the new owner's record.
-
-The capabilities are two small protocols, so the host never asks which backend it runs on:
-:class:`ClaimingStore` (a catalogue that can claim) and :class:`HandsBack` (a session store
-that can tell it was fenced out and hand its session over).
 """
 
 from __future__ import annotations
@@ -37,7 +22,7 @@ from durable_harness.errors import (
 from durable_harness.storage.base import Durability, SessionStore, Store
 
 if TYPE_CHECKING:
-    from durable_harness.host.manager import SessionManager
+    from durable_harness.host.record import SessionRecord
 
 log = logging.getLogger("durable_harness.host.worker")
 
@@ -55,8 +40,8 @@ class ClaimingStore(Protocol):
     def claim_expired(
         self, limit: int = 10, *, durability: Durability = "sync"
     ) -> list[SessionStore]:
-        """Take over up to ``limit`` sessions whose writer's lease expired; each comes back
-        open for writing under a new generation (``design/postgres.md``)."""
+        """Take over up to ``limit`` sessions whose writer's lease expired, each open for
+        writing under a new generation."""
         ...
 
 
@@ -71,8 +56,24 @@ class HandsBack(Protocol):
         ...
 
     def hand_back(self, *, flush: bool = False) -> None:
-        """Stop writing and leave the session claimable at once (after a barrier when
-        ``flush``); never raises."""
+        """Stop writing, leave the session claimable at once (``flush``: barrier first)."""
+        ...
+
+
+class Host(Protocol):
+    """What the claim loop needs of its manager."""
+
+    @property
+    def store(self) -> Store:
+        """The store claimed from."""
+        ...
+
+    async def adopt(self, store: SessionStore) -> SessionRecord:
+        """Recover a claimed session (open for writing, lease held); takes ``store`` over."""
+        ...
+
+    def stop_fenced(self) -> list[str]:
+        """Stop the generations whose lease another writer took; returns their ids."""
         ...
 
 
@@ -83,12 +84,9 @@ def can_claim(store: Store) -> bool:
 
 def writer_lost(exc: BaseException, store: SessionStore) -> bool:
     """Whether ``exc``, which ended a generation on ``store``, means the writer lost the
-    session rather than that the session failed: fenced out (``StaleGeneration``: another
-    writer owns it; writing ``error`` would be refused and must not be tried over the new
-    owner), or, on a store that hands sessions back, the database lost (``StorageIOError``:
-    a commit whose outcome is unknown, a server restart longer than the reconnect deadline).
-    Such a generation is stopped without a lifecycle record and its session handed back for a
-    claim, which reloads it from what the database holds (``design/host.md``)."""
+    session (fenced out: ``StaleGeneration``; or, on a store that hands sessions back, the
+    database lost: ``StorageIOError``) rather than that the session failed
+    (``design/host.md``, "Workers": "Fenced out", "Database lost")."""
     cause = root_cause(exc)
     if isinstance(cause, StaleGeneration):
         return True
@@ -100,25 +98,15 @@ def writer_lost(exc: BaseException, store: SessionStore) -> bool:
 
 
 def fenced_out(store: SessionStore) -> bool:
-    """Whether another writer took ``store``'s lease (only stores with expiring leases can
-    tell; a ``flock`` cannot be lost)."""
+    """Whether another writer took ``store``'s lease (only a :class:`HandsBack` store can)."""
     return isinstance(store, HandsBack) and store.writer_lost
 
 
 async def let_go(store: SessionStore, *, lost: bool = False, hand_over: bool = False) -> None:
-    """Let go of a session open for writing.
-
-    * by default: close it (barrier, lease released);
-    * ``lost`` (:func:`writer_lost`, :func:`fenced_out`): hand it back without a barrier (the
-      server may be away, or the writer fenced out); the lease, if still ours, is marked
-      expired so the next claim anywhere takes it over;
-    * ``hand_over`` (a worker shutting down): barrier, then hand it back, so the other
-      workers claim its sessions at once instead of leaving them to the next start-up.
-
-    On a store that cannot hand sessions back both are a plain close. On one that can, this
-    runs on a worker thread (an unreachable server blocks for its connect timeout: that must
-    not stall the host's other sessions) and never raises (a failing close hands back too),
-    so one session's lost database never stops the host."""
+    """Let go of a session open for writing: close it; when ``lost``, hand it back without a
+    barrier; when ``hand_over`` (a worker shutting down), barrier then hand it back. On a
+    :class:`HandsBack` store this runs on a worker thread and never raises (a failing close
+    hands back too); on another, both flags mean a plain close."""
     if not isinstance(store, HandsBack):
         store.close()
         return
@@ -145,34 +133,25 @@ class Worker:
     """The claim loop of one manager (started by the manager when its store can claim).
 
     Args:
-        manager: the :class:`~durable_harness.host.manager.SessionManager`.
-        interval: seconds between claim rounds.
+        manager: the :class:`Host` (the manager). interval: seconds between claim rounds.
 
     Attributes:
-        claimed: ids of the sessions this worker claimed, in order (each at most once per
-            crash: a claim bumps the generation).
-        failures: claim rounds that failed (the database unreachable); the next round retries.
-        lost: generations of this host stopped because their writer lost the session (fenced
-            out by another worker's claim, or the database lost past its reconnect deadline).
-
-    The three are exported as ``durable_harness_worker_*`` series by
-    :meth:`~durable_harness.host.metrics.HostMetrics.set_worker_counts`.
+        claimed: ids of the sessions this worker claimed, in order.
+        failures: claim rounds that failed (the database unreachable).
     """
 
-    def __init__(self, manager: SessionManager, interval: float) -> None:
+    def __init__(self, manager: Host, interval: float) -> None:
         self.manager = manager
         self.interval = interval
         self.claimed: list[str] = []
         self.failures = 0
-        self.lost = 0
-        self.stopping = False
         self._scope = anyio.CancelScope()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Claim once (before ``task_status.started()``: start-up reconciliation includes
-        it), then every :attr:`interval` seconds until :meth:`stop`."""
+        """Claim once (before ``task_status.started()``), then every :attr:`interval` seconds
+        until :meth:`stop`."""
         with self._scope:
             await self.tick()
             task_status.started()
@@ -181,13 +160,12 @@ class Worker:
                 await self.tick()
 
     def stop(self) -> None:
-        """End the loop (the manager's shutdown: its generations are then handed over)."""
-        self.stopping = True
+        """End the loop."""
         self._scope.cancel()
 
     async def tick(self) -> None:
-        """One round: stop the generations fenced out, then claim until none is left. A
-        failure is logged and counted; the next round tries again."""
+        """One round: stop the generations fenced out, then claim until none is left (a
+        failure is logged and counted)."""
         self.manager.stop_fenced()
         try:
             while await self.claim_once() == CLAIM_BATCH:
@@ -197,12 +175,8 @@ class Worker:
             log.warning("claiming crashed sessions failed: %s (retrying)", exc.message)
 
     async def claim_once(self) -> int:
-        """Claim up to :data:`CLAIM_BATCH` sessions and hand each to
-        :meth:`SessionManager.adopt`; returns how many were claimed.
-
-        Raises:
-            StorageIOError: the claim itself failed (nothing was claimed).
-        """
+        """Claim up to :data:`CLAIM_BATCH` sessions and hand each to :meth:`Host.adopt`;
+        returns how many were claimed (``StorageIOError``: the claim failed, none was)."""
         store = self.manager.store
         assert isinstance(store, ClaimingStore)
         # off the event loop: an unreachable server blocks for its connect timeout
@@ -215,9 +189,6 @@ class Worker:
                 log.warning("session %s: claimed but not recovered: %s", claimed.session_id, exc)
                 continue
             log.info(
-                "session %s: claimed (generation %s), now %s",
-                rec.id,
-                rec.generation,
-                rec.state,
+                "session %s: claimed (generation %s), now %s", rec.id, rec.generation, rec.state
             )
         return len(stores)

@@ -1,12 +1,6 @@
 """The HTTP API over :class:`~durable_harness.host.manager.SessionManager`
-(``design/http.md``).
-
-A front, and only a front: each route parses its input (:mod:`durable_harness.http.models`),
-makes one manager call, and renders the result; every error goes through
-:mod:`durable_harness.http.errors`. :func:`create_app` builds the application; its lifespan
-enters the manager, so start-up reconciliation has finished before the first request is
-answered, and leaves it on shutdown (live generations are stopped as a crash would stop them;
-the next start reconciles them).
+(``design/http.md``): each route parses its input (:mod:`durable_harness.http.models`), makes
+one manager call and renders the result; :func:`create_app`'s lifespan enters the manager.
 """
 
 from __future__ import annotations
@@ -24,11 +18,11 @@ from durable_harness import __version__
 from durable_harness.errors import root_cause
 from durable_harness.host.inputs import LANE_PATTERN, SESSION_ID_PATTERN
 from durable_harness.host.manager import SessionManager
+from durable_harness.host.metrics import HostMetrics
 from durable_harness.host.options import HostOptions
 from durable_harness.http import errors, models
 from durable_harness.http.guard import install_guards
 from durable_harness.http.methods import SAFE_METHODS
-from durable_harness.http.metrics import MetricsSink, make_sink, refresh
 from durable_harness.http.streams import SLOTS
 from durable_harness.storage.base import Store
 
@@ -40,9 +34,8 @@ SSE_PING_SECONDS = 15
 
 
 def body_limit_for(max_message_bytes: int) -> int:
-    """The largest request body accepted: the JSON encoding of the largest message
-    (worst case ``\\u00XX`` escapes: 6 bytes per byte) plus 64 KiB for the other fields.
-    Anything larger is refused before it is read (413 ``message_too_large``)."""
+    """The largest request body accepted: the largest message JSON-escaped (6 bytes per
+    byte at worst) plus 64 KiB for the other fields."""
     return 6 * max_message_bytes + 65536
 
 
@@ -86,9 +79,8 @@ LastEventId = Annotated[
 
 
 def event_id(event: dict[str, Any]) -> str:
-    """The SSE ``id`` of a generation's event: ``GENERATION-EVENTID`` (``design/http.md``,
-    "Events"), unique and ordered across the session's generations; ``""`` for a notice that
-    is not an event of the generation (a ``gap``)."""
+    """The SSE ``id`` of a generation's event, ``GENERATION-EVENTID`` (``design/http.md``,
+    "Events"); ``""`` for a ``gap`` notice."""
     if "eventId" not in event:
         return ""
     return f"{event.get('generation', 0)}-{event['eventId']}"
@@ -108,7 +100,7 @@ def create_app(
     store: Store | str | None = None,
     options: HostOptions | None = None,
     token: str | None = None,
-    metrics: MetricsSink | None = None,
+    metrics: HostMetrics | None = None,
     own_auth: Callable[[str], bool] | None = None,
     loopback_hosts_only: bool = False,
 ) -> FastAPI:
@@ -119,22 +111,18 @@ def create_app(
             default ``SessionManager(store, options)``.
         store, options: for the default factory (a store spec or
             :class:`~durable_harness.storage.base.Store`; :class:`HostOptions`).
-        token: when given, every request (``/metrics`` and ``/openapi.json`` included) needs
-            ``Authorization: Bearer <token>``. The CLI requires one off loopback.
-        metrics: the ``/metrics`` sink (default: :func:`~durable_harness.http.metrics.make_sink`).
-        own_auth: ``path -> bool``: paths of a front mounted beside the API that checks the
-            token itself (the console, which also takes it from a login cookie); the bearer
-            header check lets them through.
-        loopback_hosts_only: answer only requests whose ``Host`` is ``localhost``,
-            ``127.0.0.1`` or ``[::1]`` (any port); others are 400 ``host_not_allowed``
-            (:class:`~durable_harness.http.guard.LoopbackHosts`). The CLI sets it when it
-            serves without a token (which it does only on loopback): DNS rebinding.
+        token: when given, every request needs ``Authorization: Bearer <token>``.
+        metrics: the ``/metrics`` sink (default: a new :class:`HostMetrics`).
+        own_auth: ``path -> bool``: paths of a front beside the API that checks the token
+            itself (the console); the bearer check lets them through.
+        loopback_hosts_only: answer only loopback ``Host`` values
+            (:class:`~durable_harness.http.guard.LoopbackHosts`).
 
     Returns:
         The FastAPI application (OpenAPI at ``/openapi.json``).
     """
     factory = manager_factory or (lambda: SessionManager(store, options))
-    sink = metrics or make_sink()
+    sink = metrics or HostMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -199,13 +187,15 @@ _KEYED_ROUTE: dict[str, str] = {
 }
 """The status a route taking an ``Idempotency-Key`` can answer besides."""
 
+_ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
 
 def _document_statuses(method: str, operation: dict[str, Any]) -> None:
     """Add to one operation of the document the statuses its route can answer beyond its
-    own (:data:`_ANY_ROUTE`, :data:`_UNSAFE_ROUTE`, :data:`_KEYED_ROUTE`), each with the
-    error body; and, to a POST/DELETE without a body, the ``{}`` it takes."""
+    own, each with the error body; and, to a POST/DELETE without a body, the ``{}`` it takes."""
     responses = operation.setdefault("responses", {})
-    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    if responses.pop("422", None) is not None:
+        responses.setdefault("400", {"description": "invalid_request", "content": _ERROR_BODY})
     extra = dict(_ANY_ROUTE)
     if method.upper() not in SAFE_METHODS:
         extra.update(_UNSAFE_ROUTE)
@@ -220,7 +210,7 @@ def _document_statuses(method: str, operation: dict[str, Any]) -> None:
     if any(p.get("name") == "Idempotency-Key" for p in operation.get("parameters", ())):
         extra.update(_KEYED_ROUTE)
     for status, description in extra.items():
-        answer = responses.setdefault(status, {"description": description, "content": error})
+        answer = responses.setdefault(status, {"description": description, "content": _ERROR_BODY})
         if answer.get("description") != description and description not in str(
             answer.get("description")
         ):
@@ -229,8 +219,7 @@ def _document_statuses(method: str, operation: dict[str, Any]) -> None:
 
 def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """The app's OpenAPI document with FastAPI's default 422 replaced by this API's 400
-    ``invalid_request`` (validation errors are rendered as 400 with the error body), and
-    every status a route can answer listed (:func:`_document_statuses`)."""
+    ``invalid_request`` and every status a route can answer listed."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is not None:
@@ -240,19 +229,6 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
         )
         for item in doc.get("paths", {}).values():
             for method, operation in item.items():
-                responses = operation.get("responses", {})
-                if responses.pop("422", None) is not None:
-                    responses.setdefault(
-                        "400",
-                        {
-                            "description": "invalid_request",
-                            "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/Error"}
-                                }
-                            },
-                        },
-                    )
                 _document_statuses(method, operation)
         schemas = doc.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
@@ -263,16 +239,26 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build
 
 
-def _routes(app: FastAPI, sink: MetricsSink) -> None:
+def _route(
+    app: FastAPI, method: str, path: str, model: Any, responses: Any, tag: str, **more: Any
+) -> Callable[[Any], Any]:
+    """The decorator registering one route of the API (``app.get``, ``app.post``...)."""
+    return app.api_route(
+        path,
+        methods=[method.upper()],
+        response_model=model,
+        responses=responses,
+        tags=[tag],
+        **more,
+    )
+
+
+def _routes(app: FastAPI, sink: HostMetrics) -> None:
     """Register every route of the API on ``app``."""
 
-    @app.post(
-        "/sessions",
-        status_code=201,
-        response_model=models.Session,
-        responses={400: _ERROR, 403: {**_ERROR, "description": "cwd_not_allowed (--root)"}},
-        tags=["sessions"],
-    )
+    cwd_refused = {400: _ERROR, 403: {**_ERROR, "description": "cwd_not_allowed (--root)"}}
+
+    @_route(app, "post", "/sessions", models.Session, cwd_refused, "sessions", status_code=201)
     async def create_session(
         body: models.CreateSession, manager: Manager, key: IdempotencyKey = None
     ) -> dict[str, Any]:
@@ -287,9 +273,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         )
         return rec.to_json()
 
-    @app.get(
-        "/sessions", response_model=models.SessionList, responses={400: _ERROR}, tags=["sessions"]
-    )
+    @_route(app, "get", "/sessions", models.SessionList, {400: _ERROR}, "sessions")
     async def list_sessions(
         manager: Manager,
         state: Annotated[list[str] | None, Query()] = None,
@@ -298,37 +282,20 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         one of the ``state`` values when given (repeatable: ``?state=suspended&state=error``),
         each with the in-doubt calls it waits on (``waiting``); and the unreadable ones with
         why. An unknown state is 400 ``invalid_request``."""
-        records = await manager.list(state)
-        sessions = [r.to_json() | {"waiting": manager.waiting(r.id)} for r in records]
-        return {"sessions": sessions, "unreadable": manager.unreadable}
+        return await manager.listing(state)
 
-    @app.get(
-        "/sessions/{id}",
-        response_model=models.Session,
-        responses=_SESSION_ERRORS,
-        tags=["sessions"],
-    )
+    @_route(app, "get", "/sessions/{id}", models.Session, _SESSION_ERRORS, "sessions")
     async def get_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
         """The session's record (``state``, ``generation``...)."""
         return (await manager.get(session_id)).to_json()
 
-    @app.post(
-        "/sessions/{id}/resume",
-        response_model=models.Session,
-        responses=_STATE_ERRORS,
-        tags=["sessions"],
-    )
+    @_route(app, "post", "/sessions/{id}/resume", models.Session, _STATE_ERRORS, "sessions")
     async def resume_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
         """Start the next generation (recovery first). A session whose plan needs a decision
         stays ``suspended``: decide through ``.../agent/decide``."""
         return (await manager.resume(session_id)).to_json()
 
-    @app.post(
-        "/sessions/{id}/close",
-        response_model=models.Session,
-        responses=_STATE_ERRORS,
-        tags=["sessions"],
-    )
+    @_route(app, "post", "/sessions/{id}/close", models.Session, _STATE_ERRORS, "sessions")
     async def close_session(session_id: SessionId, manager: Manager) -> dict[str, Any]:
         """Close the session (abort, grace period, kill, release); record and transcript are
         kept. Idempotent."""
@@ -342,12 +309,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
 
     agent_routes(app, "/sessions/{id}/agent", _session_from_path)
 
-    @app.get(
-        "/sessions/{id}/agent/log",
-        response_model=models.Log,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "get", "/sessions/{id}/agent/log", models.Log, _SESSION_ERRORS, "agent")
     async def oplog(
         session_id: SessionId,
         manager: Manager,
@@ -358,12 +320,7 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
         """A page of the operation log (records with ``seq`` above ``since_seq``)."""
         return manager.log(session_id, lane=lane, since_seq=since_seq, limit=limit)
 
-    @app.post(
-        "/sessions/{id}/agent/decide",
-        response_model=models.Session,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "post", "/sessions/{id}/agent/decide", models.Session, _STATE_ERRORS, "agent")
     async def decide(
         session_id: SessionId, body: models.Decide, manager: Manager
     ) -> dict[str, Any]:
@@ -408,8 +365,6 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
 
         return SLOTS.response(frames(), ping=SSE_PING_SECONDS)
 
-    awaiting_known: set[str] = set()
-
     @app.get(
         "/metrics",
         response_class=Response,
@@ -418,7 +373,11 @@ def _routes(app: FastAPI, sink: MetricsSink) -> None:
     )
     async def metrics(manager: Manager) -> Response:
         """Prometheus exposition of the host's metrics."""
-        await refresh(manager, sink, awaiting_known)
+        # the scrape-time gauges first: awaiting decisions, sessions by state, a worker's counts
+        sink.set_awaiting_counts(manager.awaiting_decisions())
+        sink.set_state_counts(await manager.state_counts())
+        if (counts := manager.worker_counts()) is not None:
+            sink.set_worker_counts(*counts)
         body, content_type = sink.render()
         return Response(body, media_type=content_type)
 
@@ -433,13 +392,9 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
     ``status``, ``abort``, ``messages``) under ``prefix``; ``session`` is the dependency that
     names the session (the path's ``{id}``, or the endpoint's own session)."""
 
-    @app.post(
-        f"{prefix}/send",
-        status_code=202,
-        response_model=models.Accepted,
-        responses={**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}},
-        tags=["agent"],
-    )
+    too_large = {**_STATE_ERRORS, 413: {**_ERROR, "description": "message_too_large"}}
+
+    @_route(app, "post", f"{prefix}/send", models.Accepted, too_large, "agent", status_code=202)
     async def send(
         body: models.SendMessage,
         manager: Manager,
@@ -452,22 +407,12 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
             session_id, body.message, mode=body.mode, lane=body.lane, client_key=key
         )
 
-    @app.get(
-        f"{prefix}/status",
-        response_model=models.Status,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "get", f"{prefix}/status", models.Status, _SESSION_ERRORS, "agent")
     async def status(manager: Manager, session_id: str = Depends(session)) -> dict[str, Any]:
         """State, generation, lanes, and the recovery plan when suspended."""
         return await manager.status(session_id)
 
-    @app.post(
-        f"{prefix}/abort",
-        response_model=models.Aborted,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "post", f"{prefix}/abort", models.Aborted, _STATE_ERRORS, "agent")
     async def abort(
         manager: Manager,
         body: Annotated[models.AbortRun | None, Body()] = None,
@@ -476,12 +421,7 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
         """Abort the lane's running run (``abort_requested`` is durable first)."""
         return await manager.abort(session_id, lane=(body or models.AbortRun()).lane)
 
-    @app.post(
-        f"{prefix}/kill",
-        response_model=models.Killed,
-        responses=_STATE_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "post", f"{prefix}/kill", models.Killed, _STATE_ERRORS, "agent")
     async def kill(
         manager: Manager, body: models.KillTool, session_id: str = Depends(session)
     ) -> dict[str, Any]:
@@ -489,12 +429,7 @@ def agent_routes(app: FastAPI, prefix: str, session: Callable[..., str]) -> None
         recorded as ``tool_process_killed``; the call stays in doubt, nothing is decided."""
         return await manager.kill_tool(session_id, body.tool_call_id)
 
-    @app.get(
-        f"{prefix}/messages",
-        response_model=models.Messages,
-        responses=_SESSION_ERRORS,
-        tags=["agent"],
-    )
+    @_route(app, "get", f"{prefix}/messages", models.Messages, _SESSION_ERRORS, "agent")
     async def messages(
         manager: Manager,
         session_id: str = Depends(session),

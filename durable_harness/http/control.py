@@ -1,15 +1,6 @@
-"""A session generation's own control endpoint (``design/http.md``, "Control ports").
-
-Each live generation may listen on its own loopback port, serving ``/agent/send``,
-``/agent/status``, ``/agent/abort`` and ``/agent/messages`` of that one session (the same
-handlers as the main API: :func:`~durable_harness.http.app.agent_routes`). The socket is bound
-at port 0 in one step (:func:`~durable_harness.http.server.bind`); the port lives on the
-session process and in ``status``, never in the store. Where binding is refused, a warning
-says so and the generation runs without one.
-
-The endpoint is uvicorn's protocol on an asyncio server, without uvicorn's main loop or signal
-handling (which belong to the process's main server): it needs the asyncio backend, which is
-what ``durable-harness serve`` runs on.
+"""A session generation's own control endpoint: the agent routes of that one session on
+its own loopback port (``design/http.md``, "Control ports"). It runs uvicorn's protocol on
+an asyncio server, without uvicorn's main loop, so it needs the asyncio backend.
 """
 
 from __future__ import annotations
@@ -39,9 +30,8 @@ SHUTDOWN_GRACE = 2
 def create_control_app(
     manager: SessionManager, session_id: str, *, token: str | None = None
 ) -> FastAPI:
-    """The control endpoint's application: the four agent routes of ``session_id`` under
-    ``/agent``, the API's error bodies, and the same bearer token as the main server (without
-    one, only loopback ``Host`` values are answered, as on the main server)."""
+    """The control endpoint's application: the agent routes of ``session_id`` under
+    ``/agent``, with the API's errors and guards (``token`` as on the main server)."""
     app = FastAPI(
         title=f"durable-harness session {session_id} control",
         description="One session generation's control endpoint (design/http.md).",

@@ -1,10 +1,6 @@
-"""Errors as HTTP responses: the one table from error code to status (``design/http.md``).
-
-Every error leaves the API as ``{"code", "message", ...details}`` with the library's stable
-code (:mod:`durable_harness.errors`). A code in :data:`STATUS_BY_CODE` takes its status from
-there; any other library error takes the status of its nearest listed ancestor class in
-:data:`STATUS_BY_CLASS`; an exception that is no library error is a bug: 500 ``internal``,
-its text kept out of the body (it is logged).
+"""Errors as HTTP responses: the one table from error code to status, every error body
+``{"code", "message", ...details}`` (``design/http.md``, "Errors"); an exception that is no
+library error is 500 ``internal``, its text logged, not sent.
 """
 
 from __future__ import annotations
@@ -32,50 +28,27 @@ from durable_harness.http.methods import allowed_methods
 
 log = logging.getLogger("durable_harness.http")
 
-STATUS_BY_CODE: dict[str, int] = {
-    # the request names nothing that exists
-    "session_not_found": 404,
-    "not_found": 404,
+_BY_STATUS = (
+    (404, "session_not_found not_found"),  # the request names nothing that exists
     # the request is malformed (bad JSON, a missing or mistyped field, a bad id, a bad spec)
-    "invalid_request": 400,
-    "format_error": 400,
-    "import_spec": 400,
-    "ambiguous_session_prefix": 400,
-    "missing_credential": 400,
-    "unknown_lane": 400,
-    "tool_error": 400,
-    "path_escape": 400,
-    "host_not_allowed": 400,
-    # no bearer token, or the wrong one
-    "unauthorized": 401,
-    # a state-changing request from another origin (http/guard.py SameOrigin)
-    "cross_origin": 403,
-    # a session's working directory outside the server's --root trees
-    "cwd_not_allowed": 403,
-    "method_not_allowed": 405,
+    (400, "invalid_request format_error import_spec ambiguous_session_prefix missing_credential"),
+    (400, "unknown_lane tool_error path_escape host_not_allowed"),
+    (401, "unauthorized"),  # no bearer token, or the wrong one
+    (403, "cross_origin"),  # a state-changing request from another origin (guard.SameOrigin)
+    (403, "cwd_not_allowed"),  # a session's working directory outside the --root trees
+    (405, "method_not_allowed"),
     # the session's state does not allow it now
-    "session_live": 409,
-    "session_not_live": 409,
-    "lease_held": 409,
-    "run_in_progress": 409,
-    "no_open_run": 409,
-    "lane_suspended": 409,
-    "illegal_transition": 409,
-    "decision_required": 409,
-    "already_decided": 409,
-    "recovery_error": 409,
-    "tool_process_running": 409,
-    "tool_process_elsewhere": 409,
-    "attempt_cap_reached": 409,
-    "session_exists": 409,
-    # an Idempotency-Key reused for a different request
-    "idempotency_key_reused": 422,
-    # too big to take
-    "message_too_large": 413,
-    # a state-changing request whose body is not JSON (http/guard.py SameOrigin)
-    "unsupported_media_type": 415,
-    # the store is busy: try again
-    "database_locked": 503,
+    (409, "session_live session_not_live lease_held run_in_progress no_open_run lane_suspended"),
+    (409, "illegal_transition decision_required already_decided recovery_error"),
+    (409, "tool_process_running tool_process_elsewhere attempt_cap_reached session_exists"),
+    (422, "idempotency_key_reused"),  # an Idempotency-Key reused for a different request
+    (413, "message_too_large"),  # too big to take
+    (415, "unsupported_media_type"),  # a state-changing request whose body is not JSON
+    (503, "database_locked"),  # the store is busy: try again
+)
+
+STATUS_BY_CODE: dict[str, int] = {
+    code: status for status, codes in _BY_STATUS for code in codes.split()
 }
 """``{error code: HTTP status}``: the statuses of the API, written once."""
 
@@ -106,10 +79,8 @@ def status_of(error: DurableHarnessError) -> int:
 def error_response(
     status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> Response:
-    """A JSON error response: ``body`` is ``{"code", "message", **details}`` (details may
-    hold any key, ``status`` included), with ``headers`` and the ones the status needs
-    (``WWW-Authenticate`` on 401, ``Accept`` on 415, ``Retry-After`` on 503). Total: a string
-    that UTF-8 cannot encode (a lone surrogate quoted from the request) is escaped
+    """A JSON error response of ``body`` (``{"code", "message", **details}``) with ``headers``
+    and the ones the status needs (401, 415, 503); a string UTF-8 cannot encode is escaped
     (:func:`~durable_harness.errors.encodable`)."""
     headers = dict(headers or {})
     if status == 401:
@@ -122,17 +93,11 @@ def error_response(
         content = orjson.dumps(body, default=str)
     except TypeError:
         content = orjson.dumps(encodable(body), default=lambda v: encodable(str(v)))
-    return Response(
-        content,
-        status_code=status,
-        headers=headers,
-        media_type="application/json",
-    )
+    return Response(content, status_code=status, headers=headers, media_type="application/json")
 
 
 def library_error_response(error: DurableHarnessError) -> Response:
-    """The response of a library error: its ``to_remote_json()`` (what a caller who is not
-    the store's owner may see) with :func:`status_of`."""
+    """The response of a library error: its ``to_remote_json()`` with :func:`status_of`."""
     return error_response(status_of(error), error.to_remote_json())
 
 

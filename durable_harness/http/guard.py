@@ -1,10 +1,6 @@
-"""ASGI middleware in front of every route: the Host check of a tokenless loopback server,
-the same-origin rule of state-changing requests (CSRF), the bearer token, the body limit, and
-the Content-Security-Policy of HTML answers (``design/http.md``).
-
-Each answers before the application reads anything: a request without the right token, or
-with a body over the limit, is refused with the API's JSON error body and never reaches a
-route, so nothing is parsed and nothing changes on disk.
+"""ASGI middleware in front of every route, each answering with the API's JSON error body
+before the application reads anything: the Host check, the same-origin rule, the bearer
+token, the body limit, the HTML CSP (``design/http.md``, "Auth", "Cross-site requests").
 """
 
 from __future__ import annotations
@@ -23,13 +19,11 @@ from durable_harness.http.errors import STATUS_BY_CODE
 from durable_harness.http.methods import SAFE_METHODS, allowed_methods
 
 HTML_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-"""The Content-Security-Policy of an HTML answer that sets none itself (the console sets its
-own, ``console/security.py``): nothing loads, nothing frames it, no form posts from it."""
+"""The Content-Security-Policy of an HTML answer that sets none itself (the console's does)."""
 
 
 async def _reply(send: Send, code: str, message: str, **details: Any) -> None:
-    """Answer with the API's JSON error body; the status is ``code``'s in the one table
-    (:data:`durable_harness.http.errors.STATUS_BY_CODE`)."""
+    """Answer with the API's JSON error body and ``code``'s status (:data:`STATUS_BY_CODE`)."""
     status = STATUS_BY_CODE[code]
     body = orjson.dumps(encodable({"code": code, "message": message, **details}))
     headers = [
@@ -51,8 +45,8 @@ LOOPBACK_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 
 def host_name(header: bytes) -> str:
-    """The host of a ``Host`` header value without its port, lower-cased: ``[::1]:8080`` ->
-    ``[::1]``, ``LocalHost:80`` -> ``localhost``; ``""`` for an empty or undecodable one."""
+    """The host of a ``Host`` header value without its port, lower-cased (``""`` for an empty
+    or undecodable one)."""
     try:
         text = header.decode("ascii").strip().lower()
     except UnicodeDecodeError:
@@ -63,27 +57,20 @@ def host_name(header: bytes) -> str:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
-def _headers(scope: Scope, name: bytes) -> list[str]:
+def _headers(scope: Scope, name: bytes) -> list[bytes]:
     """Every value of header ``name`` (lower case) in an ASGI ``scope``, in order."""
-    return [bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
+    return [bytes(v) for k, v in scope.get("headers", ()) if k == name]
 
 
 def _header(scope: Scope, name: bytes) -> bytes:
     """The first value of header ``name`` (lower case) in an ASGI ``scope``, or ``b""``."""
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return bytes(value)
-    return b""
+    return next(iter(_headers(scope, name)), b"")
 
 
 class LoopbackHosts:
     """Refuse every request whose ``Host`` is not one of :data:`LOOPBACK_HOST_NAMES` (any
-    port) with 400 ``host_not_allowed``, a missing ``Host`` included.
-
-    For a server without a token on a loopback address: there, any local program may call
-    it, but a web page must not. A DNS-rebinding page (``evil.example`` re-pointed at
-    127.0.0.1) sends its own name as ``Host``, so checking it keeps the page from reading
-    the API or the console's CSRF token (``design/http.md``, "Security")."""
+    port) with 400 ``host_not_allowed``, a missing ``Host`` included: DNS rebinding, for a
+    tokenless loopback server (``design/http.md``, "Auth")."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -111,9 +98,7 @@ class LoopbackHosts:
 
 def bearer_token(header: str | bytes) -> str | None:
     """The credentials of an ``Authorization: Bearer <token>`` header value, or ``None`` when
-    it is not one. The scheme is case-insensitive and separated by one or more spaces
-    (RFC 9110 11.1, 11.4; RFC 6750 2.1): ``bearer  abc`` -> ``"abc"``. The one parser of the
-    API's :class:`BearerAuth` and the console's login check."""
+    it is not one (scheme case-insensitive, RFC 9110 11.1; RFC 6750 2.1)."""
     if isinstance(header, bytes):
         header = header.decode("latin-1")
     scheme, _, rest = header.strip().partition(" ")
@@ -124,8 +109,7 @@ def bearer_token(header: str | bytes) -> str | None:
 
 
 def token_matches(header: str | bytes, token: str) -> bool:
-    """Whether an ``Authorization`` header value carries bearer ``token`` (constant-time
-    comparison, :func:`hmac.compare_digest`)."""
+    """Whether an ``Authorization`` header value carries bearer ``token`` (constant time)."""
     given = bearer_token(header)
     return given is not None and hmac.compare_digest(
         given.encode("latin-1", "replace"), token.encode("utf-8")
@@ -133,9 +117,8 @@ def token_matches(header: str | bytes, token: str) -> bool:
 
 
 class BearerAuth:
-    """Refuse every HTTP request whose ``Authorization`` is not ``Bearer <token>``
-    (401 ``unauthorized``; scheme case-insensitive: :func:`token_matches`). With
-    ``token=None`` every request passes (a loopback server started without one)."""
+    """Refuse every HTTP request whose ``Authorization`` is not ``Bearer <token>`` (401
+    ``unauthorized``), but paths ``own_auth`` names; with ``token=None`` every one passes."""
 
     def __init__(
         self, app: ASGIApp, token: str | None, own_auth: Callable[[str], bool] | None = None
@@ -167,8 +150,7 @@ class BearerAuth:
 class BodyLimit:
     """Refuse a request body over ``limit`` bytes with 413 ``message_too_large``: at once
     when ``Content-Length`` says so, else as soon as the streamed body passes the limit
-    (reading it raises :class:`~durable_harness.errors.MessageTooLarge` inside the route,
-    before anything parses it, and whatever the app answers then is replaced by the 413)."""
+    (whatever the app answers then is replaced by the 413)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -178,15 +160,14 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared > self.limit:
-                    await self._refuse(send, declared)
-                    return
+        for value in _headers(scope, b"content-length"):
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = -1
+            if declared > self.limit:
+                await self._refuse(send, declared)
+                return
         seen = 0
         exceeded = refused = False
 
@@ -258,26 +239,10 @@ def request_origin(header: str) -> str | None:
 
 
 class SameOrigin:
-    """The CSRF rule of the API (``design/http.md``, "Cross-site requests"): a request with a
-    method other than ``GET``/``HEAD``/``OPTIONS`` that a route would take is refused before
-    the route runs when
-
-    - its ``Origin`` header is present and is not the server's own (:func:`own_origin`:
-      scheme and ``Host``), ``null`` included, or its ``Sec-Fetch-Site`` is ``cross-site``
-      or ``same-site`` (another port or subdomain is another origin): 403 ``cross_origin``;
-    - its ``Content-Type`` is not ``application/json`` (parameters such as ``charset``
-      allowed): 415 ``unsupported_media_type`` with ``Accept: application/json``. A browser
-      can send a cross-origin POST without a CORS preflight only as ``text/plain``,
-      ``application/x-www-form-urlencoded`` or ``multipart/form-data`` (a ``no-cors``
-      fetch, a beacon, a form), so this alone closes that door; a route without input takes
-      ``{}``;
-    - it carries more than one ``Origin``, ``Sec-Fetch-Site``, ``Host`` or ``Content-Type``
-      header (which copy counts would be a guess; RFC 9110 5.3 lets a server refuse it):
-      403 ``cross_origin`` (415 for ``Content-Type``). An empty ``Origin`` is no origin of
-      the server's: 403.
-
-    A request no route takes (404, 405) passes to the router, which answers it. ``exempt``:
-    ``path -> bool`` for a front with its own CSRF rule (the console's form token).
+    """The CSRF rule of the API (``design/http.md``, "Cross-site requests"): a state-changing
+    request a route would take is refused (403 ``cross_origin``, 415
+    ``unsupported_media_type``: :meth:`refusal`) before the route runs; one no route takes
+    passes to the router. ``exempt``: ``path -> bool`` for a front with its own CSRF rule.
     """
 
     def __init__(
@@ -304,14 +269,17 @@ class SameOrigin:
 
     @staticmethod
     def refusal(scope: Scope) -> tuple[str, str] | None:
-        """``(code, message)`` refusing a state-changing request, or ``None``."""
+        """``(code, message)`` refusing a state-changing request, or ``None``: a foreign or
+        ``null`` ``Origin``, a ``cross-site``/``same-site`` ``Sec-Fetch-Site``, a repeated
+        ``Origin``/``Sec-Fetch-Site``/``Host``/``Content-Type`` (RFC 9110 5.3), or a
+        ``Content-Type`` other than ``application/json``."""
         own = own_origin(scope)
         for name in (b"origin", b"sec-fetch-site", b"host", b"content-type"):
             if len(_headers(scope, name)) > 1:  # which copy counts would be a guess
                 code = "unsupported_media_type" if name == b"content-type" else "cross_origin"
                 return (code, f"a state-changing request may carry one {name.decode()} header")
         origins = _headers(scope, b"origin")
-        given = origins[0] if origins else ""
+        given = origins[0].decode("latin-1") if origins else ""
         if origins and request_origin(given) != own:  # an empty Origin is no origin of ours
             return (
                 "cross_origin",
@@ -337,8 +305,7 @@ class SameOrigin:
 
 class HtmlCsp:
     """Give every ``text/html`` answer that sets no ``Content-Security-Policy`` the strict
-    :data:`HTML_CSP` (and ``X-Content-Type-Options: nosniff``): nothing HTML leaves the
-    server without a policy."""
+    :data:`HTML_CSP` (and ``X-Content-Type-Options: nosniff``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -371,10 +338,9 @@ def install_guards(
     own_auth: Callable[[str], bool] | None = None,
     loopback_hosts_only: bool = False,
 ) -> None:
-    """Put the guards in front of ``app`` (the API and each control endpoint: one order,
-    written once). A request meets them in this order: :class:`LoopbackHosts` (when
-    ``loopback_hosts_only``), :class:`HtmlCsp`, :class:`SameOrigin` (``own_auth`` paths,
-    the console's, are exempt: it checks its own CSRF token), :class:`BearerAuth`,
+    """Put the guards in front of ``app`` (the API and each control endpoint). A request
+    meets them in this order: :class:`LoopbackHosts` (when ``loopback_hosts_only``),
+    :class:`HtmlCsp`, :class:`SameOrigin` (``own_auth`` paths exempt), :class:`BearerAuth`,
     :class:`BodyLimit` (``body_limit`` bytes), then the route."""
     app.add_middleware(BodyLimit, limit=body_limit)
     app.add_middleware(BearerAuth, token=token, own_auth=own_auth)

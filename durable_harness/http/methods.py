@@ -1,5 +1,5 @@
-"""Which methods a path takes (``design/http.md``): the ``Allow`` header of a 405 and the
-same-origin guard's test of whether a route would take a request, written once."""
+"""Which methods a path takes: the ``Allow`` header of a 405 and the same-origin guard's
+test of whether a route would take a request, written once."""
 
 from __future__ import annotations
 
@@ -7,18 +7,12 @@ from starlette.routing import Match, Router
 from starlette.types import Scope
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-"""The methods that never change state (RFC 9110 9.2.1): no route of the API or the console
-changes anything on them. Every other method is checked by
-:class:`~durable_harness.http.guard.SameOrigin`."""
+"""The methods that never change state (RFC 9110 9.2.1); others meet the same-origin rule."""
 
 
 def allowed_methods(router: Router, scope: Scope) -> set[str]:
-    """The methods the routes of ``router`` take at the request's path: empty when no route
-    has that path. ``HEAD`` only where a route declares it (the API's ``GET`` routes answer a
-    ``HEAD`` with 405, so an ``Allow`` naming it would promise what is refused). The
-    ``Allow`` header of a 405 (RFC 9110 15.5.6), and the same-origin guard's test of whether
-    a route would take the request
-    (:class:`~durable_harness.http.guard.SameOrigin`)."""
+    """The methods the routes of ``router`` take at the request's path (empty: no route has
+    it); ``HEAD`` only where a route declares it (a ``GET`` route answers ``HEAD`` with 405)."""
     methods: set[str] = set()
     probe = {**scope, "type": "http"}
     for route in router.routes:

@@ -1,24 +1,19 @@
-"""Pydantic models of every request and response body of the HTTP API (``design/http.md``).
-
-The shapes follow the manager's return values (:mod:`durable_harness.host.manager`): the
-session resource is :meth:`~durable_harness.host.record.SessionRecord.to_json`, the status is
-:meth:`~durable_harness.host.manager.SessionManager.status`, and ``plan`` is the object
-``durable-harness recover --json`` prints (``design/recovery.md``). Request models forbid
-unknown fields, so a misspelt field is a 400 ``invalid_request`` rather than silently ignored.
+"""Pydantic models of every request and response body of the HTTP API (``design/http.md``),
+shaped as the manager's return values; request models forbid unknown fields (a misspelt
+field is 400 ``invalid_request``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_harness.host.inputs import LANE_PATTERN
-
-State = Literal["creating", "idle", "running", "closing", "closed", "suspended", "error"]
-Mode = Literal["sync", "batch", "none"]
-CommandRuntime = Literal["pipe", "pty"]
-SendMode = Literal["prompt", "steer", "follow_up"]
+from durable_harness.host.lifecycle import State
+from durable_harness.host.options import SendMode
+from durable_harness.host.record import CommandRuntime
+from durable_harness.storage.base import Durability as Mode
 
 LANE_FIELD = Field(
     default="main",

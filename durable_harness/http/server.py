@@ -1,9 +1,5 @@
-"""Run the HTTP API with uvicorn (``durable-harness serve``, ``design/http.md``).
-
-The listening socket is bound here in one step (port 0 is allowed: the kernel picks a free
-port, and the real one is printed), then handed to uvicorn: no check-then-bind race. The
-ready line is printed once start-up reconciliation has finished and the socket is being
-served, so a program that reads it knows the server answers.
+"""Run the HTTP API with uvicorn (``durable-harness serve``, ``design/http.md``) on a socket
+bound in one step (no check-then-bind race); the ready line is printed once it answers.
 """
 
 from __future__ import annotations
@@ -23,9 +19,8 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or name) is a loopback address: ``127.0.0.0/8``,
-    ``::1`` or ``localhost``. Any other name counts as non-loopback (it may resolve to
-    anything)."""
+    """Whether ``host`` is ``127.0.0.0/8``, ``::1`` or ``localhost`` (any other name counts as
+    non-loopback)."""
     if host.lower() in LOOPBACK_NAMES:
         return True
     try:
@@ -35,11 +30,7 @@ def is_loopback(host: str) -> bool:
 
 
 def require_token(host: str, token: str | None) -> None:
-    """Refuse to serve a non-loopback address without a bearer token.
-
-    Raises:
-        InvalidRequest: ``host`` is not loopback and ``token`` is empty.
-    """
+    """Refuse to serve a non-loopback ``host`` without a ``token`` (:class:`InvalidRequest`)."""
     if not is_loopback(host) and not token:
         raise InvalidRequest(
             f"serving on {host} (not loopback) needs a bearer token: pass --token or set "
@@ -102,15 +93,12 @@ def serve(
     log_level: str = "warning",
     announce: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``app`` on ``host:port`` until SIGINT or SIGTERM.
-
-    ``announce(url)`` is called once the server answers (default: print
-    ``durable-harness serving on URL`` to stdout and flush).
+    """Serve ``app`` on ``host:port`` until SIGINT or SIGTERM; ``announce(url)`` is called
+    once it answers (default: print ``durable-harness serving on URL``).
 
     Raises:
         InvalidRequest: a non-loopback ``host`` without ``token``, or the socket cannot be
-            bound. Any error of the app's start-up (the store cannot be opened or
-            reconciled) is raised as itself.
+            bound. An error of the app's start-up is raised as itself.
     """
     require_token(host, token)
     sock = bind(host, port)
@@ -123,11 +111,7 @@ def serve(
             print(f"durable-harness serving on {url}", flush=True)
 
     config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        lifespan="on",
-        access_log=False,
-        timeout_graceful_shutdown=5,
+        app, log_level=log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=5
     )
     server = _Server(config, ready)
     try:

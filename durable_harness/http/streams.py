@@ -1,11 +1,5 @@
-"""A cap on the event streams one server process holds open (``design/http.md``, "Events").
-
-Each server-sent event stream keeps a socket, a file descriptor and a subscription open for
-as long as the client likes; without a cap a flood of connections exhausts the process's
-descriptors and the host stops answering anything, the store included. So at most
-:data:`MAX_EVENT_STREAMS` are open at once, across the API's ``.../agent/events``, the
-control ports and the console's live updates; one more is 503 ``too_many_streams`` with
-``Retry-After`` (and the JSON error body), answered before it subscribes to anything.
+"""A cap on the event streams one server process holds open, across the API, the control
+ports and the console: one more is 503 ``too_many_streams`` (``design/http.md``, "Events").
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ class StreamSlots:
         )
 
     def response(self, content: Any, **kwargs: Any) -> EventSourceResponse:
-        """An :class:`EventSourceResponse` of ``content`` that holds one slot from now until
-        it has been sent (or its client went away)."""
+        """An :class:`EventSourceResponse` of ``content`` holding one slot until it ends."""
         self.open += 1
         return _Counted(self, content, **kwargs)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_harness.console.timeline import GAP_W, build_timeline, parse_ts
+from durable_harness.console.timeline import GAP_W, build_timeline
+from durable_harness.host.read_model import parse_ts
 
 
 def rec(t: float, rtype: str, **fields: Any) -> dict[str, Any]:

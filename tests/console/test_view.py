@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_harness.console.view import SessionView, last_activity, transcript
+from durable_harness.console.view import transcript
 from durable_harness.harness.report import cost_summary, format_cost
+from durable_harness.host.read_model import SessionView, last_activity
 
 
 def msg(eid: str, parent: str | None, role: str, content: Any, **extra: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.host import listing as listing_module
-from durable_harness.host import manager as manager_module
+from durable_harness.host import reconcile as reconcile_module
 
 from .test_manager import crashed_cli_run, script, state_is, workdir
 
@@ -36,14 +36,14 @@ def _in_doubt(tmp_path: Path, spec: str) -> tuple[str, str, Path]:
 
 def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    real = manager_module.plan_recovery
+    real = reconcile_module.plan_recovery
 
     async def counting(store: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(store.session_id)
         return await real(store, *args, **kwargs)
 
-    # a read plans in host/listing.py (shared with the CLI), a resume in the manager
-    monkeypatch.setattr(manager_module, "plan_recovery", counting)
+    # a read plans in host/listing.py (shared with the CLI), a resume in host/reconcile.py
+    monkeypatch.setattr(reconcile_module, "plan_recovery", counting)
     monkeypatch.setattr(listing_module, "plan_recovery", counting)
     return seen
 

@@ -1,4 +1,4 @@
-"""The staged close, bounded (``host/closing.py``, ``design/host.md`` "Closing"): real bash
+"""The staged close, bounded (``host/runner.py``, ``design/host.md`` "Closing"): real bash
 process groups get SIGTERM at the start of the grace and SIGKILL at its end; a Python tool
 that ignores cancellation neither holds the close nor has its late result recorded."""
 

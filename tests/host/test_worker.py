@@ -84,7 +84,7 @@ async def test_a_running_manager_claims_a_session_whose_writer_died(
             )
         )
         sid = crashed.session_id
-        await until(lambda: sid in m._procs, "the worker to claim and resume the session")
+        await until(lambda: sid in m.live, "the worker to claim and resume the session")
         assert m.worker.claimed == [sid]
         assert (await m.get(sid)).generation == 2
 
@@ -100,7 +100,7 @@ async def test_an_idle_generation_whose_lease_was_taken_is_stopped_writing_nothi
         events = m.listen(sid)
         # another writer breaks the lease (as a claim after a pause would take it)
         thief = PostgresStore(pg_spec).open_session(sid, break_lease=True)
-        await until(lambda: sid not in m._procs, "the fenced generation to stop")
+        await until(lambda: sid not in m.live, "the fenced generation to stop")
         seen = [e.get("state") async for e in events]  # the stream ends with the generation
         assert seen[-1:] == ["suspended"], seen
         thief.commit([RecordOp({"type": "note", "id": "n", "lane": "main", "timestamp": "x"})])
@@ -145,7 +145,7 @@ async def test_a_database_away_past_the_reconnect_deadline_hands_the_session_bac
         )
         pg_cluster.stop()
         try:
-            await until(lambda: sid not in m._procs, "the generation to stop", limit=60)
+            await until(lambda: sid not in m.live, "the generation to stop", limit=60)
         finally:
             pg_cluster.start()
         await until(

@@ -14,7 +14,7 @@ from .util import run_records, wait_state
 
 def _appears(path: Path, limit: float = 30.0) -> None:
     deadline = time.monotonic() + limit
-    while not path.exists():
+    while not path.exists() or not path.read_text().strip():  # written, not only created
         assert time.monotonic() < deadline, f"timed out waiting for {path}"
         time.sleep(0.01)
 
