@@ -5,6 +5,8 @@
   by test suites), and the HTTP/console/ACP fronts if they appear) imports
   ``durable_harness.cli`` (or another front), statically or through ``importlib``.
 * Every public module-level function and class has a docstring.
+* No module reaches another module's private names; sibling modules import one way; no module
+  is over 600 lines (``design/architecture.md``).
 """
 
 from __future__ import annotations
@@ -140,3 +142,89 @@ def test_public_names_have_docstrings(area: str) -> None:
         f"{len(offenders)} public module-level function(s)/class(es) without a docstring:\n"
         + "\n".join(offenders)
     )
+
+
+# Private reach across modules (design/architecture.md, "One rule, one home"): a module uses
+# another module's objects through their public names only. ``x._name`` where ``x`` is not
+# ``self``/``cls`` and ``_name`` is not defined in the same module, and ``from m import _name``
+# from another module of the package, are offences. The stdlib's documented underscore names
+# (``os._exit``, ``sys._getframe``, namedtuple's ``_replace``/``_asdict``/``_fields``/``_make``)
+# are public in spite of their spelling.
+_PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getframe"}
+
+
+def _private_names_defined(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_")}
+
+
+def _foreign_private_reach(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own = _private_names_defined(tree)
+    where = path.relative_to(PACKAGE.parent)
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and node.attr not in _PUBLIC_UNDERSCORE | own
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append(f"{where}:{node.lineno} reaches .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (
+            node.level or (node.module or "").startswith("durable_harness")
+        ):
+            found += [
+                f"{where}:{node.lineno} imports private {a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_private_reach_across_modules() -> None:
+    offenders = [o for p in sorted(PACKAGE.rglob("*.py")) for o in _foreign_private_reach(p)]
+    assert not offenders, "private names used across modules:\n" + "\n".join(offenders)
+
+
+def _sibling_imports() -> dict[str, set[str]]:
+    """Each non-package module mapped to the sibling modules (same package) it imports,
+    at any depth of the file (a function-level or ``TYPE_CHECKING`` import counts)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        parent = name.rpartition(".")[0]
+        graph[name] = {
+            target
+            for _, imported in _imported_modules(path)
+            for target in (imported, imported.rpartition(".")[0])
+            if target in modules and target != name and target.rpartition(".")[0] == parent
+        }
+    return graph
+
+
+def test_a_part_never_imports_the_module_that_composes_it() -> None:
+    """Inside a package the imports between sibling modules run one way: when ``a`` imports
+    ``b``, ``b`` does not import ``a`` (a part that needs its composer takes a protocol)."""
+    graph = _sibling_imports()
+    cycles = sorted(
+        f"{a} <-> {b}" for a, deps in graph.items() for b in deps if a < b and a in graph[b]
+    )
+    assert not cycles, "sibling modules importing each other:\n" + "\n".join(cycles)
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = [
+        f"{p.relative_to(PACKAGE.parent)}: {n} lines"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 600
+    ]
+    assert not long, "modules over 600 lines (split them by job):\n" + "\n".join(long)

@@ -8,7 +8,7 @@ import io
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import anyio
 from acp import RequestError, tool_terminal_ref, update_tool_call
@@ -22,7 +22,7 @@ from acp.schema import (
 )
 from pydantic import BaseModel
 
-from durable_harness.acp.updates import TOOL_KINDS, tool_title
+from durable_harness.acp.updates import TOOL_KINDS, Update, tool_title
 from durable_harness.errors import PathEscape
 from durable_harness.fs import resolve_path
 from durable_harness.host.manager import SessionManager
@@ -30,9 +30,6 @@ from durable_harness.host.record import CommandRuntime
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
 from durable_harness.tools.bash import BashArgs, BashTool, command_env, command_result
 from durable_harness.tools.files import ReadFileArgs, WriteFileArgs, read_window
-
-if TYPE_CHECKING:
-    from durable_harness.acp.agent import DurableAgent
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +59,22 @@ def question(
     )
 
 
+class Outbox(Protocol):
+    """Where the runtime queues a session's updates (the adapter's per-session channel)."""
+
+    def push(self, session_id: str, update: Update) -> None:
+        """Queue ``update`` after what the session's channel holds."""
+
+    async def flush(self, session_id: str) -> None:
+        """Wait until the session's channel has sent everything queued before this call."""
+
+
 class ToolRuntime:
     """The client's side of the tools of an agent's sessions. The adapter sets :attr:`manager`,
     :attr:`client` and :attr:`capabilities`, maps runs to sessions (:attr:`run_sessions`) and
     marks the in-doubt calls decided ``retry`` (:attr:`approved`: asked once, not twice)."""
 
-    def __init__(self, outbox: DurableAgent) -> None:
+    def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
         self.manager: SessionManager | None = None
         self.client: Client | None = None

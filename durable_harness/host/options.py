@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from durable_harness.harness.core import HarnessOptions
 from durable_harness.host import worker
@@ -17,11 +17,10 @@ from durable_harness.storage.base import Durability
 from durable_harness.tools.base import Tool
 from durable_harness.tools.builtin import builtin_tools
 
-if TYPE_CHECKING:
-    from durable_harness.host.manager import SessionManager
-
-ControlFactory = Callable[["SessionManager", str], AbstractAsyncContextManager[int | None]]
-"""Builds a generation's control endpoint (see :attr:`HostOptions.control`)."""
+ControlFactory = Callable[[Any, str], AbstractAsyncContextManager[int | None]]
+"""Builds a generation's control endpoint from the
+:class:`~durable_harness.host.manager.SessionManager` (typed ``Any`` here: the options come
+before the manager that reads them) and a session id (see :attr:`HostOptions.control`)."""
 
 SendMode = Literal["prompt", "steer", "follow_up"]
 """How a message enters a session: a new run, a steer into the running one, a follow-up."""

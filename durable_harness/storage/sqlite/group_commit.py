@@ -4,7 +4,7 @@ tasks or threads (:class:`GroupQueues`), in one ``BEGIN IMMEDIATE`` transaction 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_harness.errors import SessionClosed
 from durable_harness.ids import now_iso
@@ -14,8 +14,32 @@ from durable_harness.storage.sql.catalogue import CHUNK
 from durable_harness.storage.sqlite.connection import rollback
 
 if TYPE_CHECKING:
+    from durable_harness.errors import StorageError
+    from durable_harness.storage.base import Durability
     from durable_harness.storage.sqlite.database import SharedDatabase
-    from durable_harness.storage.sqlite.session import SqliteSessionStore
+
+
+class Member(Protocol):
+    """What a group asks of a session that queued a commit (a
+    :class:`~.session.Member`)."""
+
+    session_id: str
+    generation: int
+    location: str
+    durability: Durability
+    closed: bool
+
+    def forget_txn(self) -> None:
+        """Drop what it cached from a transaction that may have rolled back."""
+
+    def stale_error(self, current: int | None) -> StorageError:
+        """The error of a commit fenced by another holder (``current``: its generation)."""
+
+    def apply_ops(self, ops: list[Op], seq: int) -> int:
+        """Write ``ops`` after ``seq`` inside the open transaction; the new last seq."""
+
+    def note_committed(self, ticket: int) -> None:
+        """Remember the WAL ticket its last commit needs synced."""
 
 
 class SessionCommit(PendingCommit):
@@ -23,7 +47,7 @@ class SessionCommit(PendingCommit):
 
     __slots__ = ("session",)
 
-    def __init__(self, session: SqliteSessionStore, ops: list[Op]) -> None:
+    def __init__(self, session: Member, ops: list[Op]) -> None:
         super().__init__(ops)
         self.session = session
 
@@ -118,7 +142,7 @@ def _transaction(db: SharedDatabase, writes: list[SessionCommit], *, savepoints:
     return True
 
 
-def _fence(c: Any, sessions: list[SqliteSessionStore]) -> dict[str, tuple[int, int]]:
+def _fence(c: Any, sessions: list[Member]) -> dict[str, tuple[int, int]]:
     """``{session id: (generation, last_seq)}`` read inside the open transaction."""
     out: dict[str, tuple[int, int]] = {}
     ids = [s.session_id for s in sessions]
