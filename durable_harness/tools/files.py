@@ -112,12 +112,21 @@ class _FileTool(Tool):
     verb: ClassVar[str]
 
     def __init_subclass__(
-        cls, *, name: str, args: type[BaseModel], verb: str, replay: Replay = "never"
+        cls,
+        *,
+        name: str | None = None,
+        args: type[BaseModel] | None = None,
+        verb: str | None = None,
+        replay: Replay | None = None,
     ) -> None:
         """Declare a file tool: its ``name``, argument model, ``replay`` and the ``verb`` its
-        error results start with."""
+        error results start with; a subclass of a built-in tool that names none of them keeps
+        its parent's (or what its own body sets)."""
         super().__init_subclass__()
-        cls.name, cls.Args, cls.verb, cls.replay = name, args, verb, replay
+        given = {"name": name, "Args": args, "verb": verb, "replay": replay}
+        for attr, value in given.items():
+            if value is not None:
+                setattr(cls, attr, value)
 
     def apply(self, target: Path, args: Any) -> ToolResult:
         """The effect on ``target`` (blocking). Raises :class:`OSError` on I/O failure."""

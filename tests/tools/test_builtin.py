@@ -554,3 +554,19 @@ def test_builtin_module_still_exports_what_it_did_before_the_split() -> None:
         "read_file",
         "write_file",
     ]
+
+
+def test_a_builtin_file_tool_can_be_subclassed_keeping_its_declaration() -> None:
+    """A user's subclass of a built-in tool (a gated or logged ``append_file``) keeps the
+    parent's name, argument model and verb, and may set its own ``replay`` in its body."""
+    from durable_harness.tools.files import AppendFileTool, ReadFileTool
+
+    class Logged(AppendFileTool):
+        replay = "safe"
+
+    class Plain(ReadFileTool):
+        pass
+
+    assert (Logged.name, Logged.Args, Logged.replay) == ("append_file", AppendFileTool.Args, "safe")
+    assert AppendFileTool.replay == "never"
+    assert (Plain.name, Plain.replay, Plain.verb) == ("read_file", "safe", ReadFileTool.verb)
