@@ -1,4 +1,5 @@
-"""Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records.
+"""Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records, and
+the one pattern a session id follows (:data:`SESSION_ID_PATTERN`).
 
 UUIDv7 layout is RFC 9562 section 5.7: 48 bits of Unix time in milliseconds, version 7,
 then random bits, so ids sort by creation time.
@@ -8,8 +9,19 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 import uuid
+
+SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
+"""What a session id looks like: a letter or digit, then up to 127 letters, digits, ``.``,
+``_`` or ``-`` (no path separator, no leading dot, no control character). Every id
+:func:`uuid7` mints matches it, and so does every id the JSONL store accepts from a caller (a
+session file is named after it); the host checks it and the HTTP API's path pattern shows it,
+so any session the library makes is reachable through them."""
+
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
+""":data:`SESSION_ID_PATTERN` compiled (use ``fullmatch``)."""
 
 
 def uuid7() -> str:

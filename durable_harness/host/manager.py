@@ -83,6 +83,7 @@ from durable_harness.host.views import (
     status_view,
     transcript_page,
 )
+from durable_harness.models.records import COMMAND_RUNTIMES
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.providers.choice import choose_provider
 from durable_harness.recovery.decide import RecoveryPlan, refuse_decided, resolve_decisions
@@ -226,7 +227,7 @@ class SessionManager:
     def _check_id(self, session_id: str) -> str:
         if not SESSION_ID.fullmatch(session_id):
             raise InvalidRequest(
-                f"{session_id[:200]!r} is not a session id (letters, digits, '-' and '_')",
+                f"{session_id[:200]!r} is not a session id (letters, digits, '.', '_' and '-')",
                 session_id=session_id[:200],
             )
         return session_id
@@ -409,7 +410,7 @@ class SessionManager:
             raise InvalidRequest(
                 f"mode {mode!r} is not a durability mode ({', '.join(DURABILITY_MODES)})"
             )
-        if command_runtime not in ("pipe", "pty"):
+        if command_runtime not in COMMAND_RUNTIMES:
             raise InvalidRequest(f"command runtime {command_runtime!r} is not pipe or pty")
         spec = provider or self.options.provider
         if spec is None:

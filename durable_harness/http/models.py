@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_harness.host.inputs import LANE_PATTERN
+from durable_harness.models.records import CommandRuntime
 
 State = Literal["creating", "idle", "running", "closing", "closed", "suspended", "error"]
 Mode = Literal["sync", "batch", "none"]
-CommandRuntime = Literal["pipe", "pty"]
 SendMode = Literal["prompt", "steer", "follow_up"]
 
 LANE_FIELD = Field(

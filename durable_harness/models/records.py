@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
-from typing import Any, Literal, Required, get_type_hints
+from typing import Any, Literal, Required, get_args, get_type_hints
 
 from typing_extensions import TypedDict
 
@@ -28,6 +28,14 @@ Queue = Literal["steer", "follow_up", "next_run"]
 
 Purpose = Literal["turn", "compaction", "branch_summary"]
 """What a provider request is for."""
+
+CommandRuntime = Literal["pipe", "pty"]
+"""How the bash tool connects a command: ``pipe`` (stdin ``/dev/null``, stdout and stderr a
+pipe) or ``pty`` (stdin, stdout and stderr a pseudo-terminal). The one definition: the tool,
+the host's session record and check, and the HTTP models import it."""
+
+COMMAND_RUNTIMES: tuple[str, ...] = get_args(CommandRuntime)
+"""The command runtimes, default first."""
 
 
 class _Envelope(TypedDict, total=False):
@@ -351,7 +359,7 @@ class SessionLifecycle(_Envelope, total=False):
     """For ``error``: why the generation failed to start or stopped, in words."""
     mode: Literal["sync", "batch", "none"]
     """The session's durability mode (``design/storage.md``)."""
-    commandRuntime: Literal["pipe", "pty"]
+    commandRuntime: CommandRuntime
     """How the bash tool runs commands: through pipes or a pseudo-terminal."""
     providerSpec: str | None
     """The provider spec new runs of this session use (``scripted:FILE``, ``openai:MODEL``)."""

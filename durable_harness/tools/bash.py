@@ -32,7 +32,7 @@ import signal
 import subprocess
 import termios
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
@@ -40,6 +40,8 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_harness import crash
+from durable_harness.models.records import COMMAND_RUNTIMES as RUNTIMES
+from durable_harness.models.records import CommandRuntime as Runtime
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Replay, Tool, ToolContext, ToolResult
 from durable_harness.tools.env import tool_environment
 from durable_harness.tools.processes import group_alive, signal_group
@@ -55,13 +57,6 @@ def _gate(fd: int) -> str:
     ``bash -c``) with ``fd`` closed."""
     return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
 
-
-Runtime = Literal["pipe", "pty"]
-"""How ``bash`` connects a command: ``pipe`` (stdin ``/dev/null``, stdout+stderr a pipe) or
-``pty`` (stdin, stdout and stderr a pseudo-terminal)."""
-
-RUNTIMES: tuple[str, ...] = get_args(Runtime)
-"""The command runtimes, default first."""
 
 PTY_SIZE = (24, 80)
 """The default window size of the ``pty`` runtime's terminal: (rows, columns), a terminal's

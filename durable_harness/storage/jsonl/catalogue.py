@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import FormatError, SessionExists, SessionNotFound
 from durable_harness.fs import fsync_dir
-from durable_harness.ids import iso_from_ns, now_iso, uuid7
+from durable_harness.ids import SESSION_ID, iso_from_ns, now_iso, uuid7
+from durable_harness.models.header import new_header
 from durable_harness.storage import codec
 from durable_harness.storage.base import (
     CwdMatcher,
@@ -32,8 +32,6 @@ from durable_harness.storage.jsonl.framing import (
 from durable_harness.storage.jsonl.mark import MARK_KEY
 from durable_harness.storage.jsonl.store import JsonlSessionStore
 from durable_harness.storage.private import make_private_dirs
-
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def cwd_dir_name(cwd: str) -> str:
@@ -74,17 +72,14 @@ class JsonlStore(Store):
         durability: Durability = "sync",
     ) -> SessionStore:
         sid = session_id or uuid7()
-        if not _SAFE_ID.fullmatch(sid):
+        if not SESSION_ID.fullmatch(sid):
             raise FormatError(f"session id {sid!r} may hold only letters, digits, '.', '_', '-'")
         if session_id is not None and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
         folder = self.sessions_dir / cwd_dir_name(cwd)
         make_private_dirs(folder)
         ts = now_iso()
-        header: dict[str, Any] = {"id": sid, "timestamp": ts, "cwd": cwd}
-        if parent_session:
-            header["parentSession"] = parent_session
-        header.update(header_extra or {})
+        header = new_header(sid, ts, cwd, parent_session, header_extra)
         name = ts.replace(":", "-").replace(".", "-") + f"_{sid}.jsonl"
         store = JsonlSessionStore.create(str(folder / name), header, durability=durability)
         self._link(sid, folder.name, name)
@@ -111,7 +106,7 @@ class JsonlStore(Store):
         header read (see :meth:`Store.find_exact`). ``None`` when there is no usable link (none,
         dangling, pointing outside ``sessions/<folder>/``, or at a file whose header names
         another id): :meth:`resolve` then lists the store."""
-        if not _SAFE_ID.fullmatch(session_id):
+        if not SESSION_ID.fullmatch(session_id):
             return None
         try:
             target = os.readlink(self.ids_dir / session_id)

@@ -8,13 +8,16 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from durable_harness.ids import SESSION_ID_PATTERN
+from durable_harness.models.header import FORMAT as FORMAT
+from durable_harness.models.header import is_own_format as is_own_format
+from durable_harness.models.header import new_header
 from durable_harness.storage import codec, timing
 from durable_harness.storage.base import unreadable_error
 
 if TYPE_CHECKING:
     from durable_harness.storage.jsonl.store import JsonlSessionStore
 
-FORMAT = "durable-harness/1"
 PAD = b"\n"
 PAD_MIN = 64 * 1024
 PAD_MAX = 1024 * 1024
@@ -39,11 +42,6 @@ def commit_line(generation: int, numbered: list[dict[str, Any]]) -> bytes:
     if held is not payload:
         numbered[:] = held["ops"]
     return line
-
-
-def is_own_format(header: dict[str, Any]) -> bool:
-    """True when a parsed first line is a durable-harness header (not a pi file)."""
-    return header.get("type") == "session" and header.get("format") == FORMAT
 
 
 def op_seq(op: dict[str, Any]) -> int:
@@ -138,7 +136,7 @@ def read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-NAME_ID = re.compile(r"_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$")
+NAME_ID = re.compile(rf"_({SESSION_ID_PATTERN})\.jsonl$")
 
 
 def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None:
@@ -154,16 +152,9 @@ def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None
     if match is None or not (isinstance(commit, dict) and is_commit_line(commit)):
         return None
     old = header if isinstance(header, dict) else {}
-    cwd = old.get("cwd") if isinstance(old.get("cwd"), str) else ""
-    return {
-        "type": "session",
-        "version": 3,
-        "format": FORMAT,
-        "id": match.group(1),
-        "timestamp": str(old.get("timestamp", "")),
-        "cwd": cwd,
-        "headerDamaged": True,
-    }
+    cwd, stamp = old.get("cwd"), str(old.get("timestamp", ""))
+    cwd = cwd if isinstance(cwd, str) else ""
+    return new_header(match.group(1), stamp, cwd, extra={"headerDamaged": True})
 
 
 def barrier(store: JsonlSessionStore) -> None:

@@ -26,7 +26,6 @@ from durable_harness.storage.base import Durability, PendingCommit, queued_commi
 from durable_harness.storage.indexed import IndexedSessionStore
 from durable_harness.storage.jsonl import group_commit
 from durable_harness.storage.jsonl.framing import (
-    FORMAT,
     PAD,
     PAD_MAX,
     PAD_MIN,
@@ -82,8 +81,7 @@ class JsonlSessionStore(IndexedSessionStore):
         Raises:
             SessionExists: the file already exists (it is never overwritten).
         """
-        header = {"type": "session", "version": 3, "format": FORMAT, **header}
-        header[MARK_KEY] = mark_text(0)
+        header = {**header, MARK_KEY: mark_text(0)}
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         except FileExistsError as exc:
