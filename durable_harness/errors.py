@@ -33,7 +33,6 @@ The tree::
     ├── ToolError                       tool_error
     │   └── PathEscape                  path_escape
     ├── RecoveryError                   recovery_error
-    │   ├── DecisionRequired            decision_required
     │   ├── AlreadyDecided              already_decided
     │   └── ToolProcessElsewhere        tool_process_elsewhere
     └── HostError                       host_error
@@ -42,8 +41,7 @@ The tree::
         ├── IllegalTransition           illegal_transition
         ├── SessionLive                 session_live
         ├── SessionNotLive              session_not_live
-        ├── IdempotencyKeyReused        idempotency_key_reused
-        └── Unauthorized                unauthorized
+        └── IdempotencyKeyReused        idempotency_key_reused
 
 Messages name the file, session or id involved and never carry a credential: the provider
 modules pass only status codes and the server's error text through :func:`redact`.
@@ -315,12 +313,6 @@ class RecoveryError(DurableHarnessError):
     code = "recovery_error"
 
 
-class DecisionRequired(RecoveryError):
-    """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
-
-    code = "decision_required"
-
-
 class AlreadyDecided(RecoveryError):
     """A decision was given for a call attempt that already has one on record: a decision,
     once durable, is never replaced (``design/recovery.md``, "Attempts"). Nothing was written.
@@ -397,12 +389,6 @@ class IdempotencyKeyReused(HostError):
     result (``details``: ``key``, ``fields`` that differ; ``design/http.md``)."""
 
     code = "idempotency_key_reused"
-
-
-class Unauthorized(HostError):
-    """The request carried no bearer token, or the wrong one."""
-
-    code = "unauthorized"
 
 
 def root_cause(exc: BaseException) -> BaseException:

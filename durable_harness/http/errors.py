@@ -61,7 +61,6 @@ STATUS_BY_CODE: dict[str, int] = {
     "no_open_run": 409,
     "lane_suspended": 409,
     "illegal_transition": 409,
-    "decision_required": 409,
     "already_decided": 409,
     "recovery_error": 409,
     "tool_process_running": 409,

@@ -21,7 +21,9 @@ import inspect
 import itertools
 from typing import Any, Literal, Required, get_args, get_type_hints
 
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict, is_typeddict
+
+from durable_harness.models import snake_case
 
 Queue = Literal["steer", "follow_up", "next_run"]
 """The three input queues of a lane."""
@@ -60,11 +62,29 @@ class RecordEnvelope(_Envelope, total=False):
     """The record type: one of :data:`RECORD_TYPES` (storage accepts any string)."""
 
 
+class _Attempt(_Envelope, total=False):
+    """The fields a provider attempt's intent and settlements share."""
+
+    turn: int
+    """Turn number in the run, from 1 (0 for a summary outside a run)."""
+    attempt: int
+    """Attempt number of this turn and purpose, from 1, counted across restarts."""
+    purpose: Purpose
+    """What the request is for; absent means ``"turn"``."""
+
+
+class _Call(_Envelope, total=False):
+    """The fields naming the tool call a record is about."""
+
+    toolCallId: str
+    """The tool call's id as the model gave it (made unique within its message)."""
+    callKey: str
+    """The call's identity in the run: ``"<assistant entry id>/<index>"``."""
+
+
 class RunStarted(_Envelope, total=False):
     """A prompt was accepted and a run opened; committed with the prompt's user entry."""
 
-    type: Required[Literal["run_started"]]
-    """``"run_started"``."""
     promptEntryId: str
     """Id of the user entry holding the prompt (committed in the same commit)."""
     prompt: dict[str, Any]
@@ -82,36 +102,20 @@ class RunStarted(_Envelope, total=False):
     """The caller's idempotency key for this input (``Harness.accepted``)."""
 
 
-class ProviderRequestStarted(_Envelope, total=False):
+class ProviderRequestStarted(_Attempt, total=False):
     """The intent of one provider attempt, durable before the request is sent."""
 
-    type: Required[Literal["provider_request_started"]]
-    """``"provider_request_started"``."""
-    turn: int
-    """Turn number in the run, from 1 (0 for a summary outside a run)."""
-    attempt: int
-    """Attempt number of this turn and purpose, from 1, counted across restarts."""
     responseEntryId: str
     """Entry id provisioned for the answer (16 hex characters)."""
-    purpose: Purpose
-    """What the request is for; absent means ``"turn"``."""
     provider: str
     """Provider name."""
     model: str
     """Model id the request is sent to."""
 
 
-class ProviderRequestFinished(_Envelope, total=False):
+class ProviderRequestFinished(_Attempt, total=False):
     """Settlement of a provider attempt that answered; committed with the answer's entry."""
 
-    type: Required[Literal["provider_request_finished"]]
-    """``"provider_request_finished"``."""
-    turn: int
-    """Turn number, as in the intent."""
-    attempt: int
-    """Attempt number, as in the intent."""
-    purpose: Purpose
-    """As in the intent; absent means ``"turn"``."""
     entryId: str
     """Id of the entry holding the answer (assistant message, compaction or branch summary)."""
     responseEntryId: str
@@ -125,17 +129,9 @@ class ProviderRequestFinished(_Envelope, total=False):
     """Tool-call ids made unique before storing: ``[{"index", "from", "to"}]``."""
 
 
-class ProviderRequestFailed(_Envelope, total=False):
+class ProviderRequestFailed(_Attempt, total=False):
     """Settlement of a provider attempt that failed (or was aborted)."""
 
-    type: Required[Literal["provider_request_failed"]]
-    """``"provider_request_failed"``."""
-    turn: int
-    """Turn number, as in the intent."""
-    attempt: int
-    """Attempt number, as in the intent."""
-    purpose: Purpose
-    """As in the intent; absent means ``"turn"``."""
     error: str
     """The failure, in words (``"aborted"`` for an abort)."""
     status: int | None
@@ -150,15 +146,9 @@ class ProviderRequestFailed(_Envelope, total=False):
     """True when the attempt was cut off, so its cost is unknown."""
 
 
-class ToolStarted(_Envelope, total=False):
+class ToolStarted(_Call, total=False):
     """The intent of one tool call, durable before the tool's effect begins."""
 
-    type: Required[Literal["tool_started"]]
-    """``"tool_started"``."""
-    toolCallId: str
-    """The tool call's id as the model gave it (made unique within its message)."""
-    callKey: str
-    """The call's identity in the run: ``"<assistant entry id>/<index>"``."""
     toolName: str
     """Name of the tool."""
     arguments: dict[str, Any]
@@ -173,52 +163,9 @@ class ToolStarted(_Envelope, total=False):
     """Execution attempt of this call, from 1 (a decided retry adds one)."""
 
 
-class ToolProcess(_Envelope, total=False):
-    """A tool started a process group (written without its own fsync)."""
-
-    type: Required[Literal["tool_process"]]
-    """``"tool_process"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
-    pgid: int
-    """Process group id."""
-    startTime: int | None
-    """The group leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22),
-    so a recycled pgid is never killed."""
-    host: str
-    """The machine the group runs on (``socket.gethostname()``): only a host on that machine
-    can signal it; elsewhere it is reported, never killed (``design/recovery.md``)."""
-
-
-class ToolProcessKilled(_Envelope, total=False):
-    """A recorded process group of an unsettled call was found alive and SIGKILLed."""
-
-    type: Required[Literal["tool_process_killed"]]
-    """``"tool_process_killed"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
-    pgid: int
-    """The process group killed."""
-    host: str
-    """The machine it was killed on."""
-    by: Literal["reconcile", "claim", "resume", "close", "operator"]
-    """Who killed it: start-up reconciliation, a worker's claim, the harness before it settles
-    or re-runs the call, a close, or the operator (``POST /sessions/{id}/agent/kill``)."""
-
-
-class ToolFinished(_Envelope, total=False):
+class ToolFinished(_Call, total=False):
     """Settlement of one tool call; committed with its result entry."""
 
-    type: Required[Literal["tool_finished"]]
-    """``"tool_finished"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
     resultEntryId: str
     """Id of the result entry."""
     isError: bool
@@ -237,12 +184,35 @@ class ToolFinished(_Envelope, total=False):
     the recovery policy, by a decision, not run, or aborted."""
 
 
+class ToolProcess(_Call, total=False):
+    """A tool started a process group (written without its own fsync)."""
+
+    pgid: int
+    """Process group id."""
+    startTime: int | None
+    """The group leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22),
+    so a recycled pgid is never killed."""
+    host: str
+    """The machine the group runs on (``socket.gethostname()``): only a host on that machine
+    can signal it; elsewhere it is reported, never killed (``design/recovery.md``)."""
+
+
+class ToolProcessKilled(_Call, total=False):
+    """A recorded process group of an unsettled call was found alive and SIGKILLed."""
+
+    pgid: int
+    """The process group killed."""
+    host: str
+    """The machine it was killed on."""
+    by: Literal["reconcile", "claim", "resume", "close", "operator"]
+    """Who killed it: start-up reconciliation, a worker's claim, the harness before it settles
+    or re-runs the call, a close, or the operator (``POST /sessions/{id}/agent/kill``)."""
+
+
 class QueueEnqueued(_Envelope, total=False):
     """Receipt of a queued message, durable before ``steer``/``follow_up``/``next_run``
     returns."""
 
-    type: Required[Literal["queue_enqueued"]]
-    """``"queue_enqueued"``."""
     queue: Queue
     """The queue."""
     itemId: str
@@ -256,8 +226,6 @@ class QueueEnqueued(_Envelope, total=False):
 class QueueConsumed(_Envelope, total=False):
     """Queued items delivered into the tree (at a save point, or as a next run's prompt)."""
 
-    type: Required[Literal["queue_consumed"]]
-    """``"queue_consumed"``."""
     queue: Queue
     """The queue the items came from."""
     itemIds: list[str]
@@ -269,8 +237,6 @@ class QueueConsumed(_Envelope, total=False):
 class QueueCancelled(_Envelope, total=False):
     """Steer and follow-up items dropped by an abort (handed back to the caller)."""
 
-    type: Required[Literal["queue_cancelled"]]
-    """``"queue_cancelled"``."""
     itemIds: list[str]
     """Ids of the cancelled items."""
 
@@ -278,8 +244,6 @@ class QueueCancelled(_Envelope, total=False):
 class WriteDeferred(_Envelope, total=False):
     """A setter called during a run: durable now, applied at the next save point."""
 
-    type: Required[Literal["write_deferred"]]
-    """``"write_deferred"``."""
     write: dict[str, Any]
     """The entry to append (``model_change``, ``thinking_level_change``, ``session_info`` or
     ``label``, without id and parent)."""
@@ -291,8 +255,6 @@ class SavePoint(_Envelope, total=False):
     """The checkpoint between turns: queued messages delivered and deferred writes applied, in
     one commit."""
 
-    type: Required[Literal["save_point"]]
-    """``"save_point"``."""
     turn: int
     """The turn that just ended."""
     appliedWrites: list[str]
@@ -304,20 +266,11 @@ class SavePoint(_Envelope, total=False):
 class AbortRequested(_Envelope, total=False):
     """Durable marker written before the abort signal is raised (no fields of its own)."""
 
-    type: Required[Literal["abort_requested"]]
-    """``"abort_requested"``."""
 
-
-class Decision(_Envelope, total=False):
+class Decision(_Call, total=False):
     """A human's (or policy's) decision on an in-doubt tool call's attempt, durable before it
     acts; at most one per attempt, never replaced (``design/recovery.md``, "Attempts")."""
 
-    type: Required[Literal["decision"]]
-    """``"decision"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
     attempt: int
     """The attempt it decides: the number of ``tool_started`` intents of the call when it was
     given (0: a call whose intent a damaged log may have lost). Absent in older logs (then it
@@ -334,8 +287,6 @@ class Decision(_Envelope, total=False):
 class RunFinished(_Envelope, total=False):
     """The run settled."""
 
-    type: Required[Literal["run_finished"]]
-    """``"run_finished"``."""
     outcome: Literal["completed", "aborted", "failed", "declined"]
     """How the run ended."""
     appliedWrites: list[str]
@@ -348,8 +299,6 @@ class SessionLifecycle(_Envelope, total=False):
     """The host moved the session's lifecycle state (``design/host.md``); written by the
     generation that holds the writer lease, in lane ``main``, outside any run."""
 
-    type: Required[Literal["session_lifecycle"]]
-    """``"session_lifecycle"``."""
     state: Literal["idle", "closing", "closed", "error"]
     """The state entered (``running`` is not written: an open run in a lane log is that
     observation; ``creating`` and ``suspended`` hold no lease to write with)."""
@@ -371,34 +320,21 @@ class ToolPermission(_Envelope, total=False):
     """A client's standing permission for a tool of the session ("always allow", given over
     ACP: ``design/acp.md``); in lane ``main``, outside any run."""
 
-    type: Required[Literal["tool_permission"]]
-    """``"tool_permission"``."""
     toolName: str
     """The tool the permission is for (``bash``, ``write_file``...)."""
     permission: Literal["allow_always"]
     """What was granted: every later call of the tool runs without asking."""
 
 
-#: Every record type, by its ``type`` value, in the order of the design brief.
+#: Every record type, by its ``type`` value: each public declaration above, by its class name
+#: in snake case, in the order of the design brief (the order of this module).
 DECLARATIONS: dict[str, type] = {
-    "run_started": RunStarted,
-    "provider_request_started": ProviderRequestStarted,
-    "provider_request_finished": ProviderRequestFinished,
-    "provider_request_failed": ProviderRequestFailed,
-    "tool_started": ToolStarted,
-    "tool_finished": ToolFinished,
-    "tool_process": ToolProcess,
-    "tool_process_killed": ToolProcessKilled,
-    "queue_enqueued": QueueEnqueued,
-    "queue_consumed": QueueConsumed,
-    "queue_cancelled": QueueCancelled,
-    "write_deferred": WriteDeferred,
-    "save_point": SavePoint,
-    "abort_requested": AbortRequested,
-    "decision": Decision,
-    "run_finished": RunFinished,
-    "session_lifecycle": SessionLifecycle,
-    "tool_permission": ToolPermission,
+    snake_case(name): td
+    for name, td in list(globals().items())
+    if is_typeddict(td)
+    and td.__module__ == __name__
+    and name[0] != "_"
+    and td is not RecordEnvelope
 }
 
 #: The record types, as the ``type`` values (the keys of :data:`DECLARATIONS`).
@@ -414,7 +350,7 @@ def fields_of(rtype: str) -> frozenset[str]:
     Raises:
         KeyError: ``rtype`` is not declared.
     """
-    return frozenset(get_type_hints(DECLARATIONS[rtype]))
+    return ENVELOPE_FIELDS | frozenset(get_type_hints(DECLARATIONS[rtype]))
 
 
 _VALIDATORS: dict[str, Any] = {}
@@ -450,11 +386,17 @@ def record_fields_error(rec: dict[str, Any]) -> str | None:
     return None
 
 
+def _lineage(td: type) -> list[type]:
+    """``td`` after its TypedDict bases, the envelope first."""
+    bases = getattr(td, "__orig_bases__", ())
+    return [*(b for base in bases if isinstance(base, type) for b in _lineage(base)), td]
+
+
 def field_docs(td: type) -> dict[str, str]:
     """``{field: docstring}`` of a declaration, read from the string literal under each field
-    in its source, envelope fields first (every declaration extends the envelope)."""
+    in its source and its bases', the envelope's first (``type`` included)."""
     docs: dict[str, str] = {}
-    for cls in dict.fromkeys((_Envelope, td)):
+    for cls in dict.fromkeys([RecordEnvelope, *_lineage(td)]):
         tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
         node = tree.body[0]
         body = node.body if isinstance(node, ast.ClassDef) else []
@@ -476,6 +418,6 @@ def vocabulary_table() -> str:
     rows = ["| type | records | fields (besides the envelope) |", "|---|---|---|"]
     for rtype, td in DECLARATIONS.items():
         summary = inspect.cleandoc(td.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-        own = [f"`{f}`" for f in field_docs(td) if f not in ENVELOPE_FIELDS and f != "type"]
+        own = [f"`{f}`" for f in field_docs(td) if f not in ENVELOPE_FIELDS]
         rows.append(f"| `{rtype}` | {summary} | {', '.join(own) or '-'} |")
     return "\n".join(rows) + "\n"

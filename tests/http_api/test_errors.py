@@ -47,7 +47,6 @@ def test_the_issue_statuses() -> None:
         "no_open_run": 409,
         "lane_suspended": 409,
         "illegal_transition": 409,
-        "decision_required": 409,
         "message_too_large": 413,
         "invalid_request": 400,
         "unauthorized": 401,
@@ -61,6 +60,7 @@ def test_the_issue_statuses() -> None:
         "not_found",
         "method_not_allowed",
         "host_not_allowed",
+        "unauthorized",
         "cross_origin",
         "unsupported_media_type",
     }
