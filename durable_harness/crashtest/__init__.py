@@ -11,22 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from durable_harness.crashtest.invariants import INVARIANTS
 from durable_harness.crashtest.powercut import DURABILITIES, summary_markdown
 from durable_harness.crashtest.runner import Cell, run_matrix
 from durable_harness.crashtest.scenario import load_all
 from durable_harness.errors import FormatError
-
-INVARIANTS = {
-    "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
-    "(or was cancelled by an abort)",
-    "effects": "no replay-never tool took effect twice (tags in effects.log, and the counts "
-    "of a tool's own count_effects check), unless an explicit retry decision re-ran it",
-    "damage": "the session opens with no damage other than a quarantined torn tail",
-    "results": "every stored tool call has exactly one stored result",
-    "settled": "no lane is left with an open run",
-    "conversation": "the final conversation equals the crash-free run's, except where a "
-    "decision or a tool's reconcile established a call's result",
-}
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

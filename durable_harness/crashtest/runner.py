@@ -1,19 +1,8 @@
 """The crash matrix: every scenario x every crash point it reaches (x the n-th hit), on each
 backend. Each cell runs a real child process that SIGKILLs itself at the point, then, in this
 process, recovers, resumes (default policy ``ask``; an operator decision where a lane waits for
-one), lets the client re-send what it never got acknowledged, and checks the invariants:
-
-* ``inputs``: every accepted prompt, steer, follow-up and next-run item is in the tree exactly
-  once, or was cancelled by an abort;
-* ``effects``: no ``replay: "never"`` tool's effect was applied twice (tags in ``effects.log``);
-* ``damage``: the session opens with no damage but a quarantined torn tail;
-* ``results``: every stored tool call has exactly one stored result on its path;
-* ``settled``: no lane is left with an open run;
-* ``plan``: the resume did exactly what the recovery plan printed before it said (checked from
-  the records it wrote, :func:`durable_harness.recovery.audit.plan_followed`);
-* ``conversation``: the final conversation equals the crash-free run's, except where an
-  in-doubt decision changed a result (the cell records it) or an input the crash prevented
-  from being accepted was never sent (``n/a``).
+one), lets the client re-send what it never got acknowledged, and checks the invariants of
+:mod:`durable_harness.crashtest.invariants`.
 """
 
 from __future__ import annotations
@@ -36,23 +25,20 @@ import anyio
 
 from durable_harness.crashtest import powercut
 from durable_harness.crashtest.child import options
+from durable_harness.crashtest.invariants import Evidence, check_all, conversation, effects_in
 from durable_harness.crashtest.scenario import (
     Scenario,
     effect_tag,
     scenario_provider,
     scenario_tools,
-    tool_effects,
 )
 from durable_harness.errors import FormatError
 from durable_harness.harness.records import idempotency_key
-from durable_harness.models.messages import text_of
-from durable_harness.recovery.audit import plan_followed
-from durable_harness.recovery.decide import BENIGN_DAMAGE, Policy, RecoveryPlan, ToolCallPlan
-from durable_harness.recovery.fsck import fsck_path
+from durable_harness.recovery.decide import Policy, RecoveryPlan, ToolCallPlan
 from durable_harness.recovery.resume import plan_recovery, recover, resume_session
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
-from durable_harness.tools.base import Tool, ToolContext
+from durable_harness.tools.base import ToolContext
 from durable_harness.tools.builtin import builtin_tools
 
 CHILD_TIMEOUT = 60.0
@@ -199,66 +185,6 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _effects(
-    work: Path, tools: dict[str, Tool] | None = None, *, per_tool: bool = False
-) -> Counter[str]:
-    """The effects applied in ``work``: ``effects.log`` tags, plus what the tools' own
-    ``count_effects`` checks report (:func:`~.scenario.tool_effects`). With ``per_tool`` the
-    latter are summed per tool (``"<tool>:*"``): their keys (idempotency keys, say) differ from
-    run to run, so only the totals compare with the crash-free run."""
-    log = work / "effects.log"
-    out = (
-        Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
-        if log.exists()
-        else Counter()
-    )
-    if tools:
-        for key, n in tool_effects(tools, work).items():
-            out[key.split(":", 1)[0] + ":*" if per_tool else key] += n
-    return out
-
-
-def _signature(entry: dict[str, Any]) -> Any:
-    etype = entry.get("type")
-    if etype != "message":
-        return (etype, entry.get("modelId"), entry.get("thinkingLevel"), entry.get("name"))
-    msg = entry.get("message") or {}
-    calls = [
-        (b.get("name"), b.get("arguments"))
-        for b in msg.get("content") or []
-        if isinstance(b, dict) and b.get("type") == "toolCall"
-    ]
-    return (
-        msg.get("role"),
-        text_of(msg.get("content")),
-        calls,
-        msg.get("toolName"),
-        msg.get("stopReason"),
-    )
-
-
-def conversation(session: Session) -> dict[str, list[Any]]:
-    """Each lane's path from root to leaf as comparable signatures (no ids, no timestamps).
-    The results of one parallel batch are sorted: their completion order is not part of the
-    conversation (every result is tied to its call by id)."""
-    out: dict[str, list[Any]] = {}
-    for name, lane in sorted(session.store.lanes().items()):
-        sigs: list[Any] = []
-        batch: list[Any] = []
-        for e in session.path(lane.leaf_id):
-            if e.get("type") in ("branch_summary", "compaction"):
-                continue
-            sig = _signature(e)
-            if sig[0] == "toolResult":
-                batch.append(sig)
-                continue
-            sigs += sorted(batch, key=repr)
-            batch = []
-            sigs.append(sig)
-        out[name] = sigs + sorted(batch, key=repr)
-    return out
-
-
 def baseline(
     sc: Scenario, backend: str, broken: bool = False, durability: str | None = None
 ) -> Baseline:
@@ -282,7 +208,7 @@ def baseline(
         store = open_store(_store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
             conv = conversation(s)
-        return Baseline(conv, _effects(work, tools, per_tool=True), hits)
+        return Baseline(conv, effects_in(work, tools, per_tool=True), hits)
     finally:
         _drop_store(root)
         shutil.rmtree(root, ignore_errors=True)
@@ -313,7 +239,7 @@ def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
     are retried. A custom tool's effect cannot be seen from here, so its call is failed: a
     doubt never becomes a second effect without an explicit decision (design/testing-kit.md)."""
     tag = effect_tag(call.tool_name, call.arguments or {})
-    if tag is not None and _effects(ctx.cwd).get(tag):
+    if tag is not None and effects_in(ctx.cwd).get(tag):
         return {"decision": "result", "result": f"already applied ({tag} is in effects.log)"}
     if call.tool_name in _BUILTIN_NAMES:
         return {"decision": "retry"}
@@ -321,100 +247,6 @@ def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
 
 
 _BUILTIN_NAMES = frozenset(builtin_tools())
-
-
-def _check(
-    cell: Cell,
-    sc: Scenario,
-    base: Baseline,
-    session: Session,
-    work: Path,
-    location: str,
-    unaccepted: bool,
-    tools: dict[str, Tool] | None = None,
-) -> None:
-    store = session.store
-    lanes = store.lanes()
-    paths = {n: session.path(lane.leaf_id) for n, lane in lanes.items()}
-    all_texts = Counter(
-        text_of((e.get("message") or {}).get("content"))
-        for p in paths.values()
-        for e in {id(x): x for x in p}.values()
-        if e.get("type") == "message" and (e.get("message") or {}).get("role") == "user"
-    )
-    # inputs
-    cancelled: set[str] = set()
-    consumed: set[str] = set()
-    for rec in store.records(types=("queue_consumed", "queue_cancelled")):
-        (cancelled if rec["type"] == "queue_cancelled" else consumed).update(rec["itemIds"])
-    for rec in store.records(types=("run_started", "queue_enqueued")):
-        if rec["type"] == "run_started":
-            if store.get_entry(str(rec["promptEntryId"])) is None:
-                cell.failures.append(f"inputs: prompt entry of run {rec['runId']} missing")
-            continue
-        item = rec["itemId"]
-        if item in cancelled:
-            continue
-        if item not in consumed:
-            cell.failures.append(f"inputs: {rec['queue']} item {item} never delivered")
-        elif all_texts[text_of(rec["message"].get("content"))] < 1:
-            cell.failures.append(f"inputs: {rec['queue']} item {item} not in the tree")
-    # effects
-    cell.doubled = sorted(t for t, n in _effects(work, tools).items() if n > 1)
-    effects = _effects(work, tools, per_tool=True)
-    retried = any(d.endswith("=retry") for d in cell.decisions)
-    if cell.doubled and retried:
-        cell.notes.append(f"effects doubled by a retry decision: {', '.join(cell.doubled)}")
-    elif cell.doubled:
-        cell.failures.append(f"effects: applied twice: {', '.join(cell.doubled)}")
-    # damage
-    if location.endswith(".jsonl"):
-        bad = [d for d in fsck_path(location)["damage"] if d["kind"] not in BENIGN_DAMAGE]
-    else:
-        bad = [d for d in session.damage if d["kind"] not in BENIGN_DAMAGE]
-    if bad:
-        cell.failures.append(f"damage: {[d['kind'] for d in bad]}")
-    # results
-    for name, path in paths.items():
-        results = Counter(
-            str((e.get("message") or {}).get("toolCallId"))
-            for e in path
-            if (e.get("message") or {}).get("role") == "toolResult"
-        )
-        for e in path:
-            for b in (e.get("message") or {}).get("content") or []:
-                if (
-                    isinstance(b, dict)
-                    and b.get("type") == "toolCall"
-                    and results[str(b.get("id"))] != 1
-                ):
-                    cell.failures.append(
-                        f"results: {b.get('id')} on lane {name} has "
-                        f"{results[str(b.get('id'))]} results"
-                    )
-    # settled
-    open_lanes = [n for n, lane in lanes.items() if lane.run_id is not None]
-    if open_lanes:
-        cell.failures.append(f"settled: lanes {open_lanes} still have an open run")
-    # conversation
-    conv = conversation(session)
-    if conv != base.conversation:
-        if unaccepted:
-            cell.notes.append("conversation n/a: an input was not yet accepted at the crash")
-        elif cell.decisions or cell.reconciled:
-            cell.notes.append(
-                "conversation changed by a decision or a reconciled result: "
-                + "; ".join(cell.decisions + [f"{c}=reconciled" for c in cell.reconciled])
-            )
-        elif effects != base.effects:
-            cell.failures.append(
-                "conversation: differs from the crash-free run, and so do "
-                f"the effects ({dict(effects)} vs {dict(base.effects)})"
-            )
-        else:
-            cell.failures.append("conversation: differs from the crash-free run")
-    elif effects != base.effects and not unaccepted and not cell.doubled:
-        cell.failures.append(f"effects: {dict(effects)} vs crash-free {dict(base.effects)}")
 
 
 def run_cell(
@@ -489,11 +321,8 @@ def run_cell(
                     decisions[c.call_key] = d
                     cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
             before = session.store.last_seq()
-            results, planned = anyio.run(_resume, session, tools, sc, decisions, str(work), policy)
+            resumed, planned = anyio.run(_resume, session, tools, sc, decisions, str(work), policy)
             after = session.store.records(since_seq=before)
-            cell.failures += [f"plan: {p}" for p in plan_followed(planned, after)]
-            if any(r == "suspended" for r in results.values()):
-                cell.failures.append(f"settled: still suspended after decisions: {results}")
             accepted_before = _accepted_keys(session)
         env2 = _env(**(cut.continue_env() if cut else {}))
         rc2 = _child(sc, root, work, cell.backend, env2, "--continue", *extra)
@@ -502,7 +331,8 @@ def run_cell(
         with Session(store.open_session(sid, write=False)) as session:
             sent_after = _accepted_keys(session) - accepted_before
             unaccepted = bool(sent_after) or _lost_steps(sc, session) or bool(cell.lost)
-            _check(cell, sc, base, session, work, location, unaccepted, tools)
+            evidence = (session, work, location, unaccepted, tools, planned, after, resumed)
+            cell.failures += check_all(Evidence(cell, base, *evidence))
     except Exception as exc:  # a broken cell is reported, not fatal to the matrix
         cell.status = "error"
         cell.failures.append(f"{type(exc).__name__}: {exc}"[:500])

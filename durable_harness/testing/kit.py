@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_harness.crashtest.invariants import INVARIANTS as INVARIANTS
 from durable_harness.crashtest.powercut import DURABILITIES
 from durable_harness.crashtest.runner import (
     Baseline,
@@ -39,17 +40,6 @@ from durable_harness.storage import codec, open_store
 BACKENDS = ("jsonl", "sqlite")
 POWER_CUT_MODES = DURABILITIES
 """The durability modes a power-cut cell can run in: ``("sync", "batch", "none")``."""
-
-INVARIANTS = {
-    "inputs": "every accepted input is delivered once (or cancelled by an abort)",
-    "effects": "every effect at most once, unless an explicit retry decision re-ran it",
-    "results": "every stored tool call has exactly one result",
-    "damage": "the store is clean under fsck (a quarantined torn tail aside)",
-    "settled": "no lane is left with an open run",
-    "plan": "the resume did what the printed recovery plan said",
-    "conversation": "the final conversation equals the crash-free run's, except where a "
-    "decision or a reconciled result changed a tool's result",
-}
 
 
 def scenario(

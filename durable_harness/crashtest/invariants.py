@@ -1,0 +1,288 @@
+"""The crash kit's invariants, defined once: one function per invariant and :data:`CHECKS`,
+the one list of them. The runner applies the list to every cell
+(:func:`durable_harness.crashtest.runner.run_cell`), the report prints it (``crash-test``'s
+text and Markdown, :data:`INVARIANTS`) and the testing kit asserts it
+(:meth:`durable_harness.testing.kit.CrashOutcome.assert_invariants`).
+
+Each function reads a cell's :class:`Evidence` and returns what broke, in words; the runner
+names the invariant before each (``"effects: applied twice: t1"``). The comparisons are with
+the scenario's crash-free run (:class:`~durable_harness.crashtest.runner.Baseline`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from durable_harness.crashtest.scenario import tool_effects
+from durable_harness.models.messages import text_of
+from durable_harness.recovery.audit import plan_followed
+from durable_harness.recovery.decide import BENIGN_DAMAGE, RecoveryPlan
+from durable_harness.recovery.fsck import fsck_path
+from durable_harness.session.session import Session
+from durable_harness.tools.base import Tool
+
+if TYPE_CHECKING:
+    from durable_harness.crashtest.runner import Baseline, Cell
+
+
+@dataclass
+class Evidence:
+    """What one cell's checks read: the cell (its decisions; checks add ``notes`` and
+    ``doubled``), the crash-free ``base``, the final ``session`` (after the client re-sent
+    what it never got acknowledged) and its ``work`` folder and store ``location``;
+    ``unaccepted``: an input the crash kept from being accepted was sent only afterwards (so
+    the conversation cannot equal the crash-free one); the resume's ``planned`` recovery plan,
+    the records it wrote (``after``) and its outcome per lane (``resumed``)."""
+
+    cell: Cell
+    base: Baseline
+    session: Session
+    work: Path
+    location: str
+    unaccepted: bool
+    tools: dict[str, Tool] | None
+    planned: RecoveryPlan
+    after: list[dict[str, Any]]
+    resumed: dict[str, str]
+
+    @cached_property
+    def paths(self) -> dict[str, list[dict[str, Any]]]:
+        """Each lane's path, root to leaf."""
+        lanes = self.session.store.lanes()
+        return {n: self.session.path(lane.leaf_id) for n, lane in lanes.items()}
+
+    @cached_property
+    def effects(self) -> Counter[str]:
+        """The effects applied, summed per tool (:func:`effects_in`)."""
+        return effects_in(self.work, self.tools, per_tool=True)
+
+    @cached_property
+    def conversation(self) -> dict[str, list[Any]]:
+        """The final :func:`conversation`."""
+        return conversation(self.session)
+
+
+def inputs(ev: Evidence) -> list[str]:
+    """Every accepted prompt, steer, follow-up and next-run item is in the tree once (or was
+    cancelled by an abort)."""
+    store, out = ev.session.store, []
+    texts = Counter(
+        text_of((e.get("message") or {}).get("content"))
+        for p in ev.paths.values()
+        for e in {id(x): x for x in p}.values()
+        if e.get("type") == "message" and (e.get("message") or {}).get("role") == "user"
+    )
+    cancelled: set[str] = set()
+    consumed: set[str] = set()
+    for rec in store.records(types=("queue_consumed", "queue_cancelled")):
+        (cancelled if rec["type"] == "queue_cancelled" else consumed).update(rec["itemIds"])
+    for rec in store.records(types=("run_started", "queue_enqueued")):
+        if rec["type"] == "run_started":
+            if store.get_entry(str(rec["promptEntryId"])) is None:
+                out.append(f"prompt entry of run {rec['runId']} missing")
+            continue
+        item = rec["itemId"]
+        if item in cancelled:
+            continue
+        if item not in consumed:
+            out.append(f"{rec['queue']} item {item} never delivered")
+        elif texts[text_of(rec["message"].get("content"))] < 1:
+            out.append(f"{rec['queue']} item {item} not in the tree")
+    return out
+
+
+def effects(ev: Evidence) -> list[str]:
+    """No replay-never tool took effect twice, unless an explicit retry decision re-ran it;
+    with the crash-free conversation, the crash-free effects. Sets ``cell.doubled``."""
+    cell = ev.cell
+    cell.doubled = sorted(t for t, n in effects_in(ev.work, ev.tools).items() if n > 1)
+    if cell.doubled and any(d.endswith("=retry") for d in cell.decisions):
+        cell.notes.append(f"effects doubled by a retry decision: {', '.join(cell.doubled)}")
+    elif cell.doubled:
+        return [f"applied twice: {', '.join(cell.doubled)}"]
+    same = ev.conversation == ev.base.conversation
+    if same and ev.effects != ev.base.effects and not ev.unaccepted and not cell.doubled:
+        return [f"{dict(ev.effects)} vs crash-free {dict(ev.base.effects)}"]
+    return []
+
+
+def damage(ev: Evidence) -> list[str]:
+    """The session opens with no damage other than a quarantined torn tail (a JSONL file is
+    read by ``fsck`` as well)."""
+    if ev.location.endswith(".jsonl"):
+        found = fsck_path(ev.location)["damage"]
+    else:
+        found = ev.session.damage
+    bad = [d["kind"] for d in found if d["kind"] not in BENIGN_DAMAGE]
+    return [f"{bad}"] if bad else []
+
+
+def results(ev: Evidence) -> list[str]:
+    """Every stored tool call has exactly one stored result on its path."""
+    out = []
+    for name, path in ev.paths.items():
+        messages = [e.get("message") or {} for e in path]
+        count = Counter(str(m.get("toolCallId")) for m in messages if m.get("role") == "toolResult")
+        calls = [b for m in messages for b in m.get("content") or [] if isinstance(b, dict)]
+        for cid in (str(b.get("id")) for b in calls if b.get("type") == "toolCall"):
+            if count[cid] != 1:
+                out.append(f"{cid} on lane {name} has {count[cid]} results")
+    return out
+
+
+def settled(ev: Evidence) -> list[str]:
+    """No lane is left with an open run, nor suspended once the decisions were given."""
+    out = []
+    if any(r == "suspended" for r in ev.resumed.values()):
+        out.append(f"still suspended after decisions: {ev.resumed}")
+    open_lanes = [n for n, lane in ev.session.store.lanes().items() if lane.run_id is not None]
+    if open_lanes:
+        out.append(f"lanes {open_lanes} still have an open run")
+    return out
+
+
+def plan(ev: Evidence) -> list[str]:
+    """The resume did exactly what the recovery plan printed before it said, checked from the
+    records it wrote (:func:`durable_harness.recovery.audit.plan_followed`)."""
+    return plan_followed(ev.planned, ev.after)
+
+
+def conversation_check(ev: Evidence) -> list[str]:
+    """The final conversation equals the crash-free run's, except where a decision or a
+    tool's reconcile established a call's result, or an input was not yet accepted at the
+    crash (noted in ``cell.notes``)."""
+    cell = ev.cell
+    if ev.conversation == ev.base.conversation:
+        return []
+    if ev.unaccepted:
+        cell.notes.append("conversation n/a: an input was not yet accepted at the crash")
+    elif cell.decisions or cell.reconciled:
+        cell.notes.append(
+            "conversation changed by a decision or a reconciled result: "
+            + "; ".join(cell.decisions + [f"{c}=reconciled" for c in cell.reconciled])
+        )
+    elif ev.effects != ev.base.effects:
+        return [
+            "differs from the crash-free run, and so do the effects "
+            f"({dict(ev.effects)} vs {dict(ev.base.effects)})"
+        ]
+    else:
+        return ["differs from the crash-free run"]
+    return []
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """One invariant: its ``name`` (the prefix of its failures), what a passing cell proves
+    (``meaning``, printed by the report) and the ``check`` that finds what broke."""
+
+    name: str
+    meaning: str
+    check: Callable[[Evidence], list[str]]
+
+
+CHECKS: tuple[Invariant, ...] = (
+    Invariant(
+        "inputs",
+        "every accepted prompt, steer, follow-up and next-run item is in the tree once "
+        "(or was cancelled by an abort)",
+        inputs,
+    ),
+    Invariant(
+        "effects",
+        "no replay-never tool took effect twice (tags in effects.log, and the counts of a "
+        "tool's own count_effects check), unless an explicit retry decision re-ran it",
+        effects,
+    ),
+    Invariant(
+        "damage", "the session opens with no damage other than a quarantined torn tail", damage
+    ),
+    Invariant("results", "every stored tool call has exactly one stored result", results),
+    Invariant("settled", "no lane is left with an open run", settled),
+    Invariant(
+        "plan",
+        "the resume did exactly what the recovery plan printed before it said (checked from "
+        "the records it wrote)",
+        plan,
+    ),
+    Invariant(
+        "conversation",
+        "the final conversation equals the crash-free run's, except where a decision or a "
+        "tool's reconcile established a call's result",
+        conversation_check,
+    ),
+)
+"""Every invariant, in the order a cell is checked (``effects`` sets ``cell.doubled`` first)."""
+
+INVARIANTS: dict[str, str] = {inv.name: inv.meaning for inv in CHECKS}
+"""``{name: meaning}`` of :data:`CHECKS`: what the report prints."""
+
+
+def check_all(ev: Evidence) -> list[str]:
+    """Every failure of every invariant, each as ``"<name>: <what broke>"``."""
+    return [f"{inv.name}: {problem}" for inv in CHECKS for problem in inv.check(ev)]
+
+
+def effects_in(
+    work: Path, tools: dict[str, Tool] | None = None, *, per_tool: bool = False
+) -> Counter[str]:
+    """The effects applied in ``work``: ``effects.log`` tags, plus what the tools' own
+    ``count_effects`` checks report (:func:`~.scenario.tool_effects`). With ``per_tool`` the
+    latter are summed per tool (``"<tool>:*"``): their keys (idempotency keys, say) differ from
+    run to run, so only the totals compare with the crash-free run."""
+    log = work / "effects.log"
+    out = (
+        Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
+        if log.exists()
+        else Counter()
+    )
+    if tools:
+        for key, n in tool_effects(tools, work).items():
+            out[key.split(":", 1)[0] + ":*" if per_tool else key] += n
+    return out
+
+
+def _signature(entry: dict[str, Any]) -> Any:
+    etype = entry.get("type")
+    if etype != "message":
+        return (etype, entry.get("modelId"), entry.get("thinkingLevel"), entry.get("name"))
+    msg = entry.get("message") or {}
+    calls = [
+        (b.get("name"), b.get("arguments"))
+        for b in msg.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "toolCall"
+    ]
+    return (
+        msg.get("role"),
+        text_of(msg.get("content")),
+        calls,
+        msg.get("toolName"),
+        msg.get("stopReason"),
+    )
+
+
+def conversation(session: Session) -> dict[str, list[Any]]:
+    """Each lane's path from root to leaf as comparable signatures (no ids, no timestamps).
+    The results of one parallel batch are sorted: their completion order is not part of the
+    conversation (every result is tied to its call by id)."""
+    out: dict[str, list[Any]] = {}
+    for name, lane in sorted(session.store.lanes().items()):
+        sigs: list[Any] = []
+        batch: list[Any] = []
+        for e in session.path(lane.leaf_id):
+            if e.get("type") in ("branch_summary", "compaction"):
+                continue
+            sig = _signature(e)
+            if sig[0] == "toolResult":
+                batch.append(sig)
+                continue
+            sigs += sorted(batch, key=repr)
+            batch = []
+            sigs.append(sig)
+        out[name] = sigs + sorted(batch, key=repr)
+    return out
