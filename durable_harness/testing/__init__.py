@@ -17,25 +17,41 @@
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from durable_harness.crashtest.runner import Cell, Decide, default_decision
-from durable_harness.crashtest.scenario import Scenario
-from durable_harness.testing.conformance import check_session_store
-from durable_harness.testing.intent import assert_intent_durable, open_reader
-from durable_harness.testing.kit import (
-    INVARIANTS,
-    POWER_CUT_MODES,
-    CrashOutcome,
-    crash_free,
-    crash_points,
-    run_crash,
-    scenario,
-)
-from durable_harness.tools.base import Tool, ToolContext, ToolResult
-
 if TYPE_CHECKING:
+    from durable_harness.crashtest.runner import Cell, Decide, default_decision
+    from durable_harness.crashtest.scenario import Scenario
+    from durable_harness.testing.conformance import check_session_store
+    from durable_harness.testing.intent import assert_intent_durable, open_reader
+    from durable_harness.testing.kit import (
+        INVARIANTS,
+        POWER_CUT_MODES,
+        CrashOutcome,
+        crash_free,
+        crash_points,
+        run_crash,
+        scenario,
+    )
     from durable_harness.testing.plugin import crash_matrix
+    from durable_harness.tools.base import Tool, ToolContext, ToolResult
+
+#: Where each name is defined. They load on first use (PEP 562): the pytest plugin, loaded in
+#: every pytest process, imports this package, and the crash runner must not load with it.
+_MODULES = {
+    "durable_harness.crashtest.runner": ("Cell", "Decide", "default_decision"),
+    "durable_harness.crashtest.scenario": ("Scenario",),
+    "durable_harness.testing.conformance": ("check_session_store",),
+    "durable_harness.testing.intent": ("assert_intent_durable", "open_reader"),
+    "durable_harness.testing.kit": (
+        *("INVARIANTS", "POWER_CUT_MODES", "CrashOutcome", "crash_free", "crash_points"),
+        *("run_crash", "scenario"),
+    ),
+    "durable_harness.testing.plugin": ("crash_matrix",),
+    "durable_harness.tools.base": ("Tool", "ToolContext", "ToolResult"),
+}
+_SOURCES = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "INVARIANTS",
@@ -60,10 +76,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``crash_matrix`` is imported on first use: it needs pytest, which only test suites
-    install."""
-    if name == "crash_matrix":
-        from durable_harness.testing.plugin import crash_matrix
-
-        return crash_matrix
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """Load a name on first use (``crash_matrix`` also needs pytest, which only test suites
+    install)."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(source), name)
+    globals()[name] = value
+    return value

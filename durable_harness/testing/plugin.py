@@ -16,6 +16,11 @@ entry point (installing the package is enough).
 
 Tests using either fixture get the ``crash`` marker (they spawn children that SIGKILL
 themselves), so ``-m "not crash"`` leaves them out.
+
+Installed, the plugin loads in every pytest process, so it imports the crash kit
+(:mod:`durable_harness.testing.kit`, the runner) only when a crash test needs it: when a test
+module applies :func:`crash_matrix`, a test with the mark is parametrized, or a crash fixture
+runs.
 """
 
 from __future__ import annotations
@@ -25,20 +30,15 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from durable_harness.crashtest.runner import Decide
-from durable_harness.crashtest.scenario import Scenario
-from durable_harness.recovery.decide import Policy
-from durable_harness.testing.kit import (
-    POWER_CUT_MODES,
-    CrashOutcome,
-    crash_points,
-    run_crash,
-    scenario,
-)
+if TYPE_CHECKING:
+    from durable_harness.crashtest.runner import Decide
+    from durable_harness.crashtest.scenario import Scenario
+    from durable_harness.recovery.decide import Policy
+    from durable_harness.testing.kit import CrashOutcome
 
 MARKER = "crash_matrix"
 
@@ -78,6 +78,8 @@ def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
     Raises:
         ValueError: a mode that is not one of :data:`~durable_harness.testing.kit.POWER_CUT_MODES`.
     """
+    from durable_harness.crashtest.powercut import DURABILITIES as POWER_CUT_MODES
+
     if power_cut is False:
         return (None,)
     if power_cut is True:
@@ -116,6 +118,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     mark = metafunc.definition.get_closest_marker(MARKER)
     if mark is None or "crash_cell" not in metafunc.fixturenames:
         return
+    from durable_harness.testing.kit import crash_points, scenario
+
     folder = Path(tempfile.mkdtemp(prefix="dh-scenario-"))  # a dict scenario's file
     metafunc.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     sc = scenario(mark.args[0], folder)
@@ -150,6 +154,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def crash_cell(request: pytest.FixtureRequest, tmp_path: Path) -> CrashOutcome:
     """The outcome of this test's crash cell (needs ``@crash_matrix`` on the test)."""
+    from durable_harness.testing.kit import run_crash
+
     param = getattr(request, "param", None)
     if not isinstance(param, _Param):
         raise pytest.UsageError(
@@ -173,6 +179,8 @@ def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
     """``crash_run(scenario, point, hit=1, *, backend="jsonl", decide=None, policy="ask",
     power_cut=None)``: run one crash cell (a power cut in that durability mode, when given) in
     a fresh folder under ``tmp_path`` and return its outcome."""
+    from durable_harness.testing.kit import run_crash, scenario
+
     count = 0
 
     def run(
