@@ -1,16 +1,17 @@
-"""The crash kit's invariants, defined once: one function per invariant and :data:`CHECKS`,
-the one list of them. The runner applies the list to every cell
-(:func:`durable_harness.crashtest.runner.run_cell`), the report prints it (``crash-test``'s
-text and Markdown, :data:`INVARIANTS`) and the testing kit asserts it
+"""The crash kit's invariants, defined once: one function per invariant, and :data:`CHECKS`,
+the one list of them, which the runner applies to every cell (:func:`check_all`), the report
+prints (``crash-test``'s text and Markdown: :data:`INVARIANTS`) and the testing kit asserts
 (:meth:`durable_harness.testing.kit.CrashOutcome.assert_invariants`).
 
-Each function reads a cell's :class:`Evidence` and returns what broke, in words; the runner
-names the invariant before each (``"effects: applied twice: t1"``). The comparisons are with
-the scenario's crash-free run (:class:`~durable_harness.crashtest.runner.Baseline`).
+Each function reads a cell's :class:`Evidence` and returns what broke, in words, compared with
+the scenario's crash-free run; its name is the invariant's (the prefix of its failures,
+``"effects: applied twice: t1"``) and its docstring's first paragraph says what a passing cell
+proves (the report's text).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,13 +64,13 @@ class Evidence:
 
     @cached_property
     def conversation(self) -> dict[str, list[Any]]:
-        """The final :func:`conversation`."""
-        return conversation(self.session)
+        """The final :func:`conversation_of` the session."""
+        return conversation_of(self.session)
 
 
 def inputs(ev: Evidence) -> list[str]:
-    """Every accepted prompt, steer, follow-up and next-run item is in the tree once (or was
-    cancelled by an abort)."""
+    """every accepted prompt, steer, follow-up and next-run item is in the tree once (or was
+    cancelled by an abort)"""
     store, out = ev.session.store, []
     texts = Counter(
         text_of((e.get("message") or {}).get("content"))
@@ -97,8 +98,11 @@ def inputs(ev: Evidence) -> list[str]:
 
 
 def effects(ev: Evidence) -> list[str]:
-    """No replay-never tool took effect twice, unless an explicit retry decision re-ran it;
-    with the crash-free conversation, the crash-free effects. Sets ``cell.doubled``."""
+    """no replay-never tool took effect twice (tags in effects.log, and the counts of a tool's
+    own count_effects check), unless an explicit retry decision re-ran it
+
+    With the crash-free conversation, also the crash-free effects. Sets ``cell.doubled``.
+    """
     cell = ev.cell
     cell.doubled = sorted(t for t, n in effects_in(ev.work, ev.tools).items() if n > 1)
     if cell.doubled and any(d.endswith("=retry") for d in cell.decisions):
@@ -112,8 +116,10 @@ def effects(ev: Evidence) -> list[str]:
 
 
 def damage(ev: Evidence) -> list[str]:
-    """The session opens with no damage other than a quarantined torn tail (a JSONL file is
-    read by ``fsck`` as well)."""
+    """the session opens with no damage other than a quarantined torn tail
+
+    A JSONL file is read by ``fsck``.
+    """
     if ev.location.endswith(".jsonl"):
         found = fsck_path(ev.location)["damage"]
     else:
@@ -123,7 +129,7 @@ def damage(ev: Evidence) -> list[str]:
 
 
 def results(ev: Evidence) -> list[str]:
-    """Every stored tool call has exactly one stored result on its path."""
+    """every stored tool call has exactly one stored result"""
     out = []
     for name, path in ev.paths.items():
         messages = [e.get("message") or {} for e in path]
@@ -136,7 +142,10 @@ def results(ev: Evidence) -> list[str]:
 
 
 def settled(ev: Evidence) -> list[str]:
-    """No lane is left with an open run, nor suspended once the decisions were given."""
+    """no lane is left with an open run
+
+    Nor suspended once the decisions were given.
+    """
     out = []
     if any(r == "suspended" for r in ev.resumed.values()):
         out.append(f"still suspended after decisions: {ev.resumed}")
@@ -147,15 +156,21 @@ def settled(ev: Evidence) -> list[str]:
 
 
 def plan(ev: Evidence) -> list[str]:
-    """The resume did exactly what the recovery plan printed before it said, checked from the
-    records it wrote (:func:`durable_harness.recovery.audit.plan_followed`)."""
+    """the resume did exactly what the recovery plan printed before it said (checked from the
+    records it wrote)
+
+    :func:`durable_harness.recovery.audit.plan_followed` compares them.
+    """
     return plan_followed(ev.planned, ev.after)
 
 
-def conversation_check(ev: Evidence) -> list[str]:
-    """The final conversation equals the crash-free run's, except where a decision or a
-    tool's reconcile established a call's result, or an input was not yet accepted at the
-    crash (noted in ``cell.notes``)."""
+def conversation(ev: Evidence) -> list[str]:
+    """the final conversation equals the crash-free run's, except where a decision or a
+    tool's reconcile established a call's result
+
+    Or where an input was not yet accepted at the crash: each exception is noted in
+    ``cell.notes``.
+    """
     cell = ev.cell
     if ev.conversation == ev.base.conversation:
         return []
@@ -176,56 +191,22 @@ def conversation_check(ev: Evidence) -> list[str]:
     return []
 
 
-@dataclass(frozen=True)
-class Invariant:
-    """One invariant: its ``name`` (the prefix of its failures), what a passing cell proves
-    (``meaning``, printed by the report) and the ``check`` that finds what broke."""
+Check = Callable[[Evidence], list[str]]
+"""An invariant: what broke in a cell, in words (nothing when it held)."""
 
-    name: str
-    meaning: str
-    check: Callable[[Evidence], list[str]]
-
-
-CHECKS: tuple[Invariant, ...] = (
-    Invariant(
-        "inputs",
-        "every accepted prompt, steer, follow-up and next-run item is in the tree once "
-        "(or was cancelled by an abort)",
-        inputs,
-    ),
-    Invariant(
-        "effects",
-        "no replay-never tool took effect twice (tags in effects.log, and the counts of a "
-        "tool's own count_effects check), unless an explicit retry decision re-ran it",
-        effects,
-    ),
-    Invariant(
-        "damage", "the session opens with no damage other than a quarantined torn tail", damage
-    ),
-    Invariant("results", "every stored tool call has exactly one stored result", results),
-    Invariant("settled", "no lane is left with an open run", settled),
-    Invariant(
-        "plan",
-        "the resume did exactly what the recovery plan printed before it said (checked from "
-        "the records it wrote)",
-        plan,
-    ),
-    Invariant(
-        "conversation",
-        "the final conversation equals the crash-free run's, except where a decision or a "
-        "tool's reconcile established a call's result",
-        conversation_check,
-    ),
-)
+CHECKS: tuple[Check, ...] = (inputs, effects, damage, results, settled, plan, conversation)
 """Every invariant, in the order a cell is checked (``effects`` sets ``cell.doubled`` first)."""
 
-INVARIANTS: dict[str, str] = {inv.name: inv.meaning for inv in CHECKS}
+INVARIANTS: dict[str, str] = {
+    check.__name__: " ".join(inspect.cleandoc(check.__doc__ or "").split("\n\n")[0].split())
+    for check in CHECKS
+}
 """``{name: meaning}`` of :data:`CHECKS`: what the report prints."""
 
 
 def check_all(ev: Evidence) -> list[str]:
     """Every failure of every invariant, each as ``"<name>: <what broke>"``."""
-    return [f"{inv.name}: {problem}" for inv in CHECKS for problem in inv.check(ev)]
+    return [f"{check.__name__}: {problem}" for check in CHECKS for problem in check(ev)]
 
 
 def effects_in(
@@ -266,7 +247,7 @@ def _signature(entry: dict[str, Any]) -> Any:
     )
 
 
-def conversation(session: Session) -> dict[str, list[Any]]:
+def conversation_of(session: Session) -> dict[str, list[Any]]:
     """Each lane's path from root to leaf as comparable signatures (no ids, no timestamps).
     The results of one parallel batch are sorted: their completion order is not part of the
     conversation (every result is tied to its call by id)."""

@@ -25,7 +25,7 @@ import anyio
 
 from durable_harness.crashtest import powercut
 from durable_harness.crashtest.child import options
-from durable_harness.crashtest.invariants import Evidence, check_all, conversation, effects_in
+from durable_harness.crashtest.invariants import Evidence, check_all, conversation_of, effects_in
 from durable_harness.crashtest.scenario import (
     Scenario,
     effect_tag,
@@ -207,7 +207,7 @@ def baseline(
         hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
         store = open_store(_store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
-            conv = conversation(s)
+            conv = conversation_of(s)
         return Baseline(conv, effects_in(work, tools, per_tool=True), hits)
     finally:
         _drop_store(root)
