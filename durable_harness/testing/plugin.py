@@ -1,26 +1,11 @@
 """The pytest plugin of :mod:`durable_harness.testing`, registered through the ``pytest11``
-entry point (installing the package is enough).
+entry point (installing the package is enough): the :func:`crash_matrix` decorator and the
+``crash_cell`` and ``crash_run`` fixtures. Tests using either fixture get the ``crash`` marker
+(they spawn children that SIGKILL themselves), so ``-m "not crash"`` leaves them out.
 
-* ``@crash_matrix(scenario, backends=("jsonl",), decide=None, policy="ask", power_cut=False)``
-  on a test that takes the ``crash_cell`` fixture parametrizes it over every ``(crash point,
-  hit)`` the scenario reaches on each backend (found by one crash-free run per scenario and
-  backend, at collection). Test ids are ``<backend>-<point>`` or ``<backend>-<point>:<n>``.
-  ``power_cut=True`` makes every cell a power cut, once per durability mode (``sync``,
-  ``batch``, ``none``); a mode or a list of modes narrows it. Ids are then
-  ``<backend>-<mode>-<point>[:n]``.
-* ``crash_cell``: the :class:`~durable_harness.testing.kit.CrashOutcome` of that cell, run in
-  the test's ``tmp_path`` (kept there for inspection).
-* ``crash_run``: a function ``crash_run(scenario, point, hit=1, backend="jsonl", decide=None,
-  policy="ask", power_cut=None)`` running one cell by hand, in a fresh folder under
-  ``tmp_path`` (``power_cut``: one durability mode).
-
-Tests using either fixture get the ``crash`` marker (they spawn children that SIGKILL
-themselves), so ``-m "not crash"`` leaves them out.
-
-Installed, the plugin loads in every pytest process, so it imports the crash kit
-(:mod:`durable_harness.testing.kit`, the runner) only when a crash test needs it: when a test
-module applies :func:`crash_matrix`, a test with the mark is parametrized, or a crash fixture
-runs.
+The plugin loads in every pytest process where the package is installed, so it imports the
+crash kit (:mod:`durable_harness.testing.kit`, the runner) only when a crash test needs it: a
+test module applies :func:`crash_matrix`, a marked test is parametrized, a crash fixture runs.
 """
 
 from __future__ import annotations
@@ -51,11 +36,13 @@ def crash_matrix(
     policy: Policy = "ask",
     power_cut: bool | str | Iterable[str] = False,
 ) -> pytest.MarkDecorator:
-    """Decorator: run the test once per crash point the scenario reaches (see the module
-    docstring); the test takes the ``crash_cell`` fixture. ``source`` is as for
-    :func:`~durable_harness.testing.kit.scenario`; ``decide`` and ``policy`` as for
+    """Decorator: run the test, which takes the ``crash_cell`` fixture, once per ``(crash
+    point, hit)`` the scenario reaches on each backend (found by one crash-free run per
+    scenario and backend, at collection); test ids are ``<backend>-<point>[:n]``. ``source`` is
+    as for :func:`~durable_harness.testing.kit.scenario`; ``decide`` and ``policy`` as for
     :func:`~durable_harness.testing.kit.run_crash`. ``power_cut``: ``False`` (SIGKILL cells),
-    ``True`` (power-cut cells in every durability mode), or the mode(s) to cut power in.
+    ``True`` (power-cut cells in every durability mode), or the mode(s) to cut power in; ids
+    are then ``<backend>-<mode>-<point>[:n]``.
 
     Raises:
         ValueError: ``power_cut`` names something that is not a durability mode (at once).
@@ -63,13 +50,8 @@ def crash_matrix(
             loaded or its crash-free run fails.
     """
     mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)
-    return mark(
-        source,
-        backends=tuple(backends),
-        decide=decide,
-        policy=policy,
-        power_cut=_modes(power_cut),
-    )
+    modes = _modes(power_cut)
+    return mark(source, backends=tuple(backends), decide=decide, policy=policy, power_cut=modes)
 
 
 def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
@@ -78,18 +60,16 @@ def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
     Raises:
         ValueError: a mode that is not one of :data:`~durable_harness.testing.kit.POWER_CUT_MODES`.
     """
-    from durable_harness.crashtest.powercut import DURABILITIES as POWER_CUT_MODES
+    from durable_harness.crashtest.powercut import DURABILITIES
 
     if power_cut is False:
         return (None,)
     if power_cut is True:
-        return POWER_CUT_MODES
+        return DURABILITIES
     modes = (power_cut,) if isinstance(power_cut, str) else tuple(power_cut)
-    bad = [m for m in modes if m not in POWER_CUT_MODES]
+    bad = [m for m in modes if m not in DURABILITIES]
     if bad or not modes:
-        raise ValueError(
-            f"power_cut: expected True, False or modes of {POWER_CUT_MODES}, got {bad}"
-        )
+        raise ValueError(f"power_cut: expected True, False or modes of {DURABILITIES}, got {bad}")
     return modes
 
 
@@ -123,21 +103,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     folder = Path(tempfile.mkdtemp(prefix="dh-scenario-"))  # a dict scenario's file
     metafunc.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     sc = scenario(mark.args[0], folder)
+    decide, policy = mark.kwargs.get("decide"), mark.kwargs.get("policy", "ask")
     params, ids = [], []
     for backend in mark.kwargs.get("backends", ("jsonl",)):
         for mode in mark.kwargs.get("power_cut", (None,)):
             for point, hit in crash_points(sc, backend, mode):
-                params.append(
-                    _Param(
-                        sc,
-                        backend,
-                        point,
-                        hit,
-                        mark.kwargs.get("decide"),
-                        mark.kwargs.get("policy", "ask"),
-                        mode,
-                    )
-                )
+                params.append(_Param(sc, backend, point, hit, decide, policy, mode))
                 prefix = f"{backend}-{mode}-" if mode else f"{backend}-"
                 ids.append(prefix + point + (f":{hit}" if hit > 1 else ""))
     metafunc.parametrize("crash_cell", params, ids=ids, indirect=True)
@@ -153,24 +124,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def crash_cell(request: pytest.FixtureRequest, tmp_path: Path) -> CrashOutcome:
-    """The outcome of this test's crash cell (needs ``@crash_matrix`` on the test)."""
+    """The :class:`~durable_harness.testing.kit.CrashOutcome` of this test's crash cell (needs
+    ``@crash_matrix`` on the test), run in ``tmp_path`` and kept there for inspection."""
     from durable_harness.testing.kit import run_crash
 
-    param = getattr(request, "param", None)
-    if not isinstance(param, _Param):
+    p = getattr(request, "param", None)
+    if not isinstance(p, _Param):
         raise pytest.UsageError(
             f"{request.node.nodeid}: the crash_cell fixture needs @crash_matrix(scenario) on "
             "the test (from durable_harness.testing)"
         )
     return run_crash(
-        param.scenario,
-        param.point,
-        param.hit,
-        backend=param.backend,
+        p.scenario,
+        p.point,
+        p.hit,
+        backend=p.backend,
         root=tmp_path / "cell",
-        decide=param.decide,
-        policy=param.policy,
-        power_cut=param.power_cut,
+        decide=p.decide,
+        policy=p.policy,
+        power_cut=p.power_cut,
     )
 
 
@@ -183,28 +155,10 @@ def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
 
     count = 0
 
-    def run(
-        source: Scenario | str | Path | dict[str, Any],
-        point: str,
-        hit: int = 1,
-        *,
-        backend: str = "jsonl",
-        decide: Decide | None = None,
-        policy: Policy = "ask",
-        power_cut: str | None = None,
-    ) -> CrashOutcome:
+    def run(source: Scenario | str | Path | dict[str, Any], *args: Any, **kw: Any) -> CrashOutcome:
         nonlocal count
         count += 1
         sc = scenario(source, tmp_path / f"scenario-{count}")
-        return run_crash(
-            sc,
-            point,
-            hit,
-            backend=backend,
-            root=tmp_path / f"cell-{count}",
-            decide=decide,
-            policy=policy,
-            power_cut=power_cut,
-        )
+        return run_crash(sc, *args, root=tmp_path / f"cell-{count}", **kw)
 
     yield run
