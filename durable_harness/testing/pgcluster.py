@@ -89,13 +89,8 @@ class TemporaryCluster:
                 user = pwd.getpwnam("nobody")
             os.chown(self.root, user.pw_uid, user.pw_gid)
             setpriv = shutil.which("setpriv") or "setpriv"
-            self._prefix = [
-                setpriv,
-                f"--reuid={user.pw_uid}",
-                f"--regid={user.pw_gid}",
-                "--clear-groups",
-                "--",
-            ]
+            ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}"]
+            self._prefix = [setpriv, *ids, "--clear-groups", "--"]
             self._env["HOME"] = self.root
 
     @property
@@ -121,18 +116,8 @@ class TemporaryCluster:
                 output and the server log's tail).
         """
         if not os.path.isdir(self.data):
-            proc = self._run(
-                os.path.join(self.bindir, "initdb"),
-                "-D",
-                self.data,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "--no-sync",
-            )
+            flags = ["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"]
+            proc = self._run(os.path.join(self.bindir, "initdb"), "-D", self.data, *flags)
             if proc.returncode != 0:
                 raise RuntimeError(f"initdb failed: {proc.stdout}{proc.stderr}")
         last = ""
@@ -145,19 +130,8 @@ class TemporaryCluster:
                 "-c max_connections=200",
                 *(f"-c {k}={v}" for k, v in self.settings.items()),
             ]
-            proc = self._run(
-                os.path.join(self.bindir, "pg_ctl"),
-                "-D",
-                self.data,
-                "-l",
-                self.log,
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                " ".join(opts),
-                "start",
-            )
+            args = ["-D", self.data, "-l", self.log, "-w", "-t", "60", "-o", " ".join(opts)]
+            proc = self._run(os.path.join(self.bindir, "pg_ctl"), *args, "start")
             if proc.returncode == 0:
                 self.port = port
                 return self
