@@ -75,7 +75,12 @@ class Cell:
     @property
     def label(self) -> str:
         """``point`` or ``point:n``."""
-        return self.point if self.hit == 1 else f"{self.point}:{self.hit}"
+        return self.point if self.hit == 1 else self.point_hit
+
+    @property
+    def point_hit(self) -> str:
+        """``point:n``, as ``DURABLE_HARNESS_CRASH_AT`` names the crash."""
+        return f"{self.point}:{self.hit}"
 
 
 @dataclass
@@ -92,10 +97,15 @@ PG_ENV = "DURABLE_HARNESS_CRASHTEST_PG"
 ``crash-test --backend postgres`` starts a throw-away cluster and sets it when unset."""
 
 
-def _store_spec(backend: str, root: Path) -> str:
+def store_spec(backend: str, root: Path) -> str:
+    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``, ``sqlite``
+    or ``postgres``)."""
     if backend == "postgres":
         return _postgres_spec(root)
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
+
+
+_store_spec = store_spec  # the name tests/recovery/test_plan_is_program.py uses
 
 
 def _postgres_spec(root: Path) -> str:
@@ -133,12 +143,6 @@ def _drop_store(root: Path) -> None:
         conn.execute(f"DROP SCHEMA IF EXISTS {marker.read_text().strip()} CASCADE")
 
 
-def store_spec(backend: str, root: Path) -> str:
-    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``, ``sqlite``
-    or ``postgres``)."""
-    return _store_spec(backend, root)
-
-
 def _prepare(sc: Scenario, root: Path) -> Path:
     work = root / "work"
     work.mkdir(parents=True)
@@ -156,7 +160,7 @@ def _child(
         "-m",
         "durable_harness.crashtest.child",
         sc.path,
-        _store_spec(backend, root),
+        store_spec(backend, root),
         str(work),
         str(root / "sid"),
         *extra,
@@ -196,16 +200,10 @@ def baseline(
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
-        _child(
-            sc,
-            root,
-            work,
-            backend,
-            _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **powercut.mode_env(durability)),
-            *(["--broken-intent-order"] if broken else []),
-        )
+        env = _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **powercut.mode_env(durability))
+        _child(sc, root, work, backend, env, *(["--broken-intent-order"] if broken else []))
         hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
-        store = open_store(_store_spec(backend, root))
+        store = open_store(store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
             conv = conversation_of(s)
         return Baseline(conv, effects_in(work, tools, per_tool=True), hits)
@@ -275,17 +273,8 @@ def run_cell(
     cut = powercut.PowerCut(cell.durability, root) if cell.durability else None
     try:
         work = _prepare(sc, root)
-        rc = _child(
-            sc,
-            root,
-            work,
-            cell.backend,
-            _env(
-                DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}",
-                **(cut.crash_env() if cut else {}),
-            ),
-            *extra,
-        )
+        env = _env(DURABLE_HARNESS_CRASH_AT=cell.point_hit, **(cut.crash_env() if cut else {}))
+        rc = _child(sc, root, work, cell.backend, env, *extra)
         if rc != -signal.SIGKILL:
             cell.status, cell.failures = "error", [f"crash point not reached (exit {rc})"]
             return cell
@@ -294,7 +283,7 @@ def run_cell(
             cut.cut(cell.backend, sid)
             cell.lost = cut.lost
             cell.failures += cut.failures()
-        store = open_store(_store_spec(cell.backend, root))
+        store = open_store(store_spec(cell.backend, root))
         tools = scenario_tools(sc)
         with Session(store.open_session(sid)) as session:
             location = session.store.location
