@@ -17,8 +17,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from durable_harness.lazy import lazy_names
 
 if TYPE_CHECKING:
     from durable_harness.crashtest.runner import Cell, Decide, default_decision
@@ -75,12 +76,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load a name on first use (``crash_matrix`` also needs pytest, which only test suites
-    install)."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(source), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _SOURCES, globals())  # crash_matrix also needs pytest
