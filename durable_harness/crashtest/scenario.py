@@ -126,7 +126,7 @@ def load_all(folder: str | Path | None = None, names: list[str] | None = None) -
     root = Path(folder) if folder else default_dir()
     if not root.is_dir():
         raise FormatError(f"no scenario folder at {root}; pass --scenarios DIR")
-    found = {load(p).name: load(p) for p in sorted(root.glob("*.json"))}
+    found = {sc.name: sc for sc in map(load, sorted(root.glob("*.json")))}
     if names:
         missing = [n for n in names if n not in found]
         if missing:

@@ -1,15 +1,10 @@
-"""Crash-test a team's own agent: one scenario, SIGKILLed at a named crash point in a real child
-process, then recovered, decided, resumed and checked (design/testing-kit.md).
+"""Crash-test a team's own agent: one scenario, SIGKILLed (or power-cut) at a named crash point
+in a real child process, then recovered, decided, resumed and checked (design/testing-kit.md).
 
-This module is the pytest-free core of :mod:`durable_harness.testing`; the fixtures in
-:mod:`durable_harness.testing.plugin` are thin wrappers over :func:`scenario`,
-:func:`crash_points` and :func:`run_crash`. Every cell reuses the crash matrix's runner
-(:mod:`durable_harness.crashtest.runner`): the same child, the same recovery path, the same
-invariant checks as ``durable-harness crash-test``.
-
-A cell can also be a power cut (``power_cut="sync"``, ``"batch"`` or ``"none"``: the child's
-durability mode): after the SIGKILL the store is cut back to what that mode had made durable
-(:mod:`durable_harness.crashtest.powercut`, as ``crash-test --power-cut``), then recovery runs.
+The pytest-free core of :mod:`durable_harness.testing` (the plugin's fixtures wrap
+:func:`scenario`, :func:`crash_points` and :func:`run_crash`), over the crash matrix's runner
+(:mod:`durable_harness.crashtest.runner`): the same child, recovery path and invariants as
+``durable-harness crash-test``.
 """
 
 from __future__ import annotations
@@ -191,20 +186,14 @@ def run_crash(
 ) -> CrashOutcome:
     """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
     decide, resume under ``policy``, let the client re-send what was never acknowledged, and
-    check the invariants against the crash-free run.
+    check the invariants against the crash-free run (nothing is raised for a broken one: call
+    :meth:`CrashOutcome.assert_invariants`).
 
-    With ``power_cut`` (``"sync"``, ``"batch"`` or ``"none"``) the child runs in that
-    durability mode and the crash is a power cut: before recovery the store is cut back to what
-    the mode had made durable, and :attr:`CrashOutcome.lost` says what that lost. ``sync`` must
-    lose no accepted input (a failed invariant otherwise); every mode must still never turn a
-    lost intent into a second effect without a decision. ``decide(call, ctx)`` answers each call
-    that awaits a decision (``ctx`` is the :class:`~durable_harness.tools.base.ToolContext` its
-    tool would get: ``cwd``, ``idempotency_key``); ``None`` from it, or no callback, uses
-    :func:`durable_harness.crashtest.runner.default_decision`. Nothing is raised for a broken
-    invariant: call :meth:`CrashOutcome.assert_invariants`.
-
-    ``root``: an empty or missing folder where the cell runs and is kept (default: a new
-        temporary folder, also kept).
+    With ``power_cut`` (a durability mode) the child runs in that mode and the crash is a power
+    cut: before recovery the store is cut back to what the mode had made durable
+    (:mod:`durable_harness.crashtest.powercut`; :attr:`CrashOutcome.lost`). ``decide`` is the
+    runner's :data:`~durable_harness.crashtest.runner.Decide`. ``root``: an empty or missing
+    folder where the cell runs and is kept (default: a new temporary folder, also kept).
 
     Raises:
         ValueError: ``backend`` is not ``jsonl`` or ``sqlite``, or ``power_cut`` is not a
