@@ -243,16 +243,8 @@ def _run_cli(
     if args.report:
         path = Path(args.report)
         if path.suffix == ".json":
-            path.write_text(
-                json.dumps(
-                    {
-                        "summary": summary,
-                        "invariants": INVARIANTS,
-                        "cells": [vars(c) for c in cells],
-                    },
-                    indent=2,
-                )
-            )
+            report = {"summary": summary, "invariants": INVARIANTS, "cells": list(map(vars, cells))}
+            path.write_text(json.dumps(report, indent=2))
         else:
             path.write_text(markdown(cells, summary))
         print(f"report written to {path}")

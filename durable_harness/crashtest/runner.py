@@ -155,16 +155,8 @@ def _prepare(sc: Scenario, root: Path) -> Path:
 def _child(
     sc: Scenario, root: Path, work: Path, backend: str, env: dict[str, str], *extra: str
 ) -> int:
-    cmd = [
-        sys.executable,
-        "-m",
-        "durable_harness.crashtest.child",
-        sc.path,
-        store_spec(backend, root),
-        str(work),
-        str(root / "sid"),
-        *extra,
-    ]
+    args = [sc.path, store_spec(backend, root), str(work), str(root / "sid"), *extra]
+    cmd = [sys.executable, "-m", "durable_harness.crashtest.child", *args]
     proc = subprocess.run(
         cmd,
         env=env,
