@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from durable_harness.crashtest import powercut
-from durable_harness.crashtest.child import options
+from durable_harness.crashtest.child import model_set, options
 from durable_harness.crashtest.invariants import Evidence, check_all, conversation_of, effects_in
 from durable_harness.crashtest.scenario import (
     Scenario,
@@ -338,12 +338,9 @@ def _lost_steps(sc: Scenario, session: Session) -> bool:
     for i, step in enumerate(sc.steps):
         if f"step-{i}" in keys:
             continue
-        if step["op"] in ("steer", "follow_up", "abort") or step.get("on"):
-            if step["op"] == "set_model" and any(
-                e.get("modelId") == step.get("model")
-                for e in session.store.iter_entries(("model_change",))
-            ):
-                continue
+        if (step["op"] in ("steer", "follow_up", "abort") or step.get("on")) and not (
+            step["op"] == "set_model" and model_set(session, step)
+        ):
             return True
     return False
 

@@ -74,18 +74,21 @@ class Usage(_Open):
     """``None``: the cost is unknown (no price known for the model), never 0."""
 
 
+class _Message(_Open):
+    timestamp: int | None = None  # Unix milliseconds
+
+
 StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]
 
 
-class UserMessage(_Open):
+class UserMessage(_Message):
     """A user prompt; ``content`` is a string or a list of text/image blocks."""
 
     role: Literal["user"] = "user"
     content: str | list[ContentBlock]
-    timestamp: int | None = None
 
 
-class AssistantMessage(_Open):
+class AssistantMessage(_Message):
     """A provider answer: content blocks, usage, ``stopReason`` and the model that produced it."""
 
     role: Literal["assistant"] = "assistant"
@@ -95,10 +98,9 @@ class AssistantMessage(_Open):
     usage: Usage = Field(default_factory=Usage)
     stopReason: StopReason = "stop"
     errorMessage: str | None = None
-    timestamp: int | None = None
 
 
-class ToolResultMessage(_Open):
+class ToolResultMessage(_Message):
     """The result of one tool call, tied to it by ``toolCallId``."""
 
     role: Literal["toolResult"] = "toolResult"
@@ -106,20 +108,18 @@ class ToolResultMessage(_Open):
     toolName: str
     content: list[ContentBlock] = Field(default_factory=list)
     isError: bool = False
-    timestamp: int | None = None
 
 
-class CustomMessage(_Open):
+class CustomMessage(_Message):
     """An extension's message (pi v3 ``custom`` role; ``hookMessage`` before v3)."""
 
     role: Literal["custom"] = "custom"
     customType: str = ""
     content: str | list[ContentBlock] = ""
     display: bool = True
-    timestamp: int | None = None
 
 
-class BashExecutionMessage(_Open):
+class BashExecutionMessage(_Message):
     """A shell command the user ran by hand (pi's ``!command``), shown to the model as user text."""
 
     role: Literal["bashExecution"] = "bashExecution"
@@ -128,7 +128,6 @@ class BashExecutionMessage(_Open):
     exitCode: int | None = None
     cancelled: bool = False
     truncated: bool = False
-    timestamp: int | None = None
 
 
 Message = Annotated[
