@@ -17,12 +17,10 @@ def open_reader(store_location: str) -> SessionStore:
         AssertionError: a JSONL location that is not a file.
         StorageError: the session cannot be opened (see :mod:`durable_harness.errors`).
     """
-    if store_location.startswith(("postgresql://", "postgres://")):
+    if store_location.startswith(("postgresql://", "postgres://", "sqlite:")):
         spec, _, session_id = store_location.rpartition("#")
-        return open_store(spec, create=False).open_session(session_id, write=False)
-    if store_location.startswith("sqlite:"):
-        db_path, _, session_id = store_location[len("sqlite:") :].rpartition("#")
-        return open_store(f"sqlite:{db_path}").open_session(session_id, write=False)
+        store = open_store(spec, create=spec.startswith("sqlite:"))
+        return store.open_session(session_id, write=False)
     assert os.path.isfile(store_location), f"no session file at {store_location}"
     return JsonlSessionStore.open_path(store_location, write=False)
 
