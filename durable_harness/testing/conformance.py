@@ -437,22 +437,12 @@ def check_copies(c: _Ctx) -> None:
 
 
 CHECKS: dict[str, Callable[[_Ctx], None]] = {
-    "catalogue": check_catalogue,
-    "prefixes": check_prefixes,
-    "duplicate_id": check_duplicate_id,
-    "atomic_commit": check_atomic_commit,
-    "seq": check_seq,
-    "id_conflicts": check_id_conflicts,
-    "shapes": check_shapes,
-    "lanes": check_lanes,
-    "open_run": check_open_run,
-    "record_filters": check_record_filters,
-    "read_only": check_read_only,
-    "durability_modes": check_durability_modes,
-    "concurrent_batch": check_concurrent_batch,
-    "copies": check_copies,
+    name.removeprefix("check_"): check
+    for name, check in list(globals().items())
+    if name.startswith("check_") and callable(check)
 }
-"""Every check by name (the order :func:`check_session_store` runs them in)."""
+"""Every check above by name (``check_seq`` is ``seq``), in the order of this module, the
+order :func:`check_session_store` runs them in."""
 
 
 def check_session_store(
