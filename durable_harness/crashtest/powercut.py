@@ -1,23 +1,7 @@
-"""Power cuts for the crash matrix (``crash-test --power-cut``): a SIGKILL keeps every byte the
-kernel accepted, so it cannot tell ``sync`` from ``batch`` from ``none``; a power cut keeps only
-what was durable. At the crash this module cuts the store back to what the store's own barriers
-made durable (recorded by :mod:`durable_harness.storage.barrier_trace` in the killed child),
-then recovery runs as after any crash.
-
-* JSONL: each session file is truncated to the data length its last completed ``fdatasync``
-  covered, and line 1's high-water mark is set back to the value that sync wrote.
-* SQLite: the WAL is cut back to the end of the last commit frame the store's last WAL fsync
-  covered (or to the frames a checkpoint already copied into the database, which SQLite synced
-  first); a WAL restarted since holds nothing durable; ``-shm`` is removed (it is rebuilt from
-  the WAL, as after a reboot).
-
-Per cell the losses are counted by comparing the store just before the cut with the store just
-after it: accepted inputs (records with a ``clientKey``), intents (``tool_started``) and
-settlements (``tool_finished``). The invariants (``design/crash-matrix.md``, "Power cuts"):
-``sync`` loses no accepted input; no mode runs a replay-never tool twice (the matrix's
-``effects`` check). The client keeps the acknowledgements it got before the cut: it re-sends
-only inputs the store had not accepted then (:data:`ACKED_ENV`).
-"""
+"""Power cuts for the crash matrix (``crash-test --power-cut``): at the crash the store is cut
+back to what its own barriers made durable (traced by :mod:`durable_harness.storage.barrier_trace`
+in the killed child), the losses are counted, then recovery runs as after any crash
+(``design/crash-matrix.md`` "Power cuts": what is cut, and what each mode may lose)."""
 
 from __future__ import annotations
 

@@ -105,9 +105,6 @@ def store_spec(backend: str, root: Path) -> str:
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
 
 
-_store_spec = store_spec  # the name tests/recovery/test_plan_is_program.py uses
-
-
 def _postgres_spec(root: Path) -> str:
     """The spec of the cell in folder ``root``: the run's database, a schema named after the
     folder (created here, once)."""

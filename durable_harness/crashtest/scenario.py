@@ -1,31 +1,6 @@
-"""Crash scenarios as data: ``crash_scenarios/<name>.json``.
-
-A scenario file::
-
-    {"name": str, "description": str,
-     "files": {"relative/path": "content"},          # laid out in the fresh working dir
-     "turns": [...], "by_prompt": {...},             # the scripted provider's script
-     "context_window": tokens,                       # optional: the provider's window
-     "tools": "module:function",                     # optional: the tools it may call
-     "provider": "module:function",                  # optional: replaces the script
-     "steps": [{"op": "prompt" | "steer" | "follow_up" | "next_run" | "wait" | "abort" |
-                      "set_model" | "navigate" | "compact" | "create_lane",
-                "lane": "main", "text": ..., "on": "<event type>"...}]}
-
-Side effects worth counting go to ``effects.log`` in the working directory, one tag a line
-(``echo TAG >> effects.log`` or ``append_file`` of ``TAG\\n``), so a run can prove that no
-``replay: "never"`` tool took effect twice.
-
-``tools`` and ``provider`` name custom code by import path, importable from the folder the
-command runs in (that folder is put on ``sys.path`` here and in the child): ``tools`` is a
-function returning the list of :class:`~durable_harness.tools.base.Tool` instances the scenario
-may call (the built-ins are included only if it returns them; default: the built-ins);
-``provider`` a function returning a :class:`~durable_harness.providers.base.Provider` (default:
-the scripted provider playing ``turns``/``by_prompt``). Both are called with no arguments, once
-per process. A tool may define ``count_effects(cwd) -> Mapping[str, int]`` (how many times each
-of its effects was applied in that working directory): the matrix reports any count above one
-as a doubled effect, alongside the ``effects.log`` tags (design/testing-kit.md).
-"""
+"""Crash scenarios as data: ``crash_scenarios/<name>.json``; the file format, the
+``effects.log`` convention and how ``tools``/``provider`` import paths load are in
+``design/testing-kit.md`` "Scenario files" and "Loading custom tools and providers"."""
 
 from __future__ import annotations
 
