@@ -75,4 +75,3 @@ def crash_point(name: str) -> None:
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == _target[1]:
         os.kill(os.getpid(), signal.SIGKILL)
-

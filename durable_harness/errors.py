@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from durable_harness.models import snake_case
+
 
 class DurableHarnessError(Exception):
     """Base of every error this library raises on purpose.
@@ -31,7 +33,7 @@ class DurableHarnessError(Exception):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "code" not in cls.__dict__:
-            cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+            cls.code = snake_case(cls.__name__)
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -185,9 +187,8 @@ class AttemptCapReached(RunError):
 
 
 class ToolProcessRunning(RunError):
-    """A process group recorded for an unsettled tool call is still running (``details``:
-    ``session_id``, ``pgids``): the session cannot be forgotten, or the call settled, while the
-    call's effect may still land (``design/recovery.md``, "Process groups left running")."""
+    """A process group recorded for an unsettled tool call is still running, so its effect may
+    still land (``details``: ``session_id``, ``pgids``; ``design/recovery.md``)."""
 
 
 class ProviderError(DurableHarnessError):
@@ -222,21 +223,16 @@ class RecoveryError(DurableHarnessError):
 
 
 class AlreadyDecided(RecoveryError):
-    """A decision was given for a call attempt that already has one on record: a decision,
-    once durable, is never replaced (``design/recovery.md``, "Attempts"). Nothing was written.
-
-    ``details``: ``session_id``, ``tool_call_id``, ``call_key``, ``lane``, ``run_id``,
-    ``attempt`` (the intent the decision on record decides), ``on_record`` (``{"decision",
-    "result"?, "seq"}``) and ``given`` (the refused decision). A retried call that is in doubt
-    again is a new attempt and takes a new decision.
-    """
+    """A decision was given for a call attempt that already has one on record; it is never
+    replaced (``design/recovery.md``, "Attempts"). Nothing was written. ``details``:
+    ``session_id``, ``tool_call_id``, ``call_key``, ``lane``, ``run_id``, ``attempt``,
+    ``on_record`` (``{"decision", "result"?, "seq"}``) and ``given`` (the refused decision)."""
 
 
 class ToolProcessElsewhere(RecoveryError):
-    """A ``retry`` of a call whose recorded process group was started on another machine
-    (``details``: ``session_id``, ``tool_call_id``, ``host``, ``pid``): it may still run there,
-    and nothing here can tell or kill it. Kill it there (or learn it is dead), then retry, or
-    force the retry (``retry!``, ``design/recovery.md``, "Process groups left running")."""
+    """A ``retry`` of a call whose recorded process group was started on another machine, where
+    it may still run (``details``: ``session_id``, ``tool_call_id``, ``host``, ``pid``); kill it
+    there, or force it (``retry!``, ``design/recovery.md``, "Process groups left running")."""
 
 
 class HostError(DurableHarnessError):
@@ -280,14 +276,10 @@ class IdempotencyKeyReused(HostError):
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """Reduce an exception group (a task group's wrapper) to the exception that caused it.
-
-    Groups nest; of their leaves, the first :class:`DurableHarnessError` wins, then the first
-    ``OSError`` or ``sqlite3.Error``, then the first other ``Exception`` (a cancellation never
-    wins over an error), then the first leaf. Any other exception is returned as is. Used by
-    every front, so that a storage error raised inside the harness's task group prints as
-    itself rather than as "unhandled errors in a TaskGroup".
-    """
+    """Reduce an exception group (a task group's wrapper, nested or not) to the exception that
+    caused it: of its leaves, the first :class:`DurableHarnessError`, else the first ``OSError``
+    or ``sqlite3.Error``, else the first other ``Exception``, else the first leaf. Any other
+    exception is returned as is."""
     if not isinstance(exc, BaseExceptionGroup):
         return exc
     leaves: list[BaseException] = []
@@ -319,10 +311,8 @@ def redact(text: str) -> str:
 
 def encodable(value: Any) -> Any:
     """``value`` (an error body: strings, lists, dicts, scalars) with every string made
-    encodable as UTF-8: a character that is not (a lone surrogate such as ``\\ud800``, which
-    JSON text may carry) is replaced by its ``\\uXXXX`` escape. Every front renders errors
-    through this, so rendering an error that quotes hostile input never fails itself
-    (``design/http.md``, "Errors")."""
+    encodable as UTF-8: a lone surrogate such as ``\\ud800`` becomes its ``\\uXXXX`` escape, so
+    rendering an error that quotes hostile input never fails (``design/http.md``, "Errors")."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")

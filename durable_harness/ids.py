@@ -14,10 +14,8 @@ import time
 import uuid
 
 SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
-"""What a session id looks like: a letter or digit, then up to 127 letters, digits, ``.``,
-``_`` or ``-`` (no path separator, no leading dot, no control character). Every id
-:func:`uuid7` mints matches it, and so does every id the JSONL store accepts from a caller (a
-session file is named after it); the host checks it and the HTTP API's path pattern shows it,
+"""What a session id looks like (no path separator, no leading dot, no control character): the
+ids :func:`uuid7` mints, the JSONL store accepts, the host checks and the HTTP API's paths show,
 so any session the library makes is reachable through them."""
 
 SESSION_ID = re.compile(SESSION_ID_PATTERN)

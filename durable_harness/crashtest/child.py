@@ -2,12 +2,8 @@
 
 ``python -m durable_harness.crashtest.child SCENARIO STORE CWD SID_FILE [--continue]
 [--broken-intent-order]``. It writes the session id to SID_FILE as soon as the session exists.
-Each input carries ``client_key="step-<i>"``; with ``--continue`` (after a crash and a resume)
-it reopens the session and plays only the steps that were never accepted, as a client that lost
-its acknowledgements would. The scenario's ``tools`` and ``provider`` import paths are
-resolved from the folder the child starts in (the matrix starts it in the command's folder, and
-the child then changes into the working directory). ``--broken-intent-order`` swaps in a
-deliberately wrong tool path (effect before intent) so tests can prove the matrix catches it.
+Each input carries ``client_key="step-<i>"``; ``--continue`` plays only the steps never
+accepted (``design/crash-matrix.md``); ``--broken-intent-order``: :mod:`.broken`.
 """
 
 from __future__ import annotations

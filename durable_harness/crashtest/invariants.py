@@ -1,13 +1,6 @@
-"""The crash kit's invariants, defined once: one function per invariant, and :data:`CHECKS`,
-the one list of them, which the runner applies to every cell (:func:`check_all`), the report
-prints (``crash-test``'s text and Markdown: :data:`INVARIANTS`) and the testing kit asserts
-(:meth:`durable_harness.testing.kit.CrashOutcome.assert_invariants`).
-
-Each function reads a cell's :class:`Evidence` and returns what broke, in words, compared with
-the scenario's crash-free run; its name is the invariant's (the prefix of its failures,
-``"effects: applied twice: t1"``) and its docstring's first paragraph says what a passing cell
-proves (the report's text).
-"""
+"""The crash kit's invariants, defined once (``design/testing-kit.md``): one function per
+invariant, reading a cell's :class:`Evidence` and returning what broke; its name prefixes its
+failures and its docstring's first paragraph is what the report prints (:data:`INVARIANTS`)."""
 
 from __future__ import annotations
 
@@ -33,12 +26,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class Evidence:
-    """What one cell's checks read: the cell (its decisions; checks add ``notes`` and
-    ``doubled``), the crash-free ``base``, the final ``session`` (after the client re-sent
-    what it never got acknowledged) and its ``work`` folder and store ``location``;
-    ``unaccepted``: an input the crash kept from being accepted was sent only afterwards (so
-    the conversation cannot equal the crash-free one); the resume's ``planned`` recovery plan,
-    the records it wrote (``after``) and its outcome per lane (``resumed``)."""
+    """What one cell's checks read: the cell (checks add ``notes`` and ``doubled``), the
+    crash-free ``base``, the final ``session``, its ``work`` folder and store ``location``;
+    ``unaccepted``: an input the crash kept from being accepted was sent only afterwards; the
+    resume's ``planned`` plan, the records it wrote (``after``) and its outcome per lane."""
 
     cell: Cell
     base: Baseline

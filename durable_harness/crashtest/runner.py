@@ -1,9 +1,5 @@
 """The crash matrix: every scenario x every crash point it reaches (x the n-th hit), on each
-backend. Each cell runs a real child process that SIGKILLs itself at the point, then, in this
-process, recovers, resumes (default policy ``ask``; an operator decision where a lane waits for
-one), lets the client re-send what it never got acknowledged, and checks the invariants of
-:mod:`durable_harness.crashtest.invariants`.
-"""
+backend; what a cell does is ``design/crash-matrix.md`` "What a cell proves"."""
 
 from __future__ import annotations
 
@@ -50,11 +46,9 @@ class Cell:
     """One matrix cell's outcome.
 
     ``status``: ``pass``, ``fail`` or ``error``; ``failures`` names broken invariants;
-    ``decisions`` lists the decisions taken (``"<tool call id>=<decision>"``, or
-    ``"=policy:fail"`` where the resume policy decided): the cell needed a decision;
-    ``notes`` explains ``n/a`` comparisons; ``reconciled`` the tool call ids whose result a
-    tool's ``reconcile`` established; ``doubled`` the effects counted more than once
-    (``effects.log`` tags and ``"<tool>:<effect>"`` from a tool's own ``count_effects``).
+    ``decisions``: ``"<tool call id>=<decision>"`` (``=policy:fail`` where the policy decided);
+    ``notes`` explains ``n/a`` comparisons; ``reconciled``: tool call ids a ``reconcile``
+    settled; ``doubled``: effects counted more than once.
     """
 
     scenario: str
@@ -221,10 +215,9 @@ run in (``cwd`` the working directory, ``idempotency_key`` the call's key), retu
 
 
 def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
-    """The matrix operator's decision for an in-doubt call. A built-in call whose
-    ``effects.log`` tag is present took effect (supply that as the result); other built-in calls
-    are retried. A custom tool's effect cannot be seen from here, so its call is failed: a
-    doubt never becomes a second effect without an explicit decision (design/testing-kit.md)."""
+    """The matrix operator's decision for an in-doubt call: its ``effects.log`` tag as the
+    result, else a retry for a built-in call and a failure for a custom tool's
+    (``design/testing-kit.md`` "Decisions")."""
     tag = effect_tag(call.tool_name, call.arguments or {})
     if tag is not None and effects_in(ctx.cwd).get(tag):
         return {"decision": "result", "result": f"already applied ({tag} is in effects.log)"}
@@ -248,11 +241,9 @@ def run_cell(
 ) -> Cell:
     """Run one cell: crash, recover, decide, resume, re-send, check.
 
-    ``decide`` answers each call that awaits a decision (``None`` from it, or no callback:
-    :func:`default_decision`); ``policy`` is the resume policy (``ask`` leaves in-doubt calls to
-    ``decide``). With ``root`` (an empty or missing folder) the cell runs there and it is kept
-    (``work/``, the store, ``sid``) for the caller to inspect; otherwise a temporary folder is
-    used and removed.
+    ``decide`` answers each call that awaits a decision (else :func:`default_decision`);
+    ``policy`` is the resume policy. With ``root`` (an empty or missing folder) the cell runs
+    there and is kept; otherwise a temporary folder is used and removed.
     """
     start = time.monotonic()
     keep = root is not None

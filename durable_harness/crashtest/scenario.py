@@ -160,21 +160,20 @@ def scenario_tools(sc: Scenario) -> dict[str, Tool]:
         return builtin_tools()
     made = load_object(sc.tools, f"scenario {sc.name} tools")()
     if not isinstance(made, list | tuple) or not all(isinstance(t, Tool) for t in made):
-        raise ImportSpecError(
-            f"scenario {sc.name}: tools function {sc.tools!r} must return a list of Tool "
-            f"instances, got {type(made).__name__}",
-            spec=sc.tools,
+        raise _refused(
+            sc, "tools", f"must return a list of Tool instances, got {type(made).__name__}"
         )
     out: dict[str, Tool] = {}
     for tool in made:
         if tool.name in out:
-            raise ImportSpecError(
-                f"scenario {sc.name}: tools function {sc.tools!r} returns two tools named "
-                f"{tool.name!r}",
-                spec=sc.tools,
-            )
+            raise _refused(sc, "tools", f"returns two tools named {tool.name!r}")
         out[tool.name] = tool
     return out
+
+
+def _refused(sc: Scenario, key: str, why: str) -> ImportSpecError:
+    spec = getattr(sc, key)
+    return ImportSpecError(f"scenario {sc.name}: {key} function {spec!r} {why}", spec=spec)
 
 
 def scenario_provider(sc: Scenario) -> Provider:
@@ -187,11 +186,7 @@ def scenario_provider(sc: Scenario) -> Provider:
     if sc.provider is not None:
         made = load_object(sc.provider, f"scenario {sc.name} provider")()
         if not isinstance(made, Provider):
-            raise ImportSpecError(
-                f"scenario {sc.name}: provider function {sc.provider!r} must return a "
-                f"Provider, got {type(made).__name__}",
-                spec=sc.provider,
-            )
+            raise _refused(sc, "provider", f"must return a Provider, got {type(made).__name__}")
         return made
     if sc.context_window is not None:
         return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt, context_window=sc.context_window)

@@ -158,18 +158,11 @@ def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[
     content = message.get("content")
     if not isinstance(content, list):
         return message, []
-    seen: set[str] = set()
-    for b in content:  # the common case, in one pass: every id a distinct non-empty string
-        if isinstance(b, dict) and b.get("type") == "toolCall":
-            cid = b.get("id")
-            if not isinstance(cid, str) or not cid or cid in seen:
-                break
-            seen.add(cid)
-    else:
+    given = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+    if all(given) and len(set(map(str, given))) == len(given):  # the common case
         return message, []
-    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
-    taken = {str(b.get("id")) for b in calls if b.get("id")}
-    seen.clear()
+    taken = {str(cid) for cid in given if cid}
+    seen: set[str] = set()
     renames: list[dict[str, Any]] = []
     out: list[Any] = []
     index = 0

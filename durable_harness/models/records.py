@@ -1,22 +1,14 @@
-"""The operation-log record vocabulary, declared once (design brief, section 2).
-
-Every record type the harness writes is one :class:`~typing.TypedDict` below; each field's
-meaning, unit and format is the string literal under it (read by :func:`field_docs`). The
-record constructor (:func:`durable_harness.harness.records.record`), the shape check applied
-when a record is committed or read (:func:`record_fields_error`, which the harness registers
-with storage) and the vocabulary table in ``design/api.md`` are derived from these
-declarations; a test checks the fold (:mod:`durable_harness.harness.state`) reads only
-declared fields.
-
-Storage knows only the :class:`RecordEnvelope`. Every harness field is optional at read time
-(``total=False``): older logs lack some, and the fold treats a missing field as its default.
-A record whose ``type`` is not declared here passes with its envelope alone (a newer
-version's record, ignored by the fold).
+"""The operation-log record vocabulary, declared once: one :class:`~typing.TypedDict` per record
+type, each field's meaning under it (:func:`field_docs`). The record constructor, the shape
+check (:func:`record_fields_error`) and the table in ``design/api.md`` "The record vocabulary"
+derive from them. Every field is optional at read time (``total=False``); an undeclared
+``type`` passes with its :class:`RecordEnvelope` alone.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import itertools
 from typing import Any, Literal, Required, get_args, get_type_hints
@@ -33,8 +25,7 @@ Purpose = Literal["turn", "compaction", "branch_summary"]
 
 CommandRuntime = Literal["pipe", "pty"]
 """How the bash tool connects a command: ``pipe`` (stdin ``/dev/null``, stdout and stderr a
-pipe) or ``pty`` (stdin, stdout and stderr a pseudo-terminal). The one definition: the tool,
-the host's session record and check, and the HTTP models import it."""
+pipe) or ``pty`` (stdin, stdout and stderr a pseudo-terminal)."""
 
 COMMAND_RUNTIMES: tuple[str, ...] = get_args(CommandRuntime)
 """The command runtimes, default first."""
@@ -326,8 +317,7 @@ class ToolPermission(_Envelope, total=False):
     """What was granted: every later call of the tool runs without asking."""
 
 
-#: Every record type, by its ``type`` value: each public declaration above, by its class name
-#: in snake case, in the order of the design brief (the order of this module).
+#: Every record type, by its ``type`` value (the class name in snake case), in module order.
 DECLARATIONS: dict[str, type] = {
     snake_case(name): td
     for name, td in list(globals().items())
@@ -353,17 +343,13 @@ def fields_of(rtype: str) -> frozenset[str]:
     return ENVELOPE_FIELDS | frozenset(get_type_hints(DECLARATIONS[rtype]))
 
 
-_VALIDATORS: dict[str, Any] = {}
-
-
+@functools.cache
 def _validator(rtype: str) -> Any:
     """The compiled pydantic-core validator of a declaration, built on first use (pydantic is
     imported then: the command line starts without it)."""
     from pydantic import TypeAdapter
 
-    validator = TypeAdapter(DECLARATIONS[rtype]).validator
-    _VALIDATORS[rtype] = validator
-    return validator
+    return TypeAdapter(DECLARATIONS[rtype]).validator
 
 
 def record_fields_error(rec: dict[str, Any]) -> str | None:
@@ -373,9 +359,8 @@ def record_fields_error(rec: dict[str, Any]) -> str | None:
     rtype = rec.get("type")
     if not isinstance(rtype, str) or rtype not in DECLARATIONS:
         return None
-    validator = _VALIDATORS.get(rtype) or _validator(rtype)
     try:
-        validator.validate_python(rec, strict=True)
+        _validator(rtype).validate_python(rec, strict=True)
     except ValueError as exc:  # pydantic_core.ValidationError
         errors = getattr(exc, "errors", None)
         if not callable(errors):

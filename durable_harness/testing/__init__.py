@@ -1,19 +1,6 @@
-"""``durable_harness.testing``: crash-test your own agent (design/testing-kit.md).
-
-* A pytest plugin (:mod:`.plugin`, loaded through the ``pytest11`` entry point): the
-  :func:`crash_matrix` decorator and the ``crash_cell`` / ``crash_run`` fixtures run a scenario
-  that names *your* tools (``"tools": "module:function"``) and provider in a child process,
-  SIGKILL it at each crash point it reaches, recover, decide, resume and check the invariants
-  (:data:`INVARIANTS`).
-* Power cuts: ``crash_matrix(..., power_cut=True)``, ``run_crash(..., power_cut="sync")``
-  cut the store back to what the durability mode had made durable before recovering
-  (:data:`POWER_CUT_MODES`, ``CrashOutcome.lost``).
-* :func:`run_crash`, :func:`crash_points`, :func:`scenario`: the same without pytest.
-* :func:`assert_intent_durable`: the write-ahead check, from a second reader.
-* :func:`check_session_store`: the storage conformance suite for a third-party backend.
-* :class:`Tool`, :class:`ToolResult`, :class:`ToolContext`: the tool protocol, re-exported so
-  a test suite needs nothing else.
-"""
+"""``durable_harness.testing``: crash-test your own agent, with the pytest plugin
+(:mod:`.plugin`) or without pytest (:mod:`.kit`); the write-ahead check; the storage
+conformance suite; the tool protocol re-exported (``design/testing-kit.md`` "Pieces")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """The storage conformance suite: :func:`check_session_store` proves a backend keeps the
-storage contract of :mod:`durable_harness.storage.base` (design/storage.md).
-
-Each check takes a fresh, empty :class:`~durable_harness.storage.base.Store` and exercises the
-catalogue (create, open by id or unique prefix, duplicates), commits (atomic multi-op commits,
-one seq per op strictly increasing, id conflicts, refusal of ops that would read back as
-damage), lane state (leaf moves, config merges, the open run), record filters, read-only
-opens, every durability mode, concurrent ``batch`` commits and copy-on-read. "Reopen" closes
-the session and opens it again through the store given by ``reopen_store`` (for a durable
-backend: a new store object over the same data, so nothing is shared in memory).
-"""
+storage contract of :mod:`durable_harness.storage.base` (``design/storage.md``), one ``check_``
+function per part of it, each on a fresh, empty store."""
 
 from __future__ import annotations
 
@@ -441,8 +433,7 @@ CHECKS: dict[str, Callable[[_Ctx], None]] = {
     for name, check in list(globals().items())
     if name.startswith("check_") and callable(check)
 }
-"""Every check above by name (``check_seq`` is ``seq``), in the order of this module, the
-order :func:`check_session_store` runs them in."""
+"""Every check above by name (``check_seq`` is ``seq``), in the order they run."""
 
 
 def check_session_store(
@@ -453,12 +444,10 @@ def check_session_store(
 ) -> list[str]:
     """Run the storage conformance suite against a backend; return the names of the checks run.
 
-    ``factory()`` returns a fresh, empty :class:`~durable_harness.storage.base.Store` (called
-    once per check). ``reopen_store(store)`` returns the store to reopen sessions through; for a
-    durable backend pass one that opens a *new* store object over the same data (for example
-    ``lambda s: open_store(s.spec)``), so the checks prove what survives a close; the default
-    reuses the same object (right for an in-memory backend). ``only`` runs the named checks of
-    :data:`CHECKS`.
+    ``factory()`` returns a fresh, empty store (called once per check). ``reopen_store(store)``
+    returns the store to reopen sessions through: for a durable backend a *new* store object
+    over the same data (``lambda s: open_store(s.spec)``); the default reuses the same object.
+    ``only`` runs the named checks of :data:`CHECKS`.
 
     Raises:
         ConformanceError: a check failed (an ``AssertionError``; the message starts with the

@@ -1,11 +1,5 @@
-"""Crash-test a team's own agent: one scenario, SIGKILLed (or power-cut) at a named crash point
-in a real child process, then recovered, decided, resumed and checked (design/testing-kit.md).
-
-The pytest-free core of :mod:`durable_harness.testing` (the plugin's fixtures wrap
-:func:`scenario`, :func:`crash_points` and :func:`run_crash`), over the crash matrix's runner
-(:mod:`durable_harness.crashtest.runner`): the same child, recovery path and invariants as
-``durable-harness crash-test``.
-"""
+"""The pytest-free core of :mod:`durable_harness.testing`: one crash cell of a scenario, run by
+the crash matrix's runner (:mod:`durable_harness.crashtest.runner`; ``design/testing-kit.md``)."""
 
 from __future__ import annotations
 
@@ -40,12 +34,9 @@ POWER_CUT_MODES = DURABILITIES
 def scenario(
     source: Scenario | str | Path | dict[str, Any], folder: Path | None = None
 ) -> Scenario:
-    """Turn ``source`` into a loaded :class:`Scenario`.
-
-    ``source`` is a loaded scenario, a scenario file, or the file's content as a dict (the
-    format of :mod:`durable_harness.crashtest.scenario`: ``name``, ``steps``, ``turns``,
-    ``tools``, ``provider``...), which is written to ``folder`` (default: a new temporary
-    folder) because the child process reads the scenario from a file.
+    """Turn ``source`` (a loaded scenario, a scenario file, or its content as a dict) into a
+    loaded :class:`Scenario`; a dict is written to ``folder`` (default: a new temporary folder)
+    because the child process reads the scenario from a file.
 
     Raises:
         FormatError: the scenario does not follow the format (the message names the file), or
@@ -74,9 +65,8 @@ def _check_mode(power_cut: str | None) -> None:
 
 
 def crash_free(sc: Scenario, backend: str = "jsonl", power_cut: str | None = None) -> Baseline:
-    """The scenario's crash-free run on ``backend`` (run once per process and cached): its
-    conversation, effect counts and every crash point it reaches (with hit counts). With
-    ``power_cut`` (a durability mode) the run uses that mode, as its power-cut cells do.
+    """The scenario's crash-free run on ``backend`` (in durability mode ``power_cut``, when
+    given), run once per process and cached.
 
     Raises:
         ValueError: ``power_cut`` is not a durability mode.
@@ -94,10 +84,8 @@ def crash_free(sc: Scenario, backend: str = "jsonl", power_cut: str | None = Non
 def crash_points(
     sc: Scenario, backend: str = "jsonl", power_cut: str | None = None
 ) -> list[tuple[str, int]]:
-    """Every ``(crash point, hit)`` the scenario reaches on ``backend`` (in durability mode
-    ``power_cut``, when given): each point of :data:`durable_harness.crash.CRASH_POINTS` it
-    passes, for hits 1 up to the matrix's cap (``runner.MAX_HITS``), in a stable order. Raises
-    as :func:`crash_free`."""
+    """Every ``(crash point, hit)`` the scenario reaches (hits up to ``runner.MAX_HITS``), in a
+    stable order. Raises as :func:`crash_free`."""
     base = crash_free(sc, backend, power_cut)
     return [(c.point, c.hit) for c in cells_for(sc, base, backend, power_cut)]
 
@@ -121,17 +109,13 @@ class CrashOutcome:
 
     @property
     def power_cut(self) -> str | None:
-        """The durability mode whose power cut the cell simulated, or ``None`` (a SIGKILL
-        only)."""
+        """The durability mode whose power cut the cell simulated, or ``None``."""
         return self.cell.durability
 
     @property
     def lost(self) -> dict[str, list[str]]:
-        """What the power cut lost, by kind (only kinds that lost something): ``inputs``
-        (client keys the client had been acknowledged), ``unacknowledged`` (inputs written but
-        not yet acknowledged: the client re-sends them), ``intents`` and ``settlements``
-        (``tool_started`` / ``tool_finished`` record ids). Empty for a SIGKILL-only cell, and
-        always without ``inputs`` in a passing ``sync`` cell."""
+        """What the power cut lost, ids by kind (``inputs``, ``unacknowledged``, ``intents``,
+        ``settlements``; only kinds that lost something; ``design/testing-kit.md``)."""
         return dict(self.cell.lost)
 
     @property
@@ -151,12 +135,10 @@ class CrashOutcome:
         return list(self.cell.doubled)
 
     def assert_invariants(self) -> None:
-        """Assert every invariant of :data:`INVARIANTS` held in this cell (and, for a power
-        cut in ``sync`` mode, that no accepted input was lost).
+        """Assert every invariant of :data:`INVARIANTS` (and the power-cut one) held.
 
         Raises:
-            AssertionError: the cell failed or errored (e.g. the crash point was not reached);
-                the message lists each broken invariant.
+            AssertionError: the cell failed or errored; the message lists what broke.
         """
         assert self.cell.status == "pass", (
             f"{self.cell.backend} {self.cell.scenario} crash at {self.cell.label}: "
@@ -184,16 +166,11 @@ def run_crash(
     policy: Policy = "ask",
     power_cut: str | None = None,
 ) -> CrashOutcome:
-    """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
-    decide, resume under ``policy``, let the client re-send what was never acknowledged, and
-    check the invariants against the crash-free run (nothing is raised for a broken one: call
-    :meth:`CrashOutcome.assert_invariants`).
-
-    With ``power_cut`` (a durability mode) the child runs in that mode and the crash is a power
-    cut: before recovery the store is cut back to what the mode had made durable
-    (:mod:`durable_harness.crashtest.powercut`; :attr:`CrashOutcome.lost`). ``decide`` is the
-    runner's :data:`~durable_harness.crashtest.runner.Decide`. ``root``: an empty or missing
-    folder where the cell runs and is kept (default: a new temporary folder, also kept).
+    """Run one cell: ``sc`` SIGKILLed (or power-cut in durability mode ``power_cut``) at the
+    ``hit``-th pass of ``point``, then recovered, decided (``decide``, ``policy``), resumed,
+    re-sent and checked; a broken invariant raises nothing (call
+    :meth:`CrashOutcome.assert_invariants`). ``root``: an empty or missing folder where the
+    cell runs and is kept (default: a new temporary folder, also kept).
 
     Raises:
         ValueError: ``backend`` is not ``jsonl`` or ``sqlite``, or ``power_cut`` is not a

@@ -1,15 +1,7 @@
 """A throw-away PostgreSQL cluster for tests and benchmarks: ``initdb`` into a temporary folder,
-``pg_ctl start`` on a free loopback port, ``pg_ctl stop`` and remove it all at the end.
-
-The server refuses to run as root, so under root (CI) both commands run as the ``postgres`` user
-when it exists (the distribution's package creates it), else as ``nobody``, through ``setpriv``;
-the folder is made theirs. Authentication is ``trust`` on 127.0.0.1 only, no Unix socket: the
-cluster lives as long as one test run and holds nothing but test data.
-
-Binaries: ``pg_ctl`` on ``PATH`` (its real folder, symlinks followed), else the newest
-``/usr/lib/postgresql/*/bin`` (Debian keeps them off ``PATH``). :func:`find_bindir` returns
-``None`` when there is none; the fixture then skips, or fails under ``CI=true``.
-"""
+``pg_ctl start`` on a free loopback port, stopped and removed at the end. Under root the server
+runs as ``postgres`` (else ``nobody``) through ``setpriv``; authentication is ``trust`` on
+127.0.0.1 only (``design/postgres.md``)."""
 
 from __future__ import annotations
 
@@ -26,7 +18,8 @@ from typing import Any
 
 
 def find_bindir() -> str | None:
-    """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, or ``None``."""
+    """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, or ``None``: ``pg_ctl``'s
+    real folder when it is on ``PATH``, else the newest ``/usr/lib/postgresql/*/bin``."""
     candidates: list[str] = []
     found = shutil.which("pg_ctl")
     if found:

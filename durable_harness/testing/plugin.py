@@ -1,12 +1,7 @@
-"""The pytest plugin of :mod:`durable_harness.testing`, registered through the ``pytest11``
-entry point (installing the package is enough): the :func:`crash_matrix` decorator and the
-``crash_cell`` and ``crash_run`` fixtures. Tests using either fixture get the ``crash`` marker
-(they spawn children that SIGKILL themselves), so ``-m "not crash"`` leaves them out.
-
-The plugin loads in every pytest process where the package is installed, so it imports the
-crash kit (:mod:`durable_harness.testing.kit`, the runner) only when a crash test needs it: a
-test module applies :func:`crash_matrix`, a marked test is parametrized, a crash fixture runs.
-"""
+"""The pytest plugin of :mod:`durable_harness.testing` (the ``pytest11`` entry point): the
+:func:`crash_matrix` decorator and the ``crash_cell`` and ``crash_run`` fixtures; tests using
+them are marked ``crash``. It imports the crash kit only when a crash test needs it
+(``design/testing-kit.md`` "Pieces")."""
 
 from __future__ import annotations
 
@@ -37,12 +32,10 @@ def crash_matrix(
     power_cut: bool | str | Iterable[str] = False,
 ) -> pytest.MarkDecorator:
     """Decorator: run the test, which takes the ``crash_cell`` fixture, once per ``(crash
-    point, hit)`` the scenario reaches on each backend (found by one crash-free run per
-    scenario and backend, at collection); test ids are ``<backend>-<point>[:n]``. ``source`` is
-    as for :func:`~durable_harness.testing.kit.scenario`; ``decide`` and ``policy`` as for
-    :func:`~durable_harness.testing.kit.run_crash`. ``power_cut``: ``False`` (SIGKILL cells),
-    ``True`` (power-cut cells in every durability mode), or the mode(s) to cut power in; ids
-    are then ``<backend>-<mode>-<point>[:n]``.
+    point, hit)`` the scenario reaches on each backend; ids ``<backend>-<point>[:n]``.
+    ``source``, ``decide`` and ``policy`` are as for :func:`~durable_harness.testing.kit.run_crash`.
+    ``power_cut``: ``False`` (SIGKILL cells), ``True`` (every durability mode), or the mode(s);
+    ids are then ``<backend>-<mode>-<point>[:n]``.
 
     Raises:
         ValueError: ``power_cut`` names something that is not a durability mode (at once).
@@ -55,11 +48,8 @@ def crash_matrix(
 
 
 def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
-    """The durability modes of the cells: ``(None,)`` for SIGKILL cells.
-
-    Raises:
-        ValueError: a mode that is not one of :data:`~durable_harness.testing.kit.POWER_CUT_MODES`.
-    """
+    """The durability modes of the cells: ``(None,)`` for SIGKILL cells; ``ValueError`` for a
+    mode that is not one."""
     from durable_harness.crashtest.powercut import DURABILITIES
 
     if power_cut is False:
