@@ -1,10 +1,6 @@
-"""Named crash points: ``DURABLE_HARNESS_CRASH_AT=<point>[:<n>]`` SIGKILLs the process.
-
-The variable is read once, at import. :func:`crash_point` is called at exactly the commit
-boundaries that ``design/run-loop.md`` and ``design/recovery.md`` name; at the n-th hit
-(default 1) of the configured point the process sends itself SIGKILL: no ``finally`` block,
-no atexit handler and no buffered write runs, as in a power cut of the process.
-"""
+"""Named crash points: ``DURABLE_HARNESS_CRASH_AT=<point>[:<n>]`` (read once, at import)
+SIGKILLs the process at the n-th hit of that :func:`crash_point`, at the commit boundaries
+``design/run-loop.md`` and ``design/recovery.md`` name (``design/crash-matrix.md``)."""
 
 from __future__ import annotations
 
@@ -59,11 +55,8 @@ _hits: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit.
-
-    With ``DURABLE_HARNESS_CRASH_TRACE=FILE`` every hit is also appended to FILE (one name a
-    line), which is how the crash matrix learns which points a scenario reaches.
-    """
+    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit; with
+    ``DURABLE_HARNESS_CRASH_TRACE=FILE`` also append ``name`` to FILE (one a line)."""
     if _trace:
         fd = os.open(_trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:

@@ -1,15 +1,8 @@
 """Typed errors of durable-harness, each with a stable ``code``: the class name in snake_case
 (``SessionNotFound`` is ``session_not_found``) unless the class sets its own. The tree and
-its codes: ``design/api.md`` "Errors".
-
-Messages name the file, session or id involved and never carry a credential: the provider
-modules pass only status codes and the server's error text through :func:`redact`.
-
-Operating-system and database errors (``OSError``, ``sqlite3.Error``) cross one boundary in
-:mod:`durable_harness.storage.oserrors` and come out as :class:`StorageIOError`,
-:class:`DatabaseLocked` or :class:`CorruptSession`, naming the path and the cause. A front
-(the CLI) reduces an exception group from a task group to its root cause with
-:func:`root_cause` (see ``design/cli.md``).
+its codes: ``design/api.md`` "Errors". Provider messages pass through :func:`redact`; OS and
+database errors become storage errors in :mod:`durable_harness.storage.oserrors`
+(``design/cli.md``).
 """
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def resolve_path(cwd: Path, path: str) -> Path:
-    """Resolve ``path`` (relative to ``cwd`` or absolute) and require it to stay inside ``cwd``.
-
-    Symlinks are resolved first, so a link pointing outside is refused too.
+    """Resolve ``path`` (relative to ``cwd`` or absolute, symlinks followed) and require it to
+    stay inside ``cwd``.
 
     Raises:
         PathEscape: the resolved path is outside ``cwd`` (``details["path"]`` is ``path``).
@@ -93,9 +92,8 @@ def make_parents(target: Path) -> None:
 def atomic_write(target: Path, data: bytes) -> None:
     """Replace ``target`` with ``data`` (bytes) so a crash leaves either old or new content.
 
-    Writes a temporary file next to ``target``, ``fsync``s it, ``os.replace``s it over the
-    target and ``fsync``s the directory. Missing parent directories are created. An existing
-    target keeps its permission bits; a new one gets the default mode (``0o666`` minus umask).
+    A synced temporary file is renamed over it and the directory synced; missing parents are
+    created; an existing target keeps its permission bits.
 
     Raises:
         IsADirectoryError: ``target`` is a directory.

@@ -35,12 +35,9 @@ def uuid7() -> str:
 
 
 def new_id() -> str:
-    """Return a random 64-bit entry or record id as 16 lowercase hex characters.
-
-    The bits come from :mod:`random`'s shared generator, which is seeded from ``os.urandom``
-    at import and reseeded in a forked child: ids must be unique, not secret, and this costs
-    no system call per id (a turn provisions about ten).
-    """
+    """Return a random 64-bit entry or record id as 16 lowercase hex characters, from
+    :mod:`random` (seeded from ``os.urandom``, reseeded in a fork): unique, not secret, and no
+    system call per id."""
     return f"{random.getrandbits(64):016x}"
 
 
@@ -48,10 +45,8 @@ _second: tuple[int, str] = (-1, "")  # the last whole second formatted by now_is
 
 
 def now_iso() -> str:
-    """Return the current UTC time as ISO 8601 with milliseconds and ``Z`` (pi's format).
-
-    The ``%Y-%m-%dT%H:%M:%S`` part is formatted once per second and reused.
-    """
+    """Return the current UTC time as ISO 8601 with milliseconds and ``Z`` (pi's format); the
+    seconds part is formatted once per second."""
     global _second
     seconds, millis = divmod(time.time_ns() // 1_000_000, 1000)
     cached = _second

@@ -90,10 +90,7 @@ def inputs(ev: Evidence) -> list[str]:
 
 def effects(ev: Evidence) -> list[str]:
     """no replay-never tool took effect twice (tags in effects.log, and the counts of a tool's
-    own count_effects check), unless an explicit retry decision re-ran it
-
-    With the crash-free conversation, also the crash-free effects. Sets ``cell.doubled``.
-    """
+    own count_effects check), unless an explicit retry decision re-ran it"""
     cell = ev.cell
     cell.doubled = sorted(t for t, n in effects_in(ev.work, ev.tools).items() if n > 1)
     if cell.doubled and any(d.endswith("=retry") for d in cell.decisions):
@@ -107,10 +104,7 @@ def effects(ev: Evidence) -> list[str]:
 
 
 def damage(ev: Evidence) -> list[str]:
-    """the session opens with no damage other than a quarantined torn tail
-
-    A JSONL file is read by ``fsck``.
-    """
+    """the session opens with no damage other than a quarantined torn tail"""
     if ev.location.endswith(".jsonl"):
         found = fsck_path(ev.location)["damage"]
     else:
@@ -133,10 +127,7 @@ def results(ev: Evidence) -> list[str]:
 
 
 def settled(ev: Evidence) -> list[str]:
-    """no lane is left with an open run
-
-    Nor suspended once the decisions were given.
-    """
+    """no lane is left with an open run"""
     out = []
     if any(r == "suspended" for r in ev.resumed.values()):
         out.append(f"still suspended after decisions: {ev.resumed}")
@@ -148,20 +139,13 @@ def settled(ev: Evidence) -> list[str]:
 
 def plan(ev: Evidence) -> list[str]:
     """the resume did exactly what the recovery plan printed before it said (checked from the
-    records it wrote)
-
-    :func:`durable_harness.recovery.audit.plan_followed` compares them.
-    """
+    records it wrote)"""
     return plan_followed(ev.planned, ev.after)
 
 
 def conversation(ev: Evidence) -> list[str]:
     """the final conversation equals the crash-free run's, except where a decision or a
-    tool's reconcile established a call's result
-
-    Or where an input was not yet accepted at the crash: each exception is noted in
-    ``cell.notes``.
-    """
+    tool's reconcile established a call's result"""
     cell = ev.cell
     if ev.conversation == ev.base.conversation:
         return []
@@ -203,10 +187,8 @@ def check_all(ev: Evidence) -> list[str]:
 def effects_in(
     work: Path, tools: dict[str, Tool] | None = None, *, per_tool: bool = False
 ) -> Counter[str]:
-    """The effects applied in ``work``: ``effects.log`` tags, plus what the tools' own
-    ``count_effects`` checks report (:func:`~.scenario.tool_effects`). With ``per_tool`` the
-    latter are summed per tool (``"<tool>:*"``): their keys (idempotency keys, say) differ from
-    run to run, so only the totals compare with the crash-free run."""
+    """The effects applied in ``work``: ``effects.log`` tags, plus the tools' own counts
+    (:func:`~.scenario.tool_effects`), summed per tool (``"<tool>:*"``) with ``per_tool``."""
     log = work / "effects.log"
     out = (
         Counter(line.strip() for line in log.read_text().splitlines() if line.strip())

@@ -49,11 +49,6 @@ def child_durability() -> Durability:
     return cast(Durability, mode)
 
 
-def mode_env(mode: str | None) -> dict[str, str]:
-    """Environment that runs the matrix child in durability ``mode`` (nothing for ``None``)."""
-    return {DURABILITY_ENV: mode} if mode else {}
-
-
 def record_ack(key: str) -> None:
     """Note that the client got the acknowledgement for ``key`` (when :data:`ACKS_ENV` is set)."""
     path = os.environ.get(ACKS_ENV)
@@ -78,17 +73,15 @@ class Snapshot:
 
 def _snapshot(spec: str, sid: str) -> Snapshot:
     snap = Snapshot()
-    session = open_store(spec, create=False).open_session(sid, write=False)
-    try:
-        for rec in session.records():
-            if rec.get("clientKey"):
-                snap.inputs.add(str(rec["clientKey"]))
-            if rec.get("type") == "tool_started":
-                snap.intents.add(str(rec["id"]))
-            elif rec.get("type") == "tool_finished":
-                snap.settlements.add(str(rec["id"]))
-    finally:
-        session.close()
+    with open_store(spec, create=False).open_session(sid, write=False) as session:
+        records = session.records()
+    for rec in records:
+        if rec.get("clientKey"):
+            snap.inputs.add(str(rec["clientKey"]))
+        if rec.get("type") == "tool_started":
+            snap.intents.add(str(rec["id"]))
+        elif rec.get("type") == "tool_finished":
+            snap.settlements.add(str(rec["id"]))
     return snap
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from durable_harness import crash
 from durable_harness.crashtest import powercut
 from durable_harness.crashtest.child import model_set, options
 from durable_harness.crashtest.invariants import Evidence, check_all, conversation_of, effects_in
@@ -163,13 +164,8 @@ def _child(
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DURABLE_HARNESS_CRASH_AT", "DURABLE_HARNESS_CRASH_TRACE")
-    }
-    env.update(extra)
-    return env
+    env = {k: v for k, v in os.environ.items() if k not in (crash.ENV_VAR, crash.TRACE_VAR)}
+    return env | extra
 
 
 def baseline(
@@ -183,7 +179,8 @@ def baseline(
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
-        env = _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **powercut.mode_env(durability))
+        mode = {powercut.DURABILITY_ENV: durability} if durability else {}
+        env = _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **mode)
         _child(sc, root, work, backend, env, *(["--broken-intent-order"] if broken else []))
         hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
         store = open_store(store_spec(backend, root))
@@ -208,10 +205,8 @@ def cells_for(
 
 
 Decide = Callable[[ToolCallPlan, ToolContext], "dict[str, Any] | None"]
-"""An operator callback: given a call that awaits a decision and the context its tool would
-run in (``cwd`` the working directory, ``idempotency_key`` the call's key), return the decision
-(``{"decision": "retry" | "fail" | "result", "result": text}``) or ``None`` for
-:func:`default_decision`."""
+"""An operator callback: given a call awaiting a decision and its tool's context, return
+``{"decision": "retry" | "fail" | "result", "result": text}`` or ``None`` (the default)."""
 
 
 def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:

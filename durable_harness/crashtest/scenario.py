@@ -149,8 +149,7 @@ def load_object(spec: str, what: str) -> Any:
 
 
 def scenario_tools(sc: Scenario) -> dict[str, Tool]:
-    """The tools the scenario may call, keyed by name: its ``tools`` function's list, or the
-    built-ins.
+    """The tools the scenario may call, keyed by name: its ``tools`` function's, or the built-ins.
 
     Raises:
         ImportSpecError: the function cannot be loaded, does not return a list of ``Tool``
@@ -177,8 +176,7 @@ def _refused(sc: Scenario, key: str, why: str) -> ImportSpecError:
 
 
 def scenario_provider(sc: Scenario) -> Provider:
-    """The scenario's provider: its ``provider`` function's, or the scripted provider playing
-    its script (with its context window, if it sets one).
+    """The scenario's provider: its ``provider`` function's, or the scripted one over its script.
 
     Raises:
         ImportSpecError: the function cannot be loaded or returns no ``Provider``.

@@ -1,10 +1,5 @@
-"""Session tree entries: the entry types of the design brief, section 1.
-
-Stored form is a plain dict (``Entry.model_dump(exclude_none=True)``); these models validate
-what callers append and give typed access. ``seq`` is assigned by storage at commit time.
-Unknown entry types are preserved verbatim as dicts (forward compatibility): see
-:func:`validate_entry`.
-"""
+"""Session tree entries: models that validate what callers append (stored as plain dicts;
+``seq`` is assigned by storage at commit). Unknown entry types are kept verbatim."""
 
 from __future__ import annotations
 

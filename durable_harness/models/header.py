@@ -1,11 +1,6 @@
 """The session header, declared once: line 1 of a JSONL session file, the ``header`` of a
-database session (``design/storage.md``).
-
-``{"type": "session", "version": 3, "format": "durable-harness/1", "id", "timestamp", "cwd",
-"parentSession"?, ...}``: ``version`` is pi's session format version, which our entries follow;
-``format`` tells our files from pi's (a pi header has none); ``timestamp`` is
-:func:`durable_harness.ids.now_iso`'s format. Unknown keys are kept (a newer writer's).
-"""
+database session (``design/storage.md``); ``format`` tells our files from pi's (a pi header
+has none), and unknown keys are kept (a newer writer's)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Message and content-block models, in the shapes of pi's session format (version 3).
-
-Every model keeps unknown fields (``extra="allow"``) so that a file written by a newer tool
-round-trips byte-for-byte in meaning: nothing is dropped on read or write.
-Units: ``usage`` counts tokens; ``cost`` is in USD; message ``timestamp`` is Unix milliseconds.
-"""
+"""Message and content-block models, in the shapes of pi's session format (version 3). Every
+model keeps unknown fields (a newer tool's round-trip). ``usage`` counts tokens; ``cost`` is in
+USD; message ``timestamp`` is Unix milliseconds."""
 
 from __future__ import annotations
 
@@ -149,11 +146,9 @@ def text_of(content: Any) -> str:
 def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Make the tool-call ids of one assistant message unique before it is stored.
 
-    Providers do repeat ids within one message (and some leave them empty). A repeated or empty
-    id gets the first free ``<id>_<n>`` (``n`` from 2; ``call`` for an empty id), which keeps
-    to ``[A-Za-z0-9_-]`` when the original does (Anthropic's tool-use id pattern). Returns the
-    message (a copy when something changed) and the renames ``[{"index", "from", "to"}]``
-    (``index``: the call's position among the message's tool calls), recorded beside the entry.
+    A repeated or empty id gets the first free ``<id>_<n>`` (``n`` from 2; ``call`` for an
+    empty id), keeping to ``[A-Za-z0-9_-]``. Returns the message (a copy when something changed)
+    and the renames ``[{"index", "from", "to"}]`` (``index`` among the message's tool calls).
     """
     content = message.get("content")
     if not isinstance(content, list):

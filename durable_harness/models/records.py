@@ -353,9 +353,8 @@ def _validator(rtype: str) -> Any:
 
 
 def record_fields_error(rec: dict[str, Any]) -> str | None:
-    """Why ``rec`` does not match the declaration of its ``type``, or ``None`` (also ``None``
-    for an undeclared type: only its envelope applies). Strict: no coercion (``"1"`` is not an
-    integer, ``true`` is not one either). Fields not declared are allowed."""
+    """Why ``rec`` does not match the declaration of its ``type`` (strictly: ``"1"`` is no
+    integer), or ``None`` (also for an undeclared type). Fields not declared are allowed."""
     rtype = rec.get("type")
     if not isinstance(rtype, str) or rtype not in DECLARATIONS:
         return None

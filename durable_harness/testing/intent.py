@@ -10,8 +10,7 @@ from durable_harness.storage import JsonlSessionStore, SessionStore, open_store
 
 def open_reader(store_location: str) -> SessionStore:
     """Open a second, read-only view of a session from its ``store.location`` (a JSONL file
-    path, ``sqlite:PATH#SESSION_ID`` or ``postgresql://...#SESSION_ID``), reading what is
-    stored now.
+    path, ``sqlite:PATH#SESSION_ID`` or ``postgresql://...#SESSION_ID``).
 
     Raises:
         AssertionError: a JSONL location that is not a file.

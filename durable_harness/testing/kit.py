@@ -65,8 +65,7 @@ def _check_mode(power_cut: str | None) -> None:
 
 
 def crash_free(sc: Scenario, backend: str = "jsonl", power_cut: str | None = None) -> Baseline:
-    """The scenario's crash-free run on ``backend`` (in durability mode ``power_cut``, when
-    given), run once per process and cached.
+    """The scenario's crash-free run on ``backend`` (in mode ``power_cut``), cached per process.
 
     Raises:
         ValueError: ``power_cut`` is not a durability mode.
@@ -92,14 +91,9 @@ def crash_points(
 
 @dataclass
 class CrashOutcome:
-    """What one crash cell did, and where its files are kept.
-
-    Attributes:
-        cell: the runner's verdict (``status``, ``failures``, ``decisions``, ``reconciled``,
-            ``doubled``, ``notes``, ``plan``).
-        root: the cell's folder; ``work`` is the agent's working directory (the tools' files,
-            e.g. a ledger), ``store_spec`` and ``session_id`` open its session.
-    """
+    """What one crash cell did (``cell``: the runner's verdict), and where its files are kept:
+    ``root`` the cell's folder, ``work`` the agent's working directory, ``store_spec`` and
+    ``session_id`` its session."""
 
     cell: Cell
     root: Path
@@ -146,11 +140,7 @@ class CrashOutcome:
         )
 
     def open_session(self) -> Session:
-        """Open the cell's session read-only (close it, or use it as a context manager).
-
-        Raises:
-            StorageError: the store or session cannot be opened.
-        """
+        """Open the cell's session read-only (a context manager); ``StorageError`` if it cannot."""
         store = open_store(self.store_spec, create=False)
         return Session(store.open_session(self.session_id, write=False))
 

@@ -37,12 +37,8 @@ def find_bindir() -> str | None:
 
 
 def missing_postgres(reason: str) -> None:
-    """In a pytest fixture: skip for want of PostgreSQL (``reason`` says what is missing), or,
-    under CI (``CI=true``), fail: CI never skips a PostgreSQL test.
-
-    Raises:
-        pytest.skip.Exception, pytest.fail.Exception: always.
-    """
+    """In a pytest fixture: skip for want of PostgreSQL (``reason``), or fail under ``CI=true``
+    (CI never skips a PostgreSQL test)."""
     import pytest
 
     if os.environ.get("CI", "").strip().lower() == "true":
@@ -58,13 +54,8 @@ def free_port() -> int:
 
 
 class TemporaryCluster:
-    """One throw-away cluster. ``start()`` then ``spec`` (a ``postgresql://`` URL of database
-    ``postgres``, user ``postgres``); ``restart()``, ``stop()``; ``cleanup()`` stops and removes.
-
-    Args:
-        bindir: the folder of ``initdb`` and ``pg_ctl`` (see :func:`find_bindir`).
-        settings: extra server settings (``-c name=value``), e.g. ``{"fsync": "off"}``.
-    """
+    """One throw-away cluster from the binaries in ``bindir`` (:func:`find_bindir`), with extra
+    server ``settings`` (``-c name=value``); ``start()`` then ``spec``; ``cleanup()`` removes it."""
 
     def __init__(self, bindir: str, settings: dict[str, str] | None = None) -> None:
         self.bindir = bindir

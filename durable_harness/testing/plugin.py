@@ -66,12 +66,9 @@ def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
 @dataclass(frozen=True)
 class _Param:
     scenario: Scenario
-    backend: str
     point: str
     hit: int
-    decide: Decide | None
-    policy: Policy
-    power_cut: str | None = None
+    options: dict[str, Any]  # run_crash's keywords: backend, decide, policy, power_cut
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -98,7 +95,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for backend in mark.kwargs.get("backends", ("jsonl",)):
         for mode in mark.kwargs.get("power_cut", (None,)):
             for point, hit in crash_points(sc, backend, mode):
-                params.append(_Param(sc, backend, point, hit, decide, policy, mode))
+                options = {
+                    "backend": backend,
+                    "decide": decide,
+                    "policy": policy,
+                    "power_cut": mode,
+                }
+                params.append(_Param(sc, point, hit, options))
                 prefix = f"{backend}-{mode}-" if mode else f"{backend}-"
                 ids.append(prefix + point + (f":{hit}" if hit > 1 else ""))
     metafunc.parametrize("crash_cell", params, ids=ids, indirect=True)
@@ -124,16 +127,7 @@ def crash_cell(request: pytest.FixtureRequest, tmp_path: Path) -> CrashOutcome:
             f"{request.node.nodeid}: the crash_cell fixture needs @crash_matrix(scenario) on "
             "the test (from durable_harness.testing)"
         )
-    return run_crash(
-        p.scenario,
-        p.point,
-        p.hit,
-        backend=p.backend,
-        root=tmp_path / "cell",
-        decide=p.decide,
-        policy=p.policy,
-        power_cut=p.power_cut,
-    )
+    return run_crash(p.scenario, p.point, p.hit, root=tmp_path / "cell", **p.options)
 
 
 @pytest.fixture
