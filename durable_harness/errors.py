@@ -238,9 +238,8 @@ class InvalidRequest(HostError):
 
 
 class CwdNotAllowed(HostError):
-    """A session's working directory is outside every tree the host confines sessions to
-    (``HostOptions.roots``, ``serve --root``; real paths compared). ``details``: ``cwd``,
-    ``real`` (its real path), ``roots``. Nothing was created."""
+    """A session's working directory (real path) is outside every ``HostOptions.roots`` tree
+    (``details``: ``cwd``, ``real``, ``roots``). Nothing was created."""
 
 
 class MessageTooLarge(HostError):
@@ -263,9 +262,8 @@ class SessionNotLive(HostError):
 
 
 class IdempotencyKeyReused(HostError):
-    """An ``Idempotency-Key`` seen before came with a different request (another working
-    directory, mode, message...): refused rather than answered with the first request's
-    result (``details``: ``key``, ``fields`` that differ; ``design/http.md``)."""
+    """An ``Idempotency-Key`` seen before came with a different request (``details``: ``key``,
+    ``fields`` that differ; ``design/http.md``)."""
 
 
 def root_cause(exc: BaseException) -> BaseException:

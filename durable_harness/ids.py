@@ -1,9 +1,5 @@
 """Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records, and
-the one pattern a session id follows (:data:`SESSION_ID_PATTERN`).
-
-UUIDv7 layout is RFC 9562 section 5.7: 48 bits of Unix time in milliseconds, version 7,
-then random bits, so ids sort by creation time.
-"""
+the one pattern a session id follows (:data:`SESSION_ID_PATTERN`)."""
 
 from __future__ import annotations
 
@@ -23,7 +19,8 @@ SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 
 def uuid7() -> str:
-    """Return a new UUIDv7 string (RFC 9562), e.g. ``0193a1b2-...``."""
+    """Return a new UUIDv7 string (RFC 9562 section 5.7: 48 bits of Unix milliseconds, version
+    7, random bits; ids sort by creation time), e.g. ``0193a1b2-...``."""
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
     value = (ms & ((1 << 48) - 1)) << 80

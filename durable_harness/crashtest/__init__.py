@@ -20,28 +20,22 @@ from durable_harness.errors import FormatError
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     """Add the crash-test options."""
-    p.add_argument(
-        "--scenario",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="only this scenario (repeatable; default: all)",
-    )
-    p.add_argument(
+
+    def repeatable(flag: str, help: str, **kw: Any) -> None:
+        p.add_argument(flag, action="append", default=[], help=help, **kw)
+
+    repeatable("--scenario", "only this scenario (repeatable; default: all)", metavar="NAME")
+    repeatable(
         "--backend",
-        action="append",
-        choices=("jsonl", "sqlite", "postgres"),
-        default=[],
-        help="only this backend (repeatable; default: jsonl and sqlite; postgres starts a "
+        "only this backend (repeatable; default: jsonl and sqlite; postgres starts a "
         "throw-away PostgreSQL cluster unless $DURABLE_HARNESS_CRASHTEST_PG names a database)",
+        choices=("jsonl", "sqlite", "postgres"),
     )
-    p.add_argument(
+    repeatable(
         "--point",
-        action="append",
-        default=[],
-        metavar="POINT[:N]",
-        help="only cells at this crash point, or its n-th hit (repeatable; default: every point "
+        "only cells at this crash point, or its n-th hit (repeatable; default: every point "
         "a scenario reaches)",
+        metavar="POINT[:N]",
     )
     p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (.md or .json)")
@@ -57,12 +51,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="cut the store back to what was durable at each crash (a power cut, not only a "
         "process kill), once per durability mode",
     )
-    p.add_argument(
+    repeatable(
         "--durability",
-        action="append",
+        "with --power-cut: only this durability mode (repeatable; default: all three)",
         choices=DURABILITIES,
-        default=[],
-        help="with --power-cut: only this durability mode (repeatable; default: all three)",
     )
     p.add_argument(
         "--broken-intent-order",
@@ -170,8 +162,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _postgres_for(backends: list[str]) -> Iterator[None]:
-    """For a run with the ``postgres`` backend and no ``$DURABLE_HARNESS_CRASHTEST_PG``: a
-    throw-away cluster for the run (``testing/pgcluster.py`` ``TemporaryCluster``)."""
+    """A throw-away cluster for a ``postgres`` run without ``$DURABLE_HARNESS_CRASHTEST_PG``."""
     from durable_harness.crashtest.runner import PG_ENV
 
     if "postgres" not in backends or os.environ.get(PG_ENV):

@@ -62,30 +62,21 @@ def acked_keys() -> set[str]:
     return {k for k in os.environ.get(ACKED_ENV, "").split(",") if k}
 
 
-@dataclass
-class Snapshot:
-    """What a session holds at one moment: accepted client keys, intent and settlement ids."""
-
-    inputs: set[str] = field(default_factory=set)
-    intents: set[str] = field(default_factory=set)
-    settlements: set[str] = field(default_factory=set)
-
-
-def _snapshot(spec: str, sid: str) -> Snapshot:
-    snap = Snapshot()
+def _snapshot(spec: str, sid: str) -> dict[str, set[str]]:
+    """A session's accepted client keys (``inputs``), intent and settlement record ids."""
     with open_store(spec, create=False).open_session(sid, write=False) as session:
         records = session.records()
+    kinds = {"tool_started": "intents", "tool_finished": "settlements"}
+    snap: dict[str, set[str]] = {"inputs": set(), "intents": set(), "settlements": set()}
     for rec in records:
         if rec.get("clientKey"):
-            snap.inputs.add(str(rec["clientKey"]))
-        if rec.get("type") == "tool_started":
-            snap.intents.add(str(rec["id"]))
-        elif rec.get("type") == "tool_finished":
-            snap.settlements.add(str(rec["id"]))
+            snap["inputs"].add(str(rec["clientKey"]))
+        if rec.get("type") in kinds:
+            snap[kinds[rec["type"]]].add(str(rec["id"]))
     return snap
 
 
-def snapshot_copy(backend: str, root: Path, sid: str) -> Snapshot:
+def snapshot_copy(backend: str, root: Path, sid: str) -> dict[str, set[str]]:
     """Read the session ``sid`` of the matrix store under ``root`` from a copy of its files, so
     that reading changes nothing (a SQLite connection may checkpoint when it closes)."""
     with tempfile.TemporaryDirectory(prefix="dh-precut-") as tmp:
@@ -197,14 +188,11 @@ class PowerCut:
         else:
             self.cuts = cut_sqlite(self.root / "store.db", self.trace_dir)
         after = snapshot_copy(backend, self.root, sid)
-        lost = {
-            "intents": sorted(before.intents - after.intents),
-            "settlements": sorted(before.settlements - after.settlements),
-        }
+        lost = {k: sorted(before[k] - after[k]) for k in ("intents", "settlements")}
         # an accepted input is one the client was acknowledged; one the store had written but
         # not yet acknowledged is lost like any unsynced write (the client re-sends it)
-        lost["inputs"] = sorted(self.acked - after.inputs)
-        lost["unacknowledged"] = sorted((before.inputs - self.acked) - after.inputs)
+        lost["inputs"] = sorted(self.acked - after["inputs"])
+        lost["unacknowledged"] = sorted((before["inputs"] - self.acked) - after["inputs"])
         self.lost = {k: lost[k] for k in LOSS_KINDS if lost[k]}
 
     def failures(self) -> list[str]:

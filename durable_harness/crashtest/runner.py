@@ -88,21 +88,18 @@ class Baseline:
 
 
 PG_ENV = "DURABLE_HARNESS_CRASHTEST_PG"
-"""The PostgreSQL URL the ``postgres`` backend's cells use (each cell in a schema of its own);
-``crash-test --backend postgres`` starts a throw-away cluster and sets it when unset."""
+"""The PostgreSQL URL the ``postgres`` backend's cells use (``crash-test`` sets it when unset)."""
 
 
 def store_spec(backend: str, root: Path) -> str:
-    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``, ``sqlite``
-    or ``postgres``)."""
+    """The store spec of a cell run in folder ``root`` on ``backend``."""
     if backend == "postgres":
         return _postgres_spec(root)
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
 
 
 def _postgres_spec(root: Path) -> str:
-    """The spec of the cell in folder ``root``: the run's database, a schema named after the
-    folder (created here, once)."""
+    """The run's database, in a schema named after the cell's folder (created once)."""
     import hashlib
 
     import psycopg
@@ -120,8 +117,7 @@ def _postgres_spec(root: Path) -> str:
 
 
 def _drop_store(root: Path) -> None:
-    """After a ``postgres`` cell in ``root``: close this process's pool on its schema and drop
-    the schema (a cell leaves nothing behind in the database)."""
+    """After a ``postgres`` cell in ``root``: close this process's pool and drop its schema."""
     marker = root / ".pg-schema"
     base = os.environ.get(PG_ENV)
     if not base or not marker.exists():
@@ -171,8 +167,7 @@ def _env(**extra: str) -> dict[str, str]:
 def baseline(
     sc: Scenario, backend: str, broken: bool = False, durability: str | None = None
 ) -> Baseline:
-    """Run the scenario crash-free (in ``durability``, when given), tracing every crash point
-    it reaches."""
+    """Run the scenario crash-free (in ``durability``), tracing every crash point it reaches."""
     root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
     tools = scenario_tools(sc)
     scenario_provider(sc)  # a bad import path fails here, by name, not in the child
@@ -195,8 +190,7 @@ def baseline(
 def cells_for(
     sc: Scenario, base: Baseline, backend: str, durability: str | None = None
 ) -> list[Cell]:
-    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)
-    (power-cut cells of ``durability`` when given)."""
+    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)."""
     return [
         Cell(sc.name, backend, point, n, durability=durability)
         for point, count in sorted(base.hits.items())
@@ -242,8 +236,7 @@ def run_cell(
     """
     start = time.monotonic()
     keep = root is not None
-    if root is None:
-        root = Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
+    root = root or Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
     extra = ["--broken-intent-order"] if broken else []
     cut = powercut.PowerCut(cell.durability, root) if cell.durability else None
     try:
@@ -336,8 +329,7 @@ async def _resume(
     cwd: str,
     policy: Policy = "ask",
 ) -> tuple[dict[str, str], RecoveryPlan]:
-    """Plan with the decisions, then resume by exactly that plan; returns the outcomes and
-    the plan (what the audit compares the log with)."""
+    """Plan with the decisions, then resume by exactly that plan; returns outcomes and plan."""
     rec = await plan_recovery(session.store, tools, policy=policy, decisions=decisions, cwd=cwd)
     results = await resume_session(
         session,

@@ -44,11 +44,9 @@ class ThinkingLevelChangeEntry(EntryBase):
 
 
 class CompactionEntry(EntryBase):
-    """Everything on the path before ``firstKeptEntryId`` is replaced by ``summary`` in context.
-
-    ``tokensBefore`` is the context size (tokens) that was compacted. ``settings`` (optional,
-    ours) snapshots ``{model, thinkingLevel}`` so a context walk can stop at the cut.
-    """
+    """Everything on the path before ``firstKeptEntryId`` is replaced by ``summary`` in context;
+    ``tokensBefore``: the context size compacted (tokens); ``settings`` (optional, ours)
+    snapshots ``{model, thinkingLevel}`` so a context walk can stop at the cut."""
 
     summary: str
     firstKeptEntryId: str | None = None
@@ -103,9 +101,8 @@ _message_adapter: TypeAdapter[Any] = TypeAdapter(Message)
 
 
 def validate_entry(data: dict[str, Any]) -> dict[str, Any]:
-    """Check an entry dict against its type's model and return it unchanged.
-
-    Unknown ``type`` values only need ``id`` (str) and ``parentId`` (str or None).
+    """Check an entry dict against its type's model (an unknown ``type`` needs only ``id`` and
+    ``parentId``) and return it unchanged.
 
     Raises:
         FormatError: the dict does not match its entry type (message names the entry id).

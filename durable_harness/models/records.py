@@ -1,5 +1,5 @@
 """The operation-log record vocabulary, declared once: one :class:`~typing.TypedDict` per record
-type, each field's meaning under it (:func:`field_docs`). The record constructor, the shape
+type, each field's meaning in the string literal under it. The record constructor, the shape
 check (:func:`record_fields_error`) and the table in ``design/api.md`` "The record vocabulary"
 derive from them. Every field is optional at read time (``total=False``); an undeclared
 ``type`` passes with its :class:`RecordEnvelope` alone.
@@ -7,10 +7,7 @@ derive from them. Every field is optional at read time (``total=False``); an und
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import itertools
 from typing import Any, Literal, Required, get_args, get_type_hints
 
 from typing_extensions import TypedDict, is_typeddict
@@ -39,11 +36,9 @@ class _Envelope(TypedDict, total=False):
     runId: str | None
     """The run the record belongs to: a UUIDv7 string; absent for records outside a run."""
     seq: int
-    """Position in the session: an integer that strictly rises across entries, records and
-    lane ops of one session; assigned by storage at commit, never by the writer."""
+    """Position in the session, strictly rising across all its ops; assigned by storage."""
     timestamp: str
-    """When the record was built: UTC ISO 8601 with milliseconds and ``Z``
-    (``2026-01-31T12:00:00.000Z``)."""
+    """When the record was built: UTC ISO 8601 with milliseconds (``2026-01-31T12:00:00.000Z``)."""
 
 
 class RecordEnvelope(_Envelope, total=False):
@@ -87,8 +82,7 @@ class RunStarted(_Envelope, total=False):
     providerSpec: str | None
     """The provider spec (``PROVIDER:MODEL``) ``resume`` rebuilds the provider from, if known."""
     limits: dict[str, Any]
-    """The run's bounds: ``{"attemptCap", "maxTurns", "maxToolCalls"}``, positive integers
-    (counts); a resumed run keeps them."""
+    """The run's bounds (counts): ``{"attemptCap", "maxTurns", "maxToolCalls"}``; kept on resume."""
     clientKey: str
     """The caller's idempotency key for this input (``Harness.accepted``)."""
 
@@ -112,8 +106,7 @@ class ProviderRequestFinished(_Attempt, total=False):
     responseEntryId: str
     """For summaries: the provisioned id (equal to ``entryId``)."""
     usage: dict[str, Any] | None
-    """Token usage and cost as the provider reported it (pi ``usage`` object: token counts,
-    ``cost`` in US dollars), or null."""
+    """The provider's pi ``usage`` object (token counts, ``cost`` in US dollars), or null."""
     stopReason: str | None
     """Why the model stopped (``stop``, ``toolUse``, ``length``, ``error``...)."""
     renamedToolCallIds: list[dict[str, Any]]
@@ -181,8 +174,7 @@ class ToolProcess(_Call, total=False):
     pgid: int
     """Process group id."""
     startTime: int | None
-    """The group leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22),
-    so a recycled pgid is never killed."""
+    """The leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
     host: str
     """The machine the group runs on (``socket.gethostname()``): only a host on that machine
     can signal it; elsewhere it is reported, never killed (``design/recovery.md``)."""
@@ -271,8 +263,7 @@ class Decision(_Call, total=False):
     result: str | None
     """The result text for ``decision: "result"``."""
     force: bool
-    """On a forced ``retry`` (``retry!``): the operator retried a call whose process group
-    was recorded on another machine and may still run there."""
+    """On a forced ``retry`` (``retry!``) of a call whose group may still run elsewhere."""
 
 
 class RunFinished(_Envelope, total=False):
@@ -334,15 +325,6 @@ RECORD_TYPES: tuple[str, ...] = tuple(DECLARATIONS)
 ENVELOPE_FIELDS: frozenset[str] = frozenset(get_type_hints(RecordEnvelope))
 
 
-def fields_of(rtype: str) -> frozenset[str]:
-    """The field names a record of type ``rtype`` may carry, envelope included.
-
-    Raises:
-        KeyError: ``rtype`` is not declared.
-    """
-    return ENVELOPE_FIELDS | frozenset(get_type_hints(DECLARATIONS[rtype]))
-
-
 @functools.cache
 def _validator(rtype: str) -> Any:
     """The compiled pydantic-core validator of a declaration, built on first use (pydantic is
@@ -368,40 +350,3 @@ def record_fields_error(rec: dict[str, Any]) -> str | None:
         where = ".".join(str(p) for p in err["loc"]) or "record"
         return f"{rtype} record: {where}: {err['msg']}"
     return None
-
-
-def _lineage(td: type) -> list[type]:
-    """``td`` after its TypedDict bases, the envelope first."""
-    bases = getattr(td, "__orig_bases__", ())
-    return [*(b for base in bases if isinstance(base, type) for b in _lineage(base)), td]
-
-
-def field_docs(td: type) -> dict[str, str]:
-    """``{field: docstring}`` of a declaration, read from the string literal under each field
-    in its source and its bases', the envelope's first (``type`` included)."""
-    docs: dict[str, str] = {}
-    for cls in dict.fromkeys([RecordEnvelope, *_lineage(td)]):
-        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
-        node = tree.body[0]
-        body = node.body if isinstance(node, ast.ClassDef) else []
-        for field, nxt in itertools.pairwise(body):
-            if (
-                isinstance(field, ast.AnnAssign)
-                and isinstance(field.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[field.target.id] = inspect.cleandoc(nxt.value.value)
-    return docs
-
-
-def vocabulary_table() -> str:
-    """The record vocabulary as a Markdown table (type, what it records, its own fields), the
-    table ``design/api.md`` carries (a test keeps them equal)."""
-    rows = ["| type | records | fields (besides the envelope) |", "|---|---|---|"]
-    for rtype, td in DECLARATIONS.items():
-        summary = inspect.cleandoc(td.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-        own = [f"`{f}`" for f in field_docs(td) if f not in ENVELOPE_FIELDS]
-        rows.append(f"| `{rtype}` | {summary} | {', '.join(own) or '-'} |")
-    return "\n".join(rows) + "\n"

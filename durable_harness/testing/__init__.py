@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from durable_harness.testing.plugin import crash_matrix
     from durable_harness.tools.base import Tool, ToolContext, ToolResult
 
-#: Where each name is defined. They load on first use (PEP 562): the pytest plugin, loaded in
-#: every pytest process, imports this package, and the crash runner must not load with it.
+#: Where each name is defined; they load on first use, so the plugin loads no crash runner.
 _MODULES = {
     "durable_harness.crashtest.runner": ("Cell", "Decide", "default_decision"),
     "durable_harness.crashtest.scenario": ("Scenario",),

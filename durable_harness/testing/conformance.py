@@ -32,8 +32,8 @@ from durable_harness.storage import (
 
 
 class ConformanceError(AssertionError):
-    """A backend broke the storage contract; the message names the check and what differed.
-    An ``AssertionError``, so test runners report it as a failure, not an error."""
+    """A backend broke the storage contract (an ``AssertionError``: a test failure, not an
+    error); the message names the check and what differed."""
 
 
 StoreFactory = Callable[[], Store]
