@@ -14,10 +14,10 @@ command line; the record vocabulary's shape check is registered with storage at 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import durable_harness.harness.records  # noqa: F401  (registers the record shape check)
+from durable_harness.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -67,14 +67,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name on first use (PEP 562)."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'durable_harness' has no attribute {name!r}")
-    value = getattr(import_module(source), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _SOURCES, globals())
 
 
 def __dir__() -> list[str]:

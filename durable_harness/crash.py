@@ -1,10 +1,6 @@
-"""Named crash points: ``DURABLE_HARNESS_CRASH_AT=<point>[:<n>]`` SIGKILLs the process.
-
-The variable is read once, at import. :func:`crash_point` is called at exactly the commit
-boundaries that ``design/run-loop.md`` and ``design/recovery.md`` name; at the n-th hit
-(default 1) of the configured point the process sends itself SIGKILL: no ``finally`` block,
-no atexit handler and no buffered write runs, as in a power cut of the process.
-"""
+"""Named crash points: ``DURABLE_HARNESS_CRASH_AT=<point>[:<n>]`` (read once, at import)
+SIGKILLs the process at the n-th hit of that :func:`crash_point`, at the commit boundaries
+``design/run-loop.md`` and ``design/recovery.md`` name (``design/crash-matrix.md``)."""
 
 from __future__ import annotations
 
@@ -33,28 +29,24 @@ ENV_VAR = "DURABLE_HARNESS_CRASH_AT"
 TRACE_VAR = "DURABLE_HARNESS_CRASH_TRACE"
 
 
-def _parse(value: str | None) -> tuple[str, int] | None:
-    if not value:
-        return None
-    name, _, count = value.partition(":")
-    return name, int(count) if count else 1
-
-
 def _from_env() -> tuple[str, int] | None:
     """The target named by the environment; a malformed one is reported and ignored (a typo in
     a test setting must not break every command)."""
     value = os.environ.get(ENV_VAR)
-    try:
-        target = _parse(value)
-    except ValueError:
-        target = None
-    if value and (target is None or target[0] not in CRASH_POINTS or target[1] < 1):
-        sys.stderr.write(
-            f"durable-harness: ignoring {ENV_VAR}={value!r}: expected POINT[:N] "
-            "with a point from `durable-harness crash-points`\n"
-        )
+    if not value:
         return None
-    return target
+    name, _, count = value.partition(":")
+    try:
+        hit = int(count) if count else 1
+    except ValueError:
+        hit = 0
+    if name in CRASH_POINTS and hit >= 1:
+        return name, hit
+    sys.stderr.write(
+        f"durable-harness: ignoring {ENV_VAR}={value!r}: expected POINT[:N] "
+        "with a point from `durable-harness crash-points`\n"
+    )
+    return None
 
 
 _target = _from_env()
@@ -62,26 +54,9 @@ _trace = os.environ.get(TRACE_VAR)
 _hits: dict[str, int] = {}
 
 
-def configure(value: str | None) -> None:
-    """Set the crash target in-process (``None`` disables); mainly for subprocess entry points.
-
-    Raises:
-        ValueError: the point is not in :data:`CRASH_POINTS` or the count is not a positive int.
-    """
-    global _target
-    parsed = _parse(value)
-    if parsed is not None and (parsed[0] not in CRASH_POINTS or parsed[1] < 1):
-        raise ValueError(f"unknown crash point {value!r}; see `durable-harness crash-points`")
-    _target = parsed
-    _hits.clear()
-
-
 def crash_point(name: str) -> None:
-    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit.
-
-    With ``DURABLE_HARNESS_CRASH_TRACE=FILE`` every hit is also appended to FILE (one name a
-    line), which is how the crash matrix learns which points a scenario reaches.
-    """
+    """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit; with
+    ``DURABLE_HARNESS_CRASH_TRACE=FILE`` also append ``name`` to FILE (one a line)."""
     if _trace:
         fd = os.open(_trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -93,8 +68,3 @@ def crash_point(name: str) -> None:
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == _target[1]:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def hits() -> dict[str, int]:
-    """Return how many times each point was hit in this process (only the configured one)."""
-    return dict(_hits)

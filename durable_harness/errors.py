@@ -1,64 +1,16 @@
-"""Typed errors of durable-harness, each with a stable ``code``.
-
-The tree::
-
-    DurableHarnessError                 code
-    ├── StorageError                    storage
-    │   ├── StorageIOError              storage (an OS or database error: path, errno, cause)
-    │   ├── DatabaseLocked              database_locked
-    │   ├── StoreNotFound               store_not_found
-    │   ├── SessionNotFound             session_not_found
-    │   ├── AmbiguousSessionPrefix      ambiguous_session_prefix
-    │   ├── SessionUnreadable           session_unreadable
-    │   ├── SessionExists               session_exists
-    │   ├── LeaseHeld                   lease_held
-    │   ├── StaleGeneration             stale_generation
-    │   ├── ReadOnlySession             read_only
-    │   ├── SessionClosed               session_closed
-    │   ├── CorruptSession              corrupt_session
-    │   ├── IdConflict                  id_conflict
-    │   ├── UnknownEntry                unknown_entry
-    │   ├── NotASession                 not_a_session
-    │   ├── NotAStore                   not_a_store
-    │   └── UnknownLane                 unknown_lane
-    ├── FormatError                     format_error
-    ├── RunError                        run_error
-    │   ├── RunInProgress               run_in_progress
-    │   ├── NoOpenRun                   no_open_run
-    │   ├── LaneSuspended               lane_suspended
-    │   ├── AttemptCapReached           attempt_cap_reached
-    │   └── ToolProcessRunning          tool_process_running
-    ├── ProviderError                   provider_error
-    │   └── MissingCredential           missing_credential
-    ├── ToolError                       tool_error
-    │   └── PathEscape                  path_escape
-    ├── RecoveryError                   recovery_error
-    │   ├── DecisionRequired            decision_required
-    │   ├── AlreadyDecided              already_decided
-    │   └── ToolProcessElsewhere        tool_process_elsewhere
-    └── HostError                       host_error
-        ├── InvalidRequest              invalid_request
-        ├── MessageTooLarge             message_too_large
-        ├── IllegalTransition           illegal_transition
-        ├── SessionLive                 session_live
-        ├── SessionNotLive              session_not_live
-        ├── IdempotencyKeyReused        idempotency_key_reused
-        └── Unauthorized                unauthorized
-
-Messages name the file, session or id involved and never carry a credential: the provider
-modules pass only status codes and the server's error text through :func:`redact`.
-
-Operating-system and database errors (``OSError``, ``sqlite3.Error``) cross one boundary in
-:mod:`durable_harness.storage.oserrors` and come out as :class:`StorageIOError`,
-:class:`DatabaseLocked` or :class:`CorruptSession`, naming the path and the cause. A front
-(the CLI) reduces an exception group from a task group to its root cause with
-:func:`root_cause` (see ``design/cli.md``).
+"""Typed errors of durable-harness, each with a stable ``code``: the class name in snake_case
+(``SessionNotFound`` is ``session_not_found``) unless the class sets its own. The tree and
+its codes: ``design/api.md`` "Errors". Provider messages pass through :func:`redact`; OS and
+database errors become storage errors in :mod:`durable_harness.storage.oserrors`
+(``design/cli.md``).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from durable_harness.models import snake_case
 
 
 class DurableHarnessError(Exception):
@@ -70,6 +22,11 @@ class DurableHarnessError(Exception):
     """
 
     code = "error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            cls.code = snake_case(cls.__name__)
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -108,25 +65,17 @@ class DatabaseLocked(StorageError):
     """Another connection held a SQLite database's lock for longer than the busy timeout
     (``details``: ``path``, ``timeout_s``)."""
 
-    code = "database_locked"
-
 
 class StoreNotFound(StorageError):
     """A command that only reads named a store that does not exist (nothing is created)."""
-
-    code = "store_not_found"
 
 
 class SessionNotFound(StorageError):
     """No session has this id, id prefix or path."""
 
-    code = "session_not_found"
-
 
 class AmbiguousSessionPrefix(StorageError):
     """A session id prefix matches more than one session; ``details['candidates']`` lists them."""
-
-    code = "ambiguous_session_prefix"
 
     def to_remote_json(self) -> dict[str, Any]:
         """The prefix and how many sessions it matches, without their ids: a caller who
@@ -146,25 +95,17 @@ class SessionUnreadable(StorageIOError):
     (permissions, an I/O error, a directory where a file should be). ``details`` has ``path``
     and ``errno`` (the symbolic name, e.g. ``EACCES``)."""
 
-    code = "session_unreadable"
-
 
 class SessionExists(StorageError):
     """A session file or row with this id already exists; it is never overwritten."""
-
-    code = "session_exists"
 
 
 class LeaseHeld(StorageError):
     """Another live process holds the session's writer lease (``details['holder_pid']``)."""
 
-    code = "lease_held"
-
 
 class StaleGeneration(StorageError):
     """This writer's lease generation was superseded; its append was refused."""
-
-    code = "stale_generation"
 
 
 class ReadOnlySession(StorageError):
@@ -176,57 +117,39 @@ class ReadOnlySession(StorageError):
 class SessionClosed(StorageError):
     """A write was attempted on a session store after its ``close()``."""
 
-    code = "session_closed"
-
 
 class CorruptSession(StorageError):
     """Stored state that a single writer cannot produce (reported, never repaired silently)."""
 
-    code = "corrupt_session"
-
 
 class InvalidOp(StorageError):
     """A commit op with a field of the wrong type: stored, it would read back as damage."""
-
-    code = "invalid_op"
 
 
 class NotASession(StorageError):
     """A file given as a session is not one: neither a durable-harness session file (its first
     line a session header or a commit line) nor a pi session file."""
 
-    code = "not_a_session"
-
 
 class NotAStore(StorageError):
     """A folder or database given as a store is not one: no ``sessions/`` folder and no session
     file below it, or a SQLite database without the ``sessions`` table."""
 
-    code = "not_a_store"
-
 
 class IdConflict(CorruptSession):
     """A provisioned id already holds different content."""
-
-    code = "id_conflict"
 
 
 class UnknownEntry(StorageError):
     """No entry with this id exists in the session."""
 
-    code = "unknown_entry"
-
 
 class UnknownLane(StorageError):
     """A session has no lane of this name; ``details['lanes']`` lists the lanes it has."""
 
-    code = "unknown_lane"
-
 
 class FormatError(DurableHarnessError):
     """Input that does not follow a documented format (scripted provider file, pi file...)."""
-
-    code = "format_error"
 
 
 class ImportSpecError(FormatError):
@@ -239,45 +162,30 @@ class ImportSpecError(FormatError):
 class RunError(DurableHarnessError):
     """A run-loop operation was refused."""
 
-    code = "run_error"
-
 
 class RunInProgress(RunError):
     """A run is already open on this lane (at most one per lane)."""
-
-    code = "run_in_progress"
 
 
 class NoOpenRun(RunError):
     """The operation needs an open run on the lane and there is none."""
 
-    code = "no_open_run"
-
 
 class LaneSuspended(RunError):
     """The lane is suspended (crash or awaiting a decision); recover or resume it first."""
-
-    code = "lane_suspended"
 
 
 class AttemptCapReached(RunError):
     """A provider request hit the durable attempt cap (attempts counted across restarts)."""
 
-    code = "attempt_cap_reached"
-
 
 class ToolProcessRunning(RunError):
-    """A process group recorded for an unsettled tool call is still running (``details``:
-    ``session_id``, ``pgids``): the session cannot be forgotten, or the call settled, while the
-    call's effect may still land (``design/recovery.md``, "Process groups left running")."""
-
-    code = "tool_process_running"
+    """A process group recorded for an unsettled tool call is still running, so its effect may
+    still land (``details``: ``session_id``, ``pgids``; ``design/recovery.md``)."""
 
 
 class ProviderError(DurableHarnessError):
     """A provider request failed; ``retryable`` says whether a retry may succeed."""
-
-    code = "provider_error"
 
     def __init__(
         self, message: str, *, retryable: bool = False, status: int | None = None, **details: Any
@@ -291,8 +199,6 @@ class MissingCredential(ProviderError):
     """A provider needs an API key and its environment variable (``details['env']``) is unset
     or empty. Raised before anything is written."""
 
-    code = "missing_credential"
-
     def __init__(self, message: str, *, env: str, **details: Any) -> None:
         super().__init__(message, retryable=False, env=env, **details)
 
@@ -300,120 +206,71 @@ class MissingCredential(ProviderError):
 class ToolError(DurableHarnessError):
     """A tool was misused (bad arguments, unknown tool)."""
 
-    code = "tool_error"
-
 
 class PathEscape(ToolError):
     """A tool path resolves outside the session's working directory."""
-
-    code = "path_escape"
 
 
 class RecoveryError(DurableHarnessError):
     """Recovery could not proceed."""
 
-    code = "recovery_error"
-
-
-class DecisionRequired(RecoveryError):
-    """An in-doubt tool call needs a decision (``retry``, ``fail`` or a result) to continue."""
-
-    code = "decision_required"
-
 
 class AlreadyDecided(RecoveryError):
-    """A decision was given for a call attempt that already has one on record: a decision,
-    once durable, is never replaced (``design/recovery.md``, "Attempts"). Nothing was written.
-
-    ``details``: ``session_id``, ``tool_call_id``, ``call_key``, ``lane``, ``run_id``,
-    ``attempt`` (the intent the decision on record decides), ``on_record`` (``{"decision",
-    "result"?, "seq"}``) and ``given`` (the refused decision). A retried call that is in doubt
-    again is a new attempt and takes a new decision.
-    """
-
-    code = "already_decided"
+    """A decision was given for a call attempt that already has one on record; it is never
+    replaced (``design/recovery.md``, "Attempts"). Nothing was written. ``details``:
+    ``session_id``, ``tool_call_id``, ``call_key``, ``lane``, ``run_id``, ``attempt``,
+    ``on_record`` (``{"decision", "result"?, "seq"}``) and ``given`` (the refused decision)."""
 
 
 class ToolProcessElsewhere(RecoveryError):
-    """A ``retry`` of a call whose recorded process group was started on another machine
-    (``details``: ``session_id``, ``tool_call_id``, ``host``, ``pid``): it may still run there,
-    and nothing here can tell or kill it. Kill it there (or learn it is dead), then retry, or
-    force the retry (``retry!``, ``design/recovery.md``, "Process groups left running")."""
-
-    code = "tool_process_elsewhere"
+    """A ``retry`` of a call whose recorded process group was started on another machine, where
+    it may still run (``details``: ``session_id``, ``tool_call_id``, ``host``, ``pid``); kill it
+    there, or force it (``retry!``, ``design/recovery.md``, "Process groups left running")."""
 
 
 class HostError(DurableHarnessError):
     """The host (``durable_harness.host``, ``design/host.md``) refused a lifecycle request."""
-
-    code = "host_error"
 
 
 class InvalidRequest(HostError):
     """A request's input is malformed: an empty message, a working directory that is not a
     directory, a malformed session id, an unknown mode. Nothing was changed."""
 
-    code = "invalid_request"
-
 
 class CwdNotAllowed(HostError):
-    """A session's working directory is outside every tree the host confines sessions to
-    (``HostOptions.roots``, ``serve --root``; real paths compared). ``details``: ``cwd``,
-    ``real`` (its real path), ``roots``. Nothing was created."""
-
-    code = "cwd_not_allowed"
+    """A session's working directory (real path) is outside every ``HostOptions.roots`` tree
+    (``details``: ``cwd``, ``real``, ``roots``). Nothing was created."""
 
 
 class MessageTooLarge(HostError):
     """A message is over the host's limit (``details['limit']`` bytes). Nothing was changed."""
-
-    code = "message_too_large"
 
 
 class IllegalTransition(HostError):
     """A session's lifecycle state cannot move as asked (``details['from']``, ``['to']``):
     the one table of legal moves is ``durable_harness.host.lifecycle.TRANSITIONS``."""
 
-    code = "illegal_transition"
-
 
 class SessionLive(HostError):
     """The session has a live runtime generation (here, or in another process holding its
     writer lease), so it cannot be resumed again or forgotten; close it first."""
-
-    code = "session_live"
 
 
 class SessionNotLive(HostError):
     """The session has no live runtime generation (it is closed, suspended or in error), so it
     cannot take input; resume it first."""
 
-    code = "session_not_live"
-
 
 class IdempotencyKeyReused(HostError):
-    """An ``Idempotency-Key`` seen before came with a different request (another working
-    directory, mode, message...): refused rather than answered with the first request's
-    result (``details``: ``key``, ``fields`` that differ; ``design/http.md``)."""
-
-    code = "idempotency_key_reused"
-
-
-class Unauthorized(HostError):
-    """The request carried no bearer token, or the wrong one."""
-
-    code = "unauthorized"
+    """An ``Idempotency-Key`` seen before came with a different request (``details``: ``key``,
+    ``fields`` that differ; ``design/http.md``)."""
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """Reduce an exception group (a task group's wrapper) to the exception that caused it.
-
-    Groups nest; of their leaves, the first :class:`DurableHarnessError` wins, then the first
-    ``OSError`` or ``sqlite3.Error``, then the first other ``Exception`` (a cancellation never
-    wins over an error), then the first leaf. Any other exception is returned as is. Used by
-    every front, so that a storage error raised inside the harness's task group prints as
-    itself rather than as "unhandled errors in a TaskGroup".
-    """
+    """Reduce an exception group (a task group's wrapper, nested or not) to the exception that
+    caused it: of its leaves, the first :class:`DurableHarnessError`, else the first ``OSError``
+    or ``sqlite3.Error``, else the first other ``Exception``, else the first leaf. Any other
+    exception is returned as is."""
     if not isinstance(exc, BaseExceptionGroup):
         return exc
     leaves: list[BaseException] = []
@@ -445,10 +302,8 @@ def redact(text: str) -> str:
 
 def encodable(value: Any) -> Any:
     """``value`` (an error body: strings, lists, dicts, scalars) with every string made
-    encodable as UTF-8: a character that is not (a lone surrogate such as ``\\ud800``, which
-    JSON text may carry) is replaced by its ``\\uXXXX`` escape. Every front renders errors
-    through this, so rendering an error that quotes hostile input never fails itself
-    (``design/http.md``, "Errors")."""
+    encodable as UTF-8: a lone surrogate such as ``\\ud800`` becomes its ``\\uXXXX`` escape, so
+    rendering an error that quotes hostile input never fails (``design/http.md``, "Errors")."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")

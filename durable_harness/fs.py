@@ -1,16 +1,7 @@
 """File-system helpers shared by every layer (the file tools, the JSONL store): one place for each
-rule.
-
-* :func:`resolve_path`: a tool path must stay inside the session's working directory.
-* :func:`fsync_dir`: make a created or renamed name durable (POSIX: the directory entry is
-  durable only once the directory itself is ``fsync``ed).
-* :func:`write_all`, :func:`atomic_write`, :func:`append_durably`: write bytes so that a crash
-  leaves either the old or the new content (replace), or a durable tail (append).
-* :func:`make_parents`: create missing parent directories durably.
-* :func:`read_bytes_or_none`: a file's bytes, or ``None`` when it cannot be read.
-
-Blocking functions: callers on an event loop run them in a worker thread. This module imports
-only the standard library and :mod:`durable_harness.errors`, so any layer may use it.
+rule (a path stays inside the working directory; a write a crash leaves whole). Blocking:
+callers on an event loop run them in a worker thread. Imports only the standard library and
+:mod:`durable_harness.errors`, so any layer may use it.
 """
 
 from __future__ import annotations
@@ -36,9 +27,8 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def resolve_path(cwd: Path, path: str) -> Path:
-    """Resolve ``path`` (relative to ``cwd`` or absolute) and require it to stay inside ``cwd``.
-
-    Symlinks are resolved first, so a link pointing outside is refused too.
+    """Resolve ``path`` (relative to ``cwd`` or absolute, symlinks followed) and require it to
+    stay inside ``cwd``.
 
     Raises:
         PathEscape: the resolved path is outside ``cwd`` (``details["path"]`` is ``path``).
@@ -53,7 +43,8 @@ def resolve_path(cwd: Path, path: str) -> Path:
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """``fsync`` ``directory`` so a name created, renamed or removed inside it is durable.
+    """``fsync`` ``directory`` so a name created, renamed or removed inside it is durable
+    (POSIX: a directory entry is durable only once its directory is synced).
 
     Raises:
         NotADirectoryError: ``directory`` is not a directory.
@@ -101,9 +92,8 @@ def make_parents(target: Path) -> None:
 def atomic_write(target: Path, data: bytes) -> None:
     """Replace ``target`` with ``data`` (bytes) so a crash leaves either old or new content.
 
-    Writes a temporary file next to ``target``, ``fsync``s it, ``os.replace``s it over the
-    target and ``fsync``s the directory. Missing parent directories are created. An existing
-    target keeps its permission bits; a new one gets the default mode (``0o666`` minus umask).
+    A synced temporary file is renamed over it and the directory synced; missing parents are
+    created; an existing target keeps its permission bits.
 
     Raises:
         IsADirectoryError: ``target`` is a directory.

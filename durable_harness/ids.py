@@ -1,19 +1,26 @@
-"""Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records.
-
-UUIDv7 layout is RFC 9562 section 5.7: 48 bits of Unix time in milliseconds, version 7,
-then random bits, so ids sort by creation time.
-"""
+"""Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records, and
+the one pattern a session id follows (:data:`SESSION_ID_PATTERN`)."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import time
 import uuid
 
+SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
+"""What a session id looks like (no path separator, no leading dot, no control character): the
+ids :func:`uuid7` mints, the JSONL store accepts, the host checks and the HTTP API's paths show,
+so any session the library makes is reachable through them."""
+
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
+""":data:`SESSION_ID_PATTERN` compiled (use ``fullmatch``)."""
+
 
 def uuid7() -> str:
-    """Return a new UUIDv7 string (RFC 9562), e.g. ``0193a1b2-...``."""
+    """Return a new UUIDv7 string (RFC 9562 section 5.7: 48 bits of Unix milliseconds, version
+    7, random bits; ids sort by creation time), e.g. ``0193a1b2-...``."""
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
     value = (ms & ((1 << 48) - 1)) << 80
@@ -25,12 +32,9 @@ def uuid7() -> str:
 
 
 def new_id() -> str:
-    """Return a random 64-bit entry or record id as 16 lowercase hex characters.
-
-    The bits come from :mod:`random`'s shared generator, which is seeded from ``os.urandom``
-    at import and reseeded in a forked child: ids must be unique, not secret, and this costs
-    no system call per id (a turn provisions about ten).
-    """
+    """Return a random 64-bit entry or record id as 16 lowercase hex characters, from
+    :mod:`random` (seeded from ``os.urandom``, reseeded in a fork): unique, not secret, and no
+    system call per id."""
     return f"{random.getrandbits(64):016x}"
 
 
@@ -38,10 +42,8 @@ _second: tuple[int, str] = (-1, "")  # the last whole second formatted by now_is
 
 
 def now_iso() -> str:
-    """Return the current UTC time as ISO 8601 with milliseconds and ``Z`` (pi's format).
-
-    The ``%Y-%m-%dT%H:%M:%S`` part is formatted once per second and reused.
-    """
+    """Return the current UTC time as ISO 8601 with milliseconds and ``Z`` (pi's format); the
+    seconds part is formatted once per second."""
     global _second
     seconds, millis = divmod(time.time_ns() // 1_000_000, 1000)
     cached = _second

@@ -11,48 +11,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from durable_harness.crashtest.invariants import INVARIANTS
 from durable_harness.crashtest.powercut import DURABILITIES, summary_markdown
 from durable_harness.crashtest.runner import Cell, run_matrix
 from durable_harness.crashtest.scenario import load_all
 from durable_harness.errors import FormatError
 
-INVARIANTS = {
-    "inputs": "every accepted prompt, steer, follow-up and next-run item is in the tree once "
-    "(or was cancelled by an abort)",
-    "effects": "no replay-never tool took effect twice (tags in effects.log, and the counts "
-    "of a tool's own count_effects check), unless an explicit retry decision re-ran it",
-    "damage": "the session opens with no damage other than a quarantined torn tail",
-    "results": "every stored tool call has exactly one stored result",
-    "settled": "no lane is left with an open run",
-    "conversation": "the final conversation equals the crash-free run's, except where a "
-    "decision or a tool's reconcile established a call's result",
-}
-
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     """Add the crash-test options."""
-    p.add_argument(
-        "--scenario",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="only this scenario (repeatable; default: all)",
-    )
-    p.add_argument(
+
+    def repeatable(flag: str, help: str, **kw: Any) -> None:
+        p.add_argument(flag, action="append", default=[], help=help, **kw)
+
+    repeatable("--scenario", "only this scenario (repeatable; default: all)", metavar="NAME")
+    repeatable(
         "--backend",
-        action="append",
-        choices=("jsonl", "sqlite", "postgres"),
-        default=[],
-        help="only this backend (repeatable; default: jsonl and sqlite; postgres starts a "
+        "only this backend (repeatable; default: jsonl and sqlite; postgres starts a "
         "throw-away PostgreSQL cluster unless $DURABLE_HARNESS_CRASHTEST_PG names a database)",
+        choices=("jsonl", "sqlite", "postgres"),
     )
-    p.add_argument(
+    repeatable(
         "--point",
-        action="append",
-        default=[],
-        metavar="POINT[:N]",
-        help="only cells at this crash point, or its n-th hit (repeatable; default: every point "
+        "only cells at this crash point, or its n-th hit (repeatable; default: every point "
         "a scenario reaches)",
+        metavar="POINT[:N]",
     )
     p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (.md or .json)")
@@ -68,12 +51,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="cut the store back to what was durable at each crash (a power cut, not only a "
         "process kill), once per durability mode",
     )
-    p.add_argument(
+    repeatable(
         "--durability",
-        action="append",
+        "with --power-cut: only this durability mode (repeatable; default: all three)",
         choices=DURABILITIES,
-        default=[],
-        help="with --power-cut: only this durability mode (repeatable; default: all three)",
     )
     p.add_argument(
         "--broken-intent-order",
@@ -181,8 +162,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _postgres_for(backends: list[str]) -> Iterator[None]:
-    """For a run with the ``postgres`` backend and no ``$DURABLE_HARNESS_CRASHTEST_PG``: a
-    throw-away cluster for the run (``testing/pgcluster.py`` ``TemporaryCluster``)."""
+    """A throw-away cluster for a ``postgres`` run without ``$DURABLE_HARNESS_CRASHTEST_PG``."""
     from durable_harness.crashtest.runner import PG_ENV
 
     if "postgres" not in backends or os.environ.get(PG_ENV):
@@ -254,16 +234,8 @@ def _run_cli(
     if args.report:
         path = Path(args.report)
         if path.suffix == ".json":
-            path.write_text(
-                json.dumps(
-                    {
-                        "summary": summary,
-                        "invariants": INVARIANTS,
-                        "cells": [vars(c) for c in cells],
-                    },
-                    indent=2,
-                )
-            )
+            report = {"summary": summary, "invariants": INVARIANTS, "cells": list(map(vars, cells))}
+            path.write_text(json.dumps(report, indent=2))
         else:
             path.write_text(markdown(cells, summary))
         print(f"report written to {path}")

@@ -2,12 +2,8 @@
 
 ``python -m durable_harness.crashtest.child SCENARIO STORE CWD SID_FILE [--continue]
 [--broken-intent-order]``. It writes the session id to SID_FILE as soon as the session exists.
-Each input carries ``client_key="step-<i>"``; with ``--continue`` (after a crash and a resume)
-it reopens the session and plays only the steps that were never accepted, as a client that lost
-its acknowledgements would. The scenario's ``tools`` and ``provider`` import paths are
-resolved from the folder the child starts in (the matrix starts it in the command's folder, and
-the child then changes into the working directory). ``--broken-intent-order`` swaps in a
-deliberately wrong tool path (effect before intent) so tests can prove the matrix catches it.
+Each input carries ``client_key="step-<i>"``; ``--continue`` plays only the steps never
+accepted (``design/crash-matrix.md``); ``--broken-intent-order``: :mod:`.broken`.
 """
 
 from __future__ import annotations
@@ -38,18 +34,20 @@ def options(sc: Scenario) -> HarnessOptions:
     return HarnessOptions(retry_initial=0.01, retry_max=0.05, provider_spec=None)
 
 
+def model_set(session: Session, step: dict[str, Any]) -> bool:
+    """True when the session holds the ``model_change`` a ``set_model`` step makes (its
+    acknowledgement may have been lost with the crash)."""
+    model = step.get("model")
+    return any(e.get("modelId") == model for e in session.store.iter_entries(("model_change",)))
+
+
 def _already(session: Session, harness: Harness, i: int, step: dict[str, Any]) -> bool:
     op, lane = step["op"], step.get("lane", "main")
     if f"step-{i}" in acked_keys():  # power cut: the client got its ack before the store lost it
         return True
     if op in ("prompt", "steer", "follow_up", "next_run", "set_model"):
-        return harness.accepted(f"step-{i}", lane) is not None or (
-            op == "set_model"
-            and any(
-                e.get("modelId") == step.get("model")
-                for e in session.store.iter_entries(("model_change",))
-            )
-        )
+        accepted = harness.accepted(f"step-{i}", lane) is not None
+        return accepted or (op == "set_model" and model_set(session, step))
     if op == "create_lane":
         return str(step["name"]) in session.store.lanes()
     if op == "navigate":

@@ -1,23 +1,7 @@
-"""Power cuts for the crash matrix (``crash-test --power-cut``): a SIGKILL keeps every byte the
-kernel accepted, so it cannot tell ``sync`` from ``batch`` from ``none``; a power cut keeps only
-what was durable. At the crash this module cuts the store back to what the store's own barriers
-made durable (recorded by :mod:`durable_harness.storage.barrier_trace` in the killed child),
-then recovery runs as after any crash.
-
-* JSONL: each session file is truncated to the data length its last completed ``fdatasync``
-  covered, and line 1's high-water mark is set back to the value that sync wrote.
-* SQLite: the WAL is cut back to the end of the last commit frame the store's last WAL fsync
-  covered (or to the frames a checkpoint already copied into the database, which SQLite synced
-  first); a WAL restarted since holds nothing durable; ``-shm`` is removed (it is rebuilt from
-  the WAL, as after a reboot).
-
-Per cell the losses are counted by comparing the store just before the cut with the store just
-after it: accepted inputs (records with a ``clientKey``), intents (``tool_started``) and
-settlements (``tool_finished``). The invariants (``design/crash-matrix.md``, "Power cuts"):
-``sync`` loses no accepted input; no mode runs a replay-never tool twice (the matrix's
-``effects`` check). The client keeps the acknowledgements it got before the cut: it re-sends
-only inputs the store had not accepted then (:data:`ACKED_ENV`).
-"""
+"""Power cuts for the crash matrix (``crash-test --power-cut``): at the crash the store is cut
+back to what its own barriers made durable (traced by :mod:`durable_harness.storage.barrier_trace`
+in the killed child), the losses are counted, then recovery runs as after any crash
+(``design/crash-matrix.md`` "Power cuts": what is cut, and what each mode may lose)."""
 
 from __future__ import annotations
 
@@ -65,11 +49,6 @@ def child_durability() -> Durability:
     return cast(Durability, mode)
 
 
-def mode_env(mode: str | None) -> dict[str, str]:
-    """Environment that runs the matrix child in durability ``mode`` (nothing for ``None``)."""
-    return {DURABILITY_ENV: mode} if mode else {}
-
-
 def record_ack(key: str) -> None:
     """Note that the client got the acknowledgement for ``key`` (when :data:`ACKS_ENV` is set)."""
     path = os.environ.get(ACKS_ENV)
@@ -83,32 +62,21 @@ def acked_keys() -> set[str]:
     return {k for k in os.environ.get(ACKED_ENV, "").split(",") if k}
 
 
-@dataclass
-class Snapshot:
-    """What a session holds at one moment: accepted client keys, intent and settlement ids."""
-
-    inputs: set[str] = field(default_factory=set)
-    intents: set[str] = field(default_factory=set)
-    settlements: set[str] = field(default_factory=set)
-
-
-def _snapshot(spec: str, sid: str) -> Snapshot:
-    snap = Snapshot()
-    session = open_store(spec, create=False).open_session(sid, write=False)
-    try:
-        for rec in session.records():
-            if rec.get("clientKey"):
-                snap.inputs.add(str(rec["clientKey"]))
-            if rec.get("type") == "tool_started":
-                snap.intents.add(str(rec["id"]))
-            elif rec.get("type") == "tool_finished":
-                snap.settlements.add(str(rec["id"]))
-    finally:
-        session.close()
+def _snapshot(spec: str, sid: str) -> dict[str, set[str]]:
+    """A session's accepted client keys (``inputs``), intent and settlement record ids."""
+    with open_store(spec, create=False).open_session(sid, write=False) as session:
+        records = session.records()
+    kinds = {"tool_started": "intents", "tool_finished": "settlements"}
+    snap: dict[str, set[str]] = {"inputs": set(), "intents": set(), "settlements": set()}
+    for rec in records:
+        if rec.get("clientKey"):
+            snap["inputs"].add(str(rec["clientKey"]))
+        if rec.get("type") in kinds:
+            snap[kinds[rec["type"]]].add(str(rec["id"]))
     return snap
 
 
-def snapshot_copy(backend: str, root: Path, sid: str) -> Snapshot:
+def snapshot_copy(backend: str, root: Path, sid: str) -> dict[str, set[str]]:
     """Read the session ``sid`` of the matrix store under ``root`` from a copy of its files, so
     that reading changes nothing (a SQLite connection may checkpoint when it closes)."""
     with tempfile.TemporaryDirectory(prefix="dh-precut-") as tmp:
@@ -220,14 +188,11 @@ class PowerCut:
         else:
             self.cuts = cut_sqlite(self.root / "store.db", self.trace_dir)
         after = snapshot_copy(backend, self.root, sid)
-        lost = {
-            "intents": sorted(before.intents - after.intents),
-            "settlements": sorted(before.settlements - after.settlements),
-        }
+        lost = {k: sorted(before[k] - after[k]) for k in ("intents", "settlements")}
         # an accepted input is one the client was acknowledged; one the store had written but
         # not yet acknowledged is lost like any unsynced write (the client re-sends it)
-        lost["inputs"] = sorted(self.acked - after.inputs)
-        lost["unacknowledged"] = sorted((before.inputs - self.acked) - after.inputs)
+        lost["inputs"] = sorted(self.acked - after["inputs"])
+        lost["unacknowledged"] = sorted((before["inputs"] - self.acked) - after["inputs"])
         self.lost = {k: lost[k] for k in LOSS_KINDS if lost[k]}
 
     def failures(self) -> list[str]:
@@ -239,7 +204,7 @@ class PowerCut:
 
 def summary_rows(cells: Iterable[Any]) -> list[dict[str, Any]]:
     """Per backend and durability mode: cells, cells that lost inputs / intents / settlements,
-    cells with a doubled effect, cells that failed. ``cells`` are :class:`runner.Cell` s."""
+    cells with a doubled effect, cells that failed. ``cells`` are :class:`invariants.Cell` s."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for c in cells:
         if not getattr(c, "durability", None):

@@ -1,20 +1,5 @@
 """The crash matrix: every scenario x every crash point it reaches (x the n-th hit), on each
-backend. Each cell runs a real child process that SIGKILLs itself at the point, then, in this
-process, recovers, resumes (default policy ``ask``; an operator decision where a lane waits for
-one), lets the client re-send what it never got acknowledged, and checks the invariants:
-
-* ``inputs``: every accepted prompt, steer, follow-up and next-run item is in the tree exactly
-  once, or was cancelled by an abort;
-* ``effects``: no ``replay: "never"`` tool's effect was applied twice (tags in ``effects.log``);
-* ``damage``: the session opens with no damage but a quarantined torn tail;
-* ``results``: every stored tool call has exactly one stored result on its path;
-* ``settled``: no lane is left with an open run;
-* ``plan``: the resume did exactly what the recovery plan printed before it said (checked from
-  the records it wrote, :func:`durable_harness.recovery.audit.plan_followed`);
-* ``conversation``: the final conversation equals the crash-free run's, except where an
-  in-doubt decision changed a result (the cell records it) or an input the crash prevented
-  from being accepted was never sent (``n/a``).
-"""
+backend; what a cell does is ``design/crash-matrix.md`` "What a cell proves"."""
 
 from __future__ import annotations
 
@@ -28,93 +13,49 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from durable_harness import crash
 from durable_harness.crashtest import powercut
-from durable_harness.crashtest.child import options
+from durable_harness.crashtest.child import model_set, options
+from durable_harness.crashtest.invariants import Baseline as Baseline
+from durable_harness.crashtest.invariants import Cell as Cell
+from durable_harness.crashtest.invariants import Evidence, check_all, conversation_of, effects_in
 from durable_harness.crashtest.scenario import (
     Scenario,
     effect_tag,
     scenario_provider,
     scenario_tools,
-    tool_effects,
 )
 from durable_harness.errors import FormatError
 from durable_harness.harness.records import idempotency_key
-from durable_harness.models.messages import text_of
-from durable_harness.recovery.audit import plan_followed
-from durable_harness.recovery.decide import BENIGN_DAMAGE, Policy, RecoveryPlan, ToolCallPlan
-from durable_harness.recovery.fsck import fsck_path
+from durable_harness.recovery.decide import Policy, RecoveryPlan, ToolCallPlan
 from durable_harness.recovery.resume import plan_recovery, recover, resume_session
 from durable_harness.session.session import Session
 from durable_harness.storage import open_store
-from durable_harness.tools.base import Tool, ToolContext
+from durable_harness.tools.base import ToolContext
 from durable_harness.tools.builtin import builtin_tools
 
 CHILD_TIMEOUT = 60.0
 MAX_HITS = 3
 
 
-@dataclass
-class Cell:
-    """One matrix cell's outcome.
-
-    ``status``: ``pass``, ``fail`` or ``error``; ``failures`` names broken invariants;
-    ``decisions`` lists the decisions taken (``"<tool call id>=<decision>"``, or
-    ``"=policy:fail"`` where the resume policy decided): the cell needed a decision;
-    ``notes`` explains ``n/a`` comparisons; ``reconciled`` the tool call ids whose result a
-    tool's ``reconcile`` established; ``doubled`` the effects counted more than once
-    (``effects.log`` tags and ``"<tool>:<effect>"`` from a tool's own ``count_effects``).
-    """
-
-    scenario: str
-    backend: str
-    point: str
-    hit: int
-    status: str = "pass"
-    failures: list[str] = field(default_factory=list)
-    decisions: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    plan: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    durability: str | None = None  # power-cut cells only: the mode under test
-    lost: dict[str, list[str]] = field(default_factory=dict)  # power cut: ids lost, by kind
-    reconciled: list[str] = field(default_factory=list)
-    doubled: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        """``point`` or ``point:n``."""
-        return self.point if self.hit == 1 else f"{self.point}:{self.hit}"
-
-
-@dataclass
-class Baseline:
-    """A crash-free run: its conversation per lane, effect counts, and crash-point hits."""
-
-    conversation: dict[str, list[Any]]
-    effects: Counter[str]
-    hits: Counter[str]
-
-
 PG_ENV = "DURABLE_HARNESS_CRASHTEST_PG"
-"""The PostgreSQL URL the ``postgres`` backend's cells use (each cell in a schema of its own);
-``crash-test --backend postgres`` starts a throw-away cluster and sets it when unset."""
+"""The PostgreSQL URL the ``postgres`` backend's cells use (``crash-test`` sets it when unset)."""
 
 
-def _store_spec(backend: str, root: Path) -> str:
+def store_spec(backend: str, root: Path) -> str:
+    """The store spec of a cell run in folder ``root`` on ``backend``."""
     if backend == "postgres":
         return _postgres_spec(root)
     return f"jsonl:{root / 'home'}" if backend == "jsonl" else f"sqlite:{root / 'store.db'}"
 
 
 def _postgres_spec(root: Path) -> str:
-    """The spec of the cell in folder ``root``: the run's database, a schema named after the
-    folder (created here, once)."""
+    """The run's database, in a schema named after the cell's folder (created once)."""
     import hashlib
 
     import psycopg
@@ -132,8 +73,7 @@ def _postgres_spec(root: Path) -> str:
 
 
 def _drop_store(root: Path) -> None:
-    """After a ``postgres`` cell in ``root``: close this process's pool on its schema and drop
-    the schema (a cell leaves nothing behind in the database)."""
+    """After a ``postgres`` cell in ``root``: close this process's pool and drop its schema."""
     marker = root / ".pg-schema"
     base = os.environ.get(PG_ENV)
     if not base or not marker.exists():
@@ -145,12 +85,6 @@ def _drop_store(root: Path) -> None:
     Database.forget(_postgres_spec(root))
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {marker.read_text().strip()} CASCADE")
-
-
-def store_spec(backend: str, root: Path) -> str:
-    """The store spec a cell run in folder ``root`` uses on ``backend`` (``jsonl``, ``sqlite``
-    or ``postgres``)."""
-    return _store_spec(backend, root)
 
 
 def _prepare(sc: Scenario, root: Path) -> Path:
@@ -165,16 +99,8 @@ def _prepare(sc: Scenario, root: Path) -> Path:
 def _child(
     sc: Scenario, root: Path, work: Path, backend: str, env: dict[str, str], *extra: str
 ) -> int:
-    cmd = [
-        sys.executable,
-        "-m",
-        "durable_harness.crashtest.child",
-        sc.path,
-        _store_spec(backend, root),
-        str(work),
-        str(root / "sid"),
-        *extra,
-    ]
+    args = [sc.path, store_spec(backend, root), str(work), str(root / "sid"), *extra]
+    cmd = [sys.executable, "-m", "durable_harness.crashtest.child", *args]
     proc = subprocess.run(
         cmd,
         env=env,
@@ -190,99 +116,28 @@ def _child(
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DURABLE_HARNESS_CRASH_AT", "DURABLE_HARNESS_CRASH_TRACE")
-    }
-    env.update(extra)
-    return env
-
-
-def _effects(
-    work: Path, tools: dict[str, Tool] | None = None, *, per_tool: bool = False
-) -> Counter[str]:
-    """The effects applied in ``work``: ``effects.log`` tags, plus what the tools' own
-    ``count_effects`` checks report (:func:`~.scenario.tool_effects`). With ``per_tool`` the
-    latter are summed per tool (``"<tool>:*"``): their keys (idempotency keys, say) differ from
-    run to run, so only the totals compare with the crash-free run."""
-    log = work / "effects.log"
-    out = (
-        Counter(line.strip() for line in log.read_text().splitlines() if line.strip())
-        if log.exists()
-        else Counter()
-    )
-    if tools:
-        for key, n in tool_effects(tools, work).items():
-            out[key.split(":", 1)[0] + ":*" if per_tool else key] += n
-    return out
-
-
-def _signature(entry: dict[str, Any]) -> Any:
-    etype = entry.get("type")
-    if etype != "message":
-        return (etype, entry.get("modelId"), entry.get("thinkingLevel"), entry.get("name"))
-    msg = entry.get("message") or {}
-    calls = [
-        (b.get("name"), b.get("arguments"))
-        for b in msg.get("content") or []
-        if isinstance(b, dict) and b.get("type") == "toolCall"
-    ]
-    return (
-        msg.get("role"),
-        text_of(msg.get("content")),
-        calls,
-        msg.get("toolName"),
-        msg.get("stopReason"),
-    )
-
-
-def conversation(session: Session) -> dict[str, list[Any]]:
-    """Each lane's path from root to leaf as comparable signatures (no ids, no timestamps).
-    The results of one parallel batch are sorted: their completion order is not part of the
-    conversation (every result is tied to its call by id)."""
-    out: dict[str, list[Any]] = {}
-    for name, lane in sorted(session.store.lanes().items()):
-        sigs: list[Any] = []
-        batch: list[Any] = []
-        for e in session.path(lane.leaf_id):
-            if e.get("type") in ("branch_summary", "compaction"):
-                continue
-            sig = _signature(e)
-            if sig[0] == "toolResult":
-                batch.append(sig)
-                continue
-            sigs += sorted(batch, key=repr)
-            batch = []
-            sigs.append(sig)
-        out[name] = sigs + sorted(batch, key=repr)
-    return out
+    env = {k: v for k, v in os.environ.items() if k not in (crash.ENV_VAR, crash.TRACE_VAR)}
+    return env | extra
 
 
 def baseline(
     sc: Scenario, backend: str, broken: bool = False, durability: str | None = None
 ) -> Baseline:
-    """Run the scenario crash-free (in ``durability``, when given), tracing every crash point
-    it reaches."""
+    """Run the scenario crash-free (in ``durability``), tracing every crash point it reaches."""
     root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
     tools = scenario_tools(sc)
     scenario_provider(sc)  # a bad import path fails here, by name, not in the child
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
-        _child(
-            sc,
-            root,
-            work,
-            backend,
-            _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **powercut.mode_env(durability)),
-            *(["--broken-intent-order"] if broken else []),
-        )
+        mode = {powercut.DURABILITY_ENV: durability} if durability else {}
+        env = _env(DURABLE_HARNESS_CRASH_TRACE=str(trace), **mode)
+        _child(sc, root, work, backend, env, *(["--broken-intent-order"] if broken else []))
         hits = Counter(trace.read_text().split()) if trace.exists() else Counter()
-        store = open_store(_store_spec(backend, root))
+        store = open_store(store_spec(backend, root))
         with Session(store.open_session((root / "sid").read_text(), write=False)) as s:
-            conv = conversation(s)
-        return Baseline(conv, _effects(work, tools, per_tool=True), hits)
+            conv = conversation_of(s)
+        return Baseline(conv, effects_in(work, tools, per_tool=True), hits)
     finally:
         _drop_store(root)
         shutil.rmtree(root, ignore_errors=True)
@@ -291,8 +146,7 @@ def baseline(
 def cells_for(
     sc: Scenario, base: Baseline, backend: str, durability: str | None = None
 ) -> list[Cell]:
-    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)
-    (power-cut cells of ``durability`` when given)."""
+    """The cells of one scenario: each point it reaches, for hits 1..min(count, MAX_HITS)."""
     return [
         Cell(sc.name, backend, point, n, durability=durability)
         for point, count in sorted(base.hits.items())
@@ -301,19 +155,16 @@ def cells_for(
 
 
 Decide = Callable[[ToolCallPlan, ToolContext], "dict[str, Any] | None"]
-"""An operator callback: given a call that awaits a decision and the context its tool would
-run in (``cwd`` the working directory, ``idempotency_key`` the call's key), return the decision
-(``{"decision": "retry" | "fail" | "result", "result": text}``) or ``None`` for
-:func:`default_decision`."""
+"""An operator callback: given a call awaiting a decision and its tool's context, return
+``{"decision": "retry" | "fail" | "result", "result": text}`` or ``None`` (the default)."""
 
 
 def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
-    """The matrix operator's decision for an in-doubt call. A built-in call whose
-    ``effects.log`` tag is present took effect (supply that as the result); other built-in calls
-    are retried. A custom tool's effect cannot be seen from here, so its call is failed: a
-    doubt never becomes a second effect without an explicit decision (design/testing-kit.md)."""
+    """The matrix operator's decision for an in-doubt call: its ``effects.log`` tag as the
+    result, else a retry for a built-in call and a failure for a custom tool's
+    (``design/testing-kit.md`` "Decisions")."""
     tag = effect_tag(call.tool_name, call.arguments or {})
-    if tag is not None and _effects(ctx.cwd).get(tag):
+    if tag is not None and effects_in(ctx.cwd).get(tag):
         return {"decision": "result", "result": f"already applied ({tag} is in effects.log)"}
     if call.tool_name in _BUILTIN_NAMES:
         return {"decision": "retry"}
@@ -321,100 +172,6 @@ def default_decision(call: ToolCallPlan, ctx: ToolContext) -> dict[str, Any]:
 
 
 _BUILTIN_NAMES = frozenset(builtin_tools())
-
-
-def _check(
-    cell: Cell,
-    sc: Scenario,
-    base: Baseline,
-    session: Session,
-    work: Path,
-    location: str,
-    unaccepted: bool,
-    tools: dict[str, Tool] | None = None,
-) -> None:
-    store = session.store
-    lanes = store.lanes()
-    paths = {n: session.path(lane.leaf_id) for n, lane in lanes.items()}
-    all_texts = Counter(
-        text_of((e.get("message") or {}).get("content"))
-        for p in paths.values()
-        for e in {id(x): x for x in p}.values()
-        if e.get("type") == "message" and (e.get("message") or {}).get("role") == "user"
-    )
-    # inputs
-    cancelled: set[str] = set()
-    consumed: set[str] = set()
-    for rec in store.records(types=("queue_consumed", "queue_cancelled")):
-        (cancelled if rec["type"] == "queue_cancelled" else consumed).update(rec["itemIds"])
-    for rec in store.records(types=("run_started", "queue_enqueued")):
-        if rec["type"] == "run_started":
-            if store.get_entry(str(rec["promptEntryId"])) is None:
-                cell.failures.append(f"inputs: prompt entry of run {rec['runId']} missing")
-            continue
-        item = rec["itemId"]
-        if item in cancelled:
-            continue
-        if item not in consumed:
-            cell.failures.append(f"inputs: {rec['queue']} item {item} never delivered")
-        elif all_texts[text_of(rec["message"].get("content"))] < 1:
-            cell.failures.append(f"inputs: {rec['queue']} item {item} not in the tree")
-    # effects
-    cell.doubled = sorted(t for t, n in _effects(work, tools).items() if n > 1)
-    effects = _effects(work, tools, per_tool=True)
-    retried = any(d.endswith("=retry") for d in cell.decisions)
-    if cell.doubled and retried:
-        cell.notes.append(f"effects doubled by a retry decision: {', '.join(cell.doubled)}")
-    elif cell.doubled:
-        cell.failures.append(f"effects: applied twice: {', '.join(cell.doubled)}")
-    # damage
-    if location.endswith(".jsonl"):
-        bad = [d for d in fsck_path(location)["damage"] if d["kind"] not in BENIGN_DAMAGE]
-    else:
-        bad = [d for d in session.damage if d["kind"] not in BENIGN_DAMAGE]
-    if bad:
-        cell.failures.append(f"damage: {[d['kind'] for d in bad]}")
-    # results
-    for name, path in paths.items():
-        results = Counter(
-            str((e.get("message") or {}).get("toolCallId"))
-            for e in path
-            if (e.get("message") or {}).get("role") == "toolResult"
-        )
-        for e in path:
-            for b in (e.get("message") or {}).get("content") or []:
-                if (
-                    isinstance(b, dict)
-                    and b.get("type") == "toolCall"
-                    and results[str(b.get("id"))] != 1
-                ):
-                    cell.failures.append(
-                        f"results: {b.get('id')} on lane {name} has "
-                        f"{results[str(b.get('id'))]} results"
-                    )
-    # settled
-    open_lanes = [n for n, lane in lanes.items() if lane.run_id is not None]
-    if open_lanes:
-        cell.failures.append(f"settled: lanes {open_lanes} still have an open run")
-    # conversation
-    conv = conversation(session)
-    if conv != base.conversation:
-        if unaccepted:
-            cell.notes.append("conversation n/a: an input was not yet accepted at the crash")
-        elif cell.decisions or cell.reconciled:
-            cell.notes.append(
-                "conversation changed by a decision or a reconciled result: "
-                + "; ".join(cell.decisions + [f"{c}=reconciled" for c in cell.reconciled])
-            )
-        elif effects != base.effects:
-            cell.failures.append(
-                "conversation: differs from the crash-free run, and so do "
-                f"the effects ({dict(effects)} vs {dict(base.effects)})"
-            )
-        else:
-            cell.failures.append("conversation: differs from the crash-free run")
-    elif effects != base.effects and not unaccepted and not cell.doubled:
-        cell.failures.append(f"effects: {dict(effects)} vs crash-free {dict(base.effects)}")
 
 
 def run_cell(
@@ -429,31 +186,19 @@ def run_cell(
 ) -> Cell:
     """Run one cell: crash, recover, decide, resume, re-send, check.
 
-    ``decide`` answers each call that awaits a decision (``None`` from it, or no callback:
-    :func:`default_decision`); ``policy`` is the resume policy (``ask`` leaves in-doubt calls to
-    ``decide``). With ``root`` (an empty or missing folder) the cell runs there and it is kept
-    (``work/``, the store, ``sid``) for the caller to inspect; otherwise a temporary folder is
-    used and removed.
+    ``decide`` answers each call that awaits a decision (else :func:`default_decision`);
+    ``policy`` is the resume policy. With ``root`` (an empty or missing folder) the cell runs
+    there and is kept; otherwise a temporary folder is used and removed.
     """
     start = time.monotonic()
     keep = root is not None
-    if root is None:
-        root = Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
+    root = root or Path(tempfile.mkdtemp(prefix=f"dh-cell-{sc.name}-"))
     extra = ["--broken-intent-order"] if broken else []
     cut = powercut.PowerCut(cell.durability, root) if cell.durability else None
     try:
         work = _prepare(sc, root)
-        rc = _child(
-            sc,
-            root,
-            work,
-            cell.backend,
-            _env(
-                DURABLE_HARNESS_CRASH_AT=f"{cell.point}:{cell.hit}",
-                **(cut.crash_env() if cut else {}),
-            ),
-            *extra,
-        )
+        env = _env(DURABLE_HARNESS_CRASH_AT=cell.point_hit, **(cut.crash_env() if cut else {}))
+        rc = _child(sc, root, work, cell.backend, env, *extra)
         if rc != -signal.SIGKILL:
             cell.status, cell.failures = "error", [f"crash point not reached (exit {rc})"]
             return cell
@@ -462,7 +207,7 @@ def run_cell(
             cut.cut(cell.backend, sid)
             cell.lost = cut.lost
             cell.failures += cut.failures()
-        store = open_store(_store_spec(cell.backend, root))
+        store = open_store(store_spec(cell.backend, root))
         tools = scenario_tools(sc)
         with Session(store.open_session(sid)) as session:
             location = session.store.location
@@ -489,11 +234,8 @@ def run_cell(
                     decisions[c.call_key] = d
                     cell.decisions.append(f"{c.tool_call_id}={d['decision']}")
             before = session.store.last_seq()
-            results, planned = anyio.run(_resume, session, tools, sc, decisions, str(work), policy)
+            resumed, planned = anyio.run(_resume, session, tools, sc, decisions, str(work), policy)
             after = session.store.records(since_seq=before)
-            cell.failures += [f"plan: {p}" for p in plan_followed(planned, after)]
-            if any(r == "suspended" for r in results.values()):
-                cell.failures.append(f"settled: still suspended after decisions: {results}")
             accepted_before = _accepted_keys(session)
         env2 = _env(**(cut.continue_env() if cut else {}))
         rc2 = _child(sc, root, work, cell.backend, env2, "--continue", *extra)
@@ -502,7 +244,8 @@ def run_cell(
         with Session(store.open_session(sid, write=False)) as session:
             sent_after = _accepted_keys(session) - accepted_before
             unaccepted = bool(sent_after) or _lost_steps(sc, session) or bool(cell.lost)
-            _check(cell, sc, base, session, work, location, unaccepted, tools)
+            evidence = (session, work, location, unaccepted, tools, planned, after, resumed)
+            cell.failures += check_all(Evidence(cell, base, *evidence))
     except Exception as exc:  # a broken cell is reported, not fatal to the matrix
         cell.status = "error"
         cell.failures.append(f"{type(exc).__name__}: {exc}"[:500])
@@ -527,12 +270,9 @@ def _lost_steps(sc: Scenario, session: Session) -> bool:
     for i, step in enumerate(sc.steps):
         if f"step-{i}" in keys:
             continue
-        if step["op"] in ("steer", "follow_up", "abort") or step.get("on"):
-            if step["op"] == "set_model" and any(
-                e.get("modelId") == step.get("model")
-                for e in session.store.iter_entries(("model_change",))
-            ):
-                continue
+        if (step["op"] in ("steer", "follow_up", "abort") or step.get("on")) and not (
+            step["op"] == "set_model" and model_set(session, step)
+        ):
             return True
     return False
 
@@ -545,8 +285,7 @@ async def _resume(
     cwd: str,
     policy: Policy = "ask",
 ) -> tuple[dict[str, str], RecoveryPlan]:
-    """Plan with the decisions, then resume by exactly that plan; returns the outcomes and
-    the plan (what the audit compares the log with)."""
+    """Plan with the decisions, then resume by exactly that plan; returns outcomes and plan."""
     rec = await plan_recovery(session.store, tools, policy=policy, decisions=decisions, cwd=cwd)
     results = await resume_session(
         session,

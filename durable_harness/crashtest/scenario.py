@@ -1,31 +1,6 @@
-"""Crash scenarios as data: ``crash_scenarios/<name>.json``.
-
-A scenario file::
-
-    {"name": str, "description": str,
-     "files": {"relative/path": "content"},          # laid out in the fresh working dir
-     "turns": [...], "by_prompt": {...},             # the scripted provider's script
-     "context_window": tokens,                       # optional: the provider's window
-     "tools": "module:function",                     # optional: the tools it may call
-     "provider": "module:function",                  # optional: replaces the script
-     "steps": [{"op": "prompt" | "steer" | "follow_up" | "next_run" | "wait" | "abort" |
-                      "set_model" | "navigate" | "compact" | "create_lane",
-                "lane": "main", "text": ..., "on": "<event type>"...}]}
-
-Side effects worth counting go to ``effects.log`` in the working directory, one tag a line
-(``echo TAG >> effects.log`` or ``append_file`` of ``TAG\\n``), so a run can prove that no
-``replay: "never"`` tool took effect twice.
-
-``tools`` and ``provider`` name custom code by import path, importable from the folder the
-command runs in (that folder is put on ``sys.path`` here and in the child): ``tools`` is a
-function returning the list of :class:`~durable_harness.tools.base.Tool` instances the scenario
-may call (the built-ins are included only if it returns them; default: the built-ins);
-``provider`` a function returning a :class:`~durable_harness.providers.base.Provider` (default:
-the scripted provider playing ``turns``/``by_prompt``). Both are called with no arguments, once
-per process. A tool may define ``count_effects(cwd) -> Mapping[str, int]`` (how many times each
-of its effects was applied in that working directory): the matrix reports any count above one
-as a doubled effect, alongside the ``effects.log`` tags (design/testing-kit.md).
-"""
+"""Crash scenarios as data: ``crash_scenarios/<name>.json``; the file format, the
+``effects.log`` convention and how ``tools``/``provider`` import paths load are in
+``design/testing-kit.md`` "Scenario files" and "Loading custom tools and providers"."""
 
 from __future__ import annotations
 
@@ -126,7 +101,7 @@ def load_all(folder: str | Path | None = None, names: list[str] | None = None) -
     root = Path(folder) if folder else default_dir()
     if not root.is_dir():
         raise FormatError(f"no scenario folder at {root}; pass --scenarios DIR")
-    found = {load(p).name: load(p) for p in sorted(root.glob("*.json"))}
+    found = {sc.name: sc for sc in map(load, sorted(root.glob("*.json")))}
     if names:
         missing = [n for n in names if n not in found]
         if missing:
@@ -174,8 +149,7 @@ def load_object(spec: str, what: str) -> Any:
 
 
 def scenario_tools(sc: Scenario) -> dict[str, Tool]:
-    """The tools the scenario may call, keyed by name: its ``tools`` function's list, or the
-    built-ins.
+    """The tools the scenario may call, keyed by name: its ``tools`` function's, or the built-ins.
 
     Raises:
         ImportSpecError: the function cannot be loaded, does not return a list of ``Tool``
@@ -185,26 +159,24 @@ def scenario_tools(sc: Scenario) -> dict[str, Tool]:
         return builtin_tools()
     made = load_object(sc.tools, f"scenario {sc.name} tools")()
     if not isinstance(made, list | tuple) or not all(isinstance(t, Tool) for t in made):
-        raise ImportSpecError(
-            f"scenario {sc.name}: tools function {sc.tools!r} must return a list of Tool "
-            f"instances, got {type(made).__name__}",
-            spec=sc.tools,
+        raise _refused(
+            sc, "tools", f"must return a list of Tool instances, got {type(made).__name__}"
         )
     out: dict[str, Tool] = {}
     for tool in made:
         if tool.name in out:
-            raise ImportSpecError(
-                f"scenario {sc.name}: tools function {sc.tools!r} returns two tools named "
-                f"{tool.name!r}",
-                spec=sc.tools,
-            )
+            raise _refused(sc, "tools", f"returns two tools named {tool.name!r}")
         out[tool.name] = tool
     return out
 
 
+def _refused(sc: Scenario, key: str, why: str) -> ImportSpecError:
+    spec = getattr(sc, key)
+    return ImportSpecError(f"scenario {sc.name}: {key} function {spec!r} {why}", spec=spec)
+
+
 def scenario_provider(sc: Scenario) -> Provider:
-    """The scenario's provider: its ``provider`` function's, or the scripted provider playing
-    its script (with its context window, if it sets one).
+    """The scenario's provider: its ``provider`` function's, or the scripted one over its script.
 
     Raises:
         ImportSpecError: the function cannot be loaded or returns no ``Provider``.
@@ -212,11 +184,7 @@ def scenario_provider(sc: Scenario) -> Provider:
     if sc.provider is not None:
         made = load_object(sc.provider, f"scenario {sc.name} provider")()
         if not isinstance(made, Provider):
-            raise ImportSpecError(
-                f"scenario {sc.name}: provider function {sc.provider!r} must return a "
-                f"Provider, got {type(made).__name__}",
-                spec=sc.provider,
-            )
+            raise _refused(sc, "provider", f"must return a Provider, got {type(made).__name__}")
         return made
     if sc.context_window is not None:
         return ScriptedProvider(sc.turns, by_prompt=sc.by_prompt, context_window=sc.context_window)

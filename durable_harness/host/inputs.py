@@ -10,11 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import CwdNotAllowed, IdempotencyKeyReused, InvalidRequest
-
-SESSION_ID_PATTERN = r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}"
-"""What a session id looks like (the manager checks it; the OpenAPI document shows it)."""
-
-SESSION_ID = re.compile(SESSION_ID_PATTERN)
+from durable_harness.ids import SESSION_ID as SESSION_ID  # re-exported: the manager's check
+from durable_harness.ids import SESSION_ID_PATTERN as SESSION_ID_PATTERN  # the HTTP API's
 
 LANE_PATTERN = r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}"
 """What a lane name looks like (no path separator, control character or markup); checked by

@@ -46,6 +46,7 @@ from durable_harness.host.read_model import ReadModel
 from durable_harness.host.reconcile import Decisions, Reconciler
 from durable_harness.host.record import SessionRecord, permission_record
 from durable_harness.host.runner import GenerationRunner
+from durable_harness.models.records import COMMAND_RUNTIMES
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.recovery.decide import refuse_decided
 from durable_harness.recovery.resume import parse_decision
@@ -150,7 +151,7 @@ class SessionManager(ReadModel):
             raise InvalidRequest(
                 f"mode {mode!r} is not a durability mode ({', '.join(DURABILITY_MODES)})"
             )
-        if command_runtime not in ("pipe", "pty"):
+        if command_runtime not in COMMAND_RUNTIMES:
             raise InvalidRequest(f"command runtime {command_runtime!r} is not pipe or pty")
         spec = provider or self.options.provider
         if spec is None:

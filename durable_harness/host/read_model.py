@@ -18,13 +18,13 @@ from durable_harness.errors import DurableHarnessError, InvalidRequest, SessionL
 from durable_harness.harness.groups import live_groups, open_calls
 from durable_harness.harness.report import cost_summary
 from durable_harness.harness.state import ToolCallState
-from durable_harness.host.inputs import SESSION_ID
 from durable_harness.host.leftovers import kill_stored_leftovers, plan_sees_live_group
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.listing import check_states, read_listed, waiting_calls
 from durable_harness.host.options import HostOptions, needs_decision
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.record import SessionRecord
+from durable_harness.ids import SESSION_ID
 from durable_harness.recovery.decide import RecoveryPlan, ToolCallPlan
 from durable_harness.session.session import Session
 from durable_harness.storage.base import SessionStore, Store
@@ -151,7 +151,7 @@ class ReadModel:
         """``session_id`` when it looks like one, else :class:`InvalidRequest`."""
         if not SESSION_ID.fullmatch(session_id):
             raise InvalidRequest(
-                f"{session_id[:200]!r} is not a session id (letters, digits, '-' and '_')",
+                f"{session_id[:200]!r} is not a session id (letters, digits, '.', '_' and '-')",
                 session_id=session_id[:200],
             )
         return session_id

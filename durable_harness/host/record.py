@@ -5,14 +5,12 @@ stores (``design/host.md``, "Two objects").
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from durable_harness.harness.records import record
 from durable_harness.host.lifecycle import State, reconciled
+from durable_harness.models.records import CommandRuntime as CommandRuntime
 from durable_harness.storage.base import Durability, SessionStore
-
-CommandRuntime = Literal["pipe", "pty"]
-"""How the bash tool runs commands (``design/providers-and-tools.md``)."""
 
 
 @dataclass

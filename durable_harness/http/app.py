@@ -53,7 +53,7 @@ SessionId = Annotated[
     str,
     Path(
         alias="id",
-        description="a session id (letters, digits, '-' and '_'); the manager checks it",
+        description="a session id (letters, digits, '.', '_' and '-'); the manager checks it",
         json_schema_extra={"pattern": f"^{SESSION_ID_PATTERN}$"},
     ),
 ]

@@ -39,7 +39,7 @@ _BY_STATUS = (
     (405, "method_not_allowed"),
     # the session's state does not allow it now
     (409, "session_live session_not_live lease_held run_in_progress no_open_run lane_suspended"),
-    (409, "illegal_transition decision_required already_decided recovery_error"),
+    (409, "illegal_transition already_decided recovery_error"),
     (409, "tool_process_running tool_process_elsewhere attempt_cap_reached session_exists"),
     (422, "idempotency_key_reused"),  # an Idempotency-Key reused for a different request
     (413, "message_too_large"),  # too big to take

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from durable_harness.host.inputs import LANE_PATTERN
 from durable_harness.host.lifecycle import State
 from durable_harness.host.options import SendMode
-from durable_harness.host.record import CommandRuntime
+from durable_harness.models.records import CommandRuntime
 from durable_harness.storage.base import Durability as Mode
 
 LANE_FIELD = Field(

@@ -1,19 +1,15 @@
-"""Session tree entries: the entry types of the design brief, section 1.
-
-Stored form is a plain dict (``Entry.model_dump(exclude_none=True)``); these models validate
-what callers append and give typed access. ``seq`` is assigned by storage at commit time.
-Unknown entry types are preserved verbatim as dicts (forward compatibility): see
-:func:`validate_entry`.
-"""
+"""Session tree entries: models that validate what callers append (stored as plain dicts;
+``seq`` is assigned by storage at commit). Unknown entry types are kept verbatim."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from durable_harness.errors import FormatError
 from durable_harness.ids import new_id, now_iso
+from durable_harness.models import snake_case
 from durable_harness.models.messages import Message
 
 
@@ -31,14 +27,12 @@ class EntryBase(BaseModel):
 class MessageEntry(EntryBase):
     """A conversation message (user, assistant, toolResult, custom, bashExecution)."""
 
-    type: Literal["message"] = "message"
     message: Message
 
 
 class ModelChangeEntry(EntryBase):
     """The model switched to ``provider``/``modelId`` from here on down the path."""
 
-    type: Literal["model_change"] = "model_change"
     provider: str
     modelId: str
 
@@ -46,18 +40,14 @@ class ModelChangeEntry(EntryBase):
 class ThinkingLevelChangeEntry(EntryBase):
     """The thinking level (``off``, ``minimal``, ``low``, ``medium``, ``high``...) changed."""
 
-    type: Literal["thinking_level_change"] = "thinking_level_change"
     thinkingLevel: str
 
 
 class CompactionEntry(EntryBase):
-    """Everything on the path before ``firstKeptEntryId`` is replaced by ``summary`` in context.
+    """Everything on the path before ``firstKeptEntryId`` is replaced by ``summary`` in context;
+    ``tokensBefore``: the context size compacted (tokens); ``settings`` (optional, ours)
+    snapshots ``{model, thinkingLevel}`` so a context walk can stop at the cut."""
 
-    ``tokensBefore`` is the context size (tokens) that was compacted. ``settings`` (optional,
-    ours) snapshots ``{model, thinkingLevel}`` so a context walk can stop at the cut.
-    """
-
-    type: Literal["compaction"] = "compaction"
     summary: str
     firstKeptEntryId: str | None = None
     tokensBefore: int = 0
@@ -66,7 +56,6 @@ class CompactionEntry(EntryBase):
 class BranchSummaryEntry(EntryBase):
     """A summary of the abandoned branch ending at ``fromId``, shown as user-role context."""
 
-    type: Literal["branch_summary"] = "branch_summary"
     fromId: str
     summary: str
 
@@ -74,7 +63,6 @@ class BranchSummaryEntry(EntryBase):
 class CustomEntry(EntryBase):
     """Extension state (``customType``, ``data``); never part of the provider context."""
 
-    type: Literal["custom"] = "custom"
     customType: str
     data: Any = None
 
@@ -82,7 +70,6 @@ class CustomEntry(EntryBase):
 class CustomMessageEntry(EntryBase):
     """An extension message that enters the context as user-role content."""
 
-    type: Literal["custom_message"] = "custom_message"
     customType: str
     content: Any = ""
     display: bool = True
@@ -91,7 +78,6 @@ class CustomMessageEntry(EntryBase):
 class LabelEntry(EntryBase):
     """A bookmark on ``targetId``; ``label=None`` clears it. Latest wins."""
 
-    type: Literal["label"] = "label"
     targetId: str
     label: str | None = None
 
@@ -99,43 +85,24 @@ class LabelEntry(EntryBase):
 class SessionInfoEntry(EntryBase):
     """Session metadata (display ``name``). Latest wins."""
 
-    type: Literal["session_info"] = "session_info"
     name: str | None = None
 
 
 KNOWN_ENTRY_TYPES: dict[str, type[EntryBase]] = {
-    "message": MessageEntry,
-    "model_change": ModelChangeEntry,
-    "thinking_level_change": ThinkingLevelChangeEntry,
-    "compaction": CompactionEntry,
-    "branch_summary": BranchSummaryEntry,
-    "custom": CustomEntry,
-    "custom_message": CustomMessageEntry,
-    "label": LabelEntry,
-    "session_info": SessionInfoEntry,
+    snake_case(name.removesuffix("Entry")): cls
+    for name, cls in list(globals().items())
+    if isinstance(cls, type) and issubclass(cls, EntryBase) and cls is not EntryBase
 }
-
-
-class SessionHeader(BaseModel):
-    """First line of a session file: ``type="session"``, format ``version``, ``id``, ``cwd``."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["session"] = "session"
-    version: int = 3
-    id: str
-    timestamp: str = Field(default_factory=now_iso)
-    cwd: str
-    parentSession: str | None = None
+"""Each entry type's model (every class above), by its ``type`` value: the class name in snake
+case, without ``Entry``."""
 
 
 _message_adapter: TypeAdapter[Any] = TypeAdapter(Message)
 
 
 def validate_entry(data: dict[str, Any]) -> dict[str, Any]:
-    """Check an entry dict against its type's model and return it unchanged.
-
-    Unknown ``type`` values only need ``id`` (str) and ``parentId`` (str or None).
+    """Check an entry dict against its type's model (an unknown ``type`` needs only ``id`` and
+    ``parentId``) and return it unchanged.
 
     Raises:
         FormatError: the dict does not match its entry type (message names the entry id).

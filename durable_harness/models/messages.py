@@ -1,9 +1,6 @@
-"""Message and content-block models, in the shapes of pi's session format (version 3).
-
-Every model keeps unknown fields (``extra="allow"``) so that a file written by a newer tool
-round-trips byte-for-byte in meaning: nothing is dropped on read or write.
-Units: ``usage`` counts tokens; ``cost`` is in USD; message ``timestamp`` is Unix milliseconds.
-"""
+"""Message and content-block models, in the shapes of pi's session format (version 3). Every
+model keeps unknown fields (a newer tool's round-trip). ``usage`` counts tokens; ``cost`` is in
+USD; message ``timestamp`` is Unix milliseconds."""
 
 from __future__ import annotations
 
@@ -74,18 +71,21 @@ class Usage(_Open):
     """``None``: the cost is unknown (no price known for the model), never 0."""
 
 
+class _Message(_Open):
+    timestamp: int | None = None  # Unix milliseconds
+
+
 StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]
 
 
-class UserMessage(_Open):
+class UserMessage(_Message):
     """A user prompt; ``content`` is a string or a list of text/image blocks."""
 
     role: Literal["user"] = "user"
     content: str | list[ContentBlock]
-    timestamp: int | None = None
 
 
-class AssistantMessage(_Open):
+class AssistantMessage(_Message):
     """A provider answer: content blocks, usage, ``stopReason`` and the model that produced it."""
 
     role: Literal["assistant"] = "assistant"
@@ -95,10 +95,9 @@ class AssistantMessage(_Open):
     usage: Usage = Field(default_factory=Usage)
     stopReason: StopReason = "stop"
     errorMessage: str | None = None
-    timestamp: int | None = None
 
 
-class ToolResultMessage(_Open):
+class ToolResultMessage(_Message):
     """The result of one tool call, tied to it by ``toolCallId``."""
 
     role: Literal["toolResult"] = "toolResult"
@@ -106,20 +105,18 @@ class ToolResultMessage(_Open):
     toolName: str
     content: list[ContentBlock] = Field(default_factory=list)
     isError: bool = False
-    timestamp: int | None = None
 
 
-class CustomMessage(_Open):
+class CustomMessage(_Message):
     """An extension's message (pi v3 ``custom`` role; ``hookMessage`` before v3)."""
 
     role: Literal["custom"] = "custom"
     customType: str = ""
     content: str | list[ContentBlock] = ""
     display: bool = True
-    timestamp: int | None = None
 
 
-class BashExecutionMessage(_Open):
+class BashExecutionMessage(_Message):
     """A shell command the user ran by hand (pi's ``!command``), shown to the model as user text."""
 
     role: Literal["bashExecution"] = "bashExecution"
@@ -128,7 +125,6 @@ class BashExecutionMessage(_Open):
     exitCode: int | None = None
     cancelled: bool = False
     truncated: bool = False
-    timestamp: int | None = None
 
 
 Message = Annotated[
@@ -150,27 +146,18 @@ def text_of(content: Any) -> str:
 def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Make the tool-call ids of one assistant message unique before it is stored.
 
-    Providers do repeat ids within one message (and some leave them empty). A repeated or empty
-    id gets the first free ``<id>_<n>`` (``n`` from 2; ``call`` for an empty id), which keeps
-    to ``[A-Za-z0-9_-]`` when the original does (Anthropic's tool-use id pattern). Returns the
-    message (a copy when something changed) and the renames ``[{"index", "from", "to"}]``
-    (``index``: the call's position among the message's tool calls), recorded beside the entry.
+    A repeated or empty id gets the first free ``<id>_<n>`` (``n`` from 2; ``call`` for an
+    empty id), keeping to ``[A-Za-z0-9_-]``. Returns the message (a copy when something changed)
+    and the renames ``[{"index", "from", "to"}]`` (``index`` among the message's tool calls).
     """
     content = message.get("content")
     if not isinstance(content, list):
         return message, []
-    seen: set[str] = set()
-    for b in content:  # the common case, in one pass: every id a distinct non-empty string
-        if isinstance(b, dict) and b.get("type") == "toolCall":
-            cid = b.get("id")
-            if not isinstance(cid, str) or not cid or cid in seen:
-                break
-            seen.add(cid)
-    else:
+    given = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+    if all(given) and len(set(map(str, given))) == len(given):  # the common case
         return message, []
-    calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
-    taken = {str(b.get("id")) for b in calls if b.get("id")}
-    seen.clear()
+    taken = {str(cid) for cid in given if cid}
+    seen: set[str] = set()
     renames: list[dict[str, Any]] = []
     out: list[Any] = []
     index = 0

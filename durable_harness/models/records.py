@@ -1,27 +1,18 @@
-"""The operation-log record vocabulary, declared once (design brief, section 2).
-
-Every record type the harness writes is one :class:`~typing.TypedDict` below; each field's
-meaning, unit and format is the string literal under it (read by :func:`field_docs`). The
-record constructor (:func:`durable_harness.harness.records.record`), the shape check applied
-when a record is committed or read (:func:`record_fields_error`, which the harness registers
-with storage) and the vocabulary table in ``design/api.md`` are derived from these
-declarations; a test checks the fold (:mod:`durable_harness.harness.state`) reads only
-declared fields.
-
-Storage knows only the :class:`RecordEnvelope`. Every harness field is optional at read time
-(``total=False``): older logs lack some, and the fold treats a missing field as its default.
-A record whose ``type`` is not declared here passes with its envelope alone (a newer
-version's record, ignored by the fold).
+"""The operation-log record vocabulary, declared once: one :class:`~typing.TypedDict` per record
+type, each field's meaning in the string literal under it. The record constructor, the shape
+check (:func:`record_fields_error`) and the table in ``design/api.md`` "The record vocabulary"
+derive from them. Every field is optional at read time (``total=False``); an undeclared
+``type`` passes with its :class:`RecordEnvelope` alone.
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
-import itertools
-from typing import Any, Literal, Required, get_type_hints
+import functools
+from typing import Any, Literal, Required, get_args, get_type_hints
 
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict, is_typeddict
+
+from durable_harness.models import snake_case
 
 Queue = Literal["steer", "follow_up", "next_run"]
 """The three input queues of a lane."""
@@ -32,6 +23,13 @@ Purpose = Literal["turn", "compaction", "branch_summary"]
 RunLimit = Literal["max_turns", "max_tool_calls", "attempt_cap"]
 """The run limits that fail a run (``run_finished.limit``)."""
 
+CommandRuntime = Literal["pipe", "pty"]
+"""How the bash tool connects a command: ``pipe`` (stdin ``/dev/null``, stdout and stderr a
+pipe) or ``pty`` (stdin, stdout and stderr a pseudo-terminal)."""
+
+COMMAND_RUNTIMES: tuple[str, ...] = get_args(CommandRuntime)
+"""The command runtimes, default first."""
+
 
 class _Envelope(TypedDict, total=False):
     id: Required[str]
@@ -41,11 +39,9 @@ class _Envelope(TypedDict, total=False):
     runId: str | None
     """The run the record belongs to: a UUIDv7 string; absent for records outside a run."""
     seq: int
-    """Position in the session: an integer that strictly rises across entries, records and
-    lane ops of one session; assigned by storage at commit, never by the writer."""
+    """Position in the session, strictly rising across all its ops; assigned by storage."""
     timestamp: str
-    """When the record was built: UTC ISO 8601 with milliseconds and ``Z``
-    (``2026-01-31T12:00:00.000Z``)."""
+    """When the record was built: UTC ISO 8601 with milliseconds (``2026-01-31T12:00:00.000Z``)."""
 
 
 class RecordEnvelope(_Envelope, total=False):
@@ -55,11 +51,29 @@ class RecordEnvelope(_Envelope, total=False):
     """The record type: one of :data:`RECORD_TYPES` (storage accepts any string)."""
 
 
+class _Attempt(_Envelope, total=False):
+    """The fields a provider attempt's intent and settlements share."""
+
+    turn: int
+    """Turn number in the run, from 1 (0 for a summary outside a run)."""
+    attempt: int
+    """Attempt number of this turn and purpose, from 1, counted across restarts."""
+    purpose: Purpose
+    """What the request is for; absent means ``"turn"``."""
+
+
+class _Call(_Envelope, total=False):
+    """The fields naming the tool call a record is about."""
+
+    toolCallId: str
+    """The tool call's id as the model gave it (made unique within its message)."""
+    callKey: str
+    """The call's identity in the run: ``"<assistant entry id>/<index>"``."""
+
+
 class RunStarted(_Envelope, total=False):
     """A prompt was accepted and a run opened; committed with the prompt's user entry."""
 
-    type: Required[Literal["run_started"]]
-    """``"run_started"``."""
     promptEntryId: str
     """Id of the user entry holding the prompt (committed in the same commit)."""
     prompt: dict[str, Any]
@@ -71,66 +85,40 @@ class RunStarted(_Envelope, total=False):
     providerSpec: str | None
     """The provider spec (``PROVIDER:MODEL``) ``resume`` rebuilds the provider from, if known."""
     limits: dict[str, Any]
-    """The run's bounds: ``{"attemptCap", "maxTurns", "maxToolCalls"}``, positive integers
-    (counts); a resumed run keeps them."""
+    """The run's bounds (counts): ``{"attemptCap", "maxTurns", "maxToolCalls"}``; kept on resume."""
     clientKey: str
     """The caller's idempotency key for this input (``Harness.accepted``)."""
 
 
-class ProviderRequestStarted(_Envelope, total=False):
+class ProviderRequestStarted(_Attempt, total=False):
     """The intent of one provider attempt, durable before the request is sent."""
 
-    type: Required[Literal["provider_request_started"]]
-    """``"provider_request_started"``."""
-    turn: int
-    """Turn number in the run, from 1 (0 for a summary outside a run)."""
-    attempt: int
-    """Attempt number of this turn and purpose, from 1, counted across restarts."""
     responseEntryId: str
     """Entry id provisioned for the answer (16 hex characters)."""
-    purpose: Purpose
-    """What the request is for; absent means ``"turn"``."""
     provider: str
     """Provider name."""
     model: str
     """Model id the request is sent to."""
 
 
-class ProviderRequestFinished(_Envelope, total=False):
+class ProviderRequestFinished(_Attempt, total=False):
     """Settlement of a provider attempt that answered; committed with the answer's entry."""
 
-    type: Required[Literal["provider_request_finished"]]
-    """``"provider_request_finished"``."""
-    turn: int
-    """Turn number, as in the intent."""
-    attempt: int
-    """Attempt number, as in the intent."""
-    purpose: Purpose
-    """As in the intent; absent means ``"turn"``."""
     entryId: str
     """Id of the entry holding the answer (assistant message, compaction or branch summary)."""
     responseEntryId: str
     """For summaries: the provisioned id (equal to ``entryId``)."""
     usage: dict[str, Any] | None
-    """Token usage and cost as the provider reported it (pi ``usage`` object: token counts,
-    ``cost`` in US dollars), or null."""
+    """The provider's pi ``usage`` object (token counts, ``cost`` in US dollars), or null."""
     stopReason: str | None
     """Why the model stopped (``stop``, ``toolUse``, ``length``, ``error``...)."""
     renamedToolCallIds: list[dict[str, Any]]
     """Tool-call ids made unique before storing: ``[{"index", "from", "to"}]``."""
 
 
-class ProviderRequestFailed(_Envelope, total=False):
+class ProviderRequestFailed(_Attempt, total=False):
     """Settlement of a provider attempt that failed (or was aborted)."""
 
-    type: Required[Literal["provider_request_failed"]]
-    """``"provider_request_failed"``."""
-    turn: int
-    """Turn number, as in the intent."""
-    attempt: int
-    """Attempt number, as in the intent."""
-    purpose: Purpose
-    """As in the intent; absent means ``"turn"``."""
     error: str
     """The failure, in words (``"aborted"`` for an abort)."""
     status: int | None
@@ -145,15 +133,9 @@ class ProviderRequestFailed(_Envelope, total=False):
     """True when the attempt was cut off, so its cost is unknown."""
 
 
-class ToolStarted(_Envelope, total=False):
+class ToolStarted(_Call, total=False):
     """The intent of one tool call, durable before the tool's effect begins."""
 
-    type: Required[Literal["tool_started"]]
-    """``"tool_started"``."""
-    toolCallId: str
-    """The tool call's id as the model gave it (made unique within its message)."""
-    callKey: str
-    """The call's identity in the run: ``"<assistant entry id>/<index>"``."""
     toolName: str
     """Name of the tool."""
     arguments: dict[str, Any]
@@ -168,52 +150,9 @@ class ToolStarted(_Envelope, total=False):
     """Execution attempt of this call, from 1 (a decided retry adds one)."""
 
 
-class ToolProcess(_Envelope, total=False):
-    """A tool started a process group (written without its own fsync)."""
-
-    type: Required[Literal["tool_process"]]
-    """``"tool_process"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
-    pgid: int
-    """Process group id."""
-    startTime: int | None
-    """The group leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22),
-    so a recycled pgid is never killed."""
-    host: str
-    """The machine the group runs on (``socket.gethostname()``): only a host on that machine
-    can signal it; elsewhere it is reported, never killed (``design/recovery.md``)."""
-
-
-class ToolProcessKilled(_Envelope, total=False):
-    """A recorded process group of an unsettled call was found alive and SIGKILLed."""
-
-    type: Required[Literal["tool_process_killed"]]
-    """``"tool_process_killed"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
-    pgid: int
-    """The process group killed."""
-    host: str
-    """The machine it was killed on."""
-    by: Literal["reconcile", "claim", "resume", "close", "operator"]
-    """Who killed it: start-up reconciliation, a worker's claim, the harness before it settles
-    or re-runs the call, a close, or the operator (``POST /sessions/{id}/agent/kill``)."""
-
-
-class ToolFinished(_Envelope, total=False):
+class ToolFinished(_Call, total=False):
     """Settlement of one tool call; committed with its result entry."""
 
-    type: Required[Literal["tool_finished"]]
-    """``"tool_finished"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
     resultEntryId: str
     """Id of the result entry."""
     isError: bool
@@ -232,12 +171,34 @@ class ToolFinished(_Envelope, total=False):
     the recovery policy, by a decision, not run, or aborted."""
 
 
+class ToolProcess(_Call, total=False):
+    """A tool started a process group (written without its own fsync)."""
+
+    pgid: int
+    """Process group id."""
+    startTime: int | None
+    """The leader's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    host: str
+    """The machine the group runs on (``socket.gethostname()``): only a host on that machine
+    can signal it; elsewhere it is reported, never killed (``design/recovery.md``)."""
+
+
+class ToolProcessKilled(_Call, total=False):
+    """A recorded process group of an unsettled call was found alive and SIGKILLed."""
+
+    pgid: int
+    """The process group killed."""
+    host: str
+    """The machine it was killed on."""
+    by: Literal["reconcile", "claim", "resume", "close", "operator"]
+    """Who killed it: start-up reconciliation, a worker's claim, the harness before it settles
+    or re-runs the call, a close, or the operator (``POST /sessions/{id}/agent/kill``)."""
+
+
 class QueueEnqueued(_Envelope, total=False):
     """Receipt of a queued message, durable before ``steer``/``follow_up``/``next_run``
     returns."""
 
-    type: Required[Literal["queue_enqueued"]]
-    """``"queue_enqueued"``."""
     queue: Queue
     """The queue."""
     itemId: str
@@ -251,8 +212,6 @@ class QueueEnqueued(_Envelope, total=False):
 class QueueConsumed(_Envelope, total=False):
     """Queued items delivered into the tree (at a save point, or as a next run's prompt)."""
 
-    type: Required[Literal["queue_consumed"]]
-    """``"queue_consumed"``."""
     queue: Queue
     """The queue the items came from."""
     itemIds: list[str]
@@ -264,8 +223,6 @@ class QueueConsumed(_Envelope, total=False):
 class QueueCancelled(_Envelope, total=False):
     """Steer and follow-up items dropped by an abort (handed back to the caller)."""
 
-    type: Required[Literal["queue_cancelled"]]
-    """``"queue_cancelled"``."""
     itemIds: list[str]
     """Ids of the cancelled items."""
 
@@ -273,8 +230,6 @@ class QueueCancelled(_Envelope, total=False):
 class WriteDeferred(_Envelope, total=False):
     """A setter called during a run: durable now, applied at the next save point."""
 
-    type: Required[Literal["write_deferred"]]
-    """``"write_deferred"``."""
     write: dict[str, Any]
     """The entry to append (``model_change``, ``thinking_level_change``, ``session_info`` or
     ``label``, without id and parent)."""
@@ -286,8 +241,6 @@ class SavePoint(_Envelope, total=False):
     """The checkpoint between turns: queued messages delivered and deferred writes applied, in
     one commit."""
 
-    type: Required[Literal["save_point"]]
-    """``"save_point"``."""
     turn: int
     """The turn that just ended."""
     appliedWrites: list[str]
@@ -299,20 +252,11 @@ class SavePoint(_Envelope, total=False):
 class AbortRequested(_Envelope, total=False):
     """Durable marker written before the abort signal is raised (no fields of its own)."""
 
-    type: Required[Literal["abort_requested"]]
-    """``"abort_requested"``."""
 
-
-class Decision(_Envelope, total=False):
+class Decision(_Call, total=False):
     """A human's (or policy's) decision on an in-doubt tool call's attempt, durable before it
     acts; at most one per attempt, never replaced (``design/recovery.md``, "Attempts")."""
 
-    type: Required[Literal["decision"]]
-    """``"decision"``."""
-    toolCallId: str
-    """The tool call's id."""
-    callKey: str
-    """The call's key (``"<assistant entry id>/<index>"``)."""
     attempt: int
     """The attempt it decides: the number of ``tool_started`` intents of the call when it was
     given (0: a call whose intent a damaged log may have lost). Absent in older logs (then it
@@ -322,15 +266,12 @@ class Decision(_Envelope, total=False):
     result: str | None
     """The result text for ``decision: "result"``."""
     force: bool
-    """On a forced ``retry`` (``retry!``): the operator retried a call whose process group
-    was recorded on another machine and may still run there."""
+    """On a forced ``retry`` (``retry!``) of a call whose group may still run elsewhere."""
 
 
 class RunFinished(_Envelope, total=False):
     """The run settled."""
 
-    type: Required[Literal["run_finished"]]
-    """``"run_finished"``."""
     outcome: Literal["completed", "aborted", "failed", "declined"]
     """How the run ended."""
     appliedWrites: list[str]
@@ -345,8 +286,6 @@ class SessionLifecycle(_Envelope, total=False):
     """The host moved the session's lifecycle state (``design/host.md``); written by the
     generation that holds the writer lease, in lane ``main``, outside any run."""
 
-    type: Required[Literal["session_lifecycle"]]
-    """``"session_lifecycle"``."""
     state: Literal["idle", "closing", "closed", "error"]
     """The state entered (``running`` is not written: an open run in a lane log is that
     observation; ``creating`` and ``suspended`` hold no lease to write with)."""
@@ -356,7 +295,7 @@ class SessionLifecycle(_Envelope, total=False):
     """For ``error``: why the generation failed to start or stopped, in words."""
     mode: Literal["sync", "batch", "none"]
     """The session's durability mode (``design/storage.md``)."""
-    commandRuntime: Literal["pipe", "pty"]
+    commandRuntime: CommandRuntime
     """How the bash tool runs commands: through pipes or a pseudo-terminal."""
     providerSpec: str | None
     """The provider spec new runs of this session use (``scripted:FILE``, ``openai:MODEL``)."""
@@ -368,34 +307,20 @@ class ToolPermission(_Envelope, total=False):
     """A client's standing permission for a tool of the session ("always allow", given over
     ACP: ``design/acp.md``); in lane ``main``, outside any run."""
 
-    type: Required[Literal["tool_permission"]]
-    """``"tool_permission"``."""
     toolName: str
     """The tool the permission is for (``bash``, ``write_file``...)."""
     permission: Literal["allow_always"]
     """What was granted: every later call of the tool runs without asking."""
 
 
-#: Every record type, by its ``type`` value, in the order of the design brief.
+#: Every record type, by its ``type`` value (the class name in snake case), in module order.
 DECLARATIONS: dict[str, type] = {
-    "run_started": RunStarted,
-    "provider_request_started": ProviderRequestStarted,
-    "provider_request_finished": ProviderRequestFinished,
-    "provider_request_failed": ProviderRequestFailed,
-    "tool_started": ToolStarted,
-    "tool_finished": ToolFinished,
-    "tool_process": ToolProcess,
-    "tool_process_killed": ToolProcessKilled,
-    "queue_enqueued": QueueEnqueued,
-    "queue_consumed": QueueConsumed,
-    "queue_cancelled": QueueCancelled,
-    "write_deferred": WriteDeferred,
-    "save_point": SavePoint,
-    "abort_requested": AbortRequested,
-    "decision": Decision,
-    "run_finished": RunFinished,
-    "session_lifecycle": SessionLifecycle,
-    "tool_permission": ToolPermission,
+    snake_case(name): td
+    for name, td in list(globals().items())
+    if is_typeddict(td)
+    and td.__module__ == __name__
+    and name[0] != "_"
+    and td is not RecordEnvelope
 }
 
 #: The record types, as the ``type`` values (the keys of :data:`DECLARATIONS`).
@@ -405,38 +330,23 @@ RECORD_TYPES: tuple[str, ...] = tuple(DECLARATIONS)
 ENVELOPE_FIELDS: frozenset[str] = frozenset(get_type_hints(RecordEnvelope))
 
 
-def fields_of(rtype: str) -> frozenset[str]:
-    """The field names a record of type ``rtype`` may carry, envelope included.
-
-    Raises:
-        KeyError: ``rtype`` is not declared.
-    """
-    return frozenset(get_type_hints(DECLARATIONS[rtype]))
-
-
-_VALIDATORS: dict[str, Any] = {}
-
-
+@functools.cache
 def _validator(rtype: str) -> Any:
     """The compiled pydantic-core validator of a declaration, built on first use (pydantic is
     imported then: the command line starts without it)."""
     from pydantic import TypeAdapter
 
-    validator = TypeAdapter(DECLARATIONS[rtype]).validator
-    _VALIDATORS[rtype] = validator
-    return validator
+    return TypeAdapter(DECLARATIONS[rtype]).validator
 
 
 def record_fields_error(rec: dict[str, Any]) -> str | None:
-    """Why ``rec`` does not match the declaration of its ``type``, or ``None`` (also ``None``
-    for an undeclared type: only its envelope applies). Strict: no coercion (``"1"`` is not an
-    integer, ``true`` is not one either). Fields not declared are allowed."""
+    """Why ``rec`` does not match the declaration of its ``type`` (strictly: ``"1"`` is no
+    integer), or ``None`` (also for an undeclared type). Fields not declared are allowed."""
     rtype = rec.get("type")
     if not isinstance(rtype, str) or rtype not in DECLARATIONS:
         return None
-    validator = _VALIDATORS.get(rtype) or _validator(rtype)
     try:
-        validator.validate_python(rec, strict=True)
+        _validator(rtype).validate_python(rec, strict=True)
     except ValueError as exc:  # pydantic_core.ValidationError
         errors = getattr(exc, "errors", None)
         if not callable(errors):
@@ -445,34 +355,3 @@ def record_fields_error(rec: dict[str, Any]) -> str | None:
         where = ".".join(str(p) for p in err["loc"]) or "record"
         return f"{rtype} record: {where}: {err['msg']}"
     return None
-
-
-def field_docs(td: type) -> dict[str, str]:
-    """``{field: docstring}`` of a declaration, read from the string literal under each field
-    in its source, envelope fields first (every declaration extends the envelope)."""
-    docs: dict[str, str] = {}
-    for cls in dict.fromkeys((_Envelope, td)):
-        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
-        node = tree.body[0]
-        body = node.body if isinstance(node, ast.ClassDef) else []
-        for field, nxt in itertools.pairwise(body):
-            if (
-                isinstance(field, ast.AnnAssign)
-                and isinstance(field.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[field.target.id] = inspect.cleandoc(nxt.value.value)
-    return docs
-
-
-def vocabulary_table() -> str:
-    """The record vocabulary as a Markdown table (type, what it records, its own fields), the
-    table ``design/api.md`` carries (a test keeps them equal)."""
-    rows = ["| type | records | fields (besides the envelope) |", "|---|---|---|"]
-    for rtype, td in DECLARATIONS.items():
-        summary = inspect.cleandoc(td.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-        own = [f"`{f}`" for f in field_docs(td) if f not in ENVELOPE_FIELDS and f != "type"]
-        rows.append(f"| `{rtype}` | {summary} | {', '.join(own) or '-'} |")
-    return "\n".join(rows) + "\n"

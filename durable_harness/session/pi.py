@@ -19,14 +19,13 @@ import hashlib
 from typing import Any
 
 from durable_harness.errors import CorruptSession, SessionNotFound
+from durable_harness.models.header import VERSION
 from durable_harness.session.session import copy_ops
 from durable_harness.storage import codec
 from durable_harness.storage.base import Store
 from durable_harness.storage.damage import damage
 from durable_harness.storage.indexed import MemorySessionStore
 from durable_harness.storage.shapes import entry_shape_error
-
-CURRENT_VERSION = 3
 
 
 def read_lines(data: bytes) -> tuple[list[tuple[int, int, Any]], list[dict[str, Any]]]:
@@ -158,7 +157,7 @@ def open_pi_file(path: str) -> MemorySessionStore:
         )
     header = dict(lines[0][2])
     entries = migrate(header, lines[1:])
-    header["version"] = CURRENT_VERSION
+    header["version"] = VERSION
     header["migratedFrom"] = int(lines[0][2].get("version") or 1)
     store = MemorySessionStore(header, read_only=True, location=path)
     _name_surrogate_entries(dmg, lines)

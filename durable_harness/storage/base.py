@@ -20,6 +20,7 @@ from durable_harness.errors import (
     StorageError,
 )
 from durable_harness.ids import now_iso, uuid7
+from durable_harness.models.header import new_header as new_header  # the backends' import
 from durable_harness.storage.oserrors import boundary
 
 Durability = Literal["sync", "batch", "none"]
@@ -133,29 +134,6 @@ class SessionInfo:
                 "message": f"{path}: cannot be read: {reason} ({code})",
             },
         )
-
-
-def new_header(
-    sid: str,
-    timestamp: str,
-    cwd: str,
-    parent_session: str | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The header of a new session (``type="session"``, version 3, our format name, ``id``,
-    ``timestamp``, ``cwd``, ``parentSession`` when forked), plus ``extra``."""
-    header: dict[str, Any] = {
-        "type": "session",
-        "version": 3,
-        "format": "durable-harness/1",
-        "id": sid,
-        "timestamp": timestamp,
-        "cwd": cwd,
-    }
-    if parent_session:
-        header["parentSession"] = parent_session
-    header.update(extra or {})
-    return header
 
 
 def errno_name(exc: OSError) -> str:

@@ -1,14 +1,6 @@
 """The storage conformance suite: :func:`check_session_store` proves a backend keeps the
-storage contract of :mod:`durable_harness.storage.base` (design/storage.md).
-
-Each check takes a fresh, empty :class:`~durable_harness.storage.base.Store` and exercises the
-catalogue (create, open by id or unique prefix, duplicates), commits (atomic multi-op commits,
-one seq per op strictly increasing, id conflicts, refusal of ops that would read back as
-damage), lane state (leaf moves, config merges, the open run), record filters, read-only
-opens, every durability mode, concurrent ``batch`` commits and copy-on-read. "Reopen" closes
-the session and opens it again through the store given by ``reopen_store`` (for a durable
-backend: a new store object over the same data, so nothing is shared in memory).
-"""
+storage contract of :mod:`durable_harness.storage.base` (``design/storage.md``), one ``check_``
+function per part of it, each on a fresh, empty store."""
 
 from __future__ import annotations
 
@@ -40,8 +32,8 @@ from durable_harness.storage import (
 
 
 class ConformanceError(AssertionError):
-    """A backend broke the storage contract; the message names the check and what differed.
-    An ``AssertionError``, so test runners report it as a failure, not an error."""
+    """A backend broke the storage contract (an ``AssertionError``: a test failure, not an
+    error); the message names the check and what differed."""
 
 
 StoreFactory = Callable[[], Store]
@@ -108,6 +100,18 @@ def snapshot(s: SessionStore) -> dict[str, Any]:
     }
 
 
+def _refuses(
+    s: SessionStore, batches: list[list[Op]], exc: type[DurableHarnessError], what: str
+) -> dict[str, Any]:
+    """Each of ``batches`` raises ``exc`` and leaves ``s`` as it was; returns that state."""
+    before = snapshot(s)
+    for i, batch in enumerate(batches):
+        with _raises(exc, f"{what} {i}"):
+            s.commit(batch)
+        _eq(snapshot(s), before, f"state after {what} {i}")
+    return before
+
+
 class _Ctx:
     """One check's store and how to reopen a session through ``reopen_store``."""
 
@@ -142,12 +146,9 @@ def check_catalogue(c: _Ctx) -> None:
     _eq([i.id for i in store.list_sessions()], [sid], "list_sessions()")
     s.close()
     s.close()
-    again = store.open_session(sid)
-    try:
+    with store.open_session(sid) as again:
         _eq(again.session_id, sid, "reopened id")
         _eq(again.header.get("cwd"), "/work/proj", "reopened cwd")
-    finally:
-        again.close()
     with _raises(SessionNotFound, "open_session of a missing id"):
         store.open_session("no-such-session")
 
@@ -159,11 +160,8 @@ def check_prefixes(c: _Ctx) -> None:
     a, b = "aaaa1111-0000-7000-8000-000000000001", "bbbb2222-0000-7000-8000-000000000002"
     store.create_session("/p", session_id=a).close()
     store.create_session("/p", session_id=b).close()
-    s = store.open_session("aaaa", write=False)
-    try:
+    with store.open_session("aaaa", write=False) as s:
         _eq(s.session_id, a, "open by prefix")
-    finally:
-        s.close()
     _eq(store.resolve("bbbb2").id, b, "resolve by prefix")
     hit = store.find_exact(a)  # a fast path may find nothing, never another session
     _eq(hit.id if hit is not None else a, a, "find_exact of an id")
@@ -193,11 +191,8 @@ def check_duplicate_id(c: _Ctx) -> None:
     for cwd in ("/p", "/other-cwd"):
         with _raises(SessionExists, f"create_session of a taken id (cwd {cwd})"):
             store.create_session(cwd, session_id=sid)
-    s = store.open_session(sid, write=False)
-    try:
+    with store.open_session(sid, write=False) as s:
         _eq(ids(s.iter_entries()), ["e1"], "the existing session's entries")
-    finally:
-        s.close()
     _eq(len(store.list_sessions()), 1, "sessions after refused duplicates")
 
 
@@ -205,7 +200,6 @@ def check_atomic_commit(c: _Ctx) -> None:
     """A commit whose later op is invalid leaves nothing behind, before and after reopen."""
     s = c.store.create_session("/p")
     s.commit([EntryOp(ent("root"), lane="main"), RecordOp(rec("r0"))])
-    before = snapshot(s)
     bad: list[list[Op]] = [
         [
             EntryOp(ent("a", "root"), lane="main"),
@@ -216,17 +210,11 @@ def check_atomic_commit(c: _Ctx) -> None:
         [RecordOp(rec("r1")), EntryOp(ent("a", "r1"), lane="main")],
         [RecordOp(rec("r1")), LaneOp("side", leaf_id="r1")],
     ]
-    for i, batch in enumerate(bad):
-        with _raises(UnknownEntry, f"bad batch {i}"):
-            s.commit(batch)
-        _eq(snapshot(s), before, f"state after refused batch {i}")
-    s = c.reopen(s)
-    try:
+    before = _refuses(s, bad, UnknownEntry, "refused batch")
+    with c.reopen(s) as s:
         _eq(snapshot(s), before, "state after reopen")
         _need("side" not in s.lanes(), "a refused lane op created no lane")
         _eq(s.commit([EntryOp(ent("a", "root"), lane="main")]), before["last_seq"] + 1, "seq")
-    finally:
-        s.close()
 
 
 def check_seq(c: _Ctx) -> None:
@@ -240,37 +228,27 @@ def check_seq(c: _Ctx) -> None:
         s.commit([EntryOp(ent("e2", "e1"), lane="main"), RecordOp(rec("r2")), LaneOp("side")]),
     ]
     _eq(returned, [1, 2, 3, 4, 7], "seqs returned by commit")
-    s = c.reopen(s)
-    try:
+    with c.reopen(s) as s:
         _eq(s.last_seq(), 7, "last_seq after reopen")
         by_id = {e["id"]: e["seq"] for e in s.iter_entries()}
         by_id.update({r["id"]: r["seq"] for r in s.records()})
         _eq(by_id, {"e1": 1, "r1": 2, "e2": 5, "r2": 6}, "stored seqs")
         _eq(s.commit([RecordOp(rec("r3"))]), 8, "seq after reopen")
-    finally:
-        s.close()
 
 
 def check_id_conflicts(c: _Ctx) -> None:
     """A taken entry or record id, or one used twice in a commit, raises IdConflict."""
     s = c.store.create_session("/p")
     s.commit([EntryOp(ent("e1"), lane="main"), RecordOp(rec("r1"))])
-    before = snapshot(s)
     conflicting: list[list[Op]] = [
         [EntryOp(ent("e1"))],
         [EntryOp(ent("fresh")), EntryOp(ent("fresh"))],
         [RecordOp(rec("r1"))],
         [EntryOp(ent("fresh2")), RecordOp(rec("r9")), RecordOp(rec("r9"))],
     ]
-    for i, batch in enumerate(conflicting):
-        with _raises(IdConflict, f"conflicting batch {i}"):
-            s.commit(batch)
-        _eq(snapshot(s), before, f"state after conflicting batch {i}")
-    s = c.reopen(s)
-    try:
+    before = _refuses(s, conflicting, IdConflict, "conflicting batch")
+    with c.reopen(s) as s:
         _eq(snapshot(s), before, "state after reopen")
-    finally:
-        s.close()
 
 
 def check_shapes(c: _Ctx) -> None:
@@ -290,11 +268,8 @@ def check_shapes(c: _Ctx) -> None:
         with _raises(InvalidOp, f"malformed batch {i}"):
             s.commit(batch)
         _eq(snapshot(s), before, f"state after malformed batch {i}")
-        s = c.reopen(s, write=False)
-        try:
+        with c.reopen(s, write=False) as s:
             _eq(s.damage, [], f"damage after malformed batch {i}")
-        finally:
-            s.close()
 
 
 def check_lanes(c: _Ctx) -> None:
@@ -310,13 +285,10 @@ def check_lanes(c: _Ctx) -> None:
     _eq(s.lanes()["main"].leaf_id, None, "leaf moved to None")
     s.commit([LaneOp("side", leaf_id="b", config={"model": "x", "thinking": "low"})])
     s.commit([LaneOp("side", config={"thinking": "high"})])
-    s = c.reopen(s)
-    try:
+    with c.reopen(s) as s:
         side = s.lanes()["side"]
         _eq(side.leaf_id, "b", "a config-only lane op keeps the leaf")
         _eq(side.config, {"model": "x", "thinking": "high"}, "lane config merges")
-    finally:
-        s.close()
 
 
 def check_open_run(c: _Ctx) -> None:
@@ -330,8 +302,7 @@ def check_open_run(c: _Ctx) -> None:
     _eq(s.lanes()["main"].run_id, "run-1", "another run's finish leaves the run open")
     _eq(s.lanes()["side"].run_id, "run-2", "the other lane's run")
     s.commit([RecordOp(rec("f1", "run_finished", runId="run-1", outcome="completed"))])
-    s = c.reopen(s)
-    try:
+    with c.reopen(s) as s:
         main = s.lanes()["main"]
         _eq((main.run_id, main.run_seq), (None, None), "a finished run closes the lane")
         s.commit(
@@ -341,8 +312,6 @@ def check_open_run(c: _Ctx) -> None:
             ]
         )
         _eq(s.lanes()["main"].run_id, None, "a run opened and settled in one commit")
-    finally:
-        s.close()
 
 
 def check_record_filters(c: _Ctx) -> None:
@@ -353,8 +322,7 @@ def check_record_filters(c: _Ctx) -> None:
     s.commit([RecordOp(rec("b1", "run_started", lane="side", runId="B"))])
     s.commit([RecordOp(rec("a3", "run_finished", runId="A", outcome="completed"))])
     s.commit([RecordOp(rec("n1", "note", lane=None))])
-    s = c.reopen(s, write=False)
-    try:
+    with c.reopen(s, write=False) as s:
         _eq(ids(s.records()), ["a1", "a2", "b1", "a3", "n1"], "records()")
         _eq(ids(s.records("main")), ["a1", "a2", "a3"], "records(lane)")
         _eq(ids(s.records(run_id="A")), ["a1", "a2", "a3"], "records(run_id)")
@@ -371,24 +339,19 @@ def check_record_filters(c: _Ctx) -> None:
             "records(all filters)",
         )
         _eq(s.records("nope"), [], "records(unknown lane)")
-    finally:
-        s.close()
 
 
 def check_read_only(c: _Ctx) -> None:
     """A read-only open beside a live writer reads, and refuses every commit."""
     writer = c.store.create_session("/p")
     writer.commit([EntryOp(ent("e1"), lane="main")])
-    ro = c.store.open_session(writer.session_id, write=False)
-    try:
+    with c.store.open_session(writer.session_id, write=False) as ro:
         _need(ro.read_only, "read_only is set")
         _eq(ids(ro.iter_entries()), ["e1"], "a reader sees the writer's commits")
         with _raises(ReadOnlySession, "an entry commit through a reader"):
             ro.commit([EntryOp(ent("e2", "e1"), lane="main")])
         with _raises(ReadOnlySession, "a lane commit through a reader"):
             ro.commit([LaneOp("main", leaf_id=None)])
-    finally:
-        ro.close()
     _eq(writer.get_entry("e2"), None, "a refused commit left nothing")
     writer.commit([EntryOp(ent("e2", "e1"), lane="main")])
     writer.close()
@@ -404,11 +367,8 @@ def check_durability_modes(c: _Ctx) -> None:
             s.commit([EntryOp(ent(f"e{i}", parent, n=i), lane="main"), RecordOp(rec(f"r{i}"))])
             parent = f"e{i}"
         before = snapshot(s)
-        s = c.reopen(s, durability=mode)
-        try:
+        with c.reopen(s, durability=mode) as s:
             _eq(snapshot(s), before, f"state after reopen in {mode} mode")
-        finally:
-            s.close()
 
 
 def check_concurrent_batch(c: _Ctx) -> None:
@@ -446,22 +406,18 @@ def check_concurrent_batch(c: _Ctx) -> None:
     _eq(len(set(returned)), threads * per_thread, "distinct seqs")
     for t in results:
         _eq(results[t], sorted(results[t]), f"thread {t}'s seqs in order")
-    s = c.reopen(s, write=False)
-    try:
+    with c.reopen(s, write=False) as s:
         seqs = [e["seq"] for e in s.iter_entries()] + [r["seq"] for r in s.records()]
         _eq(sorted(seqs), list(range(1, 2 * threads * per_thread + 1)), "stored seqs")
         for t in range(threads):
             _eq(s.lanes()[f"lane{t}"].leaf_id, f"t{t}-e{per_thread - 1}", f"lane{t} leaf")
-    finally:
-        s.close()
 
 
 def check_copies(c: _Ctx) -> None:
     """Returned dicts are copies: mutating them changes nothing stored."""
     s = c.store.create_session("/p")
     s.commit([EntryOp(ent("e1", body={"k": [1]}), lane="main"), RecordOp(rec("r1"))])
-    s = c.reopen(s)
-    try:
+    with c.reopen(s) as s:
         got = s.get_entry("e1")
         _need(got is not None, "get_entry of a stored entry")
         assert got is not None
@@ -470,27 +426,14 @@ def check_copies(c: _Ctx) -> None:
         s.records()[0]["extra"] = 1
         _eq(s.get_entry("e1"), {**ent("e1", body={"k": [1]}), "seq": 1}, "entry after mutation")
         _need("extra" not in s.records()[0], "a mutated record leaked into the store")
-    finally:
-        s.close()
 
 
 CHECKS: dict[str, Callable[[_Ctx], None]] = {
-    "catalogue": check_catalogue,
-    "prefixes": check_prefixes,
-    "duplicate_id": check_duplicate_id,
-    "atomic_commit": check_atomic_commit,
-    "seq": check_seq,
-    "id_conflicts": check_id_conflicts,
-    "shapes": check_shapes,
-    "lanes": check_lanes,
-    "open_run": check_open_run,
-    "record_filters": check_record_filters,
-    "read_only": check_read_only,
-    "durability_modes": check_durability_modes,
-    "concurrent_batch": check_concurrent_batch,
-    "copies": check_copies,
+    name.removeprefix("check_"): check
+    for name, check in list(globals().items())
+    if name.startswith("check_") and callable(check)
 }
-"""Every check by name (the order :func:`check_session_store` runs them in)."""
+"""Every check above by name (``check_seq`` is ``seq``), in the order they run."""
 
 
 def check_session_store(
@@ -501,12 +444,10 @@ def check_session_store(
 ) -> list[str]:
     """Run the storage conformance suite against a backend; return the names of the checks run.
 
-    ``factory()`` returns a fresh, empty :class:`~durable_harness.storage.base.Store` (called
-    once per check). ``reopen_store(store)`` returns the store to reopen sessions through; for a
-    durable backend pass one that opens a *new* store object over the same data (for example
-    ``lambda s: open_store(s.spec)``), so the checks prove what survives a close; the default
-    reuses the same object (right for an in-memory backend). ``only`` runs the named checks of
-    :data:`CHECKS`.
+    ``factory()`` returns a fresh, empty store (called once per check). ``reopen_store(store)``
+    returns the store to reopen sessions through: for a durable backend a *new* store object
+    over the same data (``lambda s: open_store(s.spec)``); the default reuses the same object.
+    ``only`` runs the named checks of :data:`CHECKS`.
 
     Raises:
         ConformanceError: a check failed (an ``AssertionError``; the message starts with the

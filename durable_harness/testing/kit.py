@@ -1,16 +1,5 @@
-"""Crash-test a team's own agent: one scenario, SIGKILLed at a named crash point in a real child
-process, then recovered, decided, resumed and checked (design/testing-kit.md).
-
-This module is the pytest-free core of :mod:`durable_harness.testing`; the fixtures in
-:mod:`durable_harness.testing.plugin` are thin wrappers over :func:`scenario`,
-:func:`crash_points` and :func:`run_crash`. Every cell reuses the crash matrix's runner
-(:mod:`durable_harness.crashtest.runner`): the same child, the same recovery path, the same
-invariant checks as ``durable-harness crash-test``.
-
-A cell can also be a power cut (``power_cut="sync"``, ``"batch"`` or ``"none"``: the child's
-durability mode): after the SIGKILL the store is cut back to what that mode had made durable
-(:mod:`durable_harness.crashtest.powercut`, as ``crash-test --power-cut``), then recovery runs.
-"""
+"""The pytest-free core of :mod:`durable_harness.testing`: one crash cell of a scenario, run by
+the crash matrix's runner (:mod:`durable_harness.crashtest.runner`; ``design/testing-kit.md``)."""
 
 from __future__ import annotations
 
@@ -20,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_harness.crashtest.invariants import INVARIANTS as INVARIANTS
 from durable_harness.crashtest.powercut import DURABILITIES
 from durable_harness.crashtest.runner import (
     Baseline,
@@ -40,27 +30,13 @@ BACKENDS = ("jsonl", "sqlite")
 POWER_CUT_MODES = DURABILITIES
 """The durability modes a power-cut cell can run in: ``("sync", "batch", "none")``."""
 
-INVARIANTS = {
-    "inputs": "every accepted input is delivered once (or cancelled by an abort)",
-    "effects": "every effect at most once, unless an explicit retry decision re-ran it",
-    "results": "every stored tool call has exactly one result",
-    "damage": "the store is clean under fsck (a quarantined torn tail aside)",
-    "settled": "no lane is left with an open run",
-    "plan": "the resume did what the printed recovery plan said",
-    "conversation": "the final conversation equals the crash-free run's, except where a "
-    "decision or a reconciled result changed a tool's result",
-}
-
 
 def scenario(
     source: Scenario | str | Path | dict[str, Any], folder: Path | None = None
 ) -> Scenario:
-    """Turn ``source`` into a loaded :class:`Scenario`.
-
-    ``source`` is a loaded scenario, a scenario file, or the file's content as a dict (the
-    format of :mod:`durable_harness.crashtest.scenario`: ``name``, ``steps``, ``turns``,
-    ``tools``, ``provider``...), which is written to ``folder`` (default: a new temporary
-    folder) because the child process reads the scenario from a file.
+    """Turn ``source`` (a loaded scenario, a scenario file, or its content as a dict) into a
+    loaded :class:`Scenario`; a dict is written to ``folder`` (default: a new temporary folder)
+    because the child process reads the scenario from a file.
 
     Raises:
         FormatError: the scenario does not follow the format (the message names the file), or
@@ -89,9 +65,7 @@ def _check_mode(power_cut: str | None) -> None:
 
 
 def crash_free(sc: Scenario, backend: str = "jsonl", power_cut: str | None = None) -> Baseline:
-    """The scenario's crash-free run on ``backend`` (run once per process and cached): its
-    conversation, effect counts and every crash point it reaches (with hit counts). With
-    ``power_cut`` (a durability mode) the run uses that mode, as its power-cut cells do.
+    """The scenario's crash-free run on ``backend`` (in mode ``power_cut``), cached per process.
 
     Raises:
         ValueError: ``power_cut`` is not a durability mode.
@@ -109,24 +83,17 @@ def crash_free(sc: Scenario, backend: str = "jsonl", power_cut: str | None = Non
 def crash_points(
     sc: Scenario, backend: str = "jsonl", power_cut: str | None = None
 ) -> list[tuple[str, int]]:
-    """Every ``(crash point, hit)`` the scenario reaches on ``backend`` (in durability mode
-    ``power_cut``, when given): each point of :data:`durable_harness.crash.CRASH_POINTS` it
-    passes, for hits 1 up to the matrix's cap (``runner.MAX_HITS``), in a stable order. Raises
-    as :func:`crash_free`."""
+    """Every ``(crash point, hit)`` the scenario reaches (hits up to ``runner.MAX_HITS``), in a
+    stable order. Raises as :func:`crash_free`."""
     base = crash_free(sc, backend, power_cut)
     return [(c.point, c.hit) for c in cells_for(sc, base, backend, power_cut)]
 
 
 @dataclass
 class CrashOutcome:
-    """What one crash cell did, and where its files are kept.
-
-    Attributes:
-        cell: the runner's verdict (``status``, ``failures``, ``decisions``, ``reconciled``,
-            ``doubled``, ``notes``, ``plan``).
-        root: the cell's folder; ``work`` is the agent's working directory (the tools' files,
-            e.g. a ledger), ``store_spec`` and ``session_id`` open its session.
-    """
+    """What one crash cell did (``cell``: the runner's verdict), and where its files are kept:
+    ``root`` the cell's folder, ``work`` the agent's working directory, ``store_spec`` and
+    ``session_id`` its session."""
 
     cell: Cell
     root: Path
@@ -136,17 +103,13 @@ class CrashOutcome:
 
     @property
     def power_cut(self) -> str | None:
-        """The durability mode whose power cut the cell simulated, or ``None`` (a SIGKILL
-        only)."""
+        """The durability mode whose power cut the cell simulated, or ``None``."""
         return self.cell.durability
 
     @property
     def lost(self) -> dict[str, list[str]]:
-        """What the power cut lost, by kind (only kinds that lost something): ``inputs``
-        (client keys the client had been acknowledged), ``unacknowledged`` (inputs written but
-        not yet acknowledged: the client re-sends them), ``intents`` and ``settlements``
-        (``tool_started`` / ``tool_finished`` record ids). Empty for a SIGKILL-only cell, and
-        always without ``inputs`` in a passing ``sync`` cell."""
+        """What the power cut lost, ids by kind (``inputs``, ``unacknowledged``, ``intents``,
+        ``settlements``; only kinds that lost something; ``design/testing-kit.md``)."""
         return dict(self.cell.lost)
 
     @property
@@ -166,12 +129,10 @@ class CrashOutcome:
         return list(self.cell.doubled)
 
     def assert_invariants(self) -> None:
-        """Assert every invariant of :data:`INVARIANTS` held in this cell (and, for a power
-        cut in ``sync`` mode, that no accepted input was lost).
+        """Assert every invariant of :data:`INVARIANTS` (and the power-cut one) held.
 
         Raises:
-            AssertionError: the cell failed or errored (e.g. the crash point was not reached);
-                the message lists each broken invariant.
+            AssertionError: the cell failed or errored; the message lists what broke.
         """
         assert self.cell.status == "pass", (
             f"{self.cell.backend} {self.cell.scenario} crash at {self.cell.label}: "
@@ -179,11 +140,7 @@ class CrashOutcome:
         )
 
     def open_session(self) -> Session:
-        """Open the cell's session read-only (close it, or use it as a context manager).
-
-        Raises:
-            StorageError: the store or session cannot be opened.
-        """
+        """Open the cell's session read-only (a context manager); ``StorageError`` if it cannot."""
         store = open_store(self.store_spec, create=False)
         return Session(store.open_session(self.session_id, write=False))
 
@@ -199,22 +156,11 @@ def run_crash(
     policy: Policy = "ask",
     power_cut: str | None = None,
 ) -> CrashOutcome:
-    """Run ``sc`` in a child process, SIGKILL it at the ``hit``-th pass of ``point``, recover,
-    decide, resume under ``policy``, let the client re-send what was never acknowledged, and
-    check the invariants against the crash-free run.
-
-    With ``power_cut`` (``"sync"``, ``"batch"`` or ``"none"``) the child runs in that
-    durability mode and the crash is a power cut: before recovery the store is cut back to what
-    the mode had made durable, and :attr:`CrashOutcome.lost` says what that lost. ``sync`` must
-    lose no accepted input (a failed invariant otherwise); every mode must still never turn a
-    lost intent into a second effect without a decision. ``decide(call, ctx)`` answers each call
-    that awaits a decision (``ctx`` is the :class:`~durable_harness.tools.base.ToolContext` its
-    tool would get: ``cwd``, ``idempotency_key``); ``None`` from it, or no callback, uses
-    :func:`durable_harness.crashtest.runner.default_decision`. Nothing is raised for a broken
-    invariant: call :meth:`CrashOutcome.assert_invariants`.
-
-    ``root``: an empty or missing folder where the cell runs and is kept (default: a new
-        temporary folder, also kept).
+    """Run one cell: ``sc`` SIGKILLed (or power-cut in durability mode ``power_cut``) at the
+    ``hit``-th pass of ``point``, then recovered, decided (``decide``, ``policy``), resumed,
+    re-sent and checked; a broken invariant raises nothing (call
+    :meth:`CrashOutcome.assert_invariants`). ``root``: an empty or missing folder where the
+    cell runs and is kept (default: a new temporary folder, also kept).
 
     Raises:
         ValueError: ``backend`` is not ``jsonl`` or ``sqlite``, or ``power_cut`` is not a

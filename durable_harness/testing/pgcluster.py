@@ -1,15 +1,7 @@
 """A throw-away PostgreSQL cluster for tests and benchmarks: ``initdb`` into a temporary folder,
-``pg_ctl start`` on a free loopback port, ``pg_ctl stop`` and remove it all at the end.
-
-The server refuses to run as root, so under root (CI) both commands run as the ``postgres`` user
-when it exists (the distribution's package creates it), else as ``nobody``, through ``setpriv``;
-the folder is made theirs. Authentication is ``trust`` on 127.0.0.1 only, no Unix socket: the
-cluster lives as long as one test run and holds nothing but test data.
-
-Binaries: ``pg_ctl`` on ``PATH`` (its real folder, symlinks followed), else the newest
-``/usr/lib/postgresql/*/bin`` (Debian keeps them off ``PATH``). :func:`find_bindir` returns
-``None`` when there is none; the fixture then skips, or fails under ``CI=true``.
-"""
+``pg_ctl start`` on a free loopback port, stopped and removed at the end. Under root the server
+runs as ``postgres`` (else ``nobody``) through ``setpriv``; authentication is ``trust`` on
+127.0.0.1 only (``design/postgres.md``)."""
 
 from __future__ import annotations
 
@@ -26,7 +18,8 @@ from typing import Any
 
 
 def find_bindir() -> str | None:
-    """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, or ``None``."""
+    """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, or ``None``: ``pg_ctl``'s
+    real folder when it is on ``PATH``, else the newest ``/usr/lib/postgresql/*/bin``."""
     candidates: list[str] = []
     found = shutil.which("pg_ctl")
     if found:
@@ -44,12 +37,8 @@ def find_bindir() -> str | None:
 
 
 def missing_postgres(reason: str) -> None:
-    """In a pytest fixture: skip for want of PostgreSQL (``reason`` says what is missing), or,
-    under CI (``CI=true``), fail: CI never skips a PostgreSQL test.
-
-    Raises:
-        pytest.skip.Exception, pytest.fail.Exception: always.
-    """
+    """In a pytest fixture: skip for want of PostgreSQL (``reason``), or fail under ``CI=true``
+    (CI never skips a PostgreSQL test)."""
     import pytest
 
     if os.environ.get("CI", "").strip().lower() == "true":
@@ -65,13 +54,8 @@ def free_port() -> int:
 
 
 class TemporaryCluster:
-    """One throw-away cluster. ``start()`` then ``spec`` (a ``postgresql://`` URL of database
-    ``postgres``, user ``postgres``); ``restart()``, ``stop()``; ``cleanup()`` stops and removes.
-
-    Args:
-        bindir: the folder of ``initdb`` and ``pg_ctl`` (see :func:`find_bindir`).
-        settings: extra server settings (``-c name=value``), e.g. ``{"fsync": "off"}``.
-    """
+    """One throw-away cluster from the binaries in ``bindir`` (:func:`find_bindir`), with extra
+    server ``settings`` (``-c name=value``); ``start()`` then ``spec``; ``cleanup()`` removes it."""
 
     def __init__(self, bindir: str, settings: dict[str, str] | None = None) -> None:
         self.bindir = bindir
@@ -89,13 +73,8 @@ class TemporaryCluster:
                 user = pwd.getpwnam("nobody")
             os.chown(self.root, user.pw_uid, user.pw_gid)
             setpriv = shutil.which("setpriv") or "setpriv"
-            self._prefix = [
-                setpriv,
-                f"--reuid={user.pw_uid}",
-                f"--regid={user.pw_gid}",
-                "--clear-groups",
-                "--",
-            ]
+            ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}"]
+            self._prefix = [setpriv, *ids, "--clear-groups", "--"]
             self._env["HOME"] = self.root
 
     @property
@@ -121,18 +100,8 @@ class TemporaryCluster:
                 output and the server log's tail).
         """
         if not os.path.isdir(self.data):
-            proc = self._run(
-                os.path.join(self.bindir, "initdb"),
-                "-D",
-                self.data,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "--no-sync",
-            )
+            flags = ["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"]
+            proc = self._run(os.path.join(self.bindir, "initdb"), "-D", self.data, *flags)
             if proc.returncode != 0:
                 raise RuntimeError(f"initdb failed: {proc.stdout}{proc.stderr}")
         last = ""
@@ -145,19 +114,8 @@ class TemporaryCluster:
                 "-c max_connections=200",
                 *(f"-c {k}={v}" for k, v in self.settings.items()),
             ]
-            proc = self._run(
-                os.path.join(self.bindir, "pg_ctl"),
-                "-D",
-                self.data,
-                "-l",
-                self.log,
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                " ".join(opts),
-                "start",
-            )
+            args = ["-D", self.data, "-l", self.log, "-w", "-t", "60", "-o", " ".join(opts)]
+            proc = self._run(os.path.join(self.bindir, "pg_ctl"), *args, "start")
             if proc.returncode == 0:
                 self.port = port
                 return self

@@ -1,22 +1,7 @@
-"""The pytest plugin of :mod:`durable_harness.testing`, registered through the ``pytest11``
-entry point (installing the package is enough).
-
-* ``@crash_matrix(scenario, backends=("jsonl",), decide=None, policy="ask", power_cut=False)``
-  on a test that takes the ``crash_cell`` fixture parametrizes it over every ``(crash point,
-  hit)`` the scenario reaches on each backend (found by one crash-free run per scenario and
-  backend, at collection). Test ids are ``<backend>-<point>`` or ``<backend>-<point>:<n>``.
-  ``power_cut=True`` makes every cell a power cut, once per durability mode (``sync``,
-  ``batch``, ``none``); a mode or a list of modes narrows it. Ids are then
-  ``<backend>-<mode>-<point>[:n]``.
-* ``crash_cell``: the :class:`~durable_harness.testing.kit.CrashOutcome` of that cell, run in
-  the test's ``tmp_path`` (kept there for inspection).
-* ``crash_run``: a function ``crash_run(scenario, point, hit=1, backend="jsonl", decide=None,
-  policy="ask", power_cut=None)`` running one cell by hand, in a fresh folder under
-  ``tmp_path`` (``power_cut``: one durability mode).
-
-Tests using either fixture get the ``crash`` marker (they spawn children that SIGKILL
-themselves), so ``-m "not crash"`` leaves them out.
-"""
+"""The pytest plugin of :mod:`durable_harness.testing` (the ``pytest11`` entry point): the
+:func:`crash_matrix` decorator and the ``crash_cell`` and ``crash_run`` fixtures; tests using
+them are marked ``crash``. It imports the crash kit only when a crash test needs it
+(``design/testing-kit.md`` "Pieces")."""
 
 from __future__ import annotations
 
@@ -25,20 +10,15 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from durable_harness.crashtest.runner import Decide
-from durable_harness.crashtest.scenario import Scenario
-from durable_harness.recovery.decide import Policy
-from durable_harness.testing.kit import (
-    POWER_CUT_MODES,
-    CrashOutcome,
-    crash_points,
-    run_crash,
-    scenario,
-)
+if TYPE_CHECKING:
+    from durable_harness.crashtest.runner import Decide
+    from durable_harness.crashtest.scenario import Scenario
+    from durable_harness.recovery.decide import Policy
+    from durable_harness.testing.kit import CrashOutcome
 
 MARKER = "crash_matrix"
 
@@ -51,11 +31,11 @@ def crash_matrix(
     policy: Policy = "ask",
     power_cut: bool | str | Iterable[str] = False,
 ) -> pytest.MarkDecorator:
-    """Decorator: run the test once per crash point the scenario reaches (see the module
-    docstring); the test takes the ``crash_cell`` fixture. ``source`` is as for
-    :func:`~durable_harness.testing.kit.scenario`; ``decide`` and ``policy`` as for
-    :func:`~durable_harness.testing.kit.run_crash`. ``power_cut``: ``False`` (SIGKILL cells),
-    ``True`` (power-cut cells in every durability mode), or the mode(s) to cut power in.
+    """Decorator: run the test, which takes the ``crash_cell`` fixture, once per ``(crash
+    point, hit)`` the scenario reaches on each backend; ids ``<backend>-<point>[:n]``.
+    ``source``, ``decide`` and ``policy`` are as for :func:`~durable_harness.testing.kit.run_crash`.
+    ``power_cut``: ``False`` (SIGKILL cells), ``True`` (every durability mode), or the mode(s);
+    ids are then ``<backend>-<mode>-<point>[:n]``.
 
     Raises:
         ValueError: ``power_cut`` names something that is not a durability mode (at once).
@@ -63,43 +43,32 @@ def crash_matrix(
             loaded or its crash-free run fails.
     """
     mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)
-    return mark(
-        source,
-        backends=tuple(backends),
-        decide=decide,
-        policy=policy,
-        power_cut=_modes(power_cut),
-    )
+    modes = _modes(power_cut)
+    return mark(source, backends=tuple(backends), decide=decide, policy=policy, power_cut=modes)
 
 
 def _modes(power_cut: bool | str | Iterable[str]) -> tuple[str | None, ...]:
-    """The durability modes of the cells: ``(None,)`` for SIGKILL cells.
+    """The durability modes of the cells: ``(None,)`` for SIGKILL cells; ``ValueError`` for a
+    mode that is not one."""
+    from durable_harness.crashtest.powercut import DURABILITIES
 
-    Raises:
-        ValueError: a mode that is not one of :data:`~durable_harness.testing.kit.POWER_CUT_MODES`.
-    """
     if power_cut is False:
         return (None,)
     if power_cut is True:
-        return POWER_CUT_MODES
+        return DURABILITIES
     modes = (power_cut,) if isinstance(power_cut, str) else tuple(power_cut)
-    bad = [m for m in modes if m not in POWER_CUT_MODES]
+    bad = [m for m in modes if m not in DURABILITIES]
     if bad or not modes:
-        raise ValueError(
-            f"power_cut: expected True, False or modes of {POWER_CUT_MODES}, got {bad}"
-        )
+        raise ValueError(f"power_cut: expected True, False or modes of {DURABILITIES}, got {bad}")
     return modes
 
 
 @dataclass(frozen=True)
 class _Param:
     scenario: Scenario
-    backend: str
     point: str
     hit: int
-    decide: Decide | None
-    policy: Policy
-    power_cut: str | None = None
+    options: dict[str, Any]  # run_crash's keywords: backend, decide, policy, power_cut
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -116,24 +85,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     mark = metafunc.definition.get_closest_marker(MARKER)
     if mark is None or "crash_cell" not in metafunc.fixturenames:
         return
+    from durable_harness.testing.kit import crash_points, scenario
+
     folder = Path(tempfile.mkdtemp(prefix="dh-scenario-"))  # a dict scenario's file
     metafunc.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     sc = scenario(mark.args[0], folder)
+    decide, policy = mark.kwargs.get("decide"), mark.kwargs.get("policy", "ask")
     params, ids = [], []
     for backend in mark.kwargs.get("backends", ("jsonl",)):
         for mode in mark.kwargs.get("power_cut", (None,)):
             for point, hit in crash_points(sc, backend, mode):
-                params.append(
-                    _Param(
-                        sc,
-                        backend,
-                        point,
-                        hit,
-                        mark.kwargs.get("decide"),
-                        mark.kwargs.get("policy", "ask"),
-                        mode,
-                    )
-                )
+                options = {
+                    "backend": backend,
+                    "decide": decide,
+                    "policy": policy,
+                    "power_cut": mode,
+                }
+                params.append(_Param(sc, point, hit, options))
                 prefix = f"{backend}-{mode}-" if mode else f"{backend}-"
                 ids.append(prefix + point + (f":{hit}" if hit > 1 else ""))
     metafunc.parametrize("crash_cell", params, ids=ids, indirect=True)
@@ -149,23 +117,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def crash_cell(request: pytest.FixtureRequest, tmp_path: Path) -> CrashOutcome:
-    """The outcome of this test's crash cell (needs ``@crash_matrix`` on the test)."""
-    param = getattr(request, "param", None)
-    if not isinstance(param, _Param):
+    """The :class:`~durable_harness.testing.kit.CrashOutcome` of this test's crash cell (needs
+    ``@crash_matrix`` on the test), run in ``tmp_path`` and kept there for inspection."""
+    from durable_harness.testing.kit import run_crash
+
+    p = getattr(request, "param", None)
+    if not isinstance(p, _Param):
         raise pytest.UsageError(
             f"{request.node.nodeid}: the crash_cell fixture needs @crash_matrix(scenario) on "
             "the test (from durable_harness.testing)"
         )
-    return run_crash(
-        param.scenario,
-        param.point,
-        param.hit,
-        backend=param.backend,
-        root=tmp_path / "cell",
-        decide=param.decide,
-        policy=param.policy,
-        power_cut=param.power_cut,
-    )
+    return run_crash(p.scenario, p.point, p.hit, root=tmp_path / "cell", **p.options)
 
 
 @pytest.fixture
@@ -173,30 +135,14 @@ def crash_run(tmp_path: Path) -> Iterator[Callable[..., CrashOutcome]]:
     """``crash_run(scenario, point, hit=1, *, backend="jsonl", decide=None, policy="ask",
     power_cut=None)``: run one crash cell (a power cut in that durability mode, when given) in
     a fresh folder under ``tmp_path`` and return its outcome."""
+    from durable_harness.testing.kit import run_crash, scenario
+
     count = 0
 
-    def run(
-        source: Scenario | str | Path | dict[str, Any],
-        point: str,
-        hit: int = 1,
-        *,
-        backend: str = "jsonl",
-        decide: Decide | None = None,
-        policy: Policy = "ask",
-        power_cut: str | None = None,
-    ) -> CrashOutcome:
+    def run(source: Scenario | str | Path | dict[str, Any], *args: Any, **kw: Any) -> CrashOutcome:
         nonlocal count
         count += 1
         sc = scenario(source, tmp_path / f"scenario-{count}")
-        return run_crash(
-            sc,
-            point,
-            hit,
-            backend=backend,
-            root=tmp_path / f"cell-{count}",
-            decide=decide,
-            policy=policy,
-            power_cut=power_cut,
-        )
+        return run_crash(sc, *args, root=tmp_path / f"cell-{count}", **kw)
 
     yield run

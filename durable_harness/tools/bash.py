@@ -21,7 +21,7 @@ import signal
 import subprocess
 import termios
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
@@ -29,6 +29,8 @@ import anyio.to_thread
 from pydantic import Field
 
 from durable_harness import crash
+from durable_harness.models.records import COMMAND_RUNTIMES as RUNTIMES
+from durable_harness.models.records import CommandRuntime as Runtime
 from durable_harness.tools.base import (
     OUTPUT_CAP_BYTES,
     StrictArgs,
@@ -46,13 +48,6 @@ def _gate(fd: int) -> str:
     COMMAND`` in the same process and group, ``fd`` closed (so it is a plain ``bash -c``)."""
     return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
 
-
-Runtime = Literal["pipe", "pty"]
-"""How ``bash`` connects a command: ``pipe`` (stdin ``/dev/null``, stdout+stderr a pipe) or
-``pty`` (stdin, stdout and stderr a pseudo-terminal)."""
-
-RUNTIMES: tuple[str, ...] = get_args(Runtime)
-"""The command runtimes, default first."""
 
 PTY_SIZE = (24, 80)
 """The default window size of the ``pty`` runtime's terminal: (rows, columns), a terminal's

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from durable_harness.models.records import CommandRuntime as Runtime
 from durable_harness.tools.base import OUTPUT_CAP_BYTES, Tool
-from durable_harness.tools.bash import PTY_SIZE, BashArgs, BashTool, Runtime
+from durable_harness.tools.bash import PTY_SIZE, BashArgs, BashTool
 from durable_harness.tools.env import SECRET_NAME_PATTERNS, is_secret_name, tool_environment
 from durable_harness.tools.files import (
     AppendFileArgs,

@@ -5,11 +5,13 @@ the declarations, and storage knows only the envelope (``design/api.md``)."""
 from __future__ import annotations
 
 import ast
+import inspect
+import itertools
 import json
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
@@ -20,10 +22,8 @@ from durable_harness.models.records import (
     DECLARATIONS,
     ENVELOPE_FIELDS,
     RECORD_TYPES,
-    field_docs,
-    fields_of,
+    RecordEnvelope,
     record_fields_error,
-    vocabulary_table,
 )
 from durable_harness.providers.base import Done, ProviderEvent, ProviderRequest
 from durable_harness.providers.scripted import ScriptedProvider
@@ -36,6 +36,54 @@ from durable_harness.tools.base import ToolContext, ToolResult
 from .util import EchoTool
 
 PACKAGE = Path(__file__).resolve().parents[2] / "durable_harness"
+
+
+def fields_of(rtype: str) -> frozenset[str]:
+    """The field names a record of type ``rtype`` may carry, envelope included.
+
+    Raises:
+        KeyError: ``rtype`` is not declared.
+    """
+    return ENVELOPE_FIELDS | frozenset(get_type_hints(DECLARATIONS[rtype]))
+
+
+def _lineage(td: type) -> list[type]:
+    """``td`` after its TypedDict bases, the envelope first."""
+    bases = getattr(td, "__orig_bases__", ())
+    return [*(b for base in bases if isinstance(base, type) for b in _lineage(base)), td]
+
+
+def field_docs(td: type) -> dict[str, str]:
+    """``{field: docstring}`` of a declaration, read from the string literal under each field
+    in its source and its bases', the envelope's first (``type`` included)."""
+    docs: dict[str, str] = {}
+    for cls in dict.fromkeys([RecordEnvelope, *_lineage(td)]):
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
+        node = tree.body[0]
+        body = node.body if isinstance(node, ast.ClassDef) else []
+        for field, nxt in itertools.pairwise(body):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[field.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def vocabulary_table() -> str:
+    """The record vocabulary as a Markdown table (type, what it records, its own fields), the
+    table ``design/api.md`` carries (the test below keeps them equal)."""
+    rows = ["| type | records | fields (besides the envelope) |", "|---|---|---|"]
+    for rtype, td in DECLARATIONS.items():
+        summary = inspect.cleandoc(td.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+        own = [f"`{f}`" for f in field_docs(td) if f not in ENVELOPE_FIELDS]
+        rows.append(f"| `{rtype}` | {summary} | {', '.join(own) or '-'} |")
+    return "\n".join(rows) + "\n"
+
+
 ALL_FIELDS = frozenset().union(*(fields_of(t) for t in RECORD_TYPES))
 
 
@@ -123,7 +171,7 @@ def test_storage_names_no_harness_field() -> None:
 
 def test_design_api_carries_the_generated_table() -> None:
     text = (PACKAGE.parent / "design" / "api.md").read_text()
-    assert vocabulary_table() in text, "regenerate the table: models.records.vocabulary_table()"
+    assert vocabulary_table() in text, "regenerate the table: vocabulary_table() of this file"
     for rtype in RECORD_TYPES:
         assert f"| `{rtype}` |" in text
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +49,6 @@ def test_the_issue_statuses() -> None:
         "no_open_run": 409,
         "lane_suspended": 409,
         "illegal_transition": 409,
-        "decision_required": 409,
         "message_too_large": 413,
         "invalid_request": 400,
         "unauthorized": 401,
@@ -61,7 +62,17 @@ def test_the_issue_statuses() -> None:
         "not_found",
         "method_not_allowed",
         "host_not_allowed",
+        "unauthorized",
         "cross_origin",
         "unsupported_media_type",
     }
     assert set(STATUS_BY_CODE) - own <= codes, "the table names a code no error has"
+
+
+def test_the_codes_are_the_design_table() -> None:
+    """``design/api.md`` "Errors" lists every error class with its code; they agree."""
+    design = Path(__file__).resolve().parents[2] / "design" / "api.md"
+    text = design.read_text(encoding="utf-8")
+    table = text.split("<!-- error tree -->")[1].split("<!-- end of error tree -->")[0]
+    rows = re.findall(r"(\w+)\s+(\w+)\n", table)
+    assert {name: code for name, code in rows} == {c.__name__: c.code for c in ERROR_CLASSES}

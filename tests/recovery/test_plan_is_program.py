@@ -180,7 +180,7 @@ def test_resume_takes_exactly_the_planned_actions(
             return  # the scenario never reaches this point: nothing to recover
         sid = (case / "sid").read_text().strip()
         _damage(case, backend, sid, damage, pick)
-        spec = runner._store_spec(backend, case)
+        spec = runner.store_spec(backend, case)
         problems, shown = anyio.run(
             _resume_by_plan, spec, sid, sc, policy, drop, decide, str(case / "work")
         )

@@ -16,6 +16,7 @@ import os  # noqa: F401  (tests patch ``jsonl.os``: the os module itself)
 
 from durable_harness.storage.jsonl.catalogue import JsonlStore, cwd_dir_name
 from durable_harness.storage.jsonl.framing import (
+    FORMAT,
     MARK_KEY,
     PAD_MIN,
     is_commit_line,
@@ -27,6 +28,7 @@ from durable_harness.storage.jsonl.framing import (
 from durable_harness.storage.jsonl.store import JsonlSessionStore
 
 __all__ = [
+    "FORMAT",
     "MARK_KEY",
     "PAD_MIN",
     "JsonlSessionStore",

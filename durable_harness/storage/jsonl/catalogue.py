@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from durable_harness.errors import FormatError, SessionExists, SessionNotFound
 from durable_harness.fs import fsync_dir
-from durable_harness.ids import iso_from_ns
+from durable_harness.ids import SESSION_ID, iso_from_ns
 from durable_harness.storage.base import (
     CwdMatcher,
     Durability,
@@ -27,8 +26,6 @@ from durable_harness.storage.jsonl.framing import NAME_ID, read_header
 from durable_harness.storage.jsonl.store import JsonlSessionStore
 from durable_harness.storage.oserrors import boundary, storage_boundary
 from durable_harness.storage.private import make_private_dirs
-
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def cwd_dir_name(cwd: str) -> str:
@@ -61,7 +58,7 @@ class JsonlStore(Store):
 
     def _create(self, header: dict[str, Any], durability: Durability, fresh: bool) -> SessionStore:
         sid, cwd, ts = header["id"], header["cwd"], header["timestamp"]
-        if not _SAFE_ID.fullmatch(sid):
+        if not SESSION_ID.fullmatch(sid):
             raise FormatError(f"session id {sid!r} may hold only letters, digits, '.', '_', '-'")
         if not fresh and any(i.id == sid for i in self.list_sessions()):
             raise SessionExists(f"session {sid} already exists in {self.spec}", session_id=sid)
@@ -96,7 +93,7 @@ class JsonlStore(Store):
         header read (see :meth:`Store.find_exact`). ``None`` when there is no usable link (none,
         dangling, pointing outside ``sessions/<folder>/``, or at a file whose header names
         another id): :meth:`resolve` then lists the store."""
-        if not _SAFE_ID.fullmatch(session_id):
+        if not SESSION_ID.fullmatch(session_id):
             return None
         try:
             target = os.readlink(self.ids_dir / session_id)

@@ -9,9 +9,12 @@ import re
 import zlib
 from typing import Any
 
+from durable_harness.ids import SESSION_ID_PATTERN
+from durable_harness.models.header import FORMAT as FORMAT
+from durable_harness.models.header import VERSION, new_header
+from durable_harness.models.header import is_own_format as is_own_format
 from durable_harness.storage import codec
 
-FORMAT = "durable-harness/1"
 PAD = b"\n"
 PAD_MIN = 64 * 1024
 PAD_MAX = 1024 * 1024
@@ -36,11 +39,6 @@ def commit_line(generation: int, numbered: list[dict[str, Any]]) -> bytes:
     if held is not payload:
         numbered[:] = held["ops"]
     return line
-
-
-def is_own_format(header: dict[str, Any]) -> bool:
-    """True when a parsed first line is a durable-harness header (not a pi file)."""
-    return header.get("type") == "session" and header.get("format") == FORMAT
 
 
 def op_seq(op: dict[str, Any]) -> int:
@@ -77,7 +75,7 @@ def shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | No
     return None
 
 
-NAME_ID = re.compile(r"_([A-Za-z0-9][A-Za-z0-9._-]*)\.jsonl$")
+NAME_ID = re.compile(rf"_({SESSION_ID_PATTERN})\.jsonl$")
 
 
 def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None:
@@ -93,16 +91,9 @@ def recover_header(path: str, header: Any, rest: bytes) -> dict[str, Any] | None
     if match is None or not (isinstance(commit, dict) and is_commit_line(commit)):
         return None
     old = header if isinstance(header, dict) else {}
-    cwd = old.get("cwd") if isinstance(old.get("cwd"), str) else ""
-    return {
-        "type": "session",
-        "version": 3,
-        "format": FORMAT,
-        "id": match.group(1),
-        "timestamp": str(old.get("timestamp", "")),
-        "cwd": cwd,
-        "headerDamaged": True,
-    }
+    cwd, stamp = old.get("cwd"), str(old.get("timestamp", ""))
+    cwd = cwd if isinstance(cwd, str) else ""
+    return new_header(match.group(1), stamp, cwd, extra={"headerDamaged": True})
 
 
 MARK_KEY = "durableSeq"
@@ -136,7 +127,7 @@ def parse_mark(first_line: bytes) -> tuple[int | None, int | None]:
 
 def header_line(header: dict[str, Any]) -> bytes:
     """Line 1 of a new session file: ``header`` as our format's header, with the mark at 0."""
-    full = {"type": "session", "version": 3, "format": FORMAT, **header}
+    full = {"type": "session", "version": VERSION, "format": FORMAT, **header}
     full[MARK_KEY] = mark_text(0)
     return codec.dumps(full) + b"\n"
 
