@@ -141,8 +141,12 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
         assert browser.find_element(By.CSS_SELECTOR, "svg.timeline rect.gap.crash")
         assert browser.find_element(By.CSS_SELECTOR, "svg.timeline rect.tool.in-doubt")
         shot(browser, shots / "2-session-in-doubt.png")
-        browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
-            str(shots / "timeline.png")
+        # a live update may swap the timeline between finding and shooting it: find it again
+        wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
+                str(shots / "timeline.png")
+            ),
+            "a screenshot of the timeline",
         )
         panel.screenshot(str(shots / "decision-panel.png"))
 
@@ -179,8 +183,12 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
         assert browser.find_element(By.ID, "live").get_attribute("data-refreshed")
         assert not browser.find_elements(By.CSS_SELECTOR, "article.decision")
         shot(browser, shots / "4-session-finished.png")
-        browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
-            str(shots / "timeline-finished.png")
+        # a live update may swap the timeline between finding and shooting it: find it again
+        wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, "svg.timeline").screenshot(
+                str(shots / "timeline-finished.png")
+            ),
+            "a screenshot of the timeline",
         )
         logs = browser.get_log("browser")
         assert not [e for e in logs if "Content Security Policy" in str(e.get("message"))]
