@@ -20,7 +20,7 @@ on another machine is never signalled from here (its pgid names nothing here): i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from durable_harness.errors import ToolProcessRunning
@@ -134,12 +134,18 @@ def open_calls(store: SessionStore) -> list[ToolCallState]:
 
 
 def kill_and_record(
-    store: SessionStore, by: KilledBy, *, tool_call_id: str | None = None
+    store: SessionStore,
+    by: KilledBy,
+    *,
+    tool_call_id: str | None = None,
+    write: Callable[..., None] | None = None,
 ) -> list[ToolCallState]:
     """Kill the live groups (on this machine) of the open runs' unsettled calls of ``store``
     (open for writing, its lease held: the generation that started them is gone, or is this
     one) or only ``tool_call_id``'s, and commit one ``tool_process_killed`` record per group
-    killed, in one commit. Returns the calls whose group was killed.
+    killed, in one commit: through ``write(*records)`` when given (a live session's
+    :meth:`Harness.record <durable_harness.harness.harness.Harness.record>`, its one writer),
+    else on ``store``. Returns the calls whose group was killed.
 
     Raises:
         ToolProcessRunning: a group outlived SIGKILL by ``KILL_WAIT`` s (what was killed
@@ -156,5 +162,9 @@ def kill_and_record(
                 killed.append((run, call))
     finally:
         if killed:
-            store.commit([RecordOp(killed_record(r.lane, r.run_id, c, by)) for r, c in killed])
+            records = [killed_record(r.lane, r.run_id, c, by) for r, c in killed]
+            if write is not None:
+                write(*records)
+            else:
+                store.commit([RecordOp(r) for r in records])
     return [c for _, c in killed]

@@ -5,6 +5,8 @@ writer lease) before a plan is offered, and the operator's kill of one call's gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from durable_harness.errors import InvalidRequest, LeaseHeld, SessionLive
 from durable_harness.harness.groups import KilledBy, kill_and_record, open_calls, recorded_group
 from durable_harness.recovery.decide import RecoveryPlan
@@ -39,9 +41,12 @@ def kill_stored_leftovers(
         return len(kill_and_record(session, by))
 
 
-def kill_call_group(session: SessionStore, tool_call_id: str) -> dict[str, object]:
+def kill_call_group(
+    session: SessionStore, tool_call_id: str, write: Callable[..., None] | None = None
+) -> dict[str, object]:
     """The operator's kill: SIGKILL and record (``by: "operator"``) the live group of the
-    unsettled call ``tool_call_id`` of ``session`` (open for writing). Returns
+    unsettled call ``tool_call_id`` of ``session`` (open for writing; ``write``: a live
+    session's harness writer, as :func:`~durable_harness.harness.groups.kill_and_record`). Returns
     ``{"tool_call_id", "pgid", "killed"}`` (``killed`` False: the group had ended).
 
     Raises:
@@ -75,7 +80,7 @@ def kill_call_group(session: SessionStore, tool_call_id: str) -> dict[str, objec
             session_id=session.session_id,
             tool_call_id=tool_call_id,
         )
-    killed = kill_and_record(session, "operator", tool_call_id=tool_call_id)
+    killed = kill_and_record(session, "operator", tool_call_id=tool_call_id, write=write)
     return {"tool_call_id": tool_call_id, "pgid": group[0], "killed": bool(killed)}
 
 

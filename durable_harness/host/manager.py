@@ -294,7 +294,8 @@ class SessionManager(ReadModel):
         """
         proc = self.live.get(self.check_id(session_id))
         if proc is not None:
-            return kill_call_group(proc.session.store, tool_call_id)
+            write = proc.harness.record if proc.harness is not None else None
+            return kill_call_group(proc.session.store, tool_call_id, write)
         async with self._lock:
             rec = await self.read_not_live(session_id, "killing its tool's group")
             with open_writable(self.store, session_id, rec.mode) as store:
