@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import tenacity
 
 from durable_harness import crash
 from durable_harness.errors import (
@@ -91,19 +92,35 @@ class Turns:
                 attempts=used(),
                 cap=cap,
             )
-        left, failures = cap - used(), 0  # bounded here too: a fenced harness counts nothing
-        initial, top = self.core.options.retry_initial, self.core.options.retry_max
-        while True:
-            try:
-                return await attempt()
-            except ProviderError as exc:
-                if not exc.retryable:
-                    raise
-                failures += 1
-                if used() >= cap or failures >= left:
-                    raise _cap_reached(what, used(), cap, exc) from exc
-            # the first retry waits ``retry_initial``, then ``retry_initial * 2**n``, capped
-            await anyio.sleep(initial if failures == 1 else min(initial * 2 ** (failures - 2), top))
+        try:  # the common case: the first attempt succeeds, no retry machinery needed
+            return await attempt()
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            if used() >= cap:
+                raise _cap_reached(what, used(), cap, exc) from exc
+        await anyio.sleep(self.core.options.retry_initial)
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(cap - used()),
+            wait=tenacity.wait_exponential(
+                multiplier=self.core.options.retry_initial, max=self.core.options.retry_max
+            ),
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, ProviderError) and e.retryable
+            ),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+
+        async def again() -> _T:  # a coroutine function, so tenacity awaits it
+            return await attempt()
+
+        try:
+            return await retrying(again)
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            raise _cap_reached(what, used(), cap, exc) from exc
 
     async def _attempt(self, live: LiveRun, turn: int, response_id: str) -> None:
         s = live.state
