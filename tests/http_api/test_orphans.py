@@ -17,14 +17,17 @@ from .util import Server, poll, run_records, wait_state
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(120)]
 
-SLEEP = 3.0
 JSON = {"Content-Type": "application/json"}
 
 
 def test_serve_sigkilled_mid_bash_kills_the_old_group_before_it_answers(
     start_server: Callable[..., Server], script: Callable[..., str], workdir: Path
 ) -> None:
-    command = f"echo started > started; sleep {SLEEP:g}; echo landed > landed"
+    # held on a gate, not a sleep: a slow restart (a second suite on the same cores) must not
+    # let the command finish on its own before the new server could kill it
+    command = (
+        "echo started > started; while [ ! -e gate ]; do sleep 0.05; done; echo landed > landed"
+    )
     provider = script(
         [{"text": "Long job.", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]}]
     )
@@ -34,7 +37,6 @@ def test_serve_sigkilled_mid_bash_kills_the_old_group_before_it_answers(
         assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
         poll(lambda: (workdir / "started").exists(), "the command to start")
         (proc,) = poll(lambda: run_records(c, sid, "tool_process"), "the tool_process record")
-    started = time.monotonic()
     first.proc.kill()
     first.proc.wait(timeout=30)
     group = (proc["pgid"], proc["startTime"])
@@ -53,7 +55,9 @@ def test_serve_sigkilled_mid_bash_kills_the_old_group_before_it_answers(
         (call,) = status["plan"]["lanes"][0]["tool_calls"]
         assert (call["status"], call["action"]) == ("in_doubt", "await_decision")
         assert call["process"] is None  # known dead: nothing left running
-    while time.monotonic() < started + SLEEP + 1.5:  # past the sleep: the effect never lands
+    (workdir / "gate").touch()  # a command still alive would now land its effect
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:  # past the gate: the effect never lands
         assert not (workdir / "landed").exists()
         time.sleep(0.05)
 
