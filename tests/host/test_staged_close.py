@@ -38,8 +38,9 @@ def bash_call(command: str) -> dict[str, Any]:
 
 
 async def wait_file(path: Path, limit: float = 20.0) -> None:
+    """Wait until ``path`` is written, not only created (``echo $$ > pid`` creates it first)."""
     deadline = time.monotonic() + limit
-    while not path.exists():
+    while not (path.exists() and path.read_text().strip()):
         assert time.monotonic() < deadline, f"timed out waiting for {path}"
         await anyio.sleep(0.01)
 
@@ -77,7 +78,7 @@ async def test_bash_gets_sigterm_at_the_start_of_the_grace_and_sigkill_at_its_en
 async def test_bash_that_exits_on_sigterm_ends_the_close_early(tmp_path: Path) -> None:
     spec = f"jsonl:{tmp_path / 'store'}"
     work = Path(workdir(tmp_path))
-    provider = script(tmp_path, [bash_call(f"touch {work / 'up'}; sleep 60"), {"text": "no"}])
+    provider = script(tmp_path, [bash_call(f"echo up > {work / 'up'}; sleep 60"), {"text": "no"}])
     grace = 6.0
     async with SessionManager(spec, HostOptions(provider=provider, close_grace=grace)) as m:
         rec = await m.create(str(work))

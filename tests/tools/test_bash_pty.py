@@ -166,7 +166,9 @@ async def test_a_terminal_held_outside_the_group_does_not_hang(ctx: ToolContext)
             result = await call(PTY, ctx, command=command)
         assert text_of(result) == "hi\n"
     finally:
-        pid = int((ctx.cwd / "pid").read_text())
+        pid_file = ctx.cwd / "pid"  # the detached shell may write it after the tool returned
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+        pid = int(pid_file.read_text())
         if not pid_gone(pid):
             os.kill(pid, signal.SIGKILL)
 
