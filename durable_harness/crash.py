@@ -54,6 +54,16 @@ _trace = os.environ.get(TRACE_VAR)
 _hits: dict[str, int] = {}
 
 
+def rearm() -> None:
+    """Read :data:`ENV_VAR` and :data:`TRACE_VAR` again and forget the hits counted so far: for a
+    process forked from one that had imported this module (the crash matrix's fork server,
+    ``design/crash-matrix.md`` "Warm children"), whose environment changed after the fork."""
+    global _target, _trace
+    _target = _from_env()
+    _trace = os.environ.get(TRACE_VAR)
+    _hits.clear()
+
+
 def crash_point(name: str) -> None:
     """Count a hit of ``name`` and SIGKILL this process if it is the configured n-th hit; with
     ``DURABLE_HARNESS_CRASH_TRACE=FILE`` also append ``name`` to FILE (one a line)."""

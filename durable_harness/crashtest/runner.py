@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from durable_harness import crash
-from durable_harness.crashtest import powercut
+from durable_harness.crashtest import forkserver, powercut
 from durable_harness.crashtest.child import model_set, options
 from durable_harness.crashtest.invariants import Baseline as Baseline
 from durable_harness.crashtest.invariants import Cell as Cell
@@ -99,20 +99,34 @@ def _prepare(sc: Scenario, root: Path) -> Path:
 def _child(
     sc: Scenario, root: Path, work: Path, backend: str, env: dict[str, str], *extra: str
 ) -> int:
+    """Run the matrix child (:mod:`.child`) to its end or its SIGKILL; returns its exit code.
+    Forked from the warm :mod:`.forkserver` unless ``DURABLE_HARNESS_CRASHTEST_FORK=0`` or the
+    platform cannot fork (then a fresh interpreter); either way a real process.
+
+    Raises:
+        RuntimeError: the child failed (neither exit 0 nor SIGKILL), with the end of its stderr.
+        subprocess.TimeoutExpired: it ran longer than :data:`CHILD_TIMEOUT` (it was killed).
+    """
     args = [sc.path, store_spec(backend, root), str(work), str(root / "sid"), *extra]
-    cmd = [sys.executable, "-m", "durable_harness.crashtest.child", *args]
-    proc = subprocess.run(
-        cmd,
-        env=env,
-        cwd=os.getcwd(),  # the child imports custom tools from here, then enters `work`
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-        check=False,
-    )
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return proc.returncode
+    # the child imports custom tools from the runner's folder, then enters `work`
+    if forkserver.enabled():
+        done = forkserver.shared().run(args, env=env, cwd=os.getcwd(), timeout=CHILD_TIMEOUT)
+        rc, err = done.returncode, done.output
+    else:
+        cmd = [sys.executable, "-m", "durable_harness.crashtest.child", *args]
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            cwd=os.getcwd(),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            check=False,
+        )
+        rc, err = proc.returncode, proc.stderr
+    if rc not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"child failed ({rc}): {err[-2000:]}")
+    return rc
 
 
 def _env(**extra: str) -> dict[str, str]:
