@@ -4,8 +4,11 @@ tty only, ``NO_COLOR`` honoured, data lines never wrapped, every text through
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -64,15 +67,32 @@ class _Cell(Protocol):
     def backend(self) -> str: ...
 
 
-class MatrixProgress:
-    """Live progress of the crash matrix on stderr (nothing unless it is a terminal): cells
-    done of total, failures, time elapsed and left, the last cell. A context manager, passed
-    as ``run_matrix(progress=...)``."""
+PROGRESS_EVERY_ENV = "DURABLE_HARNESS_PROGRESS_EVERY"
+"""Seconds between the crash matrix's plain progress lines (default 10; tests set it small)."""
 
-    def __init__(self, out: Console | None = None) -> None:
+
+class MatrixProgress:
+    """Progress of the crash matrix, a context manager passed as ``run_matrix(progress=...)``.
+
+    Live on stderr when it is a terminal (cells done of total, failures, time elapsed and left,
+    the last cell). When stdout is not a terminal (CI, a log file), a plain line on ``plain``
+    (default: stdout) at the start, every :data:`PROGRESS_EVERY_ENV` seconds (default 10, from
+    a timer thread, so a long cell does not silence it) and at the end:
+    ``crash-test: 37/120 cells, 0 failed, 41 s`` (``?`` for the total while baselines run).
+    """
+
+    def __init__(
+        self, out: Console | None = None, *, plain: TextIO | None = None, every: float | None = None
+    ) -> None:
         self.console = out or console(stderr=True)
         self.failures = 0
         self.started = time.monotonic()
+        self.plain = plain if plain is not None else (None if console().is_terminal else sys.stdout)
+        self.every = every or float(os.environ.get(PROGRESS_EVERY_ENV) or 10.0)
+        self._done, self._total = 0, 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         self._progress = Progress(
             TextColumn("crash matrix"),
             BarColumn(),
@@ -95,20 +115,47 @@ class MatrixProgress:
         return self.console.is_terminal
 
     def __enter__(self) -> MatrixProgress:
+        self.started = time.monotonic()
         self._progress.start()
         # elapsed time counts from here; the total is known at the first finished cell
         self._task = self._progress.add_task(
             "matrix", total=None, failed=Text("0 failed", style="green"), cell="starting"
         )
+        if self.plain is not None:
+            self.line()
+            self._ticker = threading.Thread(target=self._tick, name="matrix-progress", daemon=True)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
+            self.line()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            self.line()
+
+    def line(self) -> None:
+        """Write the plain progress line now (when there is a plain stream)."""
+        if self.plain is None:
+            return
+        with self._lock:
+            total = str(self._total) if self._total else "?"
+            seconds = int(time.monotonic() - self.started)
+            text = f"crash-test: {self._done}/{total} cells, {self.failures} failed, {seconds} s"
+        self.plain.write(text + "\n")
+        self.plain.flush()
 
     def __call__(self, cell: _Cell, done: int, total: int) -> None:
         """Record that ``cell`` finished, ``done`` of ``total`` cells."""
-        if cell.status != "pass":
-            self.failures += 1
+        with self._lock:
+            if cell.status != "pass":
+                self.failures += 1
+            self._done, self._total = done, total
         failed: Any = Text(
             f"{self.failures} failed", style="bold red" if self.failures else "green"
         )
@@ -122,4 +169,12 @@ class MatrixProgress:
             )
 
 
-__all__ = ["MatrixProgress", "console", "error_line", "say", "say_parts", "styled"]
+__all__ = [
+    "PROGRESS_EVERY_ENV",
+    "MatrixProgress",
+    "console",
+    "error_line",
+    "say",
+    "say_parts",
+    "styled",
+]

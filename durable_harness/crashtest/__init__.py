@@ -194,7 +194,8 @@ def _run_cli(
 ) -> int:
     from durable_harness.terminal import MatrixProgress
 
-    with MatrixProgress() as progress:  # drawn only when stderr is a terminal
+    # live on a terminal (stderr); plain lines at least every 10 s when stdout is not one
+    with MatrixProgress() as progress:
         cells, summary = run_matrix(
             scenarios,
             backends,

@@ -1,0 +1,187 @@
+"""The crash matrix's warm fork server (``durable_harness/crashtest/forkserver.py``): its children
+are real processes, SIGKILLed at the named crash point, with the requested env and folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_harness.crash import ENV_VAR, TRACE_VAR
+from durable_harness.crashtest import forkserver
+from durable_harness.crashtest.forkserver import ForkServer
+from durable_harness.errors import ForkServerError
+
+from . import forkhelp
+
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.skipif(not forkserver.available(), reason="needs fork and pidfd_open (Linux)"),
+]
+SCENARIOS = Path(__file__).resolve().parents[2] / "crash_scenarios"
+
+
+def target(name: str) -> str:
+    return f"{forkhelp.__name__}:{name}"
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, TRACE_VAR)}
+    return env | extra
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    with ForkServer() as fs:
+        yield fs
+
+
+def wait_for(pred: object, what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return status == "Z"  # exited, not yet reaped by whoever owns it
+
+
+def test_env_cwd_stdin_and_output_are_the_requests(server: ForkServer, tmp_path: Path) -> None:
+    out = tmp_path / "seen.json"
+    env = base_env(FORK_TEST_VALUE="x1")
+    env.pop("HOME", None)
+    done = server.run([str(out)], env=env, cwd=str(tmp_path), timeout=60, target=target("report"))
+    seen = json.loads(out.read_text())
+    assert done.returncode == 3
+    assert seen["env"] == env  # exactly the request's environment: HOME removed, value added
+    assert seen["cwd"] == str(tmp_path)
+    assert seen["stdin"] == ""  # /dev/null
+    assert server.proc is not None and seen["ppid"] == server.proc.pid
+    assert "to stdout" in done.output and "to stderr" in done.output
+    assert done.pid != os.getpid()
+
+
+def test_crash_point_is_rearmed_per_child(server: ForkServer, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    env = base_env(**{ENV_VAR: "after_tool_started:2", TRACE_VAR: str(trace)})
+    args = ["after_tool_started", "3"]
+    cwd = str(tmp_path)
+    killed = server.run(args, env=env, cwd=cwd, timeout=60, target=target("hit"))
+    assert killed.returncode == -signal.SIGKILL
+    assert trace.read_text().split() == ["after_tool_started"] * 2  # killed at the second hit
+    # the next child starts from the server's state, not the killed one's: no target, no trace
+    clean = server.run(args, env=base_env(), cwd=cwd, timeout=60, target=target("hit"))
+    assert clean.returncode == 0
+    first = server.run(
+        ["after_tool_started", "1"], env=env, cwd=cwd, timeout=60, target=target("hit")
+    )
+    assert first.returncode == 0  # one hit of a :2 target: the count restarted at zero
+
+
+def test_matrix_child_is_sigkilled_at_the_point_and_its_store_stays(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [str(SCENARIOS / "single_tool.json"), f"sqlite:{tmp_path / 's.db'}", str(work)]
+    args.append(str(tmp_path / "sid"))
+    env = base_env(**{ENV_VAR: "after_tool_started"})
+    done = server.run(args, env=env, cwd=os.getcwd(), timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.output
+    from durable_harness.storage import open_store
+
+    sid = (tmp_path / "sid").read_text()
+    with open_store(f"sqlite:{tmp_path / 's.db'}").open_session(sid, write=False) as s:
+        assert any(r.get("type") == "tool_started" for r in s.records())
+
+
+def test_two_children_run_at_once(server: ForkServer, tmp_path: Path) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    results: dict[str, int] = {}
+
+    def run(me: str, other: str) -> None:
+        done = server.run(
+            [me, other], env=base_env(), cwd=str(tmp_path), timeout=60, target=target("rendezvous")
+        )
+        results[me] = done.returncode
+
+    threads = [threading.Thread(target=run, args=p) for p in ((a, b), (b, a))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {a: 0, b: 0}  # each waited for the other: they ran side by side
+
+
+def test_a_traceback_is_exit_1_with_the_traceback(server: ForkServer, tmp_path: Path) -> None:
+    done = server.run([], env=base_env(), cwd=str(tmp_path), timeout=60, target=target("boom"))
+    assert done.returncode == 1
+    assert "ValueError: boom from the forked child" in done.output
+
+
+def test_a_hung_child_is_killed_at_the_timeout(server: ForkServer, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        server.run(
+            [str(pidfile)], env=base_env(), cwd=str(tmp_path), timeout=0.5, target=target("hang")
+        )
+    pid = int(pidfile.read_text())
+    wait_for(lambda: gone(pid), f"the hung child {pid} to be killed")
+    # the server still serves
+    done = server.run([], env=base_env(), cwd=str(tmp_path), timeout=60, target=target("boom"))
+    assert done.returncode == 1
+
+
+def test_the_server_dying_is_a_clear_error(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    fs = ForkServer()
+    fs.start()
+    assert fs.proc is not None
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fs.run(
+                [str(pidfile)],
+                env=base_env(),
+                cwd=str(tmp_path),
+                timeout=600,
+                target=target("hang"),
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for(pidfile.exists, "the child's pid file")
+    child = int(pidfile.read_text())
+    os.kill(fs.proc.pid, signal.SIGKILL)
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ForkServerError), errors
+    assert "fork server" in str(errors[0]) and str(fs.proc.pid) in str(errors[0])
+    assert "-9" in str(errors[0])
+    wait_for(lambda: gone(child), f"the orphaned child {child} to be killed")
+    with pytest.raises(ForkServerError, match="fork server"):
+        fs.run([], env=base_env(), cwd=str(tmp_path), timeout=60, target=target("boom"))
+    fs.stop()
+
+
+def test_fork_env_zero_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(forkserver.FORK_ENV, "0")
+    assert not forkserver.enabled()
+    monkeypatch.setenv(forkserver.FORK_ENV, "1")
+    assert forkserver.enabled()
