@@ -228,11 +228,6 @@ class ToolProcessElsewhere(RecoveryError):
     there, or force it (``retry!``, ``design/recovery.md``, "Process groups left running")."""
 
 
-class ForkServerError(DurableHarnessError):
-    """The crash matrix's fork server (``durable_harness.crashtest.forkserver``) died, did not
-    start or stopped answering; the message holds its pid, exit status and the end of its log."""
-
-
 class HostError(DurableHarnessError):
     """The host (``durable_harness.host``, ``design/host.md``) refused a lifecycle request."""
 

@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_harness.errors import ForkServerError
-
 FORK_ENV = "DURABLE_HARNESS_CRASHTEST_FORK"
 """``0``: every matrix child is a fresh interpreter instead (debugging; the bench's baseline)."""
 CHILD_TARGET = "durable_harness.crashtest.child:main"
@@ -53,6 +51,14 @@ WARM_MODULES = (
 )
 """What the server imports before serving; PostgreSQL's backend too when psycopg imports."""
 _HEADER = struct.Struct(">I")
+
+
+class ForkServerError(RuntimeError):
+    """The fork server died, did not start or stopped answering; the message holds its pid,
+    exit status and the end of its log. Test machinery, like the runner's ``RuntimeError`` for
+    a failed child: not one of the library's typed errors (``durable_harness.errors``)."""
+
+
 _REPLY_SLACK = 30.0  # seconds past a child's timeout before the server counts as hung
 
 

@@ -16,8 +16,7 @@ import pytest
 
 from durable_harness.crash import ENV_VAR, TRACE_VAR
 from durable_harness.crashtest import forkserver
-from durable_harness.crashtest.forkserver import ForkServer
-from durable_harness.errors import ForkServerError
+from durable_harness.crashtest.forkserver import ForkServer, ForkServerError
 
 from . import forkhelp
 
