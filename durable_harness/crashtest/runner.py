@@ -327,25 +327,24 @@ def run_matrix(
     when given); returns the cells and summary figures (counts, wall seconds). With
     ``durabilities`` every cell is a power cut, once per mode (:mod:`.powercut`)."""
     start = time.monotonic()
-    bases: dict[tuple[str, str, str | None], Baseline] = {}
-    work: list[tuple[Scenario, Cell]] = []
     modes: list[str | None] = list(durabilities) if durabilities else [None]
-    for backend in backends:
-        for mode in modes:
-            for sc in scenarios:
-                base = baseline(sc, backend, broken, mode)
-                bases[(sc.name, backend, mode)] = base
-                work += [
-                    (sc, c)
-                    for c in cells_for(sc, base, backend, mode)
-                    if not points or c.point in points or c.label in points
-                ]
     done: list[Cell] = []
+    work: list[tuple[Scenario, Cell]] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [
-            pool.submit(run_cell, sc, bases[(sc.name, c.backend, c.durability)], c, broken)
-            for sc, c in work
+        # the baselines run `jobs` at once too (their children are as cheap as a cell's)
+        bases = [
+            (sc, backend, mode, pool.submit(baseline, sc, backend, broken, mode))
+            for backend in backends
+            for mode in modes
+            for sc in scenarios
         ]
+        futures = []
+        for sc, backend, mode, base_fut in bases:
+            base = base_fut.result()
+            for c in cells_for(sc, base, backend, mode):
+                if not points or c.point in points or c.label in points:
+                    work.append((sc, c))
+                    futures.append(pool.submit(run_cell, sc, base, c, broken))
         for fut in futures:
             cell = fut.result()
             done.append(cell)

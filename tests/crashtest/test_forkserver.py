@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,3 +185,28 @@ def test_fork_env_zero_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not forkserver.enabled()
     monkeypatch.setenv(forkserver.FORK_ENV, "1")
     assert forkserver.enabled()
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_cell_forks_its_children_unless_fork_is_0(
+    fork: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_harness.crashtest.runner import Cell, baseline, run_cell
+    from durable_harness.crashtest.scenario import load
+
+    calls: list[list[str]] = []
+    real = ForkServer.run
+
+    def counted(self: ForkServer, argv: list[str], **kw: Any) -> forkserver.Completed:
+        calls.append(argv)
+        return real(self, argv, **kw)
+
+    monkeypatch.setattr(ForkServer, "run", counted)
+    monkeypatch.setenv(forkserver.FORK_ENV, fork)
+    sc = load(str(SCENARIOS / "single_tool.json"))
+    base = baseline(sc, "jsonl")
+    cell = run_cell(sc, base, Cell(sc.name, "jsonl", "after_tool_started", 1))
+    assert cell.status == "pass", cell.failures
+    # baseline, crashing child, --continue child: all forked, or none
+    assert len(calls) == (3 if fork == "1" else 0)
+    assert fork == "0" or "--continue" in calls[-1]
