@@ -391,6 +391,7 @@ def _child(req: dict[str, Any], close_all: Callable[[], None]) -> None:
 
         crash.rearm()
         module, _, name = str(req["target"]).partition(":")
+        sys.argv = [module, *req["argv"]]
         result = getattr(importlib.import_module(module), name)(list(req["argv"]))
         rc = int(result or 0)
     except SystemExit as exc:
