@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench crash-test clean
+.PHONY: demo test check lint bench crash-test clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,15 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -n 2 --dist loadfile -p no:cacheprovider --hypothesis-profile=ci
+
+# The edit loop's fast lane (under a minute on 2 quiet cores): lint and types, the tests not
+# marked slow/crash/postgres/browser with fewer hypothesis examples, and a sample of the matrix
+# (the cells of single_tool at its in-doubt, stream and settled points, on JSONL).
+CHECK_POINTS := --point after_tool_started --point mid_provider_stream --point after_tool_finished
+check: lint
+	$(BIN)/pytest -n 2 -p no:cacheprovider -q --hypothesis-profile=dev \
+	  -m "not slow and not crash and not postgres and not browser"
+	$(BIN)/durable-harness crash-test --scenario single_tool --backend jsonl $(CHECK_POINTS)
 
 crash-test: $(STAMP)
 	$(BIN)/durable-harness crash-test --jobs 2

@@ -84,6 +84,7 @@ def _readme_example() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_readme_library_example_runs_as_written(tmp_path: Path) -> None:
     code = _readme_example()
     imports = re.findall(r"^(?:from|import) (\S+)", code, re.M)
@@ -109,6 +110,7 @@ def test_readme_library_example_runs_as_written(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["example.py", "script.json"]
 
 
+@pytest.mark.slow
 def test_readme_host_example_runs_after_the_library_example(tmp_path: Path) -> None:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Library use") : text.index("## Crash-test your own agent")]

@@ -90,6 +90,7 @@ def test_the_walk_sees_the_library() -> None:
     assert (PACKAGE / "cli" / "main.py").is_file()
 
 
+@pytest.mark.slow
 def test_library_never_imports_a_front() -> None:
     offenders = [
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
@@ -100,6 +101,7 @@ def test_library_never_imports_a_front() -> None:
     assert not offenders, "the library imports a front:\n" + "\n".join(offenders)
 
 
+@pytest.mark.slow
 def test_importing_the_library_loads_no_front() -> None:
     """The same rule at run time: importing every library module loads no front module."""
     modules = sorted(_module_name(p) for p in _library_files())
@@ -127,6 +129,7 @@ def _undocumented(path: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "area",
     sorted({p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.rglob("*.py")}),
@@ -190,6 +193,7 @@ def _foreign_private_reach(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_private_reach_across_modules() -> None:
     offenders = [o for p in sorted(PACKAGE.rglob("*.py")) for o in _foreign_private_reach(p)]
     assert not offenders, "private names used across modules:\n" + "\n".join(offenders)
@@ -211,6 +215,7 @@ def _sibling_imports() -> dict[str, set[str]]:
     return graph
 
 
+@pytest.mark.slow
 def test_a_part_never_imports_the_module_that_composes_it() -> None:
     """Inside a package the imports between sibling modules run one way: when ``a`` imports
     ``b``, ``b`` does not import ``a`` (a part that needs its composer takes a protocol)."""

@@ -37,6 +37,7 @@ def tool_turns(work: Path) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 async def test_a_prompt_streams_its_tool_calls_and_ends_the_turn(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     (work / "notes.txt").write_text("remember the milk\n")
@@ -93,6 +94,7 @@ async def test_a_prompt_streams_its_tool_calls_and_ends_the_turn(tmp_path: Path)
     assert order.index(("session/update", write_id, "in_progress")) > asked
 
 
+@pytest.mark.slow
 async def test_a_refused_tool_does_not_run_and_settles_as_an_error(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     (work / "notes.txt").write_text("x\n")
@@ -107,6 +109,7 @@ async def test_a_refused_tool_does_not_run_and_settles_as_an_error(tmp_path: Pat
     assert "refused permission to run write_file" in refusal["content"][0]["content"]["text"]
 
 
+@pytest.mark.slow
 async def test_always_allow_is_remembered_in_the_session(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     out = work / "log.txt"
@@ -133,6 +136,7 @@ async def test_always_allow_is_remembered_in_the_session(tmp_path: Path) -> None
     assert [(g["toolName"], g["permission"]) for g in grants] == [("bash", "allow_always")]
 
 
+@pytest.mark.slow
 async def test_cancel_mid_turn_ends_the_prompt_cancelled(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     never = tmp_path / "never"
@@ -171,6 +175,7 @@ async def test_cancel_mid_turn_ends_the_prompt_cancelled(tmp_path: Path) -> None
     assert outcomes == ["aborted", "completed"]
 
 
+@pytest.mark.slow
 async def test_file_tools_use_the_client_file_system_where_offered(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     (work / "notes.txt").write_text("line 1\nline 2\n")
@@ -195,6 +200,7 @@ async def test_file_tools_use_the_client_file_system_where_offered(tmp_path: Pat
     assert read["content"][0]["content"]["text"] == "line 1\nline 2\n"
 
 
+@pytest.mark.slow
 async def test_a_long_file_read_through_the_client_is_capped_like_the_local_tool(
     tmp_path: Path,
 ) -> None:
@@ -236,6 +242,7 @@ class SlowToAnswer(RecordingClient):
         await anyio.sleep_forever()
 
 
+@pytest.mark.slow
 async def test_cancel_while_a_permission_question_is_open(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     out = work / "never.txt"
@@ -261,6 +268,7 @@ async def test_cancel_while_a_permission_question_is_open(tmp_path: Path) -> Non
     assert [u["toolCallId"] for u in settled] == [call["toolCallId"]]
 
 
+@pytest.mark.slow
 async def test_bash_runs_in_the_client_terminal_where_offered(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     calls = [
@@ -296,6 +304,7 @@ async def test_bash_runs_in_the_client_terminal_where_offered(tmp_path: Path) ->
     assert all(t["released"] for t in client.terminals.values())
 
 
+@pytest.mark.slow
 async def test_a_client_terminal_past_its_timeout_is_killed_and_released(tmp_path: Path) -> None:
     work = workdir(tmp_path)
     slow = {"name": "bash", "arguments": {"command": "echo started; sleep 60", "timeout": 0.5}}

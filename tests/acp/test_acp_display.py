@@ -34,6 +34,7 @@ def turns() -> list[dict[str, object]]:
     ]
 
 
+@pytest.mark.slow
 async def test_the_permission_question_before_bash_shows_the_escaped_command(
     tmp_path: Path,
 ) -> None:

@@ -85,6 +85,7 @@ def raw(tmp_path: Path) -> Iterator[RawAgent]:
         assert agent.close() == 0
 
 
+@pytest.mark.slow
 def test_malformed_lines_are_answered_and_the_agent_lives_on(raw: RawAgent) -> None:
     raw.send_line("{this is not json")
     err = raw.read()
@@ -108,6 +109,7 @@ def test_malformed_lines_are_answered_and_the_agent_lives_on(raw: RawAgent) -> N
     assert raw.request("initialize", {"protocolVersion": 1})["result"]["protocolVersion"] == 1
 
 
+@pytest.mark.slow
 def test_unknown_methods_are_method_not_found(raw: RawAgent) -> None:
     err = raw.request("session/teleport", {"sessionId": "x"})["error"]
     assert err["code"] == -32601
@@ -117,6 +119,7 @@ def test_unknown_methods_are_method_not_found(raw: RawAgent) -> None:
     assert raw.request("initialize", {"protocolVersion": 1})["result"]["protocolVersion"] == 1
 
 
+@pytest.mark.slow
 def test_unknown_and_malformed_session_ids_are_refused(raw: RawAgent, tmp_path: Path) -> None:
     work = str(workdir(tmp_path))
     prompt = [{"type": "text", "text": "hi"}]
@@ -143,6 +146,7 @@ def test_unknown_and_malformed_session_ids_are_refused(raw: RawAgent, tmp_path: 
     assert done["result"]["stopReason"] == "end_turn"
 
 
+@pytest.mark.slow
 def test_bad_parameters_are_invalid_params(raw: RawAgent, tmp_path: Path) -> None:
     work = workdir(tmp_path)
     err = raw.request("session/new", {"cwd": str(work / "missing"), "mcpServers": []})["error"]
@@ -164,6 +168,7 @@ def test_bad_parameters_are_invalid_params(raw: RawAgent, tmp_path: Path) -> Non
     assert done["result"]["stopReason"] == "end_turn"
 
 
+@pytest.mark.slow
 def test_deeply_nested_and_over_long_lines_are_refused_and_the_agent_lives_on(
     raw: RawAgent, tmp_path: Path
 ) -> None:

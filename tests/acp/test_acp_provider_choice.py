@@ -22,6 +22,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.mark.slow
 async def test_a_loaded_session_of_another_provider_is_sent_the_agents_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.mark.slow
 async def test_session_new_is_confined_to_the_roots(tmp_path: Path) -> None:
     root = tmp_path / "allowed"
     (root / "project").mkdir(parents=True)

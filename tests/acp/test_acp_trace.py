@@ -94,6 +94,7 @@ async def drive(tmp_path: Path) -> list[dict[str, Any]]:
     return normalise(steps, {sid: "<session>", str(tmp_path): "<tmp>"})
 
 
+@pytest.mark.slow
 async def test_the_same_conversation_gives_the_same_trace(tmp_path: Path) -> None:
     first = await drive(tmp_path / "one")
     second = await drive(tmp_path / "two")

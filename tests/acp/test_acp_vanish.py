@@ -176,6 +176,7 @@ def closed_cleanly(store_spec: str, sid: str) -> dict[str, Any]:
     return {"finished": finished, "started": started}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pipes", ["stdin", "stdout", "both"])
 def test_a_client_gone_mid_tool_leaves_the_run_aborted_and_the_agent_exits_0(
     tmp_path: Path, pipes: str
@@ -211,6 +212,7 @@ def test_a_client_gone_mid_tool_leaves_the_run_aborted_and_the_agent_exits_0(
     assert len(left["started"]) == 1
 
 
+@pytest.mark.slow
 def test_stdin_closed_during_session_new_still_answers_it(tmp_path: Path) -> None:
     child = Child(tmp_path, script(tmp_path, [{"text": "hi"}]))
     child.send(0, "initialize", {"protocolVersion": 1})
@@ -226,6 +228,7 @@ def test_stdin_closed_during_session_new_still_answers_it(tmp_path: Path) -> Non
     assert "the client closed stdin: closing 1 session(s)" in child.log()
 
 
+@pytest.mark.slow
 def test_both_pipes_closed_during_session_new_leave_no_session_unexplained(
     tmp_path: Path,
 ) -> None:
@@ -248,6 +251,7 @@ def test_both_pipes_closed_during_session_new_leave_no_session_unexplained(
         assert info.id in told or info.id in log, log
 
 
+@pytest.mark.slow
 def test_stdout_a_regular_file(tmp_path: Path) -> None:
     """``durable-harness acp > file``: the answers land in the file, one per line."""
     out = tmp_path / "out.jsonl"
@@ -278,6 +282,7 @@ def test_stdout_a_regular_file(tmp_path: Path) -> None:
     closed_cleanly(child.store, sid)
 
 
+@pytest.mark.slow
 def test_stdin_closed_while_the_provider_streams(tmp_path: Path) -> None:
     """Mid-prompt, no tool yet: the provider is held at its turn when stdin closes."""
     gate = tmp_path / "never"

@@ -266,6 +266,7 @@ def test_cost_json_totals_match_the_script(cli: Cli, script: Path, project: Path
 # -- pi sessions -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["v3-branched.jsonl", "before-compaction.jsonl", "large-session.jsonl"]
 )
@@ -301,6 +302,7 @@ def test_import_missing_file(cli: Cli, tmp_path: Path) -> None:
 # -- fsck --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fsck_clean_then_damaged(cli: Cli, sh: Cli, script: Path, project: Path) -> None:
     sid, _ = run_session(cli, script, project)
     path = Path(open_store().resolve(sid).path)
@@ -438,6 +440,7 @@ def test_argparse_errors_exit_2(cli: Cli) -> None:
 # -- real processes ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_in_a_subprocess(sh: Cli, script: Path, project: Path) -> None:
     res = sh("run", PROMPT, "--provider", f"scripted:{script}", "--cwd", str(project))
     assert res.code == 0, res.err
@@ -451,6 +454,7 @@ def test_run_in_a_subprocess(sh: Cli, script: Path, project: Path) -> None:
     assert listed.code == 0 and [i["id"] for i in json.loads(listed.out)] == [info.id]
 
 
+@pytest.mark.slow
 def test_second_writer_is_refused(sh: Cli, script: Path, project: Path) -> None:
     store = open_store()
     store.create_session(str(project), session_id="held-1").close()
@@ -534,6 +538,7 @@ def test_run_continue_picks_the_most_recent_session_of_the_cwd(
     assert prompts == [PROMPT, "Once more"]
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_is_quiet(home: Path) -> None:
     """``durable-harness crash-points | head -0``: the reader is gone before the first write;
     the command stops with status 141 and no traceback."""

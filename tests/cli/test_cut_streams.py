@@ -54,6 +54,7 @@ def failures(cli: Cli, sid: str) -> list[dict[str, Any]]:
     return recs
 
 
+@pytest.mark.slow
 def test_run_retries_a_stream_cut_before_its_finish_reason(
     cli: Cli,
     sh: Cli,
@@ -82,6 +83,7 @@ def test_run_retries_a_stream_cut_before_its_finish_reason(
     assert "PARTIAL" not in stored(sid)
 
 
+@pytest.mark.slow
 def test_run_fails_at_the_attempt_cap_when_every_stream_is_cut(
     cli: Cli,
     sh: Cli,

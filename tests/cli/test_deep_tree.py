@@ -76,6 +76,7 @@ def test_show_tree_and_fsck_on_a_100000_entry_chain(cli: Cli, tmp_path: Path) ->
     assert checked.code == 0 and checked.json()["entries"] == CHAIN
 
 
+@pytest.mark.slow
 def test_library_walks_on_a_100000_entry_chain() -> None:
     """The library's walks (tree, path, context, fork) on the same chain, in memory."""
     assert sys.getrecursionlimit() < CHAIN  # the walks below would overflow if recursive

@@ -74,6 +74,7 @@ def test_command_in_readme(name: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_python_m_help_in_a_subprocess() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "durable_harness", "--help"],

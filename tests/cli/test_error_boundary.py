@@ -225,6 +225,7 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("modes_apply")
 def test_read_only_jsonl_store_names_the_path_and_permission(
     cli: Cli, tmp_path: Path, script: Path, project: Path
@@ -254,6 +255,7 @@ def test_read_only_jsonl_store_names_the_path_and_permission(
     assert shown.returncode == 0, shown.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("modes_apply")
 def test_unreadable_session_file_names_the_path(
     cli: Cli, tmp_path: Path, script: Path, project: Path
@@ -270,6 +272,7 @@ def test_unreadable_session_file_names_the_path(
         assert_named(res, "session_unreadable", f"{path}: cannot be read: Permission denied")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("modes_apply")
 @pytest.mark.parametrize("mode", [0o444, 0o000])
 def test_read_only_or_unreadable_sqlite_store_is_named(
@@ -498,6 +501,7 @@ def test_network_provider_without_key_is_refused_before_a_session_exists(
     assert not home.exists()
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_recorded_with_a_network_provider_needs_its_key_first(
     cli: Cli, sh: Callable[..., Result], project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

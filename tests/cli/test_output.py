@@ -80,6 +80,7 @@ def term_env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_colour_only_on_a_terminal_and_no_color_honoured(term_env: dict[str, str]) -> None:
     args = ["show", "no-such-session"]
     on_terminal = run_on_pty(args, term_env)
@@ -184,6 +185,7 @@ def test_internal_error_exits_70_without_traceback(
 # -- no Python reprs; wording of an in-doubt call ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_human_output_has_no_python_reprs_and_in_doubt_reads_started_outcome_unknown(
     cli: Cli,
     sh: Callable[..., Result],

@@ -42,6 +42,7 @@ def _dh(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_run_and_resume_with_another_provider_send_its_own_model(
     llm_server: FakeLLMServer, tmp_path: Path
@@ -76,6 +77,7 @@ def test_run_and_resume_with_another_provider_send_its_own_model(
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_network_model_without_a_price_costs_unknown_and_price_supplies_it(
     llm_server: FakeLLMServer, tmp_path: Path

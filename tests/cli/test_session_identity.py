@@ -160,6 +160,7 @@ def _child(
     )
 
 
+@pytest.mark.slow
 def test_a_project_moved_behind_a_symlink_is_continued(
     cli: Cli, store_spec: str, bash_script: Path, tmp_path: Path
 ) -> None:
@@ -207,6 +208,7 @@ def test_continue_in_a_fresh_directory_starts_a_session_there(
     assert _ran_in(parent) == [str(parent)] and _ran_in(sibling) == [str(sibling)]
 
 
+@pytest.mark.slow
 def test_an_unreadable_session_file_is_listed_and_blocks_a_blind_continue(
     cli: Cli, bash_script: Path, tmp_path: Path, unprivileged: list[str]
 ) -> None:
@@ -251,6 +253,7 @@ def test_an_unreadable_session_file_is_listed_and_blocks_a_blind_continue(
     assert _ran_in(proj) == [str(proj)] * 2
 
 
+@pytest.mark.slow
 def test_an_unreadable_sqlite_store_names_its_path(
     cli: Cli, bash_script: Path, tmp_path: Path, unprivileged: list[str]
 ) -> None:

@@ -207,6 +207,7 @@ async def test_an_in_doubt_call_is_shown_confirmed_and_decided(tmp_path: Path) -
     assert finished["outcome"] == "completed"
 
 
+@pytest.mark.slow
 async def test_an_empty_result_decision_and_a_bad_lane_are_refused(tmp_path: Path) -> None:
     spec = f"jsonl:{tmp_path / 'store'}"
     out = Path(workdir(tmp_path)) / "effects.txt"

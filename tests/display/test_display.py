@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -56,6 +57,7 @@ TRICKY = st.sampled_from(
 TEXT = st.lists(st.one_of(TRICKY, st.characters()), max_size=40).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(TEXT, st.booleans())
 @example("\\u\x1d{41}", False)  # a token removed would join "\\u" and "{41}"
@@ -69,6 +71,7 @@ def test_nothing_escaped_remains_and_the_original_comes_back(text: str, multilin
     assert unescape(shown) == text
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(TEXT)
 def test_the_html_form_shows_the_same_text(text: str) -> None:
@@ -103,6 +106,7 @@ def test_the_notation() -> None:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(TEXT, st.integers(min_value=1, max_value=60))
 def test_a_clipped_text_never_cuts_a_token(text: str, limit: int) -> None:

@@ -280,6 +280,7 @@ async def test_abort_without_a_run_raises(store: Store, workdir: Path) -> None:
     assert session.store.records() == []
 
 
+@pytest.mark.slow
 async def test_abort_racing_the_bash_spawn_leaves_no_process(tmp_path: Path, store: Store) -> None:
     """Abort as soon as the command runs: the cancel may land while the tool is still inside
     ``open_process`` (on asyncio it used to kill the shell alone, orphaning its children)."""

@@ -106,6 +106,7 @@ def test_every_field_is_documented() -> None:
         assert not undocumented, f"{rtype}: fields without a docstring: {undocumented}"
 
 
+@pytest.mark.slow
 def test_every_record_built_in_the_package_uses_declared_fields() -> None:
     """Each ``record("<type>", lane, run, field=...)`` call names only fields its type
     declares (``**extra`` spreads are checked at commit by the registered check)."""

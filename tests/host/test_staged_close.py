@@ -45,6 +45,7 @@ async def wait_file(path: Path, limit: float = 20.0) -> None:
         await anyio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_bash_gets_sigterm_at_the_start_of_the_grace_and_sigkill_at_its_end(
     tmp_path: Path,
 ) -> None:
@@ -114,6 +115,7 @@ class StubbornTool(Tool):
         return ToolResult.text("LATE RESULT")
 
 
+@pytest.mark.slow
 async def test_a_tool_ignoring_cancellation_neither_holds_close_nor_is_recorded(
     tmp_path: Path,
 ) -> None:
@@ -166,6 +168,7 @@ def store_text(spec: str) -> str:
     return "".join(p.read_text() for p in root.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 async def test_close_of_a_pty_session_sends_sigint_then_sigterm_then_sigkill(
     tmp_path: Path,
 ) -> None:

@@ -144,6 +144,7 @@ def test_span_tree_of_a_completed_and_a_failed_run(
     assert turns[1].end_time <= failed_run.end_time
 
 
+@pytest.mark.slow
 def test_resumed_in_doubt_call_spans(
     tmp_path: Path, tracer: HostTracer, exporter: InMemorySpanExporter
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from .util import run_records, wait_state
 
@@ -23,6 +24,7 @@ def send(client: httpx.Client, sid: str, message: str, **extra: Any) -> httpx.Re
     return client.post(f"/sessions/{sid}/agent/send", json={"message": message, **extra})
 
 
+@pytest.mark.slow
 def test_create_send_status_while_running_steer_abort(start_server, script, workdir, tmp_path):
     gate = tmp_path / "gate"
     provider = script([{"text": "working on it", "wait_for": str(gate)}])
@@ -62,6 +64,7 @@ def test_create_send_status_while_running_steer_abort(start_server, script, work
         assert (late.status_code, late.json()["code"]) == (409, "no_open_run")
 
 
+@pytest.mark.slow
 def test_steer_enters_the_running_turn_and_messages_paginate(
     start_server, script, workdir, tmp_path
 ):
@@ -93,6 +96,7 @@ def test_steer_enters_the_running_turn_and_messages_paginate(
         assert (bad.status_code, bad.json()["code"]) == (400, "invalid_request")
 
 
+@pytest.mark.slow
 def test_close_keeps_transcript_resume_is_generation_2_forget_refused_while_live(
     start_server, script, workdir
 ):
@@ -137,6 +141,7 @@ def test_close_keeps_transcript_resume_is_generation_2_forget_refused_while_live
         assert sid not in [s["id"] for s in c.get("/sessions").json()["sessions"]]
 
 
+@pytest.mark.slow
 def test_two_concurrent_prompts_give_exactly_one_409(start_server, script, workdir, tmp_path):
     gate = tmp_path / "gate"
     provider = script([{"text": "busy", "wait_for": str(gate)}])
@@ -165,6 +170,7 @@ def test_two_concurrent_prompts_give_exactly_one_409(start_server, script, workd
         assert len(run_records(c, sid, "run_started")) == 1
 
 
+@pytest.mark.slow
 def test_idempotency_key_creates_and_sends_once(start_server, script, workdir):
     provider = script([{"text": "once"}])
     server = start_server()
@@ -217,6 +223,7 @@ def _sse_events(resp: httpx.Response, until: str) -> list[dict[str, str]]:
     return events
 
 
+@pytest.mark.slow
 def test_event_stream_delivers_a_runs_events_in_order(start_server, script, workdir):
     import json
 
@@ -279,6 +286,7 @@ def test_event_stream_delivers_a_runs_events_in_order(start_server, script, work
         assert (not_live.status_code, not_live.json()["code"]) == (409, "session_not_live")
 
 
+@pytest.mark.slow
 def test_second_server_resumes_a_session_closed_by_the_first(
     start_server, script, workdir, tmp_path
 ):
@@ -315,6 +323,7 @@ def _metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics:\n{text}")
 
 
+@pytest.mark.slow
 def test_metrics_count_sessions_by_state_and_runs(start_server, script, workdir):
     provider = script([{"text": "ok"}])
     server = start_server()
@@ -335,6 +344,7 @@ def test_metrics_count_sessions_by_state_and_runs(start_server, script, workdir)
         assert _metric(text, "durable_harness_tool_calls_awaiting_decision") == 0
 
 
+@pytest.mark.slow
 def test_token_from_the_environment_guards_a_loopback_server(start_server, script, workdir):
     server = start_server(env={"DURABLE_HARNESS_TOKEN": "from-env"})
     with server.client() as anon:
@@ -344,6 +354,7 @@ def test_token_from_the_environment_guards_a_loopback_server(start_server, scrip
         assert c.get("/openapi.json").json()["info"]["title"] == "durable-harness host"
 
 
+@pytest.mark.slow
 def test_decide_refuses_a_call_not_in_doubt(start_server, script, workdir):
     server = start_server()
     with server.client() as c:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from .util import snapshot, wait_state
 
@@ -21,6 +22,7 @@ def _error(resp: httpx.Response, status: int, code: str) -> dict:
     return body
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_clear_4xx_and_changes_nothing(start_server, script, workdir, tmp_path):
     server = start_server()
     store = tmp_path / "store"
@@ -145,6 +147,7 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(start_server, script, work
         assert [s["id"] for s in c.get("/sessions").json()["sessions"]] == [sid]
 
 
+@pytest.mark.slow
 def test_non_loopback_needs_a_token_and_checks_it_on_every_request(
     start_server, script, workdir, tmp_path
 ):
@@ -181,6 +184,7 @@ def test_non_loopback_needs_a_token_and_checks_it_on_every_request(
         assert anon.get("/metrics", headers=good).status_code == 200
 
 
+@pytest.mark.slow
 def test_non_loopback_without_a_token_refuses_to_start(tmp_path):
     store = tmp_path / "store"
     proc = subprocess.run(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from durable_harness.tools.processes import group_alive
 
 from .test_api import create, send
@@ -19,6 +21,7 @@ def _appears(path: Path, limit: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_close_route_terms_at_once_and_kills_at_the_servers_grace(start_server, script, workdir):
     command = (
         f"echo $$ > {workdir / 'pid'}; trap 'date +%s.%N > {workdir / 'term'}' TERM; "
@@ -61,6 +64,7 @@ def test_the_close_grace_defaults_to_five_seconds() -> None:
     assert build_parser().parse_args(["serve", "--close-grace", "2.5"]).close_grace == 2.5
 
 
+@pytest.mark.slow
 def test_serve_pty_size_is_the_window_a_pty_session_sees(start_server, script, workdir):
     """``serve --pty-size``: the pty runtime's window size is a host setting (default 24x80,
     ``tests/tools/test_bash_pty.py``), seen by the command as its terminal's size."""

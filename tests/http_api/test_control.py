@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.http.control import control_endpoint
@@ -17,6 +18,7 @@ from durable_harness.http.control import control_endpoint
 from .util import run_records, wait_state
 
 
+@pytest.mark.slow
 def test_control_port_serves_the_session_until_its_generation_stops(
     start_server, script, workdir, tmp_path
 ):

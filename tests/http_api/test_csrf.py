@@ -45,6 +45,7 @@ def _idle_session(client: httpx.Client, provider: str, cwd: Path) -> str:
     return sid
 
 
+@pytest.mark.slow
 def test_every_post_and_delete_needs_json_and_changes_nothing_without(
     start_server, script, workdir, tmp_path
 ):
@@ -82,6 +83,7 @@ def test_every_post_and_delete_needs_json_and_changes_nothing_without(
         assert c.request("DELETE", f"/sessions/{sid}", json={}, headers=own).status_code == 204
 
 
+@pytest.mark.slow
 def test_a_foreign_origin_or_cross_site_fetch_is_refused_before_anything_happens(
     start_server, script, workdir, tmp_path
 ):
@@ -116,6 +118,7 @@ def test_a_foreign_origin_or_cross_site_fetch_is_refused_before_anything_happens
         assert c.post(f"/sessions/{sid}/close", json={}, headers=same).status_code == 200
 
 
+@pytest.mark.slow
 def test_repeated_guard_headers_and_an_empty_origin_are_refused(start_server, script, workdir):
     """A second ``Origin``/``Sec-Fetch-Site``/``Host``/``Content-Type`` after an accepted first
     one was let through (the guard read the first copy); an empty ``Origin`` too."""
@@ -154,6 +157,7 @@ def test_repeated_guard_headers_and_an_empty_origin_are_refused(start_server, sc
         assert ok.status_code == 200, ok.text
 
 
+@pytest.mark.slow
 def test_a_control_port_takes_the_same_rule(start_server, script, workdir):
     server = start_server(None, "--control-ports")
     with server.client() as c:

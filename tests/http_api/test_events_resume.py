@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 from .test_api import create, send
 from .util import wait_state
@@ -47,6 +48,7 @@ def _data(frames: list[dict[str, str]]) -> list[dict[str, Any]]:
     return [json.loads(f["data"]) for f in frames]
 
 
+@pytest.mark.slow
 def test_a_reconnect_with_last_event_id_gets_exactly_the_rest(
     start_server, script, workdir, tmp_path
 ):
@@ -92,6 +94,7 @@ def test_a_reconnect_with_last_event_id_gets_exactly_the_rest(
     assert _data(rest)[-1]["outcome"] == "completed"
 
 
+@pytest.mark.slow
 def test_an_id_of_an_earlier_generation_resumes_at_this_ones_start(start_server, script, workdir):
     server = start_server()
     with server.client() as c:

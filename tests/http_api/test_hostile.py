@@ -35,6 +35,7 @@ def _raw_json(c: httpx.Client, path: str, text: str, **headers: str) -> httpx.Re
     )
 
 
+@pytest.mark.slow
 def test_unencodable_and_over_long_paths_are_invalid_requests(start_server, script, workdir):
     server = start_server()
     provider = script([{"text": "x"}])
@@ -72,6 +73,7 @@ def test_unencodable_and_over_long_paths_are_invalid_requests(start_server, scri
         )
 
 
+@pytest.mark.slow
 def test_only_loopback_host_headers_reach_a_tokenless_server(start_server):
     server = start_server()
     with server.client() as c:
@@ -94,6 +96,7 @@ def test_only_loopback_host_headers_reach_a_tokenless_server(start_server):
         assert c.get("/sessions", headers={"Host": "example.net"}).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_reused_idempotency_key_with_another_body_is_refused(start_server, script, workdir):
     server = start_server()
     provider = script([{"text": "a"}, {"text": "b"}])
@@ -147,6 +150,7 @@ def test_a_reused_idempotency_key_with_another_body_is_refused(start_server, scr
         assert [e["message"]["role"] for e in entries] == ["user", "assistant"]
 
 
+@pytest.mark.slow
 def test_lane_names_are_validated(start_server, script, workdir):
     server = start_server()
     with server.client() as c:
@@ -172,6 +176,7 @@ def test_lane_names_are_validated(start_server, script, workdir):
         assert ok.status_code == 202, ok.text
 
 
+@pytest.mark.slow
 def test_held_elsewhere_is_session_live_and_decisions_are_checked(
     start_server, script, workdir, tmp_path
 ):
@@ -228,6 +233,7 @@ def _open_stream(url: str, path: str) -> tuple[socket.socket, bytes]:
     return sock, head.split(b"\r\n", 1)[0]
 
 
+@pytest.mark.slow
 def test_event_streams_are_capped_per_server(start_server, script, workdir):
     server = start_server()
     with server.client() as c:
@@ -263,6 +269,7 @@ def test_event_streams_are_capped_per_server(start_server, script, workdir):
 # -- issue 20: HTTP as the RFCs say ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_405_names_every_method_of_the_path_in_allow(start_server):
     server = start_server()
     with server.client() as c:
@@ -281,6 +288,7 @@ def test_a_405_names_every_method_of_the_path_in_allow(start_server):
             assert set(resp.headers["allow"].split(", ")) == allowed, resp.headers
 
 
+@pytest.mark.slow
 def test_the_bearer_scheme_is_case_insensitive(start_server):
     server = start_server(None, token="s3cret")
     with server.client(token="") as c:
@@ -292,6 +300,7 @@ def test_the_bearer_scheme_is_case_insensitive(start_server):
             _error(c.get("/sessions", headers={"Authorization": header}), 401, "unauthorized")
 
 
+@pytest.mark.slow
 def test_the_openapi_document_lists_every_status_the_routes_answer(start_server, script, workdir):
     server = start_server(None, token="t0ken")
     answers: list[tuple[str, str, httpx.Response]] = []
@@ -354,6 +363,7 @@ def test_the_openapi_document_lists_every_status_the_routes_answer(start_server,
     assert {200, 201, 202, 204, 400, 401, 403, 404, 409, 413, 415, 422} <= statuses, statuses
 
 
+@pytest.mark.slow
 def test_an_empty_idempotency_key_is_refused_and_nothing_is_recorded(
     start_server, script, workdir, tmp_path
 ):
@@ -388,6 +398,7 @@ def test_an_empty_idempotency_key_is_refused_and_nothing_is_recorded(
         assert c.get(f"/sessions/{sid}/agent/messages").json()["entries"] == []
 
 
+@pytest.mark.slow
 def test_a_message_with_a_lone_surrogate_is_refused_so_a_retry_is_never_a_different_message(
     start_server, script, workdir, tmp_path
 ):
@@ -422,6 +433,7 @@ def test_a_message_with_a_lone_surrogate_is_refused_so_a_retry_is_never_a_differ
         assert again.status_code == 202 and again.json()["duplicate"] is True
 
 
+@pytest.mark.slow
 def test_an_ambiguous_prefix_names_no_other_session_and_no_console_page_is_a_500(
     start_server, script, workdir
 ):
@@ -455,6 +467,7 @@ def test_an_ambiguous_prefix_names_no_other_session_and_no_console_page_is_a_500
 # -- issue 20: nothing from elsewhere runs on the API's origin ---------------------------------
 
 
+@pytest.mark.slow
 def test_no_cdn_documents_and_every_html_answer_has_a_csp(start_server):
     server = start_server()
     with server.client() as c:
@@ -474,6 +487,7 @@ def test_no_cdn_documents_and_every_html_answer_has_a_csp(start_server):
 # -- issue 20: where agents may run ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_root_confines_the_working_directories_of_new_sessions(start_server, script, tmp_path):
     root = tmp_path / "projects"
     inside = root / "a" / "b"
@@ -507,6 +521,7 @@ def test_root_confines_the_working_directories_of_new_sessions(start_server, scr
     assert "sessions may be created in any directory" in anywhere.stderr()
 
 
+@pytest.mark.slow
 def test_a_root_that_is_not_a_directory_stops_serve_before_the_store_is_made(tmp_path):
     missing = tmp_path / "no-such-dir"
     proc = subprocess.run(

@@ -23,6 +23,7 @@ def llm_server() -> Iterator[FakeLLMServer]:
         yield srv
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_resume_over_http_sends_the_host_providers_model(
     start_server, workdir: Path, tmp_path: Path, llm_server: FakeLLMServer
@@ -59,6 +60,7 @@ def test_resume_over_http_sends_the_host_providers_model(
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_serve_price_prices_turns_and_without_it_cost_is_null(
     start_server, script, workdir: Path, tmp_path: Path

@@ -186,6 +186,7 @@ def test_crash_test_runs_custom_tools_and_reports_decisions_and_doubles(tmp_path
     assert "| after_tool_finished | pass | pass | pass |" in text
 
 
+@pytest.mark.slow
 def test_a_bad_import_path_is_a_clear_error(tmp_path: Path) -> None:
     scen = tmp_path / "scenarios"
     scen.mkdir()

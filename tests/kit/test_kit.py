@@ -57,6 +57,7 @@ def test_run_crash_on_sqlite_reconciles_the_charge(shop: Path, tmp_path: Path) -
         run_crash(sc, "after_tool_effect", backend="postgres")
 
 
+@pytest.mark.slow
 def test_crash_cell_without_the_decorator_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "test_x.py").write_text("def test_x(crash_cell):\n    pass\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 KIT = ("durable_harness.crashtest", "durable_harness.testing.kit")
 
 
@@ -27,11 +29,13 @@ def _loaded_after(code: str, cwd: Path | None = None) -> list[str]:
     return list(ast.literal_eval(proc.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_imports_no_runner() -> None:
     assert _loaded_after("import durable_harness.testing.plugin") == []
     assert _loaded_after("from durable_harness.testing import crash_matrix") == []
 
 
+@pytest.mark.slow
 def test_a_pytest_run_without_crash_tests_imports_no_runner(tmp_path: Path) -> None:
     (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
     code = (
@@ -43,6 +47,7 @@ def test_a_pytest_run_without_crash_tests_imports_no_runner(tmp_path: Path) -> N
     assert _loaded_after(code, cwd=tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_names_still_load() -> None:
     loaded = _loaded_after("from durable_harness.testing import run_crash, INVARIANTS")
     assert "durable_harness.crashtest.runner" in loaded

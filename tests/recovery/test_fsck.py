@@ -185,6 +185,7 @@ _body = st.one_of(
 )
 
 
+@pytest.mark.slow
 @given(header=st.sampled_from([OWN_HEADER, PI_HEADER]), body=_body)
 def test_never_raises_on_random_content(header: bytes, body: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -164,6 +165,7 @@ def test_an_intent_naming_no_call_of_a_settled_run_is_damage_in_both(tmp_path: P
     assert {d["seq"] for d in checked if d["kind"] == "unknown_call"} == bad != set()
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

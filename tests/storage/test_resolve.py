@@ -4,7 +4,10 @@ backend, and the JSONL id links falling back to the listing whenever they are mi
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,15 +126,37 @@ def test_jsonl_delete_removes_the_link_and_the_id_is_gone(tmp_path: Path) -> Non
         store.resolve(sid)
 
 
-def test_jsonl_unreadable_file_through_its_link_is_named(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root reads a file of mode 000")
+_RESOLVE = """
+import json, sys
+from durable_harness.errors import DurableHarnessError
+from durable_harness.storage import open_store
+store = open_store(sys.argv[1])
+row = store.find_exact(sys.argv[2])
+try:
+    store.resolve(sys.argv[2])
+    error = None
+except DurableHarnessError as exc:
+    error = exc.to_json()
+print(json.dumps({"row": row is not None, "error": error}))
+"""
+
+
+def test_jsonl_unreadable_file_through_its_link_is_named(
+    tmp_path: Path, unprivileged: list[str]
+) -> None:
     store, sid = _jsonl(tmp_path)
     path = store.resolve(sid).path
     os.chmod(path, 0)
-    try:
-        assert store.find_exact(sid) is not None  # the row, with its error
-        with pytest.raises(SessionUnreadable):
-            store.resolve(sid)
+    try:  # read without root's override of file permissions (the ``unprivileged`` prefix)
+        proc = subprocess.run(
+            [*unprivileged, sys.executable, "-c", _RESOLVE, store.spec, sid],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
     finally:
         os.chmod(path, 0o600)
+    seen = json.loads(proc.stdout)
+    assert seen["row"] is True  # the row, with its error
+    assert seen["error"]["code"] == SessionUnreadable.code

@@ -8,9 +8,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from durable_harness.storage import open_store
 
 
+@pytest.mark.slow
 def test_four_processes_create_one_store_together(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -55,6 +55,7 @@ async def test_output_exit_code_and_newlines_as_in_the_pipe_runtime(ctx: ToolCon
     assert text_of(await call(BashTool(), ctx, command=command)) == text_of(result)
 
 
+@pytest.mark.slow
 async def test_a_command_reading_its_terminal_gets_end_of_input(ctx: ToolContext) -> None:
     """One end of input is queued: the first read sees it (instead of waiting for the
     timeout); a second read waits, as on a terminal nobody types to."""
@@ -105,6 +106,7 @@ async def test_a_resize_reaches_the_running_command_as_sigwinch(
     assert text_of(await call(tool, ctx, command="stty size")) == "30 100\n"
 
 
+@pytest.mark.slow
 async def test_cancellation_sends_sigint_first_then_sigterm(
     ctx: ToolContext, tmp_path: Path
 ) -> None:
@@ -132,6 +134,7 @@ async def test_output_keeps_the_tail(ctx: ToolContext) -> None:
     assert result.details is not None and result.details["output_bytes"] == 400004
 
 
+@pytest.mark.slow
 async def test_timeout_kills_the_group(ctx: ToolContext) -> None:
     command = "trap '' TERM HUP; sleep 300 & echo $! > pid; echo started; wait"
     with anyio.fail_after(PROMPTLY):
@@ -159,6 +162,7 @@ async def test_cancellation_kills_the_group(ctx: ToolContext) -> None:
     assert wait_until(lambda: group_gone(pgid) and pid_gone(pid))
 
 
+@pytest.mark.slow
 async def test_a_terminal_held_outside_the_group_does_not_hang(ctx: ToolContext) -> None:
     command = "setsid sh -c 'echo $$ > pid; exec sleep 300' & sleep 0.2; echo hi"
     try:

@@ -406,6 +406,7 @@ async def test_bash_output_keeps_tail(ctx: ToolContext) -> None:
     assert result.details["truncated"] is True
 
 
+@pytest.mark.slow
 async def test_bash_timeout_kills_group(ctx: ToolContext) -> None:
     with anyio.fail_after(PROMPTLY):
         result = await call(
@@ -420,6 +421,7 @@ async def test_bash_timeout_kills_group(ctx: ToolContext) -> None:
     assert wait_until(lambda: pid_gone(pid)), f"background child {pid} survived"
 
 
+@pytest.mark.slow
 async def test_bash_timeout_kills_term_ignoring_child(ctx: ToolContext) -> None:
     command = "trap '' TERM; (trap '' TERM; exec sleep 300) & echo $! > pid; wait"
     with anyio.fail_after(PROMPTLY):
@@ -504,6 +506,7 @@ def test_bad_arguments_raise_tool_error() -> None:
         ReadFileTool().parse_args({"path": "a", "offset": 0})
 
 
+@pytest.mark.slow
 async def test_bash_pipe_held_outside_group_does_not_hang(ctx: ToolContext) -> None:
     # setsid moves the sleep out of the group (the tool cannot stop it); it keeps the output
     # pipe open for 300 s, and the tool must return long before.
