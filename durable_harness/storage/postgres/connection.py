@@ -44,7 +44,7 @@ RECONNECT_DEADLINE_S = 30.0
 
 RECONNECT_CHAIN_S = 1.0
 """The pool's ``reconnect_timeout``: seconds one chain of connection attempts lasts before it
-gives up, so that the next request starts a new one at once (``design/postgres.md``,
+gives up, so that the next request starts a new one at once (``design/host.md``, "Workers":
 "Reconnecting"). ``psycopg_pool``'s default (300 s) doubles the pause between attempts (1, 2, 4,
 8, 16 s...) and lets no request start another attempt meanwhile: a server back after a 15 s
 outage was reached 20-27 s later."""
