@@ -70,6 +70,10 @@ def test_server_killed_mid_tool_restarts_with_plans_and_decisions_finish_the_run
             if line.startswith("durable_harness_tool_calls_awaiting_decision ")
         ]
         assert awaiting and float(awaiting[0].split()[1]) >= len(suspended)
+        queued = [
+            ln for ln in metrics.splitlines() if ln.startswith("durable_harness_resumes_pending ")
+        ]
+        assert queued and float(queued[0].split()[1]) >= 0  # the start-up queue, as scraped
 
         decided = 0
         for sid in suspended:
