@@ -87,7 +87,9 @@ class SessionManager(ReadModel):
             interval = self.options.claim_interval
             if interval is not None and worker.can_claim(self.store):
                 self.worker = worker.Worker(self, interval)
-                await tg.start(self.worker.run)
+                # its first round too runs after entering: a claimed session is resumed as
+                # a queued one is, once the manager serves (design/host.md, "Workers")
+                tg.start_soon(self.worker.run)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise

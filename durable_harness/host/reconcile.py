@@ -225,6 +225,7 @@ class Reconciler:
                 await worker.let_go(store)
                 raise
             start = self.reads.options.auto_resume == "no_decision"
+            self._unqueue(sid, rec.state)  # the claim resumes it, if the queue had it too
             return await self._resume_held(rec, store, None, start=start)
 
     async def _resume_held(
