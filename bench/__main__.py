@@ -24,6 +24,7 @@ BENCHMARKS = {
     "host": "bench.bench_host",
     "postgres": "bench.bench_postgres",
     "crash": "bench.bench_crash",
+    "restart": "bench.bench_restart",
 }
 
 

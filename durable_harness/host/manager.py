@@ -87,7 +87,9 @@ class SessionManager(ReadModel):
             interval = self.options.claim_interval
             if interval is not None and worker.can_claim(self.store):
                 self.worker = worker.Worker(self, interval)
-                await tg.start(self.worker.run)
+                # its first round too runs after entering: a claimed session is resumed as
+                # a queued one is, once the manager serves (design/host.md, "Workers")
+                tg.start_soon(self.worker.run)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -105,12 +107,20 @@ class SessionManager(ReadModel):
         self.runner.observers.append(callback)
 
     async def shutdown(self) -> None:
-        """Stop every live generation without closing its session, as a crash would (on a
-        worker, their sessions are handed back). Idempotent."""
+        """Stop the start-up resumes still queued (one in progress finishes first), then every
+        live generation without closing its session, as a crash would (on a worker, their
+        sessions are handed back). Idempotent."""
+        await self.reconciler.stop()
         if self.worker is not None:
             self.worker.stop()
             self.runner.hand_over = True
         await self.runner.stop_all()
+
+    async def wait_resumed(self) -> None:
+        """Return once the start-up resumes (run in the background after entering: see
+        :meth:`Reconciler.reconcile`) have all begun or been dropped; at once when none was
+        queued. Their sessions' places in the queue: :meth:`resume_positions`."""
+        await self.reconciler.wait_resumed()
 
     def stop_fenced(self) -> list[str]:
         """Stop every generation whose writer lease another writer took, writing nothing;
@@ -270,7 +280,13 @@ class SessionManager(ReadModel):
         (``SessionLive``: another process holds it)."""
         proc = self.live.get(self.check_id(session_id))
         if proc is None:
-            return await self.reconciler.close_stored(session_id)
+            try:
+                return await self.reconciler.close_stored(session_id)
+            except SessionLive:
+                proc = self.live.get(session_id)
+                if proc is None:
+                    raise
+                # its start-up resume began while this close waited: close what it started
         await self.runner.close(proc)
         return proc.record
 
@@ -356,6 +372,14 @@ class SessionManager(ReadModel):
                     session_id=session_id,
                     holder_pid=holder.get("pid"),
                 )
+        queued = self.resume_position(session_id) if proc is None else None
+        if queued is not None:
+            raise SessionNotLive(
+                f"session {session_id} has no live generation yet: its start-up resume is "
+                f"queued (place {queued}); wait for it, or resume it now",
+                session_id=session_id,
+                resume_pending=queued,
+            )
         if proc is None or proc.harness is None or proc.record.state not in LIVE:
             raise SessionNotLive(
                 f"session {session_id} has no live generation here; resume it first",

@@ -105,6 +105,11 @@ class HostMetrics:
         self.sessions = Gauge(
             PREFIX + "sessions", "Sessions by lifecycle state.", ["state"], registry=reg
         )
+        self.resumes_pending = Gauge(
+            PREFIX + "resumes_pending",
+            "Sessions whose start-up resume is queued and not begun (design/host.md).",
+            registry=reg,
+        )
         self.worker_claims = counter("worker_claims", "Crashed sessions this worker claimed.")
         self.worker_claim_failures = counter(
             "worker_claim_failures", "Claim rounds that failed (the store unreachable)."

@@ -25,6 +25,9 @@ before the manager that reads them) and a session id (see :attr:`HostOptions.con
 SendMode = Literal["prompt", "steer", "follow_up"]
 """How a message enters a session: a new run, a steer into the running one, a follow-up."""
 
+DEFAULT_RESUME_CONCURRENCY = 8
+"""Start-up resumes in progress at once when ``HostOptions.resume_concurrency`` is not given."""
+
 MAX_MESSAGE_BYTES = 1 << 20
 """The default limit of one message, in bytes of UTF-8 (1 MiB)."""
 
@@ -45,7 +48,9 @@ class HostOptions:
         mode: the durability mode of sessions created without one.
         policy: the recovery policy for in-doubt calls (``ask``: wait for a decision).
         auto_resume: at start-up, resume the suspended sessions whose plan needs no decision
-            (``no_decision``), or none (``never``).
+            (``no_decision``), or none (``never``). These resumes run in the background once
+            the manager is entered (``design/host.md``, "Start-up reconciliation").
+        resume_concurrency: start-up resumes in progress at once (at least 1).
         close_grace: seconds a running turn is given after the abort, before the kill step.
         max_message_bytes: the largest message accepted, in bytes of UTF-8.
         tools: ``runtime -> {name: tool}``: the tools of a generation.
@@ -63,6 +68,7 @@ class HostOptions:
     mode: Durability = "sync"
     policy: Policy = "ask"
     auto_resume: Literal["never", "no_decision"] = "no_decision"
+    resume_concurrency: int = DEFAULT_RESUME_CONCURRENCY
     close_grace: float = 5.0
     max_message_bytes: int = MAX_MESSAGE_BYTES
     tools: Callable[[CommandRuntime], Mapping[str, Tool]] = default_tools

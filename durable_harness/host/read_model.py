@@ -129,6 +129,8 @@ class ReadModel:
             could not read.
         worker: the claim loop, on stores that claim; lost: generations stopped because
             their writer lost the session.
+        pending: the ids of the sessions whose start-up resume is queued and not begun, in
+            queue order (the :class:`~durable_harness.host.reconcile.Reconciler` keeps it).
     """
 
     def __init__(self, store: Store, options: HostOptions) -> None:
@@ -140,6 +142,7 @@ class ReadModel:
         self.unreadable: list[dict[str, Any]] = []
         self.worker: Worker | None = None
         self.lost = 0
+        self.pending: dict[str, None] = {}
         self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see read
         # closed sessions (as last read) with a run still open: only these can have a live
         # recorded tool group (see live_groups), so only these are probed for one
@@ -291,10 +294,26 @@ class ReadModel:
         return out
 
     async def listing(self, states: builtins.list[str] | None = None) -> dict[str, Any]:
-        """``GET /sessions``: ``{"sessions", "unreadable"}``, each record with its ``waiting``."""
+        """``GET /sessions``: ``{"sessions", "unreadable", "resumes_pending"}``, each record
+        with its ``waiting`` and ``resume_pending`` (:meth:`resume_positions`)."""
         records = await self.list(states)
-        sessions = [r.to_json() | {"waiting": self.waiting(r.id)} for r in records]
-        return {"sessions": sessions, "unreadable": self.unreadable}
+        queued = self.resume_positions()
+        sessions = [
+            r.to_json() | {"waiting": self.waiting(r.id), "resume_pending": queued.get(r.id)}
+            for r in records
+        ]
+        return {"sessions": sessions, "unreadable": self.unreadable, "resumes_pending": len(queued)}
+
+    def resume_positions(self) -> dict[str, int]:
+        """``{session id: place in the start-up resume queue}`` (1: the next to begin) of
+        the sessions whose resume is queued and not begun."""
+        return {sid: i for i, sid in enumerate(self.pending, 1)}
+
+    def resume_position(self, session_id: str) -> int | None:
+        """The session's place in the start-up resume queue (1: next), or ``None``."""
+        if session_id not in self.pending:
+            return None
+        return next(i for i, sid in enumerate(self.pending, 1) if sid == session_id)
 
     def plan(self, session_id: str) -> RecoveryPlan | None:
         """The recovery plan of a suspended session (as last read), else ``None``."""
@@ -325,15 +344,17 @@ class ReadModel:
         return None if w is None else (len(w.claimed), w.failures, self.lost)
 
     async def status(self, session_id: str) -> dict[str, Any]:
-        """``{"id", "state", "generation", "lanes", "plan", "port", "last_error"}``; ``plan``
-        only when suspended."""
+        """``{"id", "state", "generation", "lanes", "plan", "port", "last_error",
+        "resume_pending"}``; ``plan`` only when suspended; ``resume_pending``: its place in
+        the start-up resume queue (:meth:`resume_position`), else ``None``."""
         proc = self.live.get(self.check_id(session_id))
         if proc is not None:
             return _status(proc.record, proc.session.store, proc.running, None, proc.port)
         rec = await self.read(session_id)
         with self.open_read(session_id) as store:
             plan = self.plans.get(session_id) if rec.state == "suspended" else None
-            return _status(rec, store, set(), plan, None)
+            out = _status(rec, store, set(), plan, None)
+        return out | {"resume_pending": self.resume_position(session_id)}
 
     def messages(
         self, session_id: str, *, lane: str = "main", offset: int = 0, limit: int = 100
@@ -424,4 +445,5 @@ def _status(
         "plan": plan.to_json() if plan is not None else None,
         "port": port,
         "last_error": rec.last_error,
+        "resume_pending": None,
     }

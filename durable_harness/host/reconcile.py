@@ -1,16 +1,26 @@
 """Start-up reconciliation and recovery of the sessions no generation of this process runs
 (``design/host.md``, "The manager"): plan each (the planner of ``durable-harness recover``),
-then adopt, resume, or leave it ``suspended`` with its plan; finish an interrupted close.
+then adopt, resume (the start-up resumes in the background, after the manager serves: "Plans
+first, then serve, then resume"), or leave it ``suspended`` with its plan; finish an
+interrupted close.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
 
-from durable_harness.errors import DurableHarnessError, LeaseHeld, SessionLive
+from durable_harness.errors import (
+    DurableHarnessError,
+    IllegalTransition,
+    LeaseHeld,
+    SessionLive,
+    root_cause,
+)
 from durable_harness.harness.groups import kill_and_record, kill_groups, open_calls
 from durable_harness.host import lifecycle, worker
 from durable_harness.host.leftovers import open_writable
@@ -28,20 +38,33 @@ from durable_harness.storage.base import RecordOp, SessionStore
 Decisions = Mapping[str, Mapping[str, Any]]
 """``{tool call id or call key: {"decision": "retry"|"fail"|"result", "result": text}}``."""
 
+log = logging.getLogger("durable_harness.host.reconcile")
+
 
 class Reconciler:
     """Plans and recovers the sessions of one manager that no generation here runs, under
-    the manager's ``lock`` (lifecycle moves of different sessions never interleave)."""
+    the manager's ``lock`` (lifecycle moves of different sessions never interleave).
+
+    The start-up resumes run in the background (:meth:`reconcile`): the ids queued are
+    ``reads.pending`` (in order), taken by ``options.resume_concurrency`` tasks on the
+    runner's task group until the queue is empty or :meth:`stop`.
+    """
 
     def __init__(self, reads: ReadModel, runner: GenerationRunner, lock: anyio.Lock) -> None:
         self.reads = reads
         self.runner = runner
         self.lock = lock
+        self._queue: deque[str] = deque()
+        # made when the background resumes start (both need the event loop)
+        self._scope: anyio.CancelScope | None = None
+        self._drained: anyio.Event | None = None  # set once the background resumes end
 
     async def reconcile(self) -> list[SessionRecord]:
         """Read every session (a dead owner's live state becomes ``suspended`` with its plan,
-        an interrupted close is finished), then resume per ``options.auto_resume``. Returns
-        the records after it."""
+        an interrupted close is finished), then, with ``options.auto_resume ==
+        "no_decision"``, queue each suspended one whose plan needs no decision for a resume
+        in the background (started on the runner's task group; returns before any of them
+        begins). Returns the records read (a queued one ``suspended``)."""
         reads = self.reads
         reads.unreadable = []
         records: list[SessionRecord] = []
@@ -65,15 +88,106 @@ class Reconciler:
             for rec in records:
                 plan = reads.plans.get(rec.id)
                 if rec.state == "suspended" and plan is not None and not needs_decision(plan):
-                    try:
-                        await self.resume(rec.id)
-                    except (SessionLive, LeaseHeld):
-                        continue  # another host took it meanwhile
+                    self._enqueue(rec.id)
+        if self._queue and self.runner.tg is not None:
+            self._scope, self._drained = anyio.CancelScope(), anyio.Event()
+            self.runner.tg.start_soon(self._resume_queued, self._scope, self._drained)
         return [reads.live[r.id].record if r.id in reads.live else r for r in records]
 
+    # -- the background resumes -------------------------------------------------------------
+
+    def _enqueue(self, session_id: str) -> None:
+        """Queue a start-up resume of ``session_id`` and tell the observers."""
+        self.reads.pending[session_id] = None
+        self._queue.append(session_id)
+        position = len(self.reads.pending)
+        self._publish(session_id, {"state": "suspended", "resume_pending": position})
+
+    def _unqueue(self, session_id: str, state: str) -> None:
+        """``session_id`` leaves the queue (its resume begins, or a close or a failure
+        came first): tell the observers, its state being ``state``."""
+        if self.reads.pending.pop(session_id, False) is None:
+            self._publish(session_id, {"state": state, "resume_pending": None})
+
+    def _publish(self, session_id: str, event: dict[str, Any]) -> None:
+        """A ``lifecycle`` event of a session with no generation, to the manager's
+        observers (an observer that raises is logged, as the runner's are not reached)."""
+        for observer in self.runner.observers:
+            try:
+                observer(session_id, {"type": "lifecycle", **event})
+            except Exception:
+                log.exception("an observer failed on session %s", session_id)
+
+    async def _resume_queued(self, scope: anyio.CancelScope, drained: anyio.Event) -> None:
+        """The background resumes: ``resume_concurrency`` tasks drain the queue."""
+        try:
+            with scope:
+                width = max(1, self.reads.options.resume_concurrency)
+                async with anyio.create_task_group() as tg:
+                    for _ in range(min(width, len(self._queue))):
+                        tg.start_soon(self._drain)
+        finally:
+            drained.set()
+
+    async def _drain(self) -> None:
+        while self._queue:
+            sid = self._queue.popleft()
+            if sid not in self.reads.pending:
+                continue  # closed or resumed by a client meanwhile
+            with anyio.CancelScope(shield=True):  # a stop lands between resumes, not inside
+                await self._resume_one(sid)
+            await anyio.sleep(0)  # let requests in between two resumes
+
+    async def _resume_one(self, session_id: str) -> None:
+        """One queued resume; whatever it raises is logged and the session stays as the
+        store has it (a background task never takes the manager down)."""
+        try:
+            await self._resume(session_id, None, queued=True)
+        except (SessionLive, LeaseHeld, IllegalTransition):
+            pass  # another host holds it, or its state moved: nothing for the queue to do
+        except Exception as exc:
+            log.warning("session %s: the start-up resume failed: %s", session_id, root_cause(exc))
+        finally:
+            if session_id in self.reads.pending:
+                rec = self.reads.live.get(session_id)
+                self._unqueue(session_id, rec.record.state if rec else "suspended")
+
+    async def stop(self) -> None:
+        """Stop the background resumes: the queue is dropped, a resume in progress finishes
+        (its generation then stops with the others); returns once none runs. Idempotent."""
+        if self._scope is not None:
+            self._scope.cancel()
+        self._queue.clear()
+        for sid in list(self.reads.pending):
+            self._unqueue(sid, "suspended")
+        if self._drained is not None:
+            await self._drained.wait()
+
+    async def wait_resumed(self) -> None:
+        """Return once the background resumes have ended (at once when none was queued)."""
+        if self._drained is not None:
+            await self._drained.wait()
+
+    # -- the verbs --------------------------------------------------------------------------
+
     async def resume(self, session_id: str, decisions: Decisions | None = None) -> SessionRecord:
-        """See :meth:`~durable_harness.host.manager.SessionManager.resume`."""
+        """See :meth:`~durable_harness.host.manager.SessionManager.resume`. A session whose
+        start-up resume is queued leaves the queue at once: this resume is the one, done
+        as soon as the lock is free (a resume already in progress: ``SessionLive``)."""
+        if decisions is None:
+            self._unqueue(session_id, "suspended")
+        rec = await self._resume(session_id, decisions)
+        assert rec is not None  # only a queued resume is skipped
+        return rec
+
+    async def _resume(
+        self, session_id: str, decisions: Decisions | None, *, queued: bool = False
+    ) -> SessionRecord | None:
+        """:meth:`resume`; ``queued``: the background's, skipped (``None``) when the
+        session left the queue while it waited for the lock."""
         async with self.lock:
+            if queued and session_id not in self.reads.pending:
+                return None
             rec = await self.reads.read_not_live(session_id, "resuming it")
             lifecycle.check(rec.id, rec.state, "creating")
             if decisions:
@@ -83,6 +197,7 @@ class Reconciler:
                     tools = declarations(self.reads.options.tools(rec.command_runtime))
                     resolve_decisions(take_snapshot(store), decisions, tools)
             store = open_writable(self.reads.store, session_id, rec.mode)
+            self._unqueue(session_id, rec.state)  # this resume is the one
             return await self._resume_held(rec, store, decisions)
 
     async def adopt(self, store: SessionStore) -> SessionRecord:
@@ -110,6 +225,7 @@ class Reconciler:
                 await worker.let_go(store)
                 raise
             start = self.reads.options.auto_resume == "no_decision"
+            self._unqueue(sid, rec.state)  # the claim resumes it, if the queue had it too
             return await self._resume_held(rec, store, None, start=start)
 
     async def _resume_held(
@@ -149,7 +265,8 @@ class Reconciler:
     async def close_stored(self, session_id: str) -> SessionRecord:
         """Close a session no generation here runs: under its lease, kill the live groups its
         dead generation left, then write ``closed`` (a closed one with no live group is left
-        as it is)."""
+        as it is). A queued start-up resume of it is dropped first: the close wins."""
+        self._unqueue(session_id, "suspended")
         async with self.lock:
             rec = await self.reads.read_not_live(session_id, "closing it")
             if rec.state == "closed" and not self.reads.live_groups(session_id):

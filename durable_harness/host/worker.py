@@ -32,6 +32,10 @@ CLAIM_BATCH = 16
 DEFAULT_CLAIM_INTERVAL_S = 5.0
 """Seconds between two claim rounds when ``HostOptions.claim_interval`` is not given."""
 
+RETRY_FAILED_S = 1.0
+"""Seconds after a failed claim round before the next (at most the interval): a server that
+comes back is claimed from within about a second, not a whole interval later."""
+
 
 @runtime_checkable
 class ClaimingStore(Protocol):
@@ -151,21 +155,21 @@ class Worker:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Claim once (before ``task_status.started()``), then every :attr:`interval` seconds
-        until :meth:`stop`."""
+        (:data:`RETRY_FAILED_S` after a failed round) until :meth:`stop`."""
         with self._scope:
-            await self.tick()
+            ok = await self.tick()
             task_status.started()
             while True:
-                await anyio.sleep(self.interval)
-                await self.tick()
+                await anyio.sleep(self.interval if ok else min(self.interval, RETRY_FAILED_S))
+                ok = await self.tick()
 
     def stop(self) -> None:
         """End the loop."""
         self._scope.cancel()
 
-    async def tick(self) -> None:
+    async def tick(self) -> bool:
         """One round: stop the generations fenced out, then claim until none is left (a
-        failure is logged and counted)."""
+        failure is logged and counted); returns whether it succeeded."""
         self.manager.stop_fenced()
         try:
             while await self.claim_once() == CLAIM_BATCH:
@@ -173,6 +177,8 @@ class Worker:
         except DurableHarnessError as exc:
             self.failures += 1
             log.warning("claiming crashed sessions failed: %s (retrying)", exc.message)
+            return False
+        return True
 
     async def claim_once(self) -> int:
         """Claim up to :data:`CLAIM_BATCH` sessions and hand each to :meth:`Host.adopt`;

@@ -373,8 +373,10 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
     )
     async def metrics(manager: Manager) -> Response:
         """Prometheus exposition of the host's metrics."""
-        # the scrape-time gauges first: awaiting decisions, sessions by state, a worker's counts
+        # the scrape-time gauges first: awaiting decisions, sessions by state, start-up resumes
+        # queued, a worker's counts
         sink.set_awaiting_counts(manager.awaiting_decisions())
+        sink.resumes_pending.set(len(manager.pending))
         sink.set_state_counts(await manager.state_counts())
         if (counts := manager.worker_counts()) is not None:
             sink.set_worker_counts(*counts)

@@ -126,6 +126,11 @@ class ListedSession(Session):
     it is suspended waiting for a decision)."""
 
     waiting: list[WaitingCall]
+    resume_pending: int | None = Field(
+        None,
+        description="its place in the host's start-up resume queue (1: the next to begin; "
+        "runtime state), or null when no resume of it is queued",
+    )
 
 
 class SessionList(BaseModel):
@@ -134,6 +139,9 @@ class SessionList(BaseModel):
 
     sessions: list[ListedSession]
     unreadable: list[Unreadable]
+    resumes_pending: int = Field(
+        0, description="sessions whose start-up resume is queued and not begun, over the host"
+    )
 
 
 class Lane(BaseModel):
@@ -156,6 +164,11 @@ class Status(BaseModel):
     plan: dict[str, Any] | None
     port: int | None = Field(description="the generation's control port (runtime state)")
     last_error: str | None
+    resume_pending: int | None = Field(
+        None,
+        description="its place in the host's start-up resume queue (1: next; runtime "
+        "state), or null",
+    )
 
 
 class Accepted(BaseModel):

@@ -152,8 +152,10 @@ async def test_host_sigkilled_mid_tool_restarts_with_plans_and_no_silent_replay(
     for i in range(N):
         assert not records(spec, ids[i], "tool_finished"), f"session {i} settled before the kill"
 
-    # 4. Restart: reconciliation suspends every session; those needing no decision resume.
+    # 4. Restart: reconciliation suspends every session; those needing no decision resume, in
+    # the background once the manager is entered (design/host.md, "Start-up reconciliation").
     async with SessionManager(spec, options(script, auto_resume="no_decision")) as manager:
+        await manager.wait_resumed()
         decided: dict[int, str] = {}
         for i, sid in ids.items():
             rec = await manager.get(sid)

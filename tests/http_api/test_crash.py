@@ -1,7 +1,8 @@
 """The server SIGKILLed mid-tool with many sessions running, restarted on the same store
-(issue 12, "Must show"): every session is ``suspended`` with its plan or resumed by policy
-before the server answers; no replay-never tool re-ran; each in-doubt call is decided through
-the API and every run finishes, each tool's effect done exactly once."""
+(issue 12, "Must show"): every session is ``suspended`` with its plan before the server
+answers, those needing no decision then resumed by policy in the background (issue 22: queued,
+``resume_pending``, or already live); no replay-never tool re-ran; each in-doubt call is
+decided through the API and every run finishes, each tool's effect done exactly once."""
 
 from __future__ import annotations
 
@@ -56,9 +57,13 @@ def test_server_killed_mid_tool_restarts_with_plans_and_decisions_finish_the_run
         sessions = {s["id"]: s for s in c.get("/sessions").json()["sessions"]}
         assert sessions.keys() == dirs.keys()
         states = {sid: s["state"] for sid, s in sessions.items()}
-        assert set(states.values()) <= {"suspended", "idle", "running"}, states
-        suspended = [sid for sid, st in states.items() if st == "suspended"]
+        # (issue 22) a background resume in progress reads "creating" until its generation is up
+        assert set(states.values()) <= {"suspended", "creating", "idle", "running"}, states
+        # a suspended session either waits for a decision or (issue 22) its resume is queued;
+        # only the first kind counts as awaiting a decision
+        suspended = [s for s, st in states.items() if st == "suspended" and sessions[s]["waiting"]]
         assert suspended, "the call started at the crash is in doubt and waits for a decision"
+        assert all(sessions[sid]["resume_pending"] is None for sid in suspended)
         metrics = c.get("/metrics").text
         awaiting = [
             line
@@ -66,6 +71,10 @@ def test_server_killed_mid_tool_restarts_with_plans_and_decisions_finish_the_run
             if line.startswith("durable_harness_tool_calls_awaiting_decision ")
         ]
         assert awaiting and float(awaiting[0].split()[1]) >= len(suspended)
+        queued = [
+            ln for ln in metrics.splitlines() if ln.startswith("durable_harness_resumes_pending ")
+        ]
+        assert queued and float(queued[0].split()[1]) >= 0  # the start-up queue, as scraped
 
         decided = 0
         for sid in suspended:

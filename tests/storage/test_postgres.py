@@ -481,6 +481,38 @@ def test_commits_go_on_after_the_server_restarts(pg_cluster: Any, pg_store: Post
     again.close()
 
 
+def test_the_pool_gives_up_a_reconnect_chain_quickly_so_a_request_starts_another() -> None:
+    # psycopg_pool's default (300 s of doubling pauses, no other attempt meanwhile) reached a
+    # server back from a 15 s outage 20-27 s later (issue 22; design/postgres.md)
+    from durable_harness.storage.postgres import connection
+
+    db = connection.Database("postgresql://nobody@127.0.0.1:1/nothing")  # never connects
+    assert db.pool.reconnect_timeout == connection.RECONNECT_CHAIN_S <= 1.0
+    assert connection.GETCONN_SLICE_S < connection.CONNECT_TIMEOUT_S
+
+
+@pytest.mark.timeout(180)
+def test_the_pool_reaches_the_server_again_after_an_outage(
+    pg_cluster: Any, pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_harness.storage.postgres import connection
+
+    monkeypatch.setattr(connection, "CONNECT_TIMEOUT_S", 2)  # a failed request in 2 s, not 10
+    s = pg_store.create_session("/p")
+    s.commit([EntryOp(ent("e1"), lane="main")])
+    pg_cluster.stop()
+    try:
+        with pytest.raises(psycopg.OperationalError):  # the attempts fail while it is away
+            pg_store.db.run(lambda c: c.execute("SELECT 1").fetchone())
+    finally:
+        pg_cluster.start()
+    # back: the pool reconnects by itself (a request waits on it, within a generous limit)
+    row = pg_store.db.run_until(lambda c: c.execute("SELECT 1").fetchone(), time.monotonic() + 120)
+    assert row == (1,)
+    assert s.commit([EntryOp(ent("e2", "e1"), lane="main")]) == 2
+    s.close()
+
+
 def _kill_backend(cluster: Any, spec: str, conn: psycopg.Connection[Any]) -> None:
     cluster.execute(f"SELECT pg_terminate_backend({conn.info.backend_pid})", spec)
 

@@ -42,6 +42,17 @@ HELD_SPARE = 2
 RECONNECT_DEADLINE_S = 30.0
 """Seconds a commit whose connection was lost retries to learn if it landed."""
 
+RECONNECT_CHAIN_S = 1.0
+"""The pool's ``reconnect_timeout``: seconds one chain of connection attempts lasts before it
+gives up, so that the next request starts a new one at once (``design/host.md``, "Workers":
+"Reconnecting"). ``psycopg_pool``'s default (300 s) doubles the pause between attempts (1, 2, 4,
+8, 16 s...) and lets no request start another attempt meanwhile: a server back after a 15 s
+outage was reached 20-27 s later."""
+
+GETCONN_SLICE_S = 0.5
+"""Seconds one wait for a pooled connection lasts before the request asks again (each ask may
+start a new attempt chain), within :data:`CONNECT_TIMEOUT_S` in all."""
+
 _PASSWORD_IN_URL = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
 _PASSWORD_PARAM = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
 
@@ -159,6 +170,7 @@ class Database:
             max_size=max(1, pool_max),
             kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
             timeout=CONNECT_TIMEOUT_S,
+            reconnect_timeout=RECONNECT_CHAIN_S,
             open=False,
             name=self.display,
         )
@@ -196,12 +208,36 @@ class Database:
                     self.pool.open(wait=False)
                     self._pool_opened = True
 
+    def getconn(self) -> psycopg.Connection[Any]:
+        """A pooled connection (give it back with ``pool.putconn``), asked for in slices of
+        :data:`GETCONN_SLICE_S` so that a server that came back is reached within about
+        :data:`RECONNECT_CHAIN_S` + a slice, not after the pool's backoff.
+
+        Raises:
+            psycopg_pool.PoolTimeout: none within :data:`CONNECT_TIMEOUT_S`.
+        """
+        self._open_pool()
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.pool.getconn(timeout=max(0.01, min(GETCONN_SLICE_S, left)))
+            except PoolTimeout:
+                if left <= GETCONN_SLICE_S:
+                    raise PoolTimeout(
+                        f"couldn't get a connection after {CONNECT_TIMEOUT_S:.2f} sec"
+                    ) from None
+
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled autocommit connection for the block (a broken one is discarded)."""
-        self._open_pool()
-        with self.pool.connection() as conn:
-            yield conn
+        """A pooled autocommit connection for the block (a broken one is discarded), got as
+        :meth:`getconn` gets it."""
+        conn = self.getconn()
+        try:
+            with conn:  # a pooled connection is not closed on exit (psycopg's pool rule)
+                yield conn
+        finally:
+            self.pool.putconn(conn)
 
     def hold(self) -> psycopg.Connection[Any] | None:
         """A pooled connection kept past the call (an unwaited commit's; give it back with
@@ -212,15 +248,14 @@ class Database:
                 return None
             self._held += 1
         try:
-            self._open_pool()
-            conn = self.pool.getconn()
+            conn = self.getconn()
             if not _closed_by_server(conn):
                 return conn
             # closed by a server restart (design/postgres.md "Unwaited commits")
             conn.close()
             self.pool.putconn(conn)
             self.pool.check()
-            return self.pool.getconn()
+            return self.getconn()
         except BaseException:
             with self._lock:
                 self._held -= 1

@@ -178,12 +178,29 @@ class DbLease:
 
     def expire(self) -> None:
         """Stop renewing and make the lease expire now, owner kept (as a crash), so a claim takes it
-        at once. Never raises."""
+        at once. Never raises. When the server is away, a daemon thread tries again until the
+        lease would have run out by itself (:meth:`_expire_when_back`): a worker's claim then
+        takes the session as soon as the server is back, not a lease later."""
         if self.owner is None:
             return
+        owner = self.owner
         try:
             self._give_up("expires = clock_timestamp()")
-        except Exception:  # the server is away: the lease runs out by itself
+        except Exception:  # the server is away: expire it once it is back
+            deadline = time.monotonic() + self.seconds
+            threading.Thread(
+                target=self._expire_when_back,
+                args=(owner, deadline),
+                name=f"lease-expire-{self.session_id}",
+                daemon=True,
+            ).start()
+
+    def _expire_when_back(self, owner: str, deadline: float) -> None:
+        """Expire the lease ``owner`` held, retrying (``Database.run_until``) until ``deadline``
+        (``time.monotonic()``); a claim or a new owner meanwhile makes it a no-op."""
+        try:
+            self.db.run_until(lambda conn: _expire_row(conn, self.session_id, owner), deadline)
+        except Exception:  # still away: the lease has run out by itself by now
             pass
 
     def _give_up(self, change: str) -> None:
@@ -197,6 +214,14 @@ class DbLease:
             ),
             idempotent=True,
         )
+
+
+def _expire_row(conn: psycopg.Connection[Any], session_id: str, owner: str) -> None:
+    """Make ``owner``'s lease of ``session_id`` expire now (nothing if it is not ``owner``'s)."""
+    conn.execute(
+        "UPDATE leases SET expires = clock_timestamp() WHERE session_id = %s AND owner = %s",
+        (session_id, owner),
+    )
 
 
 class Heartbeat:
