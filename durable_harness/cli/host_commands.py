@@ -58,6 +58,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    """A whole number >= 1 (argparse type)."""
+    if not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def _host_options(args: argparse.Namespace, front: str, **extra: Any) -> HostOptions:
     """The host options ``serve`` and ``acp`` take from their command line (``--root``: real
     paths, ``None`` without any), once stderr has said where sessions may run.
@@ -113,6 +120,13 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         default="no_decision",
         help="at start-up, resume crashed sessions whose plan needs no decision (default), "
         "or leave all suspended",
+    )
+    p.add_argument(
+        "--resume-concurrency",
+        type=_at_least_one,
+        metavar="N",
+        help="start-up resumes run in the background once serving, N at a time (default: "
+        "HostOptions.resume_concurrency, 8; design/host.md)",
     )
     p.add_argument(
         "--claim-interval",
@@ -172,6 +186,8 @@ def serve(args: argparse.Namespace) -> int:
         options.claim_interval = args.claim_interval or None
     if args.close_grace is not None:
         options.close_grace = args.close_grace
+    if args.resume_concurrency is not None:
+        options.resume_concurrency = args.resume_concurrency
     if args.pty_size is not None:
         size = args.pty_size
         options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)

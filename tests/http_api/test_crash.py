@@ -51,7 +51,7 @@ def test_server_killed_mid_tool_restarts_with_plans_and_decisions_finish_the_run
         for sid, d in dirs.items()
     }
 
-    restarted = start_server(store)
+    restarted = start_server(store, "--resume-concurrency", "1")  # one resume at a time
     with restarted.client() as c:
         # the first answer already sees every crashed session reconciled
         sessions = {s["id"]: s for s in c.get("/sessions").json()["sessions"]}
