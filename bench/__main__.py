@@ -23,6 +23,7 @@ BENCHMARKS = {
     "sessions": "bench.bench_sessions",
     "host": "bench.bench_host",
     "postgres": "bench.bench_postgres",
+    "streams": "bench.bench_streams",
 }
 
 

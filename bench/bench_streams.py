@@ -1,0 +1,283 @@
+"""Streams benchmark: readers do not slow writers (issue 22).
+
+A real ``durable-harness serve`` (a child process, ``--port 0``) on a ``jsonl:`` store, one
+session running a scripted multi-turn run (``TOOL_TURNS`` turns each calling the replay-safe
+``read_file`` and streaming its text in ``CHUNKS`` deltas, then a final answer), timed in
+phases that alternate in one run:
+
+* **none**: no event stream open;
+* **streams**: ``MAX_EVENT_STREAMS`` (256, the cap) event streams open on that session, held
+  by a separate reader process of real HTTP clients (``httpx``): ``READING`` of them read
+  everything (and count what they got), the rest never read a byte after the headers.
+
+A run is timed from its ``send`` until ``GET .../agent/status`` shows the lane's run closed
+(polled every ``POLL_S``; the same poll in both phases). Reported: turns per second in each
+phase (over all its repetitions), the ratio none/streams (goal <= 1.5x: a run with the
+streams open takes at most 1.5 times as long), what the readers received, and how many
+streams were still open at the end (a reader that fell behind is dropped: ``design/http.md``,
+"Events").
+
+``--quick`` or ``DH_BENCH_QUICK=1``: fewer runs. ``DH_BENCH_STREAMS_PROFILE=FILE``: the server
+runs under ``cProfile`` (written to ``FILE`` when it stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import (
+    REPO_ROOT,
+    fs_type,
+    load_snapshot,
+    log,
+    machine_info,
+    rate,
+    ratio,
+    scratch_dir,
+    target,
+    write_results,
+)
+
+TOOL_TURNS = 4
+CHUNKS = 8
+STREAMS = 256  # durable_harness.http.streams.MAX_EVENT_STREAMS, the cap
+READING = 64
+POLL_S = 0.005
+FULL = {"runs": 12, "reps": 3}
+QUICK = {"runs": 3, "reps": 1}
+WORK_PROMPT = "work"
+START_TIMEOUT = 60.0
+
+
+def quick() -> bool:
+    """Whether the small numbers are asked for (``DH_BENCH_QUICK`` set and not ``0``)."""
+    return os.environ.get("DH_BENCH_QUICK", "0") not in ("", "0")
+
+
+def script() -> dict[str, Any]:
+    """The scripted provider's file: the work run (``TOOL_TURNS`` tool turns, then an answer)."""
+    turns: list[dict[str, Any]] = [
+        {
+            "text": f"Step {i}: reading the notes file once more to be sure of it.",
+            "chunks": CHUNKS,
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}],
+            "usage": {"input": 100 + i, "output": 10},
+        }
+        for i in range(TOOL_TURNS)
+    ]
+    turns.append({"text": "All read; nothing changed.", "chunks": CHUNKS})
+    return {"turns": [{"text": "unscripted"}], "by_prompt": {WORK_PROMPT: turns}}
+
+
+class _Serve:
+    """``durable-harness serve --port 0`` as a child (under cProfile when asked)."""
+
+    def __init__(self, store: str, home: Path, profile: str | None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS")}
+        env["DURABLE_HARNESS_HOME"] = str(home)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        home.mkdir(parents=True, exist_ok=True)
+        prefix = ["-m", "cProfile", "-o", profile] if profile else []
+        argv = [sys.executable, *prefix, "-m", "durable_harness", "serve", "--port", "0"]
+        self.log = home / "serve.log"
+        with self.log.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [*argv, "--store", store], env=env, stdout=subprocess.PIPE, stderr=err
+            )
+        self.url = self._url()
+
+    def _url(self) -> str:
+        assert self.proc.stdout is not None
+        deadline, buf = time.monotonic() + START_TIMEOUT, b""
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if select.select([self.proc.stdout], [], [], 0.1)[0]:
+                buf += os.read(self.proc.stdout.fileno(), 4096)
+                text = buf.decode(errors="replace")
+                if "serving on " in text:
+                    return text.split("serving on ", 1)[1].split()[0]
+        self.proc.kill()
+        raise RuntimeError(f"serve did not start: {buf!r} {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM and wait (the profile is written then)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _timed_runs(client: httpx.Client, sid: str, runs: int) -> float:
+    """Seconds for ``runs`` work runs back to back, each from its send to its close."""
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        resp = client.post(f"/sessions/{sid}/agent/send", json={"message": WORK_PROMPT})
+        resp.raise_for_status()
+        run_id = resp.json()["run_id"]
+        while True:
+            lanes = client.get(f"/sessions/{sid}/agent/status").json()["lanes"]
+            if all(lane["run_id"] != run_id for lane in lanes):
+                break
+            time.sleep(POLL_S)
+    return time.perf_counter() - t0
+
+
+class _Readers:
+    """The reader process: ``STREAMS`` event streams open on the session."""
+
+    def __init__(self, url: str, sid: str) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        spec = json.dumps({"url": url, "sid": sid, "streams": STREAMS, "reading": READING})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.bench_streams", "--readers", spec],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY"):
+            self.proc.kill()
+            raise RuntimeError(f"the readers did not open their streams: {line!r}")
+
+    def stop(self) -> dict[str, Any]:
+        """Close every stream; what the readers got."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=120)
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
+
+
+async def _reader_main(url: str, sid: str, streams: int, reading: int) -> dict[str, Any]:
+    """Open ``streams`` event streams (retrying a 503 while earlier ones are let go); the
+    first ``reading`` read everything; print ``READY`` once all are open; stop on SIGTERM."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    opened = 0
+    all_open = asyncio.Event()
+    got = {"bytes": 0, "events": 0, "ended_by_server": 0}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    path = f"/sessions/{sid}/agent/events"
+
+    async def one(client: httpx.AsyncClient, reads: bool) -> None:
+        nonlocal opened
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            async with client.stream("GET", path) as resp:
+                if resp.status_code == 503 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    continue
+                resp.raise_for_status()
+                opened += 1
+                if opened == streams:
+                    all_open.set()
+                if not reads:
+                    await stop.wait()  # never reads a byte of the body
+                    return
+                async for chunk in resp.aiter_raw():
+                    got["bytes"] += len(chunk)
+                    got["events"] += chunk.count(b"\nevent: ") + chunk.startswith(b"event: ")
+                got["ended_by_server"] += 1
+                return
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as client:
+        tasks = [asyncio.create_task(one(client, i < reading)) for i in range(streams)]
+        await all_open.wait()
+        print("READY", flush=True)
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {"opened": opened, "reading": reading, **got}
+
+
+def run() -> dict[str, Any]:
+    """Run the streams benchmark; write ``bench/results/streams.json``; return the results."""
+    sizes = QUICK if quick() else FULL
+    results: dict[str, Any] = {"benchmark": "streams", "machine": machine_info(), "quick": quick()}
+    log(f"streams: load at start {results['machine']['load_at_start'].get('loadavg')}")
+    with scratch_dir("streams") as work:
+        cwd = work / "cwd"
+        cwd.mkdir()
+        (cwd / "notes.txt").write_text("the notes\n" * 20)
+        script_path = work / "script.json"
+        script_path.write_text(json.dumps(script()))
+        results["scratch_fs"] = fs_type(work)
+        server = _Serve(f"jsonl:{work / 'store'}", work / "home", os.environ.get(
+            "DH_BENCH_STREAMS_PROFILE"
+        ))
+        try:
+            with httpx.Client(base_url=server.url, timeout=60.0) as client:
+                resp = client.post(
+                    "/sessions", json={"cwd": str(cwd), "provider": f"scripted:{script_path}"}
+                )
+                resp.raise_for_status()
+                sid = resp.json()["id"]
+                _timed_runs(client, sid, 1)  # warm-up
+                seconds = {"none": 0.0, "streams": 0.0}
+                readers: list[dict[str, Any]] = []
+                for rep in range(sizes["reps"]):
+                    log(f"streams: repetition {rep + 1}/{sizes['reps']}: no stream open")
+                    seconds["none"] += _timed_runs(client, sid, sizes["runs"])
+                    log(f"streams: repetition {rep + 1}/{sizes['reps']}: {STREAMS} streams open")
+                    pool = _Readers(server.url, sid)
+                    try:
+                        seconds["streams"] += _timed_runs(client, sid, sizes["runs"])
+                    finally:
+                        readers.append(pool.stop())
+        finally:
+            server.stop()
+    turns = sizes["runs"] * sizes["reps"] * (TOOL_TURNS + 1)
+    per_s = {k: rate(turns, v) for k, v in seconds.items()}
+    slowdown = ratio(seconds["streams"], seconds["none"])
+    results.update(
+        {
+            "turns_per_phase": turns,
+            "seconds": seconds,
+            "turns_per_s": per_s,
+            "slowdown_streams_vs_none": slowdown,
+            "readers": readers,
+            "load_at_end": load_snapshot(),
+        }
+    )
+    log(f"streams: load at end {results['load_at_end'].get('loadavg')}")
+    got = readers[-1] if readers else {}
+    results["targets"] = [
+        target(slowdown, "<=", 1.5, f"a run with {STREAMS} streams open vs none, time ratio")
+    ]
+    results["summary_rows"] = [
+        ("no stream open", per_s["none"], "turns/s", f"{turns} turns"),
+        (
+            f"{STREAMS} streams open",
+            per_s["streams"],
+            "turns/s",
+            f"{slowdown}x the time; {READING} reading ({got.get('events')} events, "
+            f"{got.get('bytes')} bytes in the last repetition), the rest never reading",
+        ),
+    ]
+    write_results("streams", results)
+    return results
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--readers":
+        spec = json.loads(sys.argv[2])
+        out = asyncio.run(_reader_main(spec["url"], spec["sid"], spec["streams"], spec["reading"]))
+        print(json.dumps(out), flush=True)
+    else:
+        print(json.dumps(run(), indent=2, default=str))
