@@ -95,6 +95,7 @@ class _Serve:
             self.proc = subprocess.Popen(
                 [*argv, "--store", store], env=env, stdout=subprocess.PIPE, stderr=err
             )
+        self.profiled = bool(profile)
         self.url = self._url()
 
     def _url(self) -> str:
@@ -110,9 +111,10 @@ class _Serve:
         raise RuntimeError(f"serve did not start: {buf!r} {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        """SIGTERM and wait (the profile is written then)."""
+        """SIGTERM and wait; SIGINT under cProfile (uvicorn re-raises the signal once it has
+        stopped: a KeyboardInterrupt still lets cProfile write its file, a SIGTERM does not)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGINT if self.profiled else signal.SIGTERM)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -218,9 +220,9 @@ def run() -> dict[str, Any]:
         script_path = work / "script.json"
         script_path.write_text(json.dumps(script()))
         results["scratch_fs"] = fs_type(work)
-        server = _Serve(f"jsonl:{work / 'store'}", work / "home", os.environ.get(
-            "DH_BENCH_STREAMS_PROFILE"
-        ))
+        server = _Serve(
+            f"jsonl:{work / 'store'}", work / "home", os.environ.get("DH_BENCH_STREAMS_PROFILE")
+        )
         try:
             with httpx.Client(base_url=server.url, timeout=60.0) as client:
                 resp = client.post(

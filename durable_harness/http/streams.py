@@ -1,15 +1,22 @@
-"""A cap on the event streams one server process holds open, across the API, the control
-ports and the console: one more is 503 ``too_many_streams`` (``design/http.md``, "Events").
+"""The event streams of one server process (``design/http.md``, "Events"): a cap on how many
+it holds open, across the API, the control ports and the console (one more is 503
+``too_many_streams``), and the SSE frames of a reader, written in batches at a pace that keeps
+the writers' turns fast however many readers there are.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse
+import anyio
+import orjson
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from durable_harness.host.process import Listener
 from durable_harness.http.errors import error_response
 
 MAX_EVENT_STREAMS = 256
@@ -68,3 +75,78 @@ class _Counted(EventSourceResponse):
 
 SLOTS = StreamSlots()
 """This process's event streams."""
+
+
+WRITES_PER_SECOND = 2560
+"""The writes per second all of a process's event streams share: after each write a stream
+pauses ``open streams / WRITES_PER_SECOND`` seconds (none below :data:`MIN_PAUSE`), and what
+was published meanwhile goes out in its next write. One stream writes at once; 256 write at
+most ten times a second each, so the readers' share of the event loop stays bounded however
+fast the run publishes."""
+
+MIN_PAUSE = 0.002
+"""Seconds below which a stream does not pause between writes."""
+
+FRAMES_KEPT = 4096
+"""Encoded events kept for the other readers of the same event (each is encoded once)."""
+
+
+def event_id(event: dict[str, Any]) -> str:
+    """The SSE ``id`` of a generation's event, ``GENERATION-EVENTID`` (``design/http.md``,
+    "Events"); ``""`` for a ``gap`` or ``dropped`` notice."""
+    if "eventId" not in event:
+        return ""
+    return f"{event.get('generation', 0)}-{event['eventId']}"
+
+
+def sse_frame(event: dict[str, Any]) -> bytes:
+    """One event as an SSE frame: ``id`` (:func:`event_id`, left out when empty), ``event`` =
+    its type, ``data`` = the event as JSON."""
+    data = orjson.dumps(event, default=str).decode()
+    ident = event_id(event) or None
+    return ServerSentEvent(data, event=str(event.get("type", "message")), id=ident).encode()
+
+
+class FrameCache:
+    """The SSE frames of the last :data:`FRAMES_KEPT` events, by session, generation and
+    eventId: every reader of an event writes the same bytes, encoded once."""
+
+    def __init__(self, size: int = FRAMES_KEPT) -> None:
+        self.size = size
+        self._frames: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+
+    def frame(self, session_id: str, event: dict[str, Any]) -> bytes:
+        """:func:`sse_frame` of ``event`` (of session ``session_id``), from the cache when
+        another reader encoded it; a notice without ``eventId`` is encoded each time."""
+        if "eventId" not in event:
+            return sse_frame(event)
+        key = (session_id, int(event.get("generation", 0)), int(event["eventId"]))
+        found = self._frames.get(key)
+        if found is None:
+            found = self._frames[key] = sse_frame(event)
+            if len(self._frames) > self.size:
+                self._frames.popitem(last=False)
+        return found
+
+
+FRAMES = FrameCache()
+"""This process's encoded events."""
+
+
+async def sse_batches(
+    listener: Listener, session_id: str, slots: StreamSlots | None = None
+) -> AsyncIterator[bytes]:
+    """The SSE frames of ``listener``'s events, every event available joined in one write,
+    a pause after each write (:data:`WRITES_PER_SECOND`, shared by ``slots``' open streams);
+    ends with the listener (the generation stopped, or the reader was dropped)."""
+    slots = slots or SLOTS
+    with listener:
+        while True:
+            try:
+                events = await listener.batch()
+            except anyio.EndOfStream:
+                return
+            yield b"".join([FRAMES.frame(session_id, event) for event in events])
+            pause = slots.open / WRITES_PER_SECOND
+            if pause >= MIN_PAUSE:
+                await anyio.sleep(pause)
