@@ -77,18 +77,23 @@ SLOTS = StreamSlots()
 """This process's event streams."""
 
 
-WRITES_PER_SECOND = 2560
+WRITES_PER_SECOND = 1024
 """The writes per second all of a process's event streams share: after each write a stream
 pauses ``open streams / WRITES_PER_SECOND`` seconds (none below :data:`MIN_PAUSE`), and what
 was published meanwhile goes out in its next write. One stream writes at once; 256 write at
-most ten times a second each, so the readers' share of the event loop stays bounded however
-fast the run publishes."""
+most four times a second each, so the readers' share of the event loop stays bounded however
+fast the run publishes (a write costs about 100 us of the loop whatever its size: the
+``bench streams`` profile)."""
 
 MIN_PAUSE = 0.002
 """Seconds below which a stream does not pause between writes."""
 
 FRAMES_KEPT = 4096
 """Encoded events kept for the other readers of the same event (each is encoded once)."""
+
+BATCHES_KEPT = 64
+"""Joined writes kept for the other readers of the same run of events (readers woken by the
+same event mostly take the same ones)."""
 
 
 def event_id(event: dict[str, Any]) -> str:
@@ -108,12 +113,15 @@ def sse_frame(event: dict[str, Any]) -> bytes:
 
 
 class FrameCache:
-    """The SSE frames of the last :data:`FRAMES_KEPT` events, by session, generation and
-    eventId: every reader of an event writes the same bytes, encoded once."""
+    """The SSE frames of the last :data:`FRAMES_KEPT` events, and the last
+    :data:`BATCHES_KEPT` writes joined from them, by session, generation and eventIds: every
+    reader of an event writes the same bytes, encoded and joined once."""
 
-    def __init__(self, size: int = FRAMES_KEPT) -> None:
+    def __init__(self, size: int = FRAMES_KEPT, batches: int = BATCHES_KEPT) -> None:
         self.size = size
+        self.batches = batches
         self._frames: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._batches: OrderedDict[tuple[str, int, int, int], bytes] = OrderedDict()
 
     def frame(self, session_id: str, event: dict[str, Any]) -> bytes:
         """:func:`sse_frame` of ``event`` (of session ``session_id``), from the cache when
@@ -126,6 +134,21 @@ class FrameCache:
             found = self._frames[key] = sse_frame(event)
             if len(self._frames) > self.size:
                 self._frames.popitem(last=False)
+        return found
+
+    def write(self, session_id: str, events: list[dict[str, Any]]) -> bytes:
+        """The frames of ``events`` (consecutive events of one generation, or one notice)
+        joined, from the cache when another reader took the same ones."""
+        first, last = events[0], events[-1]
+        if "eventId" not in first or "eventId" not in last:
+            return b"".join([self.frame(session_id, event) for event in events])
+        key = (session_id, int(first["generation"]), int(first["eventId"]), int(last["eventId"]))
+        found = self._batches.get(key)
+        if found is None:
+            found = b"".join([self.frame(session_id, event) for event in events])
+            self._batches[key] = found
+            if len(self._batches) > self.batches:
+                self._batches.popitem(last=False)
         return found
 
 
@@ -146,7 +169,7 @@ async def sse_batches(
                 events = await listener.batch()
             except anyio.EndOfStream:
                 return
-            yield b"".join([FRAMES.frame(session_id, event) for event in events])
+            yield FRAMES.write(session_id, events)
             pause = slots.open / WRITES_PER_SECOND
             if pause >= MIN_PAUSE:
                 await anyio.sleep(pause)
