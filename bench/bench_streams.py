@@ -12,7 +12,10 @@ phases that alternate in one run:
 
 A run is timed from its ``send`` until ``GET .../agent/status`` shows the lane's run closed
 (polled every ``POLL_S``; the same poll in both phases). Reported: turns per second in each
-phase (over all its repetitions), the ratio none/streams (goal <= 1.5x: a run with the
+phase (over all its repetitions) and the server's CPU per turn (``/proc``: a steadier
+figure than the wall time on a shared machine; with the streams open it runs until every
+reading stream has received every run's ``run_end``, so work left for after the timed runs
+is counted too), the ratio of the times (goal <= 1.5x: a run with the
 streams open takes at most 1.5 times as long), what the readers received, and how many
 streams were still open at the end (a reader that fell behind is dropped: ``design/http.md``,
 "Events").
@@ -54,10 +57,12 @@ CHUNKS = 8
 STREAMS = 256  # durable_harness.http.streams.MAX_EVENT_STREAMS, the cap
 READING = 64
 POLL_S = 0.005
-FULL = {"runs": 12, "reps": 3}
+FULL = {"runs": 40, "reps": 3}
 QUICK = {"runs": 3, "reps": 1}
 WORK_PROMPT = "work"
 START_TIMEOUT = 60.0
+CATCH_UP_TIMEOUT = 60.0
+RUN_END = b"\nevent: run_end\r\n"
 
 
 def quick() -> bool:
@@ -122,6 +127,15 @@ class _Serve:
                 self.proc.wait()
 
 
+def cpu_seconds(pid: int, which: str = "both") -> float:
+    """CPU seconds of process ``pid`` so far (``/proc/PID/stat``): ``user``, ``system`` or
+    ``both``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    user, system = int(fields[11]), int(fields[12])
+    ticks = {"user": user, "system": system, "both": user + system}[which]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _timed_runs(client: httpx.Client, sid: str, runs: int) -> float:
     """Seconds for ``runs`` work runs back to back, each from its send to its close."""
     t0 = time.perf_counter()
@@ -148,6 +162,7 @@ class _Readers:
             [sys.executable, "-m", "bench.bench_streams", "--readers", spec],
             cwd=REPO_ROOT,
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -156,6 +171,17 @@ class _Readers:
         if not line.startswith("READY"):
             self.proc.kill()
             raise RuntimeError(f"the readers did not open their streams: {line!r}")
+
+    def caught_up(self, runs: int) -> float:
+        """Wait until every reading stream has seen ``runs`` ``run_end`` events since it
+        opened (at most ``CATCH_UP_TIMEOUT``); the seconds that took."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{runs}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line.startswith("CAUGHT"):
+            raise RuntimeError(f"the readers did not report: {line!r}")
+        return float(line.split()[1])
 
     def stop(self) -> dict[str, Any]:
         """Close every stream; what the readers got."""
@@ -167,16 +193,20 @@ class _Readers:
 
 async def _reader_main(url: str, sid: str, streams: int, reading: int) -> dict[str, Any]:
     """Open ``streams`` event streams (retrying a 503 while earlier ones are let go); the
-    first ``reading`` read everything; print ``READY`` once all are open; stop on SIGTERM."""
+    first ``reading`` read everything; print ``READY`` once all are open; on a line ``N`` on
+    stdin, print ``CAUGHT SECONDS`` once every reading stream has seen ``N`` ``run_end``
+    events (or after ``CATCH_UP_TIMEOUT``); stop on SIGTERM."""
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
     opened = 0
     all_open = asyncio.Event()
     got = {"bytes": 0, "events": 0, "ended_by_server": 0}
+    run_ends = [0] * reading
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     path = f"/sessions/{sid}/agent/events"
 
-    async def one(client: httpx.AsyncClient, reads: bool) -> None:
+    async def one(client: httpx.AsyncClient, index: int) -> None:
         nonlocal opened
         deadline = time.monotonic() + START_TIMEOUT
         while True:
@@ -188,24 +218,39 @@ async def _reader_main(url: str, sid: str, streams: int, reading: int) -> dict[s
                 opened += 1
                 if opened == streams:
                     all_open.set()
-                if not reads:
+                if index >= reading:
                     await stop.wait()  # never reads a byte of the body
                     return
-                async for chunk in resp.aiter_raw():
+                tail = b""
+                async for chunk in resp.aiter_raw():  # counted across chunk boundaries
                     got["bytes"] += len(chunk)
-                    got["events"] += chunk.count(b"\nevent: ") + chunk.startswith(b"event: ")
+                    buf = tail + chunk
+                    got["events"] += buf.count(b"event: ")
+                    run_ends[index] += buf.count(RUN_END)
+                    tail = buf[-(len(RUN_END) - 1) :]
                 got["ended_by_server"] += 1
                 return
 
+    async def catch_up() -> None:
+        while not stop.is_set():
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            t0 = time.monotonic()
+            while min(run_ends) < int(line) and time.monotonic() - t0 < CATCH_UP_TIMEOUT:
+                await asyncio.sleep(0.01)
+            print(f"CAUGHT {time.monotonic() - t0:.3f} {min(run_ends)}", flush=True)
+
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as client:
-        tasks = [asyncio.create_task(one(client, i < reading)) for i in range(streams)]
+        tasks = [asyncio.create_task(one(client, i)) for i in range(streams)]
         await all_open.wait()
         print("READY", flush=True)
+        tasks.append(asyncio.create_task(catch_up()))
         await stop.wait()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {"opened": opened, "reading": reading, **got}
+    return {"opened": opened, "reading": reading, "min_run_ends": min(run_ends), **got}
 
 
 def run() -> dict[str, Any]:
@@ -232,28 +277,41 @@ def run() -> dict[str, Any]:
                 sid = resp.json()["id"]
                 _timed_runs(client, sid, 1)  # warm-up
                 seconds = {"none": 0.0, "streams": 0.0}
+                cpu = {"none": 0.0, "none_system": 0.0, "streams": 0.0, "streams_system": 0.0}
                 readers: list[dict[str, Any]] = []
+                catch_up: list[float] = []
+                pid = server.proc.pid
                 for rep in range(sizes["reps"]):
                     log(f"streams: repetition {rep + 1}/{sizes['reps']}: no stream open")
+                    before, sys_before = cpu_seconds(pid), cpu_seconds(pid, "system")
                     seconds["none"] += _timed_runs(client, sid, sizes["runs"])
+                    cpu["none"] += cpu_seconds(pid) - before
+                    cpu["none_system"] += cpu_seconds(pid, "system") - sys_before
                     log(f"streams: repetition {rep + 1}/{sizes['reps']}: {STREAMS} streams open")
                     pool = _Readers(server.url, sid)
                     try:
+                        before, sys_before = cpu_seconds(pid), cpu_seconds(pid, "system")
                         seconds["streams"] += _timed_runs(client, sid, sizes["runs"])
+                        catch_up.append(pool.caught_up(sizes["runs"]))
+                        cpu["streams"] += cpu_seconds(pid) - before
+                        cpu["streams_system"] += cpu_seconds(pid, "system") - sys_before
                     finally:
                         readers.append(pool.stop())
         finally:
             server.stop()
     turns = sizes["runs"] * sizes["reps"] * (TOOL_TURNS + 1)
     per_s = {k: rate(turns, v) for k, v in seconds.items()}
+    cpu_per_turn_ms = {k: round(v / turns * 1000, 3) for k, v in cpu.items()}
     slowdown = ratio(seconds["streams"], seconds["none"])
     results.update(
         {
             "turns_per_phase": turns,
             "seconds": seconds,
             "turns_per_s": per_s,
+            "server_cpu_per_turn_ms": cpu_per_turn_ms,
             "slowdown_streams_vs_none": slowdown,
             "readers": readers,
+            "readers_caught_up_after_s": catch_up,
             "load_at_end": load_snapshot(),
         }
     )
@@ -263,13 +321,23 @@ def run() -> dict[str, Any]:
         target(slowdown, "<=", 1.5, f"a run with {STREAMS} streams open vs none, time ratio")
     ]
     results["summary_rows"] = [
-        ("no stream open", per_s["none"], "turns/s", f"{turns} turns"),
+        (
+            "no stream open",
+            per_s["none"],
+            "turns/s",
+            f"{turns} turns; server CPU {cpu_per_turn_ms['none']} ms per turn "
+            f"({cpu_per_turn_ms['none_system']} in the kernel)",
+        ),
         (
             f"{STREAMS} streams open",
             per_s["streams"],
             "turns/s",
-            f"{slowdown}x the time; {READING} reading ({got.get('events')} events, "
-            f"{got.get('bytes')} bytes in the last repetition), the rest never reading",
+            f"{slowdown}x the time; server CPU {cpu_per_turn_ms['streams']} ms per turn "
+            f"({cpu_per_turn_ms['streams_system']} in the kernel); "
+            f"{READING} reading ({got.get('events')} events, "
+            f"{got.get('bytes')} bytes, every run's end by {got.get('min_run_ends')} of "
+            f"{sizes['runs']} in the last repetition, caught up "
+            f"{max(catch_up, default=None)} s after it), the rest never reading",
         ),
     ]
     write_results("streams", results)

@@ -87,10 +87,11 @@ class SessionProcess:
         ``None`` when some of them are no longer kept (more than :data:`REPLAY_EVENTS`
         were published since)."""
         behind = self.last_event_id - seen
-        if behind > len(self._recent):
-            return None
         recent = self._recent
-        return [recent[-i] for i in range(behind, max(behind - limit, 0), -1)]
+        if behind > len(recent):
+            return None
+        start = len(recent) - behind
+        return list(itertools.islice(recent, start, start + limit))
 
     @property
     def first_kept(self) -> int:
