@@ -171,7 +171,6 @@ async def sse_batches(
     """The SSE frames of ``listener``'s events, every event available joined in one write,
     a pause after each write (:data:`WRITES_PER_SECOND`, shared by ``slots``' open streams);
     ends with the listener (the generation stopped, or the reader was dropped)."""
-    slots = slots or SLOTS
     with listener:
         while True:
             try:
@@ -179,6 +178,12 @@ async def sse_batches(
             except anyio.EndOfStream:
                 return
             yield FRAMES.write(session_id, events)
-            period = slots.open / WRITES_PER_SECOND
-            if period >= MIN_PAUSE:  # to the next tick: the streams write together
-                await anyio.sleep(period - anyio.current_time() % period)
+            await pace(slots)
+
+
+async def pace(slots: StreamSlots | None = None) -> None:
+    """The pause of a stream after a write: until the next tick of the clock all of
+    ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`)."""
+    period = (slots or SLOTS).open / WRITES_PER_SECOND
+    if period >= MIN_PAUSE:  # to the next tick: the streams write together
+        await anyio.sleep(period - anyio.current_time() % period)

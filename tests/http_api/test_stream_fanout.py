@@ -17,7 +17,7 @@ from durable_harness.host.process import REPLAY_EVENTS
 from durable_harness.http.streams import MAX_EVENT_STREAMS
 
 from .test_api import create, send
-from .util import run_records, wait_state
+from .util import open_raw_stream, run_records, wait_state
 
 CHUNKS = REPLAY_EVENTS + 476  # one answer streamed in more deltas than a generation keeps
 CHUNK_CHARS = 2000  # each delta's size: together far more than the sockets buffer
@@ -108,19 +108,10 @@ def again_until_run_end(frames: Iterator[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def _open_unread(url: str, path: str) -> socket.socket:
-    """An event stream on a raw socket that reads its status line and nothing more."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(30)
-    sock.connect((host, int(port)))
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    head = b""
-    while b"\r\n" not in head:
-        chunk = sock.recv(64)
-        assert chunk, "the server closed the connection"
-        head += chunk
-    assert b" 200 " in head.split(b"\r\n", 1)[0], head
+    """An event stream on a raw socket with a small buffer that reads its status line and
+    nothing more."""
+    sock, status = open_raw_stream(url, path, rcvbuf=4096)
+    assert b" 200 " in status, status
     return sock
 
 
