@@ -306,6 +306,8 @@ def run() -> dict[str, Any]:
     results.update(
         {
             "turns_per_phase": turns,
+            "turns_per_run": TOOL_TURNS + 1,
+            "runs_per_repetition": sizes["runs"],
             "seconds": seconds,
             "turns_per_s": per_s,
             "server_cpu_per_turn_ms": cpu_per_turn_ms,
