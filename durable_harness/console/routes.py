@@ -328,7 +328,7 @@ def console_router(
                             "generation": event.get("generation"),
                         }
                         yield {"event": "update", "data": orjson.dumps(data).decode()}
-                        await pace()
+                        await pace(events)
                 yield {"event": "state", "data": '{"live": false}'}
 
         return SLOTS.response(stream(), ping=15)

@@ -24,6 +24,10 @@ REPLAY_EVENTS = 1024
 #: Events a listener may fall behind by before it is dropped (its stream ends): the kept ones.
 LISTENER_BUFFER = REPLAY_EVENTS
 
+#: Every this many events, the readers waiting for a backlog (:meth:`Listener.wait_behind`)
+#: are woken to look at theirs.
+MARK_EVENTS = REPLAY_EVENTS // 8
+
 
 class SessionProcess:
     """One runtime generation of one session: its ``record`` (kept current), its ``session``
@@ -45,6 +49,7 @@ class SessionProcess:
         self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY_EVENTS)
         self.last_event_id = 0  # the eventId of the last event published
         self._published: anyio.Event | None = None  # set at the next publish (readers wait)
+        self._marked: anyio.Event | None = None  # set at the next MARK_EVENTS-th event
         self._ended = False  # no more events: the generation stopped
         self._observers: list[Callable[[Event], None]] = []
 
@@ -62,12 +67,24 @@ class SessionProcess:
         self._recent.append(event)
         for callback in list(self._observers):
             callback(event)
-        self._wake()
+        self._wake(event["eventId"] % MARK_EVENTS == 0)
 
-    def _wake(self) -> None:
+    def _wake(self, mark: bool = True) -> None:
         published, self._published = self._published, None
         if published is not None:
             published.set()
+        if mark:
+            marked, self._marked = self._marked, None
+            if marked is not None:
+                marked.set()
+
+    async def wait_mark(self) -> None:
+        """Return once the next event numbered a multiple of :data:`MARK_EVENTS` is
+        published, or the generation has no more events."""
+        if not self._ended:
+            if self._marked is None:
+                self._marked = anyio.Event()
+            await self._marked.wait()
 
     async def wait_after(self, seen: int) -> None:
         """Return once an event after eventId ``seen`` is published, or the generation has
@@ -195,6 +212,14 @@ class Listener:
             if events:
                 return events
             await self.proc.wait_after(self.seen)
+
+    async def wait_behind(self, events: int) -> None:
+        """Return once this reader is at least ``events`` events behind (checked every
+        :data:`MARK_EVENTS` events), or the generation has no more events: a reader pausing
+        between writes wakes before it is dropped."""
+        proc = self.proc
+        while proc.last_event_id - self.seen < events and not proc.events_ended:
+            await proc.wait_mark()
 
     def receive_nowait(self) -> Event:
         """The next event if one is available.

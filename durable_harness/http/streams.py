@@ -17,7 +17,7 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from durable_harness.host.process import Listener
+from durable_harness.host.process import REPLAY_EVENTS, Listener
 from durable_harness.http.errors import error_response
 
 MAX_EVENT_STREAMS = 256
@@ -178,12 +178,15 @@ async def sse_batches(
             except anyio.EndOfStream:
                 return
             yield FRAMES.write(session_id, events)
-            await pace(slots)
+            await pace(listener, slots)
 
 
-async def pace(slots: StreamSlots | None = None) -> None:
-    """The pause of a stream after a write: until the next tick of the clock all of
-    ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`)."""
+async def pace(listener: Listener, slots: StreamSlots | None = None) -> None:
+    """The pause of ``listener``'s stream after a write: until the next tick of the clock all
+    of ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`), or
+    sooner once it is half the kept events behind, so a reader that reads is never dropped
+    for the pause."""
     period = (slots or SLOTS).open / WRITES_PER_SECOND
     if period >= MIN_PAUSE:  # to the next tick: the streams write together
-        await anyio.sleep(period - anyio.current_time() % period)
+        with anyio.move_on_after(period - anyio.current_time() % period):
+            await listener.wait_behind(REPLAY_EVENTS // 2)
