@@ -25,6 +25,7 @@ BENCHMARKS = {
     "postgres": "bench.bench_postgres",
     "crash": "bench.bench_crash",
     "restart": "bench.bench_restart",
+    "streams": "bench.bench_streams",
 }
 
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from durable_harness.errors import InvalidRequest
 from durable_harness.harness.core import Event
@@ -18,11 +17,16 @@ from durable_harness.harness.harness import Harness
 from durable_harness.host.record import SessionRecord
 from durable_harness.session.session import Session
 
-#: Events a listener may fall behind by before it is dropped (its stream ends).
-LISTENER_BUFFER = 1024
-
-#: The last events of a generation kept for a listener that resumes after one it saw.
+#: The last events of a generation kept for its readers: a reader resuming after one it saw
+#: starts from them, and a live reader more than this many events behind is dropped.
 REPLAY_EVENTS = 1024
+
+#: Events a listener may fall behind by before it is dropped (its stream ends): the kept ones.
+LISTENER_BUFFER = REPLAY_EVENTS
+
+#: Every this many events, the readers waiting for a backlog (:meth:`Listener.wait_behind`)
+#: are woken to look at theirs.
+MARK_EVENTS = REPLAY_EVENTS // 8
 
 
 class SessionProcess:
@@ -41,10 +45,12 @@ class SessionProcess:
         self.accepting = False  # the turn lock: a prompt is being accepted
         self.running: set[str] = set()  # lanes with a live run (from the harness's events)
         self.ended: deque[str] = deque(maxlen=64)  # ids of the runs that ended last
-        self._listeners: list[MemoryObjectSendStream[dict[str, Any]]] = []
         self._event_ids = itertools.count(1)
         self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY_EVENTS)
         self.last_event_id = 0  # the eventId of the last event published
+        self._published: anyio.Event | None = None  # set at the next publish (readers wait)
+        self._marked: anyio.Event | None = None  # set at the next MARK_EVENTS-th event
+        self._ended = False  # no more events: the generation stopped
         self._observers: list[Callable[[Event], None]] = []
 
     def observe(self, callback: Callable[[Event], None]) -> None:
@@ -52,21 +58,64 @@ class SessionProcess:
         self._observers.append(callback)
 
     def publish(self, event: Event) -> None:
-        """Number ``event`` (``eventId``, rising per generation) and hand it to every observer
-        and listener; a listener more than :data:`LISTENER_BUFFER` events behind is dropped."""
+        """Number ``event`` (``eventId``, rising per generation), keep it for the readers and
+        hand it to every observer. Costs the same whatever the number of readers: each
+        :class:`Listener` takes the kept events after its own place when it reads, and one
+        event wakes those waiting (``design/http.md``, "Events")."""
         event = {**event, "eventId": next(self._event_ids), "generation": self.generation}
         self.last_event_id = event["eventId"]
         self._recent.append(event)
         for callback in list(self._observers):
             callback(event)
-        for stream in list(self._listeners):
-            try:
-                stream.send_nowait(event)
-            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._listeners.remove(stream)
-                stream.close()
+        self._wake(event["eventId"] % MARK_EVENTS == 0)
 
-    def listen(self, after: tuple[int, int] | None = None) -> MemoryObjectReceiveStream[Event]:
+    def _wake(self, mark: bool = True) -> None:
+        published, self._published = self._published, None
+        if published is not None:
+            published.set()
+        if mark:
+            marked, self._marked = self._marked, None
+            if marked is not None:
+                marked.set()
+
+    async def wait_mark(self) -> None:
+        """Return once the next event numbered a multiple of :data:`MARK_EVENTS` is
+        published, or the generation has no more events."""
+        if not self._ended:
+            if self._marked is None:
+                self._marked = anyio.Event()
+            await self._marked.wait()
+
+    async def wait_after(self, seen: int) -> None:
+        """Return once an event after eventId ``seen`` is published, or the generation has
+        no more events; at once if so already."""
+        while seen >= self.last_event_id and not self._ended:
+            if self._published is None:
+                self._published = anyio.Event()
+            await self._published.wait()
+
+    @property
+    def events_ended(self) -> bool:
+        """Whether the generation publishes no more events (its readers end once caught up)."""
+        return self._ended
+
+    def kept_after(self, seen: int, limit: int) -> list[Event] | None:
+        """The kept events after eventId ``seen``, oldest first, at most ``limit``;
+        ``None`` when some of them are no longer kept (more than :data:`REPLAY_EVENTS`
+        were published since)."""
+        behind = self.last_event_id - seen
+        recent = self._recent
+        if behind > len(recent):
+            return None
+        start = len(recent) - behind
+        return list(itertools.islice(recent, start, start + limit))
+
+    @property
+    def first_kept(self) -> int:
+        """The eventId of the oldest event kept (``last_event_id + 1`` when none is)."""
+        return self.last_event_id - len(self._recent) + 1
+
+    def listen(self, after: tuple[int, int] | None = None) -> Listener:
         """A stream of this generation's events, in order, ending when the generation stops
         (or the reader falls too far behind). ``after``: the ``(generation, eventId)`` a reader
         saw last: the kept events after it first, with a ``gap`` notice when they cannot
@@ -75,7 +124,7 @@ class SessionProcess:
         Raises:
             InvalidRequest: ``after`` names an event this generation has not sent.
         """
-        replay: list[Event] = []
+        seen, prefix = self.last_event_id, []
         if after is not None:
             generation, seen = after
             if generation > self.generation or (
@@ -88,8 +137,7 @@ class SessionProcess:
                 )
             if generation < self.generation:
                 seen = 0
-            replay = [e for e in self._recent if e["eventId"] > seen]
-            first = replay[0]["eventId"] if replay else self.last_event_id + 1
+            first = self.first_kept
             if generation < self.generation or first > seen + 1:
                 gap = {
                     "type": "gap",
@@ -97,18 +145,123 @@ class SessionProcess:
                     "after": list(after),
                     "resumes": [self.generation, first],
                 }
-                replay.insert(0, gap)
-        send, receive = anyio.create_memory_object_stream[Event](LISTENER_BUFFER + len(replay))
-        for event in replay:
-            send.send_nowait(event)
+                prefix.append(gap)
+                seen = max(seen, first - 1)
+        listener = Listener(self, seen, prefix)
         if self.stopped.is_set():
-            send.close()
-        else:
-            self._listeners.append(send)
-        return receive
+            self._ended = True
+        return listener
 
     def end_listeners(self) -> None:
-        """Close every listener's stream (the generation stopped)."""
-        for stream in self._listeners:
-            stream.close()
-        self._listeners.clear()
+        """End every listener's stream once it has read what was published (the generation
+        stopped)."""
+        self._ended = True
+        self._wake()
+
+
+class Listener:
+    """One reader's place in a generation's events (:meth:`SessionProcess.listen`): the
+    events after the last one it took, read from the generation's kept events, so a reader
+    costs the writer nothing and holds no events of its own. Read it with :meth:`batch`
+    (every event available at once), or one event at a time (``async for``,
+    :meth:`receive`, :meth:`receive_nowait`); it ends (``anyio.EndOfStream``) when the
+    generation has stopped and it has read everything, or right after a ``dropped`` notice
+    when it fell more than :data:`REPLAY_EVENTS` events behind (``design/http.md``,
+    "Events")."""
+
+    def __init__(self, proc: SessionProcess, seen: int, prefix: list[Event]) -> None:
+        self.proc = proc
+        self.seen = seen  # the eventId of the last event taken
+        self._pending: deque[Event] = deque(prefix)
+        self._done = False
+
+    def _take(self, limit: int) -> list[Event]:
+        """What is available now (``[]`` if nothing); raises ``EndOfStream`` at the end."""
+        if self._pending:
+            return [self._pending.popleft() for _ in range(min(limit, len(self._pending)))]
+        if self._done:
+            raise anyio.EndOfStream
+        proc = self.proc
+        events = proc.kept_after(self.seen, limit)
+        if events is None:  # fell too far behind: a last notice, then the end
+            self._done = True
+            return [
+                {
+                    "type": "dropped",
+                    "reason": "behind",
+                    "after": [proc.generation, self.seen],
+                    "kept_from": [proc.generation, proc.first_kept],
+                    "limit": REPLAY_EVENTS,
+                }
+            ]
+        if events:
+            self.seen = events[-1]["eventId"]
+        elif proc.events_ended:
+            self._done = True
+            raise anyio.EndOfStream
+        return events
+
+    async def batch(self, limit: int = REPLAY_EVENTS) -> list[Event]:
+        """Every event available (at least one, at most ``limit``), waiting for one if none is.
+
+        Raises:
+            anyio.EndOfStream: the stream has ended.
+        """
+        while True:
+            events = self._take(limit)
+            if events:
+                return events
+            await self.proc.wait_after(self.seen)
+
+    async def wait_behind(self, events: int) -> None:
+        """Return once this reader is at least ``events`` events behind (checked every
+        :data:`MARK_EVENTS` events), or the generation has no more events: a reader pausing
+        between writes wakes before it is dropped."""
+        proc = self.proc
+        while proc.last_event_id - self.seen < events and not proc.events_ended:
+            await proc.wait_mark()
+
+    def receive_nowait(self) -> Event:
+        """The next event if one is available.
+
+        Raises:
+            anyio.WouldBlock: none is yet. anyio.EndOfStream: the stream has ended.
+        """
+        events = self._take(1)
+        if not events:
+            raise anyio.WouldBlock
+        return events[0]
+
+    async def receive(self) -> Event:
+        """The next event, waiting for it.
+
+        Raises:
+            anyio.EndOfStream: the stream has ended.
+        """
+        return (await self.batch(1))[0]
+
+    def close(self) -> None:
+        """Stop reading: the stream ends here."""
+        self._done = True
+        self._pending.clear()
+
+    def __aiter__(self) -> Listener:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import orjson
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.openapi.utils import get_openapi
 from sse_starlette import EventSourceResponse
@@ -23,7 +22,7 @@ from durable_harness.host.options import HostOptions
 from durable_harness.http import errors, models
 from durable_harness.http.guard import install_guards
 from durable_harness.http.methods import SAFE_METHODS
-from durable_harness.http.streams import SLOTS
+from durable_harness.http.streams import SLOTS, sse_batches
 from durable_harness.storage.base import Store
 
 ManagerFactory = Callable[[], SessionManager]
@@ -76,14 +75,6 @@ LastEventId = Annotated[
         "stream resumes after it",
     ),
 ]
-
-
-def event_id(event: dict[str, Any]) -> str:
-    """The SSE ``id`` of a generation's event, ``GENERATION-EVENTID`` (``design/http.md``,
-    "Events"); ``""`` for a ``gap`` notice."""
-    if "eventId" not in event:
-        return ""
-    return f"{event.get('generation', 0)}-{event['eventId']}"
 
 
 def _manager(request: Request) -> SessionManager:
@@ -352,18 +343,7 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
             generation, _, seen = last_event_id.partition("-")
             after = (int(generation), int(seen))
         stream = manager.listen(session_id, after)
-
-        async def frames() -> AsyncIterator[dict[str, str]]:
-            async with stream:
-                async for event in stream:
-                    frame = {
-                        "event": str(event.get("type", "message")),
-                        "data": orjson.dumps(event, default=str).decode(),
-                    }
-                    ident = event_id(event)
-                    yield {"id": ident, **frame} if ident else frame
-
-        return SLOTS.response(frames(), ping=SSE_PING_SECONDS)
+        return SLOTS.response(sse_batches(stream, session_id), ping=SSE_PING_SECONDS)
 
     @app.get(
         "/metrics",

@@ -1,15 +1,23 @@
-"""A cap on the event streams one server process holds open, across the API, the control
-ports and the console: one more is 503 ``too_many_streams`` (``design/http.md``, "Events").
+"""The event streams of one server process (``design/http.md``, "Events"): a cap on how many
+it holds open, across the API, the control ports and the console (one more is 503
+``too_many_streams``), and the SSE frames of a reader, written in batches at a pace that keeps
+the writers' turns fast however many readers there are.
 """
 
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+import orjson
 from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from durable_harness.host.process import REPLAY_EVENTS, Listener
 from durable_harness.http.errors import error_response
 
 MAX_EVENT_STREAMS = 256
@@ -68,3 +76,117 @@ class _Counted(EventSourceResponse):
 
 SLOTS = StreamSlots()
 """This process's event streams."""
+
+
+WRITES_PER_SECOND = 512
+"""The writes per second all of a process's event streams share: after each write a stream
+pauses until the next tick of a clock beating every ``open streams / WRITES_PER_SECOND``
+seconds (no pause below :data:`MIN_PAUSE`), and what was published meanwhile goes out in its
+next write. On a shared tick the streams that keep up take the same events, so the bytes of
+one write are joined once for all of them (:class:`FrameCache`). One stream writes within
+2 ms; 256 write twice a second each, so the readers' share of the event loop stays bounded
+however fast the run publishes. Why a budget of writes rather than of bytes: the ``bench
+streams`` profile showed a write costing the loop about the same whatever its size (the
+ASGI send path, and the socket send that wakes the reader), so the number of writes is
+what readers cost a run."""
+
+_LINE_BREAKS = re.compile(r"\r\n|\r|\n")
+
+MIN_PAUSE = 0.002
+"""Seconds below which a stream does not pause between writes."""
+
+FRAMES_KEPT = 4096
+"""Encoded events kept for the other readers of the same event (each is encoded once)."""
+
+BATCHES_KEPT = 64
+"""Joined writes kept for the other readers of the same run of events (readers woken by the
+same event mostly take the same ones)."""
+
+
+def event_id(event: dict[str, Any]) -> str:
+    """The SSE ``id`` of a generation's event, ``GENERATION-EVENTID`` (``design/http.md``,
+    "Events"); ``""`` for a ``gap`` or ``dropped`` notice."""
+    if "eventId" not in event:
+        return ""
+    return f"{event.get('generation', 0)}-{event['eventId']}"
+
+
+def sse_frame(event: dict[str, Any]) -> bytes:
+    """One event as an SSE frame: ``id`` (:func:`event_id`, left out when empty), ``event`` =
+    its type (line breaks removed), ``data`` = the event as JSON (one line: JSON escapes line
+    breaks), then the blank line."""
+    ident = event_id(event)
+    etype = _LINE_BREAKS.sub("", str(event.get("type", "message")))
+    head = f"id: {ident}\r\nevent: {etype}\r\n" if ident else f"event: {etype}\r\n"
+    return b"".join((head.encode(), b"data: ", orjson.dumps(event, default=str), b"\r\n\r\n"))
+
+
+class FrameCache:
+    """The SSE frames of the last :data:`FRAMES_KEPT` events, and the last
+    :data:`BATCHES_KEPT` writes joined from them, by session, generation and eventIds: every
+    reader of an event writes the same bytes, encoded and joined once."""
+
+    def __init__(self, size: int = FRAMES_KEPT, batches: int = BATCHES_KEPT) -> None:
+        self.size = size
+        self.batches = batches
+        self._frames: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._batches: OrderedDict[tuple[str, int, int, int], bytes] = OrderedDict()
+
+    def frame(self, session_id: str, event: dict[str, Any]) -> bytes:
+        """:func:`sse_frame` of ``event`` (of session ``session_id``), from the cache when
+        another reader encoded it; a notice without ``eventId`` is encoded each time."""
+        if "eventId" not in event:
+            return sse_frame(event)
+        key = (session_id, int(event.get("generation", 0)), int(event["eventId"]))
+        found = self._frames.get(key)
+        if found is None:
+            found = self._frames[key] = sse_frame(event)
+            if len(self._frames) > self.size:
+                self._frames.popitem(last=False)
+        return found
+
+    def write(self, session_id: str, events: list[dict[str, Any]]) -> bytes:
+        """The frames of ``events`` (consecutive events of one generation, or one notice)
+        joined, from the cache when another reader took the same ones."""
+        first, last = events[0], events[-1]
+        if "eventId" not in first or "eventId" not in last:
+            return b"".join([self.frame(session_id, event) for event in events])
+        key = (session_id, int(first["generation"]), int(first["eventId"]), int(last["eventId"]))
+        found = self._batches.get(key)
+        if found is None:
+            found = b"".join([self.frame(session_id, event) for event in events])
+            self._batches[key] = found
+            if len(self._batches) > self.batches:
+                self._batches.popitem(last=False)
+        return found
+
+
+FRAMES = FrameCache()
+"""This process's encoded events."""
+
+
+async def sse_batches(
+    listener: Listener, session_id: str, slots: StreamSlots | None = None
+) -> AsyncIterator[bytes]:
+    """The SSE frames of ``listener``'s events, every event available joined in one write,
+    a pause after each write (:data:`WRITES_PER_SECOND`, shared by ``slots``' open streams);
+    ends with the listener (the generation stopped, or the reader was dropped)."""
+    with listener:
+        while True:
+            try:
+                events = await listener.batch()
+            except anyio.EndOfStream:
+                return
+            yield FRAMES.write(session_id, events)
+            await pace(listener, slots)
+
+
+async def pace(listener: Listener, slots: StreamSlots | None = None) -> None:
+    """The pause of ``listener``'s stream after a write: until the next tick of the clock all
+    of ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`), or
+    sooner once it is half the kept events behind, so a reader that reads is never dropped
+    for the pause."""
+    period = (slots or SLOTS).open / WRITES_PER_SECOND
+    if period >= MIN_PAUSE:  # to the next tick: the streams write together
+        with anyio.move_on_after(period - anyio.current_time() % period):
+            await listener.wait_behind(REPLAY_EVENTS // 2)

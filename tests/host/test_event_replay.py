@@ -72,3 +72,50 @@ async def test_an_event_not_sent_is_refused() -> None:
     for after in [(proc.generation, 2), (proc.generation + 1, 1)]:
         with pytest.raises(InvalidRequest):
             proc.listen(after)
+
+
+async def test_a_reader_more_than_the_kept_events_behind_is_dropped_with_a_notice() -> None:
+    proc = _process()
+    proc.publish({"type": "tick"})
+    stream = proc.listen()  # from now on: after event 1
+    for i in range(REPLAY_EVENTS + 1):
+        proc.publish({"type": "tick", "i": i})
+    assert stream.receive_nowait() == {
+        "type": "dropped",
+        "reason": "behind",
+        "after": [proc.generation, 1],
+        "kept_from": [proc.generation, 3],
+        "limit": REPLAY_EVENTS,
+    }
+    with pytest.raises(anyio.EndOfStream):
+        stream.receive_nowait()
+    up_to_the_limit = proc.listen()
+    for i in range(REPLAY_EVENTS):  # exactly the kept events behind: not dropped
+        proc.publish({"type": "tick", "i": i})
+    assert len(_drain(up_to_the_limit)) == REPLAY_EVENTS
+
+
+async def test_a_batch_is_every_event_available_and_the_stream_ends_with_the_generation() -> None:
+    proc = _process()
+    stream = proc.listen()
+    got: list[list[int]] = []
+
+    async def read() -> None:
+        while True:
+            try:
+                batch = await stream.batch()
+            except anyio.EndOfStream:
+                return
+            got.append([e["eventId"] for e in batch])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()  # the reader waits: nothing published yet
+        for i in range(5):
+            proc.publish({"type": "tick", "i": i})
+        await anyio.wait_all_tasks_blocked()
+        proc.publish({"type": "tick", "i": 5})
+        proc.end_listeners()
+    assert got == [[1, 2, 3, 4, 5], [6]]
+    late = proc.listen((proc.generation, 4))  # after the end: what is kept, then the end
+    assert [e["eventId"] async for e in late] == [5, 6]

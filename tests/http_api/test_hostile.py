@@ -15,7 +15,7 @@ import pytest
 
 from durable_harness.http.streams import MAX_EVENT_STREAMS
 
-from .util import poll, snapshot, wait_state
+from .util import open_raw_stream, poll, snapshot, wait_state
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -220,19 +220,6 @@ def test_held_elsewhere_is_session_live_and_decisions_are_checked(
             assert "non-empty" in err["message"]
 
 
-def _open_stream(url: str, path: str) -> tuple[socket.socket, bytes]:
-    """Open a raw event-stream request; the socket and the response's status line."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    head = b""
-    while b"\r\n" not in head:
-        chunk = sock.recv(4096)
-        assert chunk, "the server closed the connection"
-        head += chunk
-    return sock, head.split(b"\r\n", 1)[0]
-
-
 @pytest.mark.slow
 def test_event_streams_are_capped_per_server(start_server, script, workdir):
     server = start_server()
@@ -245,7 +232,7 @@ def test_event_streams_are_capped_per_server(start_server, script, workdir):
         socks = []
         try:
             for _ in range(MAX_EVENT_STREAMS):
-                sock, status = _open_stream(server.url, path)
+                sock, status = open_raw_stream(server.url, path)
                 socks.append(sock)
                 assert b" 200 " in status, status
             err = _error(c.get(path), 503, "too_many_streams")
@@ -254,7 +241,7 @@ def test_event_streams_are_capped_per_server(start_server, script, workdir):
             socks.pop().close()
 
             def reopened() -> socket.socket | None:
-                sock, status = _open_stream(server.url, path)
+                sock, status = open_raw_stream(server.url, path)
                 if b" 200 " in status:
                     return sock
                 sock.close()

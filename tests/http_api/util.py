@@ -8,6 +8,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,3 +164,21 @@ def make_sessions(server: Server, n: int, tmp_path: Path, provider: str) -> dict
         for sid in dirs:
             assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
     return dirs
+
+
+def open_raw_stream(url: str, path: str, rcvbuf: int | None = None) -> tuple[socket.socket, bytes]:
+    """Open a raw event-stream request (``rcvbuf``: the socket's receive buffer, set before
+    it connects) and read no more than its status line; the socket and that line."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(30)
+    sock.connect((host, int(port)))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = b""
+    while b"\r\n" not in head:
+        chunk = sock.recv(64)
+        assert chunk, "the server closed the connection"
+        head += chunk
+    return sock, head.split(b"\r\n", 1)[0]
