@@ -31,7 +31,7 @@ from durable_harness.providers.base import (
     ToolCallEvent,
 )
 from durable_harness.session.context import estimate_tokens
-from durable_harness.storage.base import EntryOp, RecordOp
+from durable_harness.storage.base import EntryOp, Op, RecordOp
 
 _T = TypeVar("_T")
 
@@ -128,7 +128,7 @@ class Turns:
         request = ProviderRequest(
             messages=ctx.messages,
             tools=self.core.specs,
-            model=self.core.model(s.lane),
+            model=self.core.model(s.lane, ctx),
             system_prompt=self.core.options.system_prompt,
             thinking_level=ctx.thinking_level,
             run_id=s.run_id,
@@ -151,8 +151,13 @@ class Turns:
         )
         if renamed:
             finished["renamedToolCallIds"] = renamed
-        self.core.commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
-        crash.crash_point("after_assistant_entry")
+        # An answer asking for tools is held for the first call's intent (or its settlement):
+        # nothing but this process's own bookkeeping runs in between ("Merged commits").
+        calls = any(b.get("type") == "toolCall" for b in message.get("content") or [])
+        ops: list[Op] = [EntryOp(entry, lane=s.lane), RecordOp(finished)]
+        self.core.commit(ops, live, assistant=message, hold=calls)
+        if not calls:
+            crash.crash_point("after_assistant_entry")
 
     async def _request(
         self, lane: str, live: LiveRun | None, request: ProviderRequest, response_id: str
