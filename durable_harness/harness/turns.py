@@ -31,7 +31,7 @@ from durable_harness.providers.base import (
     ToolCallEvent,
 )
 from durable_harness.session.context import estimate_tokens
-from durable_harness.storage.base import EntryOp, Op, RecordOp
+from durable_harness.storage.base import EntryOp, RecordOp
 
 _T = TypeVar("_T")
 
@@ -151,13 +151,10 @@ class Turns:
         )
         if renamed:
             finished["renamedToolCallIds"] = renamed
-        # An answer asking for tools is held for the first call's intent (or its settlement):
-        # nothing but this process's own bookkeeping runs in between ("Merged commits").
-        calls = any(b.get("type") == "toolCall" for b in message.get("content") or [])
-        ops: list[Op] = [EntryOp(entry, lane=s.lane), RecordOp(finished)]
-        self.core.commit(ops, live, assistant=message, hold=calls)
-        if not calls:
-            crash.crash_point("after_assistant_entry")
+        # Written alone, not merged with the first intent: a damaged line must not lose a
+        # call together with its intent ("Merged commits" in design/run-loop.md).
+        self.core.commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
+        crash.crash_point("after_assistant_entry")
 
     async def _request(
         self, lane: str, live: LiveRun | None, request: ProviderRequest, response_id: str
