@@ -31,7 +31,7 @@ from durable_harness.providers.base import (
     ToolCallEvent,
 )
 from durable_harness.session.context import estimate_tokens
-from durable_harness.storage.base import EntryOp, RecordOp
+from durable_harness.storage.base import EntryOp, Op, RecordOp
 
 _T = TypeVar("_T")
 
@@ -151,10 +151,27 @@ class Turns:
         )
         if renamed:
             finished["renamedToolCallIds"] = renamed
-        # Written alone, not merged with the first intent: a damaged line must not lose a
-        # call together with its intent ("Merged commits" in design/run-loop.md).
-        self.core.commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
-        crash.crash_point("after_assistant_entry")
+        # An answer whose every call is replay-safe is held for the first intent: one commit.
+        # Any other is written alone, so a damaged line never loses a replay-never call with
+        # its intent ("Merged commits" in design/run-loop.md).
+        hold = self._replay_safe_calls(message)
+        ops: list[Op] = [EntryOp(entry, lane=s.lane), RecordOp(finished)]
+        self.core.commit(ops, live, assistant=message, hold=hold)
+        if not hold:
+            crash.crash_point("after_assistant_entry")
+
+    def _replay_safe_calls(self, message: dict[str, Any]) -> bool:
+        """True when ``message`` asks for tool calls and each names a registered tool whose
+        ``replay`` is ``"safe"``."""
+        names = [
+            b.get("name")
+            for b in message.get("content") or []
+            if isinstance(b, dict) and b.get("type") == "toolCall"
+        ]
+        tools = self.core.tools
+        return bool(names) and all(
+            isinstance(n, str) and n in tools and tools[n].replay == "safe" for n in names
+        )
 
     async def _request(
         self, lane: str, live: LiveRun | None, request: ProviderRequest, response_id: str
@@ -232,7 +249,8 @@ class Turns:
         first = True
         purpose = request.purpose
         self.core.emit("message_start", live, role="assistant", purpose=purpose)
-        async for event in self.core.provider.stream(request):
+        stream = self.core.provider.stream(request)
+        async for event in stream:
             if first:
                 crash.crash_point("mid_provider_stream")
                 first = False
@@ -260,6 +278,11 @@ class Turns:
                         f"provider {self.core.provider.name} returned an empty message",
                         retryable=True,
                     )
+                # Closed here, not left to the garbage collector: asyncio finalizes a dropped
+                # async generator by scheduling a task through its self-pipe, every turn.
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
                 self.core.emit("message_end", live, message=message, purpose=purpose)
                 return message
         raise ProviderError(
