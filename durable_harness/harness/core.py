@@ -190,6 +190,7 @@ class HarnessCore:
         self.fenced = False
         #: events emitted while a held commit is not written yet, sent once it is
         self._held_events: list[Event] = []
+        self._holding = False
 
     # -- events ----------------------------------------------------------------------------
 
@@ -208,7 +209,7 @@ class HarnessCore:
         if live is not None:
             event.setdefault("lane", live.state.lane)
             event.setdefault("runId", live.state.run_id)
-        if self.session.staged:
+        if self._holding:
             self._held_events.append(event)
             return
         self._send(event)
@@ -254,21 +255,23 @@ class HarnessCore:
             return
         if hold:
             self.session.stage(ops)
+            self._holding = True
         else:
+            self._holding = False
             try:
                 self.session.commit(ops, wait=False)
             except BaseException:
                 self._held_events = []  # they reported what was not written
                 raise
         self._fold(ops, live, assistant)
-        if self._held_events and not self.session.staged:
+        if self._held_events and not self._holding:
             events, self._held_events = self._held_events, []
             for event in events:
                 self._send(event)
 
     def flush(self) -> None:
         """Write a held commit now (nothing if none is held; dropped once fenced)."""
-        if self.session.staged:
+        if self._holding:
             self.commit([])
 
     def _fold(self, ops: list[Op], live: LiveRun | None, assistant: dict[str, Any] | None) -> None:

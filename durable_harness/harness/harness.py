@@ -278,7 +278,8 @@ class Harness:
         ``session_lifecycle`` and ``tool_permission`` records), durable on return, so a live
         session has one writer. Not fenced: the close that fenced the harness records
         ``closed`` through it."""
-        self.session.commit([RecordOp(r) for r in records])
+        self._core.flush()  # after what the harness holds, in order
+        self.store.commit([RecordOp(r) for r in records])
 
     # -- compaction and navigation ---------------------------------------------------------
 
