@@ -269,10 +269,22 @@ class HarnessCore:
             for event in events:
                 self._send(event)
 
+    @property
+    def holding(self) -> bool:
+        """True while a held commit waits for the next (:meth:`commit`)."""
+        return self._holding
+
     def flush(self) -> None:
         """Write a held commit now (nothing if none is held; dropped once fenced)."""
-        if self._holding:
+        if self._holding or self.session.staged:
             self.commit([])
+
+    def drop_held(self) -> None:
+        """Forget a held commit and the events waiting for it, unwritten (as if the process
+        had died before writing it)."""
+        self.session.drop_staged()
+        self._holding = False
+        self._held_events = []
 
     def _fold(self, ops: list[Op], live: LiveRun | None, assistant: dict[str, Any] | None) -> None:
         for op in ops:

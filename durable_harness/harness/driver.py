@@ -150,7 +150,7 @@ class Driver:
                 queued += lane_log.pending("follow_up")
             # joined to a held settlement, the save point is written with the next intent:
             # neither point is a state the store can then be in ("Merged commits")
-            held = self.core.session.staged
+            held = self.core.holding
             if not held:
                 crash.crash_point("before_save_point")
             self._save_point(live, queued, hold=held)
@@ -159,7 +159,7 @@ class Driver:
             self.core.emit("turn_end", live, turn=s.turns)
         elif action == "finish_run":
             self.core.emit("turn_end", live, turn=s.turns)
-            if not self.core.session.staged:
+            if not self.core.holding:
                 crash.crash_point("before_run_finished")
             self._finish(live, "failed" if s.last_stop_reason == "error" else "completed")
         elif action == "fail_run_limit":

@@ -270,7 +270,7 @@ class Harness:
         try:  # a settlement held for the next commit was made before the kill step
             self._core.flush()
         except StorageError:
-            self.session.drop_staged()  # as if the process had died before writing it
+            self._core.drop_held()  # as if the process had died before writing it
         self._core.fenced = True
 
     def record(self, *records: dict[str, Any]) -> None:

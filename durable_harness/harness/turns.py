@@ -280,9 +280,7 @@ class Turns:
                     )
                 # Closed here, not left to the garbage collector: asyncio finalizes a dropped
                 # async generator by scheduling a task through its self-pipe, every turn.
-                close = getattr(stream, "aclose", None)
-                if close is not None:
-                    await close()
+                await _close(stream)
                 self.core.emit("message_end", live, message=message, purpose=purpose)
                 return message
         raise ProviderError(
@@ -464,6 +462,18 @@ def _cap_reached(what: str, used: int, cap: int, exc: ProviderError) -> AttemptC
         attempts=used,
         cap=cap,
     )
+
+
+async def _close(stream: Any) -> None:
+    """Close a provider stream whose answer is in (an async generator's ``aclose``); an error
+    while closing is not the answer's and does not fail the attempt."""
+    close = getattr(stream, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:  # the answer is complete; only its cleanup failed
+        pass
 
 
 def _is_empty(message: dict[str, Any]) -> bool:
