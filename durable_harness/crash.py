@@ -12,13 +12,17 @@ CRASH_POINTS: dict[str, str] = {
     "after_run_started": "the run_started record is durable; no provider request yet",
     "after_provider_request_started": "a provider attempt's intent is durable; request not sent",
     "mid_provider_stream": "the provider is streaming its answer; nothing of it is stored",
-    "after_assistant_entry": "the assistant entry and its settlement are durable; no tool begun",
+    "after_assistant_entry": "the assistant entry and its settlement are durable; no tool begun "
+    "(not hit when every call is replay-safe: the answer is written with the first intent)",
     "after_tool_started": "a tool_started intent is durable; the tool's effect has not begun",
     "after_tool_spawned": "bash's process group exists, unrecorded; its command has not begun",
     "after_tool_effect": "the tool's effect is done; its result is not written",
-    "after_tool_finished": "the tool result entry and tool_finished are durable",
-    "before_save_point": "every tool call of the turn is settled; the save point is not written",
-    "after_save_point": "the save point between turns is durable",
+    "after_tool_finished": "the tool result entry and tool_finished are durable (not hit for a "
+    "turn's last settlement: written with the save point and the next intent)",
+    "before_save_point": "every tool call of the turn is settled; the save point is not written "
+    "(hit only where the turn's settlement was written alone)",
+    "after_save_point": "the save point between turns is durable (hit only where it is written "
+    "alone: after an answer without tool calls)",
     "after_queue_enqueued": "a steer/follow-up/next-run receipt is durable",
     "after_abort_requested": "abort_requested is durable; the abort signal is not raised",
     "before_run_finished": "the final answer is stored; run_finished is not written",

@@ -27,6 +27,7 @@ from durable_harness.harness.state import LaneLog, RunLimits, RunState, fold_lan
 from durable_harness.harness.steps import Step
 from durable_harness.providers.base import Provider
 from durable_harness.providers.choice import request_model
+from durable_harness.session.context import Context
 from durable_harness.session.session import Session
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 from durable_harness.tools.base import ABORT_GRACE, Tool, ToolResult
@@ -187,6 +188,9 @@ class HarnessCore:
         self.stop_grace = ABORT_GRACE
         #: set by :meth:`Harness.fence` (a close's kill step): nothing more is written
         self.fenced = False
+        #: events emitted while a held commit is not written yet, sent once it is
+        self._held_events: list[Event] = []
+        self._holding = False
 
     # -- events ----------------------------------------------------------------------------
 
@@ -197,11 +201,20 @@ class HarnessCore:
 
     def emit(self, etype: str, live: LiveRun | None, **fields: Any) -> None:
         """Send an event of type ``etype`` (with the run's ``lane`` and ``runId``, if any) to
-        every subscriber."""
+        every subscriber; while a held commit is not written (:meth:`commit`), once it is, so
+        an event never reports what the store does not hold yet."""
+        if not self.subscribers:
+            return
         event = {"type": etype, **fields}
         if live is not None:
             event.setdefault("lane", live.state.lane)
             event.setdefault("runId", live.state.run_id)
+        if self._holding:
+            self._held_events.append(event)
+            return
+        self._send(event)
+
+    def _send(self, event: Event) -> None:
         for cb in list(self.subscribers):
             cb(event)
 
@@ -215,7 +228,12 @@ class HarnessCore:
         return self.lanes[lane]
 
     def commit(
-        self, ops: list[Op], live: LiveRun | None = None, assistant: dict[str, Any] | None = None
+        self,
+        ops: list[Op],
+        live: LiveRun | None = None,
+        assistant: dict[str, Any] | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
         """Commit ``ops``, then fold its records into the run and lane state.
 
@@ -225,12 +243,50 @@ class HarnessCore:
         fsync per boundary: a settlement rides on the fsync of the next intent. ``sync`` mode
         fsyncs at each barrier; ``batch`` shares one fsync among concurrent barriers.
 
+        ``hold=True`` (a settlement the next intent follows with no effect and no wait in
+        between): fold now, write with the next commit, in the same transaction
+        (:meth:`Session.stage <durable_harness.session.session.Session.stage>`,
+        ``design/run-loop.md`` "Merged commits"); :meth:`barrier` writes it at the latest.
+
         Once fenced (:meth:`Harness.fence`) it writes nothing: what a run does after a
         close's kill step is dropped, as if the process had died then.
         """
         if self.fenced:
             return
-        self.store.commit(ops, wait=False)
+        if hold:
+            self.session.stage(ops)
+            self._holding = True
+        else:
+            self._holding = False
+            try:
+                self.session.commit(ops, wait=False)
+            except BaseException:
+                self._held_events = []  # they reported what was not written
+                raise
+        self._fold(ops, live, assistant)
+        if self._held_events and not self._holding:
+            events, self._held_events = self._held_events, []
+            for event in events:
+                self._send(event)
+
+    @property
+    def holding(self) -> bool:
+        """True while a held commit waits for the next (:meth:`commit`)."""
+        return self._holding
+
+    def flush(self) -> None:
+        """Write a held commit now (nothing if none is held; dropped once fenced)."""
+        if self._holding or self.session.staged:
+            self.commit([])
+
+    def drop_held(self) -> None:
+        """Forget a held commit and the events waiting for it, unwritten (as if the process
+        had died before writing it)."""
+        self.session.drop_staged()
+        self._holding = False
+        self._held_events = []
+
+    def _fold(self, ops: list[Op], live: LiveRun | None, assistant: dict[str, Any] | None) -> None:
         for op in ops:
             if isinstance(op, RecordOp):
                 rec = op.record
@@ -241,9 +297,11 @@ class HarnessCore:
                     live.state.apply(rec, assistant)
 
     async def barrier(self) -> None:
-        """Wait until every commit so far is durable (a no-op in ``none`` mode, or fenced)."""
+        """Write a held commit, then wait until every commit so far is durable (a no-op in
+        ``none`` mode, or fenced)."""
         if self.fenced:
             return
+        self.flush()
         await self.store.wait_durable_async()
 
     def entry(
@@ -253,10 +311,11 @@ class HarnessCore:
         leaf = self.session.leaf(lane) if parent is False else parent
         return self.session.make_entry(entry, parent_id=leaf, validate=False)
 
-    def model(self, lane: str) -> str:
+    def model(self, lane: str, ctx: Context | None = None) -> str:
         """The model a request on ``lane`` names (:func:`~durable_harness.providers.choice.
-        request_model`: the session's, when of this provider's family)."""
-        session_model = self.session.context(lane=lane).model
+        request_model`: the session's, when of this provider's family); ``ctx``: the lane's
+        context, when the caller has just built it."""
+        session_model = (ctx or self.session.context(lane=lane)).model
         return request_model(self.provider.name, self.provider.model, session_model)
 
     def deferred_ops(self, lane: str, leaf: str | None) -> tuple[list[Op], list[str]]:

@@ -148,13 +148,19 @@ class Driver:
             queued = lane_log.pending("steer")
             if not s.tool_calls:
                 queued += lane_log.pending("follow_up")
-            crash.crash_point("before_save_point")
-            self._save_point(live, queued)
-            crash.crash_point("after_save_point")
+            # joined to a held settlement, the save point is written with the next intent:
+            # neither point is a state the store can then be in ("Merged commits")
+            held = self.core.holding
+            if not held:
+                crash.crash_point("before_save_point")
+            self._save_point(live, queued, hold=held)
+            if not held:
+                crash.crash_point("after_save_point")
             self.core.emit("turn_end", live, turn=s.turns)
         elif action == "finish_run":
             self.core.emit("turn_end", live, turn=s.turns)
-            crash.crash_point("before_run_finished")
+            if not self.core.holding:
+                crash.crash_point("before_run_finished")
             self._finish(live, "failed" if s.last_stop_reason == "error" else "completed")
         elif action == "fail_run_limit":
             self.tool_calls.settle_not_run(live, step.reason or "the run reached its limit")
@@ -181,8 +187,9 @@ class Driver:
         self.core.commit(self.core.finish_ops(live, outcome, leaf, **extra), live)
         crash.crash_point("after_run_finished")
 
-    def _save_point(self, live: LiveRun, queued: list[QueueItem]) -> None:
-        """Deliver queued messages and apply deferred writes between turns, in one commit."""
+    def _save_point(self, live: LiveRun, queued: list[QueueItem], *, hold: bool) -> None:
+        """Deliver queued messages and apply deferred writes between turns, in one commit
+        (``hold``: held for the next, :meth:`HarnessCore.commit`)."""
         core, s = self.core, live.state
         ops, applied = core.deferred_ops(s.lane, core.session.leaf(s.lane))
         leaf = ops[-1].entry["id"] if ops else core.session.leaf(s.lane)  # type: ignore[union-attr]
@@ -206,7 +213,7 @@ class Driver:
             appliedWrites=applied,
             deliveredEntries=entry_ids,
         )
-        core.commit([*ops, RecordOp(save)], live)
+        core.commit([*ops, RecordOp(save)], live, hold=hold)
 
 
 def keep_client_key(rec: dict[str, Any], client_key: str | None) -> None:

@@ -17,7 +17,7 @@ import anyio
 import anyio.abc
 
 from durable_harness import crash
-from durable_harness.errors import NoOpenRun, RecoveryError, RunInProgress
+from durable_harness.errors import NoOpenRun, RecoveryError, RunInProgress, StorageError
 from durable_harness.harness.core import Event, HarnessCore, HarnessOptions, LiveRun, RunHandle
 from durable_harness.harness.driver import Driver, keep_client_key
 from durable_harness.harness.records import record
@@ -267,6 +267,10 @@ class Harness:
         """The kill step of a close (``design/host.md``): from now on this harness writes
         nothing, neither a tool's result arriving late nor an aborted run's settlement, so a
         call still running stays in doubt, as after a crash. Irreversible."""
+        try:  # a settlement held for the next commit was made before the kill step
+            self._core.flush()
+        except StorageError:
+            self._core.drop_held()  # as if the process had died before writing it
         self._core.fenced = True
 
     def record(self, *records: dict[str, Any]) -> None:
@@ -274,6 +278,7 @@ class Harness:
         ``session_lifecycle`` and ``tool_permission`` records), durable on return, so a live
         session has one writer. Not fenced: the close that fenced the harness records
         ``closed`` through it."""
+        self._core.flush()  # after what the harness holds, in order
         self.store.commit([RecordOp(r) for r in records])
 
     # -- compaction and navigation ---------------------------------------------------------

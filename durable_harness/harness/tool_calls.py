@@ -204,10 +204,9 @@ class ToolCalls:
         crash.crash_point("after_tool_effect")
         if self.core.fenced:  # after a close's kill step: not the call's result; in doubt
             return
-        self.settle(
-            live, call, result, outcome="error" if result.is_error else "ok", result_id=result_id
-        )
-        crash.crash_point("after_tool_finished")
+        outcome = "error" if result.is_error else "ok"
+        if self.settle(live, call, result, outcome=outcome, result_id=result_id):
+            crash.crash_point("after_tool_finished")
 
     def intent(self, live: LiveRun, call: ToolCallState, tool: Tool, ctx: ToolContext) -> str:
         """Commit the call's ``tool_started`` intent (not yet durable: the caller's barrier
@@ -236,13 +235,18 @@ class ToolCalls:
         *,
         outcome: str,
         result_id: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Commit a tool call's result entry and its ``tool_finished`` record together
-        (nothing once fenced)."""
+        (nothing once fenced). The turn's last settlement is held for the commit of what
+        follows it, the save point and the next intent (``design/run-loop.md`` "Merged
+        commits"). Returns True when the settlement is written now, False when held."""
         if self.core.fenced:
-            return
-        self.core.commit(self._settlement_ops(live, call, result, outcome, result_id), live)
+            return False
+        last = all(c.status == "completed" for c in live.state.tool_calls if c is not call)
+        ops = self._settlement_ops(live, call, result, outcome, result_id)
+        self.core.commit(ops, live, hold=last)
         self._ended(live, call, result.is_error, outcome)
+        return not last
 
     def _ended(self, live: LiveRun, call: ToolCallState, is_error: bool, outcome: str) -> None:
         self.core.emit(

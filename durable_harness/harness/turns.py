@@ -31,7 +31,7 @@ from durable_harness.providers.base import (
     ToolCallEvent,
 )
 from durable_harness.session.context import estimate_tokens
-from durable_harness.storage.base import EntryOp, RecordOp
+from durable_harness.storage.base import EntryOp, Op, RecordOp
 
 _T = TypeVar("_T")
 
@@ -128,7 +128,7 @@ class Turns:
         request = ProviderRequest(
             messages=ctx.messages,
             tools=self.core.specs,
-            model=self.core.model(s.lane),
+            model=self.core.model(s.lane, ctx),
             system_prompt=self.core.options.system_prompt,
             thinking_level=ctx.thinking_level,
             run_id=s.run_id,
@@ -151,8 +151,27 @@ class Turns:
         )
         if renamed:
             finished["renamedToolCallIds"] = renamed
-        self.core.commit([EntryOp(entry, lane=s.lane), RecordOp(finished)], live, assistant=message)
-        crash.crash_point("after_assistant_entry")
+        # An answer whose every call is replay-safe is held for the first intent: one commit.
+        # Any other is written alone, so a damaged line never loses a replay-never call with
+        # its intent ("Merged commits" in design/run-loop.md).
+        hold = self._replay_safe_calls(message)
+        ops: list[Op] = [EntryOp(entry, lane=s.lane), RecordOp(finished)]
+        self.core.commit(ops, live, assistant=message, hold=hold)
+        if not hold:
+            crash.crash_point("after_assistant_entry")
+
+    def _replay_safe_calls(self, message: dict[str, Any]) -> bool:
+        """True when ``message`` asks for tool calls and each names a registered tool whose
+        ``replay`` is ``"safe"``."""
+        names = [
+            b.get("name")
+            for b in message.get("content") or []
+            if isinstance(b, dict) and b.get("type") == "toolCall"
+        ]
+        tools = self.core.tools
+        return bool(names) and all(
+            isinstance(n, str) and n in tools and tools[n].replay == "safe" for n in names
+        )
 
     async def _request(
         self, lane: str, live: LiveRun | None, request: ProviderRequest, response_id: str
@@ -230,7 +249,8 @@ class Turns:
         first = True
         purpose = request.purpose
         self.core.emit("message_start", live, role="assistant", purpose=purpose)
-        async for event in self.core.provider.stream(request):
+        stream = self.core.provider.stream(request)
+        async for event in stream:
             if first:
                 crash.crash_point("mid_provider_stream")
                 first = False
@@ -258,6 +278,9 @@ class Turns:
                         f"provider {self.core.provider.name} returned an empty message",
                         retryable=True,
                     )
+                # Closed here, not left to the garbage collector: asyncio finalizes a dropped
+                # async generator by scheduling a task through its self-pipe, every turn.
+                await _close(stream)
                 self.core.emit("message_end", live, message=message, purpose=purpose)
                 return message
         raise ProviderError(
@@ -439,6 +462,18 @@ def _cap_reached(what: str, used: int, cap: int, exc: ProviderError) -> AttemptC
         attempts=used,
         cap=cap,
     )
+
+
+async def _close(stream: Any) -> None:
+    """Close a provider stream whose answer is in (an async generator's ``aclose``); an error
+    while closing is not the answer's and does not fail the attempt."""
+    close = getattr(stream, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:  # the answer is complete; only its cleanup failed
+        pass
 
 
 def _is_empty(message: dict[str, Any]) -> bool:

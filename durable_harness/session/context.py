@@ -25,7 +25,6 @@ Rules (pi's ``buildSessionContext``, plus the brief's guarantees):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -196,8 +195,17 @@ def _extend(
         model, thinking = _settings(entry, model, thinking)
         _add(pairs, entry)
     tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[len(previous.pairs) :]])
-    return dataclasses.replace(
-        previous, leaf_id=leaf_id, pairs=pairs, model=model, thinking_level=thinking, tokens=tokens
+    # built field by field: dataclasses.replace cost more than the rest of an extension
+    return ContextState(
+        leaf_id,
+        pairs,
+        model,
+        thinking,
+        tokens,
+        previous.formed_messages,
+        previous.formed_ids,
+        previous.formed_upto,
+        previous.formed_call_ids,
     )
 
 

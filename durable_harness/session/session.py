@@ -36,6 +36,10 @@ class Session:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
         self._contexts: dict[str, Context] = {}
+        # ops staged for the next commit (:meth:`stage`), their entries by id, leaves by lane
+        self._staged: list[Op] = []
+        self._staged_entries: dict[str, dict[str, Any]] = {}
+        self._staged_leaves: dict[str, str | None] = {}
 
     # -- identity --------------------------------------------------------------------------
     @property
@@ -65,27 +69,42 @@ class Session:
 
     # -- reading ---------------------------------------------------------------------------
     def lane(self, name: str = "main") -> LaneState:
-        """Return a lane's state (``main`` always exists; an unknown lane is empty)."""
-        return self.store.lane(name)
+        """Return a lane's state (``main`` always exists; an unknown lane is empty), its leaf
+        moved by staged ops (:meth:`stage`)."""
+        state = self.store.lane(name)
+        if name in self._staged_leaves:
+            state.leaf_id = self._staged_leaves[name]
+        return state
 
     def leaf(self, lane: str = "main") -> str | None:
-        """Return the lane's leaf entry id (``None`` before the first entry)."""
-        return self.lane(lane).leaf_id
+        """Return the lane's leaf entry id (``None`` before the first entry), staged ops
+        included."""
+        if lane in self._staged_leaves:
+            return self._staged_leaves[lane]
+        return self.store.lane(lane).leaf_id
 
     def entry(self, entry_id: str) -> dict[str, Any]:
-        """Return an entry.
+        """Return an entry (a staged one included).
 
         Raises:
             UnknownEntry: no entry has this id.
         """
-        entry = self.store.get_entry(entry_id)
+        entry = self._get(entry_id)
         if entry is None:
             raise UnknownEntry(f"no entry {entry_id} in session {self.id}", entry_id=entry_id)
         return entry
 
+    def _get(self, entry_id: str) -> dict[str, Any] | None:
+        """The entry getter of every read here: a staged entry, else the store's."""
+        if self._staged_entries:
+            staged = self._staged_entries.get(entry_id)
+            if staged is not None:
+                return staged
+        return self.store.get_entry(entry_id)
+
     def path(self, leaf_id: str | None) -> list[dict[str, Any]]:
         """Return the entries from the root to ``leaf_id``."""
-        return path_to(self.store.get_entry, leaf_id)
+        return path_to(self._get, leaf_id)
 
     def context(self, leaf_id: str | None = None, *, lane: str = "main") -> Context:
         """Build the provider context from ``leaf_id`` (default: the lane's leaf).
@@ -105,7 +124,7 @@ class Session:
         if cached is not None and cached.state is not None and cached.state.leaf_id == leaf_id:
             return cached
         previous = cached.state if cached is not None else None
-        ctx = build_context(self.store.get_entry, leaf_id, previous)
+        ctx = build_context(self._get, leaf_id, previous)
         if explicit is None and ctx.state is not None:
             self._contexts[lane] = ctx
         header = self.store.header
@@ -146,6 +165,42 @@ class Session:
         return roots
 
     # -- writing ---------------------------------------------------------------------------
+    def stage(self, ops: list[Op]) -> None:
+        """Stage ``ops`` for the next :meth:`commit`, which writes them first, in the same
+        commit (one JSONL line, one SQL transaction): the harness's merged commits
+        (``design/run-loop.md`` "Merged commits"). Until then the reads here (``leaf``,
+        ``lane``, ``entry``, ``path``, ``context``) see them as written; the store does not.
+        Staged ops are checked by the store when written, not here."""
+        self._staged.extend(ops)
+        for op in ops:
+            if isinstance(op, EntryOp):
+                self._staged_entries[str(op.entry["id"])] = op.entry
+                if op.lane is not None:
+                    self._staged_leaves[op.lane] = str(op.entry["id"])
+            elif isinstance(op, LaneOp) and op.sets_leaf():
+                self._staged_leaves[op.lane] = op.leaf_id
+
+    @property
+    def staged(self) -> bool:
+        """True while ops are staged and not yet written (:meth:`stage`)."""
+        return bool(self._staged)
+
+    def drop_staged(self) -> None:
+        """Forget the staged ops without writing them (a fenced harness: as if it had died
+        before writing them)."""
+        self._staged = []
+        self._staged_entries = {}
+        self._staged_leaves = {}
+
+    def commit(self, ops: list[Op], *, wait: bool = True) -> int:
+        """Commit the staged ops and then ``ops`` in one store commit (per
+        :meth:`SessionStore.commit <durable_harness.storage.base.SessionStore.commit>`,
+        whose errors it raises; the staged ops are gone either way); returns the last seq."""
+        if self._staged:
+            ops = [*self._staged, *ops]
+            self.drop_staged()
+        return self.store.commit(ops, wait=wait)
+
     def make_entry(
         self, entry: dict[str, Any], *, parent_id: str | None, validate: bool = True
     ) -> dict[str, Any]:
@@ -165,7 +220,7 @@ class Session:
         """Append ``entry`` under the lane's leaf, move the leaf to it, and commit ``extra`` ops
         in the same commit. Returns the stored entry (with ``id``)."""
         full = self.make_entry(entry, parent_id=self.leaf(lane))
-        self.store.commit([EntryOp(full, lane=lane), *(extra or [])])
+        self.commit([EntryOp(full, lane=lane), *(extra or [])])
         return full
 
     def append_message(self, message: dict[str, Any], *, lane: str = "main") -> dict[str, Any]:
@@ -199,7 +254,7 @@ class Session:
         """
         if target_id is not None:
             self.entry(target_id)
-        self.store.commit([LaneOp(lane, leaf_id=target_id)])
+        self.commit([LaneOp(lane, leaf_id=target_id)])
 
     def branch_with_summary(
         self, target_id: str | None, summary: str, *, lane: str = "main"
@@ -213,7 +268,7 @@ class Session:
             {"type": "branch_summary", "fromId": from_id or "", "summary": summary},
             parent_id=target_id,
         )
-        self.store.commit([EntryOp(full, lane=lane)])
+        self.commit([EntryOp(full, lane=lane)])
         return full
 
     def create_lane(
@@ -222,7 +277,7 @@ class Session:
         """Create lane ``name`` with its leaf at ``from_entry`` (durable)."""
         if from_entry is not None:
             self.entry(from_entry)
-        self.store.commit([LaneOp(name, leaf_id=from_entry, config=config or {"created": True})])
+        self.commit([LaneOp(name, leaf_id=from_entry, config=config or {"created": True})])
         return self.lane(name)
 
     def fork(

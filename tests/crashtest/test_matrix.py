@@ -35,12 +35,14 @@ RUN_POINTS = {
     "after_tool_started",
     "after_tool_spawned",  # the scenarios' tool is bash
     "after_tool_effect",
-    "after_tool_finished",
-    "before_save_point",
-    "after_save_point",
     "before_run_finished",
     "after_run_finished",
 }
+# Points a one-tool turn no longer passes through: its settlement, its save point and the next
+# provider request are one commit (design/crash-matrix.md, "Merged commits"). They remain where
+# a settlement is written alone: a call of a parallel batch that is not the last to settle
+# (parallel_batch), a save point delivering queued messages after a final answer (follow_up).
+MERGED_POINTS = {"after_tool_finished", "before_save_point", "after_save_point"}
 REACHED = {"single_tool": RUN_POINTS, "steer": RUN_POINTS | {"after_queue_enqueued"}}
 # points hit more than once (once per turn): their n-th hits are cells of their own
 MULTI = {
@@ -96,7 +98,7 @@ def test_full_matrix_both_backends(full_matrix: MatrixRun) -> None:
     # no cell twice, and every crash point of the brief is exercised somewhere
     keys = [(c.backend, c.scenario, c.label) for c in cells]
     assert len(set(keys)) == len(keys)
-    assert {c.point for c in cells} >= RUN_POINTS | {"after_abort_requested"}
+    assert {c.point for c in cells} >= RUN_POINTS | MERGED_POINTS | {"after_abort_requested"}
     assert {c.point for c in cells} <= set(CRASH_POINTS)
     assert set(data["invariants"]) >= {"inputs", "effects", "damage", "results", "settled"}
     assert "report written to" in full_matrix.stdout
@@ -119,7 +121,9 @@ def test_single_tool_and_steer_cells(full_matrix: MatrixRun, backend: str) -> No
         # spawned but held at its start gate: the effect never happened, so retry again
         assert [d.split("=")[1] for d in by_label["after_tool_spawned"].decisions] == ["retry"]
         assert [d.split("=")[1] for d in by_label["after_tool_effect"].decisions] == ["result"]
-        assert not by_label["after_tool_finished"].decisions
+        # the settled call: since its settlement rides with the next provider request (the
+        # merged commit), the crash after that request's intent is the cell where it is stored
+        assert not by_label["after_provider_request_started:2"].decisions
 
 
 # -- the Markdown report ----------------------------------------------------------------------

@@ -140,9 +140,10 @@ def test_sync_loss_is_an_invariant_failure_other_modes_only_report_it(tmp_path: 
 
 
 # A sample of the power-cut matrix (the whole of it runs with `make crash-test`): one scenario
-# per backend and mode, at the point where the intent, the effect and the settlement are all
-# written but the settlement is not yet synced, and at the point just after the effect.
-SAMPLE_POINTS = ("after_tool_effect", "after_tool_finished")
+# per backend and mode, at the point just after the effect, and just after the commit that
+# holds the settlement with the save point and the next provider request (merged commits,
+# design/crash-matrix.md: that commit's barrier syncs the settlement before the request).
+SAMPLE_POINTS = (("after_tool_effect", 1), ("after_provider_request_started", 2))
 
 
 @pytest.mark.crash
@@ -153,8 +154,8 @@ def test_power_cut_sample(backend: str, mode: str) -> None:
     (sc,) = load_all(names=["single_tool"])
     base = baseline(sc, backend, durability=mode)
     cells = [
-        run_cell(sc, base, Cell(sc.name, backend, point, 1, durability=mode))
-        for point in SAMPLE_POINTS
+        run_cell(sc, base, Cell(sc.name, backend, point, hit, durability=mode))
+        for point, hit in SAMPLE_POINTS
     ]
     for c in cells:
         assert c.status == "pass", (c.label, c.failures)
@@ -163,17 +164,17 @@ def test_power_cut_sample(backend: str, mode: str) -> None:
         if mode != "none":
             assert not c.lost.get("inputs")  # sync and batch wait for the input's fsync
     by_point = {c.point: c for c in cells}
-    finished = by_point["after_tool_finished"]
+    finished = by_point["after_provider_request_started"]
     if mode == "none":
         # nothing was ever synced: the acknowledged prompt, the intent, the settlement are gone,
         # and nothing re-ran the tool (the effects check above)
         assert finished.lost["inputs"] == ["step-0"]
         assert finished.lost["intents"] and finished.lost["settlements"]
     else:
-        # the settlement rides on the next barrier: lost, so the call is in doubt and waits
-        # for a decision instead of running again
-        assert set(finished.lost) == {"settlements"}
-        assert [d.split("=")[1] for d in finished.decisions] == ["result"]
+        # the settlement was written with the next request's intent and synced by its
+        # barrier: nothing is lost and no call waits for a decision
+        assert not any(finished.lost.values()), finished.lost
+        assert not finished.decisions
 
 
 @pytest.mark.crash

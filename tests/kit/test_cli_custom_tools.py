@@ -139,7 +139,9 @@ def test_crash_test_runs_custom_tools_and_reports_decisions_and_doubles(tmp_path
     (scen / "unsafe.json").write_text(_scenario("unsafe", "shop:unsafe_tools", **inline))
     (scen / "lying.json").write_text(_scenario("lying", "shop:lying_tools", **inline))
     report = tmp_path / "report.json"
-    points = ["after_tool_started", "after_tool_effect", "after_tool_finished"]
+    # the settled call: its settlement is written with the next provider request (merged
+    # commits, design/crash-matrix.md), so that request's crash point is the settled cell
+    points = ["after_tool_started", "after_tool_effect", "after_provider_request_started:2"]
     proc = _run(
         tmp_path,
         "--scenarios",
@@ -154,7 +156,7 @@ def test_crash_test_runs_custom_tools_and_reports_decisions_and_doubles(tmp_path
     data = json.loads(report.read_text())
     cells = {(c["scenario"], c["point"], c["hit"]): c for c in data["cells"]}
     assert {(s, p) for s, p, _h in cells} == {
-        (s, p) for s in ("charge", "unsafe", "lying") for p in points
+        (s, p.partition(":")[0]) for s in ("charge", "unsafe", "lying") for p in points
     }
     failing = {(s, p) for (s, p, _h), c in cells.items() if c["status"] != "pass"}
     assert failing == {("lying", "after_tool_effect")}, proc.stdout[-4000:]
@@ -183,7 +185,7 @@ def test_crash_test_runs_custom_tools_and_reports_decisions_and_doubles(tmp_path
     text = markdown([Cell(**c) for c in data["cells"]], data["summary"])
     assert "## Cells that needed a decision" in text and "## Effects found doubled" in text
     assert "| after_tool_effect | pass (reconciled) | FAIL (doubled) | pass (decision) |" in text
-    assert "| after_tool_finished | pass | pass | pass |" in text
+    assert "| after_provider_request_started:2 | pass | pass | pass |" in text
 
 
 @pytest.mark.slow
