@@ -3,35 +3,17 @@ SIGKILLed in flight, a fresh one reconciles) and writes every figure the issue a
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
+from .util import run_quick
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_bench_host_quick_writes_every_figure(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "DH_BENCH_TMP": str(tmp_path / "scratch"),
-        "DH_BENCH_RESULTS": str(tmp_path / "results"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "host", "--quick"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads((tmp_path / "results" / "host.json").read_text())
+    data = run_quick("host", tmp_path, timeout=280)
     assert data["quick"] is True and data["store"] == "sqlite"
     assert data["mode"] == {"single": "sync", "many": "batch"} and data["fsync_added_ms"] == 0
     sizes = data["sizes"]

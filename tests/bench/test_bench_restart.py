@@ -4,36 +4,18 @@ restarted by fresh serving processes in both arms; every figure the issue asks f
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(600)]
+from .util import run_quick
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_bench_restart_quick_writes_every_figure(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "DH_BENCH_TMP": str(tmp_path / "scratch"),
-        "DH_BENCH_RESULTS": str(tmp_path / "results"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "restart", "--quick"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=580,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads((tmp_path / "results" / "restart.json").read_text())
+    data = run_quick("restart", tmp_path, timeout=580)
     restart = data["restart"]
     n = restart["sessions"]
     assert data["quick"] is True and restart["host_exit"] == -signal.SIGKILL

@@ -4,35 +4,17 @@ live in ``bench/``)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+from .util import run_quick
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_bench_streams_quick_writes_every_figure(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "DH_BENCH_TMP": str(tmp_path / "scratch"),
-        "DH_BENCH_RESULTS": str(tmp_path / "results"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "streams", "--quick"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads((tmp_path / "results" / "streams.json").read_text())
+    data = run_quick("streams", tmp_path, timeout=280)
     assert data["quick"] is True and data["turns_per_phase"] > 0
     for phase in ("none", "streams"):
         assert data["turns_per_s"][phase] > 0 and data["server_cpu_per_turn_ms"][phase] >= 0
