@@ -144,9 +144,12 @@ class MatrixProgress:
         if self.plain is None:
             return
         with self._lock:
-            total = str(self._total) if self._total else "?"
             seconds = int(time.monotonic() - self.started)
-            text = f"crash-test: {self._done}/{total} cells, {self.failures} failed, {seconds} s"
+            if self._total:
+                text = f"crash-test: {self._done}/{self._total} cells, {self.failures} failed"
+            else:  # the cells are known once the scenarios' crash-free runs are traced
+                text = "crash-test: running the crash-free baselines"
+            text += f", {seconds} s"
         self.plain.write(text + "\n")
         self.plain.flush()
 
