@@ -53,6 +53,12 @@ async def until(check: Callable[[], bool], what: str, limit: float = 30.0) -> No
     raise AssertionError(f"timed out after {limit}s waiting for {what}")
 
 
+def run_completed(spec: str, session_id: str) -> bool:
+    """True once the session's one run has finished ``completed``."""
+    outcomes = [r["outcome"] for r in log(spec, session_id) if r["type"] == "run_finished"]
+    return outcomes == ["completed"]
+
+
 def log(spec: str, sid: str) -> list[dict[str, Any]]:
     with open_store(spec).open_session(sid, write=False) as s:
         return s.records()
@@ -149,10 +155,7 @@ async def test_a_database_away_past_the_reconnect_deadline_hands_the_session_bac
         finally:
             pg_cluster.start()
         await until(
-            lambda: (
-                [r["outcome"] for r in log(pg_spec, sid) if r["type"] == "run_finished"]
-                == ["completed"]
-            ),
+            lambda: run_completed(pg_spec, sid),
             "the run to finish under the next generation",
             limit=60,
         )
@@ -201,10 +204,5 @@ async def test_the_claim_loop_claims_again_once_the_restarted_server_is_back(
         assert m.worker.claimed == [sid]
         await m.send(sid, "hello")
         await until(
-            lambda: (
-                [r["outcome"] for r in log(pg_spec, sid) if r["type"] == "run_finished"]
-                == ["completed"]
-            ),
-            "the claimed session to serve a run",
-            limit=120,
+            lambda: run_completed(pg_spec, sid), "the claimed session to serve a run", limit=120
         )
