@@ -185,7 +185,7 @@ class DbLease:
             return
         owner = self.owner
         try:
-            self._give_up("expires = clock_timestamp()")
+            self._give_up(_EXPIRE_NOW)
         except Exception:  # the server is away: expire it once it is back
             deadline = time.monotonic() + self.seconds
             threading.Thread(
@@ -199,7 +199,9 @@ class DbLease:
         """Expire the lease ``owner`` held, retrying (``Database.run_until``) until ``deadline``
         (``time.monotonic()``); a claim or a new owner meanwhile makes it a no-op."""
         try:
-            self.db.run_until(lambda conn: _expire_row(conn, self.session_id, owner), deadline)
+            self.db.run_until(
+                lambda conn: _change_row(conn, self.session_id, owner, _EXPIRE_NOW), deadline
+            )
         except Exception:  # still away: the lease has run out by itself by now
             pass
 
@@ -207,20 +209,19 @@ class DbLease:
         """Stop renewing; apply ``change`` to the lease row if it is still ours."""
         owner, self.owner = self.owner, None
         Heartbeat.of(self.db).remove(self)
-        self.db.run(
-            lambda conn: conn.execute(
-                f"UPDATE leases SET {change} WHERE session_id = %s AND owner = %s",
-                (self.session_id, owner),
-            ),
-            idempotent=True,
-        )
+        self.db.run(lambda conn: _change_row(conn, self.session_id, owner, change), idempotent=True)
 
 
-def _expire_row(conn: psycopg.Connection[Any], session_id: str, owner: str) -> None:
-    """Make ``owner``'s lease of ``session_id`` expire now (nothing if it is not ``owner``'s)."""
+_EXPIRE_NOW = "expires = clock_timestamp()"
+
+
+def _change_row(
+    conn: psycopg.Connection[Any], session_id: str, owner: str | None, change: str
+) -> None:
+    """Apply ``change`` (a ``SET`` list) to ``session_id``'s lease row if ``owner`` still
+    holds it (nothing otherwise: a claim or a new owner came first)."""
     conn.execute(
-        "UPDATE leases SET expires = clock_timestamp() WHERE session_id = %s AND owner = %s",
-        (session_id, owner),
+        f"UPDATE leases SET {change} WHERE session_id = %s AND owner = %s", (session_id, owner)
     )
 
 
