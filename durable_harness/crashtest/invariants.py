@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_harness.crashtest.scenario import tool_effects
-from durable_harness.models.messages import text_of
+from durable_harness.models.messages import text_of, tool_call_blocks
 from durable_harness.recovery.audit import plan_followed
 from durable_harness.recovery.decide import BENIGN_DAMAGE, RecoveryPlan
 from durable_harness.recovery.fsck import fsck_path
@@ -248,11 +248,7 @@ def _signature(entry: dict[str, Any]) -> Any:
     if etype != "message":
         return (etype, entry.get("modelId"), entry.get("thinkingLevel"), entry.get("name"))
     msg = entry.get("message") or {}
-    calls = [
-        (b.get("name"), b.get("arguments"))
-        for b in msg.get("content") or []
-        if isinstance(b, dict) and b.get("type") == "toolCall"
-    ]
+    calls = [(b.get("name"), b.get("arguments")) for b in tool_call_blocks(msg.get("content"))]
     return (
         msg.get("role"),
         text_of(msg.get("content")),

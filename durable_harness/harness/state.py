@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from durable_harness.models.messages import text_of
+from durable_harness.models.messages import text_of, tool_call_blocks
 
 if TYPE_CHECKING:
     from durable_harness.storage.base import LaneState, SessionStore
@@ -224,11 +224,7 @@ class RunState:
             self.last_stop_reason = rec.get("stopReason")
             self.save_point_after = False
             entry_id = str(rec.get("entryId"))
-            blocks = [
-                b
-                for b in (assistant or {}).get("content") or []
-                if isinstance(b, dict) and b.get("type") == "toolCall"
-            ]
+            blocks = tool_call_blocks((assistant or {}).get("content"))
             self.tool_calls = [
                 ToolCallState(
                     call_key(entry_id, i),

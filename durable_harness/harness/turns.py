@@ -21,7 +21,7 @@ from durable_harness.harness.state import (
     attempt_key,
 )
 from durable_harness.ids import new_id, now_ms
-from durable_harness.models.messages import text_of, unique_tool_call_ids
+from durable_harness.models.messages import text_of, tool_call_blocks, unique_tool_call_ids
 from durable_harness.providers.base import (
     STREAM_TRUNCATED,
     Done,
@@ -163,11 +163,7 @@ class Turns:
     def _replay_safe_calls(self, message: dict[str, Any]) -> bool:
         """True when ``message`` asks for tool calls and each names a registered tool whose
         ``replay`` is ``"safe"``."""
-        names = [
-            b.get("name")
-            for b in message.get("content") or []
-            if isinstance(b, dict) and b.get("type") == "toolCall"
-        ]
+        names = [b.get("name") for b in tool_call_blocks(message.get("content"))]
         tools = self.core.tools
         return bool(names) and all(
             isinstance(n, str) and n in tools and tools[n].replay == "safe" for n in names

@@ -143,6 +143,14 @@ def text_of(content: Any) -> str:
     return "".join(parts)
 
 
+def tool_call_blocks(content: Any) -> list[dict[str, Any]]:
+    """The ``toolCall`` blocks of a message's content (a list of block dicts; a string or
+    ``None`` has none), in order."""
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+
+
 def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Make the tool-call ids of one assistant message unique before it is stored.
 
@@ -153,7 +161,7 @@ def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[
     content = message.get("content")
     if not isinstance(content, list):
         return message, []
-    given = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+    given = [b.get("id") for b in tool_call_blocks(content)]
     if all(given) and len(set(map(str, given))) == len(given):  # the common case
         return message, []
     taken = {str(cid) for cid in given if cid}

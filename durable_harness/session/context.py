@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_harness.models.messages import text_of
+from durable_harness.models.messages import text_of, tool_call_blocks
 
 INTERRUPTED_TEXT = (
     "Tool call interrupted: the process stopped while this tool was running and its outcome is "
@@ -267,9 +267,8 @@ def estimate_tokens(messages: list[dict[str, Any]]) -> int:
     chars = 0
     for m in messages:
         chars += len(text_of(m.get("content")))
-        for b in m.get("content") or []:
-            if isinstance(b, dict) and b.get("type") == "toolCall":
-                chars += len(str(b.get("arguments"))) + len(str(b.get("name")))
+        for b in tool_call_blocks(m.get("content")):
+            chars += len(str(b.get("arguments"))) + len(str(b.get("name")))
     return -(-chars // 4)
 
 
@@ -408,7 +407,7 @@ def well_formed(
             if is_empty_assistant(content):
                 i += 1
                 continue
-            calls = [b for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
+            calls = tool_call_blocks(content)
             j = i + 1
             while j < len(pairs) and pairs[j][0].get("role") == "toolResult":
                 j += 1
