@@ -7,9 +7,11 @@ import argparse
 import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -105,6 +107,43 @@ def price_of(args: argparse.Namespace) -> dict[str, Any] | None:
 
     text = getattr(args, "price", None)
     return parse_price(text) if text else None
+
+
+def catalogue_time(value: str) -> datetime:
+    """A catalogue time (ISO 8601, or epoch seconds) as an aware datetime; unknown sorts last."""
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+"""Seconds per unit of a :func:`parse_duration` duration."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as ``90s``, ``15m``, ``1h30m``, ``30d``, ``2w`` or a plain
+    number of seconds; the type of every ``DURATION`` option.
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration (argparse reports it as a usage error).
+    """
+    value = text.strip().lower()
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw]?)", value)
+    if (
+        not value
+        or "".join(n + u for n, u in parts) != value
+        or (len(parts) > 1 and not all(u for _, u in parts))
+    ):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (a number of seconds, or like 90s, 15m, 1h30m, 30d, 2w)"
+        )
+    return sum(float(n) * DURATION_UNITS[u or "s"] for n, u in parts)
 
 
 def out(data: Any) -> None:

@@ -12,6 +12,7 @@ from durable_harness import __version__
 from durable_harness.cli import host_commands as host
 from durable_harness.cli import run_commands as runs
 from durable_harness.cli import session_commands as sessions
+from durable_harness.cli import tree_commands as tree
 from durable_harness.cli.advice import advised
 from durable_harness.cli.common import Command, out
 from durable_harness.errors import DurableHarnessError, root_cause
@@ -34,6 +35,12 @@ COMMANDS: dict[str, Command] = {
         runs.demo,
         runs.crash_test,
         sessions.fork,
+        tree.label,
+        tree.name,
+        tree.navigate,
+        tree.branch_summary,
+        tree.forget,
+        tree.prune,
         host.serve,
         host.acp,
         host.migrate,

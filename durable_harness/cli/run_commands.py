@@ -22,7 +22,7 @@ from durable_harness.cli.common import (
     price_of,
     run_async,
 )
-from durable_harness.errors import FormatError
+from durable_harness.errors import FormatError, SessionNotFound
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.providers import make_provider, provider_spec, require_credentials
 from durable_harness.recovery.decide import RecoveryPlan
@@ -285,13 +285,45 @@ def _decide_option(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ID=DECISION",
-        help="TOOL_CALL_ID=retry|fail|result:TEXT (repeatable)",
+        help="TOOL_CALL_ID=retry|retry!|fail|result:TEXT (repeatable): retry runs the call "
+        "again, retry! even when its process group was recorded on another machine and may "
+        "still run there, fail settles it as failed, result:TEXT settles it with TEXT",
     )
+
+
+def _resume_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", nargs="?", help="session id, unique id prefix, or session file path")
+    p.add_argument(
+        "--latest",
+        action="store_true",
+        help="the most recently modified session of the working directory (instead of SESSION)",
+    )
+
+
+def latest_session(args: argparse.Namespace) -> None:
+    """Set ``args.session`` from ``--latest`` (the working directory's most recent session, by
+    :meth:`~durable_harness.storage.base.Store.most_recent`, the rule ``run --continue`` uses).
+
+    Raises:
+        FormatError: neither SESSION nor ``--latest``, or both.
+        SessionNotFound: ``--latest`` and the directory has no session.
+    """
+    if bool(args.session) == bool(args.latest):
+        raise FormatError("resume needs SESSION or --latest (one of them)")
+    if args.latest:
+        cwd = os.path.abspath(os.getcwd())
+        recent = common.store_of(args).most_recent(cwd)
+        if recent is None:
+            raise SessionNotFound(
+                f"no session of {cwd} in {common.store_spec(args) or 'the default store'}",
+                cwd=cwd,
+            )
+        args.session = recent.id
 
 
 @command(
     "resume",
-    common.session_argument,
+    _resume_target,
     _running_options(None, "only this lane"),
     _policy_option,
     _decide_option,
@@ -304,9 +336,11 @@ def resume(args: argparse.Namespace) -> int:
 
     example:
       durable-harness resume SESSION
+      durable-harness resume --latest      # this directory's most recent session
       durable-harness resume SESSION --decide call_ab12_2_1=fail
       durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'
     """
+    latest_session(args)
     decisions = dict(parse_decision(d) for d in args.decide)
     if args.provider:
         require_credentials(args.provider)

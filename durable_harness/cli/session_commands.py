@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from durable_harness import terminal as ui
 from durable_harness.cli.common import (
+    catalogue_time,
     command,
     json_option,
     json_text,
@@ -28,29 +28,16 @@ from durable_harness.errors import DurableHarnessError, SessionNotFound, Unknown
 from durable_harness.harness.report import cost_report, format_cost, timeline
 from durable_harness.providers import WIRE_FORMATS, wire_messages
 from durable_harness.recovery.fsck import damage_location, fsck_path, fsck_session
-from durable_harness.session import import_pi_file
+from durable_harness.session import Session, import_pi_file
 from durable_harness.session.context import context_text
 from durable_harness.storage.base import SessionInfo, Store
 from durable_harness.tools.builtin import builtin_tools
 
-HEADER = ("ID", "MODIFIED", "STATE", "WAITING", "CWD")
+HEADER = ("ID", "MODIFIED", "STATE", "WAITING", "CWD", "TITLE")
 """The columns of the ``sessions`` listing (``design/cli.md``, "Output")."""
 
 MAX_INDENT = 32
 """Branch levels drawn in ``show --tree``; deeper ones print their level as ``[40] ``."""
-
-
-def _when(value: str) -> datetime:
-    """A catalogue time (ISO 8601, or epoch seconds) as an aware datetime; unknown sorts last."""
-    try:
-        return datetime.fromtimestamp(float(value), UTC)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return datetime.min.replace(tzinfo=UTC)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 async def _rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
@@ -59,16 +46,17 @@ async def _rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
 
     rows: list[dict[str, Any]] = []
     for info in infos:
-        row: dict[str, Any] = vars(info) | {"state": None, "waiting": []}
+        row: dict[str, Any] = vars(info) | {"state": None, "waiting": [], "title": None}
         if info.error is None:
             try:
                 with store.open_session(info.id, write=False) as ss:
                     rec, plan = await read_listed(ss, store.spec, lambda _rt: builtin_tools())
+                    row["title"] = Session(ss).title
                 row["state"], row["waiting"] = rec.state, waiting_calls(plan)
             except DurableHarnessError as exc:
                 row["error"] = exc.to_json()
         rows.append(row)
-    rows.sort(key=lambda r: _when(str(r.get("modified") or "")), reverse=True)
+    rows.sort(key=lambda r: catalogue_time(str(r.get("modified") or "")), reverse=True)
     return rows
 
 
@@ -117,7 +105,8 @@ def sessions(args: argparse.Namespace) -> int:
                     str(r.get("modified") or "-"),
                     str(r["state"] or "UNREADABLE"),
                     "-" if r["state"] is None else str(len(r["waiting"])),
-                    str(r["error"]["message"] if r.get("error") else r["cwd"]),
+                    str(r["cwd"] or "-"),
+                    str(r["error"]["message"] if r.get("error") else or_dash(r["title"])),
                 )
             )
             for r in rows
@@ -203,6 +192,7 @@ def show(args: argparse.Namespace) -> int:
             "cwd": s.cwd,
             "location": s.store.location,
             "name": s.name,
+            "title": s.title,
             "entries": s.store.entry_count(),
             "lanes": lanes,
             "labels": s.labels(),
@@ -216,6 +206,8 @@ def show(args: argparse.Namespace) -> int:
             return 0
         line(f"session {s.id}  ({s.store.location})")
         line(f"cwd {s.cwd}  name {s.name or '-'}  entries {info['entries']}")
+        if not s.name and s.title:
+            line(f"first prompt {s.title}")
         for lane, st in lanes.items():
             run = f" run {st['run_id']} open" if st["run_id"] else ""
             line(f"lane {lane}: leaf {or_dash(st['leaf_id'])}{run}")

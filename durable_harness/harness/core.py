@@ -16,7 +16,6 @@ import anyio
 
 from durable_harness.errors import (
     FormatError,
-    LaneSuspended,
     ProviderError,
     RunInProgress,
     ToolError,
@@ -354,11 +353,4 @@ class HarnessCore:
                 f"{self.runs[lane].state.run_id}",
                 lane=lane,
             )
-        open_run = self.session.lane(lane).run_id
-        if open_run is not None:
-            raise LaneSuspended(
-                f"lane {lane!r} of session {self.session.id} has interrupted run "
-                f"{open_run}; run `durable-harness recover` and `resume`",
-                lane=lane,
-                run_id=open_run,
-            )
+        self.session.check_no_open_run(lane)

@@ -18,17 +18,15 @@ import anyio.abc
 from durable_harness.errors import (
     DurableHarnessError,
     IdempotencyKeyReused,
-    IllegalTransition,
     InvalidRequest,
-    LeaseHeld,
     MessageTooLarge,
     RunInProgress,
     SessionLive,
     SessionNotLive,
-    ToolProcessRunning,
 )
 from durable_harness.harness.core import Event
 from durable_harness.host import worker
+from durable_harness.host.forget import forget_refusal, forget_stored
 from durable_harness.host.inputs import (
     check_key,
     check_lane,
@@ -330,26 +328,10 @@ class SessionManager(ReadModel):
         """
         async with self._lock:
             rec = await self.read_not_live(session_id, "forgetting it")
-            if rec.state != "closed":
-                raise IllegalTransition(
-                    f"session {session_id} is {rec.state}: only a closed session can be "
-                    "forgotten; close it first",
-                    session_id=session_id,
-                    **{"from": rec.state, "to": "forgotten"},
-                )
-            pgids = self.live_groups(session_id)
-            if pgids:
-                raise ToolProcessRunning(
-                    f"session {session_id} is closed but the process groups {pgids} of its "
-                    "unsettled tool calls still run; close it again (which kills them) before "
-                    "forgetting it",
-                    session_id=session_id,
-                    pgids=pgids,
-                )
-            try:
-                self.store.delete_session(session_id)
-            except LeaseHeld as exc:
-                raise SessionLive(exc.message, session_id=session_id) from exc
+            refusal = forget_refusal(session_id, rec.state, self.live_groups(session_id))
+            if refusal is not None:
+                raise refusal
+            forget_stored(self.store, session_id)
             self.drop(session_id, rec.client_key)
 
     # -- the agent verbs --------------------------------------------------------------------

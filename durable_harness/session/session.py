@@ -10,11 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from durable_harness.errors import UnknownEntry
+from durable_harness.errors import LaneSuspended, UnknownEntry
 from durable_harness.ids import new_id, now_iso
 from durable_harness.models.entries import validate_entry
+from durable_harness.models.messages import text_of
 from durable_harness.session.context import Context, build_context, path_to
 from durable_harness.storage.base import EntryOp, LaneOp, LaneState, Op, SessionStore, Store
+
+TITLE_CHARS = 60
+"""Most characters of a first prompt shown as a session's :attr:`Session.title`."""
 
 
 @dataclass
@@ -139,6 +143,20 @@ class Session:
         infos = self.store.iter_entries(("session_info",))
         return infos[-1].get("name") if infos else None
 
+    @property
+    def title(self) -> str | None:
+        """What lists show for the session: its :attr:`name`, else the first line of its first
+        user message (at most :data:`TITLE_CHARS` characters, ``…`` when cut), else ``None``."""
+        if self.name:
+            return self.name
+        for e in self.store.iter_entries(("message",)):
+            message = e.get("message") or {}
+            if message.get("role") == "user":
+                text = text_of(message.get("content")).strip().split("\n", 1)[0]
+                if text:
+                    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
+        return None
+
     def labels(self) -> dict[str, str]:
         """Return ``{target entry id: label}``; the latest label entry per target wins."""
         out: dict[str, str] = {}
@@ -245,6 +263,22 @@ class Session:
         """Label ``target_id`` (``None`` clears). Raises UnknownEntry for a missing target."""
         self.entry(target_id)
         return self.append({"type": "label", "targetId": target_id, "label": label}, lane=lane)
+
+    def check_no_open_run(self, lane: str = "main") -> None:
+        """Refuse to move a lane that has an interrupted run: its recovery resumes from the
+        recorded leaf (``design/run-loop.md``).
+
+        Raises:
+            LaneSuspended: the lane's operation log has an open run.
+        """
+        open_run = self.lane(lane).run_id
+        if open_run is not None:
+            raise LaneSuspended(
+                f"lane {lane!r} of session {self.id} has interrupted run "
+                f"{open_run}; run `durable-harness recover` and `resume`",
+                lane=lane,
+                run_id=open_run,
+            )
 
     def navigate(self, target_id: str | None, *, lane: str = "main") -> None:
         """Move the lane's leaf to ``target_id`` (``None``: before the first entry), durably.

@@ -235,8 +235,8 @@ def test_an_unreadable_session_file_is_listed_and_blocks_a_blind_continue(
 
     text = _child(["sessions", "--store", spec], tmp_path, prefix)
     assert text.returncode == 1
-    # the state column says UNREADABLE, the calls waiting are unknown (-), then why
-    assert re.search(rf"UNREADABLE +- +{re.escape(str(newest))}: cannot be read", text.stdout)
+    # the state column says UNREADABLE, the calls waiting and the cwd are unknown (-), then why
+    assert re.search(rf"UNREADABLE +- +- +{re.escape(str(newest))}: cannot be read", text.stdout)
     assert "1 session file(s) cannot be read" in text.stderr
 
     # the newest session of proj cannot be read: continuing an older one, or a new one, would

@@ -109,7 +109,7 @@ def test_cli_resume_decide_twice_is_refused_and_a_new_attempt_is_decided_anew(
     assert row["id"] == sid and row["state"] == "suspended"
     assert sorted(w["tool_call_id"] for w in row["waiting"]) == ["call_a", "call_b"]
     text = dh("sessions", "--store", spec).stdout.splitlines()
-    assert text[0].split() == ["ID", "MODIFIED", "STATE", "WAITING", "CWD"]
+    assert text[0].split() == ["ID", "MODIFIED", "STATE", "WAITING", "CWD", "TITLE"]
     assert text[1].split()[:1] + text[1].split()[2:4] == [sid, "suspended", "2"]
     assert json.loads(dh("sessions", "--store", spec, "--state", "idle", "--json").stdout) == []
 
