@@ -35,11 +35,30 @@ class Command:
     run: Handler
     options: Options
     example: str = ""
+    exits: tuple[tuple[int, str], ...] = ((0, "success"),)
+    """The statuses this command returns besides the ones every command can
+    (``main.COMMON_EXITS``), each with its meaning for this command."""
 
 
-def command(name: str, *options: Options, example: str = "") -> Callable[[Handler], Command]:
-    """Make the decorated handler a :class:`Command` with these options; its docstring is its
-    help line (first paragraph) and examples (after ``example:``, else ``example``)."""
+RUN_EXITS = (
+    (0, "the run completed"),
+    (1, "the run failed"),
+    (3, "the run was aborted"),
+    (4, "the run was declined"),
+    (5, "the run is suspended, waiting for a decision (see `durable-harness recover`)"),
+)
+"""The statuses of a command that runs to an outcome (``run``; ``resume`` per lane, the worst)."""
+
+
+def command(
+    name: str,
+    *options: Options,
+    example: str = "",
+    exits: tuple[tuple[int, str], ...] = ((0, "success"),),
+) -> Callable[[Handler], Command]:
+    """Make the decorated handler a :class:`Command` with these options and exit statuses
+    (``exits``: status and meaning, besides the common ones); its docstring is its help line
+    (first paragraph) and examples (after ``example:``, else ``example``)."""
 
     def add(p: argparse.ArgumentParser) -> None:
         for option in options:
@@ -48,7 +67,8 @@ def command(name: str, *options: Options, example: str = "") -> Callable[[Handle
     def make(fn: Handler) -> Command:
         doc = inspect.cleandoc(fn.__doc__ or "")
         examples = doc.partition("\nexample:\n")[2].partition("\n\n")[0]
-        return Command(name, " ".join(doc.split("\n\n")[0].split()), fn, add, examples or example)
+        summary = " ".join(doc.split("\n\n")[0].split())
+        return Command(name, summary, fn, add, examples or example, exits)
 
     return make
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from durable_harness import __version__
@@ -48,6 +49,27 @@ COMMANDS: dict[str, Command] = {
 }
 """Every subcommand, in ``--help`` order (``design/cli.md``, "Commands")."""
 
+COMMON_EXITS = (
+    (2, "bad command line, or an error named as error[CODE] (no such session or store, "
+     "storage error, locked database, missing API key, unknown lane...)"),
+    (70, "internal error (a bug: please report it)"),
+    (130, "interrupted (Ctrl-C)"),
+    (141, "stdout closed early (e.g. `| head`)"),
+)  # fmt: skip
+"""The statuses every command can return (:func:`report_failure`)."""
+
+
+def exit_status_help(exits: tuple[tuple[int, str], ...]) -> str:
+    """The ``exit status:`` block of a ``--help`` page: ``exits`` and :data:`COMMON_EXITS` in
+    numeric order, one status a line, meanings wrapped at 100 columns."""
+    lines = ["exit status:"]
+    for code, meaning in sorted((*exits, *COMMON_EXITS)):
+        wrapped = textwrap.wrap(meaning, 92) or [""]
+        lines.append(f"  {code:<5}{wrapped[0]}")
+        lines.extend(f"       {more}" for more in wrapped[1:])
+    return "\n".join(lines)
+
+
 EXIT_ERROR = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, not a user error
 EXIT_STATUS_HELP = """\
@@ -86,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=c.help,
             description=c.help,
             formatter_class=argparse.RawDescriptionHelpFormatter,
-            epilog=(f"example:\n{c.example}\n\n" if c.example else "") + EXIT_STATUS_HELP,
+            epilog=(f"example:\n{c.example}\n\n" if c.example else "") + exit_status_help(c.exits),
         )
         p.add_argument(
             "--store",
@@ -142,7 +164,15 @@ def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
     return EXIT_INTERNAL
 
 
-__all__ = ["COMMANDS", "EXIT_STATUS_HELP", "build_parser", "main", "report_failure"]
+__all__ = [
+    "COMMANDS",
+    "COMMON_EXITS",
+    "EXIT_STATUS_HELP",
+    "build_parser",
+    "exit_status_help",
+    "main",
+    "report_failure",
+]
 
 
 if __name__ == "__main__":  # pragma: no cover

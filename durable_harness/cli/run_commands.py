@@ -130,7 +130,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follow-up", action="append", default=[], help="queue a follow-up message")
 
 
-@command("run", _running_options("main", "lane to run on"), _run_options)
+@command("run", _running_options("main", "lane to run on"), _run_options, exits=common.RUN_EXITS)
 def run(args: argparse.Namespace) -> int:
     """Run a prompt to its end, streaming to the terminal.
 
@@ -328,6 +328,13 @@ def latest_session(args: argparse.Namespace) -> None:
     _policy_option,
     _decide_option,
     json_option,
+    exits=(
+        (0, "every lane's run completed, or had nothing to resume"),
+        *[
+            (code, f"{meaning} (the worst lane's outcome)")
+            for code, meaning in common.RUN_EXITS[1:]
+        ],
+    ),
 )
 def resume(args: argparse.Namespace) -> int:
     """Apply the recovery plan and continue interrupted runs to their end.
@@ -400,6 +407,7 @@ def crash_points(args: argparse.Namespace) -> int:
 @command(
     "demo",
     lambda p: p.add_argument("--dir", help="scratch folder (default: a new temporary one)"),
+    exits=((0, "the demo ran as described"), (1, "a step did not go as the demo expects")),
 )
 def demo(args: argparse.Namespace) -> int:
     """The main job: a run killed mid-tool, recovered, resumed; then a pi import.
@@ -419,7 +427,11 @@ def _crash_test_options(p: argparse.ArgumentParser) -> None:
     configure_parser(p)
 
 
-@command("crash-test", _crash_test_options)
+@command(
+    "crash-test",
+    _crash_test_options,
+    exits=((0, "every cell passed"), (1, "a cell failed (the report names it)")),
+)
 def crash_test(args: argparse.Namespace) -> int:
     """Run the crash matrix: every scenario at every crash point it reaches.
 

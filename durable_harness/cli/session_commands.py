@@ -71,7 +71,12 @@ def _sessions_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("sessions", json_option, _sessions_options)
+@command(
+    "sessions",
+    json_option,
+    _sessions_options,
+    exits=((0, "listed"), (1, "a session file cannot be read (listed with its error)")),
+)
 def sessions(args: argparse.Namespace) -> int:
     """List sessions, most recently modified first, with their state and the calls they wait on.
 
@@ -279,6 +284,7 @@ def context(args: argparse.Namespace) -> int:
         help="a session id or unique id prefix (looked up in --store), a session file "
         "(ours or pi's), a JSONL store folder, or a SQLite store (PATH or sqlite:PATH)",
     ),
+    exits=((0, "no damage found"), (1, "damage found (each kind and where)")),
 )
 def fsck(args: argparse.Namespace) -> int:
     """Check a session file or store; report damage with byte offsets.

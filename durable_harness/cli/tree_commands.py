@@ -187,7 +187,12 @@ def _prune_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
 
 
-@command("prune", _prune_options, json_option)
+@command(
+    "prune",
+    _prune_options,
+    json_option,
+    exits=((0, "pruned (or, with --dry-run, listed)"), (1, "a session file cannot be read")),
+)
 def prune(args: argparse.Namespace) -> int:
     """Forget every closed session not modified for a while (never a live or waiting one).
 

@@ -151,6 +151,34 @@ def test_every_help_page_has_an_example_and_the_exit_statuses(
     assert len(example) == 2, f"{name} --help has no example"
     assert re.search(rf"durable-harness {re.escape(name)}\b", example[1]), example[1]
     assert "exit status:" in page and "  70 " in page
+    statuses = page.split("exit status:\n", 1)[1]
+    listed = [int(c) for c in re.findall(r"^  (\d+) ", statuses, re.M)]
+    assert listed == sorted({c for c, _ in COMMANDS[name].exits} | {2, 70, 130, 141})
+
+
+# Each page lists the statuses that command returns, not one shared list (issue 24): a
+# command that never runs an agent never says "suspended"; one that reports damage says 1.
+PAGE_STATUSES = {
+    "run": ({0, 1, 3, 4, 5}, set()),
+    "resume": ({0, 1, 3, 4, 5}, set()),
+    "fsck": ({0, 1}, {3, 4, 5}),
+    "crash-test": ({0, 1}, {3, 4, 5}),
+    "show": ({0}, {1, 3, 4, 5}),
+    "label": ({0}, {1, 3, 4, 5}),
+    "serve": ({0}, {1, 3, 4, 5}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAGE_STATUSES))
+def test_a_help_page_lists_that_command_s_own_statuses(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    statuses = capsys.readouterr().out.split("exit status:\n", 1)[1]
+    listed = {int(c) for c in re.findall(r"^  (\d+) ", statuses, re.M)}
+    has, lacks = PAGE_STATUSES[name]
+    assert has <= listed and not (lacks & listed), statuses
 
 
 def test_exit_statuses_documented_in_top_help_and_readme(
