@@ -24,6 +24,7 @@ from durable_harness.cli.common import (
 )
 from durable_harness.errors import FormatError, SessionNotFound
 from durable_harness.harness.harness import Harness, HarnessOptions
+from durable_harness.models.messages import text_of
 from durable_harness.providers import make_provider, provider_spec, require_credentials
 from durable_harness.recovery.decide import RecoveryPlan
 from durable_harness.recovery.fsck import damage_location
@@ -130,11 +131,18 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follow-up", action="append", default=[], help="queue a follow-up message")
 
 
-@command("run", _running_options("main", "lane to run on"), _run_options, exits=common.RUN_EXITS)
+@command(
+    "run",
+    _running_options("main", "lane to run on"),
+    _run_options,
+    json_option,
+    exits=common.RUN_EXITS,
+)
 def run(args: argparse.Namespace) -> int:
     """Run a prompt to its end, streaming to the terminal.
 
-    The exit status reflects the outcome; the provider and its key are checked first.
+    The exit status reflects the outcome; the provider and its key are checked first. With
+    ``--json`` nothing streams: one object at the end (``design/cli.md``, "Output").
 
     example:
       durable-harness run 'fix the failing test' --provider anthropic:claude-sonnet-4-5
@@ -164,26 +172,53 @@ def run(args: argparse.Namespace) -> int:
     opts = HarnessOptions(provider_spec=provider_spec(args.provider))
     tool_cwd = tool_cwd or session.cwd or cwd
 
+    ran: dict[str, Any] = {}
+
     async def go() -> str:
         tools = builtin_tools(allow_env=args.allow_env)
         async with Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h:
-            h.subscribe(_printer(args.quiet))
+            h.subscribe(_printer(args.quiet or args.json))
             handle = await h.prompt(args.prompt, lane=args.lane)
+            ran["run_id"] = handle.run_id
             for text in args.steer:
                 await h.steer(text, lane=args.lane)
             for text in args.follow_up:
                 await h.follow_up(text, lane=args.lane)
-            return await handle.wait()
+            outcome = await handle.wait()
+            ran["awaiting"] = handle.awaiting
+            return outcome
 
     with session:
-        line(f"session {session.id}", file=sys.stderr)
+        if not args.json:
+            line(f"session {session.id}", file=sys.stderr)
         outcome: str = run_async(go)
+        done = session.store.records(args.lane, types=("run_finished",))
+        reason = done[-1].get("reason") if done and outcome != "suspended" else None
+        if args.json:
+            out(
+                {
+                    "session_id": session.id,
+                    "lane": args.lane,
+                    "run_id": ran.get("run_id"),
+                    "outcome": outcome,
+                    "reason": reason,
+                    "awaiting": ran.get("awaiting", []),
+                    "text": last_answer(session, args.lane),
+                }
+            )
+            return EXIT.get(outcome, 1)
         if outcome == "failed":
-            done = session.store.records(args.lane, types=("run_finished",))
-            reason = done[-1].get("reason") if done else None
             ui.say(f"run failed: {reason or 'see durable-harness log'}", "red", stderr=True)
     ui.say(f"run {outcome}", "green" if outcome == "completed" else "yellow", stderr=True)
     return EXIT.get(outcome, 1)
+
+
+def last_answer(session: Session, lane: str) -> str | None:
+    """The text of the last assistant message on ``lane``'s path (``None``: there is none)."""
+    for message in reversed(session.context(lane=lane).messages):
+        if message.get("role") == "assistant":
+            return text_of(message.get("content"))
+    return None
 
 
 def _attempts_text(attempts: Any) -> str:
@@ -375,6 +410,7 @@ def resume(args: argparse.Namespace) -> int:
                 lanes=[args.lane] if args.lane else None,
                 recovery=rec,
                 price=price_of(args),
+                on_event=_printer(args.quiet or args.json),
             )
 
         results: dict[str, str] = run_async(go)

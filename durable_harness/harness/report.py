@@ -11,19 +11,21 @@ from durable_harness.storage.base import SessionStore
 
 def timeline(store: SessionStore, lane: str | None = None) -> list[dict[str, Any]]:
     """Return the operation log (optionally one lane) as rows ``{seq, timestamp, lane, runId,
-    type, summary}`` in seq order."""
+    type, summary}`` in seq order; a host's ``session_lifecycle`` row also has ``state`` and
+    ``generation`` (the writer lease's generation that entered it, ``design/host.md``)."""
     rows = []
     for rec in store.records(lane):
-        rows.append(
-            {
-                "seq": rec["seq"],
-                "timestamp": rec.get("timestamp"),
-                "lane": rec.get("lane"),
-                "runId": rec.get("runId"),
-                "type": rec["type"],
-                "summary": summarize_record(rec),
-            }
-        )
+        row = {
+            "seq": rec["seq"],
+            "timestamp": rec.get("timestamp"),
+            "lane": rec.get("lane"),
+            "runId": rec.get("runId"),
+            "type": rec["type"],
+            "summary": summarize_record(rec),
+        }
+        if rec["type"] == "session_lifecycle":
+            row |= {"state": rec.get("state"), "generation": rec.get("generation")}
+        rows.append(row)
     return rows
 
 
@@ -75,6 +77,9 @@ def summarize_record(rec: dict[str, Any]) -> str:
         return _text((rec.get("write") or {}).get("type"))
     if t == "run_finished":
         return f["outcome"] + (f" ({f['reason']})" if rec.get("reason") else "")
+    if t == "session_lifecycle":  # a host's lifecycle state and the generation that wrote it
+        error = f": {f['error']}" if rec.get("error") else ""
+        return f"{f['state']}, generation {f['generation']}{error}"
     return ""
 
 

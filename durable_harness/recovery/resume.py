@@ -9,7 +9,7 @@ writer and hands each lane's planned step to the harness, which executes exactly
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,12 +194,14 @@ async def resume_session(
     lanes: list[str] | None = None,
     recovery: Recovery | None = None,
     price: Mapping[str, Any] | None = None,
+    on_event: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, str]:
     """:func:`resume` with ``tools`` by name, plus what a host or the CLI passes: the
     ``recovery`` already planned (by :func:`plan_recovery` on this open session, with the same
-    decisions: what was printed is what runs) and the ``price`` (table) a provider rebuilt from
-    its recorded spec charges (:func:`~durable_harness.providers.parse_price`). Returns and
-    raises as :func:`resume`.
+    decisions: what was printed is what runs), the ``price`` (table) a provider rebuilt from
+    its recorded spec charges (:func:`~durable_harness.providers.parse_price`), and
+    ``on_event``, subscribed to each resumed run's harness events (:meth:`Harness.subscribe`:
+    the CLI streams a resumed run as ``run`` does). Returns and raises as :func:`resume`.
     """
     results: dict[str, str] = {}
     names = lanes or sorted(session.store.lanes())
@@ -226,6 +228,8 @@ async def resume_session(
             prov = make_provider(choice.spec, price)
             opts.provider_spec = choice.spec
         async with Harness(session, prov, dict(tools), options=opts) as harness:
+            if on_event is not None:
+                harness.subscribe(on_event)
             handle = await resume_lane(harness, rec, lane)
             results[lane] = await handle.wait() if handle is not None else "idle"
     return results

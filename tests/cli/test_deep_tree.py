@@ -107,7 +107,8 @@ def test_show_tree_on_the_real_1002_entry_pi_session(cli: Cli, pi_sessions: Path
         assert res.code == 0, (name, res.err)
         entries = cli("show", str(path), "--json").json()["entries"]
         assert entries > 1000
-        tree = [line for line in res.out.splitlines()[3:] if not line.startswith("damage")]
+        head = 4 if res.out.splitlines()[2].startswith("first prompt") else 3
+        tree = [line for line in res.out.splitlines()[head:] if not line.startswith("damage")]
         assert len(tree) == entries, name
 
 

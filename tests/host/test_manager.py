@@ -133,7 +133,9 @@ async def test_create_send_close_resume_forget(tmp_path: Path) -> None:
     assert sent["mode"] == "prompt" and sent["run_id"]
 
 
-async def test_the_lifecycle_is_durable_in_the_session_log(tmp_path: Path) -> None:
+async def test_the_lifecycle_is_durable_in_the_session_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = f"jsonl:{tmp_path / 'store'}"
     provider = script(tmp_path, [{"text": "hello"}])
     async with SessionManager(spec, HostOptions(provider=provider)) as m:
@@ -143,6 +145,13 @@ async def test_the_lifecycle_is_durable_in_the_session_log(tmp_path: Path) -> No
         await m.close(rec.id)
     got = [(r["state"], r["generation"]) for r in records(spec, rec.id, "session_lifecycle")]
     assert got == [(state, gen) for gen in (1, 2) for state in ("idle", "closing", "closed")]
+    # `durable-harness log` shows each lifecycle state with the generation that entered it
+    from durable_harness.cli.main import main
+
+    assert main(["log", rec.id, "--store", spec]) == 0
+    shown = [ln.split("session_lifecycle", 1)[1].strip() for ln in capsys.readouterr().out
+             .splitlines() if "session_lifecycle" in ln]  # fmt: skip
+    assert shown == [f"{state}, generation {gen}" for state, gen in got]
     async with SessionManager(spec, HostOptions(provider=provider)) as again:
         back = await again.get(rec.id)
         assert (back.state, back.generation, back.mode, back.provider) == (
