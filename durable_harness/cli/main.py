@@ -15,9 +15,28 @@ from durable_harness.cli import run_commands as runs
 from durable_harness.cli import session_commands as sessions
 from durable_harness.cli import tree_commands as tree
 from durable_harness.cli.advice import advised
-from durable_harness.cli.common import Command, out
+from durable_harness.cli.common import Command, command, out
 from durable_harness.errors import DurableHarnessError, root_cause
 from durable_harness.storage.oserrors import translate
+
+def _completion_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
+
+
+@command("completion", _completion_options)
+def completion(args: argparse.Namespace) -> int:
+    """Print a shell completion script for every command and option (generated from the
+    parser by shtab, so it cannot drift from the commands).
+
+    example:
+      durable-harness completion bash > ~/.local/share/bash-completion/completions/durable-harness
+      durable-harness completion zsh > "${fpath[1]}/_durable-harness"
+    """
+    import shtab
+
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
 
 COMMANDS: dict[str, Command] = {
     c.name: c
@@ -45,6 +64,7 @@ COMMANDS: dict[str, Command] = {
         host.serve,
         host.acp,
         host.migrate,
+        completion,
     )
 }
 """Every subcommand, in ``--help`` order (``design/cli.md``, "Commands")."""
