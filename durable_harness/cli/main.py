@@ -19,6 +19,7 @@ from durable_harness.cli.common import Command, command, out
 from durable_harness.errors import DurableHarnessError, root_cause
 from durable_harness.storage.oserrors import translate
 
+
 def _completion_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
 

@@ -333,19 +333,31 @@ def _resume_target(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the most recently modified session of the working directory (instead of SESSION)",
     )
+    p.add_argument(
+        "-r",
+        "--pick",
+        action="store_true",
+        help="on a terminal, pick one of the working directory's sessions from a list (state, "
+        "calls waiting, name or first prompt, age; waiting ones first)",
+    )
 
 
-def latest_session(args: argparse.Namespace) -> None:
+def chosen_session(args: argparse.Namespace) -> None:
     """Set ``args.session`` from ``--latest`` (the working directory's most recent session, by
-    :meth:`~durable_harness.storage.base.Store.most_recent`, the rule ``run --continue`` uses).
+    :meth:`~durable_harness.storage.base.Store.most_recent`, the rule ``run --continue`` uses)
+    or ``-r`` (:func:`~durable_harness.cli.picker.pick_session`).
 
     Raises:
-        FormatError: neither SESSION nor ``--latest``, or both.
-        SessionNotFound: ``--latest`` and the directory has no session.
+        FormatError: not exactly one of SESSION, ``--latest``, ``-r``; ``-r`` off a terminal.
+        SessionNotFound: the directory has no session.
     """
-    if bool(args.session) == bool(args.latest):
-        raise FormatError("resume needs SESSION or --latest (one of them)")
-    if args.latest:
+    if [bool(args.session), args.latest, args.pick].count(True) != 1:
+        raise FormatError("resume needs one of SESSION, --latest or -r")
+    if args.pick:
+        from durable_harness.cli.picker import pick_session
+
+        args.session = pick_session(common.store_of(args), os.path.abspath(os.getcwd()))
+    elif args.latest:
         cwd = os.path.abspath(os.getcwd())
         recent = common.store_of(args).most_recent(cwd)
         if recent is None:
@@ -379,10 +391,11 @@ def resume(args: argparse.Namespace) -> int:
     example:
       durable-harness resume SESSION
       durable-harness resume --latest      # this directory's most recent session
+      durable-harness resume -r            # pick one of this directory's sessions
       durable-harness resume SESSION --decide call_ab12_2_1=fail
       durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'
     """
-    latest_session(args)
+    chosen_session(args)
     decisions = dict(parse_decision(d) for d in args.decide)
     if args.provider:
         require_credentials(args.provider)

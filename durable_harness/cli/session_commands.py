@@ -40,7 +40,7 @@ MAX_INDENT = 32
 """Branch levels drawn in ``show --tree``; deeper ones print their level as ``[40] ``."""
 
 
-async def _rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
+async def listed_rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
     """Each catalogue row with ``state`` and ``waiting`` by the host's rule (``host.listing``)."""
     from durable_harness.host.listing import read_listed, waiting_calls
 
@@ -94,7 +94,7 @@ def sessions(args: argparse.Namespace) -> int:
 
     chosen = check_states(args.state)
     store = store_of(args)
-    rows = run_async(_rows, store, store.list_sessions(args.cwd))
+    rows = run_async(listed_rows, store, store.list_sessions(args.cwd))
     broken = [r for r in rows if r.get("error") is not None]
     if chosen is not None:
         rows = [r for r in rows if r["state"] in chosen]

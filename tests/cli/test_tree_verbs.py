@@ -170,7 +170,7 @@ def test_resume_latest_takes_the_directory_s_most_recent_session(
     assert res.code == 0, res.err
     assert res.json()["results"] == {"main": "idle"}
     both = cli("resume", sid, "--latest")
-    assert both.code == 2 and "--latest" in both.err
+    assert both.code == 2 and "one of SESSION, --latest or -r" in both.err
     assert cli("resume").code == 2
 
 
