@@ -111,7 +111,12 @@ def durability_option(help_text: str, *, alias: bool = False) -> Options:
     ``--mode`` (``design/cli.md``)."""
 
     def add(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--durability", choices=DURABILITY_MODES, default="sync", help=help_text)
+        p.add_argument(
+            "--durability",
+            choices=DURABILITY_MODES,
+            default=None,
+            help=help_text + " (default: durability in durable-harness.toml, else sync)",
+        )
         if alias:
             p.add_argument(
                 "--mode", dest="durability", choices=DURABILITY_MODES, action=_Deprecated,

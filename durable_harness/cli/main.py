@@ -16,6 +16,7 @@ from durable_harness.cli import session_commands as sessions
 from durable_harness.cli import tree_commands as tree
 from durable_harness.cli.advice import advised
 from durable_harness.cli.common import Command, command, out
+from durable_harness.cli.settings import apply_settings, print_settings
 from durable_harness.errors import DurableHarnessError, root_cause
 from durable_harness.storage.oserrors import translate
 
@@ -133,8 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--store",
-            help="jsonl:DIR, sqlite:PATH or postgresql://USER@HOST/DB (default: JSONL under "
+            help="jsonl:DIR, sqlite:PATH or postgresql://USER@HOST/DB (default: "
+            "$DURABLE_HARNESS_STORE, else store in durable-harness.toml, else JSONL under "
             "$DURABLE_HARNESS_HOME, else ~/.durable-harness)",
+        )
+        p.add_argument(
+            "--verbose",
+            action="store_true",
+            help="print the configuration files read and where each setting came from "
+            "(flag, environment, durable-harness.toml, default) on stderr",
         )
         c.options(p)
     return parser
@@ -145,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        settings = apply_settings(args)
+        if args.verbose:
+            print_settings(settings)
         status = COMMANDS[args.command].run(args)
         sys.stdout.flush()
         return status

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from durable_harness.cli.main import build_parser, main
+from durable_harness.cli.settings import apply_settings
 
 
 @pytest.mark.parametrize("name", ["run", "resume", "serve", "acp"])
@@ -31,7 +32,9 @@ def test_serve_mode_is_a_deprecated_alias_of_durability(capsys: pytest.CaptureFi
 def test_serve_durability_needs_no_alias_and_warns_of_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert build_parser().parse_args(["serve"]).durability == "sync"
+    args = build_parser().parse_args(["serve"])
+    apply_settings(args)  # what main() does before the handler: no flag, no file: the default
+    assert args.durability == "sync"
     assert build_parser().parse_args(["serve", "--durability", "none"]).durability == "none"
     assert capsys.readouterr().err == ""
 
