@@ -223,6 +223,10 @@ class AcpTool(Tool):
         self.inner = inner
         self.runtime = runtime
 
+    def intent_fields(self) -> dict[str, Any]:
+        """The inner tool's extra intent fields (an MCP tool's ``mcp``)."""
+        return self.inner.intent_fields()
+
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Ask (an unsafe tool), then run through the client where it can, else the inner tool."""
         raw = args.model_dump() if isinstance(args, BaseModel) else {}
