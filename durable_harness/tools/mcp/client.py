@@ -170,7 +170,9 @@ class McpServers:
             page = await session.list_tools(
                 params=PaginatedRequestParams(cursor=cursor) if cursor else None
             )
-            tools += [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools]
+            tools += [
+                t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools
+            ]
             cursor = page.next_cursor
             if not cursor:
                 break
