@@ -76,10 +76,16 @@ class _Connection:
         return wire
 
 
-def _why(exc: BaseException) -> str:
-    """The innermost cause of ``exc`` in words (an exception group's first leaf)."""
+def _leaf(exc: BaseException) -> BaseException:
+    """``exc``, or an exception group's first leaf (the SDK's task groups wrap errors)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _why(exc: BaseException) -> str:
+    """The innermost cause of ``exc`` in words."""
+    exc = _leaf(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -124,10 +130,11 @@ class McpServers:
                     task_status.started()
                     started = True
                     await conn.closing.wait()
-        except McpConfigError:
-            started = True  # the error is the caller's: raised from start(), not swallowed
-            raise
         except Exception as exc:
+            leaf = _leaf(exc)
+            if isinstance(leaf, McpConfigError):  # the caller's error: raised from start()
+                started = True
+                raise leaf from None
             conn.down = _why(exc)
             log.warning("MCP server %s: %s", conn.name, conn.down)
         finally:
