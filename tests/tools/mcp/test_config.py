@@ -70,7 +70,7 @@ def test_a_bad_server_is_a_typed_error_naming_file_and_server(
 def test_a_bad_file_is_a_typed_error_naming_it(tmp_path: Path, text: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(text)
-    with pytest.raises(McpConfigError, match="bad.json"):
+    with pytest.raises(McpConfigError, match=r"bad\.json"):
         load_mcp_config(path)
 
 

@@ -115,7 +115,7 @@ async def test_pypi_time_server(tmp_path: Path) -> None:
 async def test_an_override_for_an_unknown_tool_is_a_config_error(notes: Path) -> None:
     entry = stdio_server(notes, tools={"nope": {"replay": "safe"}})
     config = parse_mcp_config({"mcpServers": {"notes": entry}}, "cfg.json")
-    with pytest.raises(McpConfigError, match="cfg.json: MCP server notes has no tool 'nope'"):
+    with pytest.raises(McpConfigError, match=r"cfg\.json: MCP server notes has no tool 'nope'"):
         async with McpServers(config):
             pass
 
