@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,6 +224,13 @@ class McpServers:
             if name not in out and isinstance(mcp, dict):
                 out[name] = _stand_in(down, name, mcp, rec.get("replay"))
         return out
+
+    def compose(
+        self, inner: Callable[[Any], Mapping[str, Tool]]
+    ) -> Callable[[Any], Mapping[str, Tool]]:
+        """A host's tool factory (``runtime -> {name: tool}``) plus these servers' tools
+        (none before entering): ``HostOptions.tools`` for ``serve --mcp`` and ``acp --mcp``."""
+        return lambda runtime: {**inner(runtime), **self.tools()}
 
     def failures(self) -> dict[str, str]:
         """The servers that are down, with why: ``{server: cause}``."""

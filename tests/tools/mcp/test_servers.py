@@ -4,6 +4,7 @@ server that is down or goes away gives an error result naming it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -169,3 +170,30 @@ async def test_a_server_that_dies_mid_session_gives_an_error_result(
         result = await call(tools["mcp__notes__append_line"], tmp_path, line="late")
         assert result.is_error and "MCP server notes" in result.content[0]["text"]
     assert not notes.exists()
+
+
+async def test_a_host_holds_the_servers_and_offers_their_tools(tmp_path: Path, notes: Path) -> None:
+    import anyio
+
+    from durable_harness.host import HostOptions, SessionManager
+
+    script = tmp_path / "script.json"
+    turn = {
+        "text": "",
+        "tool_calls": [{"name": "mcp__notes__append_line", "arguments": {"line": "h"}}],
+    }
+    script.write_text(json.dumps({"turns": [turn, {"text": "Done."}]}))
+    servers = McpServers(parse_mcp_config({"mcpServers": {"notes": stdio_server(notes)}}, "t"))
+    options = HostOptions(provider=f"scripted:{script}")
+    options.tools, options.mcp = servers.compose(options.tools), servers
+    ended = anyio.Event()
+    async with SessionManager(f"sqlite:{tmp_path / 'h.db'}", options) as manager:
+        manager.observe(lambda sid, event: event["type"] == "run_end" and ended.set())
+        session = await manager.create(str(tmp_path))
+        await manager.send(session.id, "note h")
+        with anyio.fail_after(30):
+            await ended.wait()
+        await manager.close(session.id)
+    assert notes.read_text() == "h\n"
+    closed = await call(servers.tools()["mcp__notes__peek"], tmp_path)  # closed with the manager
+    assert closed.is_error and "MCP server notes is unavailable" in closed.content[0]["text"]
