@@ -211,6 +211,16 @@ class PathEscape(ToolError):
     """A tool path resolves outside the session's working directory."""
 
 
+class McpConfigError(ToolError):
+    """An MCP servers config (``{"mcpServers": {...}}``, ``design/mcp.md``) is unreadable or
+    malformed (``details``: ``path``, and ``server`` when one server's entry is at fault)."""
+
+
+class McpServerUnavailable(ToolError):
+    """An MCP server could not be started or reached, or went away (``details``: ``server``);
+    its calls get this as an error result, the run goes on (``design/mcp.md``)."""
+
+
 class RecoveryError(DurableHarnessError):
     """Recovery could not proceed."""
 

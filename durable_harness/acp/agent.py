@@ -36,6 +36,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from durable_harness import __version__
 from durable_harness.acp.errors import CONFLICT, INTERNAL, INVALID_PARAMS, rpc_error
+from durable_harness.acp.mcp import SessionMcp
 from durable_harness.acp.runtime import ToolRuntime, question
 from durable_harness.acp.updates import EventTranslator, Update, recovery_plan, replay
 from durable_harness.errors import DurableHarnessError, NoOpenRun, SessionLive, SessionNotLive
@@ -139,6 +140,7 @@ class DurableAgent:
         self.manager: SessionManager | None = None
         self.client: Client | None = None
         self.runtime = ToolRuntime(self)
+        self.mcp = SessionMcp()  # the MCP servers of session/new and session/load
         self._tg: anyio.abc.TaskGroup | None = None
         self._channels: dict[str, _Channel] = {}
         self._ends: dict[str, _RunEnd] = {}  # run id -> its end
@@ -284,12 +286,15 @@ class DurableAgent:
         mcp_servers: list[Any] | None = None,
         **kwargs: Any,
     ) -> NewSessionResponse:
-        """A new durable session in ``cwd`` (its id is the ACP session id; MCP servers are
-        ignored); a client that goes away meanwhile does not cut it short (:meth:`close_all`)."""
+        """A new durable session in ``cwd`` (its id is the ACP session id), with the tools of
+        ``mcp_servers`` (:mod:`durable_harness.acp.mcp`); a client that goes away meanwhile
+        does not cut it short (:meth:`close_all`)."""
         done = anyio.Event()
         self._creating.add(done)
         try:
-            rec = await self._manager().create(cwd)
+            servers = await self.mcp.open(self._tg, mcp_servers)
+            async with self.mcp.starting(servers):
+                rec = await self._manager().create(cwd)
             self._live.add(rec.id)
         except DurableHarnessError as exc:
             raise rpc_error(exc) from exc
@@ -414,7 +419,9 @@ class DurableAgent:
                         self.runtime.approved.add((session_id, call.tool_call_id))
         ends = {str(lp.run_id): self._end(str(lp.run_id)) for lp in lanes}
         try:
-            resumed = await manager.resume(session_id, decisions or None)
+            servers = await self.mcp.open(self._tg, mcp_servers)
+            async with self.mcp.starting(servers):
+                resumed = await manager.resume(session_id, decisions or None)
         except DurableHarnessError as exc:  # e.g. already_decided: nothing was written
             self.runtime.approved -= {(session_id, call_id) for call_id in decisions}
             raise rpc_error(exc) from exc
@@ -472,5 +479,5 @@ class DurableAgent:
 def acp_options(options: HostOptions, agent: DurableAgent) -> HostOptions:
     """The host options of an ACP agent: tools wrapped, no session resumed at start-up."""
     return dataclasses.replace(
-        options, tools=agent.runtime.tools(options.tools), auto_resume="never"
+        options, tools=agent.runtime.tools(agent.mcp.compose(options.tools)), auto_resume="never"
     )

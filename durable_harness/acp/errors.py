@@ -19,6 +19,7 @@ _BY_CODE: dict[str, int] = {
     "format_error": INVALID_PARAMS,
     "missing_credential": INVALID_PARAMS,
     "idempotency_key_reused": INVALID_PARAMS,
+    "mcp_config_error": INVALID_PARAMS,  # a bad mcpServers entry in session/new or load
     "session_not_found": NOT_FOUND,
     "ambiguous_session_prefix": NOT_FOUND,
     "run_in_progress": CONFLICT,

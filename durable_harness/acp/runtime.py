@@ -106,7 +106,9 @@ class ToolRuntime:
         chosen = outcome.option_id
         return chosen if chosen in {o.option_id for o in options} else None
 
-    async def before_tool(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> str | None:
+    async def before_tool(
+        self, tool: str, args: dict[str, Any], ctx: ToolContext, *, unsafe: bool | None = None
+    ) -> str | None:
         """Ask before an unsafe tool runs (unless always allowed, or retried by decision), then
         announce it ``in_progress``; ``None`` to go ahead, else the error result's text."""
         session_id = self.run_sessions.get(ctx.run_id)
@@ -114,7 +116,7 @@ class ToolRuntime:
             return None  # not a run of this agent's sessions
         approved = (session_id, ctx.tool_call_id) in self.approved
         self.approved.discard((session_id, ctx.tool_call_id))
-        allowed = approved or tool not in UNSAFE_TOOLS
+        allowed = approved or not (tool in UNSAFE_TOOLS if unsafe is None else unsafe)
         if not allowed and tool not in (await self.manager.get(session_id)).allowed_tools:
             asked = question(ctx.tool_call_id, tool, args)
             answer = await self.ask(session_id, asked, TOOL_OPTIONS)
@@ -223,10 +225,17 @@ class AcpTool(Tool):
         self.inner = inner
         self.runtime = runtime
 
+    def intent_fields(self) -> dict[str, Any]:
+        """The inner tool's extra intent fields (an MCP tool's ``mcp``)."""
+        return self.inner.intent_fields()
+
     async def execute(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Ask (an unsafe tool), then run through the client where it can, else the inner tool."""
         raw = args.model_dump() if isinstance(args, BaseModel) else {}
-        refusal = await self.runtime.before_tool(self.name, raw, ctx)
+        # an MCP tool asks unless its replay class says it is read-only or idempotent
+        mcp = "mcp" in self.inner.intent_fields()
+        unsafe = self.replay == "never" if mcp else None
+        refusal = await self.runtime.before_tool(self.name, raw, ctx, unsafe=unsafe)
         if refusal is not None:
             return ToolResult.text(refusal, is_error=True, details={"error": "permission"})
         via_client = await self._via_client(args, ctx)

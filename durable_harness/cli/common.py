@@ -9,9 +9,11 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -230,3 +232,45 @@ def run_async(fn: Callable[..., Any], *args: Any) -> Any:
         return anyio.run(fn, *args)
     except BaseExceptionGroup as group:
         raise root_cause(group) from group
+
+
+def mcp_option(p: argparse.ArgumentParser) -> None:
+    """``--mcp CONFIG``: the MCP servers whose tools the runs get (``design/mcp.md``)."""
+    p.add_argument(
+        "--mcp",
+        metavar="CONFIG",
+        help='a JSON file {"mcpServers": {NAME: {command, args, env} | {url, headers}}}: '
+        "their tools join the built-in ones as mcp__NAME__TOOL",
+    )
+
+
+def mcp_config_of(args: argparse.Namespace) -> Any:
+    """The checked :class:`~durable_harness.tools.mcp.McpConfig` of ``--mcp``, or ``None``.
+
+    Raises:
+        McpConfigError: the file is unreadable or malformed (names the path and server).
+    """
+    if not getattr(args, "mcp", None):
+        return None
+    from durable_harness.tools.mcp import load_mcp_config
+
+    return load_mcp_config(args.mcp)
+
+
+@asynccontextmanager
+async def with_mcp(
+    config: Any, tools: Mapping[str, Any], cwd: str | None, recorded: Any = ()
+) -> AsyncIterator[dict[str, Any]]:
+    """``tools`` plus the MCP tools of ``config`` (``None``: ``tools`` alone), connected for
+    the block's length; a server that is down is reported on stderr, its tools answer with
+    an error (``recorded``: the session's ``tool_started`` records, see
+    :meth:`~durable_harness.tools.mcp.McpServers.tools`)."""
+    if config is None:
+        yield dict(tools)
+        return
+    from durable_harness.tools.mcp import McpServers
+
+    async with McpServers(config, cwd=Path(cwd) if cwd else None) as servers:
+        for server, why in servers.failures().items():
+            line(f"MCP server {server} unavailable: {why}", file=sys.stderr)
+        yield {**tools, **servers.tools(recorded)}

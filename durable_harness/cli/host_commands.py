@@ -12,6 +12,8 @@ from durable_harness.cli.common import (
     command,
     durability_option,
     json_option,
+    mcp_config_of,
+    mcp_option,
     out,
     policy_option,
     price_of,
@@ -100,6 +102,18 @@ def _host_options(args: argparse.Namespace, front: str, **extra: Any) -> HostOpt
     return options
 
 
+def _mcp_tools(args: argparse.Namespace, options: HostOptions) -> None:
+    """Give ``options`` the MCP servers of ``--mcp`` (held open by the manager, their tools
+    added to every session's): ``design/mcp.md``."""
+    config = mcp_config_of(args)
+    if config is None:
+        return
+    from durable_harness.tools.mcp import McpServers
+
+    servers = McpServers(config)
+    options.tools, options.mcp = servers.compose(options.tools), servers
+
+
 def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
     p.add_argument("--port", type=int, default=8421, help="port (0: a free one; default 8421)")
@@ -161,6 +175,7 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
         help="the window size of the pty runtime's terminals (default 24x80)",
     )
     _root_option(p)
+    mcp_option(p)
 
 
 @command("serve", _serve_options)
@@ -191,6 +206,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.pty_size is not None:
         size = args.pty_size
         options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)
+    _mcp_tools(args, options)
     app = create_app(
         store=store_of(args, create=True),
         options=options,
@@ -216,6 +232,7 @@ def _acp_options(p: argparse.ArgumentParser) -> None:
     )(p)
     durability_option("of new sessions")(p)
     _root_option(p)
+    mcp_option(p)
 
 
 @command("acp", _acp_options)
@@ -233,6 +250,7 @@ def acp(args: argparse.Namespace) -> int:
     # an editor's agent serves its client's sessions; claiming crashed workers' sessions is
     # for `serve` (design/host.md, "Workers")
     options = _host_options(args, "ACP", claim_interval=None)
+    _mcp_tools(args, options)
     run_async(serve_acp, store_of(args, create=True), options)
     return 0
 

@@ -62,6 +62,7 @@ def _running_options(lane_default: str | None, lane_help: str) -> Callable[..., 
         )
         p.add_argument("--lane", default=lane_default, help=lane_help)
         p.add_argument("--quiet", action="store_true", help="print only the outcome")
+        common.mcp_option(p)
         p.add_argument(
             "--allow-env",
             action="append",
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     require_credentials(args.provider)
     provider = make_provider(args.provider, price_of(args))
+    mcp = common.mcp_config_of(args)  # a bad config is refused before anything is created
     store = common.store_of(args, create=True)
     cwd = os.path.abspath(args.cwd or os.getcwd())
     tool_cwd: str | None = None
@@ -175,8 +177,11 @@ def run(args: argparse.Namespace) -> int:
     ran: dict[str, Any] = {}
 
     async def go() -> str:
-        tools = builtin_tools(allow_env=args.allow_env)
-        async with Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h:
+        builtin = builtin_tools(allow_env=args.allow_env)
+        async with (
+            common.with_mcp(mcp, builtin, tool_cwd) as tools,
+            Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h,
+        ):
             h.subscribe(_printer(args.quiet or args.json))
             handle = await h.prompt(args.prompt, lane=args.lane)
             ran["run_id"] = handle.run_id
@@ -297,7 +302,7 @@ def print_plan(plan: RecoveryPlan) -> None:
         line(f"  damage: {d['kind']} at {damage_location(d)}: {d['detail']}")
 
 
-@command("recover", common.session_argument, json_option, _policy_option)
+@command("recover", common.session_argument, json_option, _policy_option, common.mcp_option)
 def recover(args: argparse.Namespace) -> int:
     """Print the recovery plan of a session (runs nothing).
 
@@ -305,8 +310,15 @@ def recover(args: argparse.Namespace) -> int:
       durable-harness recover SESSION
       durable-harness recover SESSION --policy retry-safe --json
     """
+    mcp = common.mcp_config_of(args)
     with common.open_named(args) as s:
-        plan = plan_of(s.store, builtin_tools(), policy=args.policy)
+
+        async def declared() -> dict[str, Any]:  # today's declarations, then disconnected
+            recorded = s.store.records(types=("tool_started",)) if mcp else ()
+            async with common.with_mcp(mcp, builtin_tools(), s.cwd, recorded) as tools:
+                return tools
+
+        plan = plan_of(s.store, run_async(declared), policy=args.policy)
     if args.json:
         out(plan.to_json())
     else:
@@ -408,9 +420,17 @@ def resume(args: argparse.Namespace) -> int:
                 choice = resumed_provider(session, lane)
                 if session.lane(lane).run_id is not None and choice is not None:
                     require_credentials(choice.spec)
-        tools = builtin_tools(allow_env=args.allow_env)
+        builtin = builtin_tools(allow_env=args.allow_env)
+        mcp = common.mcp_config_of(args)
+        recorded = session.store.records(types=("tool_started",)) if mcp else ()
+        tools: dict[str, Any] = dict(builtin)
 
         async def go() -> dict[str, str]:
+            async with common.with_mcp(mcp, builtin, session.cwd, recorded) as live:
+                tools.update(live)  # the plan after the resume reads today's declarations
+                return await resumed(live)
+
+        async def resumed(tools: dict[str, Any]) -> dict[str, str]:
             rec = await plan_recovery(session.store, tools, args.policy, decisions, session.cwd)
             if not args.quiet and not args.json:
                 print_plan(rec.plan)

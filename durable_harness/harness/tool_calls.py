@@ -217,6 +217,7 @@ class ToolCalls:
             s.lane,
             s.run_id,
             call,
+            **tool.intent_fields(),
             toolName=call.tool_name,
             arguments=call.arguments,
             resultEntryId=result_id,

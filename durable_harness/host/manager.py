@@ -78,6 +78,8 @@ class SessionManager(ReadModel):
     # -- the manager's own lifetime ---------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        if self.options.mcp is not None:  # its tools are declared before reconciliation
+            await self.options.mcp.__aenter__()
         tg = self.runner.tg = anyio.create_task_group()
         await tg.__aenter__()
         try:
@@ -94,10 +96,14 @@ class SessionManager(ReadModel):
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.shutdown()
-        tg, self.runner.tg = self.runner.tg, None
-        if tg is not None:
-            await tg.__aexit__(None, None, None)
+        try:
+            await self.shutdown()
+            tg, self.runner.tg = self.runner.tg, None
+            if tg is not None:
+                await tg.__aexit__(None, None, None)
+        finally:
+            if self.options.mcp is not None:
+                await self.options.mcp.__aexit__(None, None, None)
 
     def observe(self, callback: Callable[[str, Event], None]) -> None:
         """Call ``callback(session_id, event)`` for every event of every generation started

@@ -61,6 +61,10 @@ class HostOptions:
             (``host/worker.py``); ``None``: no claiming.
         roots: the directory trees sessions may be created in (``design/host.md``,
             "Roots"); ``None``: any directory.
+        mcp: runtime the manager holds open while it is entered, before any session starts
+            (the MCP servers of ``--mcp``: :class:`~durable_harness.tools.mcp.McpServers`,
+            whose :meth:`~durable_harness.tools.mcp.McpServers.compose` is in ``tools``);
+            ``None``: nothing.
     """
 
     provider: str | None = None
@@ -76,6 +80,7 @@ class HostOptions:
     control: ControlFactory | None = None
     claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
     roots: tuple[Path, ...] | None = None
+    mcp: AbstractAsyncContextManager[Any] | None = None
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:

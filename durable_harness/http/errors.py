@@ -32,7 +32,7 @@ _BY_STATUS = (
     (404, "session_not_found not_found"),  # the request names nothing that exists
     # the request is malformed (bad JSON, a missing or mistyped field, a bad id, a bad spec)
     (400, "invalid_request format_error import_spec ambiguous_session_prefix missing_credential"),
-    (400, "unknown_lane tool_error path_escape host_not_allowed"),
+    (400, "unknown_lane tool_error path_escape host_not_allowed mcp_config_error"),
     (401, "unauthorized"),  # no bearer token, or the wrong one
     (403, "cross_origin"),  # a state-changing request from another origin (guard.SameOrigin)
     (403, "cwd_not_allowed"),  # a session's working directory outside the --root trees
@@ -41,6 +41,7 @@ _BY_STATUS = (
     (409, "session_live session_not_live lease_held run_in_progress no_open_run lane_suspended"),
     (409, "illegal_transition already_decided recovery_error"),
     (409, "tool_process_running tool_process_elsewhere attempt_cap_reached session_exists"),
+    (409, "mcp_server_unavailable"),  # a session's MCP server is down (its calls: error results)
     (422, "idempotency_key_reused"),  # an Idempotency-Key reused for a different request
     (413, "message_too_large"),  # too big to take
     (415, "unsupported_media_type"),  # a state-changing request whose body is not JSON

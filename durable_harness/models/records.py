@@ -133,6 +133,23 @@ class ProviderRequestFailed(_Attempt, total=False):
     """True when the attempt was cut off, so its cost is unknown."""
 
 
+class McpIntent(TypedDict, total=False):
+    """What a ``tool_started`` intent of an MCP tool records of it (``design/mcp.md``)."""
+
+    server: str
+    """The server's name in the config (``mcpServers`` key)."""
+    serverInfo: dict[str, Any]
+    """The server's identity from ``initialize`` (``{"name", "version"}``)."""
+    transport: Literal["stdio", "http"]
+    """How the server was reached."""
+    tool: str
+    """The tool's name on the server."""
+    annotations: dict[str, Any] | None
+    """The tool's MCP annotations as listed (``readOnlyHint``...), or null when it had none."""
+    replaySource: Literal["annotation", "override"]
+    """Where ``replay`` came from: the annotations, or the config's per-tool ``replay``."""
+
+
 class ToolStarted(_Call, total=False):
     """The intent of one tool call, durable before the tool's effect begins."""
 
@@ -148,6 +165,8 @@ class ToolStarted(_Call, total=False):
     """Key handed to the tool: ``"<run id>:<call key>"``."""
     attempt: int
     """Execution attempt of this call, from 1 (a decided retry adds one)."""
+    mcp: McpIntent
+    """For an MCP server's tool only (``design/mcp.md``): which server and tool it is."""
 
 
 class ToolFinished(_Call, total=False):
@@ -321,6 +340,7 @@ DECLARATIONS: dict[str, type] = {
     and td.__module__ == __name__
     and name[0] != "_"
     and td is not RecordEnvelope
+    and td is not McpIntent  # a field's shape, not a record type
 }
 
 #: The record types, as the ``type`` values (the keys of :data:`DECLARATIONS`).

@@ -126,6 +126,12 @@ class Tool(abc.ABC):
                 tool=self.name,
             ) from exc
 
+    def intent_fields(self) -> dict[str, Any]:
+        """Extra fields of this tool's ``tool_started`` intent, each declared on
+        :class:`~durable_harness.models.records.ToolStarted` (an MCP tool's ``mcp``:
+        ``design/mcp.md``); ``{}`` by default. They never replace the intent's own fields."""
+        return {}
+
     @property
     def can_reconcile(self) -> bool:
         """True when this tool overrides :meth:`reconcile`."""
