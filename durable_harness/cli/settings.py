@@ -95,6 +95,11 @@ RECORDED_FIRST = {"resume": {"provider"}, "branch-summary": {"provider"}}
 it recorded unless ``--provider`` says otherwise (``design/run-loop.md``), so the file's
 ``provider``, which is for new runs and sessions, does not apply there."""
 
+OTHER_MEANING = {"crash-test": {"durability"}}
+"""Options that share a setting's name but mean something else: ``crash-test --durability``
+chooses the power-cut modes under test (``design/crash-matrix.md``), not how a store syncs, so
+no file or default fills it."""
+
 
 def apply_settings(args: argparse.Namespace) -> Settings:
     """Fill the command's unset settings (``store``, ``provider``, ``durability``, ``mcp``,
@@ -107,7 +112,8 @@ def apply_settings(args: argparse.Namespace) -> Settings:
     settings = Settings(files=config_files())
     configs = [(str(p), read_config(p)) for p in settings.files]
     for name in ("store", "provider", "durability", "mcp", "notify"):
-        if not hasattr(args, name) or name in RECORDED_FIRST.get(args.command, ()):
+        skipped = RECORDED_FIRST.get(args.command, set()) | OTHER_MEANING.get(args.command, set())
+        if not hasattr(args, name) or name in skipped:
             continue
         given = getattr(args, name)
         if given not in (None, []):

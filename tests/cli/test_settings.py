@@ -47,7 +47,12 @@ def test_the_working_directory_s_file_names_the_store_provider_and_durability(
     res = cli("run", "hi", "--verbose")
     assert res.code == 0, res.err
     config = str(work / "durable-harness.toml")
-    assert _sources(res) == {"store": config, "provider": config, "durability": config}
+    assert _sources(res) == {
+        "store": config,
+        "provider": config,
+        "durability": config,
+        "mcp": "default",
+    }
     [info] = open_store(f"sqlite:{db}").list_sessions()
     assert open_store().list_sessions() == []  # not the default JSONL store
     # what the handler is given (durability is a runtime setting: no record carries it)
@@ -87,6 +92,17 @@ def test_a_resumed_run_keeps_its_recorded_provider_over_the_file_s(cli: Cli, wor
     res = cli("resume", "--latest", "--verbose")
     assert res.code == 0, res.err  # no OPENAI_API_KEY needed: the file's provider is not used
     assert "provider" not in _sources(res)
+
+
+def test_crash_test_s_durability_is_its_own_option_not_the_file_s(work: Path) -> None:
+    # crash-test --durability picks power-cut modes; a file's store durability must not fill it
+    (work / "durable-harness.toml").write_text('durability = "batch"\n')
+    args = argparse.Namespace(command="crash-test", durability=None, power_cut=False)
+    settings = apply_settings(args)
+    assert args.durability is None and "durability" not in settings.sources
+    run = argparse.Namespace(command="run", durability=None, provider=None, store=None, mcp=[])
+    assert apply_settings(run).sources["durability"] == str(work / "durable-harness.toml")
+    assert run.durability == "batch"
 
 
 def test_a_malformed_file_is_a_typed_error_naming_the_file_and_the_key(
