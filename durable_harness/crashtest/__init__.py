@@ -1,18 +1,22 @@
-"""The crash matrix (``durable-harness crash-test``): scenarios as data in ``crash_scenarios/``,
+"""The crash matrix (``durable-harness crash-test``): scenarios as data in ``crashtest/scenarios/``,
 crossed with every crash point they reach, on each backend (see :mod:`.runner`)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from durable_harness.crashtest.invariants import INVARIANTS
 from durable_harness.crashtest.powercut import DURABILITIES, summary_markdown
+from durable_harness.crashtest.report import document, write
+from durable_harness.crashtest.report import markdown as markdown
 from durable_harness.crashtest.runner import Cell, run_matrix
 from durable_harness.crashtest.scenario import load_all
 from durable_harness.errors import FormatError
@@ -38,11 +42,22 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="POINT[:N]",
     )
     p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
-    p.add_argument("--report", metavar="FILE", help="write the report to FILE (.md or .json)")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the report to FILE: .json (the --json document), .html (the matrix as a "
+        "coloured picture, one self-contained page) or .md (Markdown; any other suffix too)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON document on stdout (progress and lines for a "
+        "person go to stderr)",
+    )
     p.add_argument(
         "--scenarios",
         metavar="DIR",
-        help='scenario folder (default: crash_scenarios/); a scenario\'s "tools" and '
+        help='scenario folder (default: the built-in scenarios); a scenario\'s "tools" and '
         "\"provider\" import paths ('module:function') resolve from the current folder",
     )
     p.add_argument(
@@ -74,69 +89,6 @@ def _verdict(c: Cell) -> str:
     if c.status != "pass":
         return f"{c.status.upper()}: {'; '.join(c.failures)}" + "".join(f"; {e}" for e in extra)
     return ", ".join(["pass", *extra])
-
-
-def _short(c: Cell) -> str:
-    """A table cell: the status, and what recovery needed."""
-    if c.status != "pass":
-        return c.status.upper() + (" (doubled)" if c.doubled else "")
-    tags = [t for t, on in (("decision", c.decisions), ("reconciled", c.reconciled)) if on]
-    return "pass" + (f" ({', '.join(tags)})" if tags else "")
-
-
-def markdown(cells: list[Cell], summary: dict[str, Any]) -> str:
-    """The report as Markdown: what each cell proves, a scenario x crash point table per
-    backend, then every failure in full."""
-    lines = [
-        "# Crash matrix",
-        "",
-        f"{summary['cells']} cells, {summary['passed']} passed, {summary['failed']} failed, "
-        f"{summary['errors']} errors; {summary['decisions']} needed an operator decision, "
-        f"{summary.get('reconciled', 0)} were settled by a tool's reconcile, "
-        f"{summary.get('doubled', 0)} found an effect doubled; "
-        f"{summary['wall_seconds']} s with {summary['jobs']} jobs.",
-        "",
-        "Each cell runs a scenario in a real child process that SIGKILLs itself at the "
-        "named crash point (the n-th hit for `point:n`), then recovers, resumes and checks:",
-        "",
-    ]
-    lines += [f"- **{k}**: {v}" for k, v in INVARIANTS.items()]
-    if "power_cut" in summary:
-        lines += ["", "## Power cuts", "", "Cells per backend and durability mode:", ""]
-        lines.append(summary_markdown(cells))
-    groups = sorted({(c.backend, c.durability or "") for c in cells})
-    for backend, mode in groups:
-        mine = [c for c in cells if c.backend == backend and (c.durability or "") == mode]
-        points = sorted({c.label for c in mine})
-        scen = sorted({c.scenario for c in mine})
-        lines += [
-            "",
-            f"## {backend}" + (f", power cut, durability {mode}" if mode else ""),
-            "",
-            "| crash point | " + " | ".join(scen) + " |",
-            "|---|" + "---|" * len(scen),
-        ]
-        for point in points:
-            row = []
-            for s in scen:
-                hit = [c for c in mine if c.scenario == s and c.label == point]
-                row.append(_short(hit[0]) if hit else "")
-            lines.append(f"| {point} | " + " | ".join(row) + " |")
-    decided = [c for c in cells if c.decisions]
-    if decided:
-        lines += ["", "## Cells that needed a decision", ""]
-        lines += [
-            f"- {c.backend} {c.scenario} {c.label}: {', '.join(c.decisions)}" for c in decided
-        ]
-    doubled = [c for c in cells if c.doubled]
-    if doubled:
-        lines += ["", "## Effects found doubled", ""]
-        lines += [f"- {c.backend} {c.scenario} {c.label}: {', '.join(c.doubled)}" for c in doubled]
-    bad = [c for c in cells if c.status != "pass"]
-    if bad:
-        lines += ["", "## Failures", ""]
-        lines += [f"- {c.backend} {c.scenario} {c.label}: {'; '.join(c.failures)}" for c in bad]
-    return "\n".join(lines) + "\n"
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -194,8 +146,14 @@ def _run_cli(
 ) -> int:
     from durable_harness.terminal import MatrixProgress
 
-    # live on a terminal (stderr); plain lines at least every 10 s when stdout is not one
-    with MatrixProgress() as progress:
+    # live on a terminal (stderr); plain lines at least every 10 s when stdout is not one.
+    # With --json stdout holds the document alone: the plain lines go to stderr (unless the
+    # live display is already there), and so does everything printed for a person.
+    plain: Any = None
+    if args.json:
+        plain = io.StringIO() if sys.stderr.isatty() else sys.stderr
+    human = sys.stderr if args.json else sys.stdout
+    with MatrixProgress(plain=plain) as progress:
         cells, summary = run_matrix(
             scenarios,
             backends,
@@ -208,20 +166,24 @@ def _run_cli(
     width = max(len(f"{c.scenario} {c.label}") for c in cells) if cells else 10
     for backend in backends:
         for mode in [*modes] if modes else [None]:
-            print(f"\n{backend}" + (f", power cut, durability {mode}:" if mode else ":"))
+            title = f", power cut, durability {mode}:" if mode else ":"
+            print(f"\n{backend}{title}", file=human)
             for c in sorted(
                 (c for c in cells if c.backend == backend and c.durability == mode),
                 key=lambda c: (c.scenario, c.label),
             ):
                 lost = "; lost " + str(c.lost) if c.lost else ""
-                print(f"  {(c.scenario + ' ' + c.label).ljust(width)}  {_verdict(c)}{lost}")
+                label = (c.scenario + " " + c.label).ljust(width)
+                print(f"  {label}  {_verdict(c)}{lost}", file=human)
     if modes:
-        print("\npower cuts (cells per backend and mode):\n" + summary_markdown(cells))
+        cuts = summary_markdown(cells)
+        print("\npower cuts (cells per backend and mode):\n" + cuts, file=human)
     print(
         f"\n{summary['cells']} cells: {summary['passed']} passed, {summary['failed']} failed, "
         f"{summary['errors']} errors, {summary['decisions']} needed a decision, "
         f"{summary['reconciled']} reconciled, {summary['doubled']} with a doubled effect; "
-        f"{summary['wall_seconds']} s with {summary['jobs']} jobs"
+        f"{summary['wall_seconds']} s with {summary['jobs']} jobs",
+        file=human,
     )
     print(
         "Each passing cell proves, for that crash point: "
@@ -230,14 +192,13 @@ def _run_cli(
         "supplied the result when its effect was visible (result), re-ran a built-in tool "
         "(retry), or failed a custom tool's call whose effect it cannot see (fail); "
         "'reconciled' means the tool's own reconcile established the call's result; "
-        "'doubled' lists effects counted twice."
+        "'doubled' lists effects counted twice.",
+        file=human,
     )
     if args.report:
         path = Path(args.report)
-        if path.suffix == ".json":
-            report = {"summary": summary, "invariants": INVARIANTS, "cells": list(map(vars, cells))}
-            path.write_text(json.dumps(report, indent=2))
-        else:
-            path.write_text(markdown(cells, summary))
-        print(f"report written to {path}")
+        write(path, cells, summary)
+        print(f"report written to {path}", file=human)
+    if args.json:  # one document, as `run --json` prints one object (design/cli.md, "Output")
+        print(json.dumps(document(cells, summary), indent=2, ensure_ascii=False, default=str))
     return 0 if summary["passed"] == summary["cells"] else 1

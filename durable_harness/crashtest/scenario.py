@@ -1,4 +1,5 @@
-"""Crash scenarios as data: ``crash_scenarios/<name>.json``; the file format, the
+"""Crash scenarios as data: ``<folder>/<name>.json`` (built-in ones in ``crashtest/scenarios/``,
+shipped as package data); the file format, the
 ``effects.log`` convention and how ``tools``/``provider`` import paths load are in
 ``design/testing-kit.md`` "Scenario files" and "Loading custom tools and providers"."""
 
@@ -51,8 +52,10 @@ class Scenario:
 
 
 def default_dir() -> Path:
-    """The repository's ``crash_scenarios/`` folder (beside the package)."""
-    return Path(__file__).resolve().parents[2] / "crash_scenarios"
+    """The built-in scenarios' folder, ``durable_harness/crashtest/scenarios/``: package data,
+    so an installed wheel has them as a clone does (``design/testing-kit.md``, "Scenario
+    files")."""
+    return Path(__file__).resolve().parent / "scenarios"
 
 
 def load(path: str | Path) -> Scenario:

@@ -18,6 +18,7 @@ import pytest
 from durable_harness.crash import ENV_VAR, TRACE_VAR
 from durable_harness.crashtest import forkserver
 from durable_harness.crashtest.forkserver import ForkServer, ForkServerError
+from durable_harness.crashtest.scenario import default_dir
 
 from . import forkhelp
 
@@ -25,7 +26,7 @@ pytestmark = [
     pytest.mark.crash,
     pytest.mark.skipif(not forkserver.available(), reason="needs fork and pidfd_open (Linux)"),
 ]
-SCENARIOS = Path(__file__).resolve().parents[2] / "crash_scenarios"
+SCENARIOS = default_dir()
 
 
 def target(name: str) -> str:
