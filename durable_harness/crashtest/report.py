@@ -150,6 +150,15 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _glyph(c: Cell) -> str:
+    """A matrix cell's text, short so twenty columns fit a screen (the full verdict is its
+    ``title`` and its details): ``ok``, ``rec``, ``dec``, ``FAIL`` or ``ERR`` (``x2`` added
+    when an effect was doubled)."""
+    short = {"passed": "ok", "reconciled": "rec", "decision": "dec"}
+    text = short.get(outcome(c)) or ("ERR" if c.status == "error" else "FAIL")
+    return text + (" x2" if c.doubled else "")
+
+
 def _table(backend: str, mode: str, mine: list[Cell]) -> list[str]:
     """One backend's (and power-cut mode's) matrix: scenarios as rows, crash points as columns."""
     points = sorted({c.label for c in mine}, key=_point_order)
@@ -178,7 +187,7 @@ def _table(backend: str, mode: str, mine: list[Cell]) -> list[str]:
             row.append(
                 f'<td class="cell {kind}" data-outcome="{kind}" style="background:{colour}" '
                 f'title="{_e(s)} at {_e(p)}: {_e(_short(c))}">'
-                f'<a href="#{cell_id(c)}">{_e(_short(c))}</a></td>'
+                f'<a href="#{cell_id(c)}">{_e(_glyph(c))}</a></td>'
             )
         out.append("".join(row) + "</tr>")
     out.append("</tbody></table>")
