@@ -197,3 +197,17 @@ def test_broken_build_as_html_and_json(tmp_path: Path) -> None:
     assert [(c["point"], c["status"]) for c in stored["cells"]] == [
         (c["point"], c["status"]) for c in doc["cells"]
     ]
+
+
+def test_json_error_is_a_document_too(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*DH, "crash-test", "--scenario", "no_such_scenario", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)["error"]
+    assert error["code"] == "format_error" and "single_tool" in error["message"]  # built-ins
