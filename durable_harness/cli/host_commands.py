@@ -228,6 +228,7 @@ def _notify_of(args: argparse.Namespace) -> NotifyOptions | None:
         urls=tuple(args.notify or ()),
         secret=args.notify_secret or os.environ.get(SECRET_ENV) or None,
         public_url=args.public_url,
+        wait_for_url=args.public_url is None,
         decision_timeout=args.decision_timeout,
         on_timeout=args.on_timeout,
     )

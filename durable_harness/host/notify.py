@@ -188,6 +188,8 @@ class Notifier:
     async def run(self) -> None:
         """The loop, until :meth:`stop`."""
         with self.scope:
+            while self.options.wait_for_url and self.options.public_url is None:
+                await anyio.sleep(self.options.interval / 5)
             async with anyio.create_task_group() as tg:
                 last_full = -float("inf")
                 while True:

@@ -47,6 +47,8 @@ class NotifyOptions:
         secret: the HMAC-SHA256 key; ``None``: notices are sent unsigned.
         public_url: the console's base URL for links (``serve`` fills in its own address
             when ``--public-url`` is not given).
+        wait_for_url: send nothing until ``public_url`` is set (``serve`` sets it once it
+            answers, so the first notices already carry their links).
         receipts: the receipts file; ``None``: beside the store
             (:func:`~durable_harness.host.notify.receipts_path`).
         retry_for: seconds one notice is retried for before it waits for the next sweep.
@@ -59,6 +61,7 @@ class NotifyOptions:
     urls: tuple[str, ...] = ()
     secret: str | None = None
     public_url: str | None = None
+    wait_for_url: bool = False
     receipts: Path | None = None
     retry_for: float = 120.0
     interval: float = 0.5
