@@ -220,7 +220,7 @@ def _notify_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _notify_of(args: argparse.Namespace) -> NotifyOptions | None:
+def notify_options(args: argparse.Namespace) -> NotifyOptions | None:
     """The :class:`NotifyOptions` of ``serve``'s command line, or ``None`` (nothing asked)."""
     from durable_harness.host.options import NotifyOptions
 
@@ -271,7 +271,7 @@ def serve(args: argparse.Namespace) -> int:
         size = args.pty_size
         options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)
     _mcp_tools(args, options)
-    options.notify = notify = _notify_of(args)
+    options.notify = notify = notify_options(args)
     app = create_app(
         store=store_of(args, create=True),
         options=options,

@@ -124,8 +124,11 @@ class Receipts:
         """Record (durably) that ``target`` acknowledged ``event_id``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         row = orjson.dumps({"event_id": event_id, "target": target, "at": time.time()})
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                row = b"\n" + row  # a torn last line (a crash mid-append) stays on its own
             os.write(fd, row + b"\n")
             os.fsync(fd)
         finally:
