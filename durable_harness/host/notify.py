@@ -178,6 +178,8 @@ class Notifier:
         self.timed_out: set[str] = set()
         self.scope = anyio.CancelScope()
         self._seen: dict[str, int] = {}
+        # {session id: when its oldest waiting call's timeout falls due} (fail policy only)
+        self.deadlines: dict[str, float] = {}
 
     def touch(self, session_id: str) -> None:
         """Sweep ``session_id`` on the next round (its facts may have changed)."""
@@ -201,7 +203,9 @@ class Notifier:
                         ids = [i.id for i in self.manager.store.list_sessions() if not i.error]
                         self._seen.clear()
                     else:
-                        ids = sorted(self.dirty)
+                        now = time.time()
+                        due = [sid for sid, at in self.deadlines.items() if at <= now]
+                        ids = sorted(self.dirty.union(due))
                     self.dirty.clear()
                     for sid in ids:
                         await self._sweep(tg, sid)
@@ -209,6 +213,7 @@ class Notifier:
 
     async def _sweep(self, tg: anyio.abc.TaskGroup, session_id: str) -> None:
         """Derive one session's notices and start what is owed."""
+        self.deadlines.pop(session_id, None)  # set again while a call still waits
         try:
             rec = await self.manager.get(session_id)
             with self.manager.open_read(session_id) as store:
@@ -236,10 +241,14 @@ class Notifier:
         limit, since = self.options.decision_timeout, parse_ts(notice.get("at"))
         if limit is None or self.options.on_timeout != "fail" or since is None:
             return
-        if time.time() - since < limit or notice["event_id"] in self.timed_out:
+        sid = str(notice["session_id"])
+        if time.time() - since < limit:  # swept again once it is due
+            self.deadlines[sid] = min(self.deadlines.get(sid, since + limit), since + limit)
+            return
+        if notice["event_id"] in self.timed_out:
             return
         self.timed_out.add(str(notice["event_id"]))
-        sid, call = str(notice["session_id"]), str(notice["call_key"] or notice["call_id"])
+        call = str(notice["call_key"] or notice["call_id"])
         try:
             await self.manager.decide(sid, call, "fail", author=TIMEOUT_AUTHOR)
             log.warning("session %s: call %s waited %.0f s: decided fail", sid, call, limit)

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from durable_harness.host.notify import EVENT_ID_HEADER, SIGNATURE_HEADER, verify
+from durable_harness.host.read_model import parse_ts
 from tests.http_api.util import Server, poll, run_records, wait_state
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(180)]
@@ -190,14 +191,17 @@ def test_decision_timeout_fails_the_call_as_policy(
         "--notify",
         receiver.url,
         "--decision-timeout",
-        "0.5s",
+        "4s",  # counted from the intent: falls due after the host has swept it once
         "--on-timeout",
         "fail",
     )
     with server.client() as c:
+        (intent,) = run_records(c, sid, "tool_started")
         wait_state(c, sid, "idle")  # decided by the policy, resumed, the run finished
         (decision,) = run_records(c, sid, "decision")
     assert (decision["decision"], decision["author"]) == ("fail", "policy:timeout")
+    waited = parse_ts(decision["timestamp"]) - parse_ts(intent["timestamp"])  # type: ignore[operator]
+    assert waited >= 4.0, waited
     (decided,) = poll(lambda: receiver.notices("decided") or None, "the decided notice")
     assert decided["decision"]["author"] == "policy:timeout"
     # the Slack receiver got the same event as incoming-webhook text
