@@ -221,7 +221,11 @@ def _notify_options(p: argparse.ArgumentParser) -> None:
 
 
 def notify_options(args: argparse.Namespace) -> NotifyOptions | None:
-    """The :class:`NotifyOptions` of ``serve``'s command line, or ``None`` (nothing asked)."""
+    """The :class:`NotifyOptions` of ``serve``'s command line, or ``None`` (nothing asked).
+
+    Raises:
+        InvalidRequest: a ``--notify`` URL that is not ``http(s)://`` (or ``slack+`` one).
+    """
     from durable_harness.host.options import NotifyOptions
 
     notify = NotifyOptions(
@@ -232,6 +236,13 @@ def notify_options(args: argparse.Namespace) -> NotifyOptions | None:
         decision_timeout=args.decision_timeout,
         on_timeout=args.on_timeout,
     )
+    for url in notify.urls:
+        bare = url.removeprefix("slack+")
+        if not bare.startswith(("http://", "https://")):
+            raise InvalidRequest(
+                f"--notify {url[:200]!r} is not an http(s) URL (slack+https://... for Slack)",
+                url=url[:200],
+            )
     if not notify.active():
         return None
     if notify.urls and notify.secret is None:

@@ -13,6 +13,7 @@ import pytest
 
 from durable_harness.cli.host_commands import notify_options
 from durable_harness.cli.settings import apply_settings
+from durable_harness.errors import InvalidRequest
 from durable_harness.host.notices import derive_notices, event_id
 from durable_harness.host.notify import (
     EVENT_ID_HEADER,
@@ -149,3 +150,17 @@ def test_the_config_file_s_notify_reaches_serve(
     notify = notify_options(args)
     assert notify is not None
     assert notify.urls == ("https://hooks.example/dh",) and notify.secret == "from-env"
+
+
+def test_a_notify_url_must_be_http() -> None:
+    args = argparse.Namespace(
+        notify=["ftp://x/y"],
+        notify_secret=None,
+        public_url=None,
+        decision_timeout=None,
+        on_timeout="keep",
+    )
+    with pytest.raises(InvalidRequest, match="not an http"):
+        notify_options(args)
+    args.notify = ["slack+https://hooks.example/x"]
+    assert notify_options(args) is not None
