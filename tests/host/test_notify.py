@@ -213,3 +213,30 @@ def test_decision_timeout_fails_the_call_as_policy(
     )
     assert texts[0]["_headers"][EVENT_ID_HEADER] == decided["event_id"]
     assert SIGNATURE_HEADER not in decided["_headers"]  # no secret: unsigned
+
+
+def test_a_session_entering_error_is_noticed(
+    serve: Callable[..., Server], receiver: Receiver, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "answer.json"
+    script.write_text(json.dumps({"turns": [{"text": "Hello."}]}))
+    args = ("--notify", receiver.url, "--notify-secret", SECRET)
+    first = serve(*args)
+    with first.client() as c:
+        body = {"cwd": str(work), "provider": f"scripted:{script}"}
+        sid: str = c.post("/sessions", json=body).json()["id"]
+        assert c.post(f"/sessions/{sid}/agent/send", json={"message": "hi"}).status_code == 202
+        poll(lambda: run_records(c, sid, "run_finished") or None, "the run to finish")
+    first.proc.kill()
+    first.proc.wait(timeout=30)
+    script.unlink()  # the restart's resume cannot build the provider: the session fails
+    second = serve(*args)
+    (failed,) = poll(lambda: receiver.notices("session_error") or None, "the error notice")
+    assert failed["session_id"] == sid and "answer.json" in failed["error"]
+    assert _signed(failed, _raw(receiver, failed["event_id"]))
+    with second.client() as c:
+        (rec,) = [r for r in run_records(c, sid, "session_lifecycle") if r["state"] == "error"]
+    assert failed["generation"] == rec["generation"]
+    assert receiver.notices("run_recovered") == []  # the run ended before the crash
