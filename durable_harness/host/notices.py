@@ -107,6 +107,7 @@ def derive_notices(
     intents: dict[tuple[str | None, str | None], Mapping[str, Any]] = {}
     run_start: dict[str | None, int] = {}
     generations: list[int] = []  # seqs of the `idle` records: a generation began there
+    decided_runs: set[Any] = set()  # runs a decision was given in (only after a crash)
     for rec in records:
         rtype, seq = rec.get("type"), int(rec.get("seq") or 0)
         if rtype == "run_started":
@@ -128,6 +129,7 @@ def derive_notices(
                 )
             )
         elif rtype == "decision":
+            decided_runs.add(rec.get("runId"))
             intent = intents.get((rec.get("runId"), rec.get("callKey"))) or {}
             out.append(
                 _notice(
@@ -152,7 +154,8 @@ def derive_notices(
             )
         elif rtype == "run_finished":
             began = run_start.get(rec.get("runId"))
-            if began is not None and any(began < g < seq for g in generations):
+            taken_over = began is not None and any(began < g < seq for g in generations)
+            if taken_over or rec.get("runId") in decided_runs:
                 out.append(
                     _notice(
                         "run_recovered",

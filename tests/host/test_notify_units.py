@@ -89,8 +89,11 @@ def test_notices_are_derived_from_facts_with_stable_ids() -> None:
 
 
 def test_a_run_without_a_new_generation_inside_is_not_a_recovery() -> None:
-    plain = [r for r in RECORDS if r["id"] != "d" * 16]
+    plain = [r for r in RECORDS if r["id"] not in ("d" * 16, "e" * 16)]
     assert "run_recovered" not in [n["kind"] for n in derive_notices("s", plain)]
+    # a decision inside the run (a CLI resume writes no lifecycle record) is a recovery too
+    decided = [r for r in RECORDS if r["id"] != "d" * 16]
+    assert "run_recovered" in [n["kind"] for n in derive_notices("s", decided)]
 
 
 def test_the_signature_verifies_and_a_tampered_body_or_old_stamp_does_not() -> None:
