@@ -15,6 +15,7 @@ from durable_harness.cli.common import (
     mcp_config_of,
     mcp_option,
     out,
+    parse_duration,
     policy_option,
     price_of,
     price_option,
@@ -27,8 +28,11 @@ from durable_harness.providers import make_provider, require_credentials
 from durable_harness.storage import open_store
 from durable_harness.tools.builtin import builtin_tools
 
+SECRET_ENV = "DURABLE_HARNESS_NOTIFY_SECRET"
+"""Where ``serve`` reads the notices' signing secret without ``--notify-secret``."""
+
 if TYPE_CHECKING:
-    from durable_harness.host.options import HostOptions
+    from durable_harness.host.options import HostOptions, NotifyOptions
 
 
 def _root_option(p: argparse.ArgumentParser) -> None:
@@ -176,6 +180,77 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     )
     _root_option(p)
     mcp_option(p)
+    _notify_options(p)
+
+
+def _notify_options(p: argparse.ArgumentParser) -> None:
+    """``serve``'s notices and decision timeout (design/notify.md)."""
+    p.add_argument(
+        "--notify",
+        action="append",
+        metavar="URL",
+        help="POST a signed JSON notice to URL when a call waits for a decision, is decided, "
+        "a session enters error, a run ends after a crash recovery (repeatable; also "
+        "`notify` in durable-harness.toml; slack+https://... for a Slack webhook body)",
+    )
+    p.add_argument(
+        "--notify-secret",
+        metavar="SECRET",
+        help="HMAC-SHA256 key of the notices' X-Durable-Harness-Signature header "
+        f"(default: ${SECRET_ENV}; without one notices are unsigned)",
+    )
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the console's base URL in notices' links (default: the address served on)",
+    )
+    p.add_argument(
+        "--decision-timeout",
+        type=parse_duration,
+        metavar="DURATION",
+        help="how long a call may wait for a decision, from its intent (90s, 15m, 1h...); "
+        "what then: --on-timeout",
+    )
+    p.add_argument(
+        "--on-timeout",
+        choices=("keep", "fail"),
+        default="keep",
+        help="past --decision-timeout: keep waiting (default), or decide the call fail "
+        "(author policy:timeout)",
+    )
+
+
+def notify_options(args: argparse.Namespace) -> NotifyOptions | None:
+    """The :class:`NotifyOptions` of ``serve``'s command line, or ``None`` (nothing asked).
+
+    Raises:
+        InvalidRequest: a ``--notify`` URL that is not ``http(s)://`` (or ``slack+`` one).
+    """
+    from durable_harness.host.options import NotifyOptions
+
+    notify = NotifyOptions(
+        urls=tuple(args.notify or ()),
+        secret=args.notify_secret or os.environ.get(SECRET_ENV) or None,
+        public_url=args.public_url,
+        wait_for_url=args.public_url is None,
+        decision_timeout=args.decision_timeout,
+        on_timeout=args.on_timeout,
+    )
+    for url in notify.urls:
+        bare = url.removeprefix("slack+")
+        if not bare.startswith(("http://", "https://")):
+            raise InvalidRequest(
+                f"--notify {url[:200]!r} is not an http(s) URL (slack+https://... for Slack)",
+                url=url[:200],
+            )
+    if not notify.active():
+        return None
+    if notify.urls and notify.secret is None:
+        print(
+            f"durable-harness: notices are sent unsigned (give --notify-secret or ${SECRET_ENV})",
+            file=sys.stderr,
+        )
+    return notify
 
 
 @command("serve", _serve_options)
@@ -207,6 +282,7 @@ def serve(args: argparse.Namespace) -> int:
         size = args.pty_size
         options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)
     _mcp_tools(args, options)
+    options.notify = notify = notify_options(args)
     app = create_app(
         store=store_of(args, create=True),
         options=options,
@@ -215,7 +291,13 @@ def serve(args: argparse.Namespace) -> int:
         loopback_hosts_only=token is None,  # a tokenless server is loopback: DNS rebinding
     )
     app.include_router(console_router(lambda: app.state.manager, token=token))
-    serve_http(app, args.host, args.port, token=token)
+
+    def announce(url: str) -> None:
+        if notify is not None and notify.public_url is None:
+            notify.public_url = url  # links name the address served on
+        print(f"durable-harness serving on {url}", flush=True)
+
+    serve_http(app, args.host, args.port, token=token, announce=announce)
     return 0
 
 

@@ -452,7 +452,7 @@ def console_router(
             return confirm(request, session_id, "decide", what, **kept)
         # anything but a known choice is refused by the manager as malformed
         decision = "result:" + fields.get("result", "") if choice == "result" else choice
-        rec = await get_manager().decide(session_id, call, decision or "(none)")
+        rec = await get_manager().decide(session_id, call, decision or "(none)", author="console")
         return "waiting" if rec.state == "suspended" else "decided"
 
     return router

@@ -38,6 +38,7 @@ from durable_harness.host.inputs import (
 )
 from durable_harness.host.leftovers import kill_call_group, open_writable
 from durable_harness.host.lifecycle import LIVE
+from durable_harness.host.notify import Notifier
 from durable_harness.host.options import HostOptions, SendMode
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.read_model import ReadModel
@@ -74,6 +75,8 @@ class SessionManager(ReadModel):
         self.runner = GenerationRunner(self, partial(control, self) if control else None)
         self._lock = anyio.Lock()  # lifecycle moves of different sessions never interleave
         self.reconciler = Reconciler(self, self.runner, self._lock)
+        notify = self.options.notify
+        self.notifier = Notifier(self, notify) if notify is not None and notify.active() else None
 
     # -- the manager's own lifetime ---------------------------------------------------------
 
@@ -90,6 +93,9 @@ class SessionManager(ReadModel):
                 # its first round too runs after entering: a claimed session is resumed as
                 # a queued one is, once the manager serves (design/host.md, "Workers")
                 tg.start_soon(self.worker.run)
+            if self.notifier is not None:  # notices derived from the store (design/notify.md)
+                self.observe(lambda sid, _event: self._touch(sid))
+                tg.start_soon(self.notifier.run)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -115,6 +121,8 @@ class SessionManager(ReadModel):
         live generation without closing its session, as a crash would (on a worker, their
         sessions are handed back). Idempotent."""
         await self.reconciler.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
         if self.worker is not None:
             self.worker.stop()
             self.runner.hand_over = True
@@ -125,6 +133,11 @@ class SessionManager(ReadModel):
         :meth:`Reconciler.reconcile`) have all begun or been dropped; at once when none was
         queued. Their sessions' places in the queue: :meth:`resume_positions`."""
         await self.reconciler.wait_resumed()
+
+    def _touch(self, session_id: str) -> None:
+        """Tell the notifier (if any) that ``session_id``'s facts may have changed."""
+        if self.notifier is not None:
+            self.notifier.touch(session_id)
 
     def stop_fenced(self) -> list[str]:
         """Stop every generation whose writer lease another writer took, writing nothing;
@@ -239,7 +252,10 @@ class SessionManager(ReadModel):
             AlreadyDecided: a decision names a call attempt decided already.
             RecoveryError: a decision names no call in doubt.
         """
-        return await self.reconciler.resume(session_id, decisions)
+        try:
+            return await self.reconciler.resume(session_id, decisions)
+        finally:
+            self._touch(session_id)
 
     async def adopt(self, store: SessionStore) -> SessionRecord:
         """Recover a session the worker loop claimed (lease held): resumed as start-up
@@ -247,9 +263,13 @@ class SessionManager(ReadModel):
         record."""
         return await self.reconciler.adopt(store)
 
-    async def decide(self, session_id: str, tool_call_id: str, decision: str) -> SessionRecord:
+    async def decide(
+        self, session_id: str, tool_call_id: str, decision: str, *, author: str | None = None
+    ) -> SessionRecord:
         """Decide one in-doubt call of a suspended session (``retry``, ``fail`` or
-        ``result:TEXT``) and resume it when no other call still waits.
+        ``result:TEXT``) and resume it when no other call still waits; ``author`` (who
+        decided: ``policy:timeout`` for the decision timeout, ``design/notify.md``) is kept
+        on the decision record.
 
         Raises:
             InvalidRequest: a malformed decision.
@@ -276,6 +296,8 @@ class SessionManager(ReadModel):
                 "a decision",
                 session_id=session_id,
             )
+        if author:
+            value["author"] = author
         return await self.resume(session_id, {key: value})
 
     async def close(self, session_id: str) -> SessionRecord:

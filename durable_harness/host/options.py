@@ -32,6 +32,48 @@ MAX_MESSAGE_BYTES = 1 << 20
 """The default limit of one message, in bytes of UTF-8 (1 MiB)."""
 
 
+OnTimeout = Literal["fail", "keep"]
+"""What the host does with a call that waited ``decision_timeout``: decide it ``fail``
+(author ``policy:timeout``), or keep waiting (``design/notify.md``)."""
+
+
+@dataclass
+class NotifyOptions:
+    """Where and how notices go (``design/notify.md``; delivered by
+    :class:`~durable_harness.host.notify.Notifier`).
+
+    Attributes:
+        urls: the receivers (``https://...``; ``slack+https://...`` for a Slack body).
+        secret: the HMAC-SHA256 key; ``None``: notices are sent unsigned.
+        public_url: the console's base URL for links (``serve`` fills in its own address
+            when ``--public-url`` is not given).
+        wait_for_url: send nothing until ``public_url`` is set (``serve`` sets it once it
+            answers, so the first notices already carry their links).
+        receipts: the receipts file; ``None``: beside the store
+            (:func:`~durable_harness.host.notify.receipts_path`).
+        retry_for: seconds one notice is retried for before it waits for the next sweep.
+        interval: seconds between two sweeps of the sessions that changed.
+        full_every: seconds between two sweeps of every session (a change no event told of).
+        decision_timeout: seconds a call may wait for a decision, counted from its intent's
+            timestamp (``None``: forever); on_timeout: ``fail`` or ``keep``.
+    """
+
+    urls: tuple[str, ...] = ()
+    secret: str | None = None
+    public_url: str | None = None
+    wait_for_url: bool = False
+    receipts: Path | None = None
+    retry_for: float = 120.0
+    interval: float = 0.5
+    full_every: float = 30.0
+    decision_timeout: float | None = None
+    on_timeout: OnTimeout = "keep"
+
+    def active(self) -> bool:
+        """Whether the host has anything to do: a URL, or a timeout that fails calls."""
+        return bool(self.urls) or (self.decision_timeout is not None and self.on_timeout == "fail")
+
+
 def default_tools(runtime: CommandRuntime) -> Mapping[str, Tool]:
     """The built-in tools, their bash running commands through ``runtime``."""
     return builtin_tools(runtime=runtime)
@@ -65,6 +107,8 @@ class HostOptions:
             (the MCP servers of ``--mcp``: :class:`~durable_harness.tools.mcp.McpServers`,
             whose :meth:`~durable_harness.tools.mcp.McpServers.compose` is in ``tools``);
             ``None``: nothing.
+        notify: the notices and the decision timeout (:class:`NotifyOptions`); ``None``:
+            none.
     """
 
     provider: str | None = None
@@ -81,6 +125,7 @@ class HostOptions:
     claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
     roots: tuple[Path, ...] | None = None
     mcp: AbstractAsyncContextManager[Any] | None = None
+    notify: NotifyOptions | None = None
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:

@@ -317,7 +317,9 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
     ) -> dict[str, Any]:
         """Decide one in-doubt call of a suspended session; it resumes once no call still
         waits (the returned record says which)."""
-        return (await manager.decide(session_id, body.tool_call_id, body.decision)).to_json()
+        return (
+            await manager.decide(session_id, body.tool_call_id, body.decision, author="api")
+        ).to_json()
 
     @app.get(
         "/sessions/{id}/agent/events",

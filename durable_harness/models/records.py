@@ -286,6 +286,9 @@ class Decision(_Call, total=False):
     """The result text for ``decision: "result"``."""
     force: bool
     """On a forced ``retry`` (``retry!``) of a call whose group may still run elsewhere."""
+    author: str | None
+    """Who decided: ``policy:timeout`` for the host's decision timeout (``design/notify.md``),
+    else what the front that took the decision names (absent: not said)."""
 
 
 class RunFinished(_Envelope, total=False):

@@ -300,7 +300,7 @@ def _already_decided(
         call_key=call.key,
         attempt=call.attempts,
         on_record=on_record,
-        given=dict(given),
+        given={k: v for k, v in given.items() if k != "author"},  # what, not who
     )
 
 

@@ -34,10 +34,11 @@ def decision_record(
     lane: str, run_id: str, call: DecidableCall, decision: Mapping[str, Any]
 ) -> BuiltRecord:
     """The ``decision`` record (declared in :mod:`durable_harness.models.records`) of
-    ``decision`` (``{"decision": "retry"|"fail"|"result", "result": text, "force": bool}``)
+    ``decision`` (``{"decision": "retry"|"fail"|"result", "result": text, "force": bool,
+    "author": text}``)
     for the current attempt of ``call`` in run ``run_id`` of ``lane``; ``force`` (a ``retry!``
     of a call whose group may run on another machine, ``design/recovery.md``) is written only
-    when true."""
+    when true, ``author`` when given (``design/notify.md``)."""
     return record(
         "decision",
         lane,
@@ -48,6 +49,7 @@ def decision_record(
         decision=decision.get("decision"),
         result=decision.get("result"),
         **({"force": True} if decision.get("force") else {}),
+        **({"author": str(decision["author"])} if decision.get("author") else {}),
     )
 
 
