@@ -47,8 +47,9 @@ async def read_listed(
 def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
     """The calls ``plan`` waits on for a decision, in lane order: ``{"lane", "run_id",
     "tool_name", "tool_call_id", "call_key", "attempt", "doubt", "why"}`` (``why``: the doubt
-    in plain words, :func:`~durable_harness.recovery.explain.why_in_doubt`) plus ``arguments`` (at most
-    :data:`ARGUMENTS_INLINE_BYTES` of JSON) or ``arguments_digest`` and ``arguments_bytes``."""
+    in plain words, :func:`~durable_harness.recovery.explain.why_in_doubt`) plus
+    ``arguments`` (at most :data:`ARGUMENTS_INLINE_BYTES` of JSON) or ``arguments_digest``
+    and ``arguments_bytes``."""
     out: list[dict[str, Any]] = []
     for lp in plan.lanes if plan is not None else []:
         for call in lp.waiting():

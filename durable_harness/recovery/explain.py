@@ -81,8 +81,10 @@ def choices(call: ToolCallPlan) -> list[Choice]:
     alive = process.get("alive") is True
 
     def first(text: str) -> str:
-        return f"Stop its still-running process first, then {text}" if alive else (
-            text[0].upper() + text[1:]
+        return (
+            f"Stop its still-running process first, then {text}"
+            if alive
+            else (text[0].upper() + text[1:])
         )
 
     out = [
