@@ -44,12 +44,15 @@ async def read_listed(
     return rec, recovery.plan
 
 
-def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
+def waiting_calls(
+    plan: RecoveryPlan | None, started_at: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The calls ``plan`` waits on for a decision, in lane order: ``{"lane", "run_id",
     "tool_name", "tool_call_id", "call_key", "attempt", "doubt", "why"}`` (``why``: the doubt
     in plain words, :func:`~durable_harness.recovery.explain.why_in_doubt`) plus
     ``arguments`` (at most :data:`ARGUMENTS_INLINE_BYTES` of JSON) or ``arguments_digest``
-    and ``arguments_bytes``."""
+    and ``arguments_bytes``. ``started_at``: ``{call key: timestamp of its latest
+    tool_started}``, for the hour in ``why``."""
     out: list[dict[str, Any]] = []
     for lp in plan.lanes if plan is not None else []:
         for call in lp.waiting():
@@ -61,7 +64,7 @@ def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
                 "call_key": call.call_key,
                 "attempt": call.attempts,
                 "doubt": call.doubt,
-                "why": why_in_doubt(call),
+                "why": why_in_doubt(call, (started_at or {}).get(call.call_key)),
             }
             args = call.arguments or {}
             raw = orjson.dumps(args, option=orjson.OPT_SORT_KEYS, default=str)

@@ -355,7 +355,18 @@ class ReadModel:
     def waiting(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The in-doubt calls a suspended session waits on (as last read:
         :func:`~durable_harness.host.listing.waiting_calls`)."""
-        return waiting_calls(self.plan(session_id))
+        plan = self.plan(session_id)
+        if plan is None or not any(lp.waiting() for lp in plan.lanes):
+            return []
+        try:
+            with self.open_read(session_id) as store:
+                started = {
+                    str(r.get("callKey")): str(r.get("timestamp"))
+                    for r in store.records(None, types=("tool_started",))
+                }
+        except DurableHarnessError:
+            started = {}
+        return waiting_calls(plan, started)
 
     def awaiting_decisions(self) -> dict[str, int]:
         """``{session id: in-doubt calls waiting for a decision}`` of suspended sessions."""
