@@ -156,6 +156,7 @@ class ReadModel:
         self.pending: dict[str, None] = {}
         self.changes = Changes()
         self._shown: dict[str, tuple[str, bool]] = {}  # id -> (state, waits), as last read
+        self._titles: dict[str, tuple[int, str | None]] = {}  # id -> (last seq, title)
         self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see read
         # closed sessions (as last read) with a run still open: only these can have a live
         # recorded tool group (see live_groups), so only these are probed for one
@@ -187,6 +188,7 @@ class ReadModel:
         both kept until the session changes; a dead generation's live group here is killed
         before a plan is offered (``design/host.md``, "Reading a session")."""
         with self.open_read(session_id) as store:
+            self._title_of(store)  # kept for the list: it reads every record just before
             key = (store.last_seq(), store.generation, store.lease_holder() is not None)
             seen = self._seen.get(session_id)
             if (
@@ -280,6 +282,7 @@ class ReadModel:
         self.plans.pop(session_id, None)
         self._seen.pop(session_id, None)
         self._shown.pop(session_id, None)
+        self._titles.pop(session_id, None)
         self._closed_open.discard(session_id)
         self.changes.bump(session_id)
         if client_key:
@@ -331,11 +334,24 @@ class ReadModel:
     def title(self, session_id: str) -> str | None:
         """What a list shows for the session: :attr:`Session.title` (its name, else its first
         prompt's first line), or ``None`` (also when it cannot be read)."""
+        proc = self.live.get(session_id)
+        if proc is None and session_id in self._titles:  # kept by the last read
+            return self._titles[session_id][1]
         try:
             with self._reader(session_id) as store:
-                return Session(store).title
+                return self._title_of(store)
         except DurableHarnessError:
             return None
+
+    def _title_of(self, store: SessionStore) -> str | None:
+        """``store``'s session title, kept until its last ``seq`` changes."""
+        seq = store.last_seq()
+        kept = self._titles.get(store.session_id)
+        if kept is not None and kept[0] == seq:
+            return kept[1]
+        title = Session(store).title
+        self._titles[store.session_id] = (seq, title)
+        return title
 
     def resume_positions(self) -> dict[str, int]:
         """``{session id: place in the start-up resume queue}`` (1: the next to begin) of
