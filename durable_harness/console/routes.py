@@ -297,6 +297,7 @@ def console_router(
         live = rec.state in LIVE
         return {
             "rec": rec,
+            "title": view.title,
             "status": detail.status,
             "plan": detail.plan,
             "needs_decision": detail.needs_decision,

@@ -97,6 +97,13 @@ def test_the_list_shows_titles_waiting_first_and_refreshes_itself(
         assert "1 waiting" in first.text and "waiting" in first.get_attribute("class")
         assert "1 session waiting for a decision" in browser.find_element(By.ID, "live").text
         shot(browser, shots / "list.png")
+        first.find_element(By.CSS_SELECTOR, "a.session-link").click()  # its page, by its title
+        heading = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "h1.session-title"), "h1")
+        assert heading.text == "Append a line to effects.txt"
+        assert browser.title == "Append a line to effects.txt · durable-harness"
+        assert browser.find_element(By.CSS_SELECTOR, "p.session-id").text == waiting
+        browser.back()
+        wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "tr.session-row"), "the list")
         browser.execute_script("window.consoleTestMarker = 'same page';")
 
         # another operator decides, through a real HTTP client
