@@ -29,6 +29,7 @@ from durable_harness.harness.report import format_cost
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.http.errors import status_of
 from durable_harness.http.streams import SLOTS, pace
+from durable_harness.recovery import explain
 
 if TYPE_CHECKING:
     from durable_harness.host.manager import SessionManager
@@ -76,6 +77,9 @@ TIMELINE_RECORDS = 3000
 
 PAGE_SIZE = 100
 """Sessions per page of the list (each row reads its session's files for cost and activity)."""
+
+LIST_PACE_S = 0.2
+"""The least time between two ``update`` events of the list's stream (bursts coalesce)."""
 
 LISTEN_POLL_S = 1.0
 """How often the event route checks whether a session without a live generation got one."""
@@ -186,12 +190,7 @@ def console_router(
 
     # -- pages --------------------------------------------------------------------------------
 
-    @router.get("/")
-    async def sessions_list(
-        request: Request, state: str | None = None, cwd: str | None = None, page: int = 1
-    ) -> Response:
-        if not guard.authorized(request):
-            return unauthorized(request, page=True)
+    async def list_context(state: str | None, cwd: str | None, page: int) -> dict[str, Any]:
         manager = get_manager()
         waiting = manager.awaiting_decisions()
         chosen = [
@@ -200,6 +199,8 @@ def console_router(
             if (not state or rec.state == state)
             and (not cwd or rec.cwd == cwd or rec.cwd.startswith(cwd.rstrip("/") + "/"))
         ]
+        # sessions waiting for a decision first (stable: each group keeps its order)
+        chosen.sort(key=lambda rec: 0 if waiting.get(rec.id) else 1)
         pages = max(1, -(-len(chosen) // PAGE_SIZE))
         page = min(max(1, page), pages)
         rows = []
@@ -211,26 +212,67 @@ def console_router(
             rows.append(
                 {
                     "rec": rec,
+                    "title": view.title,
                     "cost": view.cost,
                     "last": view.last_activity,
                     "waiting": waiting.get(rec.id, 0),
                 }
             )
         query = {k: v for k, v in (("state", state), ("cwd", cwd)) if v}
-        return render(
-            request,
-            "list.html",
-            rows=rows,
-            states=STATES,
-            state=state or "",
-            cwd=cwd or "",
-            total=len(chosen),
-            page=page,
-            pages=pages,
-            prev_url="/?" + urlencode({**query, "page": page - 1}) if page > 1 else "",
-            next_url="/?" + urlencode({**query, "page": page + 1}) if page < pages else "",
-            unreadable=manager.unreadable,
-        )
+        return {
+            "rows": rows,
+            "states": STATES,
+            "state": state or "",
+            "cwd": cwd or "",
+            "total": len(chosen),
+            "page": page,
+            "pages": pages,
+            "prev_url": "/?" + urlencode({**query, "page": page - 1}) if page > 1 else "",
+            "next_url": "/?" + urlencode({**query, "page": page + 1}) if page < pages else "",
+            "fragment_url": "/console/list?" + urlencode({**query, "page": page}),
+            "waiting_total": sum(1 for n in waiting.values() if n),
+            "unreadable": manager.unreadable,
+        }
+
+    @router.get("/")
+    async def sessions_list(
+        request: Request, state: str | None = None, cwd: str | None = None, page: int = 1
+    ) -> Response:
+        if not guard.authorized(request):
+            return unauthorized(request, page=True)
+        return render(request, "list.html", **await list_context(state, cwd, page))
+
+    @router.get("/console/list")
+    async def sessions_fragment(
+        request: Request, state: str | None = None, cwd: str | None = None, page: int = 1
+    ) -> Response:
+        if not guard.authorized(request):
+            return unauthorized(request, page=False)
+        return render(request, "rows.html", **await list_context(state, cwd, page))
+
+    @router.get("/console/events")
+    async def list_events(request: Request) -> Response:
+        """Server-sent events for the list: one ``update`` per batch of state changes this
+        host saw (:class:`~durable_harness.host.changes.Changes`; a reader holds one number,
+        however slow it is)."""
+        if not guard.authorized(request):
+            return unauthorized(request, page=False)
+        changes = get_manager().changes
+        refused = SLOTS.refusal()
+        if refused is not None:
+            return refused
+
+        async def stream() -> AsyncIterator[dict[str, Any]]:
+            seen = changes.version
+            yield {"event": "hello", "data": orjson.dumps({"version": seen}).decode()}
+            while True:
+                version = await changes.wait(seen)
+                data = {"version": version, "sessions": changes.since(seen)[-50:]}
+                seen = version
+                yield {"event": "update", "data": orjson.dumps(data).decode()}
+                await anyio.sleep(LIST_PACE_S)  # a burst of changes is one refresh
+
+        return SLOTS.response(stream(), ping=15)
 
     async def session_context(
         request: Request, session_id: str, lane: str | None
@@ -246,12 +288,16 @@ def console_router(
                 "arguments": orjson.dumps(w.call.arguments, option=orjson.OPT_INDENT_2).decode(),
                 "idempotency_key": w.idempotency_key,
                 "reconcile": HOOKS[w.hook],
+                "why": w.why,
+                "started_at": w.started_at,
+                "choices": w.choices,
             }
             for w in detail.waiting
         ]
         live = rec.state in LIVE
         return {
             "rec": rec,
+            "title": view.title,
             "status": detail.status,
             "plan": detail.plan,
             "needs_decision": detail.needs_decision,
@@ -406,6 +452,8 @@ def console_router(
             action=action,
             summary=summary,
             fields=fields,
+            button=f"Confirm {action}",
+            call=None,
         )
 
     @action("send")
@@ -446,10 +494,36 @@ def console_router(
             fields.get(k, "") for k in ("call_key", "decision", "tool_call_id")
         )
         if choice in DECIDE_SUMMARY and fields.get("confirmed") != "yes":
-            what = f"{DECIDE_SUMMARY[choice]} Tool call {call_id} ({call})."
             kept = {"call_key": call, "tool_call_id": call_id, "decision": choice}
             kept["result"] = fields.get("result", "")
-            return confirm(request, session_id, "decide", what, **kept)
+            detail = await get_manager().detail(session_id)
+            waiting = next((w for w in detail.waiting if w.call.call_key == call), None)
+            picked = explain.choice(waiting.call, choice) if waiting is not None else None
+            if waiting is None or picked is None:  # decided meanwhile: the decide refuses
+                what = f"{DECIDE_SUMMARY[choice]} Tool call {call_id} ({call})."
+                return confirm(request, session_id, "decide", what, **kept)
+            args = waiting.call.arguments or {}
+            command = args.get("command") if isinstance(args.get("command"), str) else None
+            return render(
+                request,
+                "confirm.html",
+                session_id=session_id,
+                action="decide",
+                summary=f"{picked.summary} Tool call {call_id} ({call}).",
+                fields=kept,
+                button=picked.label,
+                call={
+                    "tool": waiting.call.tool_name,
+                    "command": command,
+                    # as recorded: the stored order of the keys, never sorted
+                    "arguments": orjson.dumps(args, option=orjson.OPT_INDENT_2).decode(),
+                    "cwd": detail.record.cwd,
+                    "session": session_id,
+                    "title": detail.view.title,
+                    "lane": waiting.lane,
+                    "why": waiting.why,
+                },
+            )
         # anything but a known choice is refused by the manager as malformed
         decision = "result:" + fields.get("result", "") if choice == "result" else choice
         rec = await get_manager().decide(session_id, call, decision or "(none)", author="console")

@@ -12,6 +12,7 @@ from typing import Any
 
 from durable_harness.harness.report import summarize_record
 from durable_harness.host.read_model import parse_ts
+from durable_harness.recovery.explain import clock
 
 WIDTH = 960
 """Width of the drawing, in pixels."""
@@ -29,6 +30,11 @@ QUIET_S = 2.0
 """A stretch without records longer than this (seconds) is drawn compressed."""
 ROWS = ("run", "provider", "tools", "marks")
 """The rows of one lane, top to bottom."""
+CHAR_W = 6.2
+"""Width of one character of a bar label or tick (10 px monospace, ``console.css``), pixels:
+a label is cut to what fits its bar, so no label overflows or overlaps another."""
+ROW_CHAR_W = 6.8
+"""Width of one character of a row label (11 px monospace), pixels."""
 
 _MARKS = {
     "queue_enqueued": "queue",
@@ -72,10 +78,37 @@ class Shape:
 
 @dataclass
 class Tick:
-    """A label on the time axis at pixel ``x``."""
+    """A label on the time axis centred at pixel ``x``; ``line`` 0 (the gaps' lengths) or 1
+    (times since the first record); ``title``: the full text when ``text`` was cut."""
 
     x: float
     text: str
+    line: int = 1
+    title: str = ""
+
+
+def fit(text: str, width: float, char_w: float = CHAR_W) -> str:
+    """``text`` cut (with ``…``) to fit ``width`` pixels of ``char_w``-wide characters; ``""``
+    when not even one character and the ellipsis fit."""
+    room = int(width // char_w)
+    if len(text) <= room:
+        return text
+    return text[: room - 1] + "…" if room >= 2 else ""
+
+
+def _place(ticks: list[Tick], tick: Tick, right: float) -> bool:
+    """Add ``tick`` to ``ticks`` unless its text would overlap one on its line or leave the
+    drawing (``right``: the last usable pixel)."""
+    half = len(tick.text) * CHAR_W / 2
+    tick.x = min(max(tick.x, GUTTER + half), right - half)
+    for other in ticks:
+        if (
+            other.line == tick.line
+            and abs(other.x - tick.x) < half + len(other.text) * CHAR_W / 2 + 4
+        ):
+            return False
+    ticks.append(tick)
+    return True
 
 
 @dataclass
@@ -89,6 +122,7 @@ class Timeline:
     shapes: list[Shape] = field(default_factory=list)
     ticks: list[Tick] = field(default_factory=list)
     empty: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Shape]:
         """The shapes of one kind, in drawing order."""
@@ -174,6 +208,8 @@ def build_timeline(
     lanes: list[str] = []
     times: list[float] = []
     last_t: float | None = None
+    decided: dict[Any, str] = {}  # run id -> timestamp of its latest decision record
+    notes: list[str] = []
 
     def settle(
         opened: dict[Any, _Span], key: Any, kind: str, lane: str, t: float, title: str = ""
@@ -227,6 +263,13 @@ def build_timeline(
             span.cls = f"run outcome-{outcome}"
             reason = f" ({rec.get('reason')})" if rec.get("reason") else ""
             span.title += f": {outcome}{reason}"
+            if run in decided:  # finished after an operator's decision: the page says so
+                at = clock(str(rec.get("timestamp")))
+                span.label = f"run {outcome} {at}"
+                notes.append(
+                    f"run {_short(run)} on lane {lane}: {outcome} {at}, after the decision "
+                    f"at {clock(decided[run])}"
+                )
         elif rtype == "provider_request_started":
             purpose = rec.get("purpose") or "turn"
             key: tuple[Any, ...] = (run, purpose, rec.get("turn"), rec.get("attempt"))
@@ -272,6 +315,8 @@ def build_timeline(
             span = settle(open_tools, key, "tool", lane, t)
             span.cls = f"tool outcome-{rec.get('outcome') or 'ok'}"
             span.title += f": {rec.get('outcome')}"
+        if rtype == "decision":
+            decided[run] = str(rec.get("timestamp"))
         if rtype in _MARKS:
             marks.append((lane, t, _MARKS[rtype], _mark_title(rtype, rec)))
         last_t = t
@@ -286,11 +331,13 @@ def build_timeline(
         times.append(now)
         end = now
     axis = _Axis(times, crashes, GUTTER)
-    tl = Timeline(WIDTH, ROW_H * len(ROWS) * len(lanes) + AXIS_H)
+    tl = Timeline(WIDTH, ROW_H * len(ROWS) * len(lanes) + AXIS_H, notes=notes)
     top = {lane: i * ROW_H * len(ROWS) for i, lane in enumerate(lanes)}
     for lane in lanes:
         for r, name in enumerate(ROWS):
-            tl.rows.append((top[lane] + r * ROW_H + ROW_H * 0.7, f"{lane} · {name}"))
+            room = GUTTER - 8 - len(f" · {name}") * ROW_CHAR_W
+            label = f"{fit(lane, room, ROW_CHAR_W) or '…'} · {name}"
+            tl.rows.append((top[lane] + r * ROW_H + ROW_H * 0.7, label))
     axis_y = ROW_H * len(ROWS) * len(lanes)
     for a, b, kind in axis.breaks:
         xa, xb = axis.x(a), axis.x(b)
@@ -298,7 +345,10 @@ def build_timeline(
         tl.shapes.append(
             Shape("gap", f"gap {kind}", xa, 0, xb - xa, axis_y, f"{what} for {fmt_duration(b - a)}")
         )
-        tl.ticks.append(Tick((xa + xb) / 2, f"⟂ {fmt_duration(b - a)}"))
+        full = f"⟂ {fmt_duration(b - a)}"
+        for text in (full, f"⟂ {_compact(b - a)}", "⟂"):
+            if _place(tl.ticks, Tick((xa + xb) / 2, text, 0, full), WIDTH - 10):
+                break
     for span in spans:
         row = {"run": 0, "provider": 1, "tool": 2}[span.kind]
         stop = span.end if span.end is not None else end
@@ -320,7 +370,7 @@ def build_timeline(
                 max(2.0, xb - xa),
                 ROW_H - 6,
                 title,
-                span.label,
+                fit(span.label, max(2.0, xb - xa) - 6),
             )
         )
     for lane, t, kind, title in marks:
@@ -328,13 +378,17 @@ def build_timeline(
             Shape(kind, f"mark {kind}", axis.x(t), top[lane] + 3 * ROW_H + 3, 0, ROW_H - 6, title)
         )
     t0 = axis.t0
-    taken = [t.x for t in tl.ticks]
     for t in [a for a, _b in axis.segments] + [end]:
-        x = min(axis.x(t), WIDTH - 26.0)  # the last label stays inside the picture
-        if all(abs(x - other) > 40 for other in taken):
-            tl.ticks.append(Tick(x, f"+{fmt_duration(t - t0)}"))
-            taken.append(x)
+        _place(tl.ticks, Tick(axis.x(t), f"+{fmt_duration(t - t0)}"), WIDTH - 10)
     return tl
+
+
+def _compact(seconds: float) -> str:
+    """A duration in at most five characters: ``812ms``, ``3s``, ``5m``, ``2h``, ``3d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds * 1000:.0f}ms"
 
 
 def _short(value: Any) -> str:

@@ -14,6 +14,7 @@ from durable_harness.errors import InvalidRequest
 from durable_harness.host.lifecycle import STATES, State
 from durable_harness.host.record import CommandRuntime, SessionRecord, read_record
 from durable_harness.recovery.decide import Policy, RecoveryPlan
+from durable_harness.recovery.explain import why_in_doubt
 from durable_harness.recovery.resume import plan_recovery
 from durable_harness.storage.base import SessionStore
 from durable_harness.tools.base import Tool
@@ -43,10 +44,15 @@ async def read_listed(
     return rec, recovery.plan
 
 
-def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
+def waiting_calls(
+    plan: RecoveryPlan | None, started_at: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The calls ``plan`` waits on for a decision, in lane order: ``{"lane", "run_id",
-    "tool_name", "tool_call_id", "call_key", "attempt", "doubt"}`` plus ``arguments`` (at most
-    :data:`ARGUMENTS_INLINE_BYTES` of JSON) or ``arguments_digest`` and ``arguments_bytes``."""
+    "tool_name", "tool_call_id", "call_key", "attempt", "doubt", "why"}`` (``why``: the doubt
+    in plain words, :func:`~durable_harness.recovery.explain.why_in_doubt`) plus
+    ``arguments`` (at most :data:`ARGUMENTS_INLINE_BYTES` of JSON) or ``arguments_digest``
+    and ``arguments_bytes``. ``started_at``: ``{call key: timestamp of its latest
+    tool_started}``, for the hour in ``why``."""
     out: list[dict[str, Any]] = []
     for lp in plan.lanes if plan is not None else []:
         for call in lp.waiting():
@@ -58,6 +64,7 @@ def waiting_calls(plan: RecoveryPlan | None) -> list[dict[str, Any]]:
                 "call_key": call.call_key,
                 "attempt": call.attempts,
                 "doubt": call.doubt,
+                "why": why_in_doubt(call, (started_at or {}).get(call.call_key)),
             }
             args = call.arguments or {}
             raw = orjson.dumps(args, option=orjson.OPT_SORT_KEYS, default=str)

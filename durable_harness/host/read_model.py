@@ -18,6 +18,7 @@ from durable_harness.errors import DurableHarnessError, InvalidRequest, SessionL
 from durable_harness.harness.groups import live_groups, open_calls
 from durable_harness.harness.report import cost_summary
 from durable_harness.harness.state import ToolCallState
+from durable_harness.host.changes import Changes
 from durable_harness.host.leftovers import kill_stored_leftovers, plan_sees_live_group
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.host.listing import check_states, read_listed, waiting_calls
@@ -26,6 +27,7 @@ from durable_harness.host.process import SessionProcess
 from durable_harness.host.record import SessionRecord
 from durable_harness.ids import SESSION_ID
 from durable_harness.recovery.decide import RecoveryPlan, ToolCallPlan
+from durable_harness.recovery.explain import Choice, choices, why_in_doubt
 from durable_harness.session.session import Session
 from durable_harness.storage.base import SessionStore, Store
 
@@ -54,6 +56,7 @@ class SessionView:
     records: list[dict[str, Any]]
     lanes: dict[str, str | None]
     paths: dict[str, list[dict[str, Any]]]
+    title: str | None = None
 
     @property
     def cost(self) -> dict[str, Any]:
@@ -81,13 +84,19 @@ def last_activity(
 
 @dataclass
 class WaitingCall:
-    """A call a suspended session waits on for a decision, as a page shows it."""
+    """A call a suspended session waits on for a decision, as a page shows it: ``started_at``
+    (its latest ``tool_started`` record's timestamp), ``why`` (plain words:
+    :func:`~durable_harness.recovery.explain.why_in_doubt`) and ``choices`` (each decision
+    with what it will do)."""
 
     lane: str
     run_id: str | None
     call: ToolCallPlan
     hook: Hook
     idempotency_key: str
+    started_at: str | None = None
+    why: str = ""
+    choices: builtins.list[Choice] = dataclasses.field(default_factory=builtins.list)
 
 
 @dataclass
@@ -131,6 +140,8 @@ class ReadModel:
             their writer lost the session.
         pending: the ids of the sessions whose start-up resume is queued and not begun, in
             queue order (the :class:`~durable_harness.host.reconcile.Reconciler` keeps it).
+        changes: bumped when a session's state, or whether it waits for a decision, changes
+            as this process sees it (:class:`~durable_harness.host.changes.Changes`).
     """
 
     def __init__(self, store: Store, options: HostOptions) -> None:
@@ -143,6 +154,9 @@ class ReadModel:
         self.worker: Worker | None = None
         self.lost = 0
         self.pending: dict[str, None] = {}
+        self.changes = Changes()
+        self._shown: dict[str, tuple[str, bool]] = {}  # id -> (state, waits), as last read
+        self._titles: dict[str, tuple[int, str | None]] = {}  # id -> (last seq, title)
         self._seen: dict[str, tuple[tuple[int, int, bool], SessionRecord]] = {}  # see read
         # closed sessions (as last read) with a run still open: only these can have a live
         # recorded tool group (see live_groups), so only these are probed for one
@@ -174,6 +188,7 @@ class ReadModel:
         both kept until the session changes; a dead generation's live group here is killed
         before a plan is offered (``design/host.md``, "Reading a session")."""
         with self.open_read(session_id) as store:
+            self._title_of(store)  # kept for the list: it reads every record just before
             key = (store.last_seq(), store.generation, store.lease_holder() is not None)
             seen = self._seen.get(session_id)
             if (
@@ -202,6 +217,10 @@ class ReadModel:
                 keep = not asked and not plan_sees_live_group(plan)
             else:
                 self.plans.pop(rec.id, None)
+            shown = (rec.state, plan is not None and needs_decision(plan))
+            if self._shown.get(rec.id) != shown:
+                self._shown[rec.id] = shown
+                self.changes.bump(rec.id)
             if keep:
                 self._seen[rec.id] = (key, _copy(rec))
             else:
@@ -262,7 +281,10 @@ class ReadModel:
         """Forget what is kept of a deleted session."""
         self.plans.pop(session_id, None)
         self._seen.pop(session_id, None)
+        self._shown.pop(session_id, None)
+        self._titles.pop(session_id, None)
         self._closed_open.discard(session_id)
+        self.changes.bump(session_id)
         if client_key:
             self.keys.pop(client_key, None)
 
@@ -299,10 +321,37 @@ class ReadModel:
         records = await self.list(states)
         queued = self.resume_positions()
         sessions = [
-            r.to_json() | {"waiting": self.waiting(r.id), "resume_pending": queued.get(r.id)}
+            r.to_json()
+            | {
+                "title": self.title(r.id),
+                "waiting": self.waiting(r.id),
+                "resume_pending": queued.get(r.id),
+            }
             for r in records
         ]
         return {"sessions": sessions, "unreadable": self.unreadable, "resumes_pending": len(queued)}
+
+    def title(self, session_id: str) -> str | None:
+        """What a list shows for the session: :attr:`Session.title` (its name, else its first
+        prompt's first line), or ``None`` (also when it cannot be read)."""
+        proc = self.live.get(session_id)
+        if proc is None and session_id in self._titles:  # kept by the last read
+            return self._titles[session_id][1]
+        try:
+            with self._reader(session_id) as store:
+                return self._title_of(store)
+        except DurableHarnessError:
+            return None
+
+    def _title_of(self, store: SessionStore) -> str | None:
+        """``store``'s session title, kept until its last ``seq`` changes."""
+        seq = store.last_seq()
+        kept = self._titles.get(store.session_id)
+        if kept is not None and kept[0] == seq:
+            return kept[1]
+        title = Session(store).title
+        self._titles[store.session_id] = (seq, title)
+        return title
 
     def resume_positions(self) -> dict[str, int]:
         """``{session id: place in the start-up resume queue}`` (1: the next to begin) of
@@ -322,7 +371,18 @@ class ReadModel:
     def waiting(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The in-doubt calls a suspended session waits on (as last read:
         :func:`~durable_harness.host.listing.waiting_calls`)."""
-        return waiting_calls(self.plan(session_id))
+        plan = self.plan(session_id)
+        if plan is None or not any(lp.waiting() for lp in plan.lanes):
+            return []
+        try:
+            with self.open_read(session_id) as store:
+                started = {
+                    str(r.get("callKey")): str(r.get("timestamp"))
+                    for r in store.records(None, types=("tool_started",))
+                }
+        except DurableHarnessError:
+            started = {}
+        return waiting_calls(plan, started)
 
     def awaiting_decisions(self) -> dict[str, int]:
         """``{session id: in-doubt calls waiting for a decision}`` of suspended sessions."""
@@ -384,7 +444,7 @@ class ReadModel:
             session = Session(s)
             lanes = {name: lane.leaf_id for name, lane in sorted(s.lanes().items())}
             paths = {name: session.path(leaf) for name, leaf in lanes.items()}
-            return SessionView(s.iter_entries(), s.records(None), lanes, paths)
+            return SessionView(s.iter_entries(), s.records(None), lanes, paths, session.title)
 
     async def detail(self, session_id: str) -> SessionDetail:
         """Everything a session's page shows (``InvalidRequest``, ``SessionNotFound``,
@@ -394,11 +454,13 @@ class ReadModel:
         plan = self.plan(session_id) if rec.state == "suspended" else None
         view = self.view(session_id)
         running = {call.tool_call_id for call in self._live_calls(session_id)}
+        started = [r for r in view.records if r.get("type") == "tool_started"]
         keys = {
             str(r.get("callKey")): str(r["idempotencyKey"])
-            for r in view.records
-            if r.get("type") == "tool_started" and r.get("idempotencyKey")
+            for r in started
+            if r.get("idempotencyKey")
         }
+        started_at = {str(r.get("callKey")): r.get("timestamp") for r in started}
         tools = self.options.tools(rec.command_runtime)
         waiting: builtins.list[WaitingCall] = []
         for lp in plan.lanes if plan is not None else []:
@@ -407,8 +469,18 @@ class ReadModel:
                 hook: Hook = (
                     "missing" if tool is None else "unsure" if tool.can_reconcile else "none"
                 )
+                at = started_at.get(call.call_key)
                 waiting.append(
-                    WaitingCall(lp.lane, lp.run_id, call, hook, keys.get(call.call_key, ""))
+                    WaitingCall(
+                        lp.lane,
+                        lp.run_id,
+                        call,
+                        hook,
+                        keys.get(call.call_key, ""),
+                        at,
+                        why_in_doubt(call, at),
+                        choices(call),
+                    )
                 )
         decision = plan is not None and needs_decision(plan)
         return SessionDetail(

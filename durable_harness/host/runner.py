@@ -63,6 +63,7 @@ class GenerationRunner:
         if rec.state != state:
             rec.state = lifecycle.check(rec.id, rec.state, state)
             proc.publish({"type": "lifecycle", "state": state})
+            self.reads.changes.bump(rec.id)
 
     def write(self, proc: SessionProcess, state: State, **extra: Any) -> None:
         """Make ``state`` durable (a ``session_lifecycle`` record, through the harness once it
@@ -169,6 +170,7 @@ class GenerationRunner:
         proc.harness = None
         if self.reads.live.get(rec.id) is proc:
             self.reads.live.pop(rec.id, None)
+        self.reads.changes.bump(rec.id)
         proc.end_listeners()
         proc.stopped.set()
 

@@ -116,6 +116,10 @@ class WaitingCall(BaseModel):
     call_key: str
     attempt: int = Field(description="the call's attempt (tool_started intents) a decision decides")
     doubt: str | None
+    why: str = Field(
+        "",
+        description="why it is in doubt, in plain words (recovery/explain.py why_in_doubt)",
+    )
     arguments: dict[str, Any] | None = None
     arguments_digest: str | None = Field(None, description="sha256:HEX of the arguments' JSON")
     arguments_bytes: int | None = None
@@ -125,6 +129,9 @@ class ListedSession(Session):
     """A session of ``GET /sessions``: its record, and the calls it waits on (``[]`` unless
     it is suspended waiting for a decision)."""
 
+    title: str | None = Field(
+        None, description="its name, else its first prompt's first line (Session.title)"
+    )
     waiting: list[WaitingCall]
     resume_pending: int | None = Field(
         None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -138,6 +139,16 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
         )
         assert panel.find_element(By.CSS_SELECTOR, ".tool-name").text == "bash"
         assert f"echo x >> {out}" in panel.find_element(By.CSS_SELECTOR, ".arguments").text
+        # plain words, and buttons that say what they will do
+        why = panel.find_element(By.CSS_SELECTOR, ".why").text
+        assert re.fullmatch(
+            r"started before the crash at \d\d:\d\d; no result was recorded; "
+            r"this tool is not safe to run twice\.",
+            why,
+        ), why
+        buttons = [b.text for b in panel.find_elements(By.CSS_SELECTOR, ".decide button")]
+        assert buttons == ["Run bash again", "Mark bash failed", "Give bash a result"]
+        assert "intent_unsettled" not in panel.text  # the code only under "details"
         assert browser.find_element(By.CSS_SELECTOR, "svg.timeline rect.gap.crash")
         assert browser.find_element(By.CSS_SELECTOR, "svg.timeline rect.tool.in-doubt")
         shot(browser, shots / "2-session-in-doubt.png")
@@ -155,7 +166,17 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
         confirm = wait_for(
             lambda: browser.find_element(By.CSS_SELECTOR, "button.confirm-button"), "confirm"
         )
-        assert "Run the call again" in browser.find_element(By.CSS_SELECTOR, ".summary").text
+        summary = browser.find_element(By.CSS_SELECTOR, ".summary").text
+        assert summary.startswith("Run bash again with the same arguments"), summary
+        assert confirm.text == "Run bash again"
+        # the confirmation repeats tool, exact command, working directory and session
+        assert browser.find_element(By.CSS_SELECTOR, ".confirm-tool").text == "bash"
+        assert browser.find_element(By.CSS_SELECTOR, ".confirm-command").text == (
+            f"echo x >> {out}"
+        )
+        assert browser.find_element(By.CSS_SELECTOR, ".confirm-cwd").text == workdir(tmp_path)
+        assert sid in browser.find_element(By.CSS_SELECTOR, ".confirm-session").text
+        assert browser.find_element(By.CSS_SELECTOR, ".confirm-session").text.startswith("go")
         shot(browser, shots / "3-confirm.png")
         confirm.click()
 
@@ -182,6 +203,12 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
         assert browser.execute_script("return window.consoleTestMarker;") == "same page"
         assert browser.find_element(By.ID, "live").get_attribute("data-refreshed")
         assert not browser.find_elements(By.CSS_SELECTOR, "article.decision")
+        # the run finished after the decision: the timeline says so, with the time
+        note = wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, ".timeline-note").text, "the note"
+        )
+        assert re.search(r"completed \d\d:\d\d, after the decision at \d\d:\d\d", note), note
+        assert "run completed" in browser.find_element(By.CSS_SELECTOR, "svg.timeline").text
         shot(browser, shots / "4-session-finished.png")
         # a live update may swap the timeline between finding and shooting it: find it again
         wait_for(
@@ -205,8 +232,9 @@ def test_an_operator_decides_an_in_doubt_call_and_watches_the_run_finish(
             "timeline-finished.png",
             "decision-panel.png",
             "2-session-in-doubt.png",
+            "3-confirm.png",
         ):
-            shutil.copy(shots / name, dest / f"console-{name.removeprefix('2-')}")
+            shutil.copy(shots / name, dest / f"console-{name[2:] if name[1] == '-' else name}")
 
 
 def test_the_panel_and_the_confirmation_show_invisible_characters_escaped(

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from durable_harness.console import console_router, is_console_path
 from durable_harness.host import HostOptions, SessionManager
+from durable_harness.host.read_model import parse_ts
 from durable_harness.storage import open_store
 from durable_harness.tools.processes import group_alive
 
@@ -179,15 +180,32 @@ async def test_an_in_doubt_call_is_shown_confirmed_and_decided(tmp_path: Path) -
         assert f"echo x &gt;&gt; {out}" in panel  # the arguments, escaped
         (started,) = records(spec, sid, "tool_started")
         assert started["idempotencyKey"] in panel
-        assert "no reconcile hook" in panel and "pgid" in panel
+        assert "no reconcile hook" in panel and "process group" in panel
+        # plain words, each button saying what it does (design/console.md)
+        hhmm = time.strftime("%H:%M", time.localtime(parse_ts(started["timestamp"])))
+        assert (
+            f"started before the crash at {hhmm}; no result was recorded; "
+            "this tool is not safe to run twice"
+        ) in panel
+        assert ">Run bash again<" in panel and ">Mark bash failed<" in panel
+        assert ">Give bash a result<" in panel
         token = csrf_of(html)
 
         form = {"csrf_token": token, "call_key": call.call_key, "tool_call_id": call.tool_call_id}
         ask = await c.post(
             f"/console/sessions/{sid}/decide", data={**form, "decision": "result", "result": "ok"}
         )
-        assert ask.status_code == 200 and "Confirm decide" in ask.text
+        assert ask.status_code == 200
         check_page(ask.text)
+        confirm_page = ask.text.split('<section class="confirm">')[1]
+        assert (
+            '<button type="submit" class="confirm-button danger">Give bash a result</button>'
+            in (confirm_page)
+        )
+        assert '<dd class="confirm-tool">bash</dd>' in confirm_page
+        assert f'<pre class="confirm-command">echo x &gt;&gt; {out}</pre>' in confirm_page
+        assert f'<dd class="confirm-cwd">{workdir(tmp_path)}</dd>' in confirm_page
+        assert sid in confirm_page.split('class="confirm-session"')[1]
         assert records(spec, sid, "decision") == []  # the confirmation page changed nothing
         assert (await m.get(sid)).state == "suspended"
 
@@ -522,7 +540,7 @@ async def test_a_group_on_another_machine_is_shown_and_retried_only_when_forced(
         async with console(spec, options) as (m, c):
             html = (await c.get(f"/console/sessions/{sid}")).text
             panel = html.split('<section class="decisions">')[1].split("</section>")[0]
-            assert "other-machine" in panel and "Retry anyway" in panel
+            assert "other-machine" in panel and "Run bash again anyway" in panel
             (call,) = m.plan(sid).open_calls()  # type: ignore[union-attr]
             form = {
                 "csrf_token": csrf_of(html),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from durable_harness.console.timeline import GAP_W, build_timeline
@@ -103,3 +104,80 @@ def test_a_quiet_stretch_is_compressed_but_not_a_crash() -> None:
 def test_records_without_a_timestamp_draw_nothing() -> None:
     assert build_timeline([{"type": "run_started"}], live=False, now=0.0).empty
     assert build_timeline([], live=True).empty
+
+
+def test_a_run_finished_after_a_decision_says_so() -> None:
+    from durable_harness.recovery.explain import clock
+
+    log = crashed_log()
+    tl = build_timeline(log, live=False, now=parse_ts(log[-1]["timestamp"]))
+    at = clock(log[-1]["timestamp"])
+    (run,) = tl.of_kind("run")
+    assert run.label == f"run aborted {at}"
+    assert tl.notes == [
+        f"run r1 on lane main: aborted {at}, after the decision at {clock(log[-4]['timestamp'])}"
+    ]
+    plain = [r for r in log if r["type"] != "decision"]
+    assert build_timeline(plain, live=False).notes == []
+
+
+def test_labels_fit_their_bars_and_ticks_never_overlap() -> None:
+    """Every label is cut to its room (monospace metrics of console.css): a bar's label is
+    no wider than the bar, row labels stay in the gutter, ticks on one line do not overlap,
+    and nothing leaves the drawing, with many gaps close together and a long lane name."""
+    from durable_harness.console.timeline import CHAR_W, GUTTER, ROW_CHAR_W, WIDTH
+
+    log: list[dict[str, Any]] = []
+    t = 0.0
+    for i in range(12):  # a dozen runs, each after a long quiet stretch
+        lane = "a-very-long-lane-name-indeed" if i % 2 else "main"
+        log.append(rec(t, "run_started", lane=lane, runId=f"run-{i:04d}-xxxxxxxx"))
+        log.append(
+            rec(
+                t + 0.5,
+                "tool_started",
+                lane=lane,
+                runId=f"run-{i:04d}-xxxxxxxx",
+                toolCallId=f"c{i}",
+                callKey=f"e/{i}",
+                toolName="a_tool_with_a_long_name",
+            )
+        )
+        log.append(
+            rec(
+                t + 0.9,
+                "tool_finished",
+                lane=lane,
+                runId=f"run-{i:04d}-xxxxxxxx",
+                toolCallId=f"c{i}",
+                callKey=f"e/{i}",
+                outcome="ok",
+            )
+        )
+        log.append(
+            rec(
+                t + 1.0,
+                "run_finished",
+                lane=lane,
+                runId=f"run-{i:04d}-xxxxxxxx",
+                outcome="completed",
+            )
+        )
+        t += 3000.0 + i
+    tl = build_timeline(log, live=True)
+    for s in tl.shapes:
+        if s.label:
+            assert len(s.label) * CHAR_W <= s.w, (s.label, s.w)
+    for _y, text in tl.rows:
+        assert len(text) * ROW_CHAR_W <= GUTTER, text
+    assert any("…" in text for _y, text in tl.rows)
+    for line in (0, 1):
+        spans = sorted(
+            (t.x - len(t.text) * CHAR_W / 2, t.x + len(t.text) * CHAR_W / 2)
+            for t in tl.ticks
+            if t.line == line
+        )
+        for (_a0, a1), (b0, _b1) in itertools.pairwise(spans):
+            assert a1 <= b0, spans
+        assert all(a >= GUTTER and b <= WIDTH for a, b in spans)
+    assert any(t.line == 0 for t in tl.ticks) and any(t.line == 1 for t in tl.ticks)

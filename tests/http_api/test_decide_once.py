@@ -10,6 +10,8 @@ record, writes nothing, and re-runs nothing: each effect happened exactly once.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .util import poll, run_records, snapshot
@@ -56,6 +58,13 @@ def test_a_second_decision_is_409_already_decided_and_runs_nothing(
         assert waiting["call_a"]["tool_name"] == "bash"
         assert waiting["call_a"]["arguments"] == {"command": command(effects, "a", "b")}
         assert waiting["call_a"]["attempt"] == 1
+        # the same plain words and title the console shows (recovery/explain.py)
+        assert row["title"] == "go"
+        assert re.fullmatch(
+            r"started before the crash at \d\d:\d\d; no result was recorded; "
+            "this tool is not safe to run twice",
+            waiting["call_a"]["why"],
+        ), waiting["call_a"]["why"]
         assert c.get("/sessions", params={"state": ["idle", "closed"]}).json()["sessions"] == []
         both = c.get("/sessions", params={"state": ["idle", "suspended"]}).json()["sessions"]
         assert [s["id"] for s in both] == [sid]
