@@ -11,7 +11,7 @@ Measured in one run, on one store (``sqlite:PATH``), each run of a session being
   ``RUNS_PER_SESSION`` runs back to back, all at once, in ``batch`` mode (as durable as
   ``sync``: a call returns once its commit is fsynced, but the barriers of different sessions
   share one transaction and one WAL sync; ``DH_BENCH_MODE`` picks another mode): aggregate
-  turns per second, and the ratio (b)/(a) (goal >= 10x);
+  turns per second, and the ratio (b)/(a) (goal >= 3x, issue 22; issue 12 asked 10x);
 * **(c) send acceptance**: p50/p99 of the time a ``send`` (a prompt) takes to return under
   the load of (b) (it returns once the run's ``run_started`` is durable), and as a client
   sees it: a send every 20 ms to a session outside the load, timed from when it was due (the
@@ -506,11 +506,17 @@ def run() -> dict[str, Any]:
         "many_vs_single_turns_per_s": ratio(many["turns_per_s"], single["turns_per_s"])
     }
     results["load_at_end"] = load_snapshot()
-    results["targets"] = [
+    results["targets"] = [  # issue 22: >= 3x (issue 12 asked 10x), <= 2.5 commits per turn
+        target(
+            single["commits_per_turn"],
+            "<=",
+            2.5,
+            f"(a) one session: commits per turn (runs of {TOOL_TURNS} tool turns + an answer)",
+        ),
         target(
             results["ratios"]["many_vs_single_turns_per_s"],
             ">=",
-            10,
+            3,
             f"{many['running_sessions']} sessions at once vs one session, aggregate turns/s"
             + (
                 f" (MODELLED disk: +{fsync_added_ms()} ms per fsync, not the target's run)"

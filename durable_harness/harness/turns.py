@@ -30,7 +30,7 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
 )
-from durable_harness.session.context import estimate_tokens
+from durable_harness.session.context import estimate_tokens, is_empty_assistant
 from durable_harness.storage.base import EntryOp, Op, RecordOp
 
 _T = TypeVar("_T")
@@ -473,8 +473,6 @@ async def _close(stream: Any) -> None:
 
 
 def _is_empty(message: dict[str, Any]) -> bool:
-    from durable_harness.session.context import is_empty_assistant
-
     return is_empty_assistant(message.get("content"))
 
 

@@ -449,14 +449,14 @@ def is_empty_assistant(content: Any) -> bool:
     """True when assistant ``content`` has no text, tool call or image worth sending."""
     if isinstance(content, str):
         return not content.strip()
-    return not any(
-        isinstance(b, dict)
-        and (
-            b.get("type") in ("toolCall", "image")
-            or (b.get("type") == "text" and str(b.get("text", "")).strip())
-        )
-        for b in content or []
-    )
+    for b in content or []:  # a loop, not any(<generator>): it runs on every answer
+        if isinstance(b, dict):
+            btype = b.get("type")
+            if btype == "toolCall" or btype == "image":
+                return False
+            if btype == "text" and str(b.get("text", "")).strip():
+                return False
+    return True
 
 
 def context_text(messages: list[dict[str, Any]]) -> str:

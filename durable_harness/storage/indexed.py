@@ -89,28 +89,40 @@ class IndexedSessionStore(SessionStore):
     # -- writing ---------------------------------------------------------------------------
     def _check_ops(self, ops: list[Op]) -> None:
         # Entry ids and record ids are separate namespaces (as in SQL): a parent or a leaf
-        # must name an entry, never a record committed in the same batch.
-        new: dict[str, set[str]] = {"entry": set(), "record": set()}
-        where = f"session {self.session_id}"
+        # must name an entry, never a record committed in the same batch. Written flat (no
+        # per-commit dict of sets, the location named only on an error): it runs on every
+        # commit ("Turn cost" in design/storage.md).
+        meta = self._meta
+        new_entries: set[str] = set()
+        new_records: set[str] = set()
         for op in ops:
             problem = op_shape_error(op)
             if problem is not None:
-                raise InvalidOp(f"{where}: {problem}", op=type(op).__name__)
+                raise InvalidOp(f"session {self.session_id}: {problem}", op=type(op).__name__)
             if isinstance(op, LaneOp):
                 leaf = op.leaf_id if op.sets_leaf() else None
-                if leaf is not None and leaf not in self._meta and leaf not in new["entry"]:
-                    raise UnknownEntry(f"leaf {leaf} does not exist in {where}", entry_id=leaf)
-                continue
-            what, body = ("entry", op.entry) if isinstance(op, EntryOp) else ("record", op.record)
-            ident = checked_id(what, body)
-            if ident in (self._meta if what == "entry" else self._record_ids) or ident in new[what]:
-                raise id_conflict(what, ident, where)
-            parent = body.get("parentId") if what == "entry" else None
-            if parent is not None and parent not in self._meta and parent not in new["entry"]:
-                raise UnknownEntry(
-                    f"parent {parent} of entry {ident} does not exist in {where}", entry_id=parent
-                )
-            new[what].add(ident)
+                if leaf is not None and leaf not in meta and leaf not in new_entries:
+                    raise UnknownEntry(
+                        f"leaf {leaf} does not exist in session {self.session_id}", entry_id=leaf
+                    )
+            elif isinstance(op, EntryOp):
+                body = op.entry
+                ident = checked_id("entry", body)
+                if ident in meta or ident in new_entries:
+                    raise id_conflict("entry", ident, f"session {self.session_id}")
+                parent = body.get("parentId")
+                if parent is not None and parent not in meta and parent not in new_entries:
+                    raise UnknownEntry(
+                        f"parent {parent} of entry {ident} does not exist in session "
+                        f"{self.session_id}",
+                        entry_id=parent,
+                    )
+                new_entries.add(ident)
+            else:
+                ident = checked_id("record", op.record)
+                if ident in self._record_ids or ident in new_records:
+                    raise id_conflict("record", ident, f"session {self.session_id}")
+                new_records.add(ident)
 
     def _number(self, ops: list[Op]) -> list[dict[str, Any]]:
         """Assign seqs and return the serialisable op dicts (the JSONL line's ``ops``)."""

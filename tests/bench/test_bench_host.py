@@ -36,5 +36,5 @@ def test_bench_host_quick_writes_every_figure(tmp_path: Path) -> None:
     assert rec["sessions"] == rec["plans_known"] == sizes["sessions"], rec
     assert rec["needing_decision"] == sizes["sessions"] // 2  # the half held in a tool call
     assert rec["seconds_to_all_plans"] > 0
-    assert len(data["targets"]) == 2 and all(t["value"] is not None for t in data["targets"])
+    assert len(data["targets"]) == 3 and all(t["value"] is not None for t in data["targets"])
     assert not (tmp_path / "scratch").exists() or not any((tmp_path / "scratch").iterdir())
