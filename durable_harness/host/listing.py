@@ -44,6 +44,14 @@ async def read_listed(
     return rec, recovery.plan
 
 
+def arguments_digest(arguments: Any) -> str:
+    """``sha256:<hex>`` of a call's arguments as canonical JSON (keys sorted, no spaces,
+    UTF-8: the bytes ``orjson`` writes with ``OPT_SORT_KEYS``); the one digest the listing,
+    the pages and the notices show (``design/notify.md``)."""
+    raw = orjson.dumps(arguments or {}, option=orjson.OPT_SORT_KEYS, default=str)
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
 def waiting_calls(
     plan: RecoveryPlan | None, started_at: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
@@ -71,7 +79,7 @@ def waiting_calls(
             if len(raw) <= ARGUMENTS_INLINE_BYTES:
                 item["arguments"] = args
             else:
-                item["arguments_digest"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+                item["arguments_digest"] = arguments_digest(args)
                 item["arguments_bytes"] = len(raw)
             out.append(item)
     return out

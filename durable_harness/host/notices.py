@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 from urllib.parse import quote
 
-import orjson
+from durable_harness.host.listing import arguments_digest
 
 NoticeKind = Literal["decision_due", "decided", "session_error", "run_recovered"]
 """What a notice is about (``design/notify.md``, "Events")."""
@@ -28,13 +28,6 @@ NOTICE_RECORD_TYPES = (
 )
 """The record types :func:`derive_notices` reads."""
 
-DOUBT_TEXT = {
-    "intent_unsettled": "the call started before the crash and no result was recorded; "
-    "its tool is not declared safe to run twice",
-    "damaged_log": "the session's log lost records where this call's intent may have been",
-}
-"""The plain words of each reason a call is in doubt (``design/recovery.md``)."""
-
 
 def event_id(kind: str, session_id: str, fact: str) -> str:
     """The stable id of a notice: 32 hex characters of SHA-256 over ``kind``, the session id
@@ -44,25 +37,11 @@ def event_id(kind: str, session_id: str, fact: str) -> str:
     return hashlib.sha256(raw).hexdigest()[:32]
 
 
-def arguments_digest(arguments: Any) -> str:
-    """``sha256:<hex>`` of a call's arguments as canonical JSON (keys sorted, no spaces,
-    UTF-8: the bytes ``orjson`` writes with ``OPT_SORT_KEYS``)."""
-    raw = orjson.dumps(arguments or {}, option=orjson.OPT_SORT_KEYS, default=str)
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
 def console_link(base_url: str | None, session_id: str) -> str | None:
     """The console page of a session under ``base_url`` (``None`` when none is known)."""
     if not base_url:
         return None
     return f"{base_url.rstrip('/')}/console/sessions/{quote(session_id, safe='')}"
-
-
-def doubt_of(code: str | None) -> dict[str, Any] | None:
-    """``{"code", "text"}``: why a call is in doubt, as its code and in plain words."""
-    if code is None:
-        return None
-    return {"code": code, "text": DOUBT_TEXT.get(code, code.replace("_", " "))}
 
 
 def _notice(kind: NoticeKind, session_id: str, fact: str, **fields: Any) -> dict[str, Any]:
@@ -185,7 +164,7 @@ def derive_notices(
                 tool=call.get("tool_name"),
                 arguments_digest=digest,
                 attempt=call.get("attempt"),
-                doubt=doubt_of(call.get("doubt")),
+                doubt={"code": call.get("doubt"), "text": call.get("why")},
                 at=intent.get("timestamp"),
                 link=link,
             )
