@@ -215,9 +215,10 @@ def open_pi_file(path: str) -> MemorySessionStore:
             continue
         seen.add(eid)
         numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})
-    if numbered and leaf != numbered[-1]["entry"]["id"]:
-        numbered.append({"op": "lane", "lane": "main", "leafId": leaf, "seq": len(entries) + 1})
+    moved = numbered and leaf != numbered[-1]["entry"]["id"]
     store.load(numbered)
+    if moved:
+        store.load([{"op": "lane", "lane": "main", "leafId": leaf, "seq": len(entries) + 1}])
     for e in numbered:
         parent = e["entry"].get("parentId")
         if parent is not None and parent not in seen:
