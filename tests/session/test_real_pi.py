@@ -1,0 +1,189 @@
+"""Real pi, installed from npm, opens what ``durable-harness export --format pi`` writes and sees
+the same conversation (``design/pi.md``). Needs node and npm: skipped with the reason where they
+are absent, and under ``CI=true`` an error instead. pi is installed once per cache
+(``~/.cache/durable-harness-tests/pi-VERSION``) and run offline with a throw-away ``HOME``.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_harness.session import Session, import_pi_file
+from durable_harness.session.pi_export import pi_entries, pi_text
+from durable_harness.storage import open_store
+
+PI_VERSION = "0.73.1"
+"""The pi release the tests install (``@mariozechner/pi-coding-agent``, npm)."""
+
+PACKAGED = Path(__file__).resolve().parents[2] / "durable_harness" / "data" / "v3-branched.jsonl"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pi-sessions"
+
+# Opens a session file with pi's own SessionManager and prints what pi builds from it: the leaf,
+# the messages of buildSessionContext, and those messages after pi-ai's transformMessages for a
+# given model (what pi sends).
+HELPER = """
+import { pathToFileURL } from "node:url";
+const [root, file, provider, api, model] = process.argv.slice(2);
+const dist = root + "/node_modules/@mariozechner/pi-coding-agent/dist/index.js";
+const tm = root + "/node_modules/@mariozechner/pi-ai/dist/providers/transform-messages.js";
+const { SessionManager } = await import(pathToFileURL(dist).href);
+const { transformMessages } = await import(pathToFileURL(tm).href);
+const sm = SessionManager.open(file);
+const ctx = sm.buildSessionContext();
+const target = { provider, api, id: model, input: ["text", "image"] };
+const sent = transformMessages(ctx.messages.filter((m) =>
+  ["user", "assistant", "toolResult"].includes(m.role)), target);
+process.stdout.write(JSON.stringify({ leafId: sm.getLeafId(), count: sm.getEntries().length,
+  messages: ctx.messages, model: ctx.model, thinkingLevel: ctx.thinkingLevel, sent }));
+"""
+
+
+@pytest.fixture(scope="module")
+def pi_root() -> Iterator[Path]:
+    """A folder with pi installed from npm (installed on first use, then reused)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        reason = "node and npm are needed to run real pi (CI installs them from Debian)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"under CI=true real pi must run: {reason}")
+        pytest.skip(reason)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache / "durable-harness-tests" / f"pi-{PI_VERSION}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:  # one install even with xdist workers
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "node_modules" / ".bin" / "pi").exists():
+            subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--prefix", str(root),
+                 f"@mariozechner/pi-coding-agent@{PI_VERSION}"],
+                check=True, capture_output=True, timeout=900,
+            )  # fmt: skip
+    (root / "helper.mjs").write_text(HELPER)
+    yield root
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "pi-home"
+    home.mkdir(exist_ok=True)
+    return {**os.environ, "HOME": str(home), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"}
+
+
+def pi_reads(
+    root: Path, path: Path, tmp_path: Path, model: tuple[str, str, str] = ("x", "x", "x")
+) -> dict[str, Any]:
+    """What pi's SessionManager builds from ``path`` (a copy: pi rewrites files it migrates)."""
+    copy = tmp_path / f"pi-copy-{path.name}"
+    shutil.copyfile(path, copy)
+    proc = subprocess.run(
+        ["node", str(root / "helper.mjs"), str(root), str(copy), *model],
+        capture_output=True, text=True, timeout=120, env=_env(tmp_path), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def pi_export_html(root: Path, path: Path, tmp_path: Path) -> dict[str, Any]:
+    """Run the ``pi`` command itself on ``path`` (``pi --export FILE OUT.html``, offline) and
+    return the session data its page embeds (header, entries, leafId)."""
+    out = tmp_path / "pi.html"
+    proc = subprocess.run(
+        [str(root / "node_modules" / ".bin" / "pi"), "--export", str(path), str(out)],
+        capture_output=True, text=True, timeout=120, env=_env(tmp_path), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(
+        r'<script id="session-data" type="application/json">([^<]*)<', out.read_text()
+    )
+    assert found, "pi's page embeds no session data"
+    return dict(json.loads(base64.b64decode(found.group(1))))
+
+
+def _export(s: Session, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.write_bytes(pi_text(pi_entries(s)))
+    return path
+
+
+def _ours(s: Session) -> list[Any]:
+    """Our conversation from the lane's leaf, as pi's buildSessionContext spells it: stored
+    messages as they are, summaries as pi's summary messages (``summary`` field)."""
+    out: list[Any] = []
+    for eid in s.context().entry_ids:
+        if eid is None:
+            continue
+        e = s.entry(eid)
+        out.append(e["message"] if e["type"] == "message" else ("summary", e.get("summary")))
+    return out
+
+
+def _theirs(messages: list[dict[str, Any]]) -> list[Any]:
+    return [
+        ("summary", m["summary"]) if m["role"] in ("compactionSummary", "branchSummary") else m
+        for m in messages
+    ]
+
+
+def test_real_pi_opens_an_export_as_the_same_conversation(pi_root: Path, tmp_path: Path) -> None:
+    """The packaged v3 file (tree, compaction, branch summary, labels, model and thinking
+    changes, usage), imported then exported: pi sees the same messages, model, thinking level
+    and leaf as from the original file, and as our own context."""
+    store = open_store(f"jsonl:{tmp_path}/st")
+    sid = import_pi_file(str(PACKAGED), store)
+    with store.open_session(sid) as ss:
+        s = Session(ss)
+        path = _export(s, tmp_path, "export.jsonl")
+        seen, original = pi_reads(pi_root, path, tmp_path), pi_reads(pi_root, PACKAGED, tmp_path)
+        assert seen["leafId"] == s.leaf() == original["leafId"]
+        assert seen["messages"] == original["messages"]
+        assert (seen["model"], seen["thinkingLevel"]) == (original["model"], "medium")
+        assert s.context().thinking_level == "medium"
+        assert _theirs(seen["messages"]) == _ours(s)
+        page = pi_export_html(pi_root, path, tmp_path)
+        assert page["leafId"] == s.leaf() and len(page["entries"]) == len(ss.iter_entries())
+        labels = [e for e in page["entries"] if e["type"] == "label"]
+        assert labels and labels[0]["label"] == "first-pass"
+
+
+def test_real_pi_follows_a_marked_leaf(pi_root: Path, tmp_path: Path) -> None:
+    """A lane whose leaf has children on another branch: pi's leaf is our marker entry under
+    it, and pi's conversation is that leaf's."""
+    store = open_store(f"jsonl:{tmp_path}/st")
+    s = Session(store.create_session("/work"))
+    s.set_thinking_level("low")
+    u1 = s.append_message({"role": "user", "content": [{"type": "text", "text": "one"}]})
+    s.append_message({"role": "user", "content": [{"type": "text", "text": "two"}]})
+    s.navigate(u1["id"])
+    s.append_message({"role": "user", "content": [{"type": "text", "text": "three"}]})
+    s.navigate(u1["id"])
+    path = _export(s, tmp_path, "marked.jsonl")
+    seen = pi_reads(pi_root, path, tmp_path)
+    assert [m["content"][0]["text"] for m in seen["messages"]] == ["one"]
+    assert seen["thinkingLevel"] == "low" and _theirs(seen["messages"]) == _ours(s)
+    assert pi_export_html(pi_root, path, tmp_path)["leafId"] == seen["leafId"] != u1["id"]
+
+
+@pytest.mark.parametrize("name", ["before-compaction.jsonl", "large-session.jsonl"])
+def test_real_pi_files_round_trip(pi_root: Path, tmp_path: Path, name: str) -> None:
+    """Real pi files (format version 1) imported and exported as version 3: pi builds the same
+    messages from our export as from its own file."""
+    source = SHARED / name
+    if not source.is_file():
+        pytest.skip(f"shared pi session file not found at {source}: the tests read it in place")
+    store = open_store(f"jsonl:{tmp_path}/st")
+    sid = import_pi_file(str(source), store)
+    with store.open_session(sid) as ss:
+        path = _export(Session(ss), tmp_path, "export.jsonl")
+    seen, original = pi_reads(pi_root, path, tmp_path), pi_reads(pi_root, source, tmp_path)
+    assert seen["messages"] == original["messages"]
+    assert (seen["model"], seen["thinkingLevel"]) == (original["model"], original["thinkingLevel"])
