@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from durable_harness.session import Session, import_pi_file
+from durable_harness.providers import wire_messages
+from durable_harness.providers.base import arguments_json
+from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.pi_export import pi_entries, pi_text
 from durable_harness.storage import open_store
 
@@ -44,8 +46,10 @@ const ctx = sm.buildSessionContext();
 const target = { provider, api, id: model, input: ["text", "image"] };
 const sent = transformMessages(ctx.messages.filter((m) =>
   ["user", "assistant", "toolResult"].includes(m.role)), target);
+const argsJson = sent.flatMap((m) => m.role === "assistant"
+  ? m.content.filter((b) => b.type === "toolCall").map((b) => JSON.stringify(b.arguments)) : []);
 process.stdout.write(JSON.stringify({ leafId: sm.getLeafId(), count: sm.getEntries().length,
-  messages: ctx.messages, model: ctx.model, thinkingLevel: ctx.thinkingLevel, sent }));
+  messages: ctx.messages, model: ctx.model, thinkingLevel: ctx.thinkingLevel, sent, argsJson }));
 """
 
 
@@ -187,3 +191,91 @@ def test_real_pi_files_round_trip(pi_root: Path, tmp_path: Path, name: str) -> N
     seen, original = pi_reads(pi_root, path, tmp_path), pi_reads(pi_root, source, tmp_path)
     assert seen["messages"] == original["messages"]
     assert (seen["model"], seen["thinkingLevel"]) == (original["model"], original["thinkingLevel"])
+
+
+def pi_session_file(path: Path) -> Path:
+    """A pi v3 file as pi writes one, with what pi does not replay: a turn by another model
+    (thinking, non-ASCII arguments), an errored turn, an aborted turn with a call."""
+
+    def msg(eid: str, parent: str | None, **m: Any) -> dict[str, Any]:
+        ts = "2026-03-02T10:00:00.000Z"
+        return {"type": "message", "id": eid, "parentId": parent, "timestamp": ts, "message": m}
+
+    def said(text: str) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": text}]
+
+    claude = {"provider": "anthropic", "api": "anthropic-messages", "model": "claude-x"}
+    lines = [
+        {"type": "session", "version": 3, "id": "s1", "timestamp": "2026-03-02T10:00:00.000Z",
+         "cwd": "/w"},
+        {"type": "model_change", "id": "e1", "parentId": None,
+         "timestamp": "2026-03-02T10:00:00.000Z", "provider": "anthropic", "modelId": "claude-x"},
+        msg("e2", "e1", role="user", content=said("u1"), timestamp=1),
+        msg("e3", "e2", role="assistant", provider="openai", api="openai-completions",
+            model="gpt-5", stopReason="toolUse", timestamp=2, content=[
+                {"type": "thinking", "thinking": "foreign idea"}, *said("a1"),
+                {"type": "toolCall", "id": "c1", "name": "read",
+                 "arguments": {"path": "ü.txt", "n": [1, 2]}}]),
+        msg("e4", "e3", role="toolResult", toolCallId="c1", toolName="read", content=said("r1"),
+            isError=False, timestamp=3),
+        msg("e5", "e4", role="assistant", **claude, stopReason="error", errorMessage="boom",
+            content=said("partial"), timestamp=4),
+        msg("e6", "e5", role="user", content=said("u2"), timestamp=5),
+        msg("e7", "e6", role="assistant", **claude, stopReason="aborted", timestamp=6,
+            content=[{"type": "toolCall", "id": "c2", "name": "read", "arguments": {}}]),
+        msg("e8", "e7", role="user", content=said("u3"), timestamp=7),
+        msg("e9", "e8", role="assistant", **claude, stopReason="stop", content=said("final"),
+            timestamp=8),
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def _pi_sent(sent: list[dict[str, Any]]) -> list[Any]:
+    out: list[Any] = []
+    for m in sent:
+        blocks = m["content"] if isinstance(m["content"], list) else [m["content"]]
+        texts = [b["text"] for b in blocks if b.get("type") == "text"]
+        if m["role"] == "assistant":
+            calls = [b["id"] for b in blocks if b["type"] == "toolCall"]
+            out.append(("assistant", texts, calls))
+        elif m["role"] == "toolResult":
+            out.append(("toolResult", m["toolCallId"], texts))
+        else:
+            out.append(("user", texts))
+    return out
+
+
+def _our_wire(wire: list[dict[str, Any]]) -> list[Any]:
+    out: list[Any] = []
+    for m in wire:
+        blocks = m["content"] if isinstance(m["content"], list) else [m["content"]]
+        if m["role"] == "assistant":
+            texts = [b["text"] for b in blocks if b["type"] == "text"]
+            out.append(("assistant", texts, [b["id"] for b in blocks if b["type"] == "tool_use"]))
+        elif blocks and blocks[0].get("type") == "tool_result":
+            for b in blocks:
+                texts = (
+                    [c["text"] for c in b["content"]]
+                    if isinstance(b["content"], list)
+                    else [b["content"]]
+                )
+                out.append(("toolResult", b["tool_use_id"], texts))
+        else:
+            out.append(("user", [b["text"] for b in blocks if b["type"] == "text"]))
+    return out
+
+
+def test_context_of_a_pi_session_is_what_pi_sends(pi_root: Path, tmp_path: Path) -> None:
+    """pi's own transform (errored and aborted turns dropped, another model's thinking as
+    text) and ours give the same request for an Anthropic model; the arguments are spelt as
+    pi's JSON.stringify spells them."""
+    path = pi_session_file(tmp_path / "pi.jsonl")
+    theirs = pi_reads(pi_root, path, tmp_path, ("anthropic", "anthropic-messages", "claude-x"))
+    with open_session(str(path), open_store(f"jsonl:{tmp_path}/st")) as s:
+        ctx = s.context()
+    ours = wire_messages("anthropic", ctx.messages, model="claude-x")
+    assert _our_wire(ours) == _pi_sent(theirs["sent"])
+    assert _pi_sent(theirs["sent"])[1][1] == ["foreign idea", "a1"]
+    calls = [b for m in ctx.messages for b in m["content"] if b.get("type") == "toolCall"]
+    assert [arguments_json(c["arguments"]) for c in calls] == theirs["argsJson"]
