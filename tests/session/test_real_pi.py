@@ -22,6 +22,7 @@ import pytest
 from durable_harness.providers import wire_messages
 from durable_harness.providers.base import arguments_json
 from durable_harness.session import Session, import_pi_file, open_session
+from durable_harness.session.pi import open_pi_file
 from durable_harness.session.pi_export import pi_entries, pi_text
 from durable_harness.storage import open_store
 
@@ -52,6 +53,49 @@ process.stdout.write(JSON.stringify({ leafId: sm.getLeafId(), count: sm.getEntri
   messages: ctx.messages, model: ctx.model, thinkingLevel: ctx.thinkingLevel, sent, argsJson }));
 """
 
+# Writes a session with pi's own SessionManager (what current pi writes): "write DIR" creates one
+# with every entry kind and prints its path; "append FILE" adds a user message to a file.
+WRITER = """
+import { pathToFileURL } from "node:url";
+const [root, mode, where] = process.argv.slice(2);
+const dist = root + "/node_modules/@mariozechner/pi-coding-agent/dist/index.js";
+const { SessionManager } = await import(pathToFileURL(dist).href);
+const said = (text) => [{ type: "text", text }];
+const usage = { input: 120, output: 30, cacheRead: 10, cacheWrite: 0, totalTokens: 160,
+  cost: { input: 0.1, output: 0.2, cacheRead: 0.01, cacheWrite: 0, total: 0.31 } };
+const reply = (content, stopReason, model = "claude-x") => ({ role: "assistant", content,
+  api: "anthropic-messages", provider: "anthropic", model, usage, stopReason, timestamp: 2 });
+if (mode === "append") {
+  const sm = SessionManager.open(where);
+  sm.appendMessage({ role: "user", content: said("from pi"), timestamp: 9 });
+  sm.appendMessage(reply(said("pi answers"), "stop"));
+  process.stdout.write(sm.getSessionFile());
+} else {
+  const sm = SessionManager.create("/work/project", where);
+  sm.appendModelChange("anthropic", "claude-x");
+  sm.appendThinkingLevelChange("high");
+  const u1 = sm.appendMessage({ role: "user", content: said("list files"), timestamp: 1 });
+  sm.appendMessage(reply([{ type: "thinking", thinking: "plan", thinkingSignature: "sig" },
+    ...said("looking"), { type: "toolCall", id: "t1", name: "bash",
+    arguments: { command: "ls" } }], "toolUse"));
+  sm.appendMessage({ role: "toolResult", toolCallId: "t1", toolName: "bash",
+    content: said("a b"), isError: false, timestamp: 3 });
+  const a2 = sm.appendMessage(reply(said("two files"), "stop"));
+  sm.appendLabelChange(a2, "answer");
+  sm.appendSessionInfo("pi wrote this");
+  sm.appendCustomEntry("ext/state", { n: 1 });
+  sm.appendCustomMessageEntry("ext/note", "a note", true, { k: 1 });
+  sm.branchWithSummary(u1, "tried listing", { files: 2 });
+  const u2 = sm.appendMessage({ role: "user", content: said("count them"), timestamp: 4 });
+  sm.appendMessage(reply(said("2"), "stop"));
+  sm.appendCompaction("summary so far", u2, 5000, { read: [] });
+  sm.appendModelChange("openai", "gpt-5");
+  sm.appendMessage({ role: "user", content: said("and now?"), timestamp: 5 });
+  sm.appendMessage(reply(said("done"), "stop", "gpt-5"));
+  process.stdout.write(sm.getSessionFile());
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def pi_root() -> Iterator[Path]:
@@ -74,6 +118,7 @@ def pi_root() -> Iterator[Path]:
                 check=True, capture_output=True, timeout=900,
             )  # fmt: skip
     (root / "helper.mjs").write_text(HELPER)
+    (root / "writer.mjs").write_text(WRITER)
     yield root
 
 
@@ -279,3 +324,49 @@ def test_context_of_a_pi_session_is_what_pi_sends(pi_root: Path, tmp_path: Path)
     assert _pi_sent(theirs["sent"])[1][1] == ["foreign idea", "a1"]
     calls = [b for m in ctx.messages for b in m["content"] if b.get("type") == "toolCall"]
     assert [arguments_json(c["arguments"]) for c in calls] == theirs["argsJson"]
+
+
+def pi_writes(root: Path, mode: str, where: Path, tmp_path: Path) -> Path:
+    """Run :data:`WRITER` (pi's SessionManager writing a file); return the file's path."""
+    proc = subprocess.run(
+        ["node", str(root / "writer.mjs"), str(root), mode, str(where)],
+        capture_output=True, text=True, timeout=120, env=_env(tmp_path), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return Path(proc.stdout)
+
+
+def _file(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def test_what_pi_writes_imports_and_exports_without_loss(pi_root: Path, tmp_path: Path) -> None:
+    """A session written by pi's SessionManager (every entry kind: model and thinking changes,
+    usage, thinking with signature, label, session name, custom entry and message, branch
+    summary, compaction) imports with every entry as pi wrote it and pi's context, exports
+    back to pi's lines, and pi can append to our export: fsck finds no damage."""
+    written = pi_writes(pi_root, "write", tmp_path / "pi-sessions", tmp_path)
+    header, *entries = _file(written)
+    assert header["version"] == 3 and len(entries) == 17
+    store = open_store(f"jsonl:{tmp_path}/st")
+    sid = import_pi_file(str(written), store)
+    with store.open_session(sid) as ss:
+        s = Session(ss)
+        assert [{k: v for k, v in e.items() if k != "seq"} for e in ss.iter_entries()] == entries
+        assert s.leaf() == entries[-1]["id"] and s.name == "pi wrote this"
+        assert s.labels()[entries[5]["id"]] == "answer"
+        theirs = pi_reads(pi_root, written, tmp_path)
+        assert _theirs(theirs["messages"]) == _ours(s)
+        assert s.context().model == theirs["model"]
+        assert s.context().thinking_level == theirs["thinkingLevel"] == "high"
+        out = _export(s, tmp_path, "export.jsonl")
+    assert _file(out)[1:] == entries
+    pi_writes(pi_root, "append", out, tmp_path)
+    from durable_harness.recovery.fsck import fsck_path
+
+    assert fsck_path(str(out))["ok"]
+    again = Session(open_pi_file(str(out)))
+    assert [m["content"][0]["text"] for m in again.context().messages[-2:]] == [
+        "from pi",
+        "pi answers",
+    ]
