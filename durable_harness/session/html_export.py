@@ -20,7 +20,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:0;display:flex;color:#1d1f23;bac
 nav{width:30%;max-width:420px;height:100vh;overflow:auto;position:sticky;top:0;
 background:#f0f1f4;padding:12px;box-sizing:border-box;border-right:1px solid #ddd}
 main{flex:1;padding:16px 24px;max-width:900px}
-nav ul{list-style:none;padding-left:12px;margin:0}nav li{white-space:nowrap}
+nav ul{list-style:none;padding-left:10px;margin:2px 0;border-left:1px dotted #bbb}
+nav li{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 nav a{color:inherit;text-decoration:none}.path>a{font-weight:600}.leaf>a{color:#b3261e}
 .label{background:#ffe08a;border-radius:3px;padding:0 3px;font-size:12px}
 .msg{border-radius:6px;padding:8px 12px;margin:10px 0;background:#fff;border:1px solid #e3e3e3}
@@ -56,18 +57,24 @@ def _describe(entry: dict[str, Any]) -> str:
 
 
 def _tree(nodes: list[TreeNode], on_path: set[str], leaf: str | None) -> str:
+    """The tree as nested lists: a chain of single children stays at one level (as pi's tree
+    view draws it); a branch point nests its children. Iterative along chains, so a long
+    session does not recurse per entry."""
     parts = ["<ul>"]
-    for node in nodes:
-        eid = str(node.entry.get("id"))
-        cls = "leaf" if eid == leaf else "path" if eid in on_path else ""
-        label = f' <span class="label">{_esc(node.label)}</span>' if node.label else ""
-        parts.append(
-            f'<li class="{cls}"><a href="#e-{_esc(eid)}" title="{_esc(eid)}">'
-            f"{_esc(_describe(node.entry))}</a>{label}"
-        )
-        if node.children:
-            parts.append(_tree(node.children, on_path, leaf))
-        parts.append("</li>")
+    for first in nodes:
+        node: TreeNode | None = first
+        while node is not None:
+            eid = str(node.entry.get("id"))
+            cls = "leaf" if eid == leaf else "path" if eid in on_path else ""
+            label = f'<span class="label">{_esc(node.label)}</span> ' if node.label else ""
+            parts.append(
+                f'<li class="{cls}">{label}<a href="#e-{_esc(eid)}" title="{_esc(eid)}">'
+                f"{_esc(_describe(node.entry))}</a>"
+            )
+            if len(node.children) > 1:  # one nested list per branch
+                parts += [_tree([child], on_path, leaf) for child in node.children]
+            parts.append("</li>")
+            node = node.children[0] if len(node.children) == 1 else None
     parts.append("</ul>")
     return "".join(parts)
 
