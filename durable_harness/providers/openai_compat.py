@@ -274,8 +274,9 @@ def to_openai_messages(
 ) -> list[dict[str, Any]]:
     """Convert context messages (pi shapes) to chat-completions ``messages``.
 
-    ``provider`` and ``model`` name the request's target: an assistant message by another
-    provider or model has its thinking inlined as text, in block order
+    ``provider`` and ``model`` name the request's target (``model=None``: any model of
+    ``provider``): an assistant message by another provider or model has its thinking inlined
+    as text, in block order
     (:func:`~durable_harness.providers.base.foreign_thinking_text`); the target's own thinking is
     not re-sent. Tool-call arguments are compact JSON (:func:`arguments_json`), as pi sends them.
 
@@ -310,10 +311,9 @@ def to_openai_messages(
             out.append({"role": "user", "content": _user_content(msg.get("content", ""))})
         elif role == "assistant":
             blocks = [b for b in msg.get("content") or [] if isinstance(b, dict)]
-            foreign = provider is not None and (msg.get("provider"), msg.get("model")) not in (
-                (None, None),
-                (provider, model),
-            )
+            named = msg.get("provider") is not None or msg.get("model") is not None
+            own = msg.get("provider") == provider and (model is None or msg.get("model") == model)
+            foreign = provider is not None and named and not own
             text = "".join(
                 str(b.get("text", ""))
                 if b.get("type") == "text"

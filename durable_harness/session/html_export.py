@@ -58,24 +58,34 @@ def _describe(entry: dict[str, Any]) -> str:
 
 def _tree(nodes: list[TreeNode], on_path: set[str], leaf: str | None) -> str:
     """The tree as nested lists: a chain of single children stays at one level (as pi's tree
-    view draws it); a branch point nests its children. Iterative along chains, so a long
-    session does not recurse per entry."""
-    parts = ["<ul>"]
-    for first in nodes:
-        node: TreeNode | None = first
-        while node is not None:
-            eid = str(node.entry.get("id"))
-            cls = "leaf" if eid == leaf else "path" if eid in on_path else ""
-            label = f'<span class="label">{_esc(node.label)}</span> ' if node.label else ""
-            parts.append(
-                f'<li class="{cls}">{label}<a href="#e-{_esc(eid)}" title="{_esc(eid)}">'
-                f"{_esc(_describe(node.entry))}</a>"
-            )
-            if len(node.children) > 1:  # one nested list per branch
-                parts += [_tree([child], on_path, leaf) for child in node.children]
+    view draws it); a branch point opens one nested list per child. An explicit stack, so a
+    deep session does not recurse."""
+    parts: list[str] = []
+    # stack items: a node to draw, or the closing markup left for after its subtree
+    stack: list[TreeNode | str] = ["</ul>", *reversed(nodes)]
+    parts.append("<ul>")
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        eid = str(item.entry.get("id"))
+        cls = "leaf" if eid == leaf else "path" if eid in on_path else ""
+        label = f'<span class="label">{_esc(item.label)}</span> ' if item.label else ""
+        parts.append(
+            f'<li class="{cls}">{label}<a href="#e-{_esc(eid)}" title="{_esc(eid)}">'
+            f"{_esc(_describe(item.entry))}</a>"
+        )
+        if len(item.children) == 1:
             parts.append("</li>")
-            node = node.children[0] if len(node.children) == 1 else None
-    parts.append("</ul>")
+            stack.append(item.children[0])
+        elif item.children:
+            later: list[TreeNode | str] = ["</li>"]
+            for child in reversed(item.children):
+                later += ["</ul>", child, "<ul>"]
+            stack += later
+        else:
+            parts.append("</li>")
     return "".join(parts)
 
 
