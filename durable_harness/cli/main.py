@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Sequence
 
 from durable_harness import __version__
+from durable_harness.cli import export_commands as exports
 from durable_harness.cli import host_commands as host
 from durable_harness.cli import run_commands as runs
 from durable_harness.cli import session_commands as sessions
@@ -48,6 +49,7 @@ COMMANDS: dict[str, Command] = {
         sessions.context,
         sessions.fsck,
         sessions.import_,
+        exports.export,
         runs.run,
         sessions.log,
         sessions.cost,

@@ -168,7 +168,8 @@ def wire_messages(
     """Context messages as the ``messages`` of a request in ``wire_format`` would carry them:
     the provider's own converter (``anthropic``: :func:`to_anthropic_messages` with provider
     ``anthropic`` and ``model``, which decides whose thinking signatures are re-sent;
-    ``openai``: :func:`to_openai_messages`, no system prompt).
+    ``openai``: :func:`to_openai_messages` with provider ``openai`` and ``model``, which
+    decides whose thinking goes as text; no system prompt).
 
     Raises:
         FormatError: an unknown ``wire_format``.
@@ -180,7 +181,7 @@ def wire_messages(
     if wire_format == "openai":
         from durable_harness.providers.openai_compat import to_openai_messages
 
-        return to_openai_messages(messages)
+        return to_openai_messages(messages, provider="openai", model=model)
     raise FormatError(
         f"unknown request format {wire_format!r}: use one of {', '.join(WIRE_FORMATS)}"
     )

@@ -12,9 +12,11 @@ Wire mapping (pi message shapes -> Messages API):
   (``thinkingSignature``, pi's field, or ``signature``) was issued for this provider and model:
   the message's ``provider`` and ``model`` are the request's. Then it goes out as ``thinking``
   (or ``redacted_thinking`` when marked ``redacted``), unmodified, as the extended-thinking
-  guide requires. Any other thinking (another provider's or model's, or unsigned) is left out:
-  a foreign signature fails Anthropic's check, and the API drops earlier turns' thinking from
-  what the model sees anyway. With thinking enabled, a request whose open tool-use turn (the
+  guide requires; unsigned own thinking is left out. Another provider's or model's thinking
+  goes out as a ``text`` block (its signature would fail Anthropic's check), redacted or empty
+  thinking, or thinking of a message naming no provider or model, not at all: what pi sends
+  (``design/context.md``, "pi sessions").
+  With thinking enabled, a request whose open tool-use turn (the
   last assistant message, answered by tool results) does not start with a kept thinking block
   is sent with thinking off, since the API requires that turn to start with one.
 * Images (user content and tool results) are checked against :data:`ANTHROPIC_IMAGES` (JPEG,
@@ -54,6 +56,7 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
     ToolSpec,
+    foreign_thinking_text,
 )
 
 ANTHROPIC_IMAGES = ImageLimits(
@@ -290,9 +293,13 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant_blocks(content: Any, ids: WireIds, own: bool) -> list[dict[str, Any]]:
+def _assistant_blocks(
+    content: Any, ids: WireIds, own: bool, foreign: bool = False
+) -> list[dict[str, Any]]:
     """Wire blocks of one assistant message; ``own``: its thinking signatures were issued for
-    the request's provider and model (else every thinking block is left out)."""
+    the request's provider and model; ``foreign``: the message names another provider or model,
+    whose thinking goes as text (:func:`~durable_harness.providers.base.foreign_thinking_text`);
+    thinking of a message naming neither is left out."""
     out: list[dict[str, Any]] = []
     for block in content or []:
         if not isinstance(block, dict):
@@ -302,6 +309,11 @@ def _assistant_blocks(content: Any, ids: WireIds, own: bool) -> list[dict[str, A
             out.append({"type": "text", "text": str(block["text"])})
         elif btype == "thinking":
             signature = block.get("thinkingSignature") or block.get("signature")
+            if foreign:  # another model's reasoning, inlined as text as pi does
+                text = foreign_thinking_text(block)
+                if text:
+                    out.append({"type": "text", "text": text})
+                continue
             if not signature or not own:
                 continue
             if block.get("redacted"):
@@ -379,7 +391,8 @@ def to_anthropic_messages(
             )
         elif role == "assistant":
             own = msg.get("provider") == provider and (model is None or msg.get("model") == model)
-            blocks = _assistant_blocks(msg.get("content"), ids, own)
+            named = msg.get("provider") is not None or msg.get("model") is not None
+            blocks = _assistant_blocks(msg.get("content"), ids, own, foreign=named and not own)
             if blocks:
                 out.append({"role": "assistant", "content": blocks})
     return out

@@ -17,6 +17,7 @@ rule in :mod:`durable_harness.providers.failures`, which also says when a stream
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -161,3 +162,18 @@ def priced(usage: dict[str, Any], pricing: Mapping[str, float] | None) -> dict[s
         cost[key] = tokens * float(price or 0.0) / 1_000_000
     usage["cost"] = {**cost, "total": sum(cost.values())} if pricing else None
     return usage
+
+
+def foreign_thinking_text(block: Mapping[str, Any]) -> str:
+    """The text another model's ``thinking`` block is sent as ('' to leave it out: redacted or
+    blank), as pi-ai's ``transformMessages`` does (``design/context.md``, "pi sessions")."""
+    if block.get("redacted"):
+        return ""
+    text = str(block.get("thinking") or "")
+    return text if text.strip() else ""
+
+
+def arguments_json(arguments: Any) -> str:
+    """Tool-call arguments as the wire's JSON string: compact, non-ASCII kept, as JavaScript's
+    ``JSON.stringify`` spells them (what pi sends; ``design/context.md``, "pi sessions")."""
+    return json.dumps(arguments or {}, separators=(",", ":"), ensure_ascii=False)

@@ -28,7 +28,6 @@ after the stream ends; then :class:`Done` (once a ``finish_reason`` arrived:
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Unpack
@@ -51,7 +50,9 @@ from durable_harness.providers.base import (
     ThinkingDelta,
     ToolCallEvent,
     ToolSpec,
+    arguments_json,
     empty_usage,
+    foreign_thinking_text,
 )
 
 OPENAI_IMAGES = ImageLimits(
@@ -184,7 +185,12 @@ class OpenAIProvider(NetworkProvider):
         """
         params: dict[str, Any] = {
             "model": request.model or self.model,
-            "messages": to_openai_messages(request.messages, request.system_prompt),
+            "messages": to_openai_messages(
+                request.messages,
+                request.system_prompt,
+                provider=self.name,
+                model=request.model or self.model,
+            ),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -260,9 +266,19 @@ def _user_content(content: Any) -> str | list[dict[str, Any]]:
 
 
 def to_openai_messages(
-    messages: list[dict[str, Any]], system_prompt: str | None = None
+    messages: list[dict[str, Any]],
+    system_prompt: str | None = None,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
 ) -> list[dict[str, Any]]:
     """Convert context messages (pi shapes) to chat-completions ``messages``.
+
+    ``provider`` and ``model`` name the request's target (``model=None``: any model of
+    ``provider``): an assistant message by another provider or model has its thinking inlined
+    as text, in block order
+    (:func:`~durable_harness.providers.base.foreign_thinking_text`); the target's own thinking is
+    not re-sent. Tool-call arguments are compact JSON (:func:`arguments_json`), as pi sends them.
 
     See the module docstring for the mapping. Assistant messages with neither text nor tool
     calls are left out (the API rejects them); roles other than ``user``, ``assistant`` and
@@ -295,14 +311,23 @@ def to_openai_messages(
             out.append({"role": "user", "content": _user_content(msg.get("content", ""))})
         elif role == "assistant":
             blocks = [b for b in msg.get("content") or [] if isinstance(b, dict)]
-            text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+            named = msg.get("provider") is not None or msg.get("model") is not None
+            own = msg.get("provider") == provider and (model is None or msg.get("model") == model)
+            foreign = provider is not None and named and not own
+            text = "".join(
+                str(b.get("text", ""))
+                if b.get("type") == "text"
+                else (foreign_thinking_text(b) if foreign else "")
+                for b in blocks
+                if b.get("type") in ("text", "thinking")
+            )
             tool_calls = [
                 {
                     "id": ids.call(str(b.get("id", ""))),
                     "type": "function",
                     "function": {
                         "name": str(b.get("name", "")),
-                        "arguments": json.dumps(b.get("arguments") or {}),
+                        "arguments": arguments_json(b.get("arguments")),
                     },
                 }
                 for b in blocks

@@ -173,7 +173,11 @@ def _settings(
 
 
 def _extend(
-    get_entry: EntryGetter, leaf_id: str | None, previous: ContextState, max_steps: int = 64
+    get_entry: EntryGetter,
+    leaf_id: str | None,
+    previous: ContextState,
+    max_steps: int = 64,
+    pi_turns: bool = False,
 ) -> ContextState | None:
     """Extend ``previous`` to ``leaf_id`` when the leaf descends from ``previous.leaf_id``
     through at most ``max_steps`` entries and no compaction; else ``None``."""
@@ -193,7 +197,7 @@ def _extend(
     model, thinking = previous.model, previous.thinking_level
     for entry in reversed(new):
         model, thinking = _settings(entry, model, thinking)
-        _add(pairs, entry)
+        _add(pairs, entry, pi_turns)
     tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[len(previous.pairs) :]])
     # built field by field: dataclasses.replace cost more than the rest of an extension
     return ContextState(
@@ -209,7 +213,7 @@ def _extend(
     )
 
 
-def _full(get_entry: EntryGetter, leaf_id: str | None) -> ContextState:
+def _full(get_entry: EntryGetter, leaf_id: str | None, pi_turns: bool = False) -> ContextState:
     path = _walk(get_entry, leaf_id)
     model: dict[str, str] | None = None
     thinking = "off"
@@ -228,12 +232,12 @@ def _full(get_entry: EntryGetter, leaf_id: str | None) -> ContextState:
         for entry in path[:compaction_idx]:
             kept = kept or entry.get("id") == first_kept
             if kept:
-                _add(pairs, entry)
+                _add(pairs, entry, pi_turns)
         for entry in path[compaction_idx + 1 :]:
-            _add(pairs, entry)
+            _add(pairs, entry, pi_turns)
     else:
         for entry in path:
-            _add(pairs, entry)
+            _add(pairs, entry, pi_turns)
     return ContextState(leaf_id, pairs, model, thinking, estimate_tokens([m for m, _ in pairs]))
 
 
@@ -273,17 +277,27 @@ def estimate_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def build_context(
-    get_entry: EntryGetter, leaf_id: str | None, previous: ContextState | None = None
+    get_entry: EntryGetter,
+    leaf_id: str | None,
+    previous: ContextState | None = None,
+    *,
+    pi_turns: bool = False,
 ) -> Context:
     """Build the provider context from ``leaf_id`` (see the module docstring for the rules).
+
+    ``pi_turns`` (a session written by pi: ``design/context.md``, "pi sessions") drops
+    assistant messages that ended in ``error`` or ``aborted``, as pi does before sending; the
+    results of their calls then have no call before them and are dropped too (rule 5).
 
     With ``previous`` (the ``state`` of a context built for an ancestor of ``leaf_id``), only the
     entries below that ancestor are read: a run's context grows by a turn at a time instead of
     being rebuilt from the root. The result is the same either way.
     """
-    state = _extend(get_entry, leaf_id, previous) if previous is not None else None
+    state = None
+    if previous is not None:
+        state = _extend(get_entry, leaf_id, previous, pi_turns=pi_turns)
     if state is None:
-        state = _full(get_entry, leaf_id)
+        state = _full(get_entry, leaf_id, pi_turns)
     messages, entry_ids = _form(state)
     return Context(
         messages=messages,
@@ -294,9 +308,18 @@ def build_context(
     )
 
 
-def _add(pairs: list[tuple[dict[str, Any], str | None]], entry: dict[str, Any]) -> None:
+FAILED_STOPS = ("error", "aborted")
+"""The ``stopReason`` values of a turn pi does not replay (pi-ai's ``transformMessages``)."""
+
+
+def _add(
+    pairs: list[tuple[dict[str, Any], str | None]], entry: dict[str, Any], pi_turns: bool = False
+) -> None:
     msg = entry_message(entry)
-    if msg is not None:
+    failed = (
+        msg is not None and msg.get("role") == "assistant" and msg.get("stopReason") in FAILED_STOPS
+    )
+    if msg is not None and not (pi_turns and failed):
         pairs.append((msg, entry.get("id")))
 
 

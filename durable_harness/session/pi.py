@@ -22,7 +22,7 @@ from durable_harness.errors import CorruptSession, SessionNotFound
 from durable_harness.models.header import VERSION
 from durable_harness.session.session import copy_ops
 from durable_harness.storage import codec
-from durable_harness.storage.base import Store
+from durable_harness.storage.base import LaneOp, Store
 from durable_harness.storage.damage import damage
 from durable_harness.storage.indexed import MemorySessionStore
 from durable_harness.storage.shapes import entry_shape_error
@@ -112,6 +112,40 @@ def migrate(header: dict[str, Any], lines: list[tuple[int, int, Any]]) -> list[d
     return entries
 
 
+LEAF_TYPE = "durable-harness/leaf"
+"""``customType`` of the entry our export adds to mark a leaf that cannot be the last line."""
+
+LOG_TYPE = "durable-harness/log"
+"""``customType`` of the entry our export adds to carry the operation log (``--with-log``)."""
+
+
+def read_back(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Undo what our pi export added (``session/pi_export.py``): return the entries and the leaf.
+
+    The leaf is the last entry (pi's rule), except that a last ``custom`` entry of ours
+    (:data:`LEAF_TYPE`, dropped, or :data:`LOG_TYPE`, kept as data) names the leaf by its
+    ``parentId``. ``usage.costUnknown`` (an unknown cost written as zeros) reads back as
+    ``cost: None``.
+    """
+    out = [_cost_back(e) for e in entries]
+    leaf = out[-1].get("id") if out else None
+    last = out[-1] if out else {}
+    if last.get("type") == "custom" and last.get("customType") in (LEAF_TYPE, LOG_TYPE):
+        leaf = last.get("parentId")
+        if last["customType"] == LEAF_TYPE:
+            out.pop()
+    return out, leaf if isinstance(leaf, str) else None
+
+
+def _cost_back(entry: dict[str, Any]) -> dict[str, Any]:
+    msg = entry.get("message")
+    usage = msg.get("usage") if isinstance(msg, dict) else None
+    if not isinstance(usage, dict) or usage.get("costUnknown") is not True:
+        return entry
+    usage = {k: v for k, v in usage.items() if k != "costUnknown"} | {"cost": None}
+    return {**entry, "message": {**msg, "usage": usage}}  # type: ignore[dict-item]
+
+
 def is_pi_header(obj: Any) -> bool:
     """True for a pi header line (``type == "session"`` without our ``format`` marker)."""
     return isinstance(obj, dict) and obj.get("type") == "session" and "format" not in obj
@@ -156,7 +190,7 @@ def open_pi_file(path: str) -> MemorySessionStore:
             f"{path}: line 1 has a version that is not a number: {version!r}", path=path
         )
     header = dict(lines[0][2])
-    entries = migrate(header, lines[1:])
+    entries, leaf = read_back(migrate(header, lines[1:]))
     header["version"] = VERSION
     header["migratedFrom"] = int(lines[0][2].get("version") or 1)
     store = MemorySessionStore(header, read_only=True, location=path)
@@ -181,7 +215,10 @@ def open_pi_file(path: str) -> MemorySessionStore:
             continue
         seen.add(eid)
         numbered.append({"op": "entry", "lane": "main", "entry": {**entry, "seq": seq}})
+    moved = numbered and leaf != numbered[-1]["entry"]["id"]
     store.load(numbered)
+    if moved:
+        store.load([{"op": "lane", "lane": "main", "leafId": leaf, "seq": len(entries) + 1}])
     for e in numbered:
         parent = e["entry"].get("parentId")
         if parent is not None and parent not in seen:
@@ -238,6 +275,9 @@ def import_pi_file(path: str, target: Store, *, chunk: int = 500) -> str:
         ops = copy_ops(src.iter_entries())
         for start in range(0, len(ops), chunk):
             dst.commit(ops[start : start + chunk])
+        leaf = src.lane("main").leaf_id
+        if ops and dst.lane("main").leaf_id != leaf:
+            dst.commit([LaneOp("main", leaf_id=leaf)])
         return dst.session_id
     finally:
         dst.close()

@@ -128,7 +128,7 @@ class Session:
         if cached is not None and cached.state is not None and cached.state.leaf_id == leaf_id:
             return cached
         previous = cached.state if cached is not None else None
-        ctx = build_context(self._get, leaf_id, previous)
+        ctx = build_context(self._get, leaf_id, previous, pi_turns=self.written_by_pi)
         if explicit is None and ctx.state is not None:
             self._contexts[lane] = ctx
         header = self.store.header
@@ -136,6 +136,13 @@ class Session:
             # pi v1 headers carry the initial model
             ctx.model = {"provider": str(header["provider"]), "modelId": str(header["modelId"])}
         return ctx
+
+    @property
+    def written_by_pi(self) -> bool:
+        """True for a pi file opened in place or imported (its header names the pi version it
+        came from): its context follows pi's turn rules (``design/context.md``)."""
+        header = self.store.header
+        return "migratedFrom" in header or "piSessionId" in header
 
     @property
     def name(self) -> str | None:

@@ -201,7 +201,7 @@ async def test_conversation_with_tool_result_is_converted(llm_server: FakeLLMSer
                 {
                     "id": "call_9",
                     "type": "function",
-                    "function": {"name": "read", "arguments": json.dumps({"path": "x"})},
+                    "function": {"name": "read", "arguments": '{"path":"x"}'},
                 }
             ],
         },

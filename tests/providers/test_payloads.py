@@ -201,8 +201,9 @@ def test_anthropic_request_with_every_content_kind_matches_the_sdk_schema() -> N
 
 
 def test_anthropic_sends_only_its_own_signed_thinking() -> None:
-    """The OpenAI turn's reasoning (foreign signature) and redacted data are left out; the
-    Anthropic turn's signed and redacted blocks go out unmodified; unsigned thinking never."""
+    """The OpenAI turn's reasoning goes as text (its signature not at all), its redacted data
+    not at all (pi's rule); the Anthropic turn's signed and redacted blocks go out unmodified;
+    unsigned own thinking never."""
     params = _anthropic_params()
     thinking = [
         b
@@ -215,11 +216,13 @@ def test_anthropic_sends_only_its_own_signed_thinking() -> None:
         {"type": "thinking", "thinking": "own plan", "signature": "sig-own"},
         {"type": "redacted_thinking", "data": "red-own"},
     ]
-    assert "rs_foreign" not in str(params) and "foreign plan" not in str(params)
+    assert "rs_foreign" not in str(params) and "enc" not in str(params)
+    texts = [b for m in params["messages"] if m["role"] == "assistant" for b in m["content"]]
+    assert {"type": "text", "text": "foreign plan"} in texts
     assert "cut short" not in str(params)
 
 
-def test_anthropic_same_provider_other_model_thinking_is_left_out() -> None:
+def test_anthropic_same_provider_other_model_thinking_goes_as_text() -> None:
     msgs = [
         {"role": "user", "content": "hi"},
         {
@@ -234,7 +237,7 @@ def test_anthropic_same_provider_other_model_thinking_is_left_out() -> None:
         {"role": "user", "content": "more"},
     ]
     wire = to_anthropic_messages(msgs, provider="anthropic", model="claude-test")
-    assert wire[1]["content"] == [{"type": "text", "text": "hello"}]
+    assert wire[1]["content"] == [{"type": "text", "text": "p"}, {"type": "text", "text": "hello"}]
     same = to_anthropic_messages(msgs, provider="anthropic", model="claude-other")
     assert same[1]["content"][0] == {"type": "thinking", "thinking": "p", "signature": "sig"}
 
@@ -318,9 +321,31 @@ def test_openai_request_with_every_content_kind_matches_the_sdk_schema() -> None
 
 
 def test_openai_never_sends_reasoning_or_signatures() -> None:
-    text = str(_openai_params())
-    for leaked in ("foreign plan", "rs_foreign", "own plan", "sig-own", "red-own", "reasoning"):
+    """No signature or redacted data ever; another model's thinking (the Anthropic turn's, for
+    this OpenAI model) goes as the assistant's text, as pi sends it."""
+    params = _openai_params()
+    text = str(params)
+    for leaked in ("rs_foreign", "sig-own", "red-own", "reasoning"):
         assert leaked not in text
+    said = [m["content"] for m in params["messages"] if m["role"] == "assistant"]
+    assert any("own plan" in (c or "") for c in said)
+    own = OpenAIProvider("gpt-test", api_key="k").build_params(
+        ProviderRequest(
+            [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "provider": "openai",
+                    "model": "gpt-test",
+                    "content": [
+                        {"type": "thinking", "thinking": "mine"},
+                        {"type": "text", "text": "ok"},
+                    ],
+                },
+            ]
+        )
+    )
+    assert own["messages"][1]["content"] == "ok"
 
 
 # -- the image check itself -------------------------------------------------------------------
