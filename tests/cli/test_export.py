@@ -13,7 +13,8 @@ from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.pi import LEAF_TYPE, LOG_TYPE, open_pi_file
 from durable_harness.session.pi_export import pi_entries
 from durable_harness.storage import Store, open_store
-from tests.cli.conftest import Result
+
+from .conftest import Result
 
 Cli = Callable[..., Result]
 PACKAGED = Path(__file__).resolve().parents[2] / "durable_harness" / "data" / "v3-branched.jsonl"

@@ -9,7 +9,8 @@ from pathlib import Path
 from durable_harness.session import Session, import_pi_file, open_session
 from durable_harness.session.pi import open_pi_file
 from durable_harness.storage import open_store
-from tests.session.test_real_pi import pi_session_file
+
+from .test_real_pi import pi_session_file
 
 
 def _texts(s: Session) -> list[str]:
