@@ -24,8 +24,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check durable_harness tests bench
 	$(BIN)/mypy
 
+# --no-loadscope-reorder: xdist otherwise hands files out biggest-count first, which put the
+# matrix's file (a few tests, most of the suite's CPU) near the end, where it ran alone; in
+# collection order it goes first (tests/crashtest/conftest.py sorts it there).
 test: lint
-	$(BIN)/pytest -n 2 --dist loadfile -p no:cacheprovider --hypothesis-profile=ci
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
+	  --hypothesis-profile=ci
 
 # The edit loop's fast lane (under a minute on 2 quiet cores): lint and types, the tests not
 # marked slow/crash/postgres/browser with fewer hypothesis examples, and a sample of the matrix

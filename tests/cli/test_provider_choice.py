@@ -4,6 +4,8 @@ sends Anthropic's model to Anthropic, never ``gpt-5.1`` (issue 20)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from providers.servers import FakeLLMServer, Turn
+
+from durable_harness.cli.main import main
 
 _SCRIPT = Path(sys.executable).with_name("durable-harness")
 DH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
@@ -40,6 +44,16 @@ def _dh(
     return subprocess.run(
         [*DH, *args], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def _read(*args: str) -> subprocess.CompletedProcess[str]:
+    """A command that only reads the store (``cost``, ``sessions``), run in this process
+    through the CLI's ``main(argv)``: it reaches no provider and crashes nowhere, so a fresh
+    interpreter would only cost its start-up (design/architecture.md, "Suite time")."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.slow
@@ -94,7 +108,7 @@ def test_a_network_model_without_a_price_costs_unknown_and_price_supplies_it(
     first = _dh(llm_server, "run", "hi", "--provider", "openai:gpt-5.1", "--store", store)
     assert first.returncode == 0, first.stderr
     sid = re.search(r"session (\S+)", first.stderr).group(1)  # type: ignore[union-attr]
-    unknown = _dh(llm_server, "cost", sid, "--store", store)
+    unknown = _read("cost", sid, "--store", store)
     assert "session total: 1100 tokens, unknown" in unknown.stdout, unknown.stdout
 
     priced = _dh(
@@ -102,12 +116,12 @@ def test_a_network_model_without_a_price_costs_unknown_and_price_supplies_it(
         "--price", "2,10", "--store", store,
     )  # fmt: skip
     assert priced.returncode == 0, priced.stderr
-    report = json.loads(_dh(llm_server, "cost", sid, "--json", "--store", store).stdout)
+    report = json.loads(_read("cost", sid, "--json", "--store", store).stdout)
     costs = [t["cost"] for t in report["turns"]]
     assert costs == [None, pytest.approx((1000 * 2 + 100 * 10) / 1e6)]
     assert report["total"]["cost"] is None
     assert report["total"]["known_cost"] == pytest.approx(0.003)
-    shown = _dh(llm_server, "cost", sid, "--store", store).stdout
+    shown = _read("cost", sid, "--store", store).stdout
     assert "session total: 2200 tokens, ≥ $0.003000 (1 unknown)" in shown, shown
 
     killed = _dh(
@@ -117,12 +131,12 @@ def test_a_network_model_without_a_price_costs_unknown_and_price_supplies_it(
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = _dh(llm_server, "resume", sid, "--price", "2,10", "--store", store)
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
-    report = json.loads(_dh(llm_server, "cost", sid, "--json", "--store", store).stdout)
+    report = json.loads(_read("cost", sid, "--json", "--store", store).stdout)
     assert report["turns"][-1]["cost"] == pytest.approx(0.003)
 
     bad = _dh(
         llm_server, "run", "x", "--provider", "openai:m", "--price", "cheap", "--store", store
     )
     assert bad.returncode == 2 and "error[format_error]" in bad.stderr, bad.stderr
-    sessions = json.loads(_dh(llm_server, "sessions", "--json", "--store", store).stdout)
+    sessions = json.loads(_read("sessions", "--json", "--store", store).stdout)
     assert [s["id"] for s in sessions] == [sid]
