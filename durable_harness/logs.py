@@ -130,7 +130,7 @@ def format_of(flag: str | None) -> LogFormat:
             f"{ENV}={chosen!r} is not a log format (one of: {', '.join(FORMATS)})",
             value=chosen[:100],
         )
-    return chosen  # type: ignore[return-value]
+    return chosen
 
 
 def configure(fmt: LogFormat, stream: TextIO | None = None) -> logging.Handler:

@@ -11,7 +11,7 @@ from typing import Any
 
 from durable_harness import crash
 from durable_harness import terminal as ui
-from durable_harness.cli import common
+from durable_harness.cli import common, observability
 from durable_harness.cli.common import (
     command,
     json_option,
@@ -118,6 +118,18 @@ def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:
     return on_event
 
 
+def _fan_out(*callbacks: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """One event callback calling each of ``callbacks`` in turn."""
+    if len(callbacks) == 1:
+        return callbacks[0]
+
+    def each(event: dict[str, Any]) -> None:
+        for callback in callbacks:
+            callback(event)
+
+    return each
+
+
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--session", help="continue this session (default: a new one)")
@@ -183,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
             Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h,
         ):
             h.subscribe(_printer(args.quiet or args.json))
+            for listener in observability.listeners(session.id):
+                h.subscribe(listener)
             handle = await h.prompt(args.prompt, lane=args.lane)
             ran["run_id"] = handle.run_id
             for text in args.steer:
@@ -443,7 +457,9 @@ def resume(args: argparse.Namespace) -> int:
                 lanes=[args.lane] if args.lane else None,
                 recovery=rec,
                 price=price_of(args),
-                on_event=_printer(args.quiet or args.json),
+                on_event=_fan_out(
+                    _printer(args.quiet or args.json), *observability.listeners(session.id)
+                ),
             )
 
         results: dict[str, str] = run_async(go)

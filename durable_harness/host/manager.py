@@ -38,6 +38,7 @@ from durable_harness.host.inputs import (
 )
 from durable_harness.host.leftovers import kill_call_group, open_writable
 from durable_harness.host.lifecycle import LIVE
+from durable_harness.host.logbook import HostLog
 from durable_harness.host.options import HostOptions, SendMode
 from durable_harness.host.process import SessionProcess
 from durable_harness.host.read_model import ReadModel
@@ -74,6 +75,10 @@ class SessionManager(ReadModel):
         self.runner = GenerationRunner(self, partial(control, self) if control else None)
         self._lock = anyio.Lock()  # lifecycle moves of different sessions never interleave
         self.reconciler = Reconciler(self, self.runner, self._lock)
+        self.host_log = HostLog()  # lifecycle changes and runs on the durable_harness.host log
+        self.observe(self.host_log.observe)
+        for observer in self.options.observers:
+            self.observe(observer)
 
     # -- the manager's own lifetime ---------------------------------------------------------
 
@@ -339,6 +344,7 @@ class SessionManager(ReadModel):
                 raise refusal
             forget_stored(self.store, session_id)
             self.drop(session_id, rec.client_key)
+            self.host_log.forget(session_id)
 
     # -- the agent verbs --------------------------------------------------------------------
 

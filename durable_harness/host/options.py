@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from durable_harness.harness.core import HarnessOptions
+from durable_harness.harness.core import Event, HarnessOptions
 from durable_harness.host import worker
 from durable_harness.host.record import CommandRuntime
 from durable_harness.recovery.decide import Policy, RecoveryPlan
@@ -65,6 +65,10 @@ class HostOptions:
             (the MCP servers of ``--mcp``: :class:`~durable_harness.tools.mcp.McpServers`,
             whose :meth:`~durable_harness.tools.mcp.McpServers.compose` is in ``tools``);
             ``None``: nothing.
+        observers: ``(session id, event)`` callbacks the manager feeds every event of every
+            generation (:meth:`~durable_harness.host.manager.SessionManager.observe`): the
+            CLI's :class:`~durable_harness.host.tracing.HostTracer` when ``OTEL_*`` asks for
+            traces (``design/observability.md``).
     """
 
     provider: str | None = None
@@ -81,6 +85,7 @@ class HostOptions:
     claim_interval: float | None = worker.DEFAULT_CLAIM_INTERVAL_S
     roots: tuple[Path, ...] | None = None
     mcp: AbstractAsyncContextManager[Any] | None = None
+    observers: list[Callable[[str, Event], None]] = field(default_factory=list)
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:

@@ -1,0 +1,96 @@
+"""The CLI's logs and traces (``design/observability.md``): ``--log-format`` on every command,
+and for the commands that run agents (``serve``, ``run``, ``resume``, ``acp``) the traces the
+``OTEL_*`` environment asks for, through one :class:`~durable_harness.host.tracing.HostTracer`
+per process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from durable_harness import logs, telemetry
+
+TRACED_COMMANDS = frozenset({"serve", "run", "resume", "acp"})
+"""The commands that export traces when ``OTEL_*`` asks (the others run no agent)."""
+
+log = logging.getLogger("durable_harness.cli")
+
+_tracer: Any = None  # the process's HostTracer, once telemetry is installed
+
+
+def log_format_option(p: argparse.ArgumentParser) -> None:
+    """``--log-format text|json`` (every command)."""
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        help="how log records are printed on stderr: text (warnings, claims, resumes, "
+        "decisions, kills) or json (one object per line, every lifecycle change too; default: "
+        f"${logs.ENV}, else text)",
+    )
+
+
+def start(args: argparse.Namespace) -> None:
+    """Configure the logs of the command ``args`` names, then, for :data:`TRACED_COMMANDS`,
+    the traces of the environment (:func:`~durable_harness.telemetry.configure_from_env`).
+
+    Raises:
+        InvalidRequest: ``$DURABLE_HARNESS_LOG_FORMAT`` names no format.
+    """
+    logs.configure(logs.format_of(getattr(args, "log_format", None)))
+    if getattr(args, "command", None) in TRACED_COMMANDS:
+        telemetry.configure_from_env()
+
+
+def observers() -> list[Callable[[str, dict[str, Any]], None]]:
+    """The ``(session id, event)`` observers a host of this process gets: the process's
+    :class:`~durable_harness.host.tracing.HostTracer` when traces are exported, else none."""
+    tracer = _host_tracer()
+    return [] if tracer is None else [tracer.observe]
+
+
+def listeners(session_id: str) -> list[Callable[[dict[str, Any]], None]]:
+    """The ``Harness.subscribe`` callbacks tracing a ``run`` or ``resume`` of
+    ``session_id`` (none when traces are not exported)."""
+    tracer = _host_tracer()
+    return [] if tracer is None else [tracer.listener(session_id)]
+
+
+def _host_tracer() -> Any:
+    global _tracer
+    if _tracer is None and telemetry.installed():
+        from durable_harness.host.tracing import HostTracer
+
+        _tracer = HostTracer()
+    return _tracer
+
+
+def finish() -> None:
+    """End the spans still open (a suspended ``run``, a ``serve`` stopped) and flush the
+    exporters: the command is over. Never raises."""
+    global _tracer
+    tracer, _tracer = _tracer, None
+    try:
+        if tracer is not None:
+            tracer.close()
+        telemetry.shutdown()
+    except Exception:  # an exporter that cannot flush must not change the exit status
+        log.exception("flushing the traces failed")
+
+
+def announce(message: str, *args: object, **fields: Any) -> None:
+    """Tell the operator ``message % args`` on stderr: a line of the text format, or a JSON
+    record (event ``notice``) of the JSON one."""
+    logs.event(log, "notice", message, *args, announce=True, **fields)
+
+
+__all__ = [
+    "TRACED_COMMANDS",
+    "announce",
+    "finish",
+    "listeners",
+    "log_format_option",
+    "observers",
+    "start",
+]
