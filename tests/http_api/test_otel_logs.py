@@ -1,0 +1,258 @@
+"""Issue 23, "OpenTelemetry and logs from every front": a real ``durable-harness serve`` child
+configured by the standard ``OTEL_*`` variables alone exports its spans over OTLP/HTTP to a
+receiver in the test (the protobuf decoded with ``opentelemetry-proto``), in the GenAI
+conventions, recovery steps included; ``--log-format json`` makes stderr one JSON object per
+line; ``/metrics`` answers OpenMetrics to a scraper that asks for it
+(``design/observability.md``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.proto", reason="the otel extra is not installed")
+pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="no OTLP exporter")
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from durable_harness.storage import open_store
+
+from .util import Server, poll, wait_state
+
+pytestmark = [pytest.mark.slow]
+
+
+def crashed_in_doubt(tmp_path: Path) -> tuple[str, str]:
+    """A ``durable-harness run`` child SIGKILLed right after its ``bash`` call's intent is
+    durable: the call is in doubt. Returns ``(store spec, session id)``."""
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    script = tmp_path / "script.json"
+    bash = {"name": "bash", "arguments": {"command": "echo ran >> effects.log"}}
+    turns = [{"text": "Running it.", "tool_calls": [bash]}, {"text": "Finished."}]
+    script.write_text(json.dumps({"turns": turns}))
+    spec = f"jsonl:{tmp_path / 'store'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS")}
+    env["DURABLE_HARNESS_HOME"] = str(tmp_path / "home")
+    env["DURABLE_HARNESS_CRASH_AT"] = "after_tool_started"
+    argv = [sys.executable, "-m", "durable_harness", "run", "do it", "--store", spec]
+    argv += ["--provider", f"scripted:{script}", "--cwd", str(work)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode < 0, f"the child did not crash: {proc.returncode} {proc.stderr}"
+    sid = next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("session "))
+    return spec, sid
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_value(x) for x in v.array_value.values)
+    return getattr(v, kind) if kind else None
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on a loopback port: ``spans`` are ``(name, attributes,
+    resource attributes, parent span id, span id)``, as decoded from each export."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                assert self.path == "/v1/traces", self.path
+                request = ExportTraceServiceRequest.FromString(body)
+                with receiver.lock:
+                    for rs in request.resource_spans:
+                        resource = {a.key: _value(a.value) for a in rs.resource.attributes}
+                        for ss in rs.scope_spans:
+                            for span in ss.spans:
+                                receiver.spans.append(
+                                    {
+                                        "name": span.name,
+                                        "attrs": {a.key: _value(a.value) for a in span.attributes},
+                                        "resource": resource,
+                                        "scope": ss.scope.name,
+                                        "id": span.span_id.hex(),
+                                        "parent": span.parent_span_id.hex(),
+                                        "status": span.status.code,
+                                    }
+                                )
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def named(self, prefix: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [s for s in self.spans if s["name"].startswith(prefix)]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def otel_env(receiver: Receiver) -> dict[str, str]:
+    """Only standard variables: the exporter, its endpoint, the service, a short batch delay."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_SERVICE_NAME": "dh-under-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """Every non-empty line of ``text`` as JSON (fails on a line that is not)."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                raise AssertionError(f"not a JSON line on stderr: {line!r}\n{text}") from None
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_serve_exports_genai_spans_from_otel_env_logs_json_and_serves_openmetrics(
+    receiver: Receiver,
+    start_server: Callable[..., Server],
+    script: Callable[..., str],
+    workdir: Path,
+    tmp_path: Path,
+) -> None:
+    # a session crashed with its bash call in doubt: serving it, the decision resumes it
+    spec, crashed = crashed_in_doubt(tmp_path / "crash")
+    with open_store(spec).open_session(crashed, write=False) as store:
+        (started,) = store.records(types=("tool_started",))
+    call_id = started["toolCallId"]
+    provider = script(
+        [
+            {
+                "text": "listing",
+                "tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}],
+                "usage": {"input": 100, "output": 10, "cacheRead": 40, "cacheWrite": 5},
+            },
+            {"text": "done", "usage": {"input": 20, "output": 2}},
+        ]
+    )
+    server = start_server(spec, "--log-format", "json", env=otel_env(receiver))
+    with server.client() as c:
+        sid = c.post("/sessions", json={"cwd": str(workdir), "provider": provider}).json()["id"]
+        assert c.post(f"/sessions/{sid}/agent/send", json={"message": "go"}).status_code == 202
+        wait_state(c, sid, "idle")
+        decided = c.post(
+            f"/sessions/{crashed}/agent/decide",
+            json={"tool_call_id": call_id, "decision": "result:it ran"},
+        )
+        assert decided.status_code == 200, decided.text
+        wait_state(c, crashed, "idle")
+
+        # OpenMetrics when asked, the text format otherwise
+        om = c.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.headers["content-type"].startswith("application/openmetrics-text")
+        assert om.text.endswith("# EOF\n")
+        families = {f.name: f for f in text_string_to_metric_families(om.text)}
+        runs = families["durable_harness_runs"]
+        assert runs.type == "counter"
+        completed = [s for s in runs.samples if s.labels.get("outcome") == "completed"]
+        assert completed and completed[0].value >= 2
+        plain = c.get("/metrics")
+        assert plain.headers["content-type"].startswith("text/plain")
+        assert "# EOF" not in plain.text
+
+    # -- the spans, from the environment variables alone
+    def chats() -> list[dict[str, Any]] | None:
+        found = [s for s in receiver.named("chat ") if s["attrs"]["gen_ai.conversation.id"] == sid]
+        return found if len(found) == 2 and receiver.named("durable_harness.recovery.") else None
+
+    found = poll(chats, "the chat spans of the new session and the recovery's")
+    by_reason = {s["attrs"]["gen_ai.response.finish_reasons"]: s for s in found}
+    assert set(by_reason) == {("tool_call",), ("stop",)}
+    tool_turn = by_reason[("tool_call",)]["attrs"]
+    assert tool_turn["gen_ai.operation.name"] == "chat"
+    assert tool_turn["gen_ai.provider.name"] == "scripted"
+    assert tool_turn["gen_ai.usage.input_tokens"] == 145  # 100 + 40 cached + 5 written
+    assert tool_turn["gen_ai.usage.cache_read.input_tokens"] == 40
+    assert tool_turn["gen_ai.usage.cache_creation.input_tokens"] == 5
+    assert tool_turn["gen_ai.usage.output_tokens"] == 10
+    assert by_reason[("stop",)]["attrs"]["gen_ai.usage.input_tokens"] == 20
+    assert by_reason[("stop",)]["resource"]["service.name"] == "dh-under-test"
+    tools = [
+        s
+        for s in receiver.named("execute_tool bash")
+        if s["attrs"]["gen_ai.conversation.id"] == sid
+    ]
+    assert len(tools) == 1
+    assert tools[0]["attrs"]["gen_ai.tool.name"] == "bash"
+    assert tools[0]["attrs"]["gen_ai.tool.call.id"].startswith("call_")
+
+    # the recovery of the crashed session: a plan span, its decision a child of it
+    plans = [
+        s
+        for s in receiver.named("durable_harness.recovery.plan")
+        if s["attrs"]["durable_harness.session.id"] == crashed
+    ]
+    assert plans, receiver.spans
+    decisions = receiver.named("durable_harness.recovery.decision")
+    assert [d["attrs"]["gen_ai.tool.call.id"] for d in decisions] == [call_id]
+    assert decisions[0]["attrs"]["durable_harness.decision"] == "result"
+    assert decisions[0]["parent"] == plans[-1]["id"]
+    assert decisions[0]["scope"] == "durable_harness.recovery"
+    settled = [
+        s
+        for s in receiver.named("execute_tool bash")
+        if s["attrs"]["gen_ai.conversation.id"] == crashed
+    ]
+    assert [s["attrs"]["gen_ai.tool.call.id"] for s in settled] == [call_id]
+
+    # -- the logs: stderr is JSON lines, with the ids a reader filters on
+    server.stop()
+    records = json_lines(server.stderr())
+    events = [(r["event"], r.get("session_id")) for r in records]
+    assert ("notice", None) in events  # "sessions may be created in any directory"
+    assert ("decision", crashed) in events
+    (resumed,) = [r for r in records if r["event"] == "resume"]
+    assert resumed["session_id"] == crashed and resumed["generation"] == 2
+    lifecycle = [r for r in records if r["event"] == "lifecycle" and r["session_id"] == sid]
+    assert [r["state"] for r in lifecycle][:3] == ["idle", "running", "idle"]
+    assert {r["generation"] for r in lifecycle} == {1}
+    run_end = [r for r in records if r["event"] == "run_end" and r["session_id"] == sid]
+    assert run_end[0]["outcome"] == "completed" and run_end[0]["lane"] == "main"
+    assert run_end[0]["run_id"] and run_end[0]["generation"] == 1
+    for r in records:
+        assert {"time", "level", "logger", "event", "message"} <= set(r)
