@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from durable_harness.storage import open_store
 
-from .util import Server, poll, wait_state
+from .util import Server, make_sessions, poll, wait_state
 
 pytestmark = [pytest.mark.slow]
 
@@ -256,3 +257,59 @@ def test_serve_exports_genai_spans_from_otel_env_logs_json_and_serves_openmetric
     assert run_end[0]["run_id"] and run_end[0]["generation"] == 1
     for r in records:
         assert {"time", "level", "logger", "event", "message"} <= set(r)
+
+
+@pytest.mark.postgres
+@pytest.mark.crash
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_worker_logs_the_sessions_it_claims_and_resumes(
+    log_format: str,
+    start_server: Callable[..., Server],
+    script: Callable[..., str],
+    pg_spec: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 23: "a worker that took over three sessions printed nothing"; now each claim and
+    resume is a record, in the text format too (``DURABLE_HARNESS_LOG_FORMAT`` here)."""
+    gate = tmp_path / "gate"
+    provider = script(
+        [
+            {"text": "waiting", "wait_for": str(gate)},
+            {"text": "done"},
+        ]
+    )
+    fast = {"DURABLE_HARNESS_PG_LEASE_S": "3"}
+    worker = start_server(
+        pg_spec, "--claim-interval", "0.3", env={**fast, "DURABLE_HARNESS_LOG_FORMAT": log_format}
+    )
+    crashing = start_server(pg_spec, "--claim-interval", "0", env=fast)
+    sids = list(make_sessions(crashing, 3, tmp_path, provider))
+    with crashing.client() as c:
+        for sid in sids:
+            wait_state(c, sid, "running")
+    crashing.proc.send_signal(signal.SIGKILL)
+    crashing.proc.wait(timeout=10)
+
+    def claimed() -> list[str] | None:
+        text = worker.stderr()
+        found = [sid for sid in sids if f"session {sid}: resumed" in text]
+        return found if len(found) == len(sids) else None
+
+    poll(claimed, "the worker to claim and resume the three sessions", timeout=90)
+    gate.touch()
+    text = worker.stderr()
+    if log_format == "text":
+        for sid in sids:
+            assert f"durable-harness: session {sid}: claimed from a crashed worker" in text, text
+            assert f"durable-harness: session {sid}: resumed as generation 2" in text, text
+        return
+    records = json_lines(text)
+    for sid in sids:
+        (claim,) = [r for r in records if r["event"] == "claim" and r["session_id"] == sid]
+        assert claim["generation"] == 2 and claim["logger"] == "durable_harness.host.worker"
+        (resume,) = [r for r in records if r["event"] == "resume" and r["session_id"] == sid]
+        assert resume["generation"] == 2 and resume["lanes"] == {
+            "main": "reissue_provider_request"
+        }, resume
+        assert resume["lane"] == "main" and resume["run_id"], resume
