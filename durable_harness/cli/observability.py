@@ -51,10 +51,29 @@ def observers() -> list[Callable[[str, dict[str, Any]], None]]:
 
 
 def listeners(session_id: str) -> list[Callable[[dict[str, Any]], None]]:
-    """The ``Harness.subscribe`` callbacks tracing a ``run`` or ``resume`` of
-    ``session_id`` (none when traces are not exported)."""
+    """The ``Harness.subscribe`` callbacks of a ``run`` or ``resume`` of ``session_id``:
+    the tracer when traces are exported, and in the JSON log format the host's log of runs
+    and suspensions (:class:`~durable_harness.host.logbook.HostLog`)."""
+    out: list[Callable[[dict[str, Any]], None]] = []
     tracer = _host_tracer()
-    return [] if tracer is None else [tracer.listener(session_id)]
+    if tracer is not None:
+        out.append(tracer.listener(session_id))
+    if logs.json_enabled():
+        from durable_harness.host.logbook import HostLog
+
+        host_log = HostLog()
+        out.append(lambda event: host_log.observe(session_id, event))
+    return out
+
+
+def as_record(name: str, message: str, **fields: Any) -> bool:
+    """In the JSON log format, log ``message`` as event ``name`` with ``fields`` and return
+    True (the command's status line on stderr becomes a record); else return False and
+    the caller prints its line as it always has."""
+    if not logs.json_enabled():
+        return False
+    logs.event(log, name, "%s", message, announce=True, **fields)
+    return True
 
 
 def _host_tracer() -> Any:
@@ -88,6 +107,7 @@ def announce(message: str, *args: object, **fields: Any) -> None:
 __all__ = [
     "TRACED_COMMANDS",
     "announce",
+    "as_record",
     "finish",
     "listeners",
     "log_format_option",

@@ -208,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
             return outcome
 
     with session:
-        if not args.json:
+        if not args.json and not observability.as_record(
+            "session", f"session {session.id}", session_id=session.id
+        ):
             line(f"session {session.id}", file=sys.stderr)
         outcome: str = run_async(go)
         done = session.store.records(args.lane, types=("run_finished",))
@@ -225,6 +227,11 @@ def run(args: argparse.Namespace) -> int:
                     "text": last_answer(session, args.lane),
                 }
             )
+            return EXIT.get(outcome, 1)
+        ids = {"session_id": session.id, "lane": args.lane, "run_id": ran.get("run_id")}
+        if observability.as_record(
+            "run_outcome", f"run {outcome}", outcome=outcome, reason=reason, **ids
+        ):
             return EXIT.get(outcome, 1)
         if outcome == "failed":
             ui.say(f"run failed: {reason or 'see durable-harness log'}", "red", stderr=True)
@@ -464,6 +471,14 @@ def resume(args: argparse.Namespace) -> int:
 
         results: dict[str, str] = run_async(go)
         after = plan_of(session.store, tools, policy=args.policy)
+        for lane, outcome in results.items():  # JSON log format only: stdout says it too
+            observability.as_record(
+                "resume",
+                f"session {session.id}: lane {lane}: {outcome}",
+                session_id=session.id,
+                lane=lane,
+                outcome=outcome,
+            )
     if args.json:
         out({"results": results, "plan": after.to_json()})
     else:

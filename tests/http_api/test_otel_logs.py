@@ -313,3 +313,67 @@ def test_a_worker_logs_the_sessions_it_claims_and_resumes(
             "main": "reissue_provider_request"
         }, resume
         assert resume["lane"] == "main" and resume["run_id"], resume
+
+
+@pytest.mark.timeout(120)
+def test_resume_and_run_export_spans_and_log_json_from_the_environment(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """The CLI's ``run`` (crashed by SIGKILL) and ``resume`` with a decision, each configured
+    by ``OTEL_*`` and ``DURABLE_HARNESS_LOG_FORMAT=json`` alone."""
+    spec, sid = crashed_in_doubt(tmp_path)
+    with open_store(spec).open_session(sid, write=False) as store:
+        (started,) = store.records(types=("tool_started",))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS")}
+    env.update(otel_env(receiver), DURABLE_HARNESS_LOG_FORMAT="json")
+    env["DURABLE_HARNESS_HOME"] = str(tmp_path / "home")
+    argv = [sys.executable, "-m", "durable_harness", "resume", sid, "--store", spec]
+    argv += [
+        "--decide",
+        f"{started['toolCallId']}=fail",
+        "--provider",
+        "scripted:" + str(tmp_path / "script.json"),
+    ]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    records = json_lines(proc.stderr)
+    (resumed,) = [r for r in records if r["event"] == "resume"]
+    assert (resumed["session_id"], resumed["lane"], resumed["outcome"]) == (
+        sid,
+        "main",
+        "completed",
+    )
+    (end,) = [r for r in records if r["event"] == "run_end"]
+    assert end["session_id"] == sid and end["run_id"] and end["outcome"] == "completed"
+    # the spans were flushed before the command exited: no polling needed
+    plans = receiver.named("durable_harness.recovery.plan")  # the printed plan, maybe more
+    assert plans and {p["attrs"]["durable_harness.session.id"] for p in plans} == {sid}
+    assert plans[0]["resource"]["service.name"] == "dh-under-test"
+    decisions = receiver.named("durable_harness.recovery.decision")
+    assert decisions and {d["attrs"]["durable_harness.decision"] for d in decisions} == {"fail"}
+    assert {d["parent"] for d in decisions} <= {p["id"] for p in plans}
+    runs = receiver.named("durable_harness.run")
+    assert [r["attrs"]["gen_ai.conversation.id"] for r in runs] == [sid]
+    assert runs[0]["attrs"]["durable_harness.outcome"] == "completed"
+
+    # a plain run: its records say which session and run, its spans arrive before it exits
+    script = tmp_path / "hello.json"
+    script.write_text(
+        json.dumps({"turns": [{"text": "hello", "usage": {"input": 7, "output": 1}}]})
+    )
+    argv = [sys.executable, "-m", "durable_harness", "run", "hi", "--store", spec]
+    argv += ["--provider", f"scripted:{script}", "--cwd", str(tmp_path)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    records = json_lines(proc.stderr)
+    (session,) = [r for r in records if r["event"] == "session"]
+    (outcome,) = [r for r in records if r["event"] == "run_outcome"]
+    assert outcome["session_id"] == session["session_id"] != sid
+    assert outcome["outcome"] == "completed" and outcome["run_id"]
+    (chat,) = [
+        c
+        for c in receiver.named("chat ")
+        if c["attrs"]["gen_ai.conversation.id"] == session["session_id"]
+    ]
+    assert chat["attrs"]["gen_ai.response.finish_reasons"] == ("stop",)
+    assert chat["attrs"]["durable_harness.run.id"] == outcome["run_id"]
