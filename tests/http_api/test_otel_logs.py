@@ -12,9 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,7 @@ import pytest
 pytest.importorskip("opentelemetry.proto", reason="the otel extra is not installed")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="no OTLP exporter")
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from otlp_receiver import Receiver, otel_env
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from durable_harness.storage import open_store
@@ -58,82 +52,11 @@ def crashed_in_doubt(tmp_path: Path) -> tuple[str, str]:
     return spec, sid
 
 
-def _value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return tuple(_value(x) for x in v.array_value.values)
-    return getattr(v, kind) if kind else None
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on a loopback port: ``spans`` are ``(name, attributes,
-    resource attributes, parent span id, span id)``, as decoded from each export."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                assert self.path == "/v1/traces", self.path
-                request = ExportTraceServiceRequest.FromString(body)
-                with receiver.lock:
-                    for rs in request.resource_spans:
-                        resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-                        for ss in rs.scope_spans:
-                            for span in ss.spans:
-                                receiver.spans.append(
-                                    {
-                                        "name": span.name,
-                                        "attrs": {a.key: _value(a.value) for a in span.attributes},
-                                        "resource": resource,
-                                        "scope": ss.scope.name,
-                                        "id": span.span_id.hex(),
-                                        "parent": span.parent_span_id.hex(),
-                                        "status": span.status.code,
-                                    }
-                                )
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def named(self, prefix: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [s for s in self.spans if s["name"].startswith(prefix)]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.close()
-
-
-def otel_env(receiver: Receiver) -> dict[str, str]:
-    """Only standard variables: the exporter, its endpoint, the service, a short batch delay."""
-    return {
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-        "OTEL_SERVICE_NAME": "dh-under-test",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-    }
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
