@@ -18,7 +18,6 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from importlib.metadata import entry_points
 from typing import Any
 
 from durable_harness import logs
@@ -59,6 +58,8 @@ def _exporter_class(name: str) -> Any:
             "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
         )
         name = "otlp_proto_grpc" if protocol.strip() == "grpc" else "otlp_proto_http"
+    from importlib.metadata import entry_points  # only when traces are asked for
+
     found = entry_points(group="opentelemetry_traces_exporter", name=name)
     for ep in found:
         return ep.load()

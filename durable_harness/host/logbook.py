@@ -33,6 +33,8 @@ class HostLog:
         etype = event.get("type")
         if etype not in _LOGGED or not log.isEnabledFor(logging.INFO):
             return
+        if etype == "lifecycle" and self._states.get(session_id) == event.get("state"):
+            return  # republished after every harness event: the common case, kept cheap
         try:
             self._log(session_id, str(etype), event)
         except Exception:  # a logging bug must not break the run that emitted the event
