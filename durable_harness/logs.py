@@ -133,14 +133,36 @@ def format_of(flag: str | None) -> LogFormat:
     return chosen
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler writing to whatever ``sys.stderr`` is at each record (a test's
+    capture, a redirected stream), not the one of the moment it was made."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
+_saved: list[tuple[int, bool]] = []  # the ROOT logger's level and propagation before configure
+
+
 def configure(fmt: LogFormat, stream: TextIO | None = None) -> logging.Handler:
-    """Send the package's records to ``stream`` (default: stderr) in ``fmt``: the one
-    handler of the :data:`ROOT` logger (a second call replaces the first's), which then stops
-    propagating to the root logger so nothing prints twice. Returns the handler."""
+    """Send the package's records to ``stream`` (default: the current stderr) in ``fmt``: the
+    one handler of the :data:`ROOT` logger (a second call replaces the first's), which then
+    stops propagating to the root logger so nothing prints twice; :func:`unconfigure` undoes
+    it. Returns the handler."""
     logger = logging.getLogger(ROOT)
+    if not _saved:
+        _saved.append((logger.level, logger.propagate))
     for old in [h for h in logger.handlers if getattr(h, _HANDLER_MARK, False)]:
         logger.removeHandler(old)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.Handler = _StderrHandler() if stream is None else logging.StreamHandler(stream)
     setattr(handler, _HANDLER_MARK, True)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -151,6 +173,18 @@ def configure(fmt: LogFormat, stream: TextIO | None = None) -> logging.Handler:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     return handler
+
+
+def unconfigure() -> None:
+    """Remove the handler :func:`configure` installed and give the :data:`ROOT` logger back
+    its level and propagation (the end of a CLI command run in-process, as tests do)."""
+    logger = logging.getLogger(ROOT)
+    for old in [h for h in logger.handlers if getattr(h, _HANDLER_MARK, False)]:
+        logger.removeHandler(old)
+    if _saved:
+        level, propagate = _saved.pop()
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def json_enabled() -> bool:
@@ -174,4 +208,5 @@ __all__ = [
     "event",
     "format_of",
     "json_enabled",
+    "unconfigure",
 ]

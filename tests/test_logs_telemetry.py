@@ -20,11 +20,11 @@ from durable_harness.errors import InvalidRequest
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     logger = logging.getLogger(logs.ROOT)
-    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    level, propagate = logger.level, logger.propagate
     yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
+    logs.unconfigure()  # what the CLI does at the end of a command
+    assert not logs.json_enabled()
+    assert (logger.level, logger.propagate) == (level, propagate)
 
 
 def test_json_format_is_one_object_a_line_with_the_ids_first(restore_logging: None) -> None:
@@ -163,3 +163,11 @@ def test_recovery_spans_nest_under_the_plan() -> None:
     failed = spans["durable_harness.recovery.reconcile"]
     assert failed.status.status_code.name == "ERROR"
     assert failed.events[0].name == "exception"
+
+
+def test_the_default_handler_writes_to_the_stderr_of_the_moment(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure("json")  # made before the capture below replaced nothing: it looks each time
+    logs.event(logging.getLogger("durable_harness.x"), "notice", "hello", announce=True)
+    assert json.loads(capsys.readouterr().err)["message"] == "hello"

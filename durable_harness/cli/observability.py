@@ -86,8 +86,8 @@ def _host_tracer() -> Any:
 
 
 def finish() -> None:
-    """End the spans still open (a suspended ``run``, a ``serve`` stopped) and flush the
-    exporters: the command is over. Never raises."""
+    """End the spans still open (a suspended ``run``, a ``serve`` stopped), flush the
+    exporters and remove the log handler: the command is over. Never raises."""
     global _tracer
     tracer, _tracer = _tracer, None
     try:
@@ -96,6 +96,8 @@ def finish() -> None:
         telemetry.shutdown()
     except Exception:  # an exporter that cannot flush must not change the exit status
         log.exception("flushing the traces failed")
+    finally:
+        logs.unconfigure()
 
 
 def announce(message: str, *args: object, **fields: Any) -> None:
