@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from durable_harness.cli import observability
 from durable_harness.cli.common import (
     command,
     durability_option,
@@ -91,18 +91,18 @@ def _host_options(args: argparse.Namespace, front: str, **extra: Any) -> HostOpt
         mode=args.durability,
         policy=args.policy,
         roots=roots or None,
+        observers=observability.observers(),  # the traces OTEL_* asks for
         **extra,
     )
     if not roots:
-        print(
-            f"durable-harness: {front} sessions may be created in any directory "
-            "(confine them with --root DIR)",
-            file=sys.stderr,
-            flush=True,
+        observability.announce(
+            "%s sessions may be created in any directory (confine them with --root DIR)", front
         )
     else:
         shown = ", ".join(str(root) for root in roots)
-        print(f"durable-harness: {front} sessions may run only under {shown}", file=sys.stderr)
+        observability.announce(
+            "%s sessions may run only under %s", front, shown, roots=[str(r) for r in roots]
+        )
     return options
 
 
@@ -246,9 +246,8 @@ def notify_options(args: argparse.Namespace) -> NotifyOptions | None:
     if not notify.active():
         return None
     if notify.urls and notify.secret is None:
-        print(
-            f"durable-harness: notices are sent unsigned (give --notify-secret or ${SECRET_ENV})",
-            file=sys.stderr,
+        observability.announce(
+            "notices are sent unsigned (give --notify-secret or $%s)", SECRET_ENV
         )
     return notify
 

@@ -4,14 +4,16 @@ CLI's one error boundary (``design/cli.md``, "Errors"); exit statuses: :data:`EX
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import textwrap
 from collections.abc import Sequence
 
-from durable_harness import __version__
+from durable_harness import __version__, logs
 from durable_harness.cli import export_commands as exports
 from durable_harness.cli import host_commands as host
+from durable_harness.cli import observability
 from durable_harness.cli import run_commands as runs
 from durable_harness.cli import session_commands as sessions
 from durable_harness.cli import tree_commands as tree
@@ -20,6 +22,8 @@ from durable_harness.cli.common import Command, command, out
 from durable_harness.cli.settings import apply_settings, print_settings
 from durable_harness.errors import DurableHarnessError, root_cause
 from durable_harness.storage.oserrors import translate
+
+_log = logging.getLogger("durable_harness.cli")
 
 
 def _completion_options(p: argparse.ArgumentParser) -> None:
@@ -146,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="print the configuration files read and where each setting came from "
             "(flag, environment, durable-harness.toml, default) on stderr",
         )
+        observability.log_format_option(p)
         c.options(p)
     return parser
 
@@ -155,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        observability.start(args)  # logs, and the traces OTEL_* asks for
         settings = apply_settings(args)
         if args.verbose:
             print_settings(settings)
@@ -163,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except BaseException as exc:  # the one boundary: every failure is reported here
         return report_failure(exc, json_output=bool(getattr(args, "json", False)))
+    finally:
+        observability.finish()
 
 
 def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
@@ -184,6 +192,8 @@ def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
     if isinstance(cause, DurableHarnessError):
         if json_output:
             out({"error": {**cause.to_json(), "message": advised(cause)}})
+        elif logs.json_enabled():  # stderr stays one JSON object per line
+            logs.event(_log, "error", "%s", advised(cause), level=logging.ERROR, code=cause.code)
         else:
             ui.error_line(cause.code, advised(cause))
         return EXIT_ERROR
@@ -193,6 +203,8 @@ def report_failure(exc: BaseException, *, json_output: bool = False) -> int:
     )
     if json_output:
         out({"error": {"code": "internal", "message": message}})
+    elif logs.json_enabled():
+        logs.event(_log, "error", "%s", message, level=logging.ERROR, code="internal")
     else:
         ui.error_line("internal", message)
     return EXIT_INTERNAL

@@ -11,7 +11,7 @@ from typing import Any
 
 from durable_harness import crash
 from durable_harness import terminal as ui
-from durable_harness.cli import common
+from durable_harness.cli import common, observability
 from durable_harness.cli.common import (
     command,
     json_option,
@@ -118,6 +118,18 @@ def _printer(quiet: bool) -> Callable[[dict[str, Any]], None]:
     return on_event
 
 
+def _fan_out(*callbacks: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """One event callback calling each of ``callbacks`` in turn."""
+    if len(callbacks) == 1:
+        return callbacks[0]
+
+    def each(event: dict[str, Any]) -> None:
+        for callback in callbacks:
+            callback(event)
+
+    return each
+
+
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--session", help="continue this session (default: a new one)")
@@ -183,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
             Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h,
         ):
             h.subscribe(_printer(args.quiet or args.json))
+            for listener in observability.listeners(session.id):
+                h.subscribe(listener)
             handle = await h.prompt(args.prompt, lane=args.lane)
             ran["run_id"] = handle.run_id
             for text in args.steer:
@@ -194,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
             return outcome
 
     with session:
-        if not args.json:
+        if not args.json and not observability.as_record(
+            "session", f"session {session.id}", session_id=session.id
+        ):
             line(f"session {session.id}", file=sys.stderr)
         outcome: str = run_async(go)
         done = session.store.records(args.lane, types=("run_finished",))
@@ -211,6 +227,11 @@ def run(args: argparse.Namespace) -> int:
                     "text": last_answer(session, args.lane),
                 }
             )
+            return EXIT.get(outcome, 1)
+        ids = {"session_id": session.id, "lane": args.lane, "run_id": ran.get("run_id")}
+        if observability.as_record(
+            "run_outcome", f"run {outcome}", outcome=outcome, reason=reason, **ids
+        ):
             return EXIT.get(outcome, 1)
         if outcome == "failed":
             ui.say(f"run failed: {reason or 'see durable-harness log'}", "red", stderr=True)
@@ -443,11 +464,21 @@ def resume(args: argparse.Namespace) -> int:
                 lanes=[args.lane] if args.lane else None,
                 recovery=rec,
                 price=price_of(args),
-                on_event=_printer(args.quiet or args.json),
+                on_event=_fan_out(
+                    _printer(args.quiet or args.json), *observability.listeners(session.id)
+                ),
             )
 
         results: dict[str, str] = run_async(go)
         after = plan_of(session.store, tools, policy=args.policy)
+        for lane, outcome in results.items():  # JSON log format only: stdout says it too
+            observability.as_record(
+                "resume",
+                f"session {session.id}: lane {lane}: {outcome}",
+                session_id=session.id,
+                lane=lane,
+                outcome=outcome,
+            )
     if args.json:
         out({"results": results, "plan": after.to_json()})
     else:

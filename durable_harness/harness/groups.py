@@ -20,14 +20,18 @@ on another machine is never signalled from here (its pgid names nothing here): i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
+from durable_harness import logs
 from durable_harness.errors import ToolProcessRunning
 from durable_harness.harness.records import call_record
 from durable_harness.harness.state import RunState, ToolCallState, open_run
 from durable_harness.storage.base import RecordOp, SessionStore
 from durable_harness.tools.processes import group_alive, kill_group, this_host
+
+log = logging.getLogger("durable_harness.harness.groups")
 
 KilledBy = Literal["reconcile", "claim", "resume", "close", "operator"]
 
@@ -104,6 +108,19 @@ def kill_groups(
     for call, pgid, start in _unsettled(calls):
         if kill_group(pgid, start, grace=wait):
             killed.append(call)
+            logs.event(
+                log,
+                "leftover_killed",
+                "session %s: killed process group %s left by tool call %s",
+                session_id,
+                pgid,
+                call.tool_call_id,
+                announce=True,
+                session_id=session_id,
+                tool_call_id=call.tool_call_id,
+                tool=call.tool_name,
+                pgid=pgid,
+            )
         if group_alive(pgid, start):
             raise ToolProcessRunning(
                 f"session {session_id}: process group {pgid} of tool call {call.tool_call_id} "

@@ -38,6 +38,7 @@ from durable_harness.host.inputs import (
 )
 from durable_harness.host.leftovers import kill_call_group, open_writable
 from durable_harness.host.lifecycle import LIVE
+from durable_harness.host.logbook import HostLog
 from durable_harness.host.notify import Notifier
 from durable_harness.host.options import HostOptions, SendMode
 from durable_harness.host.process import SessionProcess
@@ -77,6 +78,10 @@ class SessionManager(ReadModel):
         self.reconciler = Reconciler(self, self.runner, self._lock)
         notify = self.options.notify
         self.notifier = Notifier(self, notify) if notify is not None and notify.active() else None
+        self.host_log = HostLog()  # lifecycle changes and runs on the durable_harness.host log
+        self.observe(self.host_log.observe)
+        for observer in self.options.observers:
+            self.observe(observer)
 
     # -- the manager's own lifetime ---------------------------------------------------------
 
@@ -361,6 +366,7 @@ class SessionManager(ReadModel):
                 raise refusal
             forget_stored(self.store, session_id)
             self.drop(session_id, rec.client_key)
+            self.host_log.forget(session_id)
 
     # -- the agent verbs --------------------------------------------------------------------
 

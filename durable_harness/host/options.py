@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from durable_harness.harness.core import HarnessOptions
+from durable_harness.harness.core import Event, HarnessOptions
 from durable_harness.host import worker
 from durable_harness.host.record import CommandRuntime
 from durable_harness.recovery.decide import Policy, RecoveryPlan
@@ -109,6 +109,10 @@ class HostOptions:
             ``None``: nothing.
         notify: the notices and the decision timeout (:class:`NotifyOptions`); ``None``:
             none.
+        observers: ``(session id, event)`` callbacks the manager feeds every event of every
+            generation (:meth:`~durable_harness.host.manager.SessionManager.observe`): the
+            CLI's :class:`~durable_harness.host.tracing.HostTracer` when ``OTEL_*`` asks for
+            traces (``design/observability.md``).
     """
 
     provider: str | None = None
@@ -126,6 +130,7 @@ class HostOptions:
     roots: tuple[Path, ...] | None = None
     mcp: AbstractAsyncContextManager[Any] | None = None
     notify: NotifyOptions | None = None
+    observers: list[Callable[[str, Event], None]] = field(default_factory=list)
 
 
 def needs_decision(plan: RecoveryPlan) -> bool:

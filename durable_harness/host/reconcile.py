@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from durable_harness import logs
 from durable_harness.errors import (
     DurableHarnessError,
     IllegalTransition,
@@ -146,7 +147,17 @@ class Reconciler:
         except (SessionLive, LeaseHeld, IllegalTransition):
             pass  # another host holds it, or its state moved: nothing for the queue to do
         except Exception as exc:
-            log.warning("session %s: the start-up resume failed: %s", session_id, root_cause(exc))
+            cause = root_cause(exc)
+            logs.event(
+                log,
+                "resume_failed",
+                "session %s: the start-up resume failed: %s",
+                session_id,
+                cause,
+                level=logging.WARNING,
+                session_id=session_id,
+                code=getattr(cause, "code", "internal"),
+            )
         finally:
             if session_id in self.reads.pending:
                 rec = self.reads.live.get(session_id)
@@ -252,14 +263,53 @@ class Reconciler:
         except BaseException as exc:
             await worker.let_go(store, lost=worker.writer_lost(exc, store))
             raise
+        for key, given in recovery.decisions.items():
+            logs.event(
+                log,
+                "decision",
+                "session %s: decision %s for tool call %s",
+                rec.id,
+                given.get("decision"),
+                key,
+                announce=True,
+                session_id=rec.id,
+                call_key=key,
+                decision=given.get("decision"),
+            )
         if not start or needs_decision(recovery.plan):
             commit_decisions(store, recovery.plan, recovery.decisions)
             session.close()
+            waiting = [c.tool_call_id for lp in recovery.plan.lanes for c in lp.waiting()]
+            logs.event(
+                log,
+                "resume_waits",
+                "session %s: not resumed, %s call(s) in doubt wait for a decision",
+                rec.id,
+                len(waiting),
+                announce=True,
+                session_id=rec.id,
+                awaiting=waiting,
+            )
             return await self.reads.read(rec.id)
         rec.generation = store.generation
         rec.state = "creating"
         rec.last_error = None
         await self.runner.start(rec, session, recovery, None)
+        resumed = [lp for lp in recovery.plan.lanes if lp.next_action != "none"]
+        logs.event(
+            log,
+            "resume",
+            "session %s: resumed as generation %s (%s)",
+            rec.id,
+            rec.generation,
+            ", ".join(f"{lp.lane}: {lp.next_action}" for lp in resumed) or "nothing to redo",
+            announce=True,
+            session_id=rec.id,
+            generation=rec.generation,
+            lanes={lp.lane: lp.next_action for lp in resumed},
+            run_id=resumed[0].run_id if len(resumed) == 1 else None,
+            lane=resumed[0].lane if len(resumed) == 1 else None,
+        )
         return rec
 
     async def close_stored(self, session_id: str) -> SessionRecord:

@@ -6,6 +6,7 @@ generation to the release of its lease (``design/host.md``, "The manager"; the s
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from durable_harness import logs
 from durable_harness.errors import InvalidRequest, NoOpenRun, root_cause
 from durable_harness.harness.core import Event
 from durable_harness.harness.groups import kill_groups, open_calls
@@ -138,6 +140,18 @@ class GenerationRunner:
                     rec.last_error,
                 )
             elif rec.state != "closing":
+                logs.event(
+                    worker.log,
+                    "generation_error",
+                    "session %s: generation %s stopped on an error: %s",
+                    rec.id,
+                    proc.generation,
+                    rec.last_error,
+                    level=logging.WARNING,
+                    session_id=rec.id,
+                    generation=proc.generation,
+                    code=getattr(cause, "code", "internal"),
+                )
                 try:
                     self.write(proc, "error", error=rec.last_error)
                 except Exception:

@@ -42,11 +42,32 @@ _TRACED = frozenset({
 # fmt: on
 
 _USAGE_ATTRS = {
-    "input": "gen_ai.usage.input_tokens",
     "output": "gen_ai.usage.output_tokens",
     "cacheRead": "gen_ai.usage.cache_read.input_tokens",
     "cacheWrite": "gen_ai.usage.cache_creation.input_tokens",
 }
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+"""All the input tokens, cached ones included, as the GenAI conventions count them: a usage's
+``input`` (the tokens not read from or written to a cache) + ``cacheRead`` + ``cacheWrite``."""
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "toolUse": "tool_call", "error": "error"}
+"""A message's ``stopReason`` in the GenAI conventions' finish reason values; another one
+(``aborted``) is kept as it is."""
+
+
+def finish_reason(stop_reason: str) -> str:
+    """The GenAI finish reason of a ``stopReason`` (:data:`FINISH_REASONS`)."""
+    return FINISH_REASONS.get(stop_reason, stop_reason)
+
+
+def usage_attributes(counts: dict[str, int]) -> dict[str, int]:
+    """The ``gen_ai.usage.*`` attributes of token ``counts`` (``input``, ``output``,
+    ``cacheRead``, ``cacheWrite``; :data:`INPUT_TOKENS` sums the inputs)."""
+    attrs = {_USAGE_ATTRS[k]: v for k, v in counts.items() if k in _USAGE_ATTRS}
+    inputs = [counts[k] for k in ("input", "cacheRead", "cacheWrite") if k in counts]
+    if inputs:
+        attrs[INPUT_TOKENS] = sum(inputs)
+    return attrs
 
 
 def available() -> bool:
@@ -163,8 +184,7 @@ class HostTracer:
             run.span.set_attribute("durable_harness.outcome", outcome)
             if awaiting:
                 run.span.set_attribute("durable_harness.run.awaiting", awaiting)
-            for field, total in run.usage.items():
-                run.span.set_attribute(_USAGE_ATTRS[field], total)
+            run.span.set_attributes(usage_attributes(run.usage))
             if outcome == "failed":
                 run.span.set_status(_otel_trace.Status(_otel_trace.StatusCode.ERROR, "run failed"))
             self._end_run(run, None)
@@ -231,6 +251,7 @@ class HostTracer:
                 "durable_harness.turn": int(event.get("turn", 0)),
                 "durable_harness.attempt": int(event.get("attempt", 0)),
                 "gen_ai.operation.name": "chat",
+                "gen_ai.conversation.id": sid,
                 "gen_ai.provider.name": str(event.get("provider") or ""),
                 "gen_ai.request.model": model,
             },
@@ -240,10 +261,10 @@ class HostTracer:
         assert _otel_trace is not None
         outcome = str(event.get("outcome", "unknown"))
         span.set_attribute("durable_harness.outcome", outcome)
-        for field, count in usage_counts(event).items():
-            span.set_attribute(_USAGE_ATTRS[field], count)
+        span.set_attributes(usage_attributes(usage_counts(event)))
         if event.get("stopReason"):
-            span.set_attribute("gen_ai.response.finish_reasons", [str(event["stopReason"])])
+            reason = finish_reason(str(event["stopReason"]))
+            span.set_attribute("gen_ai.response.finish_reasons", [reason])
         if outcome == "error":
             span.set_attribute("error.type", str(event.get("status") or "provider_error"))
             span.set_status(
@@ -262,6 +283,7 @@ class HostTracer:
                 "durable_harness.session.id": sid,
                 "durable_harness.run.id": str(event.get("runId") or ""),
                 "gen_ai.operation.name": "execute_tool",
+                "gen_ai.conversation.id": sid,
                 "gen_ai.tool.name": tool,
                 "gen_ai.tool.call.id": str(event.get("toolCallId") or ""),
             },
@@ -281,4 +303,12 @@ class HostTracer:
         run.span.end()
 
 
-__all__ = ["INSTRUMENTATION", "HostTracer", "available"]
+__all__ = [
+    "FINISH_REASONS",
+    "INPUT_TOKENS",
+    "INSTRUMENTATION",
+    "HostTracer",
+    "available",
+    "finish_reason",
+    "usage_attributes",
+]

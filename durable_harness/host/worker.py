@@ -12,6 +12,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from durable_harness import logs
 from durable_harness.errors import (
     DurableHarnessError,
     SessionUnreadable,
@@ -176,7 +177,14 @@ class Worker:
                 pass
         except DurableHarnessError as exc:
             self.failures += 1
-            log.warning("claiming crashed sessions failed: %s (retrying)", exc.message)
+            logs.event(
+                log,
+                "claim_round_failed",
+                "claiming crashed sessions failed: %s (retrying)",
+                exc.message,
+                level=logging.WARNING,
+                code=exc.code,
+            )
             return False
         return True
 
@@ -192,9 +200,27 @@ class Worker:
             try:
                 rec = await self.manager.adopt(claimed)
             except DurableHarnessError as exc:
-                log.warning("session %s: claimed but not recovered: %s", claimed.session_id, exc)
+                logs.event(
+                    log,
+                    "claim_failed",
+                    "session %s: claimed but not recovered: %s",
+                    claimed.session_id,
+                    exc,
+                    level=logging.WARNING,
+                    session_id=claimed.session_id,
+                    code=exc.code,
+                )
                 continue
-            log.info(
-                "session %s: claimed (generation %s), now %s", rec.id, rec.generation, rec.state
+            logs.event(
+                log,
+                "claim",
+                "session %s: claimed from a crashed worker (generation %s), now %s",
+                rec.id,
+                rec.generation,
+                rec.state,
+                announce=True,
+                session_id=rec.id,
+                generation=rec.generation,
+                state=rec.state,
             )
         return len(stores)

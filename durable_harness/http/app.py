@@ -350,11 +350,18 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
     @app.get(
         "/metrics",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
+        responses={
+            200: {
+                "content": {"text/plain": {}, "application/openmetrics-text": {}},
+                "description": "Prometheus text, or OpenMetrics when Accept asks for it",
+            }
+        },
         tags=["host"],
     )
-    async def metrics(manager: Manager) -> Response:
-        """Prometheus exposition of the host's metrics."""
+    async def metrics(manager: Manager, request: Request) -> Response:
+        """Exposition of the host's metrics: OpenMetrics 1.0 when the scraper's ``Accept``
+        asks for ``application/openmetrics-text``, else the Prometheus text format 0.0.4
+        (``design/observability.md``, "Metrics")."""
         # the scrape-time gauges first: awaiting decisions, sessions by state, start-up resumes
         # queued, a worker's counts
         sink.set_awaiting_counts(manager.awaiting_decisions())
@@ -362,7 +369,7 @@ def _routes(app: FastAPI, sink: HostMetrics) -> None:
         sink.set_state_counts(await manager.state_counts())
         if (counts := manager.worker_counts()) is not None:
             sink.set_worker_counts(*counts)
-        body, content_type = sink.render()
+        body, content_type = sink.render(request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
 

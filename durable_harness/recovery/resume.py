@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from durable_harness import telemetry
 from durable_harness.errors import RecoveryError, ToolError
 from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
 from durable_harness.harness.records import idempotency_key
@@ -65,10 +66,24 @@ async def probe_reconcile(
                 tool_call_id=call.tool_call_id,
                 idempotency_key=idempotency_key(run.run_id, call.key),
             )
-            try:
-                result = await tool.reconcile(tool.parse_args(call.arguments), ctx)
-            except ToolError:
-                result = None
+            with telemetry.span(
+                "durable_harness.recovery.reconcile",
+                **{
+                    "durable_harness.session.id": snapshot.session_id,
+                    "durable_harness.lane": ls.lane.name,
+                    "durable_harness.run.id": run.run_id,
+                    "gen_ai.tool.name": call.tool_name,
+                    "gen_ai.tool.call.id": call.tool_call_id,
+                },
+            ) as span:
+                try:
+                    result = await tool.reconcile(tool.parse_args(call.arguments), ctx)
+                except ToolError:
+                    result = None
+                if span is not None:
+                    span.set_attribute(
+                        "durable_harness.outcome", "unknown" if result is None else "established"
+                    )
             out[call.key] = result
     return out
 
@@ -97,17 +112,43 @@ async def plan_recovery(
         RecoveryError: a decision names no call, or an ambiguous tool call id.
         StorageError: the store cannot be read.
     """
-    snapshot = take_snapshot(store)
-    where = cwd or str(store.header.get("cwd") or ".")
-    probed = await probe_reconcile(snapshot, tools, where)
-    the_plan = plan(
-        snapshot,
-        declarations(tools),
-        policy=policy,
-        decisions=decisions,
-        reconciled={k: v is not None for k, v in probed.items()},
-    )
-    given = resolve_decisions(snapshot, decisions or {}, declarations(tools))
+    with telemetry.span(
+        "durable_harness.recovery.plan",
+        **{"durable_harness.session.id": store.session_id, "durable_harness.policy": policy},
+    ) as span:
+        snapshot = take_snapshot(store)
+        where = cwd or str(store.header.get("cwd") or ".")
+        probed = await probe_reconcile(snapshot, tools, where)
+        the_plan = plan(
+            snapshot,
+            declarations(tools),
+            policy=policy,
+            decisions=decisions,
+            reconciled={k: v is not None for k, v in probed.items()},
+        )
+        given = resolve_decisions(snapshot, decisions or {}, declarations(tools))
+        calls = {c.call_key: c for lp in the_plan.lanes for c in lp.tool_calls}
+        for key, decision in given.items():
+            call = calls.get(key)
+            with telemetry.span(
+                "durable_harness.recovery.decision",
+                **{
+                    "durable_harness.session.id": store.session_id,
+                    "durable_harness.decision": str(decision.get("decision")),
+                    "gen_ai.tool.name": call.tool_name if call else None,
+                    "gen_ai.tool.call.id": call.tool_call_id if call else None,
+                },
+            ):
+                pass
+        if span is not None:
+            span.set_attribute(
+                "durable_harness.plan.actions",
+                [f"{lp.lane}:{lp.next_action}" for lp in the_plan.lanes],
+            )
+            span.set_attribute(
+                "durable_harness.plan.awaiting",
+                [c.tool_call_id for lp in the_plan.lanes for c in lp.waiting()],
+            )
     results = {k: v for k, v in probed.items() if v is not None}
     return Recovery(the_plan, results, given)
 

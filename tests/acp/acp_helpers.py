@@ -187,13 +187,15 @@ async def agent(
     *,
     crash_at: str | None = None,
     extra: tuple[str, ...] = (),
+    env_extra: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[ClientSideConnection, Any]]:
     """Spawn ``durable-harness acp`` (store ``jsonl:<tmp>/store``; stderr to
     ``<tmp>/agent-N.log``), connect ``client`` and initialize; yields the connection and the
-    process."""
+    process; ``env_extra``: more environment (``OTEL_*``...)."""
     env = {k: v for k, v in os.environ.items() if k != "DURABLE_HARNESS_CRASH_AT"}
     if crash_at:
         env["DURABLE_HARNESS_CRASH_AT"] = crash_at
+    env.update(env_extra or {})
     logs = sorted(tmp_path.glob("agent-*.log"))
     log = tmp_path / f"agent-{len(logs)}.log"
     with log.open("wb") as err:
