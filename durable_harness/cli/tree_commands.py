@@ -208,12 +208,13 @@ def prune(args: argparse.Namespace) -> int:
     cutoff = time.time() - args.older_than
     gone: list[str] = []
     kept: list[dict[str, Any]] = []
-    unreadable = 0
+    unreadable = recent = not_closed = 0
     for info in store.list_sessions(args.cwd):
         if info.error is not None:
             unreadable += 1
             continue
         if catalogue_time(str(info.modified)).timestamp() > cutoff:
+            recent += 1
             continue
         try:
             refusal = stored_refusal(store, info.id)
@@ -223,17 +224,23 @@ def prune(args: argparse.Namespace) -> int:
             refusal = exc
         if refusal is None:
             gone.append(info.id)
-        elif refusal.code != "illegal_transition":  # not closed: not a candidate at all
+        elif refusal.code == "illegal_transition":  # not closed: not a candidate at all
+            not_closed += 1
+        else:
             kept.append({"session_id": info.id, "error": refusal.to_json()})
+    skipped = {"newer": recent, "not_closed": not_closed, "unreadable": unreadable}
     if args.json:
-        out({"forgotten": gone, "kept": kept, "dry_run": args.dry_run})
+        out({"forgotten": gone, "kept": kept, "skipped": skipped, "dry_run": args.dry_run})
     else:
         verb = "would forget" if args.dry_run else "forgot"
         for sid in gone:
             line(f"{verb} session {sid}")
         for k in kept:
             line(f"kept session {k['session_id']}: {k['error']['message']}")
-        line(f"{verb} {len(gone)} session(s), kept {len(kept)}")
+        line(
+            f"{verb} {len(gone)} session(s); kept {len(kept)} held by a process; skipped "
+            f"{recent} newer than --older-than, {not_closed} not closed, {unreadable} unreadable"
+        )
     return 1 if unreadable else 0
 
 

@@ -147,12 +147,14 @@ def test_forget_and_prune_keep_suspended_and_live_sessions(
         dry = cli("prune", "--closed", "--older-than", "2d", "--dry-run", "--json").json()
         assert dry["forgotten"] == [closed_id] and dry["dry_run"] is True
         assert [k["session_id"] for k in dry["kept"]] == [held_id]
+        assert dry["skipped"] == {"newer": 0, "not_closed": 1, "unreadable": 0}
         assert len(open_store().list_sessions()) == 3  # the dry run deleted nothing
         young = cli("prune", "--closed", "--older-than", "4d", "--json").json()
-        assert young["forgotten"] == []
+        assert young["forgotten"] == [] and young["skipped"]["newer"] == 3
         pruned = cli("prune", "--closed", "--older-than", "2d")
         assert pruned.code == 0, pruned.err
         assert f"forgot session {closed_id}" in pruned.out
+        assert "forgot 1 session(s); kept 1 held by a process; skipped 0 newer" in pruned.out
     left = {i.id for i in open_store().list_sessions()}
     assert left == {suspended.id, held_id}
     assert cli("forget", held_id).code == 0

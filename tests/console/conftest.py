@@ -43,12 +43,13 @@ def workdir(tmp_path: Path) -> str:
     return str(work)
 
 
-def crashed_cli_run(
-    tmp_path: Path, spec: str, provider: str, point: str, prompt: str = "go"
+def cli_run(
+    tmp_path: Path, spec: str, provider: str, prompt: str = "go", point: str | None = None
 ) -> str:
-    """Run ``durable-harness run`` in a child that SIGKILLs itself at ``point``; return the
-    id of the session it left."""
+    """Run ``durable-harness run`` in a child, to its end or (``point``) until it SIGKILLs
+    itself there; return the id of the session it left."""
     before = {i.id for i in open_store(spec).list_sessions()}
+    env = {**os.environ, "DURABLE_HARNESS_CRASH_AT": point} if point else None
     proc = subprocess.run(
         [
             sys.executable,
@@ -64,14 +65,22 @@ def crashed_cli_run(
             workdir(tmp_path),
             "--quiet",
         ],
-        env={**os.environ, "DURABLE_HARNESS_CRASH_AT": point},
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert proc.returncode == -9, proc.stderr
+    assert proc.returncode == (-9 if point else 0), proc.stderr
     (new,) = [i.id for i in open_store(spec).list_sessions() if i.id not in before]
     return new
+
+
+def crashed_cli_run(
+    tmp_path: Path, spec: str, provider: str, point: str, prompt: str = "go"
+) -> str:
+    """Run ``durable-harness run`` in a child that SIGKILLs itself at ``point``; return the
+    id of the session it left."""
+    return cli_run(tmp_path, spec, provider, prompt, point)
 
 
 def console_app(spec: str, options: HostOptions, token: str | None = None) -> FastAPI:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,39 +16,11 @@ import httpx
 import pytest
 
 from durable_harness.host import HostOptions
-from durable_harness.storage import open_store
 
-from .conftest import console_app, crashed_cli_run, script, served, workdir
+from .conftest import cli_run, console_app, crashed_cli_run, script, served, workdir
 from .test_browser import browser, shot, wait_for  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.crash, pytest.mark.timeout(180)]
-
-
-def finished_cli_run(tmp_path: Path, spec: str, provider: str, prompt: str) -> str:
-    """Run ``durable-harness run`` to its end; return the id of its session."""
-    before = {i.id for i in open_store(spec).list_sessions()}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "durable_harness",
-            "run",
-            prompt,
-            "--store",
-            spec,
-            "--provider",
-            provider,
-            "--cwd",
-            workdir(tmp_path),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    (new,) = [i.id for i in open_store(spec).list_sessions() if i.id not in before]
-    return new
 
 
 def test_the_list_shows_titles_waiting_first_and_refreshes_itself(
@@ -75,7 +45,7 @@ def test_the_list_shows_titles_waiting_first_and_refreshes_itself(
         tmp_path, spec, doubtful, "after_tool_effect", prompt="Append a line to effects.txt"
     )
     plain = script(tmp_path, [{"text": "hello"}], name="plain.json")
-    later = finished_cli_run(tmp_path, spec, plain, "Say hello\nsecond line is not the title")
+    later = cli_run(tmp_path, spec, plain, "Say hello\nsecond line is not the title")
     shots = tmp_path / "screenshots"
     shots.mkdir()
     with served(console_app(spec, HostOptions(provider=doubtful))) as base:

@@ -122,7 +122,9 @@ def test_serve_exports_genai_spans_from_otel_env_logs_json_and_serves_openmetric
     # -- the spans, from the environment variables alone
     def chats() -> list[dict[str, Any]] | None:
         found = [s for s in receiver.named("chat ") if s["attrs"]["gen_ai.conversation.id"] == sid]
-        return found if len(found) == 2 and receiver.named("durable_harness.recovery.") else None
+        # the batch exporter sends on its own schedule: wait for the decision's span too
+        ready = receiver.named("durable_harness.recovery.decision")
+        return found if len(found) == 2 and ready else None
 
     found = poll(chats, "the chat spans of the new session and the recovery's")
     by_reason = {s["attrs"]["gen_ai.response.finish_reasons"]: s for s in found}
