@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from durable_harness.display import visible
-from durable_harness.errors import UnknownLane, root_cause
+from durable_harness.errors import UnknownEntry, UnknownLane, root_cause
 from durable_harness.recovery.decide import POLICIES
 from durable_harness.session import Session, open_session
 from durable_harness.storage import DURABILITY_MODES, Store, open_store
@@ -223,6 +223,22 @@ def require_lane(session: Session, lane: str) -> None:
             lane=lane,
             lanes=lanes,
         )
+
+
+def resolve_entry(session: Session, given: str) -> str:
+    """The id of the entry ``given`` names: the id itself, else the one entry whose id starts
+    with it (as session ids take a unique prefix); ``UnknownEntry`` when none or several do."""
+    if session.store.get_entry(given) is not None:
+        return given
+    found = [str(e["id"]) for e in session.store.iter_entries() if str(e["id"]).startswith(given)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UnknownEntry(
+            f"entry prefix {given} is ambiguous in session {session.id}: {', '.join(found[:5])}",
+            entry_id=given,
+        )
+    raise UnknownEntry(f"no entry {given} in session {session.id}", entry_id=given)
 
 
 def run_async(fn: Callable[..., Any], *args: Any) -> Any:

@@ -19,6 +19,7 @@ from durable_harness.cli.common import (
     or_dash,
     out,
     require_lane,
+    resolve_entry,
     run_async,
     session_argument,
     store_of,
@@ -423,7 +424,7 @@ def fork(args: argparse.Namespace) -> int:
     """
     position: Literal["at", "before"] = "before" if args.before else "at"
     with open_named(args) as s:
-        entry = args.entry
+        entry = None if args.entry is None else resolve_entry(s, args.entry)
         if entry is None:
             require_lane(s, args.lane)
             entry = s.leaf(args.lane)

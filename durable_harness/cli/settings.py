@@ -6,6 +6,7 @@ then the built-in default. ``--verbose`` prints each setting with its source."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tomllib
@@ -140,6 +141,10 @@ def print_settings(settings: Settings) -> None:
     for name, source in settings.sources.items():
         value = settings.values[name]
         shown = "-" if value in (None, []) else value
+        if isinstance(value, list) and value:  # values print as JSON, never a Python repr
+            shown = json.dumps(value)
+        if name == "store" and value is None:  # say which store the default is
+            shown = f"jsonl:{default_home()}"
         if name == "store" and str(value).startswith("postgres"):
             from durable_harness.storage.postgres.connection import redact_dsn
 

@@ -19,6 +19,7 @@ from durable_harness.cli.common import (
     out,
     parse_duration,
     require_lane,
+    resolve_entry,
     run_async,
     session_argument,
     store_of,
@@ -32,7 +33,7 @@ def _lane_option(p: argparse.ArgumentParser) -> None:
 
 
 def _entry_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("entry", help="entry id (from `show --tree`)")
+    p.add_argument("entry", help="entry id (from `show --tree`; a unique prefix is enough)")
 
 
 def _label_options(p: argparse.ArgumentParser) -> None:
@@ -48,6 +49,7 @@ def label(args: argparse.Namespace) -> int:
       durable-harness label SESSION 9f2c1a0b        # clear it
     """
     with open_named(args, write=True) as s:
+        args.entry = resolve_entry(s, args.entry)
         entry = s.set_label(args.entry, args.text or None)
     return _report(args, entry, f"labelled {args.entry}: {args.text or '(cleared)'}")
 
@@ -80,6 +82,7 @@ def navigate(args: argparse.Namespace) -> int:
     with open_named(args, write=True) as s:
         require_lane(s, args.lane)
         s.check_no_open_run(args.lane)
+        args.entry = resolve_entry(s, args.entry)
         left = s.leaf(args.lane)
         s.navigate(args.entry, lane=args.lane)
     info = {"session_id": s.id, "lane": args.lane, "from": left, "leaf": args.entry}
@@ -119,6 +122,7 @@ def branch_summary(args: argparse.Namespace) -> int:
     with open_named(args, write=True) as s:
         require_lane(s, args.lane)
         s.check_no_open_run(args.lane)
+        args.entry = resolve_entry(s, args.entry)
         choice = resumed_provider(s, args.lane, args.provider)
         if choice is None:
             raise FormatError(

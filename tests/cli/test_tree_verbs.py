@@ -180,3 +180,15 @@ def test_prune_refuses_a_duration_it_cannot_read(cli: Cli) -> None:
     with pytest.raises(SystemExit) as exc:
         cli("prune", "--closed", "--older-than", "3 fortnights")
     assert exc.value.code == 2
+
+
+def test_an_entry_is_named_by_a_unique_prefix_as_the_help_examples_show(
+    cli: Cli, tmp_path: Path
+) -> None:
+    sid, _ = _one_run(cli, tmp_path)
+    user = next(e for e in _entries(sid) if e["type"] == "message")
+    res = cli("label", sid, str(user["id"])[:8], "short", "--json")
+    assert res.code == 0 and res.json()["targetId"] == user["id"]
+    res = cli("navigate", sid, str(user["id"])[:8], "--json")
+    assert res.code == 0 and res.json()["leaf"] == user["id"]
+    assert cli("label", sid, "", "every entry matches").code == 2  # ambiguous, refused
