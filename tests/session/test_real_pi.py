@@ -26,6 +26,9 @@ from durable_harness.session.pi import open_pi_file
 from durable_harness.session.pi_export import pi_entries, pi_text
 from durable_harness.storage import open_store
 
+# each test runs real pi (node) processes: out of `make check`'s fast lane, in `make test`
+pytestmark = pytest.mark.slow
+
 PI_VERSION = "0.73.1"
 """The pi release the tests install (``@mariozechner/pi-coding-agent``, npm)."""
 
@@ -57,6 +60,7 @@ process.stdout.write(JSON.stringify({ leafId: sm.getLeafId(), count: sm.getEntri
 # with every entry kind and prints its path; "append FILE" adds a user message to a file.
 WRITER = """
 import { pathToFileURL } from "node:url";
+
 const [root, mode, where] = process.argv.slice(2);
 const dist = root + "/node_modules/@mariozechner/pi-coding-agent/dist/index.js";
 const { SessionManager } = await import(pathToFileURL(dist).href);
