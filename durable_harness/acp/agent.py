@@ -414,7 +414,7 @@ class DurableAgent:
                         return LoadSessionResponse(
                             field_meta={"durableHarness": {"awaiting": waiting}}
                         )
-                    decisions[call.tool_call_id] = answer
+                    decisions[call.tool_call_id] = {**answer, "author": "acp"}
                     if answer["decision"] == "retry":
                         self.runtime.approved.add((session_id, call.tool_call_id))
         ends = {str(lp.run_id): self._end(str(lp.run_id)) for lp in lanes}

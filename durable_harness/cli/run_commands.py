@@ -429,7 +429,8 @@ def resume(args: argparse.Namespace) -> int:
       durable-harness resume SESSION --decide call_ab12_2_1='result:deployed (checked by hand)'
     """
     chosen_session(args)
-    decisions = dict(parse_decision(d) for d in args.decide)
+    # who decided, on the record (design/notify.md): the notices and the log name the door
+    decisions = {key: {**d, "author": "cli"} for key, d in map(parse_decision, args.decide)}
     if args.provider:
         require_credentials(args.provider)
     provider = make_provider(args.provider, price_of(args)) if args.provider else None

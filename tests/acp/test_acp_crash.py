@@ -118,7 +118,7 @@ async def test_an_in_doubt_call_is_asked_and_the_answer_is_honoured(
         assert done.stop_reason == "end_turn"
     with open_store(f"jsonl:{tmp_path / 'store'}").open_session(sid, write=False) as store:
         (decision,) = store.records("main", types=("decision",))
-    assert decision["toolCallId"] == call_id
+    assert decision["toolCallId"] == call_id and decision["author"] == "acp"
     assert decision["decision"] == {"retry": "retry", "fail": "fail", "skip": "result"}[answer]
 
 

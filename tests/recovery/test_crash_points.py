@@ -214,6 +214,9 @@ def test_crash_point_recovers(point: str, backend: str, tmp_path: Path) -> None:
     resumed = dh("resume", sid, "--store", spec, *decide)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "lane main: completed" in resumed.stdout
+    decided = [r for r in read_session(spec, sid)[0] if r["type"] == "decision"]
+    assert len(decided) == len(decide) // 2
+    assert all(r["author"] == "cli" for r in decided)  # the door that decided is on record
 
     assert effects(work) == {"t1": 1, "a1": 1}
     messages = _common_checks(spec, sid, "completed", PROMPT)
