@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 import psycopg
@@ -25,13 +24,14 @@ from durable_harness.errors import (
 )
 from durable_harness.storage import codec
 from durable_harness.storage.base import Durability, LaneState, Op
-from durable_harness.storage.fold import copy_lane, fold, number
+from durable_harness.storage.fold import number
 from durable_harness.storage.handoff import GroupLeader, PendingCommit, TaskQueue
 from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.postgres import unwaited, write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
 from durable_harness.storage.postgres.unwaited import UnwaitedCommits
+from durable_harness.storage.sql.cache import WriterCache
 from durable_harness.storage.sql.session import LANES, PostgresDialect, SqlSessionStore, lane_row
 
 Conn = psycopg.Connection[Any]
@@ -79,10 +79,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self._closed = False
         self._txn_start = -1
         # the writer's cache (valid while it holds the lease), reloaded after any doubt
-        self._state_ok = False
-        self._last = 0
-        self._lane_state: dict[str, LaneState] = {}
-        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._cache = WriterCache(RECENT_BODIES)
         self._sync_commit = True  # this transaction waits for the WAL flush
         self._pipe: unwaited.Pipeline | None = None  # unwaited commits whose replies are unread
         self._unsynced = False  # a commit made with wait=False is not yet known durable
@@ -106,43 +103,30 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
                 f"session {self.location} was deleted", session_id=self.session_id
             )
         lanes = conn.execute(self.dialect.sql(LANES), (self.session_id,)).fetchall()
-        self._last = int(row[0])
-        self._lane_state = {r[0]: lane_row(r) for r in lanes}
-        self._state_ok = True
+        self._cache.load(int(row[0]), (lane_row(r) for r in lanes))
 
     @boundary
     def _cached(self) -> bool:
         """True when reads may be answered from the writer's cache."""
         if self.read_only or self.lease is None:
             return False
-        if not self._state_ok:
+        if not self._cache.ok:
             with self._lock:
                 self._settle()
-                if not self._state_ok:
+                if not self._cache.ok:
                     self.db.run(self._load_state)
         return True
-
-    def _remember(self, entry_id: str, body: bytes) -> None:
-        self._bodies[entry_id] = body
-        if len(self._bodies) > RECENT_BODIES:
-            self._bodies.popitem(last=False)
 
     def _after(self, batch: list[PendingCommit]) -> None:
         """Fold the committed items into the writer's cache; drop it on doubt."""
         if any(
             item.error is not None and not isinstance(item.error, _USER_ERRORS) for item in batch
         ):
-            self._state_ok = False
-            self._bodies.clear()
+            self._cache.drop()
             return
         for item in sorted(batch, key=lambda i: i.seq):
-            if item.error is not None:
-                continue
-            for op in number(item.ops, item.seq - len(item.ops)):
-                if op["op"] == "entry":
-                    self._remember(str(op["entry"]["id"]), codec.dumps(op["entry"]))
-                fold(self._lane_state, op)
-            self._last = max(self._last, item.seq)
+            if item.error is None:
+                self._cache.fold(number(item.ops, item.seq - len(item.ops)))
 
     # -- reading (the queries: storage/sql/session.py; the writer's cache first) ---------
     @boundary
@@ -174,33 +158,29 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         cached = self._cached()
         if cached:
             with self._lock:
-                body = self._bodies.get(entry_id)
-            if body is not None:
-                value = codec.loads(body)
-                return value if isinstance(value, dict) else None
+                kept = self._cache.entry(entry_id)
+            if kept is not None:
+                return kept
         got = super().get_entry(entry_id)
         if cached and got is not None:
             with self._lock:
-                self._remember(entry_id, codec.dumps(got))
+                self._cache.remember(entry_id, codec.dumps(got))
         return got
 
     def lanes(self) -> dict[str, LaneState]:
         if not self._cached():
             return super().lanes()
         with self._lock:  # a commit folding into the cache must not be seen halfway
-            out = {k: copy_lane(v) for k, v in self._lane_state.items()}
-        out.setdefault("main", LaneState("main"))
-        return out
+            return self._cache.all_lanes()
 
     def lane(self, name: str) -> LaneState:
         if not self._cached():
             return super().lane(name)
         with self._lock:
-            got = self._lane_state.get(name)
-            return LaneState(name) if got is None else copy_lane(got)
+            return self._cache.lane(name)
 
     def last_seq(self) -> int:
-        return self._last if self._cached() else super().last_seq()
+        return self._cache.last_seq if self._cached() else super().last_seq()
 
     @boundary
     def lease_holder(self) -> dict[str, Any] | None:
@@ -366,13 +346,13 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         ``dh_write``, or one savepoint per call when a group fails (so the bad call fails alone)."""
         pending = [item for item in batch if not item.done]
         for attempt in (1, 2):
-            if not self._state_ok:
+            if not self._cache.ok:
                 self._load_state(conn)
             try:
                 self._fast(conn, pending)
                 break
             except write.StaleState:  # the cache was behind the database: reload it once
-                self._state_ok = False
+                self._cache.ok = False
                 if attempt == 2:
                     raise StorageError(
                         f"{self.location}: last_seq moved under this writer's lease twice; "
@@ -394,7 +374,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     def _fast(self, conn: Conn, pending: list[PendingCommit]) -> None:
         """Every item in one ``dh_write`` statement; any failure fails all."""
         ops = [op for item in pending for op in item.ops]
-        seq = self._txn_start = self._last
+        seq = self._txn_start = self._cache.last_seq
         for item in pending:
             seq += len(item.ops)
             item.seq = seq
@@ -412,12 +392,12 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
         """The parameters of ``dh_write`` for ``ops`` after ``last_seq``."""
         return write.write_params(
-            self.session_id, self.generation, last_seq, self._sync_commit, ops, self._lane_state
+            self.session_id, self.generation, last_seq, self._sync_commit, ops, self._cache.lanes
         )
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
         """Every item in one transaction, each in its own savepoint."""
-        seq = self._txn_start = self._last
+        seq = self._txn_start = self._cache.last_seq
         with conn.transaction():
             for item in pending:
                 try:

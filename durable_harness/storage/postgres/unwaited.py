@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import select
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +20,7 @@ from durable_harness.storage.handoff import PendingCommit
 from durable_harness.storage.postgres import write
 from durable_harness.storage.postgres.connection import RECONNECT_DEADLINE_S, Database
 from durable_harness.storage.postgres.lease import DbLease
+from durable_harness.storage.sql.cache import WriterCache
 
 Conn = psycopg.Connection[Any]
 
@@ -138,9 +139,7 @@ class UnwaitedCommits:
     lease: DbLease | None
     generation: int
     _pipe: Pipeline | None
-    _state_ok: bool
-    _bodies: OrderedDict[str, bytes]
-    _last: int
+    _cache: WriterCache
 
     @property
     def writer_lost(self) -> bool:
@@ -161,10 +160,10 @@ class UnwaitedCommits:
         if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
             self._settle()
             pipe = None
-        if self.lease is None or not self._state_ok or self.writer_lost:
+        if self.lease is None or not self._cache.ok or self.writer_lost:
             self._settle()
             return False
-        start = self._last
+        start = self._cache.last_seq
         params = self._commit_params(item.ops, start)
         if pipe is None:
             conn = self.db.hold()
@@ -199,8 +198,7 @@ class UnwaitedCommits:
         bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
         if bad is None:  # every commit landed (a lost barrier reply is the barrier's to redo)
             return
-        self._state_ok = False
-        self._bodies.clear()
+        self._cache.drop()
         rest: list[PendingCommit] = [u.tag[0] for u in units[bad:]]
         first = units[bad]
         if first.error is None or isinstance(first.error, psycopg.OperationalError):

@@ -18,18 +18,22 @@ from durable_harness.errors import (
 )
 from durable_harness.ids import now_iso
 from durable_harness.storage import codec, timing
-from durable_harness.storage.base import Durability, Op
+from durable_harness.storage.base import Durability, LaneState, Op
 from durable_harness.storage.fold import lane_change, number
 from durable_harness.storage.lease import FileLease
 from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.shapes import checked_id, id_conflict
-from durable_harness.storage.sql.session import SqlSessionStore
+from durable_harness.storage.sql.cache import WriterCache
+from durable_harness.storage.sql.session import LANES, SqlSessionStore, lane_row
 from durable_harness.storage.sqlite import group_commit
 from durable_harness.storage.sqlite.connection import read_snapshot, rollback
 from durable_harness.storage.sqlite.database import SharedDatabase
 from durable_harness.storage.sqlite.group_commit import GroupQueues, SessionCommit
 
 RECENT_ENTRIES = 4096  # committed entry ids remembered for parent checks (then started afresh)
+RECENT_BODIES = 256
+"""Entry bodies the writer's cache keeps (``storage/sql/cache.py``): a run reads back the few it
+just wrote (its leaf); an older one is one indexed query away."""
 
 
 class SqliteSessionStore(SqlSessionStore):
@@ -76,6 +80,11 @@ class SqliteSessionStore(SqlSessionStore):
         self._txn_lanes: set[str] = set()
         self._known_lanes: set[str] = set()
         self._ticket = 0  # the shared writer's ticket of this session's last commit
+        # the writer's cache (storage/sql/cache.py) and what the open transaction wrote, folded
+        # into it once committed (note_committed) or dropping it when possibly rolled back
+        self._cache = WriterCache(RECENT_BODIES)
+        self._txn_ops: list[dict[str, Any]] = []
+        self._txn_bodies: dict[str, bytes] = {}
         self.closed = False
         try:
             with shared.read_lock:
@@ -107,6 +116,43 @@ class SqliteSessionStore(SqlSessionStore):
             return self._shared.reader.execute(sql, args).fetchall()
 
     _rows = boundary(_read)
+
+    def _cached(self) -> bool:
+        """True when reads may be answered from the writer's cache (this session holds the
+        writer lease), loading it first if needed (``_lock`` held by the caller)."""
+        if self._lease is None or self.read_only or self.closed:
+            return False
+        if not self._cache.ok:
+            head, lanes = self._snapshot(
+                ["SELECT last_seq FROM sessions WHERE id=?", LANES]  # both bound to the id
+            )
+            if not head:
+                return False  # deleted: the query path reports it
+            self._cache.load(int(head[0][0]), (lane_row(r) for r in lanes))
+        return True
+
+    def get_entry(self, entry_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            kept = self._cache.entry(entry_id) if self._cached() else None
+        return kept if kept is not None else super().get_entry(entry_id)
+
+    def lanes(self) -> dict[str, LaneState]:
+        with self._lock:
+            if self._cached():
+                return self._cache.all_lanes()
+        return super().lanes()
+
+    def lane(self, name: str) -> LaneState:
+        with self._lock:
+            if self._cached():
+                return self._cache.lane(name)
+        return super().lane(name)
+
+    def last_seq(self) -> int:
+        with self._lock:
+            if self._cached():
+                return self._cache.last_seq
+        return super().last_seq()
 
     @boundary
     def _snapshot(self, queries: list[str]) -> list[list[Any]]:
@@ -188,13 +234,21 @@ class SqliteSessionStore(SqlSessionStore):
             self._recent_entries.clear()
         self._recent_entries |= self._txn_entries
         self._known_lanes |= self._txn_lanes
+        with self._lock:  # its lanes are replaced by the next load if it is not ``ok``
+            self._cache.fold(self._txn_ops, self._txn_bodies)
+            self._txn_ops, self._txn_bodies = [], {}
         self.forget_txn()
         self._ticket = ticket
 
     def forget_txn(self) -> None:
-        """Forget what the open transaction made."""
+        """Forget what the open transaction made (the writer's cache too, if it made anything:
+        part of it may have been rolled back)."""
         self._txn_entries.clear()
         self._txn_lanes.clear()
+        if self._txn_ops:
+            with self._lock:
+                self._cache.drop()
+                self._txn_ops, self._txn_bodies = [], {}
 
     @boundary
     def wait_durable(self) -> None:
@@ -238,7 +292,9 @@ class SqliteSessionStore(SqlSessionStore):
         """Insert ``ops`` after ``seq`` inside the open transaction, each row then its lane change;
         return the last seq (raises as :meth:`commit`)."""
         self._check_shapes(ops)
-        for op in number(ops, seq):
+        numbered = number(ops, seq)
+        self._txn_ops.extend(numbered)
+        for op in numbered:
             if op["op"] == "entry":
                 self._insert("entries", op["entry"], (op["entry"].get("parentId"),))
             elif op["op"] == "record":
@@ -269,6 +325,7 @@ class SqliteSessionStore(SqlSessionStore):
             )
         columns = "parent_id" if table == "entries" else "lane, run_id"
         marks = ",".join("?" * (5 + len(extra)))
+        encoded = codec.dumps(body)
         try:
             self._shared.writer.execute(
                 f"INSERT INTO {table} (session_id, id, seq, {columns}, type, body) "
@@ -279,13 +336,14 @@ class SqliteSessionStore(SqlSessionStore):
                     body["seq"],
                     *extra,
                     str(body.get("type", "")),
-                    codec.dumps(body),
+                    encoded,
                 ),
             )
         except sqlite3.IntegrityError as exc:
             raise id_conflict(what, ident, self.location) from exc
         if table == "entries":
             self._txn_entries.add(ident)
+            self._txn_bodies[ident] = encoded
 
     def _exists(self, entry_id: str) -> bool:
         row = self._shared.writer.execute(
