@@ -12,15 +12,11 @@ from durable_harness.storage import timing
 from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
 from durable_harness.storage.handoff import SyncHandoff
 from durable_harness.storage.sqlite import connection
+from durable_harness.storage.sqlite.checkpoint import Checkpointer
 from durable_harness.storage.sqlite.connection import schema_version
 
 WRITER_CACHE_KIB = 65_536
 """Page cache of the shared writer connection (``design/storage.md`` "SQLite")."""
-
-WAL_AUTOCHECKPOINT_PAGES = 10_000
-"""WAL pages after which a COMMIT of the shared writer checkpoints (SQLite's default: 1,000;
-measured in ``bench/bench_sessions.py``).
-"""
 
 
 @dataclass
@@ -59,6 +55,7 @@ class SharedDatabase:
         self.handoff = SyncHandoff()  # every ticket up to ``handoff.synced`` is durable
         self._wal_fd: int | None = None
         self._trace: BarrierTrace | None = None  # power-cut tests only (barrier_trace.py)
+        self.checkpointer: Checkpointer | None = None  # with the writer (checkpoint.py)
         self._users = 0
         self._users_lock = threading.Lock()
         self.closed = False
@@ -79,6 +76,8 @@ class SharedDatabase:
             if self._users > 0 or self.closed:
                 return
             self.closed = True
+        if self.checkpointer is not None:  # before the last connections close
+            self.checkpointer.close()
         with self.lock, self.read_lock:
             try:
                 self.reader.close()
@@ -104,7 +103,8 @@ class SharedDatabase:
                 if conn is None:
                     conn = connection.connect(self.path, "NORMAL")
                     conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
-                    conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+                    conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job
+                    self.checkpointer = Checkpointer(self.path)
                     self._writer = conn
                     self._trace = open_trace(self.path)
                     if self._trace is not None:  # the trace starts here: the WAL found is durable
@@ -118,6 +118,17 @@ class SharedDatabase:
         self.committed += 1
         self.stats.transactions += 1
         self.stats.commits += calls
+        checkpointer = self.checkpointer
+        if checkpointer is not None:
+            checkpointer.note_commit()
+            if checkpointer.finish_due:  # copy what came during the thread's run
+                try:
+                    ((busy, _, _),) = self.writer.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)"
+                    ).fetchall()
+                except sqlite3.Error:  # committed either way; the next run tries again
+                    busy = 1
+                checkpointer.finished(done=not busy)
         return self.committed
 
     def sync_to(self, ticket: int) -> None:
