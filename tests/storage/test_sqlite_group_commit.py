@@ -16,11 +16,11 @@ import anyio
 import pytest
 
 from durable_harness.crashtest import powercut
-from durable_harness.errors import IdConflict, SessionClosed, StaleGeneration, StorageError
+from durable_harness.errors import IdConflict, SessionClosed, StaleGeneration
 from durable_harness.storage import EntryOp, RecordOp, SqliteStore, open_store, timing
 from durable_harness.storage.barrier_trace import TRACE_ENV
 
-from .util import ent, ids, rec
+from .util import ent, ids, outcomes, rec
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -46,23 +46,6 @@ def _db(tmp_path: Path) -> SqliteStore:
     store = open_store(f"sqlite:{tmp_path / 's.db'}")
     assert isinstance(store, SqliteStore)
     return store
-
-
-async def _outcomes(calls: dict[str, tuple[Any, list[Any]]]) -> dict[str, Any]:
-    """Run each named ``(session, ops)`` call's ``commit_async`` concurrently; map each name
-    to its seq or to the StorageError it raised."""
-    out: dict[str, Any] = {}
-
-    async def one(name: str, session: Any, ops: list[Any]) -> None:
-        try:
-            out[name] = await session.commit_async(ops)
-        except StorageError as exc:
-            out[name] = exc
-
-    async with anyio.create_task_group() as tg:
-        for name, (session, ops) in calls.items():
-            tg.start_soon(one, name, session, ops)
-    return out
 
 
 @pytest.mark.anyio
@@ -142,7 +125,7 @@ async def test_a_failing_call_fails_alone_in_a_group_of_many_sessions(tmp_path: 
     thief = open_store(store.spec).open_session(b.session_id, break_lease=True)
     before = store.stats.transactions
     try:
-        out = await _outcomes(
+        out = await outcomes(
             {
                 "a-dup": (a, [EntryOp(ent("taken"), lane="side"), RecordOp(rec("a-x"))]),
                 "a-ok": (a, [RecordOp(rec("a-r"))]),

@@ -8,14 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
-from durable_harness.errors import IdConflict, StorageError, UnknownEntry
+from durable_harness.errors import IdConflict, UnknownEntry
 from durable_harness.storage import EntryOp, LaneOp, RecordOp, SqliteStore, open_store
 from durable_harness.storage.base import SessionStore
 
-from .util import ent, rec
+from .util import ent, outcomes, rec
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -92,18 +91,13 @@ async def test_a_call_rolled_back_in_a_group_leaves_the_reads_right(tmp_path: Pa
     b = store.create_session("/p", durability="batch")
     a.commit([EntryOp(ent("a0"), lane="main")])
     a.lane("main")
-    out: dict[str, Any] = {}
-
-    async def one(name: str, s: SessionStore, ops: list[Any]) -> None:
-        try:
-            out[name] = await s.commit_async(ops)
-        except StorageError as exc:
-            out[name] = exc
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(one, "a-ok", a, [EntryOp(ent("a1", "a0"), lane="main"), RecordOp(rec("ra"))])
-        tg.start_soon(one, "a-bad", a, [LaneOp("side", leaf_id="a1"), RecordOp(rec("ra"))])
-        tg.start_soon(one, "b-ok", b, [EntryOp(ent("b1"), lane="main")])
+    out = await outcomes(
+        {
+            "a-ok": (a, [EntryOp(ent("a1", "a0"), lane="main"), RecordOp(rec("ra"))]),
+            "a-bad": (a, [LaneOp("side", leaf_id="a1"), RecordOp(rec("ra"))]),
+            "b-ok": (b, [EntryOp(ent("b1"), lane="main")]),
+        }
+    )
     assert isinstance(out["a-ok"], int) and isinstance(out["b-ok"], int)
     assert isinstance(out["a-bad"], IdConflict)
     assert _view(a) == _truth(store, a.session_id)

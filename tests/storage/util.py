@@ -3,9 +3,31 @@ suite's, from :mod:`durable_harness.testing.conformance`), and JSONL high-water-
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
+
+from durable_harness.errors import StorageError
 from durable_harness.testing.conformance import ent, ids, rec, snapshot
 
-__all__ = ["ent", "ids", "rec", "snapshot", "unmarked", "with_mark"]
+__all__ = ["ent", "ids", "outcomes", "rec", "snapshot", "unmarked", "with_mark"]
+
+
+async def outcomes(calls: dict[str, tuple[Any, list[Any]]]) -> dict[str, Any]:
+    """Run each named ``(session, ops)`` call's ``commit_async`` concurrently (so a group
+    store groups them); map each name to its seq or to the StorageError it raised."""
+    out: dict[str, Any] = {}
+
+    async def one(name: str, session: Any, ops: list[Any]) -> None:
+        try:
+            out[name] = await session.commit_async(ops)
+        except StorageError as exc:
+            out[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        for name, (session, ops) in calls.items():
+            tg.start_soon(one, name, session, ops)
+    return out
 
 
 def unmarked(data: bytes) -> bytes:
