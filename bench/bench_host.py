@@ -40,6 +40,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -139,7 +140,8 @@ def _tools(runtime: str) -> dict[str, Tool]:
 
 class _Counters:
     """Commits and fsyncs made in this process (wrapping the SQLite session store's ``commit``
-    and ``os.fsync``/``os.fdatasync``), and the seconds spent in them."""
+    and ``os.fsync``/``os.fdatasync``), and the seconds spent in them: ``fsync_s`` on the event
+    loop's thread (the one that made this object), ``fsync_off_loop_s`` in other threads."""
 
     def __init__(self) -> None:
         from durable_harness.storage.sqlite import SqliteSessionStore
@@ -147,6 +149,8 @@ class _Counters:
         self.commits = 0
         self.fsyncs = 0
         self.fsync_s = 0.0
+        self.fsync_off_loop_s = 0.0
+        loop_thread = threading.get_ident()
         self.commit_s = 0.0
         added = fsync_added_ms() / 1e3
         real_commit = SqliteSessionStore.commit
@@ -170,7 +174,10 @@ class _Counters:
                         time.sleep(added)
                 finally:
                     counters.fsyncs += 1
-                    counters.fsync_s += time.perf_counter() - t0
+                    if threading.get_ident() == loop_thread:
+                        counters.fsync_s += time.perf_counter() - t0
+                    else:
+                        counters.fsync_off_loop_s += time.perf_counter() - t0
 
             return synced
 
@@ -178,8 +185,8 @@ class _Counters:
         os.fsync = wrap(real_fsync)
         os.fdatasync = wrap(real_fdatasync)
 
-    def snapshot(self) -> tuple[int, int, float, float]:
-        return self.commits, self.fsyncs, self.fsync_s, self.commit_s
+    def snapshot(self) -> tuple[int, int, float, float, float]:
+        return self.commits, self.fsyncs, self.fsync_s, self.commit_s, self.fsync_off_loop_s
 
 
 class _LagProbe:
@@ -206,18 +213,21 @@ class _LagProbe:
 
 
 def _per_turn(
-    before: tuple[int, int, float, float],
-    after: tuple[int, int, float, float],
+    before: tuple[int, int, float, float, float],
+    after: tuple[int, int, float, float, float],
     turns: int,
     wall: float,
 ) -> dict[str, Any]:
     commits, fsyncs = after[0] - before[0], after[1] - before[1]
     fsync_s, commit_s = after[2] - before[2], after[3] - before[3]
+    off_loop_s = after[4] - before[4]
     return {
         "commits_per_turn": round(commits / turns, 2) if turns else None,
         "fsyncs_per_turn": round(fsyncs / turns, 2) if turns else None,
-        "fsync_us_median_est": round(fsync_s / fsyncs * 1e6, 1) if fsyncs else None,
+        "fsync_us_median_est": round((fsync_s + off_loop_s) / fsyncs * 1e6, 1) if fsyncs else None,
+        # the event loop's thread inside fsync (the loop stalled); then fsync in other threads
         "share_of_wall_in_fsync": round(fsync_s / wall, 3) if wall else None,
+        "share_of_wall_in_fsync_off_loop": round(off_loop_s / wall, 3) if wall else None,
         "share_of_wall_in_commit_calls": round(commit_s / wall, 3) if wall else None,
     }
 
@@ -279,14 +289,16 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             single: list[float] = []
             probe.on = True
             turns.clear()
-            c0, t0 = counters.snapshot(), time.perf_counter()
+            c0, t0, cpu0 = counters.snapshot(), time.perf_counter(), time.process_time()
             for _ in range(sizes["single_runs"]):
                 await one_run(ids[0], single)
             wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
             n = turns[ids[0]]
             return {
                 "turns": n,
                 "seconds": wall,
+                "cpu_seconds": cpu,
                 "turns_per_s": round(rate(n, wall), 1),
                 "send_p50_ms": round(percentile(single, 50) * 1e3, 3),
                 "counters": (c0, counters.snapshot()),
@@ -328,13 +340,14 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             profiler = cProfile.Profile()
             profiler.enable()
         turns.clear()
-        c0, t0 = counters.snapshot(), time.perf_counter()
+        c0, t0, cpu0 = counters.snapshot(), time.perf_counter(), time.process_time()
         async with anyio.create_task_group() as clients:
             clients.start_soon(client_sends)
             async with anyio.create_task_group() as workers:
                 for sid in running:
                     workers.start_soon(worker, sid)
             wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
             load_over.set()  # the client finishes its run in progress, then stops
         if profiler is not None:
             profiler.disable()
@@ -346,6 +359,8 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             "turns": n_many,
             "seconds": round(wall, 3),
             "turns_per_s": round(rate(n_many, wall), 1),
+            # this process's CPU (every thread) per turn of every session, the client's included
+            "cpu_ms_per_turn": round(cpu / max(1, sum(turns.values())) * 1e3, 3),
             # per turn of every session (the client's few runs included: their commits are)
             **_per_turn(c0, counters.snapshot(), sum(turns.values()), wall),
             **probe.take(),
@@ -370,12 +385,15 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
         n_single = first["turns"] + second["turns"]
         wall = first["seconds"] + second["seconds"]
         (a0, a1), (b0, b1) = first.pop("counters"), second.pop("counters")
-        c0 = (0, 0, 0.0, 0.0)
+        c0 = (0, 0, 0.0, 0.0, 0.0)
         c1 = tuple(x1 - x0 + y1 - y0 for x0, x1, y0, y1 in zip(a0, a1, b0, b1, strict=True))
         out["single"] = {
             "turns": n_single,
             "seconds": round(wall, 3),
             "turns_per_s": round(rate(n_single, wall), 1),
+            "cpu_ms_per_turn": round(
+                (first["cpu_seconds"] + second["cpu_seconds"]) / max(1, n_single) * 1e3, 3
+            ),
             "turns_per_s_before_many": first["turns_per_s"],
             "turns_per_s_after_many": second["turns_per_s"],
             "send_p50_ms": first["send_p50_ms"],
@@ -538,15 +556,17 @@ def run() -> dict[str, Any]:
             "turns/s",
             f"before (b) {single['turns_per_s_before_many']}, after "
             f"{single['turns_per_s_after_many']}; {single['commits_per_turn']} commits, "
-            f"{single['fsyncs_per_turn']} fsyncs per turn",
+            f"{single['fsyncs_per_turn']} fsyncs, {single['cpu_ms_per_turn']} ms CPU per turn",
         ),
         (
             f"(b) {many['running_sessions']} of {sizes['sessions']} sessions",
             many["turns_per_s"],
             "turns/s",
             f"{results['ratios']['many_vs_single_turns_per_s']}x (a); "
-            f"{many['commits_per_turn']} commits, {many['fsyncs_per_turn']} fsyncs per turn; "
-            f"{many['share_of_wall_in_fsync']:.0%} of wall in fsync; loop lag p99 "
+            f"{many['commits_per_turn']} commits, {many['fsyncs_per_turn']} fsyncs, "
+            f"{many['cpu_ms_per_turn']} ms CPU per turn; "
+            f"{many['share_of_wall_in_fsync']:.0%} of wall in fsync on the loop "
+            f"({many['share_of_wall_in_fsync_off_loop']:.0%} off it); loop lag p99 "
             f"{many['lag_p99_ms']} ms",
         ),
         ("(c) send acceptance p50", send["p50_ms"], "ms", "under the load of (b)"),
