@@ -26,11 +26,17 @@ the time the event loop's thread spent inside fsync, and sample the event loop's
 ticker's overshoot), so a ratio far below the goal says where the time goes.
 
 ``--quick`` (``python -m bench host --quick``) or ``DH_BENCH_QUICK=1``: small numbers (the
-smoke test); ``DH_BENCH_HOST_PROFILE=FILE``: cProfile phase (b) into ``FILE``.
+smoke test); ``DH_BENCH_HOST_PROFILE=FILE``: cProfile phase (b) into ``FILE`` and the first
+half of (a) into ``FILE.a``; ``DH_BENCH_HOST_SAMPLE=FILE``: a pyinstrument (sampling) profile of
+(b) into ``FILE`` (text) and ``FILE.html`` (pyinstrument installed; cProfile's per-call cost
+inflates small hot functions several times).
 ``DH_BENCH_FSYNC_ADDED_MS=N``: a *modelled* slower disk: every real ``fsync``/``fdatasync``
 is followed by an ``N`` ms sleep (the GIL released, as in a real fsync), to show the ratio
 where a sync costs what it costs on, say, a network block device; the results say so
 (``fsync_added_ms``) and such a run is not the target's measurement.
+``DH_BENCH_GC_FREEZE=1``: an experiment: ``gc.freeze()`` once the sessions are created (the
+results say ``gc_frozen_after_create``), to show what the cyclic collector's passes over the
+sessions' long-lived state cost (``many.gc_share_of_wall``).
 """
 
 from __future__ import annotations
@@ -189,6 +195,29 @@ class _Counters:
         return self.commits, self.fsyncs, self.fsync_s, self.commit_s, self.fsync_off_loop_s
 
 
+class _GcTimer:
+    """Seconds the cyclic garbage collector ran, by generation (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds = [0.0, 0.0, 0.0]
+        self.runs = [0, 0, 0]
+        self._t0 = 0.0
+
+        def callback(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                self._t0 = time.perf_counter()
+            else:
+                self.seconds[info["generation"]] += time.perf_counter() - self._t0
+                self.runs[info["generation"]] += 1
+
+        gc.callbacks.append(callback)
+
+    def snapshot(self) -> tuple[list[float], list[int]]:
+        return list(self.seconds), list(self.runs)
+
+
 class _LagProbe:
     """Samples the event loop's lag: how late a 1 ms sleep wakes up."""
 
@@ -239,6 +268,7 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
     from durable_harness.host import HostOptions, SessionManager
 
     counters = _Counters()
+    gc_timer = _GcTimer()
     probe = _LagProbe()
     ended: dict[str, anyio.Event] = {}
     reached: dict[str, anyio.Event] = {}
@@ -274,6 +304,12 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             "per_s": round(rate(len(ids), created), 1),
         }
         log(f"  created {len(ids)} sessions in {created:.1f} s")
+        if os.environ.get("DH_BENCH_GC_FREEZE", "0") not in ("", "0"):  # an experiment, labelled
+            import gc
+
+            gc.collect()
+            gc.freeze()  # the sessions' state so far is never traversed by the collector again
+            out["gc_frozen_after_create"] = gc.get_freeze_count()
 
         async def one_run(sid: str, latencies: list[float]) -> None:
             ended[sid] = anyio.Event()
@@ -305,7 +341,15 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
                 **probe.take(),
             }
 
-        first = await measure_single()
+        profile_to = os.environ.get("DH_BENCH_HOST_PROFILE")
+        if profile_to:  # (a) before (b), into FILE.a
+            import cProfile
+
+            with cProfile.Profile() as single_profile:
+                first = await measure_single()
+            single_profile.dump_stats(f"{profile_to}.a")
+        else:
+            first = await measure_single()
         log(f"  (a) one session: {first['turns_per_s']} turns/s")
 
         # (b) + (c): many sessions at once
@@ -332,15 +376,20 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
                 client.append(time.perf_counter() - due)
                 await ended[client_sid].wait()
 
-        profile_to = os.environ.get("DH_BENCH_HOST_PROFILE")
         profiler = None
         if profile_to:
-            import cProfile
-
             profiler = cProfile.Profile()
             profiler.enable()
+        sample_to = os.environ.get("DH_BENCH_HOST_SAMPLE")
+        sampler: Any = None
+        if sample_to:  # a sampling profile: no per-call overhead to inflate small functions
+            from pyinstrument import Profiler
+
+            sampler = Profiler(interval=0.001, async_mode="disabled")
+            sampler.start()
         turns.clear()
         c0, t0, cpu0 = counters.snapshot(), time.perf_counter(), time.process_time()
+        gc0 = gc_timer.snapshot()
         async with anyio.create_task_group() as clients:
             clients.start_soon(client_sends)
             async with anyio.create_task_group() as workers:
@@ -348,10 +397,15 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
                     workers.start_soon(worker, sid)
             wall = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
+            gc1 = gc_timer.snapshot()
             load_over.set()  # the client finishes its run in progress, then stops
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(profile_to))
+        if sampler is not None:
+            sampler.stop()
+            Path(str(sample_to)).write_text(sampler.output_text(unicode=False, show_all=True))
+            sampler.write_html(f"{sample_to}.html")
         probe.on = False
         n_many = sum(turns[sid] for sid in running)
         out["many"] = {
@@ -361,6 +415,11 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             "turns_per_s": round(rate(n_many, wall), 1),
             # this process's CPU (every thread) per turn of every session, the client's included
             "cpu_ms_per_turn": round(cpu / max(1, sum(turns.values())) * 1e3, 3),
+            # the cyclic GC's runs and share of the wall, by generation (0, 1, 2)
+            "gc_runs": [b - a for a, b in zip(gc0[1], gc1[1], strict=True)],
+            "gc_share_of_wall": [
+                round((b - a) / wall, 4) for a, b in zip(gc0[0], gc1[0], strict=True)
+            ],
             # per turn of every session (the client's few runs included: their commits are)
             **_per_turn(c0, counters.snapshot(), sum(turns.values()), wall),
             **probe.take(),
@@ -565,6 +624,7 @@ def run() -> dict[str, Any]:
             f"{results['ratios']['many_vs_single_turns_per_s']}x (a); "
             f"{many['commits_per_turn']} commits, {many['fsyncs_per_turn']} fsyncs, "
             f"{many['cpu_ms_per_turn']} ms CPU per turn; "
+            f"GC {sum(many['gc_share_of_wall']):.0%} of wall; "
             f"{many['share_of_wall_in_fsync']:.0%} of wall in fsync on the loop "
             f"({many['share_of_wall_in_fsync_off_loop']:.0%} off it); loop lag p99 "
             f"{many['lag_p99_ms']} ms",
