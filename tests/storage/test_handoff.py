@@ -15,8 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from durable_harness.storage import EntryOp, SqliteStore, open_store
-from durable_harness.storage import handoff
+from durable_harness.storage import EntryOp, SqliteStore, handoff, open_store
 from durable_harness.storage.handoff import PendingCommit, SyncHandoff, TaskQueue, settling
 
 from .util import ent, ids
