@@ -26,11 +26,17 @@ the time the event loop's thread spent inside fsync, and sample the event loop's
 ticker's overshoot), so a ratio far below the goal says where the time goes.
 
 ``--quick`` (``python -m bench host --quick``) or ``DH_BENCH_QUICK=1``: small numbers (the
-smoke test); ``DH_BENCH_HOST_PROFILE=FILE``: cProfile phase (b) into ``FILE``.
+smoke test); ``DH_BENCH_HOST_PROFILE=FILE``: cProfile phase (b) into ``FILE`` and the first
+half of (a) into ``FILE.a``; ``DH_BENCH_HOST_SAMPLE=FILE``: a pyinstrument (sampling) profile of
+(b) into ``FILE`` (text) and ``FILE.html`` (pyinstrument installed; cProfile's per-call cost
+inflates small hot functions several times).
 ``DH_BENCH_FSYNC_ADDED_MS=N``: a *modelled* slower disk: every real ``fsync``/``fdatasync``
 is followed by an ``N`` ms sleep (the GIL released, as in a real fsync), to show the ratio
 where a sync costs what it costs on, say, a network block device; the results say so
 (``fsync_added_ms``) and such a run is not the target's measurement.
+``DH_BENCH_GC_FREEZE=1``: an experiment: ``gc.freeze()`` once the sessions are created (the
+results say ``gc_frozen_after_create``), to show what the cyclic collector's passes over the
+sessions' long-lived state cost (``many.gc_share_of_wall``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -139,7 +146,8 @@ def _tools(runtime: str) -> dict[str, Tool]:
 
 class _Counters:
     """Commits and fsyncs made in this process (wrapping the SQLite session store's ``commit``
-    and ``os.fsync``/``os.fdatasync``), and the seconds spent in them."""
+    and ``os.fsync``/``os.fdatasync``), and the seconds spent in them: ``fsync_s`` on the event
+    loop's thread (the one that made this object), ``fsync_off_loop_s`` in other threads."""
 
     def __init__(self) -> None:
         from durable_harness.storage.sqlite import SqliteSessionStore
@@ -147,6 +155,8 @@ class _Counters:
         self.commits = 0
         self.fsyncs = 0
         self.fsync_s = 0.0
+        self.fsync_off_loop_s = 0.0
+        loop_thread = threading.get_ident()
         self.commit_s = 0.0
         added = fsync_added_ms() / 1e3
         real_commit = SqliteSessionStore.commit
@@ -170,7 +180,10 @@ class _Counters:
                         time.sleep(added)
                 finally:
                     counters.fsyncs += 1
-                    counters.fsync_s += time.perf_counter() - t0
+                    if threading.get_ident() == loop_thread:
+                        counters.fsync_s += time.perf_counter() - t0
+                    else:
+                        counters.fsync_off_loop_s += time.perf_counter() - t0
 
             return synced
 
@@ -178,8 +191,31 @@ class _Counters:
         os.fsync = wrap(real_fsync)
         os.fdatasync = wrap(real_fdatasync)
 
-    def snapshot(self) -> tuple[int, int, float, float]:
-        return self.commits, self.fsyncs, self.fsync_s, self.commit_s
+    def snapshot(self) -> tuple[int, int, float, float, float]:
+        return self.commits, self.fsyncs, self.fsync_s, self.commit_s, self.fsync_off_loop_s
+
+
+class _GcTimer:
+    """Seconds the cyclic garbage collector ran, by generation (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds = [0.0, 0.0, 0.0]
+        self.runs = [0, 0, 0]
+        self._t0 = 0.0
+
+        def callback(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                self._t0 = time.perf_counter()
+            else:
+                self.seconds[info["generation"]] += time.perf_counter() - self._t0
+                self.runs[info["generation"]] += 1
+
+        gc.callbacks.append(callback)
+
+    def snapshot(self) -> tuple[list[float], list[int]]:
+        return list(self.seconds), list(self.runs)
 
 
 class _LagProbe:
@@ -206,18 +242,21 @@ class _LagProbe:
 
 
 def _per_turn(
-    before: tuple[int, int, float, float],
-    after: tuple[int, int, float, float],
+    before: tuple[int, int, float, float, float],
+    after: tuple[int, int, float, float, float],
     turns: int,
     wall: float,
 ) -> dict[str, Any]:
     commits, fsyncs = after[0] - before[0], after[1] - before[1]
     fsync_s, commit_s = after[2] - before[2], after[3] - before[3]
+    off_loop_s = after[4] - before[4]
     return {
         "commits_per_turn": round(commits / turns, 2) if turns else None,
         "fsyncs_per_turn": round(fsyncs / turns, 2) if turns else None,
-        "fsync_us_median_est": round(fsync_s / fsyncs * 1e6, 1) if fsyncs else None,
+        "fsync_us_median_est": round((fsync_s + off_loop_s) / fsyncs * 1e6, 1) if fsyncs else None,
+        # the event loop's thread inside fsync (the loop stalled); then fsync in other threads
         "share_of_wall_in_fsync": round(fsync_s / wall, 3) if wall else None,
+        "share_of_wall_in_fsync_off_loop": round(off_loop_s / wall, 3) if wall else None,
         "share_of_wall_in_commit_calls": round(commit_s / wall, 3) if wall else None,
     }
 
@@ -229,6 +268,7 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
     from durable_harness.host import HostOptions, SessionManager
 
     counters = _Counters()
+    gc_timer = _GcTimer()
     probe = _LagProbe()
     ended: dict[str, anyio.Event] = {}
     reached: dict[str, anyio.Event] = {}
@@ -264,6 +304,12 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             "per_s": round(rate(len(ids), created), 1),
         }
         log(f"  created {len(ids)} sessions in {created:.1f} s")
+        if os.environ.get("DH_BENCH_GC_FREEZE", "0") not in ("", "0"):  # an experiment, labelled
+            import gc
+
+            gc.collect()
+            gc.freeze()  # the sessions' state so far is never traversed by the collector again
+            out["gc_frozen_after_create"] = gc.get_freeze_count()
 
         async def one_run(sid: str, latencies: list[float]) -> None:
             ended[sid] = anyio.Event()
@@ -279,21 +325,31 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             single: list[float] = []
             probe.on = True
             turns.clear()
-            c0, t0 = counters.snapshot(), time.perf_counter()
+            c0, t0, cpu0 = counters.snapshot(), time.perf_counter(), time.process_time()
             for _ in range(sizes["single_runs"]):
                 await one_run(ids[0], single)
             wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
             n = turns[ids[0]]
             return {
                 "turns": n,
                 "seconds": wall,
+                "cpu_seconds": cpu,
                 "turns_per_s": round(rate(n, wall), 1),
                 "send_p50_ms": round(percentile(single, 50) * 1e3, 3),
                 "counters": (c0, counters.snapshot()),
                 **probe.take(),
             }
 
-        first = await measure_single()
+        profile_to = os.environ.get("DH_BENCH_HOST_PROFILE")
+        if profile_to:  # (a) before (b), into FILE.a
+            import cProfile
+
+            with cProfile.Profile() as single_profile:
+                first = await measure_single()
+            single_profile.dump_stats(f"{profile_to}.a")
+        else:
+            first = await measure_single()
         log(f"  (a) one session: {first['turns_per_s']} turns/s")
 
         # (b) + (c): many sessions at once
@@ -320,25 +376,36 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
                 client.append(time.perf_counter() - due)
                 await ended[client_sid].wait()
 
-        profile_to = os.environ.get("DH_BENCH_HOST_PROFILE")
         profiler = None
         if profile_to:
-            import cProfile
-
             profiler = cProfile.Profile()
             profiler.enable()
+        sample_to = os.environ.get("DH_BENCH_HOST_SAMPLE")
+        sampler: Any = None
+        if sample_to:  # a sampling profile: no per-call overhead to inflate small functions
+            from pyinstrument import Profiler
+
+            sampler = Profiler(interval=0.001, async_mode="disabled")
+            sampler.start()
         turns.clear()
-        c0, t0 = counters.snapshot(), time.perf_counter()
+        c0, t0, cpu0 = counters.snapshot(), time.perf_counter(), time.process_time()
+        gc0 = gc_timer.snapshot()
         async with anyio.create_task_group() as clients:
             clients.start_soon(client_sends)
             async with anyio.create_task_group() as workers:
                 for sid in running:
                     workers.start_soon(worker, sid)
             wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            gc1 = gc_timer.snapshot()
             load_over.set()  # the client finishes its run in progress, then stops
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(profile_to))
+        if sampler is not None:
+            sampler.stop()
+            Path(str(sample_to)).write_text(sampler.output_text(unicode=False, show_all=True))
+            sampler.write_html(f"{sample_to}.html")
         probe.on = False
         n_many = sum(turns[sid] for sid in running)
         out["many"] = {
@@ -346,6 +413,13 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
             "turns": n_many,
             "seconds": round(wall, 3),
             "turns_per_s": round(rate(n_many, wall), 1),
+            # this process's CPU (every thread) per turn of every session, the client's included
+            "cpu_ms_per_turn": round(cpu / max(1, sum(turns.values())) * 1e3, 3),
+            # the cyclic GC's runs and share of the wall, by generation (0, 1, 2)
+            "gc_runs": [b - a for a, b in zip(gc0[1], gc1[1], strict=True)],
+            "gc_share_of_wall": [
+                round((b - a) / wall, 4) for a, b in zip(gc0[0], gc1[0], strict=True)
+            ],
             # per turn of every session (the client's few runs included: their commits are)
             **_per_turn(c0, counters.snapshot(), sum(turns.values()), wall),
             **probe.take(),
@@ -370,12 +444,15 @@ async def _load(store: str, work: Path, script_path: Path, sizes: dict[str, int]
         n_single = first["turns"] + second["turns"]
         wall = first["seconds"] + second["seconds"]
         (a0, a1), (b0, b1) = first.pop("counters"), second.pop("counters")
-        c0 = (0, 0, 0.0, 0.0)
+        c0 = (0, 0, 0.0, 0.0, 0.0)
         c1 = tuple(x1 - x0 + y1 - y0 for x0, x1, y0, y1 in zip(a0, a1, b0, b1, strict=True))
         out["single"] = {
             "turns": n_single,
             "seconds": round(wall, 3),
             "turns_per_s": round(rate(n_single, wall), 1),
+            "cpu_ms_per_turn": round(
+                (first["cpu_seconds"] + second["cpu_seconds"]) / max(1, n_single) * 1e3, 3
+            ),
             "turns_per_s_before_many": first["turns_per_s"],
             "turns_per_s_after_many": second["turns_per_s"],
             "send_p50_ms": first["send_p50_ms"],
@@ -538,15 +615,18 @@ def run() -> dict[str, Any]:
             "turns/s",
             f"before (b) {single['turns_per_s_before_many']}, after "
             f"{single['turns_per_s_after_many']}; {single['commits_per_turn']} commits, "
-            f"{single['fsyncs_per_turn']} fsyncs per turn",
+            f"{single['fsyncs_per_turn']} fsyncs, {single['cpu_ms_per_turn']} ms CPU per turn",
         ),
         (
             f"(b) {many['running_sessions']} of {sizes['sessions']} sessions",
             many["turns_per_s"],
             "turns/s",
             f"{results['ratios']['many_vs_single_turns_per_s']}x (a); "
-            f"{many['commits_per_turn']} commits, {many['fsyncs_per_turn']} fsyncs per turn; "
-            f"{many['share_of_wall_in_fsync']:.0%} of wall in fsync; loop lag p99 "
+            f"{many['commits_per_turn']} commits, {many['fsyncs_per_turn']} fsyncs, "
+            f"{many['cpu_ms_per_turn']} ms CPU per turn; "
+            f"GC {sum(many['gc_share_of_wall']):.0%} of wall; "
+            f"{many['share_of_wall_in_fsync']:.0%} of wall in fsync on the loop "
+            f"({many['share_of_wall_in_fsync_off_loop']:.0%} off it); loop lag p99 "
             f"{many['lag_p99_ms']} ms",
         ),
         ("(c) send acceptance p50", send["p50_ms"], "ms", "under the load of (b)"),
