@@ -60,21 +60,45 @@ def lane_change(op: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 
 def fold(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
     """Apply the numbered op ``op`` to ``lanes`` (by name; a missing lane is created)."""
+    # What :func:`lane_change` says, applied without building the change (every committed op
+    # comes through here; the two must agree: tests/storage/test_fold.py).
+    kind = op.get("op")
+    if kind == "entry":
+        name = op.get("lane")
+        if name is not None:
+            _lane(lanes, str(name)).leaf_id = op["entry"]["id"]
+        return
+    if kind == "record":
+        rec = op["record"]
+        name = rec.get("lane")
+        if name is None:
+            return
+        lane = _lane(lanes, str(name))
+        rtype = rec.get("type")
+        if rtype == "run_started":
+            lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
+        elif rtype == "run_finished":
+            run_id = rec.get("runId")
+            if run_id is not None and lane.run_id == run_id:
+                lane.run_id, lane.run_seq = None, None
+        return
     found = lane_change(op)
     if found is None:
         return
     name, change = found
-    lane = lanes.get(name)
-    if lane is None:
-        lane = lanes[name] = LaneState(name)
+    lane = _lane(lanes, name)
     if "leaf_id" in change:
         lane.leaf_id = change["leaf_id"]
     if "config" in change:
         lane.config = {**lane.config, **change["config"]}
-    if "run" in change:
-        lane.run_id, lane.run_seq = change["run"]
-    elif "close" in change and lane.run_id == change["close"]:
-        lane.run_id, lane.run_seq = None, None
+
+
+def _lane(lanes: dict[str, LaneState], name: str) -> LaneState:
+    """The lane ``name`` of ``lanes``, created if missing."""
+    lane = lanes.get(name)
+    if lane is None:
+        lane = lanes[name] = LaneState(name)
+    return lane
 
 
 def copy_lane(lane: LaneState) -> LaneState:
