@@ -64,23 +64,10 @@ def fold(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
     # comes through here; the two must agree: tests/storage/test_fold.py).
     kind = op.get("op")
     if kind == "entry":
-        name = op.get("lane")
-        if name is not None:
-            _lane(lanes, str(name)).leaf_id = op["entry"]["id"]
+        fold_entry(lanes, op)
         return
     if kind == "record":
-        rec = op["record"]
-        name = rec.get("lane")
-        if name is None:
-            return
-        lane = _lane(lanes, str(name))
-        rtype = rec.get("type")
-        if rtype == "run_started":
-            lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
-        elif rtype == "run_finished":
-            run_id = rec.get("runId")
-            if run_id is not None and lane.run_id == run_id:
-                lane.run_id, lane.run_seq = None, None
+        fold_record(lanes, op["record"])
         return
     found = lane_change(op)
     if found is None:
@@ -91,6 +78,30 @@ def fold(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
         lane.leaf_id = change["leaf_id"]
     if "config" in change:
         lane.config = {**lane.config, **change["config"]}
+
+
+def fold_entry(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
+    """:func:`fold` of a numbered entry op (``{"op": "entry", ...}``): its lane's leaf moves to
+    it."""
+    name = op.get("lane")
+    if name is not None:
+        _lane(lanes, str(name)).leaf_id = op["entry"]["id"]
+
+
+def fold_record(lanes: dict[str, LaneState], rec: dict[str, Any]) -> None:
+    """:func:`fold` of a numbered record (the ``record`` of a record op): ``run_started`` opens
+    its lane's run, ``run_finished`` closes it; any record with a lane creates the lane."""
+    name = rec.get("lane")
+    if name is None:
+        return
+    lane = _lane(lanes, str(name))
+    rtype = rec.get("type")
+    if rtype == "run_started":
+        lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
+    elif rtype == "run_finished":
+        run_id = rec.get("runId")
+        if run_id is not None and lane.run_id == run_id:
+            lane.run_id, lane.run_seq = None, None
 
 
 def _lane(lanes: dict[str, LaneState], name: str) -> LaneState:

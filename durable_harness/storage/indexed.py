@@ -24,7 +24,7 @@ from durable_harness.storage.base import (
     RecordOp,
     SessionStore,
 )
-from durable_harness.storage.fold import copy_lane, fold, number
+from durable_harness.storage.fold import copy_lane, fold, fold_entry, fold_record, number
 from durable_harness.storage.oserrors import boundary
 from durable_harness.storage.shapes import (
     checked_id,
@@ -156,16 +156,22 @@ class IndexedSessionStore(SessionStore):
         kind = op.get("op")
         if kind == "entry":
             entry = op["entry"]
-            eid = entry["id"]
-            self._meta[eid] = (entry.get("parentId"), entry.get("type", ""), entry["seq"], location)
+            eid, seq = entry["id"], entry["seq"]
+            self._meta[eid] = (entry.get("parentId"), entry.get("type", ""), seq, location)
             self._order.append(eid)
-            self._seq = max(self._seq, entry["seq"])
-        elif kind == "record":
+            if seq > self._seq:
+                self._seq = seq
+            fold_entry(self._lanes, op)
+            return
+        if kind == "record":
             rec = op["record"]
             self._log.append(rec)
             self._record_ids.add(rec["id"])
-            self._seq = max(self._seq, rec["seq"])
-        elif kind == "lane":
+            if rec["seq"] > self._seq:
+                self._seq = rec["seq"]
+            fold_record(self._lanes, rec)
+            return
+        if kind == "lane":
             self._seq = max(self._seq, int(op.get("seq", 0)))
         fold(self._lanes, op)
 
