@@ -19,15 +19,17 @@ _record_checks: list[RecordCheck] = []
 _trusted: set[type] = set()
 
 CHECK_TRUSTED: bool = os.environ.get("DURABLE_HARNESS_CHECK_ALL_RECORDS") == "1"
-"""Whether the registered checks run on trusted records too
+"""Whether trusted records are checked too, envelope and registered checks
 (``$DURABLE_HARNESS_CHECK_ALL_RECORDS=1``).
 """
 
 
 def register_record_check(check: RecordCheck, *, trusted: type | None = None) -> None:
     """Add ``check`` (why a record is malformed, or ``None``; never raises) to what
-    :func:`record_shape_error` applies after the envelope; a record of exactly the ``dict``
-    subclass ``trusted`` gets the envelope check only (unless :data:`CHECK_TRUSTED`)."""
+    :func:`record_shape_error` applies after the envelope. A record of exactly the ``dict``
+    subclass ``trusted`` is not checked (unless :data:`CHECK_TRUSTED`): its builder guarantees
+    the envelope (``type`` and ``id`` strings, ``lane`` and ``runId`` strings or null) and the
+    fields, and builds any record it cannot vouch for as another type."""
     if check not in _record_checks:
         _record_checks.append(check)
     if trusted is not None:
@@ -45,7 +47,9 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 def record_shape_error(rec: dict[str, Any]) -> str | None:
     """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope, then the
-    registered checks (not on a trusted record)."""
+    registered checks (neither on a trusted record: :func:`register_record_check`)."""
+    if type(rec) in _trusted and not CHECK_TRUSTED:
+        return None
     get = rec.get
     if not isinstance(get("type"), str) or not isinstance(get("id"), str):
         return "type and id must be strings"
@@ -55,8 +59,6 @@ def record_shape_error(rec: dict[str, Any]) -> str | None:
         run_id is not None and not isinstance(run_id, str)
     ):
         return "lane and runId must be strings or null"
-    if type(rec) in _trusted and not CHECK_TRUSTED:
-        return None
     for check in _record_checks:
         problem = check(rec)
         if problem is not None:
