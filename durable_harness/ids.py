@@ -39,17 +39,25 @@ def new_id() -> str:
 
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted by now_iso
+_milli: tuple[int, str] = (-1, "")  # the last millisecond it returned, and what
 
 
 def now_iso() -> str:
     """Return the current UTC time as ISO 8601 with milliseconds and ``Z`` (pi's format); the
-    seconds part is formatted once per second."""
-    global _second
-    seconds, millis = divmod(time.time_ns() // 1_000_000, 1000)
+    seconds part is formatted once per second, the whole once per millisecond (a turn stamps
+    about 7 records and entries, most within the same millisecond)."""
+    global _second, _milli
+    ms = time.time_ns() // 1_000_000
+    last = _milli
+    if last[0] == ms:
+        return last[1]
+    seconds, millis = divmod(ms, 1000)
     cached = _second
     if cached[0] != seconds:
         cached = _second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
-    return f"{cached[1]}.{millis:03d}Z"
+    text = f"{cached[1]}.{millis:03d}Z"
+    _milli = (ms, text)
+    return text
 
 
 def iso_from_ns(ns: int) -> str:

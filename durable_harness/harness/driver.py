@@ -191,8 +191,10 @@ class Driver:
         """Deliver queued messages and apply deferred writes between turns, in one commit
         (``hold``: held for the next, :meth:`HarnessCore.commit`)."""
         core, s = self.core, live.state
-        ops, applied = core.deferred_ops(s.lane, core.session.leaf(s.lane))
-        leaf = ops[-1].entry["id"] if ops else core.session.leaf(s.lane)  # type: ignore[union-attr]
+        leaf = core.session.leaf(s.lane)
+        ops, applied = core.deferred_ops(s.lane, leaf)
+        if ops:
+            leaf = ops[-1].entry["id"]  # type: ignore[union-attr]
         by_queue: dict[str, list[str]] = {}
         entry_ids: list[str] = []
         for item in queued:

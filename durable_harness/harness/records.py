@@ -7,11 +7,15 @@ Every record is a dict with ``type``, ``id``, ``lane``, ``runId`` (where it appl
 Importing this module (``durable_harness/__init__.py`` does) registers the declarations' field
 check with storage (:func:`durable_harness.storage.shapes.register_record_check`): a commit of
 a record whose fields do not match is refused (``InvalidOp``), a stored one reads as damage. A
-:class:`BuiltRecord` is trusted (only its envelope is checked): the harness builds it from
-values of the declared types, checked where they entered, and the check would cost about 4% of
-a turn to find nothing. ``DURABLE_HARNESS_CHECK_ALL_RECORDS=1``
-(:data:`durable_harness.storage.shapes.CHECK_TRUSTED`) checks them too; the test suite sets it
-(``design/api.md``).
+:class:`BuiltRecord` is trusted (not checked at commit): the harness builds it from values of
+the declared types, checked where they entered, and :func:`record` makes its envelope itself
+(a declared ``type``, a fresh ``id``, ``lane`` and ``runId`` that it checked are strings or
+null); the checks would cost about 6% of a turn to find nothing. A record whose envelope
+:func:`record` cannot vouch for (a ``lane`` that is no string, a field naming ``type``, ``id``
+or ``runId``) is built as an unsure record instead, checked in full at commit, so it is refused
+with the same error as before. ``DURABLE_HARNESS_CHECK_ALL_RECORDS=1``
+(:data:`durable_harness.storage.shapes.CHECK_TRUSTED`) checks every record; the test suite
+sets it (``design/api.md``).
 """
 
 from __future__ import annotations
@@ -30,13 +34,24 @@ from durable_harness.storage.shapes import register_record_check
 
 class BuiltRecord(dict[str, Any]):
     """A record built by :func:`record`: a plain ``dict`` in every other respect (it compares,
-    serialises and copies as one; storage keeps a plain copy). Its type is the mark that lets
-    storage skip the field check (see the module docstring)."""
+    serialises and copies as one; storage keeps a plain copy). Its exact type is the mark that
+    lets storage skip the check (see the module docstring)."""
+
+    __slots__ = ()
+
+
+class _UnsureRecord(BuiltRecord):
+    """A record :func:`record` built without vouching for its envelope: not of the trusted
+    type, so storage checks it in full."""
 
     __slots__ = ()
 
 
 register_record_check(record_fields_error, trusted=BuiltRecord)
+
+_ENVELOPE_FIELDS = frozenset({"type", "id", "runId"})
+"""Envelope keys a caller's fields could set (``lane`` is a parameter of :func:`record`)."""
+_CALL_FIELDS = _ENVELOPE_FIELDS | {"toolCallId", "callKey"}
 
 QUEUES: tuple[str, ...] = get_args(Queue)
 """The input queues, in delivery order."""
@@ -63,10 +78,18 @@ def record(rtype: str, lane: str, run_id: str | None, **fields: Any) -> BuiltRec
     """
     if rtype not in DECLARATIONS:
         raise ValueError(f"undeclared record type {rtype!r}; declare it in models/records.py")
-    rec = BuiltRecord(type=rtype, id=new_id(), lane=lane, timestamp=now_iso())
+    sure = (
+        isinstance(lane, str)
+        and (run_id is None or isinstance(run_id, str))
+        and (not fields or _ENVELOPE_FIELDS.isdisjoint(fields))
+    )
+    rec = (BuiltRecord if sure else _UnsureRecord)(
+        type=rtype, id=new_id(), lane=lane, timestamp=now_iso()
+    )
     if run_id is not None:
         rec["runId"] = run_id
-    rec.update(fields)
+    if fields:
+        rec.update(fields)
     return rec
 
 
@@ -87,7 +110,13 @@ class CallRef(Protocol):
 def call_record(rtype: str, lane: str, run_id: str, call: CallRef, **fields: Any) -> BuiltRecord:
     """:func:`record` of a record about one tool call: its ``toolCallId`` and ``callKey``,
     then ``fields``."""
-    return record(rtype, lane, run_id, toolCallId=call.tool_call_id, callKey=call.key, **fields)
+    if fields and not _CALL_FIELDS.isdisjoint(fields):  # through record's own rules
+        return record(rtype, lane, run_id, toolCallId=call.tool_call_id, callKey=call.key, **fields)
+    rec = record(rtype, lane, run_id)  # the same keys in the same order, without a second **
+    rec["toolCallId"] = call.tool_call_id
+    rec["callKey"] = call.key
+    rec.update(fields)
+    return rec
 
 
 def idempotency_key(run_id: str, call_key: str) -> str:

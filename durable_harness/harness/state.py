@@ -7,8 +7,9 @@ run continues exactly where the live one would have.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from durable_harness.models.messages import text_of, tool_call_blocks
 
@@ -178,7 +179,10 @@ class RunState:
         key = rec.get("callKey")
         found: ToolCallState | None = None
         if isinstance(key, str):
-            found = next((c for c in self.tool_calls if c.key == key), None)
+            for c in self.tool_calls:
+                if c.key == key:
+                    found = c
+                    break
         else:
             same = [c for c in self.tool_calls if c.tool_call_id == str(rec.get("toolCallId"))]
             ranked = [c for status in statuses for c in same if c.status == status]
@@ -194,90 +198,124 @@ class RunState:
     def apply(self, rec: dict[str, Any], assistant: dict[str, Any] | None = None) -> None:
         """Fold one record into the state. ``assistant`` is the assistant message a
         ``provider_request_finished`` record settled (needed for its tool calls)."""
+        seq = rec.get("seq")
+        if seq:  # records the harness folds as it commits them have none yet
+            self.last_seq = max(self.last_seq, int(seq))
         rtype = rec.get("type")
-        self.last_seq = max(self.last_seq, int(rec.get("seq", 0) or 0))
-        if rtype == "run_started":
-            self.limits = RunLimits.from_record(rec.get("limits"), self.limits)
-            self.prompt_entry_id = rec.get("promptEntryId")
-            self.prompt_text = text_of((rec.get("prompt") or {}).get("content"))
-        elif rtype == "provider_request_started":
-            turn = int(rec.get("turn", self.turns + 1))
-            if self.pending is not None:
-                self.cost_unknown_attempts += 1
-            pending = PendingRequest(
-                turn,
-                int(rec.get("attempt", 1)),
-                str(rec.get("responseEntryId")),
-                str(rec.get("purpose", "turn")),
+        fold = _RUN_FOLDS.get(rtype) if type(rtype) is str else None
+        if fold is not None:  # one lookup, not a chain of comparisons: 5 records a turn
+            fold(self, rec, assistant)
+
+    def _run_started(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        self.limits = RunLimits.from_record(rec.get("limits"), self.limits)
+        self.prompt_entry_id = rec.get("promptEntryId")
+        self.prompt_text = text_of((rec.get("prompt") or {}).get("content"))
+
+    def _request_started(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        turn = int(rec.get("turn", self.turns + 1))
+        if self.pending is not None:
+            self.cost_unknown_attempts += 1
+        pending = PendingRequest(
+            turn,
+            int(rec.get("attempt", 1)),
+            str(rec.get("responseEntryId")),
+            str(rec.get("purpose", "turn")),
+        )
+        self.attempts[pending.key] = self.attempts.get(pending.key, 0) + 1
+        self.pending = pending
+
+    def _request_failed(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        self.pending = None
+        self.failed_attempts += 1
+
+    def _request_finished(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        self.pending = None
+        if rec.get("purpose", "turn") != "turn":
+            return
+        self.turns += 1
+        self.last_assistant_id = rec.get("entryId")
+        self.last_stop_reason = rec.get("stopReason")
+        self.save_point_after = False
+        entry_id = str(rec.get("entryId"))
+        blocks = tool_call_blocks((assistant or {}).get("content"))
+        self.tool_calls = [
+            ToolCallState(
+                call_key(entry_id, i),
+                str(b.get("id")),
+                str(b.get("name")),
+                dict(b.get("arguments") or {}),
             )
-            self.attempts[pending.key] = self.attempts.get(pending.key, 0) + 1
-            self.pending = pending
-        elif rtype == "provider_request_failed":
-            self.pending = None
-            self.failed_attempts += 1
-        elif rtype == "provider_request_finished":
-            self.pending = None
-            if rec.get("purpose", "turn") != "turn":
-                return
-            self.turns += 1
-            self.last_assistant_id = rec.get("entryId")
-            self.last_stop_reason = rec.get("stopReason")
-            self.save_point_after = False
-            entry_id = str(rec.get("entryId"))
-            blocks = tool_call_blocks((assistant or {}).get("content"))
-            self.tool_calls = [
-                ToolCallState(
-                    call_key(entry_id, i),
-                    str(b.get("id")),
-                    str(b.get("name")),
-                    dict(b.get("arguments") or {}),
-                )
-                for i, b in enumerate(blocks)
-            ]
-            self.tool_calls_total += len(blocks)
-        elif rtype == "tool_started":
-            c = self._target(rec, ("not_started", "in_doubt"))
-            if c is not None and c.status != "completed":
-                c.status = "in_doubt"
-                c.replay = rec.get("replay")
-                c.result_entry_id = rec.get("resultEntryId")
-                c.attempts += 1
-                # a decision covers the intent it was given for: a new intent (the retry it
-                # allowed) that is in doubt again needs a new decision
-                c.decision = None
-                c.decided_seq = None
-                c.process = None
-        elif rtype == "tool_process":
-            c = self._target(rec, ("in_doubt",))
-            if c is not None and c.status == "in_doubt":
-                c.process = {"pgid": rec.get("pgid"), "startTime": rec.get("startTime")}
-                if isinstance(rec.get("host"), str):
-                    c.process["host"] = rec["host"]
-        elif rtype == "tool_process_killed":
-            # the group is known dead: nothing is left to kill, report or wait for; the call
-            # stays in doubt (its effect may have landed before the kill)
-            c = self._target(rec, ("in_doubt",))
-            process = c.process if c is not None and c.status == "in_doubt" else None
-            if c is not None and process is not None and process.get("pgid") == rec.get("pgid"):
-                c.process = None
-        elif rtype == "tool_finished":
-            c = self._target(rec, ("in_doubt", "not_started"))
-            if c is not None:
-                c.status = "completed"
-                c.result_entry_id = rec.get("resultEntryId")
-        elif rtype == "decision":
-            c = self._target(rec, ("in_doubt", "not_started"))
-            # a decision decides the attempt it names (``attempt``; records written before
-            # attempts were named decide the current one)
-            if c is not None and rec.get("attempt", c.attempts) == c.attempts:
-                c.decision = {"decision": rec.get("decision"), "result": rec.get("result")}
-                c.decided_seq = rec.get("seq")
-        elif rtype == "save_point":
-            self.save_point_after = True
-        elif rtype == "abort_requested":
-            self.abort_requested = True
-        elif rtype == "run_finished":
-            self.outcome = str(rec.get("outcome"))
+            for i, b in enumerate(blocks)
+        ]
+        self.tool_calls_total += len(blocks)
+
+    def _tool_started(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        c = self._target(rec, ("not_started", "in_doubt"))
+        if c is not None and c.status != "completed":
+            c.status = "in_doubt"
+            c.replay = rec.get("replay")
+            c.result_entry_id = rec.get("resultEntryId")
+            c.attempts += 1
+            # a decision covers the intent it was given for: a new intent (the retry it
+            # allowed) that is in doubt again needs a new decision
+            c.decision = None
+            c.decided_seq = None
+            c.process = None
+
+    def _tool_process(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        c = self._target(rec, ("in_doubt",))
+        if c is not None and c.status == "in_doubt":
+            c.process = {"pgid": rec.get("pgid"), "startTime": rec.get("startTime")}
+            if isinstance(rec.get("host"), str):
+                c.process["host"] = rec["host"]
+
+    def _tool_process_killed(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        # the group is known dead: nothing is left to kill, report or wait for; the call
+        # stays in doubt (its effect may have landed before the kill)
+        c = self._target(rec, ("in_doubt",))
+        process = c.process if c is not None and c.status == "in_doubt" else None
+        if c is not None and process is not None and process.get("pgid") == rec.get("pgid"):
+            c.process = None
+
+    def _tool_finished(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        c = self._target(rec, ("in_doubt", "not_started"))
+        if c is not None:
+            c.status = "completed"
+            c.result_entry_id = rec.get("resultEntryId")
+
+    def _decision(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        c = self._target(rec, ("in_doubt", "not_started"))
+        # a decision decides the attempt it names (``attempt``; records written before
+        # attempts were named decide the current one)
+        if c is not None and rec.get("attempt", c.attempts) == c.attempts:
+            c.decision = {"decision": rec.get("decision"), "result": rec.get("result")}
+            c.decided_seq = rec.get("seq")
+
+    def _save_point(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        self.save_point_after = True
+
+    def _abort_requested(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        self.abort_requested = True
+
+    def _run_finished(self, rec: dict[str, Any], assistant: dict[str, Any] | None) -> None:
+        self.outcome = str(rec.get("outcome"))
+
+
+_RUN_FOLDS: dict[str, Callable[[RunState, dict[str, Any], dict[str, Any] | None], None]] = {
+    "run_started": RunState._run_started,
+    "provider_request_started": RunState._request_started,
+    "provider_request_failed": RunState._request_failed,
+    "provider_request_finished": RunState._request_finished,
+    "tool_started": RunState._tool_started,
+    "tool_process": RunState._tool_process,
+    "tool_process_killed": RunState._tool_process_killed,
+    "tool_finished": RunState._tool_finished,
+    "decision": RunState._decision,
+    "save_point": RunState._save_point,
+    "abort_requested": RunState._abort_requested,
+    "run_finished": RunState._run_finished,
+}
+"""What :meth:`RunState.apply` does with each record type it reads (any other: nothing)."""
 
 
 @dataclass
@@ -301,8 +339,23 @@ class LaneLog:
     deferred: list[dict[str, Any]] = field(default_factory=list)
     summary_attempts: dict[str, int] = field(default_factory=dict)
 
+    #: the record types :meth:`apply` reads; any other leaves the lane log as it is
+    FOLDED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "provider_request_started",
+            "provider_request_finished",
+            "provider_request_failed",
+            "queue_enqueued",
+            "queue_consumed",
+            "queue_cancelled",
+            "write_deferred",
+            "save_point",
+            "run_finished",
+        }
+    )
+
     def apply(self, rec: dict[str, Any]) -> None:
-        """Fold one record."""
+        """Fold one record (of a type in :attr:`FOLDED`; any other changes nothing)."""
         rtype = rec.get("type")
         if rec.get("runId") is None and rtype in (
             "provider_request_started",

@@ -107,6 +107,8 @@ class ToolCalls:
             ToolProcessRunning: the group outlived SIGKILL by ``KILL_WAIT`` seconds (nothing
                 is settled).
         """
+        if call.process is None:
+            return  # no group recorded (every call but a running bash's): nothing to kill
         for killed in kill_groups([call], self.core.session.id):
             pgid = (killed.process or {}).get("pgid")
             if pgid in self._own_groups:
@@ -243,7 +245,11 @@ class ToolCalls:
         commits"). Returns True when the settlement is written now, False when held."""
         if self.core.fenced:
             return False
-        last = all(c.status == "completed" for c in live.state.tool_calls if c is not call)
+        last = True  # every other call of the turn is settled already
+        for c in live.state.tool_calls:
+            if c is not call and c.status != "completed":
+                last = False
+                break
         ops = self._settlement_ops(live, call, result, outcome, result_id)
         self.core.commit(ops, live, hold=last)
         self._ended(live, call, result.is_error, outcome)

@@ -152,6 +152,12 @@ class ContextState:
     formed_ids: list[str | None] = field(default_factory=list)
     formed_upto: int = 0
     formed_call_ids: frozenset[str] = frozenset()
+    #: the last tail :func:`_form` formed: ``pairs[tail_from:tail_to]`` after rule 5, and the
+    #: call ids in use after it (reused when that tail becomes final unchanged)
+    tail: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    tail_from: int = -1
+    tail_to: int = -1
+    tail_call_ids: frozenset[str] = frozenset()
 
 
 def _settings(
@@ -210,6 +216,10 @@ def _extend(
         previous.formed_ids,
         previous.formed_upto,
         previous.formed_call_ids,
+        previous.tail,
+        previous.tail_from,
+        previous.tail_to,
+        previous.tail_call_ids,
     )
 
 
@@ -244,22 +254,35 @@ def _full(get_entry: EntryGetter, leaf_id: str | None, pi_turns: bool = False) -
 def _form(state: ContextState) -> tuple[list[dict[str, Any]], list[str | None]]:
     """Apply rule 5 to ``state.pairs``, reusing the part already formed: rule 5 works block by
     block, and a block ends where the next assistant or user message starts, so everything
-    before the last such message is final. Returns the messages and their entry ids."""
+    before the last such message is final. Returns the messages and their entry ids.
+
+    The tail (from the last assistant or user message on) is formed each time; when the same
+    pairs become final later (a run's turn: the next answer starts a new block), the tail
+    formed then is taken as it is: rule 5 is a function of those pairs and the call ids used
+    before them, both unchanged, so each block is formed once."""
     pairs = state.pairs
-    cut = state.formed_upto
-    for j in range(len(pairs) - 1, state.formed_upto - 1, -1):
+    upto = state.formed_upto
+    cut = upto
+    for j in range(len(pairs) - 1, upto - 1, -1):
         if pairs[j][0].get("role") in ("assistant", "user"):
             cut = j
             break
-    if cut > state.formed_upto:
-        used = set(state.formed_call_ids)
-        done = well_formed(pairs[state.formed_upto : cut], used)
+    if cut > upto:
+        if state.tail_from == upto and state.tail_to == cut:
+            done, used = state.tail, state.tail_call_ids
+        else:
+            grown = set(state.formed_call_ids)
+            done = well_formed(pairs[upto:cut], grown)
+            used = frozenset(grown)
         # New lists, never appended in place: an earlier state may share the old ones.
         state.formed_messages = state.formed_messages + [m for m, _ in done]
         state.formed_ids = state.formed_ids + [eid for _, eid in done]
-        state.formed_upto = cut
-        state.formed_call_ids = frozenset(used)
-    tail = well_formed(pairs[state.formed_upto :], set(state.formed_call_ids))
+        state.formed_upto = upto = cut
+        state.formed_call_ids = used
+    after = set(state.formed_call_ids)
+    tail = well_formed(pairs[upto:], after)
+    state.tail, state.tail_from, state.tail_to = tail, upto, len(pairs)
+    state.tail_call_ids = frozenset(after)
     return (
         state.formed_messages + [m for m, _ in tail],
         state.formed_ids + [eid for _, eid in tail],
@@ -267,13 +290,40 @@ def _form(state: ContextState) -> tuple[list[dict[str, Any]], list[str | None]]:
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
-    """Estimate the tokens of context messages: characters / 4, rounded up."""
+    """Estimate the tokens of context messages: characters / 4, rounded up (the characters of
+    the text blocks, and of each tool call's arguments and name as ``str`` shows them)."""
     chars = 0
     for m in messages:
-        chars += len(text_of(m.get("content")))
-        for b in tool_call_blocks(m.get("content")):
+        content = m.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+            continue
+        if isinstance(content, list):  # one pass over the blocks, the common case
+            counted = _block_chars(content)
+            if counted >= 0:
+                chars += counted
+                continue
+        chars += len(text_of(content))
+        for b in tool_call_blocks(content):
             chars += len(str(b.get("arguments"))) + len(str(b.get("name")))
     return -(-chars // 4)
+
+
+def _block_chars(content: list[Any]) -> int:
+    """What :func:`estimate_tokens` counts in a list of blocks, in one pass; -1 when a text
+    block's ``text`` is no string (the general path then says what it says)."""
+    chars = 0
+    for b in content:
+        if isinstance(b, dict):
+            btype = b.get("type")
+            if btype == "text":
+                text = b.get("text", "")
+                if type(text) is not str:
+                    return -1
+                chars += len(text)
+            elif btype == "toolCall":
+                chars += len(str(b.get("arguments"))) + len(str(b.get("name")))
+    return chars
 
 
 def build_context(
@@ -397,6 +447,14 @@ def _one_result_each(
     work to do. The ids are added to ``used``."""
     if len(results) != len(calls):
         return None
+    if len(calls) == 1:  # one call, one result: what most answers ask for
+        cid = calls[0].get("id")
+        if not (isinstance(cid, str) and cid and cid not in used):
+            return None
+        if results[0][0].get("toolCallId") != cid:
+            return None
+        used.add(cid)
+        return list(results)
     by_id = {r[0].get("toolCallId"): r for r in results}
     ids = [c.get("id") for c in calls]
     if len(by_id) != len(calls) or not all(

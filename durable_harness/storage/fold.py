@@ -60,21 +60,56 @@ def lane_change(op: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 
 def fold(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
     """Apply the numbered op ``op`` to ``lanes`` (by name; a missing lane is created)."""
+    # What :func:`lane_change` says, applied without building the change (every committed op
+    # comes through here; the two must agree: tests/storage/test_fold.py).
+    kind = op.get("op")
+    if kind == "entry":
+        fold_entry(lanes, op)
+        return
+    if kind == "record":
+        fold_record(lanes, op["record"])
+        return
     found = lane_change(op)
     if found is None:
         return
     name, change = found
-    lane = lanes.get(name)
-    if lane is None:
-        lane = lanes[name] = LaneState(name)
+    lane = _lane(lanes, name)
     if "leaf_id" in change:
         lane.leaf_id = change["leaf_id"]
     if "config" in change:
         lane.config = {**lane.config, **change["config"]}
-    if "run" in change:
-        lane.run_id, lane.run_seq = change["run"]
-    elif "close" in change and lane.run_id == change["close"]:
-        lane.run_id, lane.run_seq = None, None
+
+
+def fold_entry(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
+    """:func:`fold` of a numbered entry op (``{"op": "entry", ...}``): its lane's leaf moves to
+    it."""
+    name = op.get("lane")
+    if name is not None:
+        _lane(lanes, str(name)).leaf_id = op["entry"]["id"]
+
+
+def fold_record(lanes: dict[str, LaneState], rec: dict[str, Any]) -> None:
+    """:func:`fold` of a numbered record (the ``record`` of a record op): ``run_started`` opens
+    its lane's run, ``run_finished`` closes it; any record with a lane creates the lane."""
+    name = rec.get("lane")
+    if name is None:
+        return
+    lane = _lane(lanes, str(name))
+    rtype = rec.get("type")
+    if rtype == "run_started":
+        lane.run_id, lane.run_seq = rec.get("runId"), rec["seq"]
+    elif rtype == "run_finished":
+        run_id = rec.get("runId")
+        if run_id is not None and lane.run_id == run_id:
+            lane.run_id, lane.run_seq = None, None
+
+
+def _lane(lanes: dict[str, LaneState], name: str) -> LaneState:
+    """The lane ``name`` of ``lanes``, created if missing."""
+    lane = lanes.get(name)
+    if lane is None:
+        lane = lanes[name] = LaneState(name)
+    return lane
 
 
 def copy_lane(lane: LaneState) -> LaneState:

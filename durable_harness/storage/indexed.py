@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import orjson
+
 from durable_harness.errors import (
     InvalidOp,
     ReadOnlySession,
@@ -19,11 +21,17 @@ from durable_harness.storage.base import (
     LaneState,
     Op,
     RecordFilter,
+    RecordOp,
     SessionStore,
 )
-from durable_harness.storage.fold import copy_lane, fold, number
+from durable_harness.storage.fold import copy_lane, fold, fold_entry, fold_record, number
 from durable_harness.storage.oserrors import boundary
-from durable_harness.storage.shapes import checked_id, id_conflict, op_shape_error
+from durable_harness.storage.shapes import (
+    checked_id,
+    id_conflict,
+    op_shape_error,
+    record_shape_error,
+)
 
 
 class IndexedSessionStore(SessionStore):
@@ -90,12 +98,25 @@ class IndexedSessionStore(SessionStore):
     def _check_ops(self, ops: list[Op]) -> None:
         # Entry ids and record ids are separate namespaces (as in SQL): a parent or a leaf
         # must name an entry, never a record committed in the same batch. Written flat (no
-        # per-commit dict of sets, the location named only on an error): it runs on every
-        # commit ("Turn cost" in design/storage.md).
+        # per-commit dict of sets, the location named only on an error, a record's envelope
+        # checked without the generic dispatch): it runs on every commit ("Turn cost" in
+        # design/storage.md and design/run-loop.md).
         meta = self._meta
         new_entries: set[str] = set()
         new_records: set[str] = set()
         for op in ops:
+            if type(op) is RecordOp:
+                rec = op.record
+                problem = record_shape_error(rec) if isinstance(rec, dict) else op_shape_error(op)
+                if problem is not None:
+                    raise InvalidOp(f"session {self.session_id}: {problem}", op="RecordOp")
+                ident = rec.get("id")
+                if not isinstance(ident, str) or not ident:
+                    ident = checked_id("record", rec)
+                if ident in self._record_ids or ident in new_records:
+                    raise id_conflict("record", ident, f"session {self.session_id}")
+                new_records.add(ident)
+                continue
             problem = op_shape_error(op)
             if problem is not None:
                 raise InvalidOp(f"session {self.session_id}: {problem}", op=type(op).__name__)
@@ -107,7 +128,9 @@ class IndexedSessionStore(SessionStore):
                     )
             elif isinstance(op, EntryOp):
                 body = op.entry
-                ident = checked_id("entry", body)
+                ident = body.get("id")
+                if not isinstance(ident, str) or not ident:
+                    ident = checked_id("entry", body)
                 if ident in meta or ident in new_entries:
                     raise id_conflict("entry", ident, f"session {self.session_id}")
                 parent = body.get("parentId")
@@ -133,16 +156,22 @@ class IndexedSessionStore(SessionStore):
         kind = op.get("op")
         if kind == "entry":
             entry = op["entry"]
-            eid = entry["id"]
-            self._meta[eid] = (entry.get("parentId"), entry.get("type", ""), entry["seq"], location)
+            eid, seq = entry["id"], entry["seq"]
+            self._meta[eid] = (entry.get("parentId"), entry.get("type", ""), seq, location)
             self._order.append(eid)
-            self._seq = max(self._seq, entry["seq"])
-        elif kind == "record":
+            if seq > self._seq:
+                self._seq = seq
+            fold_entry(self._lanes, op)
+            return
+        if kind == "record":
             rec = op["record"]
             self._log.append(rec)
             self._record_ids.add(rec["id"])
-            self._seq = max(self._seq, rec["seq"])
-        elif kind == "lane":
+            if rec["seq"] > self._seq:
+                self._seq = rec["seq"]
+            fold_record(self._lanes, rec)
+            return
+        if kind == "lane":
             self._seq = max(self._seq, int(op.get("seq", 0)))
         fold(self._lanes, op)
 
@@ -184,8 +213,23 @@ class MemorySessionStore(IndexedSessionStore):
         self.generation = 0 if read_only else 1
 
     def _persist(self, numbered: list[dict[str, Any]], sync: bool) -> list[Any]:
-        try:
+        try:  # the common case: everything encodes as it is (records in one call)
             out: list[Any] = []
+            records: list[Any] = []
+            for op in numbered:
+                if "entry" in op:
+                    out.append(orjson.dumps(op["entry"]))
+                    continue
+                if "record" in op:
+                    records.append(op["record"])
+                out.append(None)
+            if records:
+                orjson.dumps(records)
+            return out
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate to scrub, or a value JSON cannot hold: op by op, in order
+        try:
+            out = []
             for op in numbered:
                 if "entry" in op:
                     out.append(codec.dumps(op["entry"]))

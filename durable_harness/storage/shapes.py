@@ -19,15 +19,17 @@ _record_checks: list[RecordCheck] = []
 _trusted: set[type] = set()
 
 CHECK_TRUSTED: bool = os.environ.get("DURABLE_HARNESS_CHECK_ALL_RECORDS") == "1"
-"""Whether the registered checks run on trusted records too
+"""Whether trusted records are checked too, envelope and registered checks
 (``$DURABLE_HARNESS_CHECK_ALL_RECORDS=1``).
 """
 
 
 def register_record_check(check: RecordCheck, *, trusted: type | None = None) -> None:
     """Add ``check`` (why a record is malformed, or ``None``; never raises) to what
-    :func:`record_shape_error` applies after the envelope; a record of exactly the ``dict``
-    subclass ``trusted`` gets the envelope check only (unless :data:`CHECK_TRUSTED`)."""
+    :func:`record_shape_error` applies after the envelope. A record of exactly the ``dict``
+    subclass ``trusted`` is not checked (unless :data:`CHECK_TRUSTED`): its builder guarantees
+    the envelope (``type`` and ``id`` strings, ``lane`` and ``runId`` strings or null) and the
+    fields, and builds any record it cannot vouch for as another type."""
     if check not in _record_checks:
         _record_checks.append(check)
     if trusted is not None:
@@ -38,15 +40,25 @@ def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
     return value is None or isinstance(value, kind)
 
 
+# The checks below are written flat (no helper call per field, ``rec.get`` bound once): they run
+# on every op of every commit, about 7 a turn ("Turn cost, third pass" in design/run-loop.md).
+# The order of the tests, and so which message a value with several faults gets, is the rule.
+
+
 def record_shape_error(rec: dict[str, Any]) -> str | None:
     """Why ``rec`` is not a well-formed operation-log record, or ``None``: the envelope, then the
-    registered checks (not on a trusted record)."""
-    if not isinstance(rec.get("type"), str) or not isinstance(rec.get("id"), str):
-        return "type and id must be strings"
-    if not (_opt(rec.get("lane"), str) and _opt(rec.get("runId"), str)):
-        return "lane and runId must be strings or null"
+    registered checks (neither on a trusted record: :func:`register_record_check`)."""
     if type(rec) in _trusted and not CHECK_TRUSTED:
         return None
+    get = rec.get
+    if not isinstance(get("type"), str) or not isinstance(get("id"), str):
+        return "type and id must be strings"
+    lane = get("lane")
+    run_id = get("runId")
+    if (lane is not None and not isinstance(lane, str)) or (
+        run_id is not None and not isinstance(run_id, str)
+    ):
+        return "lane and runId must be strings or null"
     for check in _record_checks:
         problem = check(rec)
         if problem is not None:
@@ -54,49 +66,63 @@ def record_shape_error(rec: dict[str, Any]) -> str | None:
     return None
 
 
+_BAD_CALL = "a toolCall block needs string id and name and object arguments"
+
+
 def _content_error(content: Any) -> str | None:
     if isinstance(content, str):
         return None
-    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+    if not isinstance(content, list):
         return "content must be a string or a list of blocks"
+    bad_call = None  # a block that is no object is named first, wherever it is
     for b in content:
-        if b.get("type") == "toolCall" and not (
-            isinstance(b.get("id"), str)
-            and isinstance(b.get("name"), str)
-            and _opt(b.get("arguments"), dict)
-        ):
-            return "a toolCall block needs string id and name and object arguments"
-    return None
+        if not isinstance(b, dict):
+            return "content must be a string or a list of blocks"
+        if bad_call is None and b.get("type") == "toolCall":
+            args = b.get("arguments")
+            if not (
+                isinstance(b.get("id"), str)
+                and isinstance(b.get("name"), str)
+                and (args is None or isinstance(args, dict))
+            ):
+                bad_call = _BAD_CALL
+    return bad_call
 
 
 def entry_shape_error(entry: dict[str, Any]) -> str | None:
     """Why ``entry`` is not a well-formed tree entry, or ``None`` (unknown types only need
     ``type``, ``id`` and ``parentId``)."""
-    if not isinstance(entry.get("type"), str) or not isinstance(entry.get("id"), str):
+    get = entry.get
+    etype = get("type")
+    if not isinstance(etype, str) or not isinstance(get("id"), str):
         return "type and id must be strings"
-    if not _opt(entry.get("parentId"), str):
+    parent = get("parentId")
+    if parent is not None and not isinstance(parent, str):
         return "parentId must be a string or null"
-    etype = entry["type"]
     if etype == "message":
-        msg = entry.get("message")
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+        msg = get("message")
+        if not isinstance(msg, dict):
             return "message must be an object with a string role"
-        if "content" in msg or msg["role"] in ("user", "assistant", "toolResult"):
+        role = msg.get("role")
+        if not isinstance(role, str):
+            return "message must be an object with a string role"
+        if "content" in msg or role in ("user", "assistant", "toolResult"):
             err = _content_error(msg.get("content"))
             if err:
                 return err
-        if msg["role"] == "toolResult" and not isinstance(msg.get("toolCallId"), str):
+        if role == "toolResult" and not isinstance(msg.get("toolCallId"), str):
             return "a toolResult needs a string toolCallId"
-        if not _opt(msg.get("usage"), dict):
+        usage = msg.get("usage")
+        if usage is not None and not isinstance(usage, dict):
             return "usage must be an object"
-    elif etype == "label" and not isinstance(entry.get("targetId"), str):
+    elif etype == "label" and not isinstance(get("targetId"), str):
         return "a label needs a string targetId"
-    elif etype in ("compaction", "branch_summary") and not _opt(entry.get("summary"), str):
+    elif etype in ("compaction", "branch_summary") and not _opt(get("summary"), str):
         return "summary must be a string"
-    elif etype == "compaction" and not _opt(entry.get("firstKeptEntryId"), str):
+    elif etype == "compaction" and not _opt(get("firstKeptEntryId"), str):
         return "firstKeptEntryId must be a string or null"
     elif etype in ("model_change",) and not (
-        _opt(entry.get("provider"), str) and _opt(entry.get("modelId"), str)
+        _opt(get("provider"), str) and _opt(get("modelId"), str)
     ):
         return "provider and modelId must be strings"
     return None
@@ -104,16 +130,16 @@ def entry_shape_error(entry: dict[str, Any]) -> str | None:
 
 def op_shape_error(op: Any) -> str | None:
     """Why a commit op would read back as damage, or ``None``."""
-    if isinstance(op, EntryOp):
-        if not isinstance(op.entry, dict):
-            return "an entry must be an object"
-        if not _opt(op.lane, str):
-            return "lane must be a string or null"
-        return entry_shape_error(op.entry)
     if isinstance(op, RecordOp):
         if not isinstance(op.record, dict):
             return "a record must be an object"
         return record_shape_error(op.record)
+    if isinstance(op, EntryOp):
+        if not isinstance(op.entry, dict):
+            return "an entry must be an object"
+        if op.lane is not None and not isinstance(op.lane, str):
+            return "lane must be a string or null"
+        return entry_shape_error(op.entry)
     if isinstance(op, LaneOp):
         if not isinstance(op.lane, str):
             return "lane must be a string"

@@ -313,6 +313,34 @@ def test_a_harness_built_record_is_not_rechecked(trusting: list[dict[str, object
     assert [r["type"] for r in trusting] == ["abort_requested"]
 
 
+def test_a_built_record_whose_envelope_is_not_vouched_for_is_checked(
+    trusting: list[dict[str, object]],
+) -> None:
+    """``record`` vouches for the envelope it makes (storage then checks nothing): a lane that
+    is no string, or a field naming an envelope key, makes an unsure record, checked in full
+    at commit with the error it always got."""
+    s = open_store("memory:").create_session("/p")
+    try:
+        odd_lane = harness_records.record("save_point", 3, "run-1")  # type: ignore[arg-type]
+        with pytest.raises(InvalidOp, match="lane and runId must be strings or null"):
+            s.commit([RecordOp(odd_lane)])
+        odd_run = harness_records.record("save_point", "main", 7)  # type: ignore[arg-type]
+        with pytest.raises(InvalidOp, match="lane and runId must be strings or null"):
+            s.commit([RecordOp(odd_run)])
+        odd_id = harness_records.record("save_point", "main", "run-1", id=5)
+        with pytest.raises(InvalidOp, match="type and id must be strings"):
+            s.commit([RecordOp(odd_id)])
+        assert isinstance(odd_id, harness_records.BuiltRecord) and odd_id["id"] == 5
+        assert s.records() == []
+        assert [r["type"] for r in trusting] == []  # refused by the envelope, before fields
+        fine = harness_records.record("save_point", "main", None, id="given")
+        s.commit([RecordOp(fine)])  # an unsure record that is well formed is written
+        assert [r["id"] for r in trusting] == ["given"]
+        assert [r["id"] for r in s.records()] == ["given"]
+    finally:
+        s.close()
+
+
 # -- what comes from outside the harness is checked where it enters ---------------------------
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from durable_harness.session import Session
 from durable_harness.session.context import INTERRUPTED_TEXT, build_context
@@ -205,3 +207,51 @@ def test_real_pi_files_context_has_unique_paired_call_ids(pi_dir: Path, name: st
     ctx = Session(open_pi_file(str(path))).context()
     assert any(m["role"] == "toolResult" for m in ctx.messages)
     _check_paired(ctx.messages)
+
+
+_steps = st.lists(
+    st.tuples(
+        st.one_of(
+            st.tuples(st.just("user"), st.just("")),
+            st.tuples(
+                st.just("assistant"), st.lists(st.sampled_from(["c0", "c1", ""]), max_size=3)
+            ),
+            st.tuples(
+                st.just("result"),
+                st.tuples(
+                    st.sampled_from(["c0", "c1", ""]), st.sampled_from(["ok", INTERRUPTED_TEXT])
+                ),
+            ),
+            st.tuples(st.just("empty"), st.just("")),
+        ),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@given(_steps)
+def test_a_context_extended_entry_by_entry_equals_one_built_from_scratch(steps: list[Any]) -> None:
+    """Rule 5 is applied block by block and a block formed as the tail is reused once it is
+    final (``_form``): extending after any run of entries, however the results fall (missing,
+    repeated, placeholders, ids shared across turns), gives what a full build gives."""
+    t = Tree()
+    state = None
+    for i, ((kind, arg), build) in enumerate(steps):
+        if kind == "user":
+            t.user(f"u{i}", f"go {i}")
+        elif kind == "assistant":
+            t.assistant(f"a{i}", f"step {i}" if not arg else "", calls=tuple(arg))
+        elif kind == "result":
+            t.result(f"r{i}", arg[0], arg[1])
+        else:
+            t.assistant(f"e{i}")  # empty: dropped by rule 5
+        if not build and i < len(steps) - 1:
+            continue  # extended later by more than one entry at once
+        extended = build_context(t.entries.get, t.last, state)
+        full = t.context()
+        assert extended.messages == full.messages
+        assert extended.entry_ids == full.entry_ids
+        assert extended.state is not None
+        state = extended.state
