@@ -1,5 +1,5 @@
 """WAL checkpoints off the commit path: a thread of the store's own copies the WAL back into the
-database once it holds :data:`WAL_CHECKPOINT_PAGES`, so no commit waits for one
+database once it holds about :data:`WAL_CHECKPOINT_PAGES`, so no commit waits for one
 (``design/storage.md``, "SQLite", "Checkpoints").
 
 SQLite's automatic checkpoint runs inside the COMMIT that crosses its threshold, on the
@@ -13,55 +13,61 @@ durability (its own ``fdatasync`` of the WAL) is unchanged.
 
 SQLite starts the WAL again from its beginning (so the file stops growing) only when a write
 transaction begins with every frame copied, which a checkpoint running beside busy writers
-never sees: the frames written meanwhile remain. So once the thread has copied the bulk (a
-second pass for what came during the first), the writer copies the rest itself, right after
-its next COMMIT (:meth:`Checkpointer.finish_due`): the few hundred pages written during the
-thread's passes, not the thousands before.
+never sees: the frames written meanwhile remain. So once the thread has copied all but
+:data:`LEFT_FOR_WRITER` frames, the writer copies the rest itself, right after its next COMMIT
+(:meth:`Checkpointer.finish_due`): the few hundred pages written during the thread's run, not
+the thousands before.
+
+When to run: SQLite tells how many frames the WAL holds only in the wal-index (``-shm``), and
+this process must not open that file itself: closing any descriptor of a file drops every POSIX
+lock the process holds on it, SQLite's own included (``tests/storage/test_attack_*``). So the
+frames are estimated from the commits since the WAL last started again, at the frames per
+commit the last checkpoint saw (it reports the WAL's frames).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import sys
 import threading
 import time
 
 from durable_harness.storage.sqlite import connection
 
 WAL_CHECKPOINT_PAGES = 10_000
-"""WAL pages after which the checkpointer runs (SQLite's automatic default: 1,000). Commits of
+"""WAL frames after which the checkpointer runs (SQLite's automatic default: 1,000). Commits of
 different sessions share few pages (a group of 200 turn commits writes about 1,400), so a low
 threshold copies nearly every group, and a checkpoint copies each page once however often the WAL
 holds it."""
 
-CHECK_EVERY = 32
-"""Commits between two looks at the WAL's frame counts (one 100-byte read of ``-shm``)."""
+FRAMES_PER_COMMIT = 16.0
+"""The first estimate of WAL frames per commit (a turn's commit writes about 16), until a
+checkpoint has counted them."""
 
 PASSES = 3
 """Passive checkpoints the thread runs in a row while the frames left after one exceed
 :data:`LEFT_FOR_WRITER`."""
 
 LEFT_FOR_WRITER = 1_000
-"""Frames the thread leaves for the writer's own finishing checkpoint."""
+"""Frames the thread may leave for the writer's own finishing checkpoint; with more left (a
+reader holding an old snapshot) it does not hand over, and runs again later."""
 
 FINISH_TRIES = 8
 """COMMITs after which the writer stops trying a finishing checkpoint that finds the WAL busy."""
-
-_MX_FRAME, _N_BACKFILL = 16, 96  # offsets in the wal-index (https://www.sqlite.org/walformat.html)
 
 log = logging.getLogger("durable_harness.storage")
 
 
 class Checkpointer:
     """The checkpoint thread of one database at ``path`` (started on first need); ``pages`` is
-    the WAL size in pages that calls for a checkpoint. :meth:`note_commit` is called after
-    each COMMIT on the writer, :meth:`close` once, before the writer closes.
+    the WAL size in frames that calls for a checkpoint. :meth:`note_commit` is called after
+    each COMMIT on the writer (holding the writer's lock), :meth:`close` once, before the
+    writer closes.
 
     Attributes:
-        checkpoints: checkpoints run. seconds: their total duration (s). failures: checkpoints
-            that raised (logged; the next trigger tries again).
+        checkpoints: the thread's runs. seconds: their total duration (s). failures: runs that
+            raised (logged; tried again later). restarts: finishing checkpoints that copied the
+            whole WAL (the next write starts it again).
     """
 
     def __init__(self, path: str, pages: int | None = None) -> None:
@@ -69,11 +75,13 @@ class Checkpointer:
         :data:`WAL_CHECKPOINT_PAGES`, read when it is made)."""
         self.path = path
         self.pages = WAL_CHECKPOINT_PAGES if pages is None else pages
-        self._shm: int | None = None  # descriptor of the wal-index, read-only
         self.checkpoints = 0
         self.seconds = 0.0
         self.failures = 0
-        self._commits = 0
+        self.restarts = 0
+        self._since = 0  # commits since the WAL last started again (as far as known)
+        self._per_commit = FRAMES_PER_COMMIT
+        self._wake_at = self._due()
         self._wake = threading.Event()
         self._stop = False
         self._finish = False  # the bulk is copied: the writer's next COMMIT finishes
@@ -81,39 +89,36 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
+    def _due(self) -> int:
+        """Commits after which the WAL holds :attr:`pages` frames, at the current estimate."""
+        return max(1, int(self.pages / self._per_commit))
+
     def note_commit(self) -> None:
-        """After a COMMIT: every :data:`CHECK_EVERY` commits, read how many WAL frames are not
-        yet copied into the database (the wal-index's ``mxFrame`` less ``nBackfill``: the file's
-        size says nothing once the WAL starts again) and wake the thread at :attr:`pages`."""
-        self._commits += 1
-        if self._commits % CHECK_EVERY or self._stop or self._finish:
-            return
-        try:
-            if self._shm is None:
-                self._shm = os.open(self.path + "-shm", os.O_RDONLY)
-            head = os.pread(self._shm, _N_BACKFILL + 4, 0)
-        except OSError:
-            return
-        if len(head) < _N_BACKFILL + 4:
-            return
-        frames = int.from_bytes(head[_MX_FRAME : _MX_FRAME + 4], sys.byteorder)
-        copied = int.from_bytes(head[_N_BACKFILL:], sys.byteorder)
-        if frames - copied >= self.pages:
+        """After a COMMIT: wake the thread once the estimated frames reach :attr:`pages` (no
+        system call)."""
+        self._since += 1
+        if self._since >= self._wake_at and not self._finish and not self._stop:
+            self._wake_at = self._since + max(1, self._due() // 4)  # if this run cannot finish
             self.wake()
 
     @property
     def finish_due(self) -> bool:
-        """True after a run of the thread, until :meth:`finished`: the writer should now run
-        ``PRAGMA wal_checkpoint(PASSIVE)`` itself, after its COMMIT (it copies the frames
-        written during the thread's run, and the WAL starts again at the next write). The
-        thread is not woken meanwhile."""
+        """True after a run of the thread that left at most :data:`LEFT_FOR_WRITER` frames,
+        until :meth:`finished`: the writer should now run ``PRAGMA wal_checkpoint(PASSIVE)``
+        itself, after its COMMIT (it copies the frames written during the thread's run, and the
+        WAL starts again at the next write). The thread is not woken meanwhile."""
         return self._finish
 
-    def finished(self, *, done: bool) -> None:
-        """The writer's finishing checkpoint ran (``done``) or met a busy WAL (another
-        process's checkpoint): tried again after the next COMMIT, :data:`FINISH_TRIES` times
-        at most."""
+    def finished(self, result: tuple[int, int, int] | None) -> None:
+        """The writer's finishing checkpoint returned ``result`` (``(busy, frames, copied)``;
+        ``None``: it raised): done when every frame was copied, else tried again after the next
+        COMMIT, :data:`FINISH_TRIES` times at most."""
+        done = result is not None and result[0] == 0 and result[1] == result[2]
         self._finish_tries += 1
+        if done:
+            self.restarts += 1
+            self._since = 0
+            self._wake_at = self._due()
         if done or self._finish_tries >= FINISH_TRIES:
             self._finish, self._finish_tries = False, 0
 
@@ -124,9 +129,7 @@ class Checkpointer:
                 return
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._run,
-                    name=f"dh-checkpoint {os.path.basename(self.path)}",
-                    daemon=True,
+                    target=self._run, name=f"dh-checkpoint {self.path}", daemon=True
                 )
                 self._thread.start()
         self._wake.set()
@@ -140,9 +143,6 @@ class Checkpointer:
         self._wake.set()
         if thread is not None:
             thread.join()
-        if self._shm is not None:
-            os.close(self._shm)
-            self._shm = None
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -155,23 +155,32 @@ class Checkpointer:
                 if self._finish:  # the writer's turn first (a wake that raced the last run)
                     continue
                 started = time.perf_counter()
+                since = self._since
                 try:
                     if conn is None:
                         conn = connection.connect(self.path, "NORMAL")
+                    left = -1
                     for _ in range(PASSES):
                         # (busy, frames in the WAL, frames copied), -1s in a busy WAL's stead
                         ((_, frames, copied),) = conn.execute(
                             "PRAGMA wal_checkpoint(PASSIVE)"
                         ).fetchall()
-                        if frames < 0 or frames - copied <= LEFT_FOR_WRITER or self._stop:
+                        if frames < 0:
                             break
+                        if since > 0 and frames > 0:
+                            self._per_commit = frames / since
+                        left = frames - copied
+                        if left <= LEFT_FOR_WRITER or self._stop:
+                            break
+                        since = self._since
                 except sqlite3.Error as exc:  # busy (another process checkpoints), I/O: later
                     self.failures += 1
                     log.warning("checkpoint of %s failed, to be tried again: %s", self.path, exc)
                     continue
                 self.checkpoints += 1
                 self.seconds += time.perf_counter() - started
-                self._finish = True
+                if 0 <= left <= LEFT_FOR_WRITER:
+                    self._finish = True
                 self._wake.clear()  # what asked during this run is served by it
         finally:
             if conn is not None:

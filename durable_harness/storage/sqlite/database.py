@@ -122,13 +122,12 @@ class SharedDatabase:
         if checkpointer is not None:
             checkpointer.note_commit()
             if checkpointer.finish_due:  # copy what came during the thread's run
+                result: tuple[int, int, int] | None
                 try:
-                    ((busy, _, _),) = self.writer.execute(
-                        "PRAGMA wal_checkpoint(PASSIVE)"
-                    ).fetchall()
-                except sqlite3.Error:  # committed either way; the next run tries again
-                    busy = 1
-                checkpointer.finished(done=not busy)
+                    (result,) = self.writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:  # committed either way; the next COMMIT tries again
+                    result = None
+                checkpointer.finished(result)
         return self.committed
 
     def sync_to(self, ticket: int) -> None:
