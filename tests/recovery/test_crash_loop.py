@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import (
-    dh_forked,
+    dh,
     main_lane,
     plan_json,
     read_session,
@@ -44,9 +44,7 @@ def test_crash_loop_parks_at_attempt_cap(backend: str, purpose: str, tmp_path: P
     extra = {"context_window": SMALL_WINDOW} if purpose == "compaction" else {}
     script = write_script(tmp_path / "script.json", [{"text": "never delivered"}], **extra)
     prompt = LONG_PROMPT if purpose == "compaction" else "loop"
-    # every run and resume is a CLI process forked from the warm fork server (helpers.dh_forked):
-    # the loop starts eight of them per case, and each fresh interpreter cost about 0.7 s of CPU
-    first = dh_forked(
+    first = dh(
         "run", prompt, "--provider", f"scripted:{script}", "--store", spec, "--cwd", str(work),
         crash_at=POINT,
     )  # fmt: skip
@@ -65,7 +63,7 @@ def test_crash_loop_parks_at_attempt_cap(backend: str, purpose: str, tmp_path: P
             "park_failed_attempt_cap" if crashes >= CAP else "reissue_provider_request"
         )
         assert lane["purpose"] == purpose
-        last = dh_forked("resume", sid, "--store", spec, crash_at=POINT)
+        last = dh("resume", sid, "--store", spec, crash_at=POINT)
         resumes += 1
         if last.returncode != -signal.SIGKILL:
             break
@@ -90,7 +88,7 @@ def test_crash_loop_parks_at_attempt_cap(backend: str, purpose: str, tmp_path: P
     after = main_lane(plan_json(sid, spec))
     assert (after["state"], after["next_action"], after["run_id"]) == ("idle", "none", None)
     # a further resume has nothing to do and does not start a new attempt
-    again = dh_forked("resume", sid, "--store", spec, crash_at=POINT)
+    again = dh("resume", sid, "--store", spec, crash_at=POINT)
     assert again.returncode == 0, again.stderr
     records, _entries, _loc = read_session(spec, sid)
     assert len([r for r in records if r["type"] == "provider_request_started"]) == CAP
