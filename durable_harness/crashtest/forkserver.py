@@ -279,6 +279,30 @@ def shared() -> ForkServer:
     return _shared
 
 
+CLI_TARGET = "durable_harness.cli.main:main"
+"""The CLI's ``main(argv)``: the code of the ``durable-harness`` console script."""
+
+
+def run_cli(
+    argv: list[str], *, env: dict[str, str], cwd: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``durable-harness ARGV`` in a child forked from this process's :func:`shared` server,
+    the CLI preloaded there: a process of its own (own pid, store handles and lease; a crash
+    point SIGKILLs it) without a fresh interpreter's start and imports (the project's tests,
+    issue 22). stdout and stderr come back apart, as :func:`subprocess.run` gives them.
+
+    Raises:
+        subprocess.TimeoutExpired: the child ran past ``timeout`` (it was SIGKILLed).
+        ForkServerError: the server is gone or stopped answering.
+    """
+    done = shared().run(
+        argv, env=env, cwd=cwd, timeout=timeout, target=CLI_TARGET, separate=True, preload=True
+    )
+    return subprocess.CompletedProcess(
+        ["durable-harness", *argv], done.returncode, stdout=done.output, stderr=done.stderr
+    )
+
+
 atexit.register(_shared.stop)
 
 

@@ -65,9 +65,6 @@ def dh_console(
     )
 
 
-CLI_TARGET = "durable_harness.cli.main:main"
-
-
 def dh(
     *args: str,
     crash_at: str | None = None,
@@ -83,17 +80,8 @@ def dh(
     stderr come back apart. Without fork or ``pidfd_open`` (not Linux): :func:`dh_console`."""
     if not forkserver.available():
         return dh_console(*args, crash_at=crash_at, cwd=cwd, timeout=timeout)
-    done = forkserver.shared().run(
-        list(args),
-        env=env(crash_at),
-        cwd=str(cwd) if cwd else os.getcwd(),
-        timeout=timeout,
-        target=CLI_TARGET,
-        separate=True,
-        preload=True,
-    )
-    return subprocess.CompletedProcess(
-        [*DH, *args], done.returncode, stdout=done.output, stderr=done.stderr
+    return forkserver.run_cli(
+        list(args), env=env(crash_at), cwd=str(cwd) if cwd else os.getcwd(), timeout=timeout
     )
 
 
