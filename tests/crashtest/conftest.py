@@ -21,12 +21,18 @@ from typing import Any
 
 import pytest
 
+from durable_harness.terminal import PROGRESS_EVERY_ENV
+
 _SCRIPT = Path(sys.executable).with_name("durable-harness")
 DH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
 
 # Generous on purpose: about 3 minutes on a quiet 2-core machine, several times that beside a
 # second copy of the suite. The limit is there so a hung child fails the run, not to time it.
 MATRIX_TIMEOUT = 3600
+# The matrix's plain progress lines (stdout is a pipe here) every second rather than every 10:
+# test_matrix.py's progress test reads them from this one run instead of crash-testing cells of
+# its own (issue 22: no test repeats the matrix's cells).
+PROGRESS_EVERY_S = "1"
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ def _run(folder: Path) -> MatrixRun:
         [*DH, "crash-test", "--jobs", "2", "--report", str(report)],
         capture_output=True,
         text=True,
+        env=os.environ | {PROGRESS_EVERY_ENV: PROGRESS_EVERY_S},
         check=False,
     )
     data = json.loads(report.read_text()) if report.exists() else None
