@@ -1,7 +1,8 @@
 """The full crash matrix, run once per suite and shared by every test that reads its report.
 
 ``make test`` runs pytest with ``-n 2 --dist loadfile``: every test taking ``full_matrix`` is in
-``test_matrix.py``, so one worker runs the matrix while the other runs the rest of the suite.
+``test_matrix.py``, so one worker runs the matrix while the other runs the rest of the suite
+(``tests/conftest.py`` hands that file out first: the suite's longest step).
 (``--dist loadgroup`` would be the finer tool, but pytest-xdist 3.8 cannot tag node ids under
 pytest 9.2, so its groups silently fall apart.) Should such tests land on two workers anyway
 (another ``--dist`` mode), a lock file in the run's shared temporary folder makes the second
@@ -82,9 +83,3 @@ def full_matrix(tmp_path_factory: pytest.TempPathFactory) -> MatrixRun:
             saved.write_text(json.dumps(vars(run)))
             return run
     return MatrixRun(**json.loads(saved.read_text()))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Hand the full matrix out first: it is the suite's longest step (most of the wall time of
-    ``make test``), so a worker starts it at once while the other takes the rest."""
-    items.sort(key=lambda item: "full_matrix" not in getattr(item, "fixturenames", ()))
