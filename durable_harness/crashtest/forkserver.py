@@ -4,7 +4,11 @@ One fresh interpreter (``python -m durable_harness.crashtest.forkserver SOCKET``
 matrix child needs once, stays single-threaded (no pool, no event loop, no open store) and serves
 requests on a Unix socket. A request names a target (``"module:function"``, default
 :data:`CHILD_TARGET`), its argv, the full environment, the working folder, ``sys.path`` and a file
-for the child's stdout and stderr. For each, the server forks; the child resets its signals,
+for the child's stdout and stderr (or, with ``stderr`` set, one file each: a CLI child whose test
+reads the two streams apart, ``tests/recovery``). With ``preload`` the server imports the
+target's module itself before forking (once: every later child finds it warm; for a module
+that starts no thread at import, such as the CLI's ``durable_harness.cli.main``). For each
+request the server forks; the child resets its signals,
 takes stdin from ``/dev/null``, sets ``os.environ``, re-arms :mod:`durable_harness.crash`, enters
 the folder, calls ``target(argv)`` and leaves with ``os._exit`` (a traceback goes to the file,
 exit 1). The server answers with the child's pid at once and its exit code when it ends
@@ -103,11 +107,14 @@ def _exact(sock: socket.socket, n: int) -> bytes | None:
 @dataclass
 class Completed:
     """A finished child: ``returncode`` as :mod:`subprocess` gives it (``-N`` for signal N),
-    its ``pid``, and what it wrote to stdout and stderr (one file, text)."""
+    its ``pid``, and what it wrote: ``output`` holds stdout and stderr together (one file,
+    text), or stdout alone when the request asked for ``separate`` streams; then ``stderr``
+    holds stderr (else it is empty)."""
 
     returncode: int
     pid: int
     output: str
+    stderr: str = ""
 
 
 @dataclass
@@ -199,9 +206,15 @@ class ForkServer:
         cwd: str,
         timeout: float,
         target: str = CHILD_TARGET,
+        separate: bool = False,
+        preload: bool = False,
     ) -> Completed:
         """Run ``target(argv)`` in a child forked by the server, in ``cwd`` with exactly ``env``
-        and this process's ``sys.path``; wait for it at most ``timeout`` seconds.
+        and this process's ``sys.path``; wait for it at most ``timeout`` seconds. ``separate``:
+        stdout and stderr go to two files (:class:`Completed`); ``preload``: the server imports
+        the target's module before it forks, so this child and every later one start warm
+        (only for a module that starts no thread when imported: the server stays
+        single-threaded, or it exits naming the threads).
 
         Raises:
             subprocess.TimeoutExpired: the child ran past ``timeout`` (it was SIGKILLed).
@@ -210,6 +223,10 @@ class ForkServer:
         self.start()
         fd, out = tempfile.mkstemp(prefix="dh-child-", suffix=".log")
         os.close(fd)
+        err: str | None = None
+        if separate:
+            fd, err = tempfile.mkstemp(prefix="dh-child-", suffix=".err")
+            os.close(fd)
         pid: int | None = None  # set while the child may still run unreaped
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -217,6 +234,7 @@ class ForkServer:
                     sock.connect(str(self.socket_path))
                     request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
                     request |= {"cwd": cwd, "path": sys.path, "output": out, "timeout": timeout}
+                    request |= {"stderr": err, "preload": preload}
                     _send(sock, request)
                     sock.settimeout(timeout + _REPLY_SLACK)
                     started = _recv(sock)
@@ -229,13 +247,18 @@ class ForkServer:
                 raise ForkServerError(self._died("closed the connection before the child ended"))
             child, pid = int(started["pid"]), None  # the server reaped it
             output = Path(out).read_text(errors="replace")
+            errors = Path(err).read_text(errors="replace") if err else ""
             if done.get("timed_out"):
-                raise subprocess.TimeoutExpired([target, *argv], timeout, output=output)
-            return Completed(int(done["returncode"]), child, output)
+                raise subprocess.TimeoutExpired(
+                    [target, *argv], timeout, output=output, stderr=errors or None
+                )
+            return Completed(int(done["returncode"]), child, output, errors)
         finally:
             if pid is not None:  # the server did not reap it: do not leave it running
                 _kill(pid)
             os.unlink(out)
+            if err:
+                os.unlink(err)
 
     def _settle(self) -> None:
         """Give a server that closed a connection a moment to exit, for its status."""
@@ -254,6 +277,30 @@ def shared() -> ForkServer:
     if _shared.proc is None:
         _shared.start()
     return _shared
+
+
+CLI_TARGET = "durable_harness.cli.main:main"
+"""The CLI's ``main(argv)``: the code of the ``durable-harness`` console script."""
+
+
+def run_cli(
+    argv: list[str], *, env: dict[str, str], cwd: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``durable-harness ARGV`` in a child forked from this process's :func:`shared` server,
+    the CLI preloaded there: a process of its own (own pid, store handles and lease; a crash
+    point SIGKILLs it) without a fresh interpreter's start and imports (the project's tests,
+    issue 22). stdout and stderr come back apart, as :func:`subprocess.run` gives them.
+
+    Raises:
+        subprocess.TimeoutExpired: the child ran past ``timeout`` (it was SIGKILLed).
+        ForkServerError: the server is gone or stopped answering.
+    """
+    done = shared().run(
+        argv, env=env, cwd=cwd, timeout=timeout, target=CLI_TARGET, separate=True, preload=True
+    )
+    return subprocess.CompletedProcess(
+        ["durable-harness", *argv], done.returncode, stdout=done.output, stderr=done.stderr
+    )
 
 
 atexit.register(_shared.stop)
@@ -328,6 +375,19 @@ def serve(path: str) -> None:
                 _kill(job.pid)
 
 
+def _preload(module: str) -> None:
+    """Import ``module`` in the server (a request's ``preload``); a module that fails to import
+    is left to the child, which reports the traceback in its output."""
+    if module in sys.modules:
+        return
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return
+    if threading.active_count() != 1:  # fork copies only the forking thread
+        raise RuntimeError(f"fork server: preloading {module} started threads")
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -344,6 +404,8 @@ def _start(conn: socket.socket, close_all: Callable[[], None]) -> _Job | None:
     if req is None:
         conn.close()
         return None
+    if req.get("preload"):
+        _preload(str(req["target"]).partition(":")[0])
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -380,9 +442,15 @@ def _child(req: dict[str, Any], close_all: Callable[[], None]) -> None:
         os.dup2(null, 0)
         out = os.open(req["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(out, 1)
+        os.close(out)
+        if req.get("stderr"):
+            out = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        else:
+            out = 1
         os.dup2(out, 2)
         os.close(null)
-        os.close(out)
+        if out != 1:
+            os.close(out)
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[:] = [req["cwd"], *(p for p in req["path"] if p != req["cwd"])]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from durable_harness.crashtest import forkserver
 from durable_harness.storage import open_store
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(180)]
@@ -40,6 +41,8 @@ def _dh(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess[
     }
     if crash_at:
         env["DURABLE_HARNESS_CRASH_AT"] = crash_at
+    if forkserver.available():  # a child forked with the CLI warm: no interpreter start (issue 22)
+        return forkserver.run_cli(list(args), env=env, cwd=os.getcwd(), timeout=120)
     return subprocess.run(
         [sys.executable, "-m", "durable_harness", *args],
         env=env,

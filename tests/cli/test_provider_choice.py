@@ -18,6 +18,7 @@ import pytest
 from providers.servers import FakeLLMServer, Turn
 
 from durable_harness.cli.main import main
+from durable_harness.crashtest import forkserver
 
 _SCRIPT = Path(sys.executable).with_name("durable-harness")
 DH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
@@ -41,6 +42,8 @@ def _dh(
     )
     if crash_at:
         env["DURABLE_HARNESS_CRASH_AT"] = crash_at
+    if forkserver.available():  # a child forked with the CLI warm: no interpreter start (issue 22)
+        return forkserver.run_cli(list(args), env=env, cwd=os.getcwd(), timeout=60)
     return subprocess.run(
         [*DH, *args], env=env, capture_output=True, text=True, timeout=60, check=False
     )

@@ -1,7 +1,8 @@
 """The full crash matrix, run once per suite and shared by every test that reads its report.
 
 ``make test`` runs pytest with ``-n 2 --dist loadfile``: every test taking ``full_matrix`` is in
-``test_matrix.py``, so one worker runs the matrix while the other runs the rest of the suite.
+``test_matrix.py``, so one worker runs the matrix while the other runs the rest of the suite
+(``tests/conftest.py`` hands that file out first: the suite's longest step).
 (``--dist loadgroup`` would be the finer tool, but pytest-xdist 3.8 cannot tag node ids under
 pytest 9.2, so its groups silently fall apart.) Should such tests land on two workers anyway
 (another ``--dist`` mode), a lock file in the run's shared temporary folder makes the second
@@ -21,12 +22,18 @@ from typing import Any
 
 import pytest
 
+from durable_harness.terminal import PROGRESS_EVERY_ENV
+
 _SCRIPT = Path(sys.executable).with_name("durable-harness")
 DH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
 
 # Generous on purpose: about 3 minutes on a quiet 2-core machine, several times that beside a
 # second copy of the suite. The limit is there so a hung child fails the run, not to time it.
 MATRIX_TIMEOUT = 3600
+# The matrix's plain progress lines (stdout is a pipe here) every second rather than every 10:
+# test_matrix.py's progress test reads them from this one run instead of crash-testing cells of
+# its own (issue 22: no test repeats the matrix's cells).
+PROGRESS_EVERY_S = "1"
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ def _run(folder: Path) -> MatrixRun:
         [*DH, "crash-test", "--jobs", "2", "--report", str(report)],
         capture_output=True,
         text=True,
+        env=os.environ | {PROGRESS_EVERY_ENV: PROGRESS_EVERY_S},
         check=False,
     )
     data = json.loads(report.read_text()) if report.exists() else None
@@ -75,9 +83,3 @@ def full_matrix(tmp_path_factory: pytest.TempPathFactory) -> MatrixRun:
             saved.write_text(json.dumps(vars(run)))
             return run
     return MatrixRun(**json.loads(saved.read_text()))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Hand the full matrix out first: it is the suite's longest step (most of the wall time of
-    ``make test``), so a worker starts it at once while the other takes the rest."""
-    items.sort(key=lambda item: "full_matrix" not in getattr(item, "fixturenames", ()))

@@ -75,6 +75,27 @@ def test_env_cwd_stdin_and_output_are_the_requests(server: ForkServer, tmp_path:
     assert done.pid != os.getpid()
 
 
+def test_separate_streams_and_preload(server: ForkServer, tmp_path: Path) -> None:
+    """``separate``: stdout and stderr come back apart (a CLI child's test reads them apart);
+    ``preload``: the server imports the target's module before forking, and the child is still
+    a process of its own with the request's folder."""
+    out = tmp_path / "seen.json"
+    done = server.run(
+        [str(out)],
+        env=base_env(),
+        cwd=str(tmp_path),
+        timeout=60,
+        target=target("report"),
+        separate=True,
+        preload=True,
+    )
+    assert done.returncode == 3
+    assert done.output == "to stdout\n" and done.stderr == "to stderr\n"
+    seen = json.loads(out.read_text())
+    assert seen["cwd"] == str(tmp_path) and done.pid != os.getpid()
+    assert server.proc is not None and seen["ppid"] == server.proc.pid
+
+
 def test_crash_point_is_rearmed_per_child(server: ForkServer, tmp_path: Path) -> None:
     trace = tmp_path / "trace"
     env = base_env(**{ENV_VAR: "after_tool_started:2", TRACE_VAR: str(trace)})

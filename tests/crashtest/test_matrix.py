@@ -4,13 +4,15 @@ The full matrix (every scenario, both backends, through the console script) runs
 suite (``full_matrix`` in ``conftest.py``); the tests here read its report: (a) every cell
 passes; (b) two scenarios reach every point a run passes through, each hit of a repeated point
 is a cell of its own, and in-doubt cells got the right operator decision; (c) the Markdown
-formatter, on a stored report and on the full one. (The broken build the matrix must catch is in
+formatter, on a stored report and on the full one; (d) the plain progress lines of a run whose
+stdout is a pipe. (The broken build the matrix must catch is in
 ``test_broken_build.py``, so that it runs on the other xdist worker.)
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +217,26 @@ def test_markdown_report_of_the_full_matrix(full_matrix: MatrixRun) -> None:
     md = markdown(cells_of(report), report["summary"])
     assert tables(md) == expected_tables(report)
     assert "## Failures" not in md
+
+
+PROGRESS_LINE = re.compile(r"^crash-test: (\d+)/(\d+) cells, (\d+) failed, \d+ s$", re.M)
+PROGRESS_START = "crash-test: running the crash-free baselines, "
+
+
+@pytest.mark.timeout(MATRIX_TIMEOUT)
+@pytest.mark.crash
+@pytest.mark.slow
+def test_plain_progress_lines_when_stdout_is_a_pipe(full_matrix: MatrixRun) -> None:
+    """``crash-test`` writes a plain progress line when stdout is not a terminal (issue 22: at
+    least every 10 s; the interval is an environment setting, 1 s for this run, so nothing
+    here depends on time): read from the full matrix's own output, not from cells run again."""
+    out = full_matrix.stdout
+    cells = len(report_of(full_matrix)["cells"])
+    lines = PROGRESS_LINE.findall(out)
+    assert lines, out[-3000:]
+    assert out.startswith(PROGRESS_START), out[:3000]  # before the total is known
+    assert lines[-1] == (str(cells), str(cells), "0")  # at the end: every cell, none failed
+    done = [int(d) for d, _, _ in lines]
+    assert done == sorted(done)  # counts only go up
+    assert {int(t) for _, t, _ in lines} == {cells}  # the total, once known, never changes
+    assert "\x1b" not in out

@@ -1,8 +1,8 @@
-"""Every crash point of the brief, on both backends, end to end through the console script:
-a real child SIGKILLs itself at the point, a fresh ``recover --json`` prints the plan, a fresh
-``resume`` (with operator decisions where the plan waits for one) finishes the run, and the
-invariants hold: no accepted input lost, no replay-never effect twice, exactly one result per
-tool call, a clean ``fsck``.
+"""Every crash point of the brief, on both backends, end to end through the CLI: a real child
+process (forked from the warm fork server: ``helpers.dh``) SIGKILLs itself at the point,
+``recover --json`` prints the plan, another child ``resume``s (with operator decisions where the
+plan waits for one) to the run's end, and the invariants hold: no accepted input lost, no
+replay-never effect twice, exactly one result per tool call, a clean ``fsck``.
 """
 
 from __future__ import annotations
