@@ -1,0 +1,54 @@
+"""Attacks on WAL checkpoints off the commit path (``storage/sqlite/checkpoint.py``,
+``design/storage.md`` "Checkpoints").
+
+Failing as of this commit: ``create_session`` (and ``delete_session``) commit on a connection of
+their own made by ``connection.connect`` with SQLite's default ``wal_autocheckpoint`` (1,000
+pages), so once the shared writer has left more than 1,000 frames uncopied (it waits for
+10,000), the next ``create_session`` runs a checkpoint of the whole WAL inside its COMMIT, on
+the caller's thread (the host's event loop): exactly the stall the checkpointer exists to
+avoid.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from durable_harness.storage import EntryOp, SqliteStore, open_store
+
+from .util import ent
+
+pytestmark = [pytest.mark.timeout(60)]
+
+
+def _frames(db: Path) -> tuple[int, int]:
+    """``(mxFrame, nBackfill)`` of the wal-index."""
+    head = (db.parent / f"{db.name}-shm").read_bytes()[:100]
+    return int.from_bytes(head[16:20], sys.byteorder), int.from_bytes(head[96:100], sys.byteorder)
+
+
+@pytest.mark.parametrize("what", ["create", "delete"])
+def test_creating_or_deleting_a_session_does_not_checkpoint_in_its_commit(
+    tmp_path: Path, what: str
+) -> None:
+    db = tmp_path / "s.db"
+    store = open_store(f"sqlite:{db}")
+    assert isinstance(store, SqliteStore)
+    s = store.create_session("/p")
+    victim = store.create_session("/p")
+    victim.close()
+    for i in range(200):  # ~1,800 frames: over SQLite's default 1,000, under the store's 10,000
+        parent = None if i == 0 else f"e{i - 1}"
+        s.commit([EntryOp(ent(f"e{i}", parent, text="x" * 3000), lane="main")], wait=False)
+    frames, copied = _frames(db)
+    assert frames > 1_000 and copied == 0
+    if what == "create":
+        store.create_session("/p").close()
+    else:
+        store.delete_session(victim.session_id)
+    after, copied = _frames(db)
+    # nothing was copied back (and so the WAL did not start again) by that commit
+    assert after >= frames and copied == 0, (frames, after, copied)
+    s.close()
