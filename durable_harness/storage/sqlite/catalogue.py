@@ -141,6 +141,7 @@ class SqliteStore(SqlStore):
         sid = header["id"]
         conn = connection.connect(self.path)
         try:
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job, off this commit
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for sql, args in new_session(header):
@@ -174,6 +175,7 @@ class SqliteStore(SqlStore):
         try:
             conn = connection.connect(self.path)
             try:
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # as in _create
                 conn.execute("BEGIN IMMEDIATE")
                 for table in ("entries", "records", "lanes", "lane_ops"):
                     conn.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))
