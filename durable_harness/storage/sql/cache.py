@@ -19,7 +19,7 @@ from typing import Any
 
 from durable_harness.storage import codec
 from durable_harness.storage.base import LaneState
-from durable_harness.storage.fold import copy_lane, fold
+from durable_harness.storage.fold import fold
 
 
 class WriterCache:
@@ -81,6 +81,8 @@ class WriterCache:
                 seq = op["record"]["seq"]
             else:
                 seq = op["seq"]
+                if op.get("config"):  # as stored (a tuple is a list...), and not the caller's dict
+                    op = {**op, "config": codec.loads(codec.dumps(op["config"]))}
             fold(self.lanes, op)
             if seq > self.last_seq:
                 self.last_seq = seq
@@ -88,10 +90,17 @@ class WriterCache:
     def lane(self, name: str) -> LaneState:
         """A copy of lane ``name`` (an empty lane when it has no row yet)."""
         got = self.lanes.get(name)
-        return LaneState(name) if got is None else copy_lane(got)
+        return LaneState(name) if got is None else _copy(got)
 
     def all_lanes(self) -> dict[str, LaneState]:
         """A copy of every lane, ``main`` always among them."""
-        out = {k: copy_lane(v) for k, v in self.lanes.items()}
+        out = {k: _copy(v) for k, v in self.lanes.items()}
         out.setdefault("main", LaneState("main"))
         return out
+
+
+def _copy(lane: LaneState) -> LaneState:
+    """A copy of ``lane`` sharing nothing with the cache (its ``config`` copied deeply: a
+    caller changing a list in it changes only its copy)."""
+    config = codec.loads(codec.dumps(lane.config)) if lane.config else {}
+    return LaneState(lane.name, lane.leaf_id, config, lane.run_id, lane.run_seq)

@@ -3,6 +3,7 @@ and listing them."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import threading
@@ -50,11 +51,14 @@ class SqliteStore(SqlStore):
         self._shared_lock = threading.Lock()
         self._queues = GroupQueues()
         self._stats = WriteStats()
-        if os.path.exists(self.path):
-            try:  # SQLite would say only "unable to open database file"
-                os.close(os.open(self.path, os.O_RDONLY))
-            except OSError as exc:
-                raise unreadable_error(self.path, exc) from exc
+        # SQLite would say only "unable to open database file". Not checked by opening and
+        # closing it: closing any descriptor of the file drops every POSIX lock this process
+        # holds on it, those of SQLite connections already open here too
+        # (https://www.sqlite.org/howtocorrupt.html, 2.2), and another process would then take
+        # itself for the last connection and delete the WAL under them.
+        if os.path.exists(self.path) and not os.access(self.path, os.R_OK):
+            exc = PermissionError(errno.EACCES, os.strerror(errno.EACCES), self.path)
+            raise unreadable_error(self.path, exc)
         if not create:
             if self._check_exists() >= len(MIGRATIONS):
                 return  # up to date: a reader writes nothing (and may lack the right to)
@@ -137,6 +141,7 @@ class SqliteStore(SqlStore):
         sid = header["id"]
         conn = connection.connect(self.path)
         try:
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job, off this commit
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for sql, args in new_session(header):
@@ -170,6 +175,7 @@ class SqliteStore(SqlStore):
         try:
             conn = connection.connect(self.path)
             try:
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # as in _create
                 conn.execute("BEGIN IMMEDIATE")
                 for table in ("entries", "records", "lanes", "lane_ops"):
                     conn.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))

@@ -85,6 +85,7 @@ class SqliteSessionStore(SqlSessionStore):
         self._cache = WriterCache(RECENT_BODIES)
         self._txn_ops: list[dict[str, Any]] = []
         self._txn_bodies: dict[str, bytes] = {}
+        self._fenced = False  # a commit found another holder: the cache is no longer right
         self.closed = False
         try:
             with shared.read_lock:
@@ -120,7 +121,7 @@ class SqliteSessionStore(SqlSessionStore):
     def _cached(self) -> bool:
         """True when reads may be answered from the writer's cache (this session holds the
         writer lease), loading it first if needed (``_lock`` held by the caller)."""
-        if self._lease is None or self.read_only or self.closed:
+        if self._lease is None or self.read_only or self.closed or self._fenced:
             return False
         if not self._cache.ok:
             head, lanes = self._snapshot(
@@ -275,7 +276,11 @@ class SqliteSessionStore(SqlSessionStore):
         return int(row[1])
 
     def stale_error(self, current: int | None) -> StorageError:
-        """The error of a fence that found generation ``current`` (``None``: gone)."""
+        """The error of a fence that found generation ``current`` (``None``: gone); from now on
+        every read goes to the database (another writer may be writing this session)."""
+        with self._lock:
+            self._fenced = True
+            self._cache.drop()
         if current is None:
             return SessionNotFound(
                 f"session {self.location} no longer exists; the append was refused",

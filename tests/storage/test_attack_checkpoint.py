@@ -1,0 +1,98 @@
+"""Attacks on WAL checkpoints off the commit path (``storage/sqlite/checkpoint.py``,
+``design/storage.md`` "Checkpoints").
+
+Failing as of this commit: ``create_session`` (and ``delete_session``) commit on a connection of
+their own made by ``connection.connect`` with SQLite's default ``wal_autocheckpoint`` (1,000
+pages), so once the shared writer has left more than 1,000 frames uncopied (it waits for
+10,000), the next ``create_session`` runs a checkpoint of the whole WAL inside its COMMIT, on
+the caller's thread (the host's event loop): exactly the stall the checkpointer exists to
+avoid.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from durable_harness.storage import EntryOp, SqliteStore, open_store
+from durable_harness.storage.sqlite import checkpoint
+
+from .util import ent
+
+pytestmark = [pytest.mark.timeout(60)]
+
+
+def _frames(db: Path) -> tuple[int, int]:
+    """``(mxFrame, nBackfill)`` of the wal-index."""
+    head = (db.parent / f"{db.name}-shm").read_bytes()[:100]
+    return int.from_bytes(head[16:20], sys.byteorder), int.from_bytes(head[96:100], sys.byteorder)
+
+
+@pytest.mark.parametrize("what", ["create", "delete"])
+def test_creating_or_deleting_a_session_does_not_checkpoint_in_its_commit(
+    tmp_path: Path, what: str
+) -> None:
+    db = tmp_path / "s.db"
+    store = open_store(f"sqlite:{db}")
+    assert isinstance(store, SqliteStore)
+    s = store.create_session("/p")
+    victim = store.create_session("/p")
+    victim.close()
+    for i in range(200):  # ~1,800 frames: over SQLite's default 1,000, under the store's 10,000
+        parent = None if i == 0 else f"e{i - 1}"
+        s.commit([EntryOp(ent(f"e{i}", parent, text="x" * 3000), lane="main")], wait=False)
+    frames, copied = _frames(db)
+    assert frames > 1_000 and copied == 0
+    if what == "create":
+        store.create_session("/p").close()
+    else:
+        store.delete_session(victim.session_id)
+    after, copied = _frames(db)
+    # nothing was copied back (and so the WAL did not start again) by that commit
+    assert after >= frames and copied == 0, (frames, after, copied)
+    s.close()
+
+
+def test_the_writer_s_finishing_checkpoint_never_copies_the_bulk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failing as of this commit: a reader holding a snapshot while the thread runs keeps it
+    from copying anything; the thread still hands over (``finish_due``), and once the reader is
+    done the writer's finishing checkpoint, inside a commit call, copies the whole WAL (here
+    about 3,500 frames for a threshold of 200; with the defaults 10,000+ frames, the 130-520 ms
+    COMMIT the checkpointer exists to avoid). Meanwhile the thread is woken again and again
+    (every ``CHECK_EVERY`` commits) for passes that copy nothing."""
+    monkeypatch.setattr(checkpoint, "WAL_CHECKPOINT_PAGES", 200)
+    monkeypatch.setattr(checkpoint, "CHECK_EVERY", 2)
+    monkeypatch.setattr(checkpoint, "LEFT_FOR_WRITER", 20)
+    db = tmp_path / "s.db"
+    store = open_store(f"sqlite:{db}")
+    assert isinstance(store, SqliteStore)
+    s = store.create_session("/p")
+    cp = s._shared.checkpointer  # type: ignore[attr-defined]
+    s.commit([EntryOp(ent("e0"), lane="main")])
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM entries").fetchone()  # a snapshot held
+    i = 1
+    for _ in range(400):
+        s.commit([EntryOp(ent(f"e{i}", f"e{i - 1}", text="x" * 3000), lane="main")], wait=False)
+        i += 1
+    reader.execute("ROLLBACK")
+    reader.close()
+    deadline = time.monotonic() + 30
+    while not cp.finish_due and time.monotonic() < deadline:  # the thread's turn ends
+        s.commit([EntryOp(ent(f"e{i}", f"e{i - 1}"), lane="main")], wait=False)
+        i += 1
+        time.sleep(0.01)
+    if not cp.finish_due:
+        pytest.skip("the thread never handed over in time (loaded machine)")
+    _, copied = _frames(db)
+    s.commit([EntryOp(ent(f"e{i}", f"e{i - 1}"), lane="main")], wait=False)  # finishes
+    _, after = _frames(db)
+    s.close()  # (before the assertion: no checkpoint thread left to the next test)
+    assert after - copied <= checkpoint.WAL_CHECKPOINT_PAGES, (copied, after)
