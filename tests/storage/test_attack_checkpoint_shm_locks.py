@@ -1,7 +1,7 @@
 """The checkpointer's ``-shm`` descriptor against the process's SQLite locks.
 
-Failing as of this commit: :class:`~durable_harness.storage.sqlite.checkpoint.Checkpointer`
-opens ``<db>-shm`` itself (to read the frame counts) and closes it in ``close()``. Closing any
+:class:`~durable_harness.storage.sqlite.checkpoint.Checkpointer` once opened ``<db>-shm``
+itself (to read the frame counts) and closed it in ``close()``; it no longer opens it. Closing any
 descriptor of a file drops every POSIX lock the process holds on it
 (https://www.sqlite.org/howtocorrupt.html, 2.2): the ``-shm`` locks of every other SQLite
 connection of this process to the database too (another store object's sessions, a read-only
@@ -56,7 +56,8 @@ def _dms(db: Path) -> str:
 def test_closing_a_store_keeps_the_other_connections_locks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkpoint, "CHECK_EVERY", 2)  # the -shm descriptor is opened soon
+    monkeypatch.setattr(checkpoint, "WAL_CHECKPOINT_PAGES", 4)  # the thread runs at once
+    monkeypatch.setattr(checkpoint, "FRAMES_PER_COMMIT", 2.0)
     db = tmp_path / "s.db"
     first = open_store(f"sqlite:{db}")
     second = open_store(f"sqlite:{db}")

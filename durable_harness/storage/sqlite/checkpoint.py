@@ -67,7 +67,8 @@ class Checkpointer:
     Attributes:
         checkpoints: the thread's runs. seconds: their total duration (s). failures: runs that
             raised (logged; tried again later). restarts: finishing checkpoints that copied the
-            whole WAL (the next write starts it again).
+            whole WAL (the next write starts it again). writer_frames: the most frames a
+            finishing checkpoint of the writer copied.
     """
 
     def __init__(self, path: str, pages: int | None = None) -> None:
@@ -79,6 +80,8 @@ class Checkpointer:
         self.seconds = 0.0
         self.failures = 0
         self.restarts = 0
+        self.writer_frames = 0
+        self._copied = 0  # frames copied when the thread handed over
         self._since = 0  # commits since the WAL last started again (as far as known)
         self._per_commit = FRAMES_PER_COMMIT
         self._wake_at = self._due()
@@ -114,6 +117,8 @@ class Checkpointer:
         ``None``: it raised): done when every frame was copied, else tried again after the next
         COMMIT, :data:`FINISH_TRIES` times at most."""
         done = result is not None and result[0] == 0 and result[1] == result[2]
+        if result is not None and result[2] >= 0:
+            self.writer_frames = max(self.writer_frames, result[2] - self._copied)
         self._finish_tries += 1
         if done:
             self.restarts += 1
@@ -180,6 +185,7 @@ class Checkpointer:
                 self.checkpoints += 1
                 self.seconds += time.perf_counter() - started
                 if 0 <= left <= LEFT_FOR_WRITER:
+                    self._copied = copied
                     self._finish = True
                 self._wake.clear()  # what asked during this run is served by it
         finally:
