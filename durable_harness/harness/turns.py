@@ -21,7 +21,7 @@ from durable_harness.harness.state import (
     attempt_key,
 )
 from durable_harness.ids import new_id, now_ms
-from durable_harness.models.messages import text_of, tool_call_blocks, unique_tool_call_ids
+from durable_harness.models.messages import text_of, unique_tool_call_ids
 from durable_harness.providers.base import (
     STREAM_TRUNCATED,
     Done,
@@ -163,11 +163,19 @@ class Turns:
     def _replay_safe_calls(self, message: dict[str, Any]) -> bool:
         """True when ``message`` asks for tool calls and each names a registered tool whose
         ``replay`` is ``"safe"``."""
-        names = [b.get("name") for b in tool_call_blocks(message.get("content"))]
+        # one pass over the content, no lists (tool_call_blocks, inlined: once a turn)
+        content = message.get("content")
+        if not isinstance(content, list):
+            return False
         tools = self.core.tools
-        return bool(names) and all(
-            isinstance(n, str) and n in tools and tools[n].replay == "safe" for n in names
-        )
+        found = False
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "toolCall":
+                n = b.get("name")
+                if not (isinstance(n, str) and n in tools and tools[n].replay == "safe"):
+                    return False
+                found = True
+        return found
 
     async def _request(
         self, lane: str, live: LiveRun | None, request: ProviderRequest, response_id: str

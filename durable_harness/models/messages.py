@@ -161,7 +161,7 @@ def unique_tool_call_ids(message: dict[str, Any]) -> tuple[dict[str, Any], list[
     content = message.get("content")
     if not isinstance(content, list):
         return message, []
-    given = [b.get("id") for b in tool_call_blocks(content)]
+    given = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "toolCall"]
     if all(given) and len(set(map(str, given))) == len(given):  # the common case
         return message, []
     taken = {str(cid) for cid in given if cid}

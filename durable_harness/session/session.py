@@ -85,7 +85,7 @@ class Session:
         included."""
         if lane in self._staged_leaves:
             return self._staged_leaves[lane]
-        return self.store.lane(lane).leaf_id
+        return self.store.lane_leaf(lane)
 
     def entry(self, entry_id: str) -> dict[str, Any]:
         """Return an entry (a staged one included).

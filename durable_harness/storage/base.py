@@ -223,6 +223,12 @@ class SessionStore(abc.ABC):
         """Return one lane (an unknown lane is empty); backends answer it without reading all."""
         return self.lanes().get(name) or LaneState(name)
 
+    def lane_leaf(self, name: str) -> str | None:
+        """Return the leaf entry id of lane ``name`` (``None`` before its first entry, or for an
+        unknown lane): :meth:`lane`'s ``leaf_id``, which backends may answer without copying the
+        lane (the harness asks for it twice a turn)."""
+        return self.lane(name).leaf_id
+
     def records(
         self,
         lane: str | None = None,

@@ -87,6 +87,11 @@ class IndexedSessionStore(SessionStore):
             v = self._lanes.get(name)
             return LaneState(name) if v is None else copy_lane(v)
 
+    def lane_leaf(self, name: str) -> str | None:
+        with self._lock:
+            v = self._lanes.get(name)
+            return None if v is None else v.leaf_id
+
     def _records(self, where: RecordFilter) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(r) for r in self._log if where(r)]
