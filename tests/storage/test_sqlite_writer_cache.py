@@ -29,6 +29,7 @@ def _view(s: SessionStore) -> tuple[Any, ...]:
     """What the per-turn reads return: every lane, ``main``'s leaf entry, the last seq."""
     lanes = {k: (v.leaf_id, v.config, v.run_id, v.run_seq) for k, v in s.lanes().items()}
     leaf = s.lane("main").leaf_id
+    assert s.lane_leaf("main") == leaf and s.lane_leaf("side") == lanes.get("side", [None])[0]
     return lanes, None if leaf is None else s.get_entry(leaf), s.last_seq()
 
 

@@ -179,6 +179,12 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         with self._lock:
             return self._cache.lane(name)
 
+    def lane_leaf(self, name: str) -> str | None:
+        if not self._cached():
+            return super().lane(name).leaf_id
+        with self._lock:
+            return self._cache.leaf(name)
+
     def last_seq(self) -> int:
         return self._cache.last_seq if self._cached() else super().last_seq()
 

@@ -92,6 +92,11 @@ class WriterCache:
         got = self.lanes.get(name)
         return LaneState(name) if got is None else _copy(got)
 
+    def leaf(self, name: str) -> str | None:
+        """Lane ``name``'s leaf entry id (``None``: no entry yet, or no such lane), no copy."""
+        got = self.lanes.get(name)
+        return None if got is None else got.leaf_id
+
     def all_lanes(self) -> dict[str, LaneState]:
         """A copy of every lane, ``main`` always among them."""
         out = {k: _copy(v) for k, v in self.lanes.items()}

@@ -149,6 +149,12 @@ class SqliteSessionStore(SqlSessionStore):
                 return self._cache.lane(name)
         return super().lane(name)
 
+    def lane_leaf(self, name: str) -> str | None:
+        with self._lock:
+            if self._cached():
+                return self._cache.leaf(name)
+        return super().lane(name).leaf_id
+
     def last_seq(self) -> int:
         with self._lock:
             if self._cached():
