@@ -26,15 +26,9 @@ from durable_harness.errors import StaleGeneration
 from durable_harness.storage import EntryOp, LaneOp, SqliteStore, open_store
 from durable_harness.storage.base import SessionStore
 
-from .util import ent, outcomes
+from .util import ent, outcomes, sqlite_store
 
 pytestmark = [pytest.mark.timeout(60)]
-
-
-def _db(tmp_path: Path) -> SqliteStore:
-    store = open_store(f"sqlite:{tmp_path / 's.db'}")
-    assert isinstance(store, SqliteStore)
-    return store
 
 
 def _view(s: SessionStore) -> tuple[Any, ...]:
@@ -59,7 +53,7 @@ with open_store(spec).open_session(sid, write=True, break_lease=True) as s:
 
 @pytest.mark.parametrize("how", ["sync", "batch-thread", "batch-task"])
 def test_after_stale_generation_the_old_writer_reads_the_database(tmp_path: Path, how: str) -> None:
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     s = store.create_session("/p", durability="sync" if how == "sync" else "batch")
     s.commit([EntryOp(ent("e1"), lane="main")])
     s.lane("main")  # the cache is loaded
@@ -81,7 +75,7 @@ def test_after_stale_generation_the_old_writer_reads_the_database(tmp_path: Path
 
 
 def test_mutating_a_lane_s_config_does_not_change_the_cache(tmp_path: Path) -> None:
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     s = store.create_session("/p")
     s.lane("main")  # the cache is loaded
     s.commit([LaneOp("main", config={"tools": ["read"]})])
@@ -96,7 +90,7 @@ def test_mutating_a_lane_s_config_does_not_change_the_cache(tmp_path: Path) -> N
 
 
 def test_mutating_the_committed_op_s_config_does_not_change_the_cache(tmp_path: Path) -> None:
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     s = store.create_session("/p")
     s.lane("main")
     config: dict[str, Any] = {"tools": ["read"], "model": {"id": "a"}}
@@ -113,7 +107,7 @@ def test_mutating_the_committed_op_s_config_does_not_change_the_cache(tmp_path: 
     ids=["tuple", "lone-surrogate", "nan", "inf"],
 )
 def test_the_cache_holds_the_config_as_stored(tmp_path: Path, config: dict[str, Any]) -> None:
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     s = store.create_session("/p")
     s.lane("main")
     s.commit([LaneOp("main", config=config)])

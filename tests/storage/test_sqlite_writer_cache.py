@@ -14,15 +14,9 @@ from durable_harness.errors import IdConflict, UnknownEntry
 from durable_harness.storage import EntryOp, LaneOp, RecordOp, SqliteStore, open_store
 from durable_harness.storage.base import SessionStore
 
-from .util import ent, outcomes, rec
+from .util import ent, outcomes, rec, sqlite_store
 
 pytestmark = [pytest.mark.timeout(60)]
-
-
-def _db(tmp_path: Path) -> SqliteStore:
-    store = open_store(f"sqlite:{tmp_path / 's.db'}")
-    assert isinstance(store, SqliteStore)
-    return store
 
 
 def _view(s: SessionStore) -> tuple[Any, ...]:
@@ -48,7 +42,7 @@ def _statements(s: Any) -> list[str]:
 
 
 def test_per_turn_reads_take_no_query_and_agree_with_the_database(tmp_path: Path) -> None:
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     s = store.create_session("/p")
     s.commit([EntryOp(ent("e1"), lane="main"), RecordOp(rec("r1", lane="main"))])
     s.commit([EntryOp(ent("e2", "e1"), lane="main"), LaneOp("side", leaf_id="e1", config={"k": 1})])
@@ -66,7 +60,7 @@ def test_per_turn_reads_take_no_query_and_agree_with_the_database(tmp_path: Path
 
 
 def test_a_refused_commit_leaves_the_reads_as_the_database_has_them(tmp_path: Path) -> None:
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     s = store.create_session("/p")
     s.commit([EntryOp(ent("e1"), lane="main")])
     before = _view(s)
@@ -87,7 +81,7 @@ def test_a_refused_commit_leaves_the_reads_as_the_database_has_them(tmp_path: Pa
 async def test_a_call_rolled_back_in_a_group_leaves_the_reads_right(tmp_path: Path) -> None:
     """Two calls of one session in one group, the second failing: the first is committed, the
     second rolled back to its savepoint; the writer's reads show exactly the first."""
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     a = store.create_session("/p", durability="batch")
     b = store.create_session("/p", durability="batch")
     a.commit([EntryOp(ent("a0"), lane="main")])
@@ -110,7 +104,7 @@ async def test_a_call_rolled_back_in_a_group_leaves_the_reads_right(tmp_path: Pa
 
 def test_a_reader_never_answers_from_a_cache(tmp_path: Path) -> None:
     """A read-only session sees another writer's commits as soon as they are committed."""
-    store = _db(tmp_path)
+    store = sqlite_store(tmp_path)
     w = store.create_session("/p")
     w.commit([EntryOp(ent("e1"), lane="main")])
     ro = open_store(store.spec).open_session(w.session_id, write=False)

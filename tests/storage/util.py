@@ -3,14 +3,23 @@ suite's, from :mod:`durable_harness.testing.conformance`), and JSONL high-water-
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from durable_harness.errors import StorageError
+from durable_harness.storage import SqliteStore, open_store
 from durable_harness.testing.conformance import ent, ids, rec, snapshot
 
-__all__ = ["ent", "ids", "outcomes", "rec", "snapshot", "unmarked", "with_mark"]
+__all__ = ["ent", "ids", "outcomes", "rec", "snapshot", "sqlite_store", "unmarked", "with_mark"]
+
+
+def sqlite_store(folder: Path) -> SqliteStore:
+    """A SQLite store in ``folder`` (``s.db``)."""
+    store = open_store(f"sqlite:{folder / 's.db'}")
+    assert isinstance(store, SqliteStore)
+    return store
 
 
 async def outcomes(calls: dict[str, tuple[Any, list[Any]]]) -> dict[str, Any]:
