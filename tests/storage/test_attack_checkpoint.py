@@ -102,7 +102,8 @@ def test_the_writer_s_finishing_checkpoint_never_copies_the_bulk(
             time.sleep(0.005)
         assert 0 < cp.writer_frames <= checkpoint.LEFT_FOR_WRITER + 100, cp.writer_frames
         # while the snapshot was held the thread backed off (a quarter of the threshold's commits
-        # between runs) instead of running at every look (it ran every 2 commits: 136 in 300)
-        assert busy_runs <= 400 / 8, busy_runs
+        # between runs, at the frames per commit it counted: 33-52 runs here) instead of running
+        # at every look (it ran every 2 commits: 136 in 300)
+        assert busy_runs <= 400 / 4, busy_runs
     finally:
         s.close()  # (no checkpoint thread left to the next test)
