@@ -289,12 +289,23 @@ def run_cli(
     """``durable-harness ARGV`` in a child forked from this process's :func:`shared` server,
     the CLI preloaded there: a process of its own (own pid, store handles and lease; a crash
     point SIGKILLs it) without a fresh interpreter's start and imports (the project's tests,
-    issue 22). stdout and stderr come back apart, as :func:`subprocess.run` gives them.
+    issue 22). stdout and stderr come back apart, as :func:`subprocess.run` gives them. Where
+    the server cannot run (:func:`available`: not Linux), a fresh interpreter instead.
 
     Raises:
         subprocess.TimeoutExpired: the child ran past ``timeout`` (it was SIGKILLed).
         ForkServerError: the server is gone or stopped answering.
     """
+    if not available():
+        return subprocess.run(
+            [sys.executable, "-m", "durable_harness", *argv],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     done = shared().run(
         argv, env=env, cwd=cwd, timeout=timeout, target=CLI_TARGET, separate=True, preload=True
     )

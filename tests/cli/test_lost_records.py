@@ -10,7 +10,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,16 +40,8 @@ def _dh(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess[
     }
     if crash_at:
         env["DURABLE_HARNESS_CRASH_AT"] = crash_at
-    if forkserver.available():  # a child forked with the CLI warm: no interpreter start (issue 22)
-        return forkserver.run_cli(list(args), env=env, cwd=os.getcwd(), timeout=120)
-    return subprocess.run(
-        [sys.executable, "-m", "durable_harness", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    # a child forked with the CLI warm: no interpreter start (issue 22)
+    return forkserver.run_cli(list(args), env=env, cwd=os.getcwd(), timeout=120)
 
 
 def _crashed(tmp_path: Path, backend: str) -> tuple[str, str, Path]:

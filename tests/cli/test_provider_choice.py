@@ -42,11 +42,8 @@ def _dh(
     )
     if crash_at:
         env["DURABLE_HARNESS_CRASH_AT"] = crash_at
-    if forkserver.available():  # a child forked with the CLI warm: no interpreter start (issue 22)
-        return forkserver.run_cli(list(args), env=env, cwd=os.getcwd(), timeout=60)
-    return subprocess.run(
-        [*DH, *args], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
+    # a child forked with the CLI warm: no interpreter start (issue 22)
+    return forkserver.run_cli(list(args), env=env, cwd=os.getcwd(), timeout=60)
 
 
 def _read(*args: str) -> subprocess.CompletedProcess[str]:

@@ -232,3 +232,14 @@ def test_a_cell_forks_its_children_unless_fork_is_0(
     # baseline, crashing child, --continue child: all forked, or none
     assert len(calls) == (3 if fork == "1" else 0)
     assert fork == "0" or "--continue" in calls[-1]
+
+
+def test_run_cli_without_the_server_starts_a_fresh_interpreter(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where the server cannot run, ``run_cli`` still runs the CLI, as a process of its own."""
+    monkeypatch.setattr(forkserver, "available", lambda: False)
+    monkeypatch.setattr(forkserver, "shared", lambda: pytest.fail("the server was used"))
+    done = forkserver.run_cli(["crash-points"], env=dict(os.environ), cwd=str(tmp_path), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "after_tool_started" in done.stdout

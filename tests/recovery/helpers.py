@@ -77,9 +77,7 @@ def dh(
     of its own, with exactly :func:`env` and stdin from ``/dev/null``, that a crash point
     SIGKILLs, holding its own lease and store handles; only the interpreter's start and the
     CLI's imports (about 0.7 s of CPU per child) are not paid again (issue 22). stdout and
-    stderr come back apart. Without fork or ``pidfd_open`` (not Linux): :func:`dh_console`."""
-    if not forkserver.available():
-        return dh_console(*args, crash_at=crash_at, cwd=cwd, timeout=timeout)
+    stderr come back apart (a fresh interpreter where the server cannot run)."""
     return forkserver.run_cli(
         list(args), env=env(crash_at), cwd=str(cwd) if cwd else os.getcwd(), timeout=timeout
     )

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +41,6 @@ def dh(home: Path, *args: str, crash_at: str | None = None) -> subprocess.Comple
     CLI imported (a process of its own that the crash point SIGKILLs, its MCP servers its own
     children), not a fresh interpreter per run and resume (issue 22)."""
     env = child_env(home, crash_at)
-    if not forkserver.available():
-        return subprocess.run(
-            [sys.executable, "-m", "durable_harness", *args],
-            cwd=REPO,
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=90,
-            check=False,
-        )
     return forkserver.run_cli(list(args), env=env, cwd=str(REPO), timeout=90)
 
 
