@@ -3,6 +3,7 @@ backend; what a cell does is ``design/crash-matrix.md`` "What a cell proves"."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import anyio
 
 from durable_harness import crash
-from durable_harness.crashtest import forkserver, powercut
+from durable_harness.crashtest import forkserver, pgschemas, powercut
 from durable_harness.crashtest.child import model_set, options
 from durable_harness.crashtest.invariants import Baseline as Baseline
 from durable_harness.crashtest.invariants import Cell as Cell
@@ -55,36 +56,28 @@ def store_spec(backend: str, root: Path) -> str:
 
 
 def _postgres_spec(root: Path) -> str:
-    """The run's database, in a schema named after the cell's folder (created once)."""
-    import hashlib
-
-    import psycopg
-
+    """The cell's store: a schema of the run's database (:mod:`.pgschemas`), named in the
+    cell folder's ``.pg-schema`` (taken on first use), reached through ``search_path``."""
     base = os.environ.get(PG_ENV)
     if not base:
         raise FormatError(f"the postgres backend needs ${PG_ENV} (crash-test sets it)")
-    schema = "ct_" + hashlib.sha1(str(root).encode()).hexdigest()[:20]
     marker = root / ".pg-schema"
-    if not marker.exists():
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    if marker.exists():
+        schema = marker.read_text().strip()
+    else:
+        schema = pgschemas.take(base)
         marker.write_text(schema)
-    return base + ("&" if "?" in base else "?") + f"options=-csearch_path%3D{schema}"
+    return pgschemas.spec(base, schema)
 
 
 def _drop_store(root: Path) -> None:
-    """After a ``postgres`` cell in ``root``: close this process's pool and drop its schema."""
+    """After a ``postgres`` cell in ``root``: give its schema back, emptied, for the next cell."""
     marker = root / ".pg-schema"
     base = os.environ.get(PG_ENV)
     if not base or not marker.exists():
         return
-    import psycopg
-
-    from durable_harness.storage.postgres.connection import Database
-
-    Database.forget(_postgres_spec(root))
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {marker.read_text().strip()} CASCADE")
+    pgschemas.give_back(base, marker.read_text().strip())
+    marker.unlink()
 
 
 def _prepare(sc: Scenario, root: Path) -> Path:
@@ -313,6 +306,16 @@ async def _resume(
     return results, rec.plan
 
 
+@contextlib.contextmanager
+def _schemas_dropped(backends: list[str]) -> Iterator[None]:
+    """The run's free PostgreSQL schemas (:mod:`.pgschemas`) dropped when it ends."""
+    try:
+        yield
+    finally:
+        if "postgres" in backends and os.environ.get(PG_ENV):
+            pgschemas.drop_free(os.environ[PG_ENV])
+
+
 def run_matrix(
     scenarios: list[Scenario],
     backends: list[str],
@@ -330,7 +333,7 @@ def run_matrix(
     modes: list[str | None] = list(durabilities) if durabilities else [None]
     done: list[Cell] = []
     work: list[tuple[Scenario, Cell]] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, _schemas_dropped(backends):
         # the baselines run `jobs` at once too (their children are as cheap as a cell's)
         bases = [
             (sc, backend, mode, pool.submit(baseline, sc, backend, broken, mode))
