@@ -121,12 +121,34 @@ def pg_spec(pg_spec_factory: Callable[[], str]) -> str:
     return pg_spec_factory()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the PostgreSQL cluster carries the ``postgres`` marker; then the
-    files are ordered longest first (:func:`_longest_first`)."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--anyio-backends=asyncio``: the tests parametrized by ``anyio_backend`` (the harness,
+    providers and tools run each async test on asyncio and on trio) run on those backends only;
+    the others are deselected. ``make check`` (the edit loop's fast lane) runs asyncio alone;
+    ``make test`` runs both."""
+    parser.addoption(
+        "--anyio-backends",
+        default="asyncio,trio",
+        help="comma-separated anyio backends to run the anyio_backend-parametrized tests on",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that uses the PostgreSQL cluster carries the ``postgres`` marker; the tests
+    of a backend left out of ``--anyio-backends`` are deselected; then the files are ordered
+    longest first (:func:`_longest_first`)."""
+    backends = set(str(config.getoption("anyio_backends")).split(","))
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         if "pg_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        backend = params.get("anyio_backend")
+        (dropped if backend is not None and backend not in backends else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     _longest_first(items)
 
 
