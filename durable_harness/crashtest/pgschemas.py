@@ -49,9 +49,9 @@ def spec(base: str, schema: str) -> str:
 
 
 def give_back(base: str, schema: str) -> None:
-    """Empty ``schema`` (every row of every table but ``migrations``, one transaction, through
-    this process's pool for it, which stays open for the next cell) and keep it for the next
-    cell; drop it when it cannot be emptied. The cell's sessions must be closed first."""
+    """Empty ``schema`` (every row of every table but ``migrations``, one transaction, on a
+    connection of this process's pool for it, then closed) and keep it for the next cell; drop
+    it when it cannot be emptied. The cell's sessions must be closed first."""
     from durable_harness.storage.postgres.connection import Database
 
     def empty(conn: Any) -> list[str]:
@@ -75,6 +75,10 @@ def give_back(base: str, schema: str) -> None:
     except Exception:
         _drop(base, [schema])
         return
+    finally:
+        # closed, not kept for the next cell: a pool outliving a server restart between two
+        # cells would hand the next one a dead connection
+        Database.forget(spec(base, schema))
     with _lock:
         _free.setdefault(base, []).append(schema)
 

@@ -80,3 +80,15 @@ def test_the_free_schemas_are_dropped_at_the_end_and_their_pools_closed(
     pgschemas.drop_free(base)
     assert not set(taken) & _schemas(pg_cluster)
     assert all((k[1] != pgschemas.spec(base, s)) for k in Database._cache for s in taken)
+
+
+def test_a_schema_given_back_before_a_server_restart_serves_the_next_cell(
+    pg_cluster: Any, base: str
+) -> None:
+    schema = pgschemas.take(base)
+    _a_cell(pgschemas.spec(base, schema))
+    pgschemas.give_back(base, schema)
+    pg_cluster.restart("immediate")  # every connection of this process is gone
+    assert pgschemas.take(base) == schema
+    _a_cell(pgschemas.spec(base, schema))  # no dead pooled connection handed to it
+    pgschemas.give_back(base, schema)
