@@ -24,6 +24,7 @@ import atexit
 import importlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -55,6 +56,9 @@ WARM_MODULES = (
 )
 """What the server imports before serving; PostgreSQL's backend too when psycopg imports."""
 _HEADER = struct.Struct(">I")
+
+CLI_TARGET = "durable_harness.cli.main:main"
+"""The CLI's ``main(argv)``: the code of the ``durable-harness`` console script."""
 
 
 class ForkServerError(RuntimeError):
@@ -115,6 +119,66 @@ class Completed:
     pid: int
     output: str
     stderr: str = ""
+
+
+class Spawned:
+    """A child :meth:`ForkServer.spawn` left running, used as a :class:`subprocess.Popen`:
+    ``pid``, ``returncode``, :meth:`poll`, :meth:`wait`, :meth:`send_signal`,
+    :meth:`terminate`, :meth:`kill`. The server reaps it and sends its exit code
+    (``-N`` for signal N, as :mod:`subprocess` gives it) on the spawn's connection."""
+
+    def __init__(self, pid: int, sock: socket.socket, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._sock = sock
+
+    def poll(self) -> int | None:
+        """The exit code if the child has ended (else ``None``), without waiting."""
+        return self._reply(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the child's end (at most ``timeout`` seconds); its exit code.
+
+        Raises:
+            subprocess.TimeoutExpired: it is still running after ``timeout``.
+        """
+        code = self._reply(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def _reply(self, timeout: float | None) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return None
+        self._sock.settimeout(_REPLY_SLACK)
+        try:
+            done = _recv(self._sock)
+        except OSError:
+            done = None
+        self._sock.close()
+        # no reply: the server died, and with it (it kills its children) this child
+        self.returncode = int(done["returncode"]) if done else -signal.SIGKILL
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the child unless it is known to have ended."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.send_signal(signal.SIGKILL)
 
 
 @dataclass
@@ -260,6 +324,46 @@ class ForkServer:
             if err:
                 os.unlink(err)
 
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdout: str,
+        stderr: str,
+        timeout: float,
+        target: str = CLI_TARGET,
+        preload: tuple[str, ...] = (),
+    ) -> Spawned:
+        """Start ``target(argv)`` in a child forked by the server and return at once, the child
+        left running (a server under test, say): stdout and stderr go to the files ``stdout``
+        and ``stderr``; ``preload``: modules the server imports first (the target's own and
+        these; only modules that start no thread when imported). The server kills the child
+        after ``timeout`` seconds.
+
+        Raises:
+            ForkServerError: the server is gone or stopped answering.
+        """
+        self.start()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(self.socket_path))
+            request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
+            request |= {"cwd": cwd, "path": sys.path, "output": stdout, "timeout": timeout}
+            request |= {"stderr": stderr, "preload": True, "modules": list(preload)}
+            _send(sock, request)
+            sock.settimeout(_REPLY_SLACK)
+            started = _recv(sock)
+        except OSError as exc:
+            sock.close()
+            raise ForkServerError(self._died(f"failed: {exc}")) from exc
+        if started is None:
+            sock.close()
+            self._settle()
+            raise ForkServerError(self._died("closed the connection before the child started"))
+        return Spawned(int(started["pid"]), sock, [target, *argv])
+
     def _settle(self) -> None:
         """Give a server that closed a connection a moment to exit, for its status."""
         if self.proc is not None:
@@ -277,10 +381,6 @@ def shared() -> ForkServer:
     if _shared.proc is None:
         _shared.start()
     return _shared
-
-
-CLI_TARGET = "durable_harness.cli.main:main"
-"""The CLI's ``main(argv)``: the code of the ``durable-harness`` console script."""
 
 
 def run_cli(
@@ -416,7 +516,8 @@ def _start(conn: socket.socket, close_all: Callable[[], None]) -> _Job | None:
         conn.close()
         return None
     if req.get("preload"):
-        _preload(str(req["target"]).partition(":")[0])
+        for module in [str(req["target"]).partition(":")[0], *req.get("modules", ())]:
+            _preload(module)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()

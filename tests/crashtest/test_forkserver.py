@@ -243,3 +243,22 @@ def test_run_cli_without_the_server_starts_a_fresh_interpreter(
     done = forkserver.run_cli(["crash-points"], env=dict(os.environ), cwd=str(tmp_path), timeout=60)
     assert done.returncode == 0, done.stderr
     assert "after_tool_started" in done.stdout
+
+
+def test_a_spawned_child_runs_on_and_is_signalled_and_reaped_like_popen(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    out, err = tmp_path / "out", tmp_path / "err"
+    child = server.spawn(
+        [str(tmp_path / "started")], env=base_env(), cwd=str(tmp_path), stdout=str(out),
+        stderr=str(err), timeout=60, target=target("hang"),
+    )  # fmt: skip
+    wait_for(lambda: (tmp_path / "started").exists(), "the spawned child to start")
+    assert child.poll() is None and child.returncode is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.1)
+    child.terminate()
+    assert child.wait(timeout=30) == -signal.SIGTERM == child.returncode
+    assert gone(child.pid)
+    child.kill()  # after its end: nothing is sent (the pid may be another process's by now)
+    assert child.poll() == -signal.SIGTERM

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -18,9 +17,25 @@ from typing import Any, TypeVar
 
 import httpx
 
+from durable_harness.crashtest import forkserver
+
 T = TypeVar("T")
 
 START_TIMEOUT = 30.0  # seconds for a server to print its URL on a loaded machine
+SERVER_TIMEOUT = 1800.0  # seconds after which the fork server kills a server it forked
+# Imported once in the fork server, not by each server it forks (they start no thread).
+SERVER_MODULES = ("durable_harness.http.app", "uvicorn")
+
+
+def _forked(env: dict[str, str]) -> bool:
+    """Whether a server with ``env`` is forked from the warm fork server
+    (``crashtest/forkserver.py``: its own pid, signals and files, without a fresh interpreter's
+    imports) rather than started fresh: where the platform has one, and not when OpenTelemetry
+    exports are configured (its SDK flushes at interpreter exit, which a forked child, leaving
+    by ``os._exit``, skips)."""
+    return forkserver.available() and not any(k.startswith("OTEL_") for k in env)
+
+
 _URL = re.compile(r"serving on (http://\S+)")
 
 
@@ -61,35 +76,42 @@ class Server:
         }
         child_env["DURABLE_HARNESS_HOME"] = str(home)
         child_env.update(env or {})
-        argv = [sys.executable, "-m", "durable_harness", "serve", "--port", "0"]
-        argv += ["--store", store, *args]
+        argv = ["serve", "--port", "0", "--store", store, *args]
         if token is not None:
             argv += ["--token", token]
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / f"server-{os.getpid()}-{id(self)}.log"
-        with self.log.open("wb") as log:  # a file, not a pipe: a chatty child never blocks
-            self.proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=log)
+        self.out = home / f"server-{os.getpid()}-{id(self)}.out"
+        self.proc: subprocess.Popen[bytes] | forkserver.Spawned
+        if _forked(child_env):
+            self.proc = forkserver.shared().spawn(
+                argv, env=child_env, cwd=os.getcwd(), stdout=str(self.out),
+                stderr=str(self.log), timeout=SERVER_TIMEOUT, preload=SERVER_MODULES,
+            )  # fmt: skip
+        else:
+            with self.out.open("wb") as out, self.log.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "durable_harness", *argv],
+                    env=child_env,
+                    stdout=out,
+                    stderr=log,
+                )
         self.url = self._read_url()
 
     def _read_url(self) -> str:
-        assert self.proc.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT
-        buf = b""
+        text = ""
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
-            if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                m = _URL.search(buf.decode(errors="replace"))
-                if m:
-                    return m.group(1)
-            elif self.proc.poll() is not None:
+            text = self.out.read_text(errors="replace") if self.out.exists() else ""
+            m = _URL.search(text)
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
                 break
+            time.sleep(0.01)
         self.proc.kill()
         self.proc.wait(timeout=10)
-        raise AssertionError(f"server did not start: {buf!r} {self.stderr()}")
+        raise AssertionError(f"server did not start: {text!r} {self.stderr()}")
 
     def client(self, token: str | None = None) -> httpx.Client:
         """An httpx client of this server (with its bearer token unless one is given)."""
@@ -106,8 +128,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
     def stderr(self) -> str:
         """What the child wrote to stderr so far."""
