@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_harness.crashtest import runner
+from durable_harness.crashtest import pgschemas, runner
 from durable_harness.crashtest.child import options
 from durable_harness.crashtest.scenario import Scenario, default_dir, load, scenario_provider
 from durable_harness.errors import DurableHarnessError
@@ -62,6 +62,7 @@ def pg_env(pg_cluster: Any) -> Iterator[None]:
     before = os.environ.get(runner.PG_ENV)
     os.environ[runner.PG_ENV] = pg_cluster.spec
     yield
+    pgschemas.drop_free(pg_cluster.spec)  # the cases' schemas, kept for reuse until now
     if before is None:
         os.environ.pop(runner.PG_ENV, None)
     else:
