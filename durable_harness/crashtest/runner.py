@@ -333,7 +333,8 @@ def run_matrix(
     modes: list[str | None] = list(durabilities) if durabilities else [None]
     done: list[Cell] = []
     work: list[tuple[Scenario, Cell]] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, _schemas_dropped(backends):
+    # the schemas dropped last, once the pool has waited for every cell
+    with _schemas_dropped(backends), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         # the baselines run `jobs` at once too (their children are as cheap as a cell's)
         bases = [
             (sc, backend, mode, pool.submit(baseline, sc, backend, broken, mode))
