@@ -34,8 +34,8 @@ test: lint
 # The edit loop's fast lane (under a minute on 2 quiet cores): lint and types, the tests not
 # marked slow/crash/postgres/browser with fewer hypothesis examples and on asyncio alone (the
 # harness, provider and tool tests run on asyncio and trio in `make test`), and a sample of the
-# matrix (the cells of single_tool at its in-doubt and stream points and at its second request, the
-# commit that settles the tool (design/crash-matrix.md, "Merged commits"), on JSONL).
+# matrix (the cells of single_tool at its in-doubt and stream points and at its second request,
+# the commit that settles the tool (design/crash-matrix.md, "Merged commits"), on JSONL).
 CHECK_POINTS := --point after_tool_started --point mid_provider_stream \
   --point after_provider_request_started:2
 check: lint
