@@ -1,62 +1,46 @@
 """A warm fork server for the crash matrix's children (``design/crash-matrix.md`` "Warm children").
 
-One fresh interpreter (``python -m durable_harness.crashtest.forkserver SOCKET``) imports what a
+One fresh interpreter (``python -m durable_harness.crashtest.forkproc SOCKET``: the server's
+side, and the wire format, live in :mod:`~durable_harness.crashtest.forkproc`) imports what a
 matrix child needs once, stays single-threaded (no pool, no event loop, no open store) and serves
 requests on a Unix socket. A request names a target (``"module:function"``, default
 :data:`CHILD_TARGET`), its argv, the full environment, the working folder, ``sys.path`` and a file
 for the child's stdout and stderr (or, with ``stderr`` set, one file each: a CLI child whose test
-reads the two streams apart, ``tests/recovery``). With ``preload`` the server imports the
-target's module itself before forking (once: every later child finds it warm; for a module
-that starts no thread at import, such as the CLI's ``durable_harness.cli.main``). For each
-request the server forks; the child resets its signals,
-takes stdin from ``/dev/null``, sets ``os.environ``, re-arms :mod:`durable_harness.crash`, enters
-the folder, calls ``target(argv)`` and leaves with ``os._exit`` (a traceback goes to the file,
-exit 1). The server answers with the child's pid at once and its exit code when it ends
-(``-9`` when SIGKILLed, as :mod:`subprocess` reports it), killing it at the request's timeout.
+reads the two streams apart, ``tests/recovery``); :meth:`ForkServer.spawn` may instead hand the
+child open file descriptors for its stdin, stdout and stderr (pipes, as :class:`subprocess.Popen`
+makes with ``PIPE``), passed over the socket as ``SCM_RIGHTS`` after the request (its ``pass``
+field names them in order). With ``preload`` the server imports the target's module itself
+before forking (once: every later child finds it warm; for a module that starts no thread at
+import, such as the CLI's ``durable_harness.cli.main``). For each request the server forks; the
+child resets its signals, takes stdin from ``/dev/null`` (or the passed descriptor), sets
+``os.environ``, re-arms :mod:`durable_harness.crash`, enters the folder, calls ``target(argv)``
+and leaves with ``os._exit`` (a traceback goes to the file, exit 1). The server answers with the
+child's pid at once and its exit code when it ends (``-9`` when SIGKILLed, as :mod:`subprocess`
+reports it), killing it at the request's timeout.
 
-Wire format: each message is a 4-byte big-endian length and a JSON object; one connection per
-request. The server exits when its stdin (a pipe from the process that started it) closes.
+The server exits when its stdin (a pipe from the process that started it) closes.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
-import json
 import os
 import select
-import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from durable_harness.crashtest.forkproc import kill, recv_message, send_message
 
 FORK_ENV = "DURABLE_HARNESS_CRASHTEST_FORK"
 """``0``: every matrix child is a fresh interpreter instead (debugging; the bench's baseline)."""
 CHILD_TARGET = "durable_harness.crashtest.child:main"
-WARM_MODULES = (
-    "durable_harness.crashtest.child",
-    "durable_harness.crashtest.broken",
-    "durable_harness.storage.jsonl",
-    "durable_harness.storage.sqlite",
-    "durable_harness.providers.scripted",
-    "durable_harness.tools.builtin",
-    "anyio._backends._asyncio",
-    "asyncio.unix_events",
-    "ssl",
-)
-"""What the server imports before serving; PostgreSQL's backend too when psycopg imports."""
-_HEADER = struct.Struct(">I")
-
 CLI_TARGET = "durable_harness.cli.main:main"
 """The CLI's ``main(argv)``: the code of the ``durable-harness`` console script."""
 
@@ -81,33 +65,6 @@ def enabled() -> bool:
     return available() and os.environ.get(FORK_ENV, "1") != "0"
 
 
-def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
-    data = json.dumps(obj).encode()
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _recv(sock: socket.socket) -> dict[str, Any] | None:
-    """One message, or ``None`` at end of stream."""
-    head = _exact(sock, _HEADER.size)
-    if head is None:
-        return None
-    body = _exact(sock, _HEADER.unpack(head)[0])
-    if body is None:
-        return None
-    msg: dict[str, Any] = json.loads(body)
-    return msg
-
-
-def _exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
 @dataclass
 class Completed:
     """A finished child: ``returncode`` as :mod:`subprocess` gives it (``-N`` for signal N),
@@ -123,14 +80,26 @@ class Completed:
 
 class Spawned:
     """A child :meth:`ForkServer.spawn` left running, used as a :class:`subprocess.Popen`:
-    ``pid``, ``returncode``, :meth:`poll`, :meth:`wait`, :meth:`send_signal`,
-    :meth:`terminate`, :meth:`kill`. The server reaps it and sends its exit code
-    (``-N`` for signal N, as :mod:`subprocess` gives it) on the spawn's connection."""
+    ``pid``, ``returncode``, ``stdin`` and ``stdout`` (pipes, when asked for), :meth:`poll`,
+    :meth:`wait`, :meth:`send_signal`, :meth:`terminate`, :meth:`kill`. The server reaps it
+    and sends its exit code (``-N`` for signal N, as :mod:`subprocess` gives it) on the spawn's
+    connection."""
 
-    def __init__(self, pid: int, sock: socket.socket, args: list[str]) -> None:
+    def __init__(
+        self,
+        pid: int,
+        sock: socket.socket,
+        args: list[str],
+        stdin: IO[bytes] | None = None,
+        stdout: IO[bytes] | None = None,
+    ) -> None:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
+        #: our end of the child's stdin / stdout when :meth:`ForkServer.spawn` made a pipe
+        #: (binary, buffered, as :class:`subprocess.Popen` gives them), else ``None``
+        self.stdin = stdin
+        self.stdout = stdout
         self._sock = sock
 
     def poll(self) -> int | None:
@@ -156,7 +125,7 @@ class Spawned:
             return None
         self._sock.settimeout(_REPLY_SLACK)
         try:
-            done = _recv(self._sock)
+            done = recv_message(self._sock)
         except OSError:
             done = None
         self._sock.close()
@@ -211,7 +180,7 @@ class ForkServer:
                 [
                     sys.executable,
                     "-m",
-                    "durable_harness.crashtest.forkserver",
+                    "durable_harness.crashtest.forkproc",
                     str(self.socket_path),
                 ],
                 stdin=subprocess.PIPE,  # the server exits when this closes (we are gone)
@@ -299,11 +268,11 @@ class ForkServer:
                     request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
                     request |= {"cwd": cwd, "path": sys.path, "output": out, "timeout": timeout}
                     request |= {"stderr": err, "preload": preload}
-                    _send(sock, request)
+                    send_message(sock, request)
                     sock.settimeout(timeout + _REPLY_SLACK)
-                    started = _recv(sock)
+                    started = recv_message(sock)
                     pid = int(started["pid"]) if started else None
-                    done = _recv(sock) if started else None
+                    done = recv_message(sock) if started else None
                 except OSError as exc:  # refused, reset, or no answer in time
                     raise ForkServerError(self._died(f"failed: {exc}")) from exc
             if started is None or done is None:
@@ -319,7 +288,7 @@ class ForkServer:
             return Completed(int(done["returncode"]), child, output, errors)
         finally:
             if pid is not None:  # the server did not reap it: do not leave it running
-                _kill(pid)
+                kill(pid)
             os.unlink(out)
             if err:
                 os.unlink(err)
@@ -330,31 +299,65 @@ class ForkServer:
         *,
         env: dict[str, str],
         cwd: str,
-        stdout: str,
-        stderr: str,
+        stdout: str | int,
+        stderr: str | int,
         timeout: float,
         target: str = CLI_TARGET,
         preload: tuple[str, ...] = (),
+        stdin: int | None = None,
     ) -> Spawned:
         """Start ``target(argv)`` in a child forked by the server and return at once, the child
-        left running (a server under test, say): stdout and stderr go to the files ``stdout``
-        and ``stderr``; ``preload``: modules the server imports first (the target's own and
-        these; only modules that start no thread when imported). The server kills the child
+        left running (a server under test, say). ``stdout`` and ``stderr``: a file's path, an
+        open file descriptor the child gets a copy of, or (``stdout`` only)
+        :data:`subprocess.PIPE` for a pipe read through :attr:`Spawned.stdout`; ``stdin``:
+        ``None`` (``/dev/null``), a descriptor, or :data:`subprocess.PIPE` (written through
+        :attr:`Spawned.stdin`). ``preload``: modules the server imports first (the target's own
+        and these; only modules that start no thread when imported). The server kills the child
         after ``timeout`` seconds.
 
         Raises:
             ForkServerError: the server is gone or stopped answering.
         """
         self.start()
+        passed: dict[str, int] = {}  # what the child gets, by stream, in the order sent
+        ours: dict[str, IO[bytes]] = {}  # our ends of the pipes
+        try:
+            for name, spec in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
+                if spec == subprocess.PIPE and name != "stderr":
+                    r, w = os.pipe()
+                    child_end, our_end = (r, w) if name == "stdin" else (w, r)
+                    passed[name] = child_end
+                    ours[name] = os.fdopen(our_end, "wb" if name == "stdin" else "rb")
+                elif isinstance(spec, int) and spec >= 0:
+                    passed[name] = os.dup(spec)
+                elif spec is not None and not isinstance(spec, str):
+                    raise ValueError(f"spawn: {name} must be a path, a descriptor or PIPE")
+            request: dict[str, Any] = {"target": target, "argv": argv, "env": env, "cwd": cwd}
+            request |= {"path": sys.path, "timeout": timeout, "preload": True}
+            request |= {"output": stdout if isinstance(stdout, str) else None}
+            request |= {"stderr": stderr if isinstance(stderr, str) else None}
+            request |= {"modules": list(preload), "pass": list(passed)}
+            pid, sock = self._start_child(request, list(passed.values()))
+            return Spawned(pid, sock, [target, *argv], ours.get("stdin"), ours.get("stdout"))
+        except BaseException:
+            for f in ours.values():
+                f.close()
+            raise
+        finally:
+            for fd in passed.values():  # the child has its copies (or failed to start)
+                os.close(fd)
+
+    def _start_child(self, request: dict[str, Any], fds: list[int]) -> tuple[int, socket.socket]:
+        """Send ``request`` (and ``fds``) on a new connection; the child's pid and the
+        connection its exit code will come on."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(self.socket_path))
-            request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
-            request |= {"cwd": cwd, "path": sys.path, "output": stdout, "timeout": timeout}
-            request |= {"stderr": stderr, "preload": True, "modules": list(preload)}
-            _send(sock, request)
+            send_message(sock, request)
+            if fds:
+                socket.send_fds(sock, [b"F"], fds)
             sock.settimeout(_REPLY_SLACK)
-            started = _recv(sock)
+            started = recv_message(sock)
         except OSError as exc:
             sock.close()
             raise ForkServerError(self._died(f"failed: {exc}")) from exc
@@ -362,7 +365,7 @@ class ForkServer:
             sock.close()
             self._settle()
             raise ForkServerError(self._died("closed the connection before the child started"))
-        return Spawned(int(started["pid"]), sock, [target, *argv])
+        return int(started["pid"]), sock
 
     def _settle(self) -> None:
         """Give a server that closed a connection a moment to exit, for its status."""
@@ -415,177 +418,3 @@ def run_cli(
 
 
 atexit.register(_shared.stop)
-
-
-# --- the server process ----------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    pid: int
-    pidfd: int
-    conn: socket.socket
-    deadline: float
-    timed_out: bool = False
-
-
-def _warm() -> None:
-    for name in WARM_MODULES:
-        importlib.import_module(name)
-    try:
-        importlib.import_module("durable_harness.storage.postgres")
-    except ImportError:  # psycopg is an optional extra
-        pass
-    if threading.active_count() != 1:  # fork copies only the forking thread
-        raise RuntimeError(f"fork server: imports started threads: {threading.enumerate()}")
-
-
-def serve(path: str) -> None:
-    """Run the server on the Unix socket ``path`` until stdin closes (see the module doc)."""
-    _warm()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
-    jobs: dict[int, _Job] = {}  # by pidfd
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-
-    def close_all() -> None:  # in a forked child: nothing of the server's stays open
-        sel.close()
-        listener.close()
-        for job in jobs.values():
-            job.conn.close()
-            os.close(job.pidfd)
-
-    while True:
-        deadlines = [j.deadline for j in jobs.values() if not j.timed_out]
-        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-        for key, _ in sel.select(wait):
-            if key.data == "parent":
-                if not os.read(sys.stdin.fileno(), 4096):
-                    for job in jobs.values():
-                        _kill(job.pid)
-                    return
-            elif key.data == "accept":
-                conn, _ = listener.accept()
-                new = _start(conn, close_all)
-                if new is not None:
-                    jobs[new.pidfd] = new
-                    sel.register(new.pidfd, selectors.EVENT_READ, "child")
-            else:
-                job = jobs.pop(key.fd)
-                sel.unregister(key.fd)
-                _finish(job)
-        now = time.monotonic()
-        for job in jobs.values():
-            if not job.timed_out and job.deadline <= now:
-                job.timed_out = True
-                _kill(job.pid)
-
-
-def _preload(module: str) -> None:
-    """Import ``module`` in the server (a request's ``preload``); a module that fails to import
-    is left to the child, which reports the traceback in its output."""
-    if module in sys.modules:
-        return
-    try:
-        importlib.import_module(module)
-    except Exception:
-        return
-    if threading.active_count() != 1:  # fork copies only the forking thread
-        raise RuntimeError(f"fork server: preloading {module} started threads")
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _start(conn: socket.socket, close_all: Callable[[], None]) -> _Job | None:
-    conn.settimeout(10.0)  # the client sends its request at once
-    try:
-        req = _recv(conn)
-    except (OSError, ValueError):
-        req = None
-    if req is None:
-        conn.close()
-        return None
-    if req.get("preload"):
-        for module in [str(req["target"]).partition(":")[0], *req.get("modules", ())]:
-            _preload(module)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
-        _child(req, close_all)
-    try:
-        _send(conn, {"pid": pid})
-    except OSError:
-        pass  # the client is gone; the child still runs to its end or its timeout
-    return _Job(pid, os.pidfd_open(pid), conn, time.monotonic() + float(req["timeout"]))
-
-
-def _finish(job: _Job) -> None:
-    _, status = os.waitpid(job.pid, 0)
-    os.close(job.pidfd)
-    reply = {"returncode": os.waitstatus_to_exitcode(status), "timed_out": job.timed_out}
-    try:
-        _send(job.conn, reply)
-    except OSError:
-        pass
-    job.conn.close()
-
-
-def _child(req: dict[str, Any], close_all: Callable[[], None]) -> None:
-    """In the forked child: become the requested process, run the target, ``os._exit``."""
-    rc = 1
-    try:
-        close_all()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        out = os.open(req["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(out, 1)
-        os.close(out)
-        if req.get("stderr"):
-            out = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        else:
-            out = 1
-        os.dup2(out, 2)
-        os.close(null)
-        if out != 1:
-            os.close(out)
-        os.environ.clear()
-        os.environ.update(req["env"])
-        sys.path[:] = [req["cwd"], *(p for p in req["path"] if p != req["cwd"])]
-        os.chdir(req["cwd"])
-        from durable_harness import crash
-
-        crash.rearm()
-        module, _, name = str(req["target"]).partition(":")
-        sys.argv = [module, *req["argv"]]
-        result = getattr(importlib.import_module(module), name)(list(req["argv"]))
-        rc = int(result or 0)
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        rc = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(rc)
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])

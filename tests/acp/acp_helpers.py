@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +35,8 @@ from acp.schema import (
     WriteTextFileResponse,
 )
 from acp.stdio import spawn_agent_process
+
+from durable_harness.crashtest import forkserver
 
 Answer = Callable[[ToolCallUpdate, list[PermissionOption]], str | None]
 
@@ -179,6 +183,139 @@ def workdir(tmp_path: Path) -> Path:
     return work
 
 
+ACP_PRELOAD = (
+    "durable_harness.cli.host_commands",
+    "durable_harness.acp",
+    "durable_harness.acp.agent",
+)
+"""What the fork server imports before it forks an agent (the ACP SDK's models among them)."""
+
+
+def forkable(env: dict[str, str]) -> bool:
+    """True when an agent with environment ``env`` is forked from the warm fork server: it can
+    run here, and no ``OTEL_*`` is set (a forked child leaves with ``os._exit``, which skips
+    the OpenTelemetry SDK's flush at exit)."""
+    return forkserver.available() and not any(k.startswith("OTEL_") for k in env)
+
+
+def start_agent(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str,
+    stderr: str,
+    stdout: int = subprocess.PIPE,
+) -> subprocess.Popen[bytes] | forkserver.Spawned:
+    """``durable-harness ARGV`` with its stdin a pipe, its stdout a pipe (or the descriptor
+    ``stdout``) and its stderr the file ``stderr``: forked from the warm fork server where
+    :func:`forkable` (a process of its own, without a fresh interpreter's second of imports,
+    issue 22), else a fresh interpreter."""
+    if forkable(env):
+        return forkserver.shared().spawn(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
+            timeout=600,
+            preload=ACP_PRELOAD,
+        )
+    with open(stderr, "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "durable_harness", *argv],
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=err,
+            cwd=cwd,
+            env=env,
+        )
+
+
+class _WritePipe(asyncio.streams.FlowControlMixin):
+    """The protocol under a :class:`asyncio.StreamWriter` on a pipe (what asyncio's subprocess
+    support gives its ``stdin``): flow control, and a close waiter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        return self._closed
+
+
+class ForkedAgent:
+    """A forked agent as :class:`asyncio.subprocess.Process` offers it: ``pid``, ``returncode``,
+    ``stdin`` (a stream writer), ``stdout`` (a stream reader), :meth:`wait`, :meth:`kill`,
+    :meth:`terminate`, :meth:`send_signal`."""
+
+    def __init__(
+        self, child: forkserver.Spawned, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.child = child
+        self.pid = child.pid
+        self.stdin = writer
+        self.stdout = reader
+
+    @property
+    def returncode(self) -> int | None:
+        return self.child.poll()
+
+    async def wait(self) -> int:
+        while (code := self.child.poll()) is None:
+            await asyncio.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        self.child.kill()
+
+    def terminate(self) -> None:
+        self.child.terminate()
+
+    def send_signal(self, sig: int) -> None:
+        self.child.send_signal(sig)
+
+
+@asynccontextmanager
+async def _forked(
+    client: RecordingClient, child: forkserver.Spawned
+) -> AsyncIterator[tuple[ClientSideConnection, Any]]:
+    """The SDK's client connection over a forked agent's pipes, shut down as the SDK's
+    ``spawn_agent_process`` does: stdin closed, 2 s to exit, SIGTERM, 2 s, SIGKILL."""
+    assert child.stdin is not None and child.stdout is not None
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), child.stdout)
+    transport, protocol = await loop.connect_write_pipe(_WritePipe, child.stdin)
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    proc = ForkedAgent(child, reader, writer)
+    conn = ClientSideConnection(client, writer, reader)
+    try:
+        yield conn, proc
+    finally:
+        await conn.close()
+        with contextlib.suppress(Exception):
+            writer.close()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=2.0)
+        except TimeoutError:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=2.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        transport.close()
+        reader_transport = getattr(reader, "_transport", None)
+        if reader_transport is not None:
+            reader_transport.close()
+
+
 @asynccontextmanager
 async def agent(
     tmp_path: Path,
@@ -189,38 +326,48 @@ async def agent(
     extra: tuple[str, ...] = (),
     env_extra: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[ClientSideConnection, Any]]:
-    """Spawn ``durable-harness acp`` (store ``jsonl:<tmp>/store``; stderr to
-    ``<tmp>/agent-N.log``), connect ``client`` and initialize; yields the connection and the
-    process; ``env_extra``: more environment (``OTEL_*``...)."""
+    """Start ``durable-harness acp`` (store ``jsonl:<tmp>/store``; stderr to
+    ``<tmp>/agent-N.log``; :func:`start_agent`), connect ``client`` and initialize; yields the
+    connection and the process; ``env_extra``: more environment (``OTEL_*``...)."""
     env = {k: v for k, v in os.environ.items() if k != "DURABLE_HARNESS_CRASH_AT"}
     if crash_at:
         env["DURABLE_HARNESS_CRASH_AT"] = crash_at
     env.update(env_extra or {})
     logs = sorted(tmp_path.glob("agent-*.log"))
     log = tmp_path / f"agent-{len(logs)}.log"
+    argv = ["acp", "--store", f"jsonl:{tmp_path / 'store'}", "--provider", provider, *extra]
+    if forkable(env):
+        started = start_agent(argv, env=env, cwd=str(tmp_path), stderr=str(log))
+        assert isinstance(started, forkserver.Spawned)
+        connected = _forked(client, started)
+    else:  # the SDK's own spawn, in a fresh interpreter
+        connected = _sdk_spawned(client, argv, env, tmp_path, log)
+    async with connected as (conn, proc):
+        await conn.initialize(
+            protocol_version=PROTOCOL_VERSION,
+            client_capabilities=ClientCapabilities(
+                fs=FileSystemCapabilities(read_text_file=client.fs, write_text_file=client.fs),
+                terminal=client.terminal,
+            ),
+        )
+        yield conn, proc
+
+
+@asynccontextmanager
+async def _sdk_spawned(
+    client: RecordingClient, argv: list[str], env: dict[str, str], cwd: Path, log: Path
+) -> AsyncIterator[tuple[ClientSideConnection, Any]]:
     with log.open("wb") as err:
         async with spawn_agent_process(
             client,
             sys.executable,
             "-m",
             "durable_harness",
-            "acp",
-            "--store",
-            f"jsonl:{tmp_path / 'store'}",
-            "--provider",
-            provider,
-            *extra,
+            *argv,
             env=env,
-            cwd=str(tmp_path),
+            cwd=str(cwd),
             transport_kwargs={"stderr": err.fileno()},
         ) as (conn, proc):
-            await conn.initialize(
-                protocol_version=PROTOCOL_VERSION,
-                client_capabilities=ClientCapabilities(
-                    fs=FileSystemCapabilities(read_text_file=client.fs, write_text_file=client.fs),
-                    terminal=client.terminal,
-                ),
-            )
             yield conn, proc
 
 

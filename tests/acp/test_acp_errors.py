@@ -5,14 +5,13 @@ session is touched (``design/acp.md``)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from acp_helpers import script, workdir
+from acp_helpers import script, start_agent, workdir
 
 from durable_harness.storage import open_store
 
@@ -23,23 +22,9 @@ class RawAgent:
     """``durable-harness acp`` spoken to line by line."""
 
     def __init__(self, tmp_path: Path, provider: str) -> None:
-        self.log = (tmp_path / "agent.log").open("wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "durable_harness",
-                "acp",
-                "--store",
-                f"jsonl:{tmp_path / 'store'}",
-                "--provider",
-                provider,
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            cwd=tmp_path,
-        )
+        argv = ["acp", "--store", f"jsonl:{tmp_path / 'store'}", "--provider", provider]
+        log = str(tmp_path / "agent.log")
+        self.proc = start_agent(argv, env=dict(os.environ), cwd=str(tmp_path), stderr=log)
         self.next_id = 100
 
     def send_line(self, line: str | bytes) -> None:
@@ -70,9 +55,7 @@ class RawAgent:
     def close(self) -> int:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        code = self.proc.wait(timeout=60)
-        self.log.close()
-        return code
+        return self.proc.wait(timeout=60)
 
 
 @pytest.fixture

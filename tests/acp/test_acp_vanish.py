@@ -9,7 +9,6 @@ import json
 import os
 import select
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from acp_helpers import script, workdir
+from acp_helpers import script, start_agent, workdir
 
 from durable_harness.recovery.fsck import fsck_session
 from durable_harness.storage import open_store
@@ -46,17 +45,10 @@ class Child:
     def __init__(self, tmp_path: Path, provider: str, stdout: IO[bytes] | None = None) -> None:
         self.store = f"jsonl:{tmp_path / 'store'}"
         self.err = tmp_path / "agent.log"
-        argv = [sys.executable, "-m", "durable_harness", "acp", "--store", self.store]
-        argv += ["--provider", provider]
-        with self.err.open("wb") as err:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=stdout if stdout is not None else subprocess.PIPE,
-                stderr=err,
-                cwd=str(tmp_path),
-                env={k: v for k, v in os.environ.items() if k != "DURABLE_HARNESS_CRASH_AT"},
-            )
+        argv = ["acp", "--store", self.store, "--provider", provider]
+        env = {k: v for k, v in os.environ.items() if k != "DURABLE_HARNESS_CRASH_AT"}
+        out = stdout.fileno() if stdout is not None else subprocess.PIPE
+        self.proc = start_agent(argv, env=env, cwd=str(tmp_path), stderr=str(self.err), stdout=out)
         self.lines: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._reader: threading.Thread | None = None

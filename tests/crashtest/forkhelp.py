@@ -57,3 +57,13 @@ def hang(argv: list[str]) -> int:
 def boom(argv: list[str]) -> int:
     """Raise, for the traceback-and-exit-1 path."""
     raise ValueError("boom from the forked child")
+
+
+def echo(argv: list[str]) -> int:
+    """Copy stdin to stdout line by line, upper-cased and flushed, until end of input; then
+    write the descriptors this process has open to stderr and exit 4."""
+    for line in sys.stdin:
+        sys.stdout.write(line.upper())
+        sys.stdout.flush()
+    print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")), file=sys.stderr)
+    return 4

@@ -262,3 +262,42 @@ def test_a_spawned_child_runs_on_and_is_signalled_and_reaped_like_popen(
     assert gone(child.pid)
     child.kill()  # after its end: nothing is sent (the pid may be another process's by now)
     assert child.poll() == -signal.SIGTERM
+
+
+def test_a_spawned_child_talks_through_pipes_and_sees_end_of_input(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    """``stdin``/``stdout`` as ``PIPE``: the child reads what is written, answers on its stdout,
+    sees the end of its input when our end closes (no other copy of the pipe is left open, in
+    the server or here), and keeps no descriptor beyond its three."""
+    err = tmp_path / "err"
+    child = server.spawn(
+        [], env=base_env(), cwd=str(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=str(err), timeout=60, target=target("echo"),
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(b"hello\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == b"HELLO\n"
+    child.stdin.write(b"again\n")
+    child.stdin.close()
+    assert child.stdout.read() == b"AGAIN\n"  # then end of file: the child's stdout closed
+    assert child.wait(timeout=30) == 4
+    child.stdout.close()
+    fds = json.loads(err.read_text())
+    assert fds[:3] == [0, 1, 2] and len(fds) == 4, fds  # the fourth: listdir's own
+
+
+def test_a_spawned_child_writes_to_a_passed_descriptor(server: ForkServer, tmp_path: Path) -> None:
+    """``stdout`` as an open descriptor: the child writes to that file (``acp > file``)."""
+    out = tmp_path / "out"
+    with out.open("wb") as f:
+        child = server.spawn(
+            [], env=base_env(), cwd=str(tmp_path), stdin=subprocess.PIPE, stdout=f.fileno(),
+            stderr=str(tmp_path / "err"), timeout=60, target=target("echo"),
+        )  # fmt: skip
+    assert child.stdin is not None and child.stdout is None
+    child.stdin.write(b"to a file\n")
+    child.stdin.close()
+    assert child.wait(timeout=30) == 4
+    assert out.read_bytes() == b"TO A FILE\n"
