@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 
 from durable_harness.cli.main import main
+from durable_harness.crashtest import forkserver
 
 PI_SESSIONS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pi-sessions"
 REPO = Path(__file__).resolve().parents[2]
@@ -96,17 +95,12 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
 
 @pytest.fixture
 def sh(home: Path) -> Callable[..., Result]:
-    """Run ``python -m durable_harness ARGS`` in a child process (same environment)."""
+    """Run ``durable-harness ARGS`` in a child process (same environment), forked from the warm
+    fork server (:func:`~durable_harness.crashtest.forkserver.run_cli`)."""
 
     def run(*args: str, cwd: Path | None = None, timeout: float = 60) -> Result:
-        proc = subprocess.run(
-            [sys.executable, "-m", "durable_harness", *args],
-            cwd=str(cwd or REPO),
-            env=dict(os.environ),
-            text=True,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
+        proc = forkserver.run_cli(
+            list(args), env=dict(os.environ), cwd=str(cwd or REPO), timeout=timeout
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
