@@ -466,8 +466,9 @@ class DurableAgent:
         with anyio.move_on_after(CREATE_WAIT_S):
             for done in list(self._creating):
                 await done.wait()
-        if self._live:
-            log.warning("%s: closing %d session(s)", reason, len(self._live))
+        if self._live:  # named: one created as the client left may never have been told
+            ids = ", ".join(sorted(self._live))
+            log.warning("%s: closing %d session(s): %s", reason, len(self._live), ids)
         for session_id in sorted(self._live):
             try:
                 await manager.close(session_id)

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -83,7 +84,8 @@ class Spawned:
     ``pid``, ``returncode``, ``stdin`` and ``stdout`` (pipes, when asked for), :meth:`poll`,
     :meth:`wait`, :meth:`send_signal`, :meth:`terminate`, :meth:`kill`. The server reaps it
     and sends its exit code (``-N`` for signal N, as :mod:`subprocess` gives it) on the spawn's
-    connection."""
+    connection. Safe to poll and wait from several threads (as ``Popen`` is): one reads the
+    exit code, the others see it; a poll while another thread waits answers ``None``."""
 
     def __init__(
         self,
@@ -101,6 +103,7 @@ class Spawned:
         self.stdin = stdin
         self.stdout = stdout
         self._sock = sock
+        self._lock = threading.Lock()  # held while a thread waits on the socket
 
     def poll(self) -> int | None:
         """The exit code if the child has ended (else ``None``), without waiting."""
@@ -120,18 +123,27 @@ class Spawned:
     def _reply(self, timeout: float | None) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        ready, _, _ = select.select([self._sock], [], [], timeout)
-        if not ready:
-            return None
-        self._sock.settimeout(_REPLY_SLACK)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return None  # another thread is waiting for it
         try:
-            done = recv_message(self._sock)
-        except OSError:
-            done = None
-        self._sock.close()
-        # no reply: the server died, and with it (it kills its children) this child
-        self.returncode = int(done["returncode"]) if done else -signal.SIGKILL
-        return self.returncode
+            if self.returncode is not None:  # that thread read it meanwhile
+                return self.returncode
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._sock], [], [], left)
+            if not ready:
+                return None
+            self._sock.settimeout(_REPLY_SLACK)
+            try:
+                done = recv_message(self._sock)
+            except OSError:
+                done = None
+            self._sock.close()
+            # no reply: the server died, and with it (it kills its children) this child
+            self.returncode = int(done["returncode"]) if done else -signal.SIGKILL
+            return self.returncode
+        finally:
+            self._lock.release()
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` to the child unless it is known to have ended."""

@@ -301,3 +301,32 @@ def test_a_spawned_child_writes_to_a_passed_descriptor(server: ForkServer, tmp_p
     child.stdin.close()
     assert child.wait(timeout=30) == 4
     assert out.read_bytes() == b"TO A FILE\n"
+
+
+def test_a_spawned_child_is_polled_from_one_thread_while_another_waits(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    """As with ``Popen``: a thread polling while another waits gets ``None`` or the exit code,
+    never an error, and both end with the same code."""
+    child = server.spawn(
+        [], env=base_env(), cwd=str(tmp_path), stdin=subprocess.PIPE, stdout=str(tmp_path / "o"),
+        stderr=str(tmp_path / "e"), timeout=60, target=target("echo"),
+    )  # fmt: skip
+    assert child.stdin is not None
+    seen: list[int | None] = []
+    errors: list[BaseException] = []
+
+    def poller() -> None:
+        try:
+            while not seen or seen[-1] is None:
+                seen.append(child.poll())
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=poller)
+    thread.start()
+    time.sleep(0.05)
+    child.stdin.close()  # the child reads to the end of its input and exits 4
+    assert child.wait(timeout=30) == 4
+    thread.join(timeout=30)
+    assert not errors and seen[-1] == 4 == child.returncode
