@@ -44,9 +44,9 @@ check: lint
 	$(BIN)/durable-harness crash-test --scenario single_tool --backend jsonl $(CHECK_POINTS)
 
 crash-test: $(STAMP)
-	$(BIN)/durable-harness crash-test --jobs 2
-	$(BIN)/durable-harness crash-test --backend postgres --jobs 2
-	$(BIN)/durable-harness crash-test --power-cut --jobs 2
+	$(BIN)/durable-harness crash-test
+	$(BIN)/durable-harness crash-test --backend postgres
+	$(BIN)/durable-harness crash-test --power-cut
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,bench]' || true

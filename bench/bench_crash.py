@@ -1,6 +1,7 @@
 """Crash cells: warm (forked from the fork server) against fresh interpreters, side by side.
 
-Each measurement is one ``durable-harness crash-test`` run in its own process; its CPU is that
+Each measurement is one ``durable-harness crash-test`` run in its own process, with the CLI's
+default jobs (``runner.DEFAULT_JOBS``, what a user gets: 8 on 2 cores); its CPU is that
 process's and all its descendants' (``RUSAGE_CHILDREN`` of this process, before and after: the
 fork server's children are reaped by the server, the server by the runner, the runner by us),
 its wall and cell count come from the run's ``--report`` JSON (``run_matrix``'s own clock).
@@ -54,7 +55,7 @@ def crash_test(
     """One ``crash-test`` run with ``args``; returns cells, CPU (s), wall (s), per-cell figures."""
     report = work / f"{name}.json"
     run_env = os.environ | (env or {}) | {FORK_ENV: "1" if fork else "0"}
-    cmd = [sys.executable, "-m", "durable_harness", "crash-test", "--jobs", "2"]
+    cmd = [sys.executable, "-m", "durable_harness", "crash-test"]  # its default jobs
     cpu0, t0 = _children_cpu(), time.perf_counter()
     proc = subprocess.run(
         [*cmd, *args, "--report", str(report)],

@@ -537,7 +537,7 @@ def crash_test(args: argparse.Namespace) -> int:
     """Run the crash matrix: every scenario at every crash point it reaches.
 
     example:
-      durable-harness crash-test --jobs 2
+      durable-harness crash-test
       durable-harness crash-test --backend sqlite --scenario single_tool --report matrix.md
     """
     from durable_harness.crashtest import run_cli

@@ -17,7 +17,7 @@ from durable_harness.crashtest.invariants import INVARIANTS
 from durable_harness.crashtest.powercut import DURABILITIES, summary_markdown
 from durable_harness.crashtest.report import document, write
 from durable_harness.crashtest.report import markdown as markdown
-from durable_harness.crashtest.runner import Cell, run_matrix
+from durable_harness.crashtest.runner import DEFAULT_JOBS, Cell, run_matrix
 from durable_harness.crashtest.scenario import load_all
 from durable_harness.errors import FormatError
 
@@ -41,7 +41,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "a scenario reaches)",
         metavar="POINT[:N]",
     )
-    p.add_argument("--jobs", type=int, default=2, help="cells run at once (default 2)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help=f"cells run at once (default: four per CPU, at most 16; {DEFAULT_JOBS} here: a "
+        "cell mostly waits)",
+    )
     p.add_argument(
         "--report",
         metavar="FILE",
@@ -157,7 +163,7 @@ def _run_cli(
         cells, summary = run_matrix(
             scenarios,
             backends,
-            jobs=args.jobs,
+            jobs=DEFAULT_JOBS if args.jobs is None else args.jobs,
             broken=args.broken_intent_order,
             progress=progress,
             durabilities=modes,

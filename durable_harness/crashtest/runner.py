@@ -43,6 +43,12 @@ from durable_harness.tools.builtin import builtin_tools
 CHILD_TIMEOUT = 60.0
 MAX_HITS = 3
 
+DEFAULT_JOBS = min(16, 4 * (os.cpu_count() or 1))
+"""Cells run at once by default: four per CPU, at most 16. A cell waits more than it computes
+(its child's fsyncs, the fork, the kill and the reaping, its folder made and removed), so on 2
+cores the built-in matrix (JSONL and SQLite, the same ~40 CPU-s) took 47, 35, 32, 28 and 24 s
+with 2, 3, 4, 6 and 8 jobs (``design/crash-matrix.md``, "Jobs")."""
+
 
 PG_ENV = "DURABLE_HARNESS_CRASHTEST_PG"
 """The PostgreSQL URL the ``postgres`` backend's cells use (``crash-test`` sets it when unset)."""
@@ -320,7 +326,7 @@ def run_matrix(
     scenarios: list[Scenario],
     backends: list[str],
     *,
-    jobs: int = 2,
+    jobs: int = DEFAULT_JOBS,
     broken: bool = False,
     progress: Callable[[Cell, int, int], None] | None = None,
     durabilities: list[str] | None = None,

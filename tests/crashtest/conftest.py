@@ -61,7 +61,7 @@ def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(folder: Path) -> MatrixRun:
     report = folder / "crash-matrix.json"
     proc = subprocess.run(
-        [*DH, "crash-test", "--jobs", "2", "--report", str(report)],
+        [*DH, "crash-test", "--report", str(report)],
         capture_output=True,
         text=True,
         env=os.environ | {PROGRESS_EVERY_ENV: PROGRESS_EVERY_S},

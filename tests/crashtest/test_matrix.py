@@ -184,7 +184,8 @@ def test_markdown_report_of_a_stored_report() -> None:
     assert lines[2] == (
         f"{summary['cells']} cells, {summary['passed']} passed, 1 failed, 0 errors; "
         f"{summary['decisions']} needed an operator decision, 0 were settled by a tool's "
-        f"reconcile, 0 found an effect doubled; {summary['wall_seconds']} s with 2 jobs."
+        f"reconcile, 0 found an effect doubled; {summary['wall_seconds']} s with "
+        f"{summary['jobs']} jobs."
     )
     for name, meaning in INVARIANTS.items():
         assert f"- **{name}**: {meaning}" in lines
