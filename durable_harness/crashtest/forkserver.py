@@ -329,6 +329,7 @@ class ForkServer:
 
         Raises:
             ForkServerError: the server is gone or stopped answering.
+            ValueError: a stream given as something else (nothing is started).
         """
         self.start()
         passed: dict[str, int] = {}  # what the child gets, by stream, in the order sent
