@@ -274,23 +274,21 @@ class ForkServer:
             os.close(fd)
         pid: int | None = None  # set while the child may still run unreaped
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
+            request |= {"cwd": cwd, "path": sys.path, "output": out, "timeout": timeout}
+            request |= {"stderr": err, "preload": preload}
+            child, sock = self._start_child(request, [])
+            pid = child
+            with sock:
                 try:
-                    sock.connect(str(self.socket_path))
-                    request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
-                    request |= {"cwd": cwd, "path": sys.path, "output": out, "timeout": timeout}
-                    request |= {"stderr": err, "preload": preload}
-                    send_message(sock, request)
                     sock.settimeout(timeout + _REPLY_SLACK)
-                    started = recv_message(sock)
-                    pid = int(started["pid"]) if started else None
-                    done = recv_message(sock) if started else None
-                except OSError as exc:  # refused, reset, or no answer in time
+                    done = recv_message(sock)
+                except OSError as exc:  # reset, or no answer in time
                     raise ForkServerError(self._died(f"failed: {exc}")) from exc
-            if started is None or done is None:
+            if done is None:
                 self._settle()
                 raise ForkServerError(self._died("closed the connection before the child ended"))
-            child, pid = int(started["pid"]), None  # the server reaped it
+            pid = None  # the server reaped it
             output = Path(out).read_text(errors="replace")
             errors = Path(err).read_text(errors="replace") if err else ""
             if done.get("timed_out"):
@@ -362,7 +360,11 @@ class ForkServer:
 
     def _start_child(self, request: dict[str, Any], fds: list[int]) -> tuple[int, socket.socket]:
         """Send ``request`` (and ``fds``) on a new connection; the child's pid and the
-        connection its exit code will come on."""
+        connection its exit code will come on.
+
+        Raises:
+            ForkServerError: the server is gone or did not answer with the child's pid.
+        """
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(self.socket_path))

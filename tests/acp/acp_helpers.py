@@ -232,23 +232,6 @@ def start_agent(
         )
 
 
-class _WritePipe(asyncio.streams.FlowControlMixin):
-    """The protocol under a :class:`asyncio.StreamWriter` on a pipe (what asyncio's subprocess
-    support gives its ``stdin``): flow control, and a close waiter."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        if not self._closed.done():
-            self._closed.set_result(None)
-
-    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
-        return self._closed
-
-
 class ForkedAgent:
     """A forked agent as :class:`asyncio.subprocess.Process` offers it: ``pid``, ``returncode``,
     ``stdin`` (a stream writer), ``stdout`` (a stream reader), :meth:`wait`, :meth:`kill`,
@@ -291,7 +274,10 @@ async def _forked(
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), child.stdout)
-    transport, protocol = await loop.connect_write_pipe(_WritePipe, child.stdin)
+    # the protocol asyncio's own subprocess stdin has under its writer: flow control
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, child.stdin
+    )
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     proc = ForkedAgent(child, reader, writer)
     conn = ClientSideConnection(client, writer, reader)
