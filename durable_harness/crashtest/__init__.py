@@ -44,7 +44,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=None,
+        default=DEFAULT_JOBS,
         help=f"cells run at once (default: four per CPU, at most 16; {DEFAULT_JOBS} here: a "
         "cell mostly waits)",
     )
@@ -163,7 +163,7 @@ def _run_cli(
         cells, summary = run_matrix(
             scenarios,
             backends,
-            jobs=DEFAULT_JOBS if args.jobs is None else args.jobs,
+            jobs=args.jobs,
             broken=args.broken_intent_order,
             progress=progress,
             durabilities=modes,
