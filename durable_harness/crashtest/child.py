@@ -30,8 +30,14 @@ from durable_harness.storage import open_store
 
 
 def options(sc: Scenario) -> HarnessOptions:
-    """Harness options for matrix runs: short retry waits."""
-    return HarnessOptions(retry_initial=0.01, retry_max=0.05, provider_spec=None)
+    """Harness options for matrix runs: short retry waits. Under a scenario's small
+    ``context_window``, ``keep_recent_tokens`` is the value the harness would clamp it to (half
+    of ``context_window - compact_reserve``), set here so that no child warns about the clamp."""
+    opts = HarnessOptions(retry_initial=0.01, retry_max=0.05, provider_spec=None)
+    limit = (sc.context_window or 0) - opts.compact_reserve
+    if limit > 0 and opts.keep_recent_tokens >= limit:
+        opts.keep_recent_tokens = limit // 2
+    return opts
 
 
 def model_set(session: Session, step: dict[str, Any]) -> bool:

@@ -277,10 +277,16 @@ class _Handler(BaseHTTPRequestHandler):
         """Keep test output quiet."""
 
     def handle(self) -> None:
-        """Serve keep-alive requests; a client resetting the connection is not an error."""
+        """Serve keep-alive requests; a client resetting the connection is not an error, nor
+        is a flush after the server has closed the socket under a handler (``ValueError``:
+        I/O on a closed file, at the server's shutdown)."""
         try:
             super().handle()
         except (ConnectionResetError, BrokenPipeError, TimeoutError):
+            self.close_connection = True
+        except ValueError:
+            if not self.wfile.closed:
+                raise  # a fault of the handler's own, not the closed socket
             self.close_connection = True
 
     # -- plumbing ------------------------------------------------------------------------------
