@@ -250,7 +250,7 @@ async def _reader_main(url: str, sid: str, streams: int, reading: int) -> dict[s
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {"opened": opened, "reading": reading, "min_run_ends": min(run_ends), **got}
+    return {"opened": opened, "reading": reading, "min_run_ends": min(run_ends, default=0), **got}
 
 
 def run() -> dict[str, Any]:
@@ -277,7 +277,13 @@ def run() -> dict[str, Any]:
                 sid = resp.json()["id"]
                 _timed_runs(client, sid, 1)  # warm-up
                 seconds = {"none": 0.0, "streams": 0.0}
-                cpu = {"none": 0.0, "none_system": 0.0, "streams": 0.0, "streams_system": 0.0}
+                cpu = {
+                    "none": 0.0,
+                    "none_system": 0.0,
+                    "streams": 0.0,
+                    "streams_system": 0.0,
+                    "readers": 0.0,
+                }
                 readers: list[dict[str, Any]] = []
                 catch_up: list[float] = []
                 pid = server.proc.pid
@@ -291,7 +297,9 @@ def run() -> dict[str, Any]:
                     pool = _Readers(server.url, sid)
                     try:
                         before, sys_before = cpu_seconds(pid), cpu_seconds(pid, "system")
+                        readers_before = cpu_seconds(pool.proc.pid)
                         seconds["streams"] += _timed_runs(client, sid, sizes["runs"])
+                        cpu["readers"] += cpu_seconds(pool.proc.pid) - readers_before
                         catch_up.append(pool.caught_up(sizes["runs"]))
                         cpu["streams"] += cpu_seconds(pid) - before
                         cpu["streams_system"] += cpu_seconds(pid, "system") - sys_before
@@ -335,8 +343,9 @@ def run() -> dict[str, Any]:
             per_s["streams"],
             "turns/s",
             f"{slowdown}x the time; server CPU {cpu_per_turn_ms['streams']} ms per turn "
-            f"({cpu_per_turn_ms['streams_system']} in the kernel); "
-            f"{READING} reading ({got.get('events')} events, "
+            f"({cpu_per_turn_ms['streams_system']} in the kernel), the readers' process "
+            f"{cpu_per_turn_ms['readers']} ms per turn during the runs; {READING} reading "
+            f"({got.get('events')} events, "
             f"{got.get('bytes')} bytes, every run's end by {got.get('min_run_ends')} of "
             f"{sizes['runs']} in the last repetition, caught up "
             f"{max(catch_up, default=None)} s after it), the rest never reading",

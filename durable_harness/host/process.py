@@ -4,6 +4,7 @@ nothing persisted (``design/host.md``, "Two objects").
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -23,10 +24,6 @@ REPLAY_EVENTS = 1024
 
 #: Events a listener may fall behind by before it is dropped (its stream ends): the kept ones.
 LISTENER_BUFFER = REPLAY_EVENTS
-
-#: Every this many events, the readers waiting for a backlog (:meth:`Listener.wait_behind`)
-#: are woken to look at theirs.
-MARK_EVENTS = REPLAY_EVENTS // 8
 
 
 class SessionProcess:
@@ -49,7 +46,8 @@ class SessionProcess:
         self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY_EVENTS)
         self.last_event_id = 0  # the eventId of the last event published
         self._published: anyio.Event | None = None  # set at the next publish (readers wait)
-        self._marked: anyio.Event | None = None  # set at the next MARK_EVENTS-th event
+        self._reaching: dict[int, list[Callable[[], None]]] = {}  # called at that eventId
+        self._thresholds: list[int] = []  # the keys of ``_reaching``, a heap
         self._ended = False  # no more events: the generation stopped
         self._observers: list[Callable[[Event], None]] = []
 
@@ -67,24 +65,29 @@ class SessionProcess:
         self._recent.append(event)
         for callback in list(self._observers):
             callback(event)
-        self._wake(event["eventId"] % MARK_EVENTS == 0)
+        self._wake()
 
-    def _wake(self, mark: bool = True) -> None:
+    def _wake(self) -> None:
         published, self._published = self._published, None
         if published is not None:
             published.set()
-        if mark:
-            marked, self._marked = self._marked, None
-            if marked is not None:
-                marked.set()
+        thresholds = self._thresholds
+        while thresholds and (thresholds[0] <= self.last_event_id or self._ended):
+            for callback in self._reaching.pop(heapq.heappop(thresholds)):
+                callback()
 
-    async def wait_mark(self) -> None:
-        """Return once the next event numbered a multiple of :data:`MARK_EVENTS` is
-        published, or the generation has no more events."""
-        if not self._ended:
-            if self._marked is None:
-                self._marked = anyio.Event()
-            await self._marked.wait()
+    def on_reaching(self, event_id: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once eventId ``event_id`` is published or the generation has no
+        more events (at once if so already). A publish calls only the callbacks it reaches:
+        what a reader pausing for a backlog is woken by (:meth:`Listener.on_behind`)."""
+        if event_id <= self.last_event_id or self._ended:
+            callback()
+            return
+        waiting = self._reaching.get(event_id)
+        if waiting is None:
+            waiting = self._reaching[event_id] = []
+            heapq.heappush(self._thresholds, event_id)
+        waiting.append(callback)
 
     async def wait_after(self, seen: int) -> None:
         """Return once an event after eventId ``seen`` is published, or the generation has
@@ -108,7 +111,12 @@ class SessionProcess:
         if behind > len(recent):
             return None
         start = len(recent) - behind
-        return list(itertools.islice(recent, start, start + limit))
+        # a deque is walked from one of its ends: from the nearer one
+        if start + limit <= behind:
+            return list(itertools.islice(recent, start, start + limit))
+        newest = list(itertools.islice(reversed(recent), behind))
+        newest.reverse()
+        return newest[:limit]
 
     @property
     def first_kept(self) -> int:
@@ -213,13 +221,11 @@ class Listener:
                 return events
             await self.proc.wait_after(self.seen)
 
-    async def wait_behind(self, events: int) -> None:
-        """Return once this reader is at least ``events`` events behind (checked every
-        :data:`MARK_EVENTS` events), or the generation has no more events: a reader pausing
-        between writes wakes before it is dropped."""
-        proc = self.proc
-        while proc.last_event_id - self.seen < events and not proc.events_ended:
-            await proc.wait_mark()
+    def on_behind(self, events: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once this reader is ``events`` events behind its place now, or
+        the generation has no more events: a reader pausing between writes is woken before
+        it is dropped (:meth:`SessionProcess.on_reaching`)."""
+        self.proc.on_reaching(self.seen + events, callback)
 
     def receive_nowait(self) -> Event:
         """The next event if one is available.

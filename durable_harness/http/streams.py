@@ -6,9 +6,10 @@ the writers' turns fast however many readers there are.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -94,6 +95,12 @@ _LINE_BREAKS = re.compile(r"\r\n|\r|\n")
 
 MIN_PAUSE = 0.002
 """Seconds below which a stream does not pause between writes."""
+
+BEHIND = REPLAY_EVENTS * 3 // 4
+"""Events behind at which a pausing stream writes before its tick: a quarter of the kept
+events left before it would be dropped. The later it writes, the fewer writes a fast run's
+readers cost (each write costs the run's event loop about the same whatever its size);
+the quarter left covers what the run publishes before the stream's task next runs."""
 
 FRAMES_KEPT = 4096
 """Encoded events kept for the other readers of the same event (each is encoded once)."""
@@ -184,9 +191,40 @@ async def sse_batches(
 async def pace(listener: Listener, slots: StreamSlots | None = None) -> None:
     """The pause of ``listener``'s stream after a write: until the next tick of the clock all
     of ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`), or
-    sooner once it is half the kept events behind, so a reader that reads is never dropped
+    sooner once it is :data:`BEHIND` events behind, so a reader that reads is never dropped
     for the pause."""
     period = (slots or SLOTS).open / WRITES_PER_SECOND
     if period >= MIN_PAUSE:  # to the next tick: the streams write together
-        with anyio.move_on_after(period - anyio.current_time() % period):
-            await listener.wait_behind(REPLAY_EVENTS // 2)
+        woken = anyio.Event()
+        TICKS.call_at_next(period, woken.set)
+        listener.on_behind(BEHIND, woken.set)
+        await woken.wait()
+
+
+class Ticks:
+    """The clock a process's event streams pause to: a tick every ``period`` seconds of the
+    event loop's clock, one timer per tick for all the streams waiting for it (a timer and a
+    cancel scope per stream cost the run's event loop about what the writes did: ``bench
+    streams``). The HTTP server runs on asyncio (uvicorn), whose loop keeps the timers."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[float, list[Callable[[], None]]] = {}
+
+    def call_at_next(self, period: float, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` at the next multiple of ``period`` (seconds, > 0) of the
+        running event loop's clock."""
+        loop = asyncio.get_running_loop()
+        tick = (loop.time() // period + 1) * period
+        waiting = self._waiting.get(tick)
+        if waiting is None:
+            waiting = self._waiting[tick] = []
+            loop.call_at(tick, self._fire, tick)
+        waiting.append(callback)
+
+    def _fire(self, tick: float) -> None:
+        for callback in self._waiting.pop(tick, ()):
+            callback()
+
+
+TICKS = Ticks()
+"""This process's stream clock."""

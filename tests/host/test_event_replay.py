@@ -119,3 +119,71 @@ async def test_a_batch_is_every_event_available_and_the_stream_ends_with_the_gen
     assert got == [[1, 2, 3, 4, 5], [6]]
     late = proc.listen((proc.generation, 4))  # after the end: what is kept, then the end
     assert [e["eventId"] async for e in late] == [5, 6]
+
+
+async def test_a_reader_is_woken_at_the_event_that_puts_it_the_given_count_behind() -> None:
+    proc = _process()
+    proc.publish({"type": "tick"})
+    stream = proc.listen()  # after event 1
+    woken: list[int] = []
+    stream.on_behind(5, lambda: woken.append(proc.last_event_id))
+    stream.on_behind(5, lambda: woken.append(-proc.last_event_id))  # same place: same wake
+    for i in range(4):
+        proc.publish({"type": "tick", "i": i})
+    assert woken == []  # 4 behind
+    proc.publish({"type": "tick"})
+    assert woken == [6, -6]
+    proc.publish({"type": "tick"})
+    assert woken == [6, -6]  # once
+    stream.on_behind(1, lambda: woken.append(0))  # already that far behind: at once
+    assert woken == [6, -6, 0]
+    stream.on_behind(100, lambda: woken.append(100))
+    proc.end_listeners()  # no more events: woken too
+    assert woken == [6, -6, 0, 100]
+
+
+@pytest.mark.parametrize("behind", [1, 2, 300, 511, 512, 513, 900, REPLAY_EVENTS])
+@pytest.mark.parametrize("limit", [1, 7, 512, REPLAY_EVENTS])
+async def test_kept_events_are_taken_in_order_from_either_end(behind: int, limit: int) -> None:
+    proc = _process()
+    for i in range(REPLAY_EVENTS + 50):
+        proc.publish({"type": "tick", "i": i})
+    seen = proc.last_event_id - behind
+    got = proc.kept_after(seen, limit)
+    assert got is not None
+    assert [e["eventId"] for e in got] == list(range(seen + 1, seen + 1 + min(behind, limit)))
+    assert proc.kept_after(proc.first_kept - 2, limit) is None  # one more than kept
+
+
+async def test_streams_pausing_for_one_tick_share_one_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import functools
+
+    from durable_harness.http.streams import Ticks
+
+    ticks = Ticks()
+    loop = asyncio.get_running_loop()
+    timers: list[float] = []
+    call_at = loop.call_at
+
+    def counted(when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        if callback == ticks._fire:  # not anyio.sleep's own
+            timers.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counted)
+    fired: list[str] = []
+    start = loop.time()
+    for name in ("a", "b", "c"):
+        ticks.call_at_next(0.05, functools.partial(fired.append, name))
+    assert len(timers) == 1  # one timer for the three
+    assert start < timers[0] <= start + 0.05
+    assert timers[0] / 0.05 == pytest.approx(round(timers[0] / 0.05))  # on the clock's beat
+    await anyio.sleep(0.12)
+    assert fired == ["a", "b", "c"]
+    ticks.call_at_next(0.05, lambda: fired.append("d"))  # a later tick: a new timer
+    assert len(timers) == 2
+    await anyio.sleep(0.12)
+    assert fired == ["a", "b", "c", "d"]
