@@ -26,6 +26,10 @@ REPLAY_EVENTS = 1024
 LISTENER_BUFFER = REPLAY_EVENTS
 
 
+def _nothing() -> None:
+    """Nothing to take back."""
+
+
 class SessionProcess:
     """One runtime generation of one session: its ``record`` (kept current), its ``session``
     open for writing (the writer lease), its ``harness`` once up, its control ``port``."""
@@ -76,18 +80,28 @@ class SessionProcess:
             for callback in self._reaching.pop(heapq.heappop(thresholds)):
                 callback()
 
-    def on_reaching(self, event_id: int, callback: Callable[[], None]) -> None:
+    def on_reaching(self, event_id: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` once eventId ``event_id`` is published or the generation has no
         more events (at once if so already). A publish calls only the callbacks it reaches:
-        what a reader pausing for a backlog is woken by (:meth:`Listener.on_behind`)."""
+        what a reader pausing for a backlog is woken by (:meth:`Listener.on_behind`).
+
+        Returns a function that takes the callback back if it was not called yet (what a
+        reader woken otherwise calls, so the callbacks kept are those of the readers still
+        waiting, and at most one list per eventId ahead)."""
         if event_id <= self.last_event_id or self._ended:
             callback()
-            return
+            return _nothing
         waiting = self._reaching.get(event_id)
         if waiting is None:
             waiting = self._reaching[event_id] = []
             heapq.heappush(self._thresholds, event_id)
         waiting.append(callback)
+
+        def take_back() -> None:
+            if callback in waiting:
+                waiting.remove(callback)
+
+        return take_back
 
     async def wait_after(self, seen: int) -> None:
         """Return once an event after eventId ``seen`` is published, or the generation has
@@ -221,11 +235,12 @@ class Listener:
                 return events
             await self.proc.wait_after(self.seen)
 
-    def on_behind(self, events: int, callback: Callable[[], None]) -> None:
+    def on_behind(self, events: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` once this reader is ``events`` events behind its place now, or
         the generation has no more events: a reader pausing between writes is woken before
-        it is dropped (:meth:`SessionProcess.on_reaching`)."""
-        self.proc.on_reaching(self.seen + events, callback)
+        it is dropped. Returns the function taking it back (:meth:`SessionProcess.
+        on_reaching`)."""
+        return self.proc.on_reaching(self.seen + events, callback)
 
     def receive_nowait(self) -> Event:
         """The next event if one is available.

@@ -197,8 +197,11 @@ async def pace(listener: Listener, slots: StreamSlots | None = None) -> None:
     if period >= MIN_PAUSE:  # to the next tick: the streams write together
         woken = anyio.Event()
         TICKS.call_at_next(period, woken.set)
-        listener.on_behind(BEHIND, woken.set)
-        await woken.wait()
+        take_back = listener.on_behind(BEHIND, woken.set)
+        try:
+            await woken.wait()
+        finally:
+            take_back()
 
 
 class Ticks:

@@ -137,9 +137,18 @@ async def test_a_reader_is_woken_at_the_event_that_puts_it_the_given_count_behin
     assert woken == [6, -6]  # once
     stream.on_behind(1, lambda: woken.append(0))  # already that far behind: at once
     assert woken == [6, -6, 0]
+    _drain(stream)  # caught up: its place is the last event
+    take_back = stream.on_behind(3, lambda: woken.append(3))
+    take_back()  # woken otherwise (its tick): not called, not kept
+    take_back()
     stream.on_behind(100, lambda: woken.append(100))
+    for _ in range(3):
+        proc.publish({"type": "tick"})
+    assert woken == [6, -6, 0]
+    assert sum(len(callbacks) for callbacks in proc._reaching.values()) == 1
     proc.end_listeners()  # no more events: woken too
     assert woken == [6, -6, 0, 100]
+    assert proc._reaching == {}
 
 
 @pytest.mark.parametrize("behind", [1, 2, 300, 511, 512, 513, 900, REPLAY_EVENTS])
