@@ -96,11 +96,13 @@ _LINE_BREAKS = re.compile(r"\r\n|\r|\n")
 MIN_PAUSE = 0.002
 """Seconds below which a stream does not pause between writes."""
 
-BEHIND = REPLAY_EVENTS * 3 // 4
-"""Events behind at which a pausing stream writes before its tick: a quarter of the kept
-events left before it would be dropped. The later it writes, the fewer writes a fast run's
-readers cost (each write costs the run's event loop about the same whatever its size);
-the quarter left covers what the run publishes before the stream's task next runs."""
+BEHIND = REPLAY_EVENTS // 2
+"""Events behind at which a pausing stream writes before its tick: half the kept events,
+so the other half covers what the run publishes before the stream's task runs again (a
+provider's turn publishes the deltas of one read of its stream without a pause of the event
+loop between them; ``tests/http_api/test_stream_fanout.py`` pins bursts of just over 512).
+At three quarters a fast run's readers wrote a third less often, but a burst of 300 events
+could drop one that reads."""
 
 FRAMES_KEPT = 4096
 """Encoded events kept for the other readers of the same event (each is encoded once)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,3 +142,52 @@ def test_a_run_finishes_with_every_stream_slot_held_by_readers_reading_nothing(
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_readers_that_read_get_every_event_of_a_fast_run_while_the_streams_pause(
+    start_server, script, workdir
+):
+    """With most slots taken the streams pause up to half a second between writes. A run
+    publishing several times the kept events faster than that, in bursts of over 525 events
+    without a pause of its event loop between them (a provider's turn: the deltas of one
+    read of its stream), still reaches every reader that reads, in order and whole: a
+    pausing stream is woken when it is half the kept events behind, and the other half
+    covers a burst published before it runs again (``design/http.md``, "Events")."""
+    (workdir / "f").write_text("hi")
+    read = {"name": "read_file", "arguments": {"path": "f"}}
+    burst = 525  # two bursts pass the limit: a wake at three quarters of it would drop one
+    turns = [{"text": "y" * burst, "chunks": burst, "tool_calls": [read]} for _ in range(6)]
+    turns.append({"text": "done", "chunks": 1})
+    server = start_server()
+    sid = create_idle(server, workdir, script(turns))
+    path = f"/sessions/{sid}/agent/events"
+    socks = [_open_unread(server.url, path) for _ in range(MAX_EVENT_STREAMS - 8)]
+    got: list[list[dict[str, Any]]] = [[] for _ in range(4)]
+    opened = threading.Barrier(len(got) + 1)
+
+    def read(into: list[dict[str, Any]]) -> None:
+        with httpx.Client(base_url=server.url, timeout=60.0) as rc, rc.stream("GET", path) as r:
+            assert r.status_code == 200
+            opened.wait()
+            into.extend(again_until_run_end(_frames(r)))
+
+    threads = [threading.Thread(target=read, args=(into,)) for into in got]
+    try:
+        for t in threads:
+            t.start()
+        opened.wait(timeout=30)
+        with server.client() as c:
+            assert send(c, sid, "go").status_code == 202
+            wait_state(c, sid, "idle")
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive()
+    finally:
+        for sock in socks:
+            sock.close()
+    for frames in got:
+        assert [f for f in frames if f["event"] in ("dropped", "gap")] == []
+        ids = [int(f["id"].split("-")[1]) for f in frames]
+        assert ids == list(range(ids[0], ids[0] + len(ids))), "in order, none skipped"
+        assert frames[-1]["event"] == "run_end"
+        assert len(ids) > 6 * burst > 2 * REPLAY_EVENTS
