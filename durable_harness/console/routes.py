@@ -28,7 +28,7 @@ from durable_harness.errors import DurableHarnessError, SessionLive, SessionNotL
 from durable_harness.harness.report import format_cost
 from durable_harness.host.lifecycle import LIVE, STATES
 from durable_harness.http.errors import status_of
-from durable_harness.http.streams import SLOTS, pace
+from durable_harness.http.streams import SLOTS, paced
 from durable_harness.recovery import explain
 
 if TYPE_CHECKING:
@@ -363,18 +363,14 @@ def console_router(
                 # subscribed: anything that happened before is fetched by this refresh
                 yield {"event": "state", "data": '{"live": true}'}
                 with events:  # one update per batch of events, paced (design/http.md, Events)
-                    while True:
-                        try:
-                            event = (await events.batch())[-1]
-                        except anyio.EndOfStream:
-                            break
+                    async for batch in paced(events):
+                        event = batch[-1]
                         data = {
                             "type": event.get("type"),
                             "eventId": event.get("eventId"),
                             "generation": event.get("generation"),
                         }
                         yield {"event": "update", "data": orjson.dumps(data).decode()}
-                        await pace(events)
                 yield {"event": "state", "data": '{"live": false}'}
 
         return SLOTS.response(stream(), ping=15)

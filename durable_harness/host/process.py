@@ -223,6 +223,14 @@ class Listener:
             raise anyio.EndOfStream
         return events
 
+    def take(self, limit: int = REPLAY_EVENTS) -> list[Event]:
+        """Every event available now (at most ``limit``; ``[]`` if none).
+
+        Raises:
+            anyio.EndOfStream: the stream has ended.
+        """
+        return self._take(limit)
+
     async def batch(self, limit: int = REPLAY_EVENTS) -> list[Event]:
         """Every event available (at least one, at most ``limit``), waiting for one if none is.
 

@@ -18,6 +18,7 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from durable_harness.harness.core import Event
 from durable_harness.host.process import REPLAY_EVENTS, Listener
 from durable_harness.http.errors import error_response
 
@@ -97,12 +98,15 @@ MIN_PAUSE = 0.002
 """Seconds below which a stream does not pause between writes."""
 
 BEHIND = REPLAY_EVENTS // 2
-"""Events behind at which a pausing stream writes before its tick: half the kept events,
-so the other half covers what the run publishes before the stream's task runs again (a
-provider's turn publishes the deltas of one read of its stream without a pause of the event
-loop between them; ``tests/http_api/test_stream_fanout.py`` pins bursts of just over 512).
-At three quarters a fast run's readers wrote a third less often, but a burst of 300 events
-could drop one that reads."""
+"""Events behind at which a pausing stream takes what is available (to write at its tick):
+half the kept events, so the other half covers what the run publishes before the stream's
+task runs again (a provider's turn publishes the deltas of one read of its stream without a
+pause of the event loop between them; ``tests/http_api/test_stream_fanout.py`` pins bursts
+of just over 512)."""
+
+HELD_EVENTS = 4 * REPLAY_EVENTS
+"""Events a pausing stream holds (references to the kept ones) before it writes them without
+waiting for its tick: what bounds its memory in a run faster than the clock."""
 
 FRAMES_KEPT = 4096
 """Encoded events kept for the other readers of the same event (each is encoded once)."""
@@ -110,6 +114,10 @@ FRAMES_KEPT = 4096
 BATCHES_KEPT = 64
 """Joined writes kept for the other readers of the same run of events (readers woken by the
 same event mostly take the same ones)."""
+
+BATCH_BYTES_KEPT = 16 * 1024 * 1024
+"""Bytes of joined writes kept at most, whatever their number (a write may join up to
+:data:`HELD_EVENTS` events)."""
 
 
 def event_id(event: dict[str, Any]) -> str:
@@ -132,14 +140,16 @@ def sse_frame(event: dict[str, Any]) -> bytes:
 
 class FrameCache:
     """The SSE frames of the last :data:`FRAMES_KEPT` events, and the last
-    :data:`BATCHES_KEPT` writes joined from them, by session, generation and eventIds: every
-    reader of an event writes the same bytes, encoded and joined once."""
+    :data:`BATCHES_KEPT` writes joined from them (at most :data:`BATCH_BYTES_KEPT`), by
+    session, generation and eventIds: every reader of an event writes the same bytes, encoded
+    and joined once."""
 
     def __init__(self, size: int = FRAMES_KEPT, batches: int = BATCHES_KEPT) -> None:
         self.size = size
         self.batches = batches
         self._frames: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._batches: OrderedDict[tuple[str, int, int, int], bytes] = OrderedDict()
+        self._batch_bytes = 0
 
     def frame(self, session_id: str, event: dict[str, Any]) -> bytes:
         """:func:`sse_frame` of ``event`` (of session ``session_id``), from the cache when
@@ -165,8 +175,9 @@ class FrameCache:
         if found is None:
             found = b"".join([self.frame(session_id, event) for event in events])
             self._batches[key] = found
-            if len(self._batches) > self.batches:
-                self._batches.popitem(last=False)
+            self._batch_bytes += len(found)
+            while len(self._batches) > self.batches or self._batch_bytes > BATCH_BYTES_KEPT:
+                self._batch_bytes -= len(self._batches.popitem(last=False)[1])
         return found
 
 
@@ -177,33 +188,75 @@ FRAMES = FrameCache()
 async def sse_batches(
     listener: Listener, session_id: str, slots: StreamSlots | None = None
 ) -> AsyncIterator[bytes]:
-    """The SSE frames of ``listener``'s events, every event available joined in one write,
-    a pause after each write (:data:`WRITES_PER_SECOND`, shared by ``slots``' open streams);
-    ends with the listener (the generation stopped, or the reader was dropped)."""
+    """The SSE frames of ``listener``'s events, one write per batch of :func:`paced`; ends
+    with the listener (the generation stopped, or the reader was dropped)."""
     with listener:
-        while True:
-            try:
-                events = await listener.batch()
-            except anyio.EndOfStream:
-                return
+        async for events in paced(listener, slots):
             yield FRAMES.write(session_id, events)
-            await pace(listener, slots)
 
 
-async def pace(listener: Listener, slots: StreamSlots | None = None) -> None:
-    """The pause of ``listener``'s stream after a write: until the next tick of the clock all
-    of ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`), or
-    sooner once it is :data:`BEHIND` events behind, so a reader that reads is never dropped
-    for the pause."""
-    period = (slots or SLOTS).open / WRITES_PER_SECOND
-    if period >= MIN_PAUSE:  # to the next tick: the streams write together
-        woken = anyio.Event()
-        TICKS.call_at_next(period, woken.set)
-        take_back = listener.on_behind(BEHIND, woken.set)
+async def paced(listener: Listener, slots: StreamSlots | None = None) -> AsyncIterator[list[Event]]:
+    """``listener``'s events in batches, each every event available (at least one), a pause
+    after each (:func:`pause`: to the next tick of the clock ``slots``' open streams share,
+    :data:`WRITES_PER_SECOND`), what the pause took first in the next; ends with the
+    listener. What the event streams and the console's live stream write."""
+    events: list[Event] = []
+    while True:
         try:
-            await woken.wait()
+            if events:
+                events += listener.take()
+            else:
+                events = await listener.batch()
+        except anyio.EndOfStream:
+            if events:
+                yield events
+            return
+        yield events
+        events = await pause(listener, slots)
+
+
+async def pause(listener: Listener, slots: StreamSlots | None = None) -> list[Event]:
+    """The pause of ``listener``'s stream after a write: until the next tick of the clock all
+    of ``slots``' (default :data:`SLOTS`) open streams share (:data:`WRITES_PER_SECOND`).
+    Each time the reader is :data:`BEHIND` events behind meanwhile, it takes what is
+    available (so it is never dropped for the pause), and writes it at the tick, or at once
+    once it holds :data:`HELD_EVENTS`. Returns the events taken."""
+    period = (slots or SLOTS).open / WRITES_PER_SECOND
+    held: list[Event] = []
+    if period < MIN_PAUSE:
+        return held
+    waiting = _Pause()
+    TICKS.call_at_next(period, waiting.tick)  # to the next tick: the streams write together
+    while True:
+        take_back = listener.on_behind(BEHIND, waiting.wake)
+        try:
+            await waiting.woken.wait()
         finally:
             take_back()
+        if waiting.ticked:
+            return held
+        try:
+            held += listener.take()
+        except anyio.EndOfStream:
+            return held
+        if len(held) >= HELD_EVENTS or (held and "eventId" not in held[-1]):
+            return held  # enough held, or a ``dropped`` notice: write now
+        waiting.woken = anyio.Event()
+
+
+class _Pause:
+    """One stream's pause: woken by its tick (:attr:`ticked`) or by its backlog."""
+
+    def __init__(self) -> None:
+        self.ticked = False
+        self.woken = anyio.Event()
+
+    def tick(self) -> None:
+        self.ticked = True
+        self.woken.set()
+
+    def wake(self) -> None:
+        self.woken.set()
 
 
 class Ticks:

@@ -196,3 +196,32 @@ async def test_streams_pausing_for_one_tick_share_one_timer(
     assert len(timers) == 2
     await anyio.sleep(0.12)
     assert fired == ["a", "b", "c", "d"]
+
+
+async def test_a_paused_stream_holds_what_a_fast_run_publishes_and_writes_it_at_its_tick() -> None:
+    from durable_harness.http.streams import BEHIND, StreamSlots, paced
+
+    proc = _process()
+    slots = StreamSlots()
+    slots.open = 256  # the cap: a tick every half second
+    stream = proc.listen()
+    batches: list[list[int]] = []
+
+    async def read() -> None:
+        async for batch in paced(stream, slots):
+            batches.append([e["eventId"] for e in batch])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        for i in range(2500):  # five times what is kept, in bursts under half of it
+            proc.publish({"type": "tick", "i": i})
+            if i % 100 == 99:
+                await anyio.sleep(0)
+        proc.end_listeners()
+    taken = [i for batch in batches for i in batch]
+    assert taken == list(range(1, 2501))  # every event once, in order: none dropped
+    # the first write at once, then what came before the tick in one write (the stream took
+    # it each time it was BEHIND events behind), not a write per backlog
+    assert len(batches) <= 3, [len(b) for b in batches]
+    assert max(len(b) for b in batches) > 2 * BEHIND
