@@ -263,24 +263,35 @@ class Ticks:
     """The clock a process's event streams pause to: a tick every ``period`` seconds of the
     event loop's clock, one timer per tick for all the streams waiting for it (a timer and a
     cancel scope per stream cost the run's event loop about what the writes did: ``bench
-    streams``). The HTTP server runs on asyncio (uvicorn), whose loop keeps the timers."""
+    streams``). The HTTP server runs on asyncio (uvicorn), whose loop keeps the timers; a
+    tick belongs to the loop that asked for it first, so a stream of another loop of the same
+    process (a test's, an embedding's) never waits for a timer its own loop does not hold."""
 
     def __init__(self) -> None:
-        self._waiting: dict[float, list[Callable[[], None]]] = {}
+        self._waiting: dict[float, tuple[asyncio.AbstractEventLoop, list[Callable[[], None]]]]
+        self._waiting = {}
 
     def call_at_next(self, period: float, callback: Callable[[], None]) -> None:
         """Call ``callback()`` at the next multiple of ``period`` (seconds, > 0) of the
         running event loop's clock."""
         loop = asyncio.get_running_loop()
-        tick = (loop.time() // period + 1) * period
-        waiting = self._waiting.get(tick)
-        if waiting is None:
-            waiting = self._waiting[tick] = []
-            loop.call_at(tick, self._fire, tick)
-        waiting.append(callback)
+        now = loop.time()
+        tick = (now // period + 1) * period
+        entry = self._waiting.get(tick)
+        if entry is None or entry[0] is not loop:
+            # ticks past whose loop stopped before they fired: nothing will call them
+            for stale in [t for t, (owner, _) in self._waiting.items() if t < now - 1.0]:
+                del self._waiting[stale]
+            entry = self._waiting[tick] = (loop, [])
+            loop.call_at(tick, self._fire, tick, entry)
+        entry[1].append(callback)
 
-    def _fire(self, tick: float) -> None:
-        for callback in self._waiting.pop(tick, ()):
+    def _fire(
+        self, tick: float, entry: tuple[asyncio.AbstractEventLoop, list[Callable[[], None]]]
+    ) -> None:
+        if self._waiting.get(tick) is entry:
+            del self._waiting[tick]
+        for callback in entry[1]:
             callback()
 
 

@@ -225,3 +225,30 @@ async def test_a_paused_stream_holds_what_a_fast_run_publishes_and_writes_it_at_
     # it each time it was BEHIND events behind), not a write per backlog
     assert len(batches) <= 3, [len(b) for b in batches]
     assert max(len(b) for b in batches) > 2 * BEHIND
+
+
+def test_a_tick_of_a_loop_that_stopped_does_not_hold_a_stream_of_the_next_loop() -> None:
+    """The streams' clock is the process's; a tick asked for on an event loop that stopped
+    before it fired is not the next loop's: a stream there gets a timer of its own."""
+    import asyncio
+    import time
+
+    from durable_harness.http.streams import Ticks
+
+    ticks = Ticks()
+    fired: list[str] = []
+
+    async def ask(name: str) -> None:  # a second's period: both ask for the same tick
+        ticks.call_at_next(1.0, lambda: fired.append(name))
+
+    asyncio.run(ask("first"))  # its loop closes before the tick
+    started = time.monotonic()
+
+    async def second() -> None:
+        await ask("second")
+        while not fired and time.monotonic() - started < 3:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(second())
+    assert fired == ["second"], fired
+    assert time.monotonic() - started < 1.5
