@@ -280,7 +280,7 @@ class Ticks:
         entry = self._waiting.get(tick)
         if entry is None or entry[0] is not loop:
             # ticks past whose loop stopped before they fired: nothing will call them
-            for stale in [t for t, (owner, _) in self._waiting.items() if t < now - 1.0]:
+            for stale in [t for t in self._waiting if t < now - 1.0]:
                 del self._waiting[stale]
             entry = self._waiting[tick] = (loop, [])
             loop.call_at(tick, self._fire, tick, entry)
