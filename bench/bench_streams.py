@@ -15,7 +15,8 @@ A run is timed from its ``send`` until ``GET .../agent/status`` shows the lane's
 phase (over all its repetitions) and the server's CPU per turn (``/proc``: a steadier
 figure than the wall time on a shared machine; with the streams open it runs until every
 reading stream has received every run's ``run_end``, so work left for after the timed runs
-is counted too), the ratio of the times (goal <= 1.5x: a run with the
+is counted too), the reader process's CPU per turn during the timed runs (it shares the
+machine's cores with the server), the ratio of the times (goal <= 1.5x: a run with the
 streams open takes at most 1.5 times as long), what the readers received, and how many
 streams were still open at the end (a reader that fell behind is dropped: ``design/http.md``,
 "Events").
