@@ -214,16 +214,18 @@ async def test_a_paused_stream_holds_what_a_fast_run_publishes_and_writes_it_at_
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
         await anyio.wait_all_tasks_blocked()
+        started = anyio.current_time()
         for i in range(2500):  # five times what is kept, in bursts under half of it
             proc.publish({"type": "tick", "i": i})
             if i % 100 == 99:
                 await anyio.sleep(0)
+        ticks = int((anyio.current_time() - started) / 0.5) + 1  # a stalled machine's ticks
         proc.end_listeners()
     taken = [i for batch in batches for i in batch]
     assert taken == list(range(1, 2501))  # every event once, in order: none dropped
     # the first write at once, then what came before the tick in one write (the stream took
     # it each time it was BEHIND events behind), not a write per backlog
-    assert len(batches) <= 3, [len(b) for b in batches]
+    assert len(batches) <= 2 + ticks, [len(b) for b in batches]
     assert max(len(b) for b in batches) > 2 * BEHIND
 
 
