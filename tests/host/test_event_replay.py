@@ -253,4 +253,4 @@ def test_a_tick_of_a_loop_that_stopped_does_not_hold_a_stream_of_the_next_loop()
 
     asyncio.run(second())
     assert fired == ["second"], fired
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.9  # its own tick, not the end of the wait
