@@ -30,6 +30,8 @@ from .util import Server, make_sessions, poll, wait_state
 
 pytestmark = [pytest.mark.slow]
 
+PLAN = "durable_harness.recovery.plan"  # the span of a session's recovery plan
+
 
 def crashed_in_doubt(tmp_path: Path) -> tuple[str, str]:
     """A ``durable-harness run`` child SIGKILLed right after its ``bash`` call's intent is
@@ -122,11 +124,21 @@ def test_serve_exports_genai_spans_from_otel_env_logs_json_and_serves_openmetric
     # -- the spans, from the environment variables alone
     def chats() -> list[dict[str, Any]] | None:
         found = [s for s in receiver.named("chat ") if s["attrs"]["gen_ai.conversation.id"] == sid]
-        # the batch exporter sends on its own schedule: wait for the decision's span too
-        ready = receiver.named("durable_harness.recovery.decision")
+        # the batch exporter sends on its own schedule, in batches of its own: wait for every
+        # span read below (a run's tool span, the recovery's plan and decision, and the span of
+        # the call the decision settled, which a later batch may carry)
+        tool_sessions = {
+            s["attrs"]["gen_ai.conversation.id"] for s in receiver.named("execute_tool")
+        }
+        plans = {s["attrs"]["durable_harness.session.id"] for s in receiver.named(PLAN)}
+        ready = (
+            receiver.named("durable_harness.recovery.decision")
+            and {sid, crashed} <= tool_sessions
+            and crashed in plans
+        )
         return found if len(found) == 2 and ready else None
 
-    found = poll(chats, "the chat spans of the new session and the recovery's")
+    found = poll(chats, "the spans of the new session's run and of the recovery")
     by_reason = {s["attrs"]["gen_ai.response.finish_reasons"]: s for s in found}
     assert set(by_reason) == {("tool_call",), ("stop",)}
     tool_turn = by_reason[("tool_call",)]["attrs"]
