@@ -4,6 +4,7 @@ nothing persisted (``design/host.md``, "Two objects").
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 from collections import deque
@@ -98,7 +99,7 @@ class SessionProcess:
         waiting.append(callback)
 
         def take_back() -> None:
-            if callback in waiting:
+            with contextlib.suppress(ValueError):  # called already
                 waiting.remove(callback)
 
         return take_back
@@ -197,8 +198,12 @@ class Listener:
         self._pending: deque[Event] = deque(prefix)
         self._done = False
 
-    def _take(self, limit: int) -> list[Event]:
-        """What is available now (``[]`` if nothing); raises ``EndOfStream`` at the end."""
+    def take(self, limit: int = REPLAY_EVENTS) -> list[Event]:
+        """Every event available now (at most ``limit``; ``[]`` if none).
+
+        Raises:
+            anyio.EndOfStream: the stream has ended.
+        """
         if self._pending:
             return [self._pending.popleft() for _ in range(min(limit, len(self._pending)))]
         if self._done:
@@ -223,14 +228,6 @@ class Listener:
             raise anyio.EndOfStream
         return events
 
-    def take(self, limit: int = REPLAY_EVENTS) -> list[Event]:
-        """Every event available now (at most ``limit``; ``[]`` if none).
-
-        Raises:
-            anyio.EndOfStream: the stream has ended.
-        """
-        return self._take(limit)
-
     async def batch(self, limit: int = REPLAY_EVENTS) -> list[Event]:
         """Every event available (at least one, at most ``limit``), waiting for one if none is.
 
@@ -238,7 +235,7 @@ class Listener:
             anyio.EndOfStream: the stream has ended.
         """
         while True:
-            events = self._take(limit)
+            events = self.take(limit)
             if events:
                 return events
             await self.proc.wait_after(self.seen)
@@ -256,7 +253,7 @@ class Listener:
         Raises:
             anyio.WouldBlock: none is yet. anyio.EndOfStream: the stream has ended.
         """
-        events = self._take(1)
+        events = self.take(1)
         if not events:
             raise anyio.WouldBlock
         return events[0]
