@@ -13,6 +13,7 @@ killing the children still running.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -89,6 +90,14 @@ def _warm() -> None:
         pass
     if threading.active_count() != 1:  # fork copies only the forking thread
         raise RuntimeError(f"fork server: imports started threads: {threading.enumerate()}")
+    _freeze()
+
+
+def _freeze() -> None:
+    """Move what the server holds out of the collector's reach: a child's collections then
+    skip it, so they neither spend CPU on it nor write to (and copy) its pages."""
+    gc.collect()
+    gc.freeze()
 
 
 def serve(path: str) -> None:
@@ -148,6 +157,7 @@ def _preload(module: str) -> None:
         return
     if threading.active_count() != 1:  # fork copies only the forking thread
         raise RuntimeError(f"fork server: preloading {module} started threads")
+    _freeze()
 
 
 def kill(pid: int) -> None:

@@ -67,3 +67,14 @@ def echo(argv: list[str]) -> int:
         sys.stdout.flush()
     print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")), file=sys.stderr)
     return 4
+
+
+def frozen(argv: list[str]) -> int:
+    """Write how many objects the collector holds frozen (``gc.get_freeze_count``) and how many
+    it tracks, as JSON to ``argv[0]``."""
+    import gc
+
+    Path(argv[0]).write_text(
+        json.dumps({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())})
+    )
+    return 0
