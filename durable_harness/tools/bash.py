@@ -49,6 +49,34 @@ def _gate(fd: int) -> str:
     return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
 
 
+def _default_signals() -> list[str]:
+    """The prefix that starts the command with SIGINT and SIGQUIT at their default action
+    when this process ignores them: an ignored signal stays ignored across ``exec``, and bash
+    cannot trap a signal ignored when it started (POSIX, "trap"), so under a host started as
+    a background job (``nohup ... &``) a command's ``trap ... INT`` was silently void and the
+    ^C stage of a cancellation (:func:`_stop_cancelled`) reached nothing. The prefix is GNU
+    ``env --default-signal`` (coreutils 8.31+), checked once; without it, nothing changes."""
+    names = [
+        name
+        for sig, name in ((signal.SIGINT, "INT"), (signal.SIGQUIT, "QUIT"))
+        if signal.getsignal(sig) == signal.SIG_IGN
+    ]
+    if not names or not _env_resets_signals():
+        return []
+    return ["env", f"--default-signal={','.join(names)}"]
+
+
+@functools.cache
+def _env_resets_signals() -> bool:
+    try:
+        probe = subprocess.run(
+            ["env", "--default-signal=INT", "true"], capture_output=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
+
+
 PTY_SIZE = (24, 80)
 """The default window size of the ``pty`` runtime's terminal: (rows, columns), a terminal's
 classic 24x80."""
@@ -413,9 +441,9 @@ class BashTool(Tool):
     ) -> anyio.abc.Process:
         """Start ``bash -c command`` behind the start gate (:func:`_gate`, reading the pipe
         end ``gate``) in a new session (so a new process group it leads), stderr joined to
-        stdout."""
+        stdout, SIGINT and SIGQUIT at their defaults (:func:`_default_signals`)."""
         return await anyio.open_process(
-            ["bash", "-c", _gate(gate), "bash", command],
+            [*_default_signals(), "bash", "-c", _gate(gate), "bash", command],
             pass_fds=(gate,),
             stdin=stdin,
             stdout=stdout,
