@@ -3,12 +3,13 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_WORKERS ?= 4
 # Bytecode caching on, whatever the shell says: with PYTHONDONTWRITEBYTECODE every process the
 # suite starts (CLI children, servers, crash cells) recompiles the package from source and
 # pytest re-rewrites every test module in each worker (collection took 18 s instead of 8 s).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test check lint bench crash-test clean
+.PHONY: demo test suite check lint bench crash-test clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,11 +25,19 @@ lint: $(STAMP)
 	$(BIN)/ruff check durable_harness tests bench
 	$(BIN)/mypy
 
+# `make test` runs lint and types beside the suite (mypy's 30 CPU-s fill the suite's waits; a
+# failure of either fails the target once both have ended). TEST_WORKERS: four xdist workers
+# on 2 cores, because about a third of a worker's time is waiting (pip's downloads, fsyncs,
+# servers' outages, grace sleeps): 4:31 against 5:41 with two, back to back (design/
+# architecture.md, "Suite time, fifth pass").
 # --no-loadscope-reorder: xdist otherwise hands files out biggest-count first, which put the
 # matrix's file (a few tests, most of the suite's CPU) near the end, where it ran alone; in
 # collection order it goes first (tests/crashtest/conftest.py sorts it there).
-test: lint
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=line lint suite
+
+suite: $(STAMP)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
 	  --hypothesis-profile=ci
 
 # The edit loop's fast lane (under a minute on 2 quiet cores): lint and types, the tests not
