@@ -44,9 +44,10 @@ from durable_harness.tools.processes import group_alive, signal_group
 
 def _gate(fd: int) -> str:
     """The start gate's script, run as ``bash -c SCRIPT bash COMMAND`` with the gate pipe's
-    read end as ``fd``: wait for a line (exit 125 at end of file), then ``exec bash -c
-    COMMAND`` in the same process and group, ``fd`` closed (so it is a plain ``bash -c``)."""
-    return f'read -r -u {fd} _ || exit 125; exec bash -c "$1" {fd}<&-'
+    read end as ``fd``: wait for a line (exit 125 at end of file), then ``exec bash -c --
+    COMMAND`` in the same process and group, ``fd`` closed (so it is a plain ``bash -c``;
+    ``--``: a command beginning with ``-`` is a command, not an option of bash's)."""
+    return f'read -r -u {fd} _ || exit 125; exec bash -c -- "$1" {fd}<&-'
 
 
 def _default_signals() -> list[str]:

@@ -379,6 +379,16 @@ async def test_bash_output_and_exit_code(ctx: ToolContext) -> None:
     assert bad.details["exit_code"] == 3
 
 
+@pytest.mark.parametrize("runtime", ["pipe", "pty"])
+async def test_a_command_beginning_with_a_dash_is_a_command(ctx: ToolContext, runtime: str) -> None:
+    """``-c 'echo oops'`` or ``--version`` is what the model asked to run, not options of the
+    tool's own ``bash``: the shell runs it (and finds no such command), as a terminal would."""
+    for command in ("--version", "-c 'echo oops'"):
+        result = await call(BashTool(runtime=runtime), ctx, command=command)
+        assert result.details is not None and result.details["exit_code"] == 127, text_of(result)
+        assert "command not found" in text_of(result) and "oops" not in text_of(result)
+
+
 async def test_bash_no_output(ctx: ToolContext) -> None:
     result = await call(BashTool(), ctx, command="true")
     assert not result.is_error
