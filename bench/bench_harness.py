@@ -5,9 +5,10 @@ provider) with one call of a trivial ``echo`` tool, then a final answer. Measure
 
 * **baseline**: the same loop as plain async function calls (provider stream, tool execute,
   messages kept in a list), no storage at all; then **side by side** (issue 22's ratio), after
-  one warm-up run of each, ``VS_ROUNDS`` rounds of (baseline, ours on memory uninstrumented),
-  the median of the per-round ratios of CPU (process time: what a loaded machine does not
-  inflate as much as wall time) and of wall time;
+  one warm-up run of each, in a fresh process, ``SIDE_ROUNDS`` rounds of (baseline, ours on
+  memory uninstrumented), each from a full collection, the median of the per-round ratios of
+  CPU (process time: what a loaded machine does not inflate as much as wall time) and of wall
+  time;
 * **ours**: :class:`~durable_harness.harness.harness.Harness` on the memory backend (the loop's
   own logic, no I/O), then JSONL and SQLite in each durability mode (``sync``, ``batch``,
   ``none``); per turn, and the cost of one durable tool call (``tool_started`` intent, tool,
@@ -305,29 +306,47 @@ async def harness_run(
     }
 
 
-def plain_vs_memory(work: Path, n: int) -> dict[str, Any]:
-    """The loop's own CPU, side by side: after one uncounted warm-up run of each (the
-    competitors get one too: first calls and lazy imports stay out), ``VS_ROUNDS`` rounds of
-    (plain async loop, ours on the memory backend uninstrumented), in this process; the ratio
-    is taken within each round, then the median across rounds (issue 22: at most 4x)."""
+SIDE_ROUNDS = 5  # rounds of (plain loop, ours on memory) in the side-by-side child
+
+
+def child_plain_vs_memory(workdir: str, n: int) -> dict[str, Any]:
+    """(fresh process) The loop's own CPU, side by side: after one uncounted warm-up run of
+    each (first calls and lazy imports stay out, as the competitors' warm-ups do),
+    ``SIDE_ROUNDS`` rounds of (plain async loop, ours on the memory backend uninstrumented);
+    the ratio is taken within each round, then the median across rounds (issue 22: at most 4x).
+
+    Each timed run starts from a full collection (``gc.collect()``; the collector stays on):
+    otherwise the run that happens to cross the oldest generation's threshold pays for a walk
+    of every object the process holds, one round in three here (design/architecture.md,
+    "Suite time, sixth pass": measured in the benchmark's own process after ``storage``, both
+    loops ran 1.7x slower than in a fresh one, so this runs in a fresh process of its own)."""
+    import gc
+
     import anyio
+
+    work = Path(workdir)
 
     def memory_run(tag: str, turns: int) -> dict[str, Any]:
         sub = work / f"memory-{tag}"
         sub.mkdir()
         session = _open_session("memory", "none", sub)
         try:
+            gc.collect()
             res = anyio.run(functools.partial(harness_run, session, turns, instrument=False))
         finally:
             session.close()
         return res
 
-    anyio.run(plain_loop, 20)
+    def plain_run(turns: int) -> dict[str, Any]:
+        gc.collect()
+        return anyio.run(plain_loop, turns)
+
+    plain_run(20)
     memory_run("warm", 20)
     plain: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
-    for r in range(VS_ROUNDS):
-        plain.append(anyio.run(plain_loop, n))
+    for r in range(SIDE_ROUNDS):
+        plain.append(plain_run(n))
         memory.append(memory_run(f"r{r}", n))
     out: dict[str, Any] = {}
     for key, name in (("cpu_us_per_turn", "cpu"), ("us_per_turn", "wall")):
@@ -336,10 +355,29 @@ def plain_vs_memory(work: Path, n: int) -> dict[str, Any]:
         out[f"{name}_memory_us_per_turn"] = round(median([m[key] for m in memory]), 1)
         out[f"{name}_memory_vs_plain"] = round(median(per), 3)
         out[f"{name}_memory_vs_plain_rounds"] = [round(x, 3) for x in per]
+    return out
+
+
+def plain_vs_memory(work: Path, n: int) -> dict[str, Any]:
+    """:func:`child_plain_vs_memory` in a fresh process with its own scratch directory.
+
+    Raises:
+        RuntimeError: the child failed (its error is in the message).
+    """
+    sub = work / "side-by-side"
+    sub.mkdir()
+    out = run_child(
+        "bench.bench_harness",
+        "child_plain_vs_memory",
+        {"workdir": str(sub), "n": n},
+        timeout=CHILD_TIMEOUT,
+    )
+    if "error" in out:
+        raise RuntimeError(f"side-by-side child failed: {out['error']}")
     log(
-        f"  side by side (warm): memory vs plain, CPU {out['cpu_memory_vs_plain']}x "
-        f"({out['cpu_memory_us_per_turn']:,.0f} vs {out['cpu_plain_us_per_turn']} us/turn), "
-        f"wall {out['wall_memory_vs_plain']}x"
+        f"  side by side (fresh process, warm): memory vs plain, CPU "
+        f"{out['cpu_memory_vs_plain']}x ({out['cpu_memory_us_per_turn']:,.0f} vs "
+        f"{out['cpu_plain_us_per_turn']} us/turn), wall {out['wall_memory_vs_plain']}x"
     )
     return out
 
@@ -885,7 +923,12 @@ def _rows(results: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, Any,
     return rows
 
 
-CHILDREN = {"child_ours": child_ours, "child_langgraph": child_langgraph, "child_dbos": child_dbos}
+CHILDREN = {
+    "child_plain_vs_memory": child_plain_vs_memory,
+    "child_ours": child_ours,
+    "child_langgraph": child_langgraph,
+    "child_dbos": child_dbos,
+}
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
