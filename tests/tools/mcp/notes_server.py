@@ -14,11 +14,7 @@ from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
-
-PNG_1X1 = (  # a 1x1 PNG, base64
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
-    "AAAABJRU5ErkJggg=="
-)
+from notes_png import PNG_1X1  # beside this file (a script's folder is first on sys.path)
 
 server = MCPServer("notes", version="1.2.3")
 

@@ -18,7 +18,7 @@ from durable_harness.tools.base import Tool, ToolContext, ToolResult
 from durable_harness.tools.mcp import McpServers, parse_mcp_config
 
 from .conftest import stdio_server
-from .notes_server import PNG_1X1
+from .notes_png import PNG_1X1
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
