@@ -6,8 +6,7 @@ door is the CLI's ``resume --decide`` in a child process."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from acp_helpers import RecordingClient, agent, script, workdir
 from test_acp_crash import crashed_prompt
 
 from durable_harness.acp.errors import CONFLICT
+from durable_harness.crashtest import forkserver
 from durable_harness.storage import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.crash, pytest.mark.timeout(120)]
@@ -45,10 +45,10 @@ async def test_an_answer_for_a_call_decided_meanwhile_is_an_rpc_error(tmp_path: 
 
     def answer(call: Any, _options: Any) -> str:
         if call.tool_call_id == "call_a":  # meanwhile, an operator decides it elsewhere
-            other = subprocess.run(
-                [sys.executable, "-m", "durable_harness", "resume", sid, "--store", spec,
-                 "--decide", "call_a=result:a was appended", "--quiet"],
-                capture_output=True, text=True, timeout=60, check=False,
+            other = forkserver.run_cli(
+                ["resume", sid, "--store", spec, "--decide", "call_a=result:a was appended",
+                 "--quiet"],
+                env=dict(os.environ), cwd=os.getcwd(), timeout=60,
             )  # fmt: skip
             assert other.returncode == 5, other.stderr  # recorded; call_b still waits
             return "retry"

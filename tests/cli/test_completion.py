@@ -3,14 +3,15 @@ one, checked in a real bash (issue 24, "Shell completion")."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from durable_harness.cli.main import COMMANDS
+from durable_harness.crashtest import forkserver
 
 BASH_COMPLETE = """
 source {script}
@@ -22,13 +23,10 @@ printf '%s\\n' "${{COMPREPLY[@]}}"
 
 
 def _script(tmp_path: Path, shell: str) -> Path:
-    done = subprocess.run(
-        [sys.executable, "-m", "durable_harness", "completion", shell],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+    done = forkserver.run_cli(
+        ["completion", shell], env=dict(os.environ), cwd=os.getcwd(), timeout=60
     )
+    done.check_returncode()
     path = tmp_path / f"completion.{shell}"
     path.write_text(done.stdout)
     return path

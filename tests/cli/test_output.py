@@ -22,6 +22,7 @@ import pytest
 from rich.console import Console
 
 from durable_harness.cli.main import COMMANDS, EXIT_STATUS_HELP, main
+from durable_harness.crashtest import forkserver
 from durable_harness.storage import open_store
 from durable_harness.terminal import MatrixProgress
 
@@ -89,14 +90,7 @@ def test_colour_only_on_a_terminal_and_no_color_honoured(term_env: dict[str, str
     no_color = run_on_pty(args, {**term_env, "NO_COLOR": "1"})
     assert "error[session_not_found]" in ANSI.sub("", no_color), no_color
     assert not COLOUR.search(no_color), no_color  # NO_COLOR: no colour (bold may stay)
-    piped = subprocess.run(
-        [sys.executable, "-m", "durable_harness", *args],
-        env=term_env,
-        cwd=str(REPO),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    piped = forkserver.run_cli(args, env=term_env, cwd=str(REPO), timeout=60)
     assert piped.stderr.startswith("error[session_not_found]: ") and "\x1b" not in piped.stderr
 
 

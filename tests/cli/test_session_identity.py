@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from durable_harness.crashtest import forkserver
 from durable_harness.storage import Store, open_store
 from durable_harness.storage.jsonl import cwd_dir_name
 
@@ -146,9 +147,13 @@ def test_a_symlinked_project_is_listed_and_continued(
 def _child(
     args: list[str], cwd: Path, prefix: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m durable_harness ARGS`` in a child whose working directory is ``cwd`` (no
-    ``--cwd``: the child's own ``os.getcwd()``, which names the physical directory)."""
+    """``durable-harness ARGS`` in a child whose working directory is ``cwd`` (no ``--cwd``: the
+    child's own ``os.getcwd()``, which names the physical directory): forked from the warm fork
+    server (``forkserver.run_cli``), or, with a ``prefix`` (``setpriv`` dropping capabilities,
+    which must exec), ``python -m durable_harness`` in a fresh interpreter."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if not prefix:
+        return forkserver.run_cli(args, env=env, cwd=str(cwd), timeout=60)
     return subprocess.run(
         [*prefix, sys.executable, "-m", "durable_harness", *args],
         cwd=str(cwd),

@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from durable_harness.console import console_router
+from durable_harness.crashtest import forkserver
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.storage import open_store
 
@@ -46,30 +45,13 @@ def workdir(tmp_path: Path) -> str:
 def cli_run(
     tmp_path: Path, spec: str, provider: str, prompt: str = "go", point: str | None = None
 ) -> str:
-    """Run ``durable-harness run`` in a child, to its end or (``point``) until it SIGKILLs
-    itself there; return the id of the session it left."""
+    """Run ``durable-harness run`` in a child (forked from the warm fork server,
+    ``forkserver.run_cli``: a process of its own that a crash point SIGKILLs), to its end or
+    (``point``) until it SIGKILLs itself there; return the id of the session it left."""
     before = {i.id for i in open_store(spec).list_sessions()}
-    env = {**os.environ, "DURABLE_HARNESS_CRASH_AT": point} if point else None
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "durable_harness",
-            "run",
-            prompt,
-            "--store",
-            spec,
-            "--provider",
-            provider,
-            "--cwd",
-            workdir(tmp_path),
-            "--quiet",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {**os.environ, "DURABLE_HARNESS_CRASH_AT": point} if point else dict(os.environ)
+    argv = ["run", prompt, "--store", spec, "--provider", provider, "--cwd", workdir(tmp_path)]
+    proc = forkserver.run_cli([*argv, "--quiet"], env=env, cwd=os.getcwd(), timeout=60)
     assert proc.returncode == (-9 if point else 0), proc.stderr
     (new,) = [i.id for i in open_store(spec).list_sessions() if i.id not in before]
     return new

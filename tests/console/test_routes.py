@@ -23,6 +23,7 @@ import pytest
 from fastapi import FastAPI
 
 from durable_harness.console import console_router, is_console_path
+from durable_harness.crashtest import forkserver
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.host.read_model import parse_ts
 from durable_harness.storage import open_store
@@ -434,13 +435,24 @@ async def test_a_call_whose_process_group_still_runs_says_so(tmp_path: Path) -> 
         tmp_path,
         [{"text": "", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]}],
     )
-    argv = [sys.executable, "-m", "durable_harness", "run", "go", "--store", spec]
-    argv += ["--provider", provider, "--cwd", workdir(tmp_path), "--quiet"]
-    child = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = ["run", "go", "--store", spec, "--provider", provider, "--cwd", workdir(tmp_path)]
+    argv += ["--quiet"]
+    child: subprocess.Popen[bytes] | forkserver.Spawned
+    if forkserver.available():  # a process of its own, forked from the warm fork server
+        child = forkserver.shared().spawn(
+            argv,
+            env=dict(os.environ),
+            cwd=os.getcwd(),
+            stdout=os.devnull,
+            stderr=os.devnull,
+            timeout=120,
+        )
+    else:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "durable_harness", *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     pgid: int | None = None
     try:
         deadline = time.monotonic() + 30

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
+from durable_harness.crashtest import forkserver
 from durable_harness.harness.harness import Harness, HarnessOptions
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.recovery.resume import plan_recovery, resume_lane
@@ -108,14 +107,12 @@ def two_runs(
 
 # -- an in-doubt call, left by a real SIGKILL ------------------------------------------------
 
-_SCRIPT = Path(sys.executable).with_name("durable-harness")
-DH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "durable_harness"]
-
 
 def crashed_in_doubt(tmp_path: Path) -> tuple[str, str, Path]:
-    """Run ``durable-harness run`` in a child that SIGKILLs itself right after its ``bash``
-    call's intent is durable (``after_tool_started``): the call is in doubt (``replay:
-    never``). Returns ``(store spec, session id, working directory)``."""
+    """Run ``durable-harness run`` in a child (forked from the warm fork server,
+    ``forkserver.run_cli``) that SIGKILLs itself right after its ``bash`` call's intent is
+    durable (``after_tool_started``): the call is in doubt (``replay: never``). Returns
+    ``(store spec, session id, working directory)``."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     script = tmp_path / "script.json"
@@ -130,24 +127,8 @@ def crashed_in_doubt(tmp_path: Path) -> tuple[str, str, Path]:
     spec = f"jsonl:{tmp_path / 'home'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS_CRASH")}
     env["DURABLE_HARNESS_CRASH_AT"] = "after_tool_started"
-    proc = subprocess.run(
-        [
-            *DH,
-            "run",
-            "do it",
-            "--provider",
-            f"scripted:{script}",
-            "--store",
-            spec,
-            "--cwd",
-            str(work),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    argv = ["run", "do it", "--provider", f"scripted:{script}", "--store", spec]
+    proc = forkserver.run_cli([*argv, "--cwd", str(work)], env=env, cwd=os.getcwd(), timeout=60)
     assert proc.returncode < 0, f"the child did not crash: {proc.returncode} {proc.stderr}"
     sid = next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("session "))
     return spec, sid, work

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from durable_harness.crashtest import forkserver
 from durable_harness.errors import (
     DurableHarnessError,
     IllegalTransition,
@@ -305,29 +304,11 @@ async def test_a_session_live_in_one_manager_is_refused_by_another(tmp_path: Pat
 
 
 def crashed_cli_run(tmp_path: Path, spec: str, provider: str, point: str) -> str:
-    """Run ``durable-harness run`` in a child that SIGKILLs itself at ``point``; return the
-    session id."""
+    """Run ``durable-harness run`` in a child that SIGKILLs itself at ``point`` (forked from the
+    warm fork server, ``forkserver.run_cli``: a process of its own); return the session id."""
     env = {**os.environ, "DURABLE_HARNESS_CRASH_AT": point}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "durable_harness",
-            "run",
-            "go",
-            "--store",
-            spec,
-            "--provider",
-            provider,
-            "--cwd",
-            workdir(tmp_path),
-            "--quiet",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = ["run", "go", "--store", spec, "--provider", provider, "--cwd", workdir(tmp_path)]
+    proc = forkserver.run_cli([*argv, "--quiet"], env=env, cwd=os.getcwd(), timeout=60)
     assert proc.returncode == -9, proc.stderr
     (info,) = open_store(spec).list_sessions()
     return info.id

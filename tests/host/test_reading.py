@@ -5,13 +5,13 @@ planned again, and a change made elsewhere (another process, another manager) is
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from durable_harness.crashtest import forkserver
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.host import listing as listing_module
 from durable_harness.host import reconcile as reconcile_module
@@ -79,11 +79,11 @@ async def test_a_change_by_another_process_is_seen(tmp_path: Path) -> None:
         plan = m.plan(sid)
         assert plan is not None
         (call,) = plan.open_calls()
-        argv = [sys.executable, "-m", "durable_harness", "resume", sid, "--store", spec]
-        decided = subprocess.run(
+        argv = ["resume", sid, "--store", spec]
+        decided = forkserver.run_cli(  # another process, forked from the warm fork server
             [*argv, "--quiet", "--decide", f"{call.tool_call_id}=result:it ran once"],
-            capture_output=True,
-            text=True,
+            env=dict(os.environ),
+            cwd=os.getcwd(),
             timeout=60,
         )
         assert decided.returncode == 0, decided.stderr

@@ -5,8 +5,7 @@ that ignores cancellation neither holds the close nor has its late result record
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ import anyio.to_thread
 import pytest
 from pydantic import BaseModel
 
+from durable_harness.crashtest import forkserver
 from durable_harness.host import HostOptions, SessionManager
 from durable_harness.host.options import default_tools
 from durable_harness.host.record import CommandRuntime
@@ -151,12 +151,14 @@ async def test_a_tool_ignoring_cancellation_neither_holds_close_nor_is_recorded(
     assert log[-1]["type"] == "session_lifecycle" and log[-1]["state"] == "closed"
     assert "LATE RESULT" not in store_text(spec)
     # recovery sees the call in doubt, as after a crash
-    out = subprocess.run(
-        [sys.executable, "-m", "durable_harness", "recover", "--store", spec, "--json", rec.id],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    recovered = forkserver.run_cli(
+        ["recover", "--store", spec, "--json", rec.id],
+        env=dict(os.environ),
+        cwd=os.getcwd(),
+        timeout=60,
+    )
+    recovered.check_returncode()
+    out = recovered.stdout
     plan = json.loads(out)
     calls = plan["lanes"][0]["tool_calls"]
     assert [c["status"] for c in calls] == ["in_doubt"], plan

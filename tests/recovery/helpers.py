@@ -9,8 +9,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -83,15 +85,54 @@ def dh(
     )
 
 
-def popen(*args: str, crash_at: str | None = None) -> subprocess.Popen[str]:
-    """Start ``durable-harness ARGS`` without waiting."""
-    return subprocess.Popen(
-        [*DH, *args],
+class Started:
+    """A ``durable-harness`` child left running by :func:`popen`, used as the
+    :class:`subprocess.Popen` it replaces: ``pid``, ``returncode``, :meth:`poll` and
+    :meth:`communicate` (its stdout and stderr, as text, from the files it wrote)."""
+
+    def __init__(self, child: forkserver.Spawned, folder: Path) -> None:
+        self._child = child
+        self._folder = folder
+        self.pid = child.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.returncode
+
+    def poll(self) -> int | None:
+        return self._child.poll()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the end (at most ``timeout`` seconds, else ``subprocess.TimeoutExpired``);
+        what it wrote on stdout and on stderr."""
+        self._child.wait(timeout)
+        out, err = ((self._folder / n).read_text(errors="replace") for n in ("out", "err"))
+        shutil.rmtree(self._folder, ignore_errors=True)
+        return out, err
+
+
+def popen(*args: str, crash_at: str | None = None) -> subprocess.Popen[str] | Started:
+    """Start ``durable-harness ARGS`` without waiting: forked from the warm fork server (a
+    process of its own, its own pid and lease, without a fresh interpreter's imports), or,
+    where the server cannot run, a fresh interpreter."""
+    if not forkserver.available():
+        return subprocess.Popen(
+            [*DH, *args],
+            env=env(crash_at),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    folder = Path(tempfile.mkdtemp(prefix="dh-popen-"))
+    child = forkserver.shared().spawn(
+        list(args),
         env=env(crash_at),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        cwd=os.getcwd(),
+        stdout=str(folder / "out"),
+        stderr=str(folder / "err"),
+        timeout=600,
     )
+    return Started(child, folder)
 
 
 def write_script(path: Path, turns: list[dict[str, Any]], **extra: Any) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from durable_harness.crashtest import forkserver
 from durable_harness.storage import SqliteStore, open_store
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -91,10 +92,7 @@ def test_sigkill_during_checkpoints_loses_no_acknowledged_commit(tmp_path: Path)
                 assert ro.damage == []
                 acked[sid] = len(got) - 1  # the next writer goes on after what is there
     assert all(n > 20 for n in acked.values()), acked
-    result = subprocess.run(
-        [sys.executable, "-m", "durable_harness", "fsck", f"{spec}#{sids[0]}", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = forkserver.run_cli(
+        ["fsck", f"{spec}#{sids[0]}", "--json"], env=dict(os.environ), cwd=os.getcwd(), timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
