@@ -100,7 +100,12 @@ def test_the_writer_s_finishing_checkpoint_never_copies_the_bulk(
             s.commit([EntryOp(ent(f"e{i}", f"e{i - 1}"), lane="main")], wait=False)
             i += 1
             time.sleep(0.005)
-        assert 0 < cp.writer_frames <= checkpoint.LEFT_FOR_WRITER + 100, cp.writer_frames
+        # the thread copied the bulk (about 3,600 frames here); the writer copies only what came
+        # after the thread's last pass: about 55 frames on a quiet machine, 150 seen at load 8
+        # (the loop goes on committing while that pass runs); the fault copied the whole WAL
+        copied = cp._copied  # type: ignore[attr-defined]
+        assert copied > 1_000, copied
+        assert 0 < cp.writer_frames <= copied // 10, (cp.writer_frames, copied)
         # while the snapshot was held the thread backed off (a quarter of the threshold's commits
         # between runs, at the frames per commit it counted: 33-52 runs here) instead of running
         # at every look (it ran every 2 commits: 136 in 300)
