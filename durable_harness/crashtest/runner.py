@@ -137,9 +137,9 @@ def baseline(
     sc: Scenario, backend: str, broken: bool = False, durability: str | None = None
 ) -> Baseline:
     """Run the scenario crash-free (in ``durability``), tracing every crash point it reaches."""
-    root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))
     tools = scenario_tools(sc)
     scenario_provider(sc)  # a bad import path fails here, by name, not in the child
+    root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))  # (after: nothing left behind)
     try:
         work = _prepare(sc, root)
         trace = root / "trace"

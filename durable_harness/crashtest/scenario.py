@@ -62,17 +62,26 @@ def load(path: str | Path) -> Scenario:
     """Load and check one scenario file.
 
     Raises:
-        FormatError: unreadable, or a step with an unknown op (names the file).
+        FormatError: unreadable, not a JSON object, a key of the wrong JSON type, or a step that
+            is not an object or has an unknown op (names the file).
     """
     try:
         data = codec.loads(Path(path).read_bytes())
     except (OSError, ValueError) as exc:
         raise FormatError(f"cannot read scenario {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise FormatError(f"scenario {path}: must be a JSON object, got {type(data).__name__}")
+    for key, kind, name in _SHAPES:
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            got = type(data[key]).__name__
+            raise FormatError(f"scenario {path}: {key!r} must be a JSON {name}, got {got}")
     steps = data.get("steps") or []
     window = data.get("context_window")
     if window is not None and (not isinstance(window, int) or window <= 0):
         raise FormatError(f"scenario {path}: context_window must be a positive integer")
     for i, step in enumerate(steps):
+        if not isinstance(step, dict):
+            raise FormatError(f"scenario {path}: step {i} must be a JSON object")
         if step.get("op") not in OPS:
             raise FormatError(f"scenario {path}: step {i} has unknown op {step.get('op')!r}")
     for key in ("tools", "provider"):
@@ -114,6 +123,12 @@ def load_all(folder: str | Path | None = None, names: list[str] | None = None) -
 
 
 _SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_SHAPES = (  # a scenario file's keys that hold containers (design/testing-kit.md, "Scenario files")
+    ("steps", list, "array"),
+    ("turns", list, "array"),
+    ("by_prompt", dict, "object"),
+    ("files", dict, "object"),
+)
 
 
 def import_path() -> str:

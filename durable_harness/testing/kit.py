@@ -3,6 +3,7 @@ the crash matrix's runner (:mod:`durable_harness.crashtest.runner`; ``design/tes
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -48,11 +49,17 @@ def scenario(
         return load(Path(source).resolve())
     if not isinstance(source, dict):
         raise FormatError(f"a scenario is a file path or a dict, got {type(source).__name__}")
+    made = folder is None
     folder = folder or Path(tempfile.mkdtemp(prefix="dh-scenario-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{source.get('name') or 'scenario'}.json"
-    path.write_bytes(codec.dumps(source))
-    return load(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{source.get('name') or 'scenario'}.json"
+        path.write_bytes(codec.dumps(source))
+        return load(path)
+    except BaseException:
+        if made:  # a scenario that fails leaves no folder of ours behind
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 _BASELINES: dict[tuple[str, str, str | None], Baseline] = {}
@@ -170,15 +177,22 @@ def run_crash(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     _check_mode(power_cut)
+    base = crash_free(sc, backend, power_cut)  # raises before any folder of ours exists
+    made = root is None
     root = root or Path(tempfile.mkdtemp(prefix=f"dh-crash-{sc.name}-"))
-    cell = run_cell(
-        sc,
-        crash_free(sc, backend, power_cut),
-        Cell(sc.name, backend, point, hit, durability=power_cut),
-        decide=decide,
-        policy=policy,
-        root=root,
-    )
+    try:
+        cell = run_cell(
+            sc,
+            base,
+            Cell(sc.name, backend, point, hit, durability=power_cut),
+            decide=decide,
+            policy=policy,
+            root=root,
+        )
+    except BaseException:
+        if made:  # no outcome to inspect it through: nothing left behind
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     sid = root / "sid"
     return CrashOutcome(
         cell,

@@ -106,9 +106,10 @@ def _scenario(name: str, tools: str, **extra: object) -> str:
     )
 
 
-def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(folder: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_HARNESS_CRASH")}
     env.pop("PYTHONPATH", None)
+    env |= extra_env
     return subprocess.run(
         [*DH, "crash-test", *args],
         cwd=folder,
@@ -193,9 +194,12 @@ def test_a_bad_import_path_is_a_clear_error(tmp_path: Path) -> None:
     scen = tmp_path / "scenarios"
     scen.mkdir()
     (scen / "bad.json").write_text(_scenario("bad", "no_such_module:tools"))
-    proc = _run(tmp_path, "--scenarios", "scenarios", "--backend", "jsonl")
+    temp = tmp_path / "tmp"  # the child's temporary folders: none is left behind
+    temp.mkdir()
+    proc = _run(tmp_path, "--scenarios", "scenarios", "--backend", "jsonl", TMPDIR=str(temp))
     assert proc.returncode == 2
     assert "import_spec" in proc.stderr and "no_such_module" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in temp.iterdir()) == []
     (scen / "bad.json").write_text(_scenario("bad", "not a path"))
     proc = _run(tmp_path, "--scenarios", "scenarios", "--backend", "jsonl")
     assert proc.returncode == 2

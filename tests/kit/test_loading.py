@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,28 @@ def test_malformed_import_path_is_refused_at_load(tmp_path: Path, value: object)
         load(path)
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ([], "must be a JSON object, got list"),
+        ({"steps": "prompt"}, "'steps' must be a JSON array, got str"),
+        ({"steps": ["prompt"]}, "step 0 must be a JSON object"),
+        ({"turns": {"text": "hi"}}, "'turns' must be a JSON array, got dict"),
+        ({"by_prompt": ["a"]}, "'by_prompt' must be a JSON object, got list"),
+        ({"files": "a.txt"}, "'files' must be a JSON object, got str"),
+    ],
+)
+def test_a_scenario_of_the_wrong_shape_is_a_format_error(
+    tmp_path: Path, content: object, needle: str
+) -> None:
+    """Each names the file and the key (it was an AttributeError or TypeError)."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(FormatError, match=needle) as info:
+        load(path)
+    assert str(path) in str(info.value)
+
+
 def _call(name: str, arguments: dict[str, object]) -> ToolCallPlan:
     return ToolCallPlan("c1", name, "in_doubt", "never", "await_decision", arguments=arguments)
 
@@ -156,3 +179,22 @@ def test_default_decision(tmp_path: Path) -> None:
     assert default_decision(bash, ctx)["decision"] == "result"
     # a custom tool's effect cannot be seen: never turned into a second effect by default
     assert default_decision(_call("charge", {"cents": 5}), ctx)["decision"] == "fail"
+
+
+def test_a_scenario_that_cannot_load_leaves_no_temporary_folder(
+    here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_crash``, the crash-free run under it and ``scenario(dict)`` create their folders
+    only once the scenario's code loads, and a dict that fails removes the folder made for it
+    (every failed ``crash-test`` left an empty ``dh-base-*`` folder in /tmp)."""
+    from durable_harness.testing import run_crash, scenario
+
+    temp = here / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    bad = {"name": "bad", "steps": [], "tools": "nowhere_mod:tools"}
+    with pytest.raises(ImportSpecError):
+        run_crash(scenario(bad, here / "scen"), "after_tool_started")
+    with pytest.raises(FormatError):
+        scenario({"name": "bad", "steps": "not a list"})
+    assert sorted(p.name for p in temp.iterdir()) == []
