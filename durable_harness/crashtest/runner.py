@@ -139,7 +139,7 @@ def baseline(
     """Run the scenario crash-free (in ``durability``), tracing every crash point it reaches."""
     tools = scenario_tools(sc)
     scenario_provider(sc)  # a bad import path fails here, by name, not in the child
-    root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))  # (after: nothing left behind)
+    root = Path(tempfile.mkdtemp(prefix=f"dh-base-{sc.name}-"))  # a bad import leaves none
     try:
         work = _prepare(sc, root)
         trace = root / "trace"
