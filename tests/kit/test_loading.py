@@ -22,7 +22,7 @@ from durable_harness.crashtest.scenario import (
 from durable_harness.errors import FormatError, ImportSpecError
 from durable_harness.providers.scripted import ScriptedProvider
 from durable_harness.recovery.decide import ToolCallPlan
-from durable_harness.testing import ToolContext
+from durable_harness.testing import ToolContext, run_crash, scenario
 
 MODULE = """
 from collections import Counter
@@ -187,8 +187,6 @@ def test_a_scenario_that_cannot_load_leaves_no_temporary_folder(
     """``run_crash``, the crash-free run under it and ``scenario(dict)`` create their folders
     only once the scenario's code loads, and a dict that fails removes the folder made for it
     (every failed ``crash-test`` left an empty ``dh-base-*`` folder in /tmp)."""
-    from durable_harness.testing import run_crash, scenario
-
     temp = here / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
