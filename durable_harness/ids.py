@@ -1,11 +1,14 @@
-"""Identifiers: UUIDv7 for sessions and runs, random 16-hex ids for entries and records, and
-the one pattern a session id follows (:data:`SESSION_ID_PATTERN`)."""
+"""Identifiers: UUIDv7 for sessions and runs, 16-hex ids for entries and records (a counter
+and a random per-process tag), and the one pattern a session id follows
+(:data:`SESSION_ID_PATTERN`)."""
 
 from __future__ import annotations
 
+import itertools
 import os
-import random
 import re
+import struct
+import threading
 import time
 import uuid
 
@@ -31,11 +34,45 @@ def uuid7() -> str:
     return str(uuid.UUID(int=value))
 
 
+_ID_BLOCK = 1 << 32  # ids one tag serves: the high 32 bits count
+_id_tag = 0  # the low 32 bits: random per process (and per block)
+_id_count: itertools.count[int] = itertools.count()
+_id_lock = threading.Lock()
+
+
+def _new_id_block() -> None:
+    """Draw a fresh random 32-bit tag and a random counter start below 2**31 (``os.urandom``):
+    at import, in every forked child, and when a tag's counter runs out."""
+    global _id_tag, _id_count
+    tag, start = struct.unpack(">II", os.urandom(8))
+    _id_tag = tag
+    _id_count = itertools.count(start >> 1)
+
+
+_new_id_block()
+os.register_at_fork(after_in_child=_new_id_block)
+
+
 def new_id() -> str:
-    """Return a random 64-bit entry or record id as 16 lowercase hex characters, from
-    :mod:`random` (seeded from ``os.urandom``, reseeded in a fork): unique, not secret, and no
-    system call per id."""
-    return f"{random.getrandbits(64):016x}"
+    """Return a new entry or record id: 16 lowercase hex characters, a 32-bit counter from a
+    random start, then a 32-bit tag drawn at random (``os.urandom``) for this process and
+    redrawn in a forked child. Unique, not secret, no system call per id.
+
+    The ids a process makes increase, so the rows of a session that a SQL store keys by
+    ``(session_id, id)`` are appended at the end of its range instead of at random places in
+    it: a commit dirties fewer B-tree pages (``design/storage.md``, "Ids and pages"). The first
+    8 characters are the counter, so they alone name one id of this process (the short prefix
+    the CLI accepts). Two processes repeat an id only with the same counter value and the same
+    32-bit tag; a repeat within a session is refused by every store (``IdConflict``), never
+    written over."""
+    n = next(_id_count)
+    if n >= _ID_BLOCK:  # after about two billion ids: a new tag (once per block)
+        with _id_lock:
+            n = next(_id_count)
+            if n >= _ID_BLOCK:
+                _new_id_block()
+                n = next(_id_count)
+    return f"{n << 32 | _id_tag:016x}"
 
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted by now_iso

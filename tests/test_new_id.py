@@ -1,0 +1,100 @@
+"""Entry and record ids (``ids.new_id``): 16 hex characters, unique, increasing within a
+process, the first 8 characters unique in it, a tag of their own in a forked child and after a
+spent counter; and what the
+increase is for: a SQLite commit writes fewer WAL pages than with random ids
+(``design/storage.md``, "Ids and pages")."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from durable_harness import ids
+from durable_harness.harness.records import record
+from durable_harness.storage import SqliteStore
+from durable_harness.storage.base import EntryOp, RecordOp
+
+HEX16 = re.compile(r"[0-9a-f]{16}")
+
+
+def test_ids_are_16_hex_unique_and_increase() -> None:
+    made = [ids.new_id() for _ in range(10_000)]
+    assert all(HEX16.fullmatch(i) for i in made)
+    values = [int(i, 16) for i in made]
+    assert values == sorted(set(values))  # strictly increasing, so no repeat
+
+
+def test_the_first_eight_characters_name_one_id() -> None:
+    # the short prefix the CLI accepts for an entry is unique among one process's ids
+    made = [ids.new_id() for _ in range(10_000)]
+    assert len({i[:8] for i in made}) == len(made)
+
+
+def test_a_forked_child_draws_its_own_tag() -> None:
+    before = ids.new_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: three ids, then out without running any test machinery
+        try:
+            os.write(write, " ".join(ids.new_id() for _ in range(3)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split()
+    os.waitpid(pid, 0)
+    after = ids.new_id()
+    assert len(child) == 3 and all(HEX16.fullmatch(i) for i in child)
+    # the parent's counter went on undisturbed; the child counts under a tag of its own
+    assert int(after, 16) > int(before, 16) and after[8:] == before[8:]
+    assert {c[8:] for c in child} == {child[0][8:]} != {before[8:]}
+    assert not {before, after} & set(child)
+
+
+def test_a_spent_counter_draws_a_new_tag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ids, "_id_tag", ids._id_tag)  # restored after the test
+    monkeypatch.setattr(ids, "_id_count", itertools.count(ids._ID_BLOCK - 1))
+    last = ids.new_id()
+    first = ids.new_id()
+    assert last.startswith("ffffffff")
+    assert HEX16.fullmatch(first) and int(first[:8], 16) < 2**31
+    assert first[8:] != last[8:]
+
+
+def _pages_per_commit(path: Path, make_id: Callable[[], str], commits: int = 150) -> float:
+    """WAL pages written per commit by ``commits`` turn-shaped commits (a message entry under
+    the last, two records) whose ids come from ``make_id``, on a fresh store."""
+    store = SqliteStore(path)
+    session = store.create_session(str(path.parent), durability="none")
+    try:
+        parent = None
+        for i in range(commits):
+            entry = {
+                "type": "message",
+                "id": make_id(),
+                "parentId": parent,
+                "timestamp": "2026-12-07T00:00:00.000Z",
+                "message": {"role": "user", "content": f"turn {i}: " + "x" * 300},
+            }
+            recs = [record("save_point", "main", None, turn=i) for _ in range(2)]
+            for rec in recs:
+                rec["id"] = make_id()
+            session.commit([EntryOp(entry, lane="main"), *map(RecordOp, recs)])
+            parent = entry["id"]
+        wal = Path(f"{path}-wal").stat().st_size
+    finally:
+        session.close()
+    return (wal - 32) / (4096 + 24) / commits
+
+
+def test_increasing_ids_make_a_sqlite_commit_write_fewer_pages(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    scattered = _pages_per_commit(tmp_path / "random.db", lambda: f"{rng.getrandbits(64):016x}")
+    ours = _pages_per_commit(tmp_path / "ours.db", ids.new_id)
+    assert ours < scattered * 0.9, (ours, scattered)
