@@ -57,6 +57,7 @@ N_TURNS = 200
 PAIRED_TURNS = 100  # turns of the runs that pair each tool call with 2 raw fsyncs
 FLOOR_SAMPLES = 100  # raw fsyncs measured before and after each durable run
 VS_ROUNDS = 3  # rounds of (ours, LangGraph, DBOS), each in a fresh process
+STREAM_TURNS, STREAM_DELTAS = 50, 1000  # the side-by-side run with long streamed answers
 STRACE_TURNS = (10, 30)  # fsyncs per turn = difference of the counts of two runs / 20
 OUR_CONFIGS = [
     ("memory", "none"),
@@ -70,8 +71,10 @@ OUR_CONFIGS = [
 CHILD_TIMEOUT = 180.0
 
 
-def script(n: int) -> list[dict[str, Any]]:
-    """``n`` turns each calling ``echo`` once, then a final text answer."""
+def script(n: int, deltas: int | None = None) -> list[dict[str, Any]]:
+    """``n`` turns each calling ``echo`` once, then a final text answer; with ``deltas``, each
+    turn's text is streamed in that many deltas of 5 characters (a long answer from a real
+    provider) instead of the scripted provider's 2."""
     turns: list[dict[str, Any]] = [
         {
             "text": f"Step {i}: checking the next item.",
@@ -80,6 +83,9 @@ def script(n: int) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
+    if deltas:
+        for turn in turns:
+            turn.update(text="word " * deltas, chunks=deltas)
     turns.append({"text": "All items checked.", "usage": {"input": 100 + n, "output": 5}})
     return turns
 
@@ -105,13 +111,13 @@ def fsync_latencies(directory: Path, size: int, count: int) -> list[float]:
 
 
 # -- the baseline: plain async calls -----------------------------------------------------------
-async def plain_loop(n: int) -> dict[str, Any]:
+async def plain_loop(n: int, deltas: int | None = None) -> dict[str, Any]:
     """The run loop without storage: stream each turn, run its tool calls, keep messages."""
     from durable_harness.providers.base import Done, ProviderRequest
     from durable_harness.providers.scripted import ScriptedProvider
     from durable_harness.tools.base import ToolContext
 
-    provider = ScriptedProvider(script(n))
+    provider = ScriptedProvider(script(n, deltas))
     tool = EchoTool()
     specs = [tool.spec()]
     messages: list[dict[str, Any]] = [
@@ -182,7 +188,12 @@ def _open_session(backend: str, mode: str, work: Path) -> Any:
 
 
 async def harness_run(
-    session: Any, n: int, pair_dir: Path | None = None, *, instrument: bool = True
+    session: Any,
+    n: int,
+    pair_dir: Path | None = None,
+    *,
+    instrument: bool = True,
+    deltas: int | None = None,
 ) -> dict[str, Any]:
     """One run of ``n`` tool turns through the Harness, instrumented from outside: each
     ``store.commit`` and each tool call (the harness's ``_run_tool``) is timed. With
@@ -219,7 +230,10 @@ async def harness_run(
         store.commit = timed_commit
         session.context = timed_context
     harness = Harness(
-        session, ScriptedProvider(script(n)), [EchoTool()], options=HarnessOptions(max_turns=n + 5)
+        session,
+        ScriptedProvider(script(n, deltas)),
+        [EchoTool()],
+        options=HarnessOptions(max_turns=n + 5),
     )
     tool_times: list[float] = []
     pair_times: list[float] = []
@@ -309,11 +323,12 @@ async def harness_run(
 SIDE_ROUNDS = 5  # rounds of (plain loop, ours on memory) in the side-by-side child
 
 
-def child_plain_vs_memory(workdir: str, n: int) -> dict[str, Any]:
+def child_plain_vs_memory(workdir: str, n: int, deltas: int | None = None) -> dict[str, Any]:
     """(fresh process) The loop's own CPU, side by side: after one uncounted warm-up run of
     each (first calls and lazy imports stay out, as the competitors' warm-ups do),
     ``SIDE_ROUNDS`` rounds of (plain async loop, ours on the memory backend uninstrumented);
     the ratio is taken within each round, then the median across rounds (issue 22: at most 4x).
+    ``deltas``: each answer streamed in that many deltas (:func:`script`), both loops alike.
 
     Each timed run starts from a full collection (``gc.collect()``; the collector stays on):
     otherwise the run that happens to cross the oldest generation's threshold pays for a walk
@@ -332,14 +347,16 @@ def child_plain_vs_memory(workdir: str, n: int) -> dict[str, Any]:
         session = _open_session("memory", "none", sub)
         try:
             gc.collect()
-            res = anyio.run(functools.partial(harness_run, session, turns, instrument=False))
+            res = anyio.run(
+                functools.partial(harness_run, session, turns, instrument=False, deltas=deltas)
+            )
         finally:
             session.close()
         return res
 
     def plain_run(turns: int) -> dict[str, Any]:
         gc.collect()
-        return anyio.run(plain_loop, turns)
+        return anyio.run(plain_loop, turns, deltas)
 
     plain_run(20)
     memory_run("warm", 20)
@@ -358,24 +375,25 @@ def child_plain_vs_memory(workdir: str, n: int) -> dict[str, Any]:
     return out
 
 
-def plain_vs_memory(work: Path, n: int) -> dict[str, Any]:
+def plain_vs_memory(work: Path, n: int, deltas: int | None = None) -> dict[str, Any]:
     """:func:`child_plain_vs_memory` in a fresh process with its own scratch directory.
 
     Raises:
         RuntimeError: the child failed (its error is in the message).
     """
-    sub = work / "side-by-side"
+    sub = work / f"side-by-side-{deltas or 2}"
     sub.mkdir()
     out = run_child(
         "bench.bench_harness",
         "child_plain_vs_memory",
-        {"workdir": str(sub), "n": n},
+        {"workdir": str(sub), "n": n, "deltas": deltas},
         timeout=CHILD_TIMEOUT,
     )
     if "error" in out:
         raise RuntimeError(f"side-by-side child failed: {out['error']}")
     log(
-        f"  side by side (fresh process, warm): memory vs plain, CPU "
+        f"  side by side (fresh process, warm, {deltas or 2} deltas an answer): memory vs "
+        f"plain, CPU "
         f"{out['cpu_memory_vs_plain']}x ({out['cpu_memory_us_per_turn']:,.0f} vs "
         f"{out['cpu_plain_us_per_turn']} us/turn), wall {out['wall_memory_vs_plain']}x"
     )
@@ -400,6 +418,8 @@ def ours(work: Path, n: int) -> dict[str, Any]:
         session = _open_session(backend, mode, sub)
         try:
             res = anyio.run(harness_run, session, n)
+            if backend == "sqlite":
+                res["wal_frames_per_turn"] = _wal_frames_per_turn(session, n)
         finally:
             session.close()
         after = fsync_latencies(sub, size, FLOOR_SAMPLES) if durable else []
@@ -424,6 +444,24 @@ def ours(work: Path, n: int) -> dict[str, Any]:
             f"{res['first_turns_us']:,.0f}, last 20 {res['last_turns_us']:,.0f}){extra}"
         )
     return out
+
+
+def _wal_frames_per_turn(session: Any, n: int) -> float | None:
+    """WAL frames (pages) the run of ``n`` turns wrote to a fresh SQLite store, per turn, from
+    the ``-wal`` file's size (SQLite's format: a 32-byte header, then a 24-byte header and a page
+    per frame); ``None`` if a checkpoint started the WAL again meanwhile. Deterministic for a
+    given schema and workload, unlike the times beside it (``design/storage.md``, "Ids and
+    pages")."""
+    shared = session.store._shared
+    checkpointer = shared.checkpointer
+    if checkpointer is not None and (checkpointer.checkpoints or checkpointer.restarts):
+        return None
+    page = int(shared.reader.execute("PRAGMA page_size").fetchone()[0])
+    try:
+        size = os.path.getsize(shared.wal_path)
+    except FileNotFoundError:
+        return None
+    return round((size - 32) / (page + 24) / n, 1)
 
 
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
@@ -810,6 +848,7 @@ def run() -> dict[str, Any]:
         results["baseline_plain_async"] = _rounded(base)
         log(f"  plain async loop: {base['us_per_turn']:,.1f} us/turn")
         results["side_by_side"] = plain_vs_memory(work, n)
+        results["side_by_side_streamed"] = plain_vs_memory(work, STREAM_TURNS, STREAM_DELTAS)
         results["ours"] = ours(work, n)
         log("harness: ours vs LangGraph vs DBOS, fresh processes")
         results["versus"] = versus(work, n)
@@ -887,12 +926,26 @@ def _rows(results: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, Any,
             f"us CPU/turn; wall {side['wall_memory_vs_plain']}x",
         ),
     ]
+    streamed = results.get("side_by_side_streamed")
+    if streamed:  # absent from results written before it existed
+        rows.append(
+            (
+                f"  the same, answers of {STREAM_DELTAS:,} deltas",
+                streamed["cpu_memory_vs_plain"],
+                "x",
+                f"rounds {streamed['cpu_memory_vs_plain_rounds']}; memory "
+                f"{streamed['cpu_memory_us_per_turn']:,.0f}, plain "
+                f"{streamed['cpu_plain_us_per_turn']:,.0f} us CPU/turn",
+            )
+        )
     for name, res in o.items():
         note = (
             f"{ratios[f'{name}_per_turn_vs_plain']}x plain; turns 1-20 "
             f"{res['first_turns_us']:,.0f} us, last 20 {res['last_turns_us']:,.0f} us; "
             f"context builds {res['context_share_of_turn']:.0%} of the time"
         )
+        if res.get("wal_frames_per_turn") is not None:
+            note += f"; {res['wal_frames_per_turn']} WAL pages written per turn"
         rows.append((f"ours {name}", res["us_per_turn"], "us/turn", note))
         if "paired" in res:
             p = res["paired"]

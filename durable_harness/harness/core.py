@@ -116,7 +116,9 @@ class LiveRun:
     state: RunState
     done: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope | None = None
-    partial: list[dict[str, Any]] = field(default_factory=list)
+    #: the text deltas of the answer streaming now, in order (:attr:`partial` joins them
+    #: when asked: an answer of n deltas costs O(n), not a join per delta)
+    streamed: list[str] = field(default_factory=list)
     returned: list[dict[str, Any]] = field(default_factory=list)
     outcome: str | None = None
     waiting: list[str] = field(default_factory=list)
@@ -124,6 +126,13 @@ class LiveRun:
     #: ``reconcile`` actions settle with, by call key
     first: Step | None = None
     results: dict[str, ToolResult] = field(default_factory=dict)
+
+    @property
+    def partial(self) -> list[dict[str, Any]]:
+        """The answer streamed so far as content blocks: one text block, or none before any
+        text (what an abort keeps, ``design/run-loop.md``)."""
+        text = "".join(self.streamed)
+        return [{"type": "text", "text": text}] if text else []
 
 
 class RunHandle:

@@ -225,7 +225,7 @@ class Turns:
         try:
             message = await self._play(live, request)
         except ProviderError as exc:
-            live.partial = []  # a failed attempt's text is no answer, not even an aborted one
+            live.streamed = []  # a failed attempt's text is no answer, not even an aborted one
             self.core.emit(
                 "provider_request_end", live, **ident, outcome="error", **failure_fields(exc)
             )
@@ -248,8 +248,8 @@ class Turns:
         return message
 
     async def _play(self, live: LiveRun, request: ProviderRequest) -> dict[str, Any]:
-        live.partial = []
         text: list[str] = []
+        live.streamed = text
         first = True
         purpose = request.purpose
         self.core.emit("message_start", live, role="assistant", purpose=purpose)
@@ -260,7 +260,6 @@ class Turns:
                 first = False
             if isinstance(event, TextDelta):
                 text.append(event.text)
-                live.partial = [{"type": "text", "text": "".join(text)}]
                 self.core.emit("message_update", live, delta=event.text, purpose=purpose)
             elif isinstance(event, ThinkingDelta):
                 self.core.emit("message_update", live, thinking=event.text)

@@ -88,6 +88,9 @@ class _AnthropicStream(WireStream):
         super().__init__(provider, model)
         self.blocks: dict[int, dict[str, Any]] = {}
         self.json_parts: dict[int, list[str]] = {}
+        # the streamed text, thinking and signature of each open block, joined when it stops
+        # (a string grown by += per delta copies the whole answer at every delta)
+        self.text_parts: dict[int, dict[str, list[str]]] = {}
         self.wire_usage: dict[str, int] = {}
 
     def feed(self, event: dict[str, Any]) -> Iterator[ProviderEvent]:
@@ -102,12 +105,18 @@ class _AnthropicStream(WireStream):
             if block is not None:
                 self.blocks[index] = block
                 self.json_parts[index] = []
+                self.text_parts[index] = {}
         elif etype == "content_block_delta":
-            parts = self.json_parts.get(index)
-            out = _apply_delta(self.blocks.get(index), parts, event.get("delta") or {})
+            out = _apply_delta(
+                self.blocks.get(index),
+                self.json_parts.get(index),
+                self.text_parts.get(index),
+                event.get("delta") or {},
+            )
             if out is not None:
                 yield out
         elif etype == "content_block_stop":
+            self._join(index)
             block = self.blocks.get(index)
             if block is not None and block["type"] == "toolCall":
                 raw = "".join(self.json_parts.get(index, []))
@@ -120,7 +129,16 @@ class _AnthropicStream(WireStream):
             _merge_usage(self.wire_usage, event.get("usage"))
         elif etype == "message_stop":
             self.ended = True
+            for i in list(self.text_parts):  # a block the stream never stopped
+                self._join(i)
             self.content = [self.blocks[i] for i in sorted(self.blocks)]
+
+    def _join(self, index: int) -> None:
+        """Append the streamed pieces of block ``index`` to its fields, once."""
+        block = self.blocks.get(index)
+        for field, pieces in self.text_parts.pop(index, {}).items():
+            if block is not None:
+                block[field] += "".join(pieces)
 
     def usage(self, pricing: Mapping[str, float] | None) -> dict[str, Any]:
         """Map Messages API usage to pi's usage dict (tokens; cost in USD)."""
@@ -213,22 +231,26 @@ def _start_block(wire: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _apply_delta(
-    block: dict[str, Any] | None, parts: list[str] | None, delta: Mapping[str, Any]
+    block: dict[str, Any] | None,
+    parts: list[str] | None,
+    texts: dict[str, list[str]] | None,
+    delta: Mapping[str, Any],
 ) -> ProviderEvent | None:
-    """Fold a ``content_block_delta`` into its block; return the event to yield, if any."""
-    if block is None:
+    """Fold a ``content_block_delta`` into its block's pieces (``parts``: the tool input's JSON;
+    ``texts``: the pieces of its text fields, by field); return the event to yield, if any."""
+    if block is None or texts is None:
         return None
     dtype = delta.get("type")
     if dtype == "text_delta" and block["type"] == "text":
         text = str(delta.get("text") or "")
-        block["text"] += text
+        texts.setdefault("text", []).append(text)
         return TextDelta(text) if text else None
     if dtype == "thinking_delta" and block["type"] == "thinking":
         text = str(delta.get("thinking") or "")
-        block["thinking"] += text
+        texts.setdefault("thinking", []).append(text)
         return ThinkingDelta(text) if text else None
     if dtype == "signature_delta" and block["type"] == "thinking":
-        block["thinkingSignature"] += str(delta.get("signature") or "")
+        texts.setdefault("thinkingSignature", []).append(str(delta.get("signature") or ""))
     elif dtype == "input_json_delta" and parts is not None:
         parts.append(str(delta.get("partial_json") or ""))
     return None

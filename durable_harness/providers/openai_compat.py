@@ -122,7 +122,7 @@ class _OpenAIStream(WireStream):
                 "type": "toolCall",
                 "id": call["id"] or f"call_{uuid.uuid4().hex[:24]}",
                 "name": call["name"],
-                "arguments": self.arguments(str(call["arguments"]), call["name"], call["id"]),
+                "arguments": self.arguments("".join(call["arguments"]), call["name"], call["id"]),
             }
             self.content.append(block)
             yield ToolCallEvent(block["id"], block["name"], block["arguments"])
@@ -207,14 +207,14 @@ class OpenAIProvider(NetworkProvider):
 def _merge_tool_call(calls: dict[int, dict[str, Any]], tc: Mapping[str, Any]) -> None:
     """Fold one streamed tool-call delta into ``calls`` (keyed by the delta's ``index``)."""
     index = int(tc.get("index") or 0)
-    call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+    call = calls.setdefault(index, {"id": "", "name": "", "arguments": []})
     if tc.get("id"):
         call["id"] = str(tc["id"])
     function = tc.get("function") or {}
     if function.get("name") and not call["name"]:
         call["name"] = str(function["name"])
     if function.get("arguments"):
-        call["arguments"] += str(function["arguments"])
+        call["arguments"].append(str(function["arguments"]))  # joined once, in finish()
 
 
 MAX_TOOL_ID = 40
