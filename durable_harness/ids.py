@@ -50,7 +50,8 @@ def _new_id_block() -> None:
 
 
 _new_id_block()
-os.register_at_fork(after_in_child=_new_id_block)
+if hasattr(os, "register_at_fork"):  # POSIX; where processes never fork there is no child
+    os.register_at_fork(after_in_child=_new_id_block)
 
 
 def new_id() -> str:
