@@ -184,6 +184,10 @@ class Turns:
         ``provider_request_started`` is durable before the request goes out, and a failure is
         recorded (``provider_request_failed``, shielded) before it propagates."""
         run_id = live.state.run_id if live else None
+        if live is not None:
+            # from this intent on, an abort keeps only what this request streams: never the
+            # last answer's or a summary's text (an abort can land at the barrier below)
+            live.streamed = []
         ident: dict[str, Any] = {"turn": request.turn, "attempt": request.attempt}
         if request.purpose != "turn":
             ident["purpose"] = request.purpose
