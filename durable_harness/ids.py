@@ -35,18 +35,18 @@ def uuid7() -> str:
 
 
 _ID_BLOCK = 1 << 32  # ids one tag serves: the high 32 bits count
-_id_tag = 0  # the low 32 bits: random per process (and per block)
-_id_count: itertools.count[int] = itertools.count()
+# (tag, counter): the low 32 bits, random per process (and per block), and the high 32 bits'
+# counter; one tuple, read at once, so no id pairs a counter value with another block's tag
+_id_block: tuple[int, itertools.count[int]] = (0, itertools.count())
 _id_lock = threading.Lock()
 
 
 def _new_id_block() -> None:
     """Draw a fresh random 32-bit tag and a random counter start below 2**31 (``os.urandom``):
     at import, in every forked child, and when a tag's counter runs out."""
-    global _id_tag, _id_count
+    global _id_block
     tag, start = struct.unpack(">II", os.urandom(8))
-    _id_tag = tag
-    _id_count = itertools.count(start >> 1)
+    _id_block = (tag, itertools.count(start >> 1))
 
 
 _new_id_block()
@@ -63,17 +63,18 @@ def new_id() -> str:
     ``(session_id, id)`` are appended at the end of its range instead of at random places in
     it: a commit dirties fewer B-tree pages (``design/storage.md``, "Ids and pages"). The first
     8 characters are the counter, so they alone name one id of this process (the short prefix
-    the CLI accepts). Two processes repeat an id only with the same counter value and the same
-    32-bit tag; a repeat within a session is refused by every store (``IdConflict``), never
-    written over."""
-    n = next(_id_count)
-    if n >= _ID_BLOCK:  # after about two billion ids: a new tag (once per block)
+    the CLI accepts; consecutive ids share their first 6 or 7). Two processes repeat an id only
+    with the same counter value and the same 32-bit tag; a repeat within a session is refused
+    by every store (``IdConflict``), never written over."""
+    tag, count = _id_block
+    n = next(count)
+    while n >= _ID_BLOCK:  # after about two billion ids: a new tag (once per block)
         with _id_lock:
-            n = next(_id_count)
-            if n >= _ID_BLOCK:
+            if _id_block[1] is count:
                 _new_id_block()
-                n = next(_id_count)
-    return f"{n << 32 | _id_tag:016x}"
+            tag, count = _id_block
+        n = next(count)
+    return f"{n << 32 | tag:016x}"
 
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted by now_iso

@@ -10,6 +10,8 @@ import itertools
 import os
 import random
 import re
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,13 +60,42 @@ def test_a_forked_child_draws_its_own_tag() -> None:
 
 
 def test_a_spent_counter_draws_a_new_tag(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ids, "_id_tag", ids._id_tag)  # restored after the test
-    monkeypatch.setattr(ids, "_id_count", itertools.count(ids._ID_BLOCK - 1))
+    tag = ids._id_block[0]
+    monkeypatch.setattr(ids, "_id_block", (tag, itertools.count(ids._ID_BLOCK - 1)))
     last = ids.new_id()
     first = ids.new_id()
-    assert last.startswith("ffffffff")
+    assert last == f"ffffffff{tag:08x}"
     assert HEX16.fullmatch(first) and int(first[:8], 16) < 2**31
     assert first[8:] != last[8:]
+
+
+def test_threads_crossing_a_spent_counter_never_pair_it_with_the_new_tag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old_tag = ids._id_block[0]
+    monkeypatch.setattr(ids, "_id_block", (old_tag, itertools.count(ids._ID_BLOCK - 2_000)))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads swap often, inside new_id too
+    made: list[list[str]] = [[] for _ in range(8)]
+
+    def take(out: list[str]) -> None:
+        out.extend(ids.new_id() for _ in range(2_000))
+
+    try:
+        threads = [threading.Thread(target=take, args=(out,)) for out in made]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    every = [i for out in made for i in out]
+    assert len(set(every)) == len(every) == 16_000
+    olds = [i for i in every if int(i[8:], 16) == old_tag]
+    assert len(olds) == 2_000 and all(int(i[:8], 16) >= ids._ID_BLOCK - 2_000 for i in olds)
+    news = {i[8:] for i in every} - {f"{old_tag:08x}"}
+    assert len(news) == 1  # one new block, drawn once
+    assert all(int(i[:8], 16) < 2**31 for i in every if i[8:] in news)
 
 
 def _pages_per_commit(path: Path, make_id: Callable[[], str], commits: int = 150) -> float:

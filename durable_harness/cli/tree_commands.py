@@ -33,7 +33,10 @@ def _lane_option(p: argparse.ArgumentParser) -> None:
 
 
 def _entry_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("entry", help="entry id (from `show --tree`; a unique prefix is enough)")
+    p.add_argument(
+        "entry",
+        help="entry id (from `show --tree`; a unique prefix is enough: its first 8 characters)",
+    )
 
 
 def _label_options(p: argparse.ArgumentParser) -> None:
