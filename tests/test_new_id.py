@@ -1,8 +1,7 @@
 """Entry and record ids (``ids.new_id``): 16 hex characters, unique, increasing within a
 process, the first 8 characters unique in it, a tag of their own in a forked child and after a
-spent counter; and what the
-increase is for: a SQLite commit writes fewer WAL pages than with random ids
-(``design/storage.md``, "Ids and pages")."""
+spent counter; and what the increase is for: a SQLite commit writes fewer WAL pages than with
+random ids (``design/storage.md``, "Ids and pages")."""
 
 from __future__ import annotations
 
@@ -10,9 +9,11 @@ import itertools
 import os
 import random
 import re
+import sqlite3
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,9 @@ def _pages_per_commit(path: Path, make_id: Callable[[], str], commits: int = 150
         wal = Path(f"{path}-wal").stat().st_size
     finally:
         session.close()
-    return (wal - 32) / (4096 + 24) / commits
+    with closing(sqlite3.connect(path)) as db:
+        page = int(db.execute("PRAGMA page_size").fetchone()[0])
+    return (wal - 32) / (page + 24) / commits  # SQLite's WAL: a header, then header + page
 
 
 def test_increasing_ids_make_a_sqlite_commit_write_fewer_pages(tmp_path: Path) -> None:

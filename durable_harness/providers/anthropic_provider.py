@@ -135,10 +135,11 @@ class _AnthropicStream(WireStream):
 
     def _join(self, index: int) -> None:
         """Append the streamed pieces of block ``index`` to its fields, once."""
+        pieces = self.text_parts.pop(index, {})
         block = self.blocks.get(index)
-        for field, pieces in self.text_parts.pop(index, {}).items():
-            if block is not None:
-                block[field] += "".join(pieces)
+        if block is not None:
+            for field, parts in pieces.items():
+                block[field] += "".join(parts)
 
     def usage(self, pricing: Mapping[str, float] | None) -> dict[str, Any]:
         """Map Messages API usage to pi's usage dict (tokens; cost in USD)."""
