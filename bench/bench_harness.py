@@ -419,7 +419,9 @@ def ours(work: Path, n: int) -> dict[str, Any]:
         try:
             res = anyio.run(harness_run, session, n)
             if backend == "sqlite":
-                res["wal_frames_per_turn"] = _wal_frames_per_turn(session, n)
+                wal = _wal_per_turn(session, n)
+                if wal is not None:
+                    res["wal_frames_per_turn"], res["wal_bytes_per_turn"] = wal
         finally:
             session.close()
         after = fsync_latencies(sub, size, FLOOR_SAMPLES) if durable else []
@@ -446,12 +448,12 @@ def ours(work: Path, n: int) -> dict[str, Any]:
     return out
 
 
-def _wal_frames_per_turn(session: Any, n: int) -> float | None:
-    """WAL frames (pages) the run of ``n`` turns wrote to a fresh SQLite store, per turn, from
-    the ``-wal`` file's size (SQLite's format: a 32-byte header, then a 24-byte header and a page
-    per frame); ``None`` if a checkpoint started the WAL again meanwhile. Deterministic for a
-    given schema and workload, unlike the times beside it (``design/storage.md``, "Ids and
-    pages")."""
+def _wal_per_turn(session: Any, n: int) -> tuple[float, int] | None:
+    """WAL frames (pages) and bytes the run of ``n`` turns wrote to a fresh SQLite store, per
+    turn, from the ``-wal`` file's size (SQLite's format: a 32-byte header, then a 24-byte header
+    and a page per frame); ``None`` if a checkpoint started the WAL again meanwhile.
+    Deterministic for a given schema, page size and workload, unlike the times beside it
+    (``design/storage.md``, "Ids and pages" and "Page size")."""
     shared = session.store._shared
     checkpointer = shared.checkpointer
     if checkpointer is not None and (checkpointer.checkpoints or checkpointer.restarts):
@@ -461,7 +463,7 @@ def _wal_frames_per_turn(session: Any, n: int) -> float | None:
         size = os.path.getsize(shared.wal_path)
     except FileNotFoundError:
         return None
-    return round((size - 32) / (page + 24) / n, 1)
+    return round((size - 32) / (page + 24) / n, 1), round((size - 32) / n)
 
 
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
@@ -945,7 +947,10 @@ def _rows(results: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, Any,
             f"context builds {res['context_share_of_turn']:.0%} of the time"
         )
         if res.get("wal_frames_per_turn") is not None:
-            note += f"; {res['wal_frames_per_turn']} WAL pages written per turn"
+            note += (
+                f"; {res['wal_frames_per_turn']} WAL pages ({res['wal_bytes_per_turn'] / 1024:.1f}"
+                " KiB) written per turn"
+            )
         rows.append((f"ours {name}", res["us_per_turn"], "us/turn", note))
         if "paired" in res:
             p = res["paired"]
