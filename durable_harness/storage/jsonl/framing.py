@@ -52,23 +52,23 @@ def is_commit_line(obj: dict[str, Any]) -> bool:
     return isinstance(obj.get("ops"), list) and obj.get("type") is None
 
 
+def _opt_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
 def shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | None:
     """Return why a parsed op cannot be indexed (a field of the wrong type), or ``None``.
 
     A single writer never produces these; they come from damage and are reported, not raised.
     """
-
-    def opt_str(value: Any) -> bool:
-        return value is None or isinstance(value, str)
-
-    if kind == "entry" and not (opt_str(op.get("lane")) and opt_str(body.get("parentId"))):
+    if kind == "entry" and not (_opt_str(op.get("lane")) and _opt_str(body.get("parentId"))):
         return "lane and parentId must be strings or null"
-    if kind == "record" and not (opt_str(body.get("lane")) and opt_str(body.get("runId"))):
+    if kind == "record" and not (_opt_str(body.get("lane")) and _opt_str(body.get("runId"))):
         return "lane and runId must be strings or null"
     if kind == "lane":
         if not isinstance(op.get("lane"), str):
             return "lane must be a string"
-        if not opt_str(op.get("leafId")):
+        if not _opt_str(op.get("leafId")):
             return "leafId must be a string or null"
         if op.get("config") is not None and not isinstance(op.get("config"), dict):
             return "config must be an object"

@@ -32,6 +32,18 @@ HEADER_DAMAGE = {
 }
 
 
+def _text_end(data: bytes) -> int:
+    """``len(data.rstrip(b" \\t\\r\\n"))`` without copying the whole file: only its end, taken
+    in growing pieces until one holds more than blanks (the padding is at most about 1 MiB)."""
+    piece = 1 << 16
+    while True:
+        start = max(0, len(data) - piece)
+        end = len(data[start:].rstrip(b" \t\r\n"))
+        if end or not start:
+            return start + end
+        piece *= 4
+
+
 class Scan:
     """One reading of ``data``, the whole content of the session file at ``path``.
 
@@ -89,7 +101,7 @@ class Scan:
         what cannot is listed in :attr:`damage` (a line is one commit: whole or not at all)."""
         data, pos, line_no, max_gen = self._data, self.end, self._line_no, 0
         size = len(data)
-        padding_from = len(data.rstrip(b" \t\r\n"))  # the padding: trailing blank lines
+        padding_from = _text_end(data)  # the padding: trailing blank lines
         while pos < size:
             if pos >= padding_from and data.endswith(b"\n"):
                 break  # only whole blank lines remain (the padding): nothing to index or report
@@ -102,7 +114,7 @@ class Scan:
                 self._torn(pos, data[pos:], line_no, detail)
                 break
             raw = data[pos:end]
-            if raw.strip():
+            if raw and not raw.isspace():  # (strip() would copy every line to test it)
                 found = len(self.damage)
                 ops = self._read_line(raw, pos, line_no, max_gen)
                 if (
@@ -149,7 +161,6 @@ class Scan:
     ) -> list[dict[str, Any]] | None:
         """The ops of one commit line (``raw``, at byte ``offset``, line ``line_no``) when it
         indexes whole; else ``None``, with why listed in :attr:`damage`."""
-        where: dict[str, Any] = {"offset": offset, "line": line_no}
         try:
             obj, replaced = codec.loads_counted(raw)
             ops = obj["ops"]
@@ -158,11 +169,13 @@ class Scan:
             gen = int(obj.get("gen", 0))
         except (ValueError, KeyError, TypeError) as exc:
             detail = f"unparseable commit line: {exc}"[:200]
-            self.damage.append(damage("bad_line", detail, length=len(raw), **where))
+            self.damage.append(
+                damage("bad_line", detail, length=len(raw), offset=offset, line=line_no)
+            )
             return None
         if gen < max_gen:
             detail = f"line written by generation {gen} after generation {max_gen}"
-            self.damage.append(damage("stale_generation", detail, **where))
+            self.damage.append(damage("stale_generation", detail, offset=offset, line=line_no))
         self.generation = max(gen, max_gen)
         problem: Problem | None = None
         new_ids: set[tuple[str, str]] = set()
@@ -176,12 +189,16 @@ class Scan:
             if problem is not None:
                 kind, detail, extra = problem
                 detail += "; the whole commit line is left out"
-                self.damage.append(damage(kind, detail, length=len(raw), **where, **extra))
+                self.damage.append(
+                    damage(kind, detail, length=len(raw), offset=offset, line=line_no, **extra)
+                )
                 return None
         if bodies and bodies[0][1]["seq"] > self.seq + 1:
-            self.damage.append(seq_gap_damage(self.seq, bodies[0][1]["seq"], **where))
+            self.damage.append(
+                seq_gap_damage(self.seq, bodies[0][1]["seq"], offset=offset, line=line_no)
+            )
         if replaced:
-            self.damage.extend(surrogate_warnings(raw, ops, **where))
+            self.damage.extend(surrogate_warnings(raw, ops, offset=offset, line=line_no))
         seq = self.seq
         for kind, body in bodies:
             if kind == "entry":
