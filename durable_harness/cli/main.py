@@ -8,15 +8,11 @@ import logging
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
+from importlib import import_module
 
 from durable_harness import __version__, logs
-from durable_harness.cli import export_commands as exports
-from durable_harness.cli import host_commands as host
 from durable_harness.cli import observability
-from durable_harness.cli import run_commands as runs
-from durable_harness.cli import session_commands as sessions
-from durable_harness.cli import tree_commands as tree
 from durable_harness.cli.advice import advised
 from durable_harness.cli.common import Command, command, out
 from durable_harness.cli.settings import apply_settings, print_settings
@@ -45,37 +41,73 @@ def completion(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Command] = {
-    c.name: c
-    for c in (
-        sessions.sessions,
-        sessions.show,
-        sessions.context,
-        sessions.fsck,
-        sessions.import_,
-        exports.export,
-        runs.run,
-        sessions.log,
-        sessions.cost,
-        runs.recover,
-        runs.resume,
-        runs.crash_points,
-        runs.demo,
-        runs.crash_test,
-        sessions.fork,
-        tree.label,
-        tree.name,
-        tree.navigate,
-        tree.branch_summary,
-        tree.forget,
-        tree.prune,
-        host.serve,
-        host.acp,
-        host.migrate,
-        completion,
-    )
+COMMAND_SOURCES: dict[str, tuple[str, str]] = {
+    "sessions": ("session_commands", "sessions"),
+    "show": ("session_commands", "show"),
+    "context": ("session_commands", "context"),
+    "fsck": ("session_commands", "fsck"),
+    "import": ("session_commands", "import_"),
+    "export": ("export_commands", "export"),
+    "run": ("run_commands", "run"),
+    "log": ("session_commands", "log"),
+    "cost": ("session_commands", "cost"),
+    "recover": ("run_commands", "recover"),
+    "resume": ("run_commands", "resume"),
+    "crash-points": ("run_commands", "crash_points"),
+    "demo": ("run_commands", "demo"),
+    "crash-test": ("run_commands", "crash_test"),
+    "fork": ("session_commands", "fork"),
+    "label": ("tree_commands", "label"),
+    "name": ("tree_commands", "name"),
+    "navigate": ("tree_commands", "navigate"),
+    "branch-summary": ("tree_commands", "branch_summary"),
+    "forget": ("tree_commands", "forget"),
+    "prune": ("tree_commands", "prune"),
+    "serve": ("host_commands", "serve"),
+    "acp": ("host_commands", "acp"),
+    "migrate": ("host_commands", "migrate"),
 }
-"""Every subcommand, in ``--help`` order (``design/cli.md``, "Commands")."""
+"""Every subcommand but ``completion``, in ``--help`` order: the module of
+``durable_harness.cli`` that defines it and the name there (``design/cli.md``, "Start-up")."""
+
+
+class _Commands(MutableMapping[str, Command]):
+    """The commands by name, each module imported when one of its commands is first asked for:
+    a command starts without importing the others' dependencies (the harness, the providers,
+    the host), about 0.2 s of a read-only command's start (``design/cli.md``, "Start-up")."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, Command] = {}
+        self._names = [*COMMAND_SOURCES, "completion"]
+
+    def __getitem__(self, name: str) -> Command:
+        if name not in self._loaded:
+            if name not in COMMAND_SOURCES:
+                raise KeyError(name)
+            module, attr = COMMAND_SOURCES[name]
+            self._loaded[name] = getattr(import_module(f"durable_harness.cli.{module}"), attr)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, value: Command) -> None:
+        if name not in self._names:
+            self._names.append(name)
+        self._loaded[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        self._names.remove(name)
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+COMMANDS: MutableMapping[str, Command] = _Commands()
+"""Every subcommand by name, in ``--help`` order (``design/cli.md``, "Commands")."""
+COMMANDS["completion"] = completion
+
 
 COMMON_EXITS = (
     (2, "bad command line, or an error named as error[CODE] (no such session or store, "
@@ -113,8 +145,10 @@ exit status:
   130  interrupted (Ctrl-C); 141: stdout closed early (e.g. `| head`)"""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command in :data:`COMMANDS`."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every command in :data:`COMMANDS`, or with ``only`` (a command's
+    name) of that command alone: the same options, help and errors for it, without importing
+    the others."""
     parser = argparse.ArgumentParser(
         prog="durable-harness",
         description="Crash-durable runs for LLM agents: a session tree plus a write-ahead lane "
@@ -130,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"durable-harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for c in COMMANDS.values():
+    for c in [COMMANDS[only]] if only is not None and only in COMMANDS else COMMANDS.values():
         p = sub.add_parser(
             c.name,
             help=c.help,
@@ -157,8 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status (:data:`EXIT_STATUS_HELP`)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # the command is the first word (the top level takes no option with a value): its parser
+    # alone, unless help, the version or a mistyped name needs the whole list
+    first = words[0] if words else None
+    parser = build_parser(first if first in COMMANDS else None)
+    args = parser.parse_args(words)
     try:
         observability.start(args)  # logs, and the traces OTEL_* asks for
         settings = apply_settings(args)

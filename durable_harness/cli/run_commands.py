@@ -23,8 +23,7 @@ from durable_harness.cli.common import (
     run_async,
 )
 from durable_harness.errors import FormatError, SessionNotFound
-from durable_harness.harness.harness import Harness, HarnessOptions
-from durable_harness.models.messages import text_of
+from durable_harness.models.content import text_of
 from durable_harness.providers import make_provider, provider_spec, require_credentials
 from durable_harness.recovery.decide import RecoveryPlan
 from durable_harness.recovery.fsck import damage_location
@@ -162,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
       OPENAI_BASE_URL=http://localhost:11434/v1 durable-harness run 'hi' --provider openai:qwen3
       durable-harness run 'and now the docs' --session 01a2f --provider scripted:script.json
     """
+    # the harness is imported by the commands that run one: recover, crash-points and the
+    # rest start without it (design/cli.md, "Start-up")
+    from durable_harness.harness.harness import Harness, HarnessOptions
+
     if not args.provider:
         raise FormatError("run needs --provider (scripted:FILE, openai:MODEL or anthropic:MODEL)")
     require_credentials(args.provider)

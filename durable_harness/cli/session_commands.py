@@ -32,13 +32,19 @@ from durable_harness.recovery.fsck import damage_location, fsck_path, fsck_sessi
 from durable_harness.session import Session, import_pi_file
 from durable_harness.session.context import context_text
 from durable_harness.storage.base import SessionInfo, Store
-from durable_harness.tools.builtin import builtin_tools
 
 HEADER = ("ID", "MODIFIED", "STATE", "WAITING", "CWD", "TITLE")
 """The columns of the ``sessions`` listing (``design/cli.md``, "Output")."""
 
 MAX_INDENT = 32
 """Branch levels drawn in ``show --tree``; deeper ones print their level as ``[40] ``."""
+
+
+def _builtin_tools(_runtime: Any) -> Any:
+    """The built-in tools, imported on first use (``design/cli.md``, "Start-up")."""
+    from durable_harness.tools.builtin import builtin_tools
+
+    return builtin_tools()
 
 
 async def listed_rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
@@ -51,7 +57,7 @@ async def listed_rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, 
         if info.error is None:
             try:
                 with store.open_session(info.id, write=False) as ss:
-                    rec, plan = await read_listed(ss, store.spec, lambda _rt: builtin_tools())
+                    rec, plan = await read_listed(ss, store.spec, _builtin_tools)
                     row["title"] = Session(ss).title
                 row["state"], row["waiting"] = rec.state, waiting_calls(plan)
             except DurableHarnessError as exc:
@@ -129,7 +135,7 @@ def sessions(args: argparse.Namespace) -> int:
 
 def _describe(e: dict[str, Any]) -> str:
     """One entry as a short human line: role, start of its text, tools it calls."""
-    from durable_harness.models.messages import text_of
+    from durable_harness.models.content import text_of
 
     kind = e.get("type")
     if kind != "message":

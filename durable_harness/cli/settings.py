@@ -12,34 +12,16 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from durable_harness.errors import FormatError
 from durable_harness.storage import default_home
 
+if TYPE_CHECKING:
+    from durable_harness.cli.config_file import ConfigFile
+
 CONFIG_NAME = "durable-harness.toml"
 """The file's name, looked for in the working directory and in the home folder."""
-
-
-class ConfigFile(BaseModel):
-    """The keys of ``durable-harness.toml`` (an unknown key is refused, naming it)::
-
-    store = "sqlite:agent.db"        # as --store
-    provider = "anthropic:claude-sonnet-4-5"  # as --provider, for new runs and sessions
-    durability = "batch"             # as --durability
-    mcp = "mcp.json"                 # as --mcp (a path, relative to this file)
-    notify = ["https://hooks.example/dh"]  # as serve --notify (repeatable)
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    store: str | None = None
-    provider: str | None = None
-    durability: Literal["sync", "batch", "none"] | None = None
-    mcp: str | None = None
-    notify: list[str] = Field(default_factory=list)
 
 
 @dataclass
@@ -74,6 +56,12 @@ def read_config(path: Path) -> ConfigFile:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise FormatError(f"{path}: not a readable TOML file: {exc}", path=str(path)) from exc
+    # the file's model (pydantic) is imported only when there is a file to check: a command
+    # run without one starts about 0.15 s sooner (design/cli.md, "Start-up")
+    from pydantic import ValidationError
+
+    from durable_harness.cli.config_file import ConfigFile
+
     try:
         config = ConfigFile.model_validate(data)
     except ValidationError as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_harness.crashtest.scenario import tool_effects
-from durable_harness.models.messages import text_of, tool_call_blocks
+from durable_harness.models.content import text_of, tool_call_blocks
 from durable_harness.recovery.audit import plan_followed
 from durable_harness.recovery.decide import BENIGN_DAMAGE, RecoveryPlan
 from durable_harness.recovery.fsck import fsck_path

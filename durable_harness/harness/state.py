@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from durable_harness.models.messages import text_of, tool_call_blocks
+from durable_harness.models.content import text_of, tool_call_blocks
 
 if TYPE_CHECKING:
     from durable_harness.storage.base import LaneState, SessionStore

@@ -21,7 +21,7 @@ from durable_harness.harness.state import (
     attempt_key,
 )
 from durable_harness.ids import new_id, now_ms
-from durable_harness.models.messages import text_of, unique_tool_call_ids
+from durable_harness.models.content import text_of, unique_tool_call_ids
 from durable_harness.providers.base import (
     STREAM_TRUNCATED,
     Done,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -17,7 +17,9 @@ from durable_harness.recovery.decide import Policy, RecoveryPlan
 from durable_harness.recovery.explain import why_in_doubt
 from durable_harness.recovery.resume import plan_recovery
 from durable_harness.storage.base import SessionStore
-from durable_harness.tools.base import Tool
+
+if TYPE_CHECKING:
+    from durable_harness.tools.base import Tool
 
 ARGUMENTS_INLINE_BYTES = 1024
 """A waiting call's arguments are listed up to this many bytes of JSON; longer ones as a

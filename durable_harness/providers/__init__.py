@@ -11,12 +11,15 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_harness.errors import FormatError, MissingCredential
+from durable_harness.lazy import lazy_names
 from durable_harness.providers.base import PRICE_KEYS, Provider
 from durable_harness.providers.choice import spec_model
-from durable_harness.providers.scripted import ScriptedProvider
+
+if TYPE_CHECKING:
+    from durable_harness.providers.scripted import ScriptedProvider
 
 __all__ = [
     "CREDENTIAL_ENV",
@@ -29,6 +32,13 @@ __all__ = [
     "require_credentials",
     "wire_messages",
 ]
+
+# the scripted provider's script models build pydantic's schemas: loaded on first use, so that
+# importing the package (a CLI command that only reads sessions) does not (design/cli.md,
+# "Start-up")
+__getattr__ = lazy_names(
+    __name__, {"ScriptedProvider": "durable_harness.providers.scripted"}, globals()
+)
 
 CREDENTIAL_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 """The environment variable holding each network provider's API key (one place)."""
@@ -77,6 +87,8 @@ def make_provider(spec: str, price: Mapping[str, Any] | None = None) -> Provider
         )
     pricing = pricing_for(price, spec)
     if scheme == "scripted":
+        from durable_harness.providers.scripted import ScriptedProvider
+
         return ScriptedProvider.from_file(os.path.abspath(rest), pricing=pricing)
     if scheme == "openai":
         from durable_harness.providers.openai_compat import OpenAIProvider

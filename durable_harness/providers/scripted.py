@@ -40,7 +40,7 @@ from pydantic import (
 
 from durable_harness.errors import FormatError, ProviderError
 from durable_harness.ids import now_ms
-from durable_harness.models.messages import text_of
+from durable_harness.models.content import text_of
 from durable_harness.providers.base import (
     PRICE_KEYS,
     Done,

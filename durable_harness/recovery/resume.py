@@ -12,15 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from durable_harness import telemetry
 from durable_harness.errors import RecoveryError, ToolError
-from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
 from durable_harness.harness.records import idempotency_key
-from durable_harness.providers import make_provider
 from durable_harness.providers.base import Provider
 from durable_harness.providers.choice import ProviderChoice, choose_provider
 from durable_harness.recovery.decide import (
@@ -34,7 +32,10 @@ from durable_harness.recovery.decide import (
 from durable_harness.recovery.snapshot import Snapshot, take_snapshot
 from durable_harness.session.session import Session
 from durable_harness.storage.base import SessionStore
-from durable_harness.tools.base import Tool, ToolContext, ToolResult
+
+if TYPE_CHECKING:  # imported where a run is resumed or a call reconciled: a plan needs none
+    from durable_harness.harness.harness import Harness, HarnessOptions, RunHandle
+    from durable_harness.tools.base import Tool, ToolResult
 
 
 def declarations(tools: Mapping[str, Tool]) -> dict[str, ToolDeclaration]:
@@ -60,6 +61,8 @@ async def probe_reconcile(
             unsure = call.status == "in_doubt" or (call.status == "not_started" and damaged)
             if not unsure or tool is None or not tool.can_reconcile:
                 continue
+            from durable_harness.tools.base import ToolContext  # loaded with any tool already
+
             ctx = ToolContext(
                 cwd=Path(cwd or "."),
                 run_id=run.run_id,
@@ -247,6 +250,9 @@ async def resume_session(
     results: dict[str, str] = {}
     names = lanes or sorted(session.store.lanes())
     cwd = str(session.cwd) if session.cwd else None
+    from durable_harness.harness.harness import Harness, HarnessOptions
+    from durable_harness.providers import make_provider
+
     rec = recovery or await plan_recovery(session.store, tools, policy, decisions, cwd)
     opts = options or HarnessOptions()
     for lane in names:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_harness.models.messages import text_of, tool_call_blocks
+from durable_harness.models.content import text_of, tool_call_blocks
 
 INTERRUPTED_TEXT = (
     "Tool call interrupted: the process stopped while this tool was running and its outcome is "

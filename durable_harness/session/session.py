@@ -12,8 +12,7 @@ from typing import Any, Literal
 
 from durable_harness.errors import LaneSuspended, UnknownEntry
 from durable_harness.ids import new_id, now_iso
-from durable_harness.models.entries import validate_entry
-from durable_harness.models.messages import text_of
+from durable_harness.models.content import text_of
 from durable_harness.session.context import Context, build_context, path_to
 from durable_harness.storage.base import EntryOp, LaneOp, LaneState, Op, SessionStore, Store
 
@@ -237,7 +236,13 @@ class Session:
             FormatError: the entry does not match its type's model.
         """
         full = {"id": new_id(), "timestamp": now_iso(), **entry, "parentId": parent_id}
-        return validate_entry(full) if validate else full
+        if not validate:
+            return full
+        # imported here: the entry models build pydantic's schemas, which a reader (most CLI
+        # commands) never needs (design/cli.md, "Start-up")
+        from durable_harness.models.entries import validate_entry
+
+        return validate_entry(full)
 
     def append(
         self, entry: dict[str, Any], *, lane: str = "main", extra: list[Op] | None = None
