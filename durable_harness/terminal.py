@@ -8,35 +8,34 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Protocol, TextIO
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from durable_harness.display import visible
+
+if TYPE_CHECKING:  # rich is imported by what prints: a --json command never loads it
+    from rich.console import Console
+    from rich.progress import TaskID
+    from rich.text import Text
 
 
 def console(*, stderr: bool = False) -> Console:
     """A console on stdout (or stderr) as it is now (a redirected stream is seen as such)."""
+    from rich.console import Console
+
     return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 def say(text: str, style: str | None = None, *, stderr: bool = False) -> None:
     """Print ``text`` in ``style`` (a ``rich`` style) when colour is on; newlines, tabs kept."""
+    from rich.text import Text
+
     console(stderr=stderr).print(Text(visible(text, multiline=True), style=style or ""))
 
 
 def styled(*parts: tuple[str, str | None] | str) -> Text:
     """A line of ``text`` or ``(text, style)`` parts, each through ``visible`` (one line)."""
+    from rich.text import Text
+
     line = Text()
     for part in parts:
         text, style = (part, None) if isinstance(part, str) else part
@@ -84,6 +83,15 @@ class MatrixProgress:
     def __init__(
         self, out: Console | None = None, *, plain: TextIO | None = None, every: float | None = None
     ) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
         self.console = out or console(stderr=True)
         self.failures = 0
         self.started = time.monotonic()
@@ -115,6 +123,8 @@ class MatrixProgress:
         return self.console.is_terminal
 
     def __enter__(self) -> MatrixProgress:
+        from rich.text import Text
+
         self.started = time.monotonic()
         self._progress.start()
         # elapsed time counts from here; the total is known at the first finished cell
@@ -155,6 +165,8 @@ class MatrixProgress:
 
     def __call__(self, cell: _Cell, done: int, total: int) -> None:
         """Record that ``cell`` finished, ``done`` of ``total`` cells."""
+        from rich.text import Text
+
         with self._lock:
             if cell.status != "pass":
                 self.failures += 1

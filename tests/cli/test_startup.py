@@ -31,6 +31,7 @@ NOT_FOR_READING = (
     "uvicorn",
     "durable_harness.cli.host_commands",
     "durable_harness.cli.config_file",
+    "rich",  # what prints for a person: every command here prints JSON or plain lines
 )
 
 CHILD = """
@@ -40,7 +41,7 @@ store, sid = sys.argv[1], sys.argv[2]
 outputs = []
 for argv in (
     ["sessions", "--store", store, "--json"],
-    ["log", sid, "--store", store],
+    ["log", sid, "--store", store, "--json"],
     ["cost", sid, "--store", store, "--json"],
     ["recover", sid, "--store", store, "--json"],
     ["crash-points", "--json"],
