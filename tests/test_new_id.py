@@ -1,27 +1,19 @@
 """Entry and record ids (``ids.new_id``): 16 hex characters, unique, increasing within a
 process, the first 8 characters unique in it, a tag of their own in a forked child and after a
-spent counter; and what the increase is for: a SQLite commit writes fewer WAL pages than with
-random ids (``design/storage.md``, "Ids and pages")."""
+spent counter. What the increase is for (a SQLite commit writes fewer WAL pages than with
+random ids) is tested with the page size in ``tests/storage/test_sqlite_wal_pages.py``."""
 
 from __future__ import annotations
 
 import itertools
 import os
-import random
 import re
-import sqlite3
 import sys
 import threading
-from collections.abc import Callable
-from contextlib import closing
-from pathlib import Path
 
 import pytest
 
 from durable_harness import ids
-from durable_harness.harness.records import record
-from durable_harness.storage import SqliteStore
-from durable_harness.storage.base import EntryOp, RecordOp
 
 HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -97,38 +89,3 @@ def test_threads_crossing_a_spent_counter_never_pair_it_with_the_new_tag(
     news = {i[8:] for i in every} - {f"{old_tag:08x}"}
     assert len(news) == 1  # one new block, drawn once
     assert all(int(i[:8], 16) < 2**31 for i in every if i[8:] in news)
-
-
-def _pages_per_commit(path: Path, make_id: Callable[[], str], commits: int = 150) -> float:
-    """WAL pages written per commit by ``commits`` turn-shaped commits (a message entry under
-    the last, two records) whose ids come from ``make_id``, on a fresh store."""
-    store = SqliteStore(path)
-    session = store.create_session(str(path.parent), durability="none")
-    try:
-        parent = None
-        for i in range(commits):
-            entry = {
-                "type": "message",
-                "id": make_id(),
-                "parentId": parent,
-                "timestamp": "2026-12-07T00:00:00.000Z",
-                "message": {"role": "user", "content": f"turn {i}: " + "x" * 300},
-            }
-            recs = [record("save_point", "main", None, turn=i) for _ in range(2)]
-            for rec in recs:
-                rec["id"] = make_id()
-            session.commit([EntryOp(entry, lane="main"), *map(RecordOp, recs)])
-            parent = entry["id"]
-        wal = Path(f"{path}-wal").stat().st_size
-    finally:
-        session.close()
-    with closing(sqlite3.connect(path)) as db:
-        page = int(db.execute("PRAGMA page_size").fetchone()[0])
-    return (wal - 32) / (page + 24) / commits  # SQLite's WAL: a header, then header + page
-
-
-def test_increasing_ids_make_a_sqlite_commit_write_fewer_pages(tmp_path: Path) -> None:
-    rng = random.Random(7)
-    scattered = _pages_per_commit(tmp_path / "random.db", lambda: f"{rng.getrandbits(64):016x}")
-    ours = _pages_per_commit(tmp_path / "ours.db", ids.new_id)
-    assert ours < scattered * 0.9, (ours, scattered)

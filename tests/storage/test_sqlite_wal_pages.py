@@ -1,17 +1,22 @@
-"""The SQLite page size (``design/storage.md``, "Page size"): a database the store creates gets
-pages of ``connection.PAGE_SIZE`` bytes, a database made before keeps its own and stays fully
-usable, and the smaller pages are what a durable commit is cheaper for: fewer WAL bytes."""
+"""What a SQLite commit writes to the WAL (``design/storage.md``, "Ids and pages" and "Page
+size"): increasing ids put a session's new rows on the pages the last commit wrote, so a commit
+writes fewer pages than with random ids; a database the store creates gets pages of
+``connection.PAGE_SIZE`` bytes, so the same commits write fewer WAL bytes; a database made before
+keeps its own page size and stays fully usable. The WAL's size is read before the last close
+(which removes the WAL): deterministic, unlike a sync's time."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
+from durable_harness import ids
 from durable_harness.harness.records import record
-from durable_harness.ids import new_id
 from durable_harness.storage import EntryOp, RecordOp, SqliteStore
 from durable_harness.storage.sqlite import connection
 
@@ -21,27 +26,42 @@ def _page_size(path: Path) -> int:
         return int(db.execute("PRAGMA page_size").fetchone()[0])
 
 
-def _turns(store: SqliteStore, cwd: str, turns: int) -> tuple[str, int]:
-    """Commit ``turns`` turn-shaped commits (a message entry under the last, two records) to a
-    new session; return its id and the WAL's size before it closes (the last close removes the
-    WAL)."""
-    session = store.create_session(cwd, durability="sync")
+def _turns(
+    store: SqliteStore, cwd: str, turns: int, make_id: Callable[[], str] = ids.new_id
+) -> tuple[str, int]:
+    """Commit ``turns`` turn-shaped commits (a message entry under the last, two records; ids
+    from ``make_id``) to a new session; return its id and the WAL's size in bytes then."""
+    session = store.create_session(cwd, durability="none")
     try:
         parent = None
         for i in range(turns):
             entry = {
                 "type": "message",
-                "id": new_id(),
+                "id": make_id(),
                 "parentId": parent,
                 "timestamp": "2026-12-08T00:00:00.000Z",
                 "message": {"role": "user", "content": f"turn {i}: " + "x" * 300},
             }
             recs = [record("save_point", "main", None, turn=i) for _ in range(2)]
+            for rec in recs:
+                rec["id"] = make_id()
             session.commit([EntryOp(entry, lane="main"), *map(RecordOp, recs)])
             parent = entry["id"]
         return session.session_id, Path(f"{store.path}-wal").stat().st_size
     finally:
         session.close()
+
+
+def _pages_per_commit(path: Path, make_id: Callable[[], str], commits: int = 150) -> float:
+    _, wal = _turns(SqliteStore(path), str(path.parent), commits, make_id)
+    return (wal - 32) / (_page_size(path) + 24) / commits  # a header, then header + page each
+
+
+def test_increasing_ids_make_a_sqlite_commit_write_fewer_pages(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    scattered = _pages_per_commit(tmp_path / "random.db", lambda: f"{rng.getrandbits(64):016x}")
+    ours = _pages_per_commit(tmp_path / "ours.db", ids.new_id)
+    assert ours < scattered * 0.9, (ours, scattered)
 
 
 def test_a_new_store_gets_the_page_size(tmp_path: Path) -> None:
@@ -61,7 +81,7 @@ def test_a_store_made_with_4k_pages_keeps_them_and_works(tmp_path: Path) -> None
         before = session.entry_count()
         entry = {
             "type": "message",
-            "id": new_id(),
+            "id": ids.new_id(),
             "parentId": session.lane("main").leaf_id,
             "timestamp": "2026-12-08T00:00:01.000Z",
             "message": {"role": "user", "content": "after the upgrade"},
@@ -75,8 +95,7 @@ def test_a_store_made_with_4k_pages_keeps_them_and_works(tmp_path: Path) -> None
 
 
 def test_smaller_pages_write_fewer_wal_bytes_per_commit(tmp_path: Path) -> None:
-    """The WAL's size after the same commits on a fresh store (never checkpointed at this
-    size), at SQLite's default and at ours: deterministic, unlike a sync's time."""
+    """The same commits on fresh stores at SQLite's default page size and at ours."""
     sizes = {}
     for page in (4096, connection.PAGE_SIZE):
         db = tmp_path / f"p{page}.db"
