@@ -247,12 +247,12 @@ async def resume_session(
     ``on_event``, subscribed to each resumed run's harness events (:meth:`Harness.subscribe`:
     the CLI streams a resumed run as ``run`` does). Returns and raises as :func:`resume`.
     """
-    results: dict[str, str] = {}
-    names = lanes or sorted(session.store.lanes())
-    cwd = str(session.cwd) if session.cwd else None
     from durable_harness.harness.harness import Harness, HarnessOptions
     from durable_harness.providers import make_provider
 
+    results: dict[str, str] = {}
+    names = lanes or sorted(session.store.lanes())
+    cwd = str(session.cwd) if session.cwd else None
     rec = recovery or await plan_recovery(session.store, tools, policy, decisions, cwd)
     opts = options or HarnessOptions()
     for lane in names:
