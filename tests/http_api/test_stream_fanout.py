@@ -13,12 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 from durable_harness.host.process import REPLAY_EVENTS
 from durable_harness.http.streams import MAX_EVENT_STREAMS
 
 from .test_api import create, send
 from .util import open_raw_stream, run_records, wait_state
+
+# 1.3-1.7 s each in `make check`'s lane on 2 quiet cores (7 Dec): they run in `make test`
+pytestmark = pytest.mark.slow
 
 CHUNKS = REPLAY_EVENTS + 476  # one answer streamed in more deltas than a generation keeps
 CHUNK_CHARS = 2000  # each delta's size: together far more than the sockets buffer
