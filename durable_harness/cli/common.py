@@ -52,6 +52,15 @@ RUN_EXITS = (
 """The statuses of a command that runs to an outcome (``run``; ``resume`` per lane, the worst)."""
 
 
+def builtin(**kwargs: Any) -> dict[str, Any]:
+    """:func:`~durable_harness.tools.builtin.builtin_tools` (same arguments), imported when a
+    command uses the tools: their argument models are pydantic's, which the commands that only
+    read never need (``design/cli.md``, "Start-up")."""
+    from durable_harness.tools.builtin import builtin_tools
+
+    return builtin_tools(**kwargs)
+
+
 def command(
     name: str,
     *options: Options,

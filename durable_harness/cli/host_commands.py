@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from durable_harness.cli import observability
 from durable_harness.cli.common import (
+    builtin,
     command,
     durability_option,
     json_option,
@@ -26,7 +27,6 @@ from durable_harness.cli.common import (
 from durable_harness.errors import InvalidRequest
 from durable_harness.providers import make_provider, require_credentials
 from durable_harness.storage import open_store
-from durable_harness.tools.builtin import builtin_tools
 
 SECRET_ENV = "DURABLE_HARNESS_NOTIFY_SECRET"
 """Where ``serve`` reads the notices' signing secret without ``--notify-secret``."""
@@ -279,7 +279,7 @@ def serve(args: argparse.Namespace) -> int:
         options.resume_concurrency = args.resume_concurrency
     if args.pty_size is not None:
         size = args.pty_size
-        options.tools = lambda runtime: builtin_tools(runtime=runtime, pty_size=size)
+        options.tools = lambda runtime: builtin(runtime=runtime, pty_size=size)
     _mcp_tools(args, options)
     options.notify = notify = notify_options(args)
     app = create_app(

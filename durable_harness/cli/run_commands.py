@@ -37,7 +37,6 @@ from durable_harness.recovery.resume import (
     recover as plan_of,
 )
 from durable_harness.session import Session
-from durable_harness.tools.builtin import builtin_tools
 
 EXIT = {"completed": 0, "failed": 1, "aborted": 3, "declined": 4, "suspended": 5, "idle": 0}
 """The exit status of a run's outcome (``main.EXIT_STATUS_HELP``)."""
@@ -192,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     ran: dict[str, Any] = {}
 
     async def go() -> str:
-        builtin = builtin_tools(allow_env=args.allow_env)
+        builtin = common.builtin(allow_env=args.allow_env)
         async with (
             common.with_mcp(mcp, builtin, tool_cwd) as tools,
             Harness(session, provider, tools, cwd=tool_cwd, options=opts) as h,
@@ -339,7 +338,7 @@ def recover(args: argparse.Namespace) -> int:
 
         async def declared() -> dict[str, Any]:  # today's declarations, then disconnected
             recorded = s.store.records(types=("tool_started",)) if mcp else ()
-            async with common.with_mcp(mcp, builtin_tools(), s.cwd, recorded) as tools:
+            async with common.with_mcp(mcp, common.builtin(), s.cwd, recorded) as tools:
                 return tools
 
         plan = plan_of(s.store, run_async(declared), policy=args.policy)
@@ -445,7 +444,7 @@ def resume(args: argparse.Namespace) -> int:
                 choice = resumed_provider(session, lane)
                 if session.lane(lane).run_id is not None and choice is not None:
                     require_credentials(choice.spec)
-        builtin = builtin_tools(allow_env=args.allow_env)
+        builtin = common.builtin(allow_env=args.allow_env)
         mcp = common.mcp_config_of(args)
         recorded = session.store.records(types=("tool_started",)) if mcp else ()
         tools: dict[str, Any] = dict(builtin)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from durable_harness import terminal as ui
 from durable_harness.cli.common import (
+    builtin,
     catalogue_time,
     command,
     json_option,
@@ -40,13 +41,6 @@ MAX_INDENT = 32
 """Branch levels drawn in ``show --tree``; deeper ones print their level as ``[40] ``."""
 
 
-def _builtin_tools(_runtime: Any) -> Any:
-    """The built-in tools, imported on first use (``design/cli.md``, "Start-up")."""
-    from durable_harness.tools.builtin import builtin_tools
-
-    return builtin_tools()
-
-
 async def listed_rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, Any]]:
     """Each catalogue row with ``state`` and ``waiting`` by the host's rule (``host.listing``)."""
     from durable_harness.host.listing import read_listed, waiting_calls
@@ -57,7 +51,7 @@ async def listed_rows(store: Store, infos: list[SessionInfo]) -> list[dict[str, 
         if info.error is None:
             try:
                 with store.open_session(info.id, write=False) as ss:
-                    rec, plan = await read_listed(ss, store.spec, _builtin_tools)
+                    rec, plan = await read_listed(ss, store.spec, lambda _rt: builtin())
                     row["title"] = Session(ss).title
                 row["state"], row["waiting"] = rec.state, waiting_calls(plan)
             except DurableHarnessError as exc:
