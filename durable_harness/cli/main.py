@@ -71,6 +71,13 @@ COMMAND_SOURCES: dict[str, tuple[str, str]] = {
 ``durable_harness.cli`` that defines it and the name there (``design/cli.md``, "Start-up")."""
 
 
+COMMAND_MODULES = tuple(
+    dict.fromkeys(f"durable_harness.cli.{m}" for m, _ in COMMAND_SOURCES.values())
+)
+"""Every command's module, for a process that runs many commands and imports them up front (the
+fork server's CLI children: ``crashtest/forkserver.py`` :func:`run_cli`)."""
+
+
 class _Commands(MutableMapping[str, Command]):
     """The commands by name, each module imported when one of its commands is first asked for:
     a command starts without importing the others' dependencies (the harness, the providers,

@@ -253,11 +253,13 @@ class ForkServer:
         target: str = CHILD_TARGET,
         separate: bool = False,
         preload: bool = False,
+        modules: tuple[str, ...] = (),
     ) -> Completed:
         """Run ``target(argv)`` in a child forked by the server, in ``cwd`` with exactly ``env``
         and this process's ``sys.path``; wait for it at most ``timeout`` seconds. ``separate``:
         stdout and stderr go to two files (:class:`Completed`); ``preload``: the server imports
-        the target's module before it forks, so this child and every later one start warm
+        the target's module (and ``modules``) before it forks, so this child and every later one
+        start warm
         (only for a module that starts no thread when imported: the server stays
         single-threaded, or it exits naming the threads).
 
@@ -276,7 +278,7 @@ class ForkServer:
         try:
             request: dict[str, Any] = {"target": target, "argv": argv, "env": env}
             request |= {"cwd": cwd, "path": sys.path, "output": out, "timeout": timeout}
-            request |= {"stderr": err, "preload": preload}
+            request |= {"stderr": err, "preload": preload, "modules": list(modules)}
             child, sock = self._start_child(request, [])
             pid = child
             with sock:
@@ -424,8 +426,17 @@ def run_cli(
             timeout=timeout,
             check=False,
         )
+    from durable_harness.cli.main import COMMAND_MODULES  # the CLI imports a command's own
+
     done = shared().run(
-        argv, env=env, cwd=cwd, timeout=timeout, target=CLI_TARGET, separate=True, preload=True
+        argv,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        target=CLI_TARGET,
+        separate=True,
+        preload=True,
+        modules=COMMAND_MODULES,
     )
     return subprocess.CompletedProcess(
         ["durable-harness", *argv], done.returncode, stdout=done.output, stderr=done.stderr

@@ -24,7 +24,7 @@ T = TypeVar("T")
 START_TIMEOUT = 30.0  # seconds for a server to print its URL on a loaded machine
 SERVER_TIMEOUT = 1800.0  # seconds after which the fork server kills a server it forked
 # Imported once in the fork server, not by each server it forks (they start no thread).
-SERVER_MODULES = ("durable_harness.http.app", "uvicorn")
+SERVER_MODULES = ("durable_harness.http.app", "durable_harness.cli.host_commands", "uvicorn")
 
 
 def _forked(env: dict[str, str]) -> bool:
