@@ -85,7 +85,10 @@ def fold_entry(lanes: dict[str, LaneState], op: dict[str, Any]) -> None:
     it."""
     name = op.get("lane")
     if name is not None:
-        _lane(lanes, str(name)).leaf_id = op["entry"]["id"]
+        lane = lanes.get(name)  # (the lane exists but once: no call to create it)
+        if lane is None:
+            lane = _lane(lanes, str(name))
+        lane.leaf_id = op["entry"]["id"]
 
 
 def fold_record(lanes: dict[str, LaneState], rec: dict[str, Any]) -> None:

@@ -52,23 +52,29 @@ def is_commit_line(obj: dict[str, Any]) -> bool:
     return isinstance(obj.get("ops"), list) and obj.get("type") is None
 
 
-def _opt_str(value: Any) -> bool:
-    return value is None or isinstance(value, str)
-
-
 def shape_error(kind: str, op: dict[str, Any], body: dict[str, Any]) -> str | None:
     """Return why a parsed op cannot be indexed (a field of the wrong type), or ``None``.
 
     A single writer never produces these; they come from damage and are reported, not raised.
     """
-    if kind == "entry" and not (_opt_str(op.get("lane")) and _opt_str(body.get("parentId"))):
-        return "lane and parentId must be strings or null"
-    if kind == "record" and not (_opt_str(body.get("lane")) and _opt_str(body.get("runId"))):
-        return "lane and runId must be strings or null"
-    if kind == "lane":
+    # (each field tested inline: this runs on every op of every line a session's open reads)
+    if kind == "entry":
+        lane, parent = op.get("lane"), body.get("parentId")
+        if (lane is not None and not isinstance(lane, str)) or (
+            parent is not None and not isinstance(parent, str)
+        ):
+            return "lane and parentId must be strings or null"
+    elif kind == "record":
+        lane, run_id = body.get("lane"), body.get("runId")
+        if (lane is not None and not isinstance(lane, str)) or (
+            run_id is not None and not isinstance(run_id, str)
+        ):
+            return "lane and runId must be strings or null"
+    elif kind == "lane":
         if not isinstance(op.get("lane"), str):
             return "lane must be a string"
-        if not _opt_str(op.get("leafId")):
+        leaf = op.get("leafId")
+        if leaf is not None and not isinstance(leaf, str):
             return "leafId must be a string or null"
         if op.get("config") is not None and not isinstance(op.get("config"), dict):
             return "config must be an object"

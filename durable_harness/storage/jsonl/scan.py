@@ -4,11 +4,11 @@ call, no store: the store's open applies the commits it yields to its index."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from durable_harness.errors import CorruptSession
-from durable_harness.storage import codec
+from durable_harness.storage.codec import loads_counted
 from durable_harness.storage.damage import (
     damage,
     seq_gap_damage,
@@ -23,7 +23,6 @@ from durable_harness.storage.jsonl.framing import (
 )
 from durable_harness.storage.shapes import entry_shape_error, record_shape_error
 
-Problem = tuple[str, str, dict[str, Any]]  # (damage kind, detail, extra fields)
 HEADER_DAMAGE = {
     "missing_header": "line 1 is a commit line, not the session header: the header was removed; "
     "the session id comes from the file name and every line is read as a commit",
@@ -99,44 +98,43 @@ class Scan:
     def commits(self) -> Iterator[tuple[int, int, list[dict[str, Any]]]]:
         """Every commit line that indexes whole, in file order, as ``(offset, length, ops)``;
         what cannot is listed in :attr:`damage` (a line is one commit: whole or not at all)."""
-        data, pos, line_no, max_gen = self._data, self.end, self._line_no, 0
+        data, pos, line_no = self._data, self.end, self._line_no
         size = len(data)
         padding_from = _text_end(data)  # the padding: trailing blank lines
-        while pos < size:
-            if pos >= padding_from and data.endswith(b"\n"):
-                break  # only whole blank lines remain (the padding): nothing to index or report
-            line_no += 1
-            end = data.find(b"\n", pos)
-            if end < 0:
-                detail = (
-                    f"final line has no newline ({size - pos} bytes); it was never acknowledged"
-                )
-                self._torn(pos, data[pos:], line_no, detail)
-                break
-            raw = data[pos:end]
-            if raw and not raw.isspace():  # (strip() would copy every line to test it)
-                found = len(self.damage)
-                ops = self._read_line(raw, pos, line_no, max_gen)
-                if (
-                    end >= padding_from
-                    and end + 1 < size
-                    and len(self.damage) > found
-                    and self.damage[-1]["kind"] == "bad_line"
-                ):
-                    # The last line, unparseable, with only padding after it: a write cut
-                    # short (power loss mid-write). It is a torn tail, not interior damage.
-                    self.damage.pop()
+        # Only whole blank lines remain past ``padding_from`` when the data ends in a newline
+        # (the padding): nothing there to index or report.
+        stop = padding_from if data.endswith(b"\n") else size
+        find, read_line, found = data.find, self._read_line, self.damage
+        last_end, last_line = self.end, self.lines
+        try:
+            while pos < stop:
+                line_no += 1
+                end = find(b"\n", pos)
+                if end < 0:
                     detail = (
-                        "final line is unparseable and only preallocated padding follows; "
-                        "it was never acknowledged"
+                        f"final line has no newline ({size - pos} bytes); it was never acknowledged"
                     )
-                    self._torn(pos, raw, line_no, detail)
+                    self._torn(pos, data[pos:], line_no, detail)
                     break
-                if ops is not None:
-                    yield pos, end - pos, ops
-                max_gen = max(max_gen, self.generation)
-                self.end, self.lines = end + 1, line_no
-            pos = end + 1
+                raw = data[pos:end]
+                if raw and not raw.isspace():  # (strip() would copy every line to test it)
+                    ops = read_line(raw, pos, line_no)
+                    if ops is not None:
+                        yield pos, end - pos, ops
+                    elif end >= padding_from and end + 1 < size and found[-1]["kind"] == "bad_line":
+                        # The last line, unparseable, with only padding after it: a write cut
+                        # short (power loss mid-write). It is a torn tail, not interior damage.
+                        found.pop()
+                        detail = (
+                            "final line is unparseable and only preallocated padding follows; "
+                            "it was never acknowledged"
+                        )
+                        self._torn(pos, raw, line_no, detail)
+                        break
+                    last_end, last_line = end + 1, line_no
+                pos = end + 1
+        finally:
+            self.end, self.lines = last_end, last_line
         for eid, (parent, offset) in self._parents.items():
             if parent is not None and parent not in self._parents:
                 detail = (
@@ -156,13 +154,12 @@ class Scan:
         )
         self.torn = (offset, tail)
 
-    def _read_line(
-        self, raw: bytes, offset: int, line_no: int, max_gen: int
-    ) -> list[dict[str, Any]] | None:
+    def _read_line(self, raw: bytes, offset: int, line_no: int) -> list[dict[str, Any]] | None:
         """The ops of one commit line (``raw``, at byte ``offset``, line ``line_no``) when it
-        indexes whole; else ``None``, with why listed in :attr:`damage`."""
+        indexes whole; else ``None``, with why listed in :attr:`damage`. Lines are read in
+        file order, so :attr:`generation` is the highest generation before this one."""
         try:
-            obj, replaced = codec.loads_counted(raw)
+            obj, replaced = loads_counted(raw)
             ops = obj["ops"]
             if not isinstance(ops, list):
                 raise TypeError("ops is not a list")
@@ -173,75 +170,83 @@ class Scan:
                 damage("bad_line", detail, length=len(raw), offset=offset, line=line_no)
             )
             return None
-        if gen < max_gen:
-            detail = f"line written by generation {gen} after generation {max_gen}"
+        if gen < self.generation:
+            detail = f"line written by generation {gen} after generation {self.generation}"
             self.damage.append(damage("stale_generation", detail, offset=offset, line=line_no))
-        self.generation = max(gen, max_gen)
-        problem: Problem | None = None
-        new_ids: set[tuple[str, str]] = set()
-        bodies: list[tuple[str, dict[str, Any]]] = []  # (kind, body) of each op, once checked
-        for idx, op in enumerate(ops):
-            problem = (
-                ("bad_line", f"op {idx} is not an object", {})
-                if not isinstance(op, dict)
-                else self._op_problem(op, new_ids, bodies)
-            )
-            if problem is not None:
-                kind, detail, extra = problem
-                detail += "; the whole commit line is left out"
-                self.damage.append(
-                    damage(kind, detail, length=len(raw), offset=offset, line=line_no, **extra)
-                )
-                return None
-        if bodies and bodies[0][1]["seq"] > self.seq + 1:
+        else:
+            self.generation = gen
+        try:
+            if len(ops) == 1:  # the common case: no op of the line to compare ids with
+                checked = [self._checked(ops[0], 0, None)]
+            else:
+                new_ids: set[tuple[str, str]] = set()
+                checked = [self._checked(op, idx, new_ids) for idx, op in enumerate(ops)]
+        except _LeftOut as bad:
+            detail = f"{bad.detail}; the whole commit line is left out"
             self.damage.append(
-                seq_gap_damage(self.seq, bodies[0][1]["seq"], offset=offset, line=line_no)
+                damage(bad.kind, detail, length=len(raw), offset=offset, line=line_no, **bad.extra)
             )
+            return None
+        seq = self.seq
+        if checked and checked[0][2] > seq + 1:
+            self.damage.append(seq_gap_damage(seq, checked[0][2], offset=offset, line=line_no))
         if replaced:
             self.damage.extend(surrogate_warnings(raw, ops, offset=offset, line=line_no))
-        seq = self.seq
-        for kind, body in bodies:
+        for kind, body, op_seq in checked:
             if kind == "entry":
                 self._parents[body["id"]] = (body.get("parentId"), offset)
             elif kind == "record":
                 self._records.add(body["id"])
-            seq = max(seq, body["seq"])
+            if op_seq > seq:
+                seq = op_seq
         self.seq = seq
         return ops
 
-    def _op_problem(
-        self,
-        op: dict[str, Any],
-        new_ids: set[tuple[str, str]],
-        bodies: list[tuple[str, dict[str, Any]]],
-    ) -> Problem | None:
-        """Why one op of a line cannot be indexed, or ``None`` (its kind and body then join
-        ``bodies``)."""
-        kind = op.get("op")
-        body = op.get("entry") if kind == "entry" else op.get("record") if kind == "record" else op
-        if kind not in ("entry", "record", "lane") or not isinstance(body, dict):
-            return ("bad_line", f"unknown op {kind!r}", {})
-        shape = shape_error(kind, op, body) or (
-            entry_shape_error(body)
-            if kind == "entry"
-            else record_shape_error(body)
-            if kind == "record"
-            else None
-        )
+    def _checked(
+        self, op: Any, idx: int, new_ids: set[tuple[str, str]] | None
+    ) -> tuple[str, dict[str, Any], int]:
+        """``(kind, body, seq)`` of op ``idx`` of a line, when it can be indexed; ``new_ids``:
+        the ``(kind, id)`` of the line's ops before it (``None``: it is the line's only op).
+
+        Raises:
+            _LeftOut: why it cannot (the line is then left out whole).
+        """
+        if not isinstance(op, dict):
+            raise _LeftOut("bad_line", f"op {idx} is not an object")
+        kind: Any = op.get("op")
+        if kind == "entry":
+            body = op.get("entry")
+            seen: dict[str, Any] | set[str] | None = self._parents
+            check: Callable[[dict[str, Any]], str | None] | None = entry_shape_error
+        elif kind == "record":
+            body = op.get("record")
+            seen, check = self._records, record_shape_error
+        elif kind == "lane":
+            body, seen, check = op, None, None
+        else:
+            body = None
+        if not isinstance(body, dict):
+            raise _LeftOut("bad_line", f"unknown op {kind!r}")
+        shape = shape_error(kind, op, body) or (check(body) if check is not None else None)
         if shape is not None:
-            return ("bad_line", f"malformed {kind} op: {shape}", {})
+            raise _LeftOut("bad_line", f"malformed {kind} op: {shape}")
         seq = body.get("seq")
         if not isinstance(seq, int) or seq <= self.seq:
-            return ("seq_regression", f"seq {seq!r} after {self.seq}", {})
-        if kind in ("entry", "record"):
+            raise _LeftOut("seq_regression", f"seq {seq!r} after {self.seq}")
+        if seen is not None:
             oid = body["id"]
-            seen = self._parents if kind == "entry" else self._records
-            if oid in seen or (kind, oid) in new_ids:
-                return (
-                    "duplicate_id",
-                    f"{kind} id {oid} appears again; the first is kept",
-                    {"id": oid},
-                )
-            new_ids.add((kind, oid))
-        bodies.append((kind, body))
-        return None
+            if oid in seen or (new_ids is not None and (kind, oid) in new_ids):
+                detail = f"{kind} id {oid} appears again; the first is kept"
+                raise _LeftOut("duplicate_id", detail, id=oid)
+            if new_ids is not None:
+                new_ids.add((kind, oid))
+        return kind, body, seq
+
+
+class _LeftOut(Exception):
+    """Why an op of a commit line cannot be indexed: the damage ``kind``, its ``detail`` and
+    ``extra`` fields (raised by :meth:`Scan._checked`, reported by :meth:`Scan._read_line`)."""
+
+    def __init__(self, kind: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.kind, self.detail, self.extra = kind, detail, extra

@@ -84,9 +84,10 @@ class JsonlSessionStore(IndexedSessionStore):
         return store
 
     def _index(self, scan: Scan, data: bytes) -> None:
+        apply = self._apply
         for offset, length, ops in scan.commits():
             for i, op in enumerate(ops):
-                self._apply(op, (offset, length, i))
+                apply(op, (offset, length, i))
         self.damage = scan.damage
         self.generation = self.file.begin(scan, data)
         if not self.read_only:  # lost commits keep their numbers (see SessionFile.begin)
