@@ -186,16 +186,59 @@ def test_duplicate_ids_are_reported_and_first_kept(jstore: Store) -> None:
 
 
 @pytest.mark.parametrize(
+    ("second", "kind"),
+    [
+        (b'{"op":"record","record":{"type":"x","id":"n1","seq":8}}', None),
+        (
+            b'{"op":"entry","entry":{"type":"custom","id":"n1","parentId":null,"seq":8}}',
+            "duplicate_id",
+        ),
+        (
+            b'{"op":"entry","entry":{"type":"custom","id":"e1","parentId":null,"seq":8}}',
+            "duplicate_id",
+        ),
+        (b'{"op":"entry","entry":{"type":"custom","id":"n2","parentId":5,"seq":8}}', "bad_line"),
+        (b'{"op":"record","record":{"type":"x","id":"n1","seq":6}}', "seq_regression"),
+        (b"[]", "bad_line"),
+    ],
+)
+def test_a_line_of_several_ops_is_indexed_whole_or_not_at_all(
+    jstore: Store, second: bytes, kind: str | None
+) -> None:
+    """The ops of one line are checked against each other (an id twice in the line) and
+    against the lines before; one op that cannot be indexed leaves out the whole line, the ops
+    before it included (they name no parent, move no leaf)."""
+    path, good = _chain(jstore)
+    first = (
+        b'{"op":"entry","lane":"side","entry":{"type":"custom","id":"n1","parentId":null,"seq":7}}'
+    )
+    Path(path).write_bytes(good + b'{"gen":1,"ops":[' + first + b"," + second + b"]}\n")
+    s = JsonlSessionStore.open_path(path, write=False)
+    try:
+        if kind is None:  # an entry and a record may share an id
+            assert s.damage == []
+            assert ids(s.iter_entries())[-1] == "n1" and s.lane("side").leaf_id == "n1"
+            return
+        assert _kinds(s.damage) == [kind]
+        assert s.damage[0]["offset"] == len(good)
+        assert "the whole commit line is left out" in s.damage[0]["detail"]
+        assert ids(s.iter_entries()) == ["e0", "e1", "e2"]
+        assert set(s.lanes()) == {"main"}
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
     "line",
     [
-        b'{"gen":1,"ops":[{"op":"lane","seq":50}]}',
-        b'{"gen":1,"ops":[{"op":"lane","lane":{},"seq":50}]}',
-        b'{"gen":1,"ops":[{"op":"lane","lane":"x","leafId":[1],"seq":50}]}',
-        b'{"gen":1,"ops":[{"op":"lane","lane":"x","config":"abc","seq":50}]}',
-        b'{"gen":1,"ops":[{"op":"entry","entry":{"id":"z","parentId":{},"seq":50}}]}',
-        b'{"gen":1,"ops":[{"op":"entry","lane":[],"entry":{"id":"z","seq":50}}]}',
-        b'{"gen":1,"ops":[{"op":"record","record":{"id":"z","lane":{},"seq":50}}]}',
-        b'{"gen":1,"ops":[{"op":"bogus","seq":50}]}',
+        b'{"gen":1,"ops":[{"op":"lane","seq":7}]}',
+        b'{"gen":1,"ops":[{"op":"lane","lane":{},"seq":7}]}',
+        b'{"gen":1,"ops":[{"op":"lane","lane":"x","leafId":[1],"seq":7}]}',
+        b'{"gen":1,"ops":[{"op":"lane","lane":"x","config":"abc","seq":7}]}',
+        b'{"gen":1,"ops":[{"op":"entry","entry":{"id":"z","parentId":{},"seq":7}}]}',
+        b'{"gen":1,"ops":[{"op":"entry","lane":[],"entry":{"id":"z","seq":7}}]}',
+        b'{"gen":1,"ops":[{"op":"record","record":{"id":"z","lane":{},"seq":7}}]}',
+        b'{"gen":1,"ops":[{"op":"bogus","seq":7}]}',
         b'{"gen":"x","ops":[]}',
     ],
 )
