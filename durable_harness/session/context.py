@@ -26,9 +26,9 @@ Rules (pi's ``buildSessionContext``, plus the brief's guarantees):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from durable_harness.models.content import text_of, tool_call_blocks
 
@@ -141,7 +141,12 @@ def entry_message(entry: dict[str, Any]) -> dict[str, Any] | None:
 @dataclass
 class ContextState:
     """What :func:`build_context` needs to extend a context built for ``leaf_id`` to a leaf
-    below it without walking the whole path again: the messages before rule 5, the settings."""
+    below it without walking the whole path again: the messages before rule 5, the settings.
+
+    An extension takes over the lists and the set of the state it extends (they grow in place:
+    a turn's extension copies nothing of the path before it) and marks that state ``consumed``;
+    a consumed state given again is rebuilt from the root instead (the same result, read in
+    full)."""
 
     leaf_id: str | None
     pairs: list[tuple[dict[str, Any], str | None]]
@@ -151,13 +156,14 @@ class ContextState:
     formed_messages: list[dict[str, Any]] = field(default_factory=list)
     formed_ids: list[str | None] = field(default_factory=list)
     formed_upto: int = 0
-    formed_call_ids: frozenset[str] = frozenset()
+    formed_call_ids: set[str] = field(default_factory=set)
     #: the last tail :func:`_form` formed: ``pairs[tail_from:tail_to]`` after rule 5, and the
-    #: call ids in use after it (reused when that tail becomes final unchanged)
+    #: call ids it gave out (reused when that tail becomes final unchanged)
     tail: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
     tail_from: int = -1
     tail_to: int = -1
-    tail_call_ids: frozenset[str] = frozenset()
+    tail_call_ids: set[str] = field(default_factory=set)
+    consumed: bool = False
 
 
 def _settings(
@@ -186,7 +192,10 @@ def _extend(
     pi_turns: bool = False,
 ) -> ContextState | None:
     """Extend ``previous`` to ``leaf_id`` when the leaf descends from ``previous.leaf_id``
-    through at most ``max_steps`` entries and no compaction; else ``None``."""
+    through at most ``max_steps`` entries and no compaction (``previous`` is then consumed);
+    else ``None``, ``previous`` untouched."""
+    if previous.consumed:
+        return None
     new: list[dict[str, Any]] = []
     cursor = leaf_id
     while cursor != previous.leaf_id:  # compare ids first: the old leaf itself is not read
@@ -199,12 +208,14 @@ def _extend(
             return None
         new.append(current)
         cursor = current.get("parentId")
-    pairs = list(previous.pairs)
+    previous.consumed = True
+    pairs = previous.pairs
+    start = len(pairs)
     model, thinking = previous.model, previous.thinking_level
     for entry in reversed(new):
         model, thinking = _settings(entry, model, thinking)
         _add(pairs, entry, pi_turns)
-    tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[len(previous.pairs) :]])
+    tokens = previous.tokens + estimate_tokens([m for m, _ in pairs[start:]])
     # built field by field: dataclasses.replace cost more than the rest of an extension
     return ContextState(
         leaf_id,
@@ -254,7 +265,8 @@ def _full(get_entry: EntryGetter, leaf_id: str | None, pi_turns: bool = False) -
 def _form(state: ContextState) -> tuple[list[dict[str, Any]], list[str | None]]:
     """Apply rule 5 to ``state.pairs``, reusing the part already formed: rule 5 works block by
     block, and a block ends where the next assistant or user message starts, so everything
-    before the last such message is final. Returns the messages and their entry ids.
+    before the last such message is final. Returns the messages and their entry ids (new
+    lists: the formed ones grow in place).
 
     The tail (from the last assistant or user message on) is formed each time; when the same
     pairs become final later (a run's turn: the next answer starts a new block), the tail
@@ -267,26 +279,52 @@ def _form(state: ContextState) -> tuple[list[dict[str, Any]], list[str | None]]:
         if pairs[j][0].get("role") in ("assistant", "user"):
             cut = j
             break
+    used = state.formed_call_ids
     if cut > upto:
         if state.tail_from == upto and state.tail_to == cut:
-            done, used = state.tail, state.tail_call_ids
+            done = state.tail
+            used.update(state.tail_call_ids)
         else:
-            grown = set(state.formed_call_ids)
-            done = well_formed(pairs[upto:cut], grown)
-            used = frozenset(grown)
-        # New lists, never appended in place: an earlier state may share the old ones.
-        state.formed_messages = state.formed_messages + [m for m, _ in done]
-        state.formed_ids = state.formed_ids + [eid for _, eid in done]
+            done = well_formed(pairs[upto:cut], used)
+        state.formed_messages.extend([m for m, _ in done])
+        state.formed_ids.extend([eid for _, eid in done])
         state.formed_upto = upto = cut
-        state.formed_call_ids = used
-    after = set(state.formed_call_ids)
-    tail = well_formed(pairs[upto:], after)
-    state.tail, state.tail_from, state.tail_to = tail, upto, len(pairs)
-    state.tail_call_ids = frozenset(after)
+    added: set[str] = set()
+    tail = well_formed(pairs[upto:], _Overlay(used, added))
+    state.tail, state.tail_from, state.tail_to, state.tail_call_ids = tail, upto, len(pairs), added
     return (
         state.formed_messages + [m for m, _ in tail],
         state.formed_ids + [eid for _, eid in tail],
     )
+
+
+class CallIds(Protocol):
+    """The call ids in use, as :func:`well_formed` reads and grows them (a ``set`` is one)."""
+
+    def __contains__(self, cid: object) -> bool: ...
+
+    def add(self, cid: str) -> None: ...
+
+    def update(self, cids: Iterable[str]) -> None: ...
+
+
+class _Overlay:
+    """``base`` and ``added`` read as one set of call ids, what is given out going to
+    ``added`` only: a tail is formed against the formed part's ids without copying them."""
+
+    __slots__ = ("added", "base")
+
+    def __init__(self, base: set[str], added: set[str]) -> None:
+        self.base, self.added = base, added
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self.added or cid in self.base
+
+    def add(self, cid: str) -> None:
+        self.added.add(cid)
+
+    def update(self, cids: Iterable[str]) -> None:
+        self.added.update(cids)
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
@@ -393,7 +431,7 @@ def is_placeholder_result(msg: dict[str, Any]) -> bool:
     return text_of(msg.get("content")).strip() in PLACEHOLDER_TEXTS
 
 
-def _unique_id(call_id: str, used: set[str]) -> str:
+def _unique_id(call_id: str, used: CallIds) -> str:
     """``call_id`` if unused, else ``<call_id>_2``, ``_3``... (``call`` for an empty id); the id
     returned is added to ``used``."""
     base = call_id or "call"
@@ -440,7 +478,7 @@ def _pair_results(
 def _one_result_each(
     calls: list[dict[str, Any]],
     results: list[tuple[dict[str, Any], str | None]],
-    used: set[str],
+    used: CallIds,
 ) -> list[tuple[dict[str, Any], str | None]] | None:
     """The results in call order when every call has a distinct, unused, non-empty id and
     exactly one result (what the harness itself writes); ``None`` when rules 5 and 6 have
@@ -468,7 +506,7 @@ def _one_result_each(
 
 
 def well_formed(
-    pairs: list[tuple[dict[str, Any], str | None]], used: set[str] | None = None
+    pairs: list[tuple[dict[str, Any], str | None]], used: CallIds | None = None
 ) -> list[tuple[dict[str, Any], str | None]]:
     """Enforce rules 5 and 6: no empty assistant message, exactly one result per tool call,
     call ids unique. ``used`` holds the call ids already sent earlier in the context; the ids

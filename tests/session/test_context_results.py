@@ -255,3 +255,38 @@ def test_a_context_extended_entry_by_entry_equals_one_built_from_scratch(steps: 
         assert extended.entry_ids == full.entry_ids
         assert extended.state is not None
         state = extended.state
+
+
+def test_a_state_extended_twice_is_rebuilt_the_second_time_and_built_contexts_keep_theirs() -> None:
+    """An extension takes over the state it extends (its lists grow in place: a turn copies
+    nothing of the path before it) and marks it consumed. A context built earlier keeps its
+    messages and ids; a consumed state given again (a second branch from the same point) is
+    read from the root: the same context as a build from scratch."""
+    t = Tree()
+    t.user("u1", "go")
+    t.assistant("a1", calls=("call_0",))
+    t.result("r1", "call_0", "one")
+    base = build_context(t.entries.get, "r1")
+    held = (orjson.dumps(base.messages), list(base.entry_ids))
+    t.assistant("a2", calls=("call_0",))
+    t.result("r2", "call_0", "two")
+    first = build_context(t.entries.get, "r2", base.state)
+    assert base.state is not None and base.state.consumed
+    assert first.messages == t.context("r2").messages
+    first_held = (orjson.dumps(first.messages), list(first.entry_ids))
+    t.last = "r1"  # a branch from r1
+    t.assistant("b2", calls=("call_0",))
+    t.result("s2", "call_0", "branch")
+    second = build_context(t.entries.get, "s2", base.state)
+    full = t.context("s2")
+    assert (second.messages, second.entry_ids) == (full.messages, full.entry_ids)
+    assert [m["toolCallId"] for m in second.messages if m["role"] == "toolResult"] == [
+        "call_0",
+        "call_0_2",
+    ]
+    t.last = "r2"  # the first branch goes on from its own state
+    t.assistant("a3", "done")
+    third = build_context(t.entries.get, "a3", first.state)
+    assert third.messages == t.context("a3").messages
+    assert (orjson.dumps(base.messages), base.entry_ids) == held
+    assert (orjson.dumps(first.messages), first.entry_ids) == first_held
