@@ -170,14 +170,41 @@ def claims_per_second(base: str, workers: int) -> dict[str, Any]:
     }
 
 
+def server_counters(base: str) -> dict[str, int]:
+    """The server's WAL syncs, WAL bytes and committed transactions so far (``pg_stat_wal``,
+    ``pg_stat_database``; PostgreSQL 14 or later), read once the backends of a child that has
+    exited have reported theirs (a backend reports at its exit)."""
+    import psycopg
+
+    time.sleep(0.5)
+    with psycopg.connect(base, autocommit=True) as conn:
+        wal = conn.execute("SELECT wal_sync, wal_bytes FROM pg_stat_wal").fetchone()
+        xact = conn.execute("SELECT sum(xact_commit) FROM pg_stat_database").fetchone()
+    assert wal is not None and xact is not None
+    return {"wal_syncs": int(wal[0]), "wal_bytes": int(wal[1]), "transactions": int(xact[0])}
+
+
 def per_turn(base: str, port: int, work: Path) -> dict[str, Any]:
     """Ours (PostgreSQL, SQLite) vs DBOS on the same server, ``ROUNDS`` rounds of fresh
     processes; the ratio is taken within each round, then the median. The server was made a
     moment ago, so one warm-up round of both runs first and is not counted, and the two take
-    turns going first (whichever ran first in a round met a colder server)."""
+    turns going first (whichever ran first in a round met a colder server). For the two that
+    write to the server, its WAL syncs, WAL bytes and transactions per turn
+    (:func:`server_counters` around each run, the other runs' included: they do not touch the
+    server while it runs)."""
     runs: dict[str, list[dict[str, Any]]] = {"ours_postgres": [], "ours_sqlite": [], "dbos": []}
 
     def one(name: str, sub: Path, r: int) -> dict[str, Any]:
+        if name == "ours_sqlite":
+            return child(name, sub, r)
+        before = server_counters(base)
+        got = child(name, sub, r)
+        after = server_counters(base)
+        for key in after:
+            got[f"server_{key}_per_turn"] = (after[key] - before[key]) / N_TURNS
+        return got
+
+    def child(name: str, sub: Path, r: int) -> dict[str, Any]:
         args = {"workdir": str(sub), "n": N_TURNS}
         if name == "dbos":
             dburl = f"postgresql://postgres@127.0.0.1:{port}/dbos_bench_{r}"
@@ -227,6 +254,11 @@ def per_turn(base: str, port: int, work: Path) -> dict[str, Any]:
             "rounds_us_per_turn": [round(x["us_per_turn"], 1) for x in rs],
             "version": rs[-1].get("version"),
         }
+        for key in ("wal_syncs", "wal_bytes", "transactions"):
+            if f"server_{key}_per_turn" in rs[0]:
+                out[name][f"server_{key}_per_turn"] = round(
+                    median([x[f"server_{key}_per_turn"] for x in rs]), 2
+                )
     for mine in ("ours_postgres", "ours_sqlite"):
         if "skipped" in out[mine] or "skipped" in out["dbos"]:
             out[f"{mine}_vs_dbos"] = None
@@ -312,6 +344,16 @@ def run() -> dict[str, Any]:
                     f"rounds {res['rounds_us_per_turn']}",
                 )
             )
+            if "server_wal_syncs_per_turn" in res:
+                rows.append(
+                    (
+                        f"server WAL syncs per turn: {name}",
+                        res["server_wal_syncs_per_turn"],
+                        "/turn",
+                        f"{res['server_transactions_per_turn']} transactions, "
+                        f"{res['server_wal_bytes_per_turn']:,.0f} WAL bytes a turn",
+                    )
+                )
     for w, pair in results["commits"].items():
         for backend in ("postgres", "sqlite"):
             r = pair[backend]
