@@ -28,7 +28,12 @@ from durable_harness.errors import (
     StoreNotFound,
 )
 from durable_harness.storage import EntryOp, LaneOp, RecordOp, open_store
-from durable_harness.storage.postgres import MIGRATIONS, PostgresSessionStore, PostgresStore
+from durable_harness.storage.postgres import (
+    MIGRATIONS,
+    PostgresSessionStore,
+    PostgresStore,
+    unwaited,
+)
 
 from .util import ent, ids, rec
 
@@ -628,11 +633,13 @@ def test_two_workers_claim_ten_crashed_sessions_each_exactly_once(
 
 
 # -- the writer's commit path -------------------------------------------------------------------
-def test_unwaited_commits_skip_the_wal_flush_until_the_barrier(
+def test_unwaited_commits_wait_for_the_flush_on_the_server_and_the_barrier_reads_them(
     pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = pg_store.create_session("/p")
-    assert isinstance(s, PostgresSessionStore)
+    """Every commit asks the server to flush the WAL at its COMMIT (``p_sync``), waited or not;
+    an unwaited one's call does not wait for its reply, and the barrier reads the replies
+    without a statement of its own (``design/postgres.md`` "Durability"). ``none`` never asks
+    for the flush."""
     flushed: list[bool] = []
     real = PostgresSessionStore._commit_params
 
@@ -642,14 +649,25 @@ def test_unwaited_commits_skip_the_wal_flush_until_the_barrier(
         return params
 
     monkeypatch.setattr(PostgresSessionStore, "_commit_params", spy)
+    s = pg_store.create_session("/p")
+    assert isinstance(s, PostgresSessionStore)
     s.commit([RecordOp(rec("w1"))])
     s.commit([RecordOp(rec("u1"))], wait=False)
     s.commit([RecordOp(rec("u2"))], wait=False)
-    assert flushed == [True, False, False]
-    assert s._unsynced
+    assert flushed == [True, True, True]
+    assert s._pipe is not None and len(s._pipe.units) == 2  # sent, their replies unread
+    sent: list[str] = []
+    monkeypatch.setattr(unwaited.Pipeline, "send", lambda *a, **k: sent.append(a[1]))
     s.wait_durable()
-    assert not s._unsynced and s.last_seq() == 3
+    assert s._pipe is None and sent == [] and s.last_seq() == 3
     s.close()
+    flushed.clear()
+    n = pg_store.create_session("/p", durability="none")
+    n.commit([RecordOp(rec("n1"))])
+    n.commit([RecordOp(rec("n2"))], wait=False)
+    n.wait_durable()
+    assert flushed == [False, False] and n.last_seq() == 2
+    n.close()
 
 
 @pytest.mark.timeout(120)

@@ -80,9 +80,7 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         self._txn_start = -1
         # the writer's cache (valid while it holds the lease), reloaded after any doubt
         self._cache = WriterCache(RECENT_BODIES)
-        self._sync_commit = True  # this transaction waits for the WAL flush
         self._pipe: unwaited.Pipeline | None = None  # unwaited commits whose replies are unread
-        self._unsynced = False  # a commit made with wait=False is not yet known durable
         row = db.run(lambda c: c.execute(_HEADER, (session_id,)).fetchone())
         if row is None:
             raise SessionNotFound(f"no session {session_id} in {db.display}", session_id=session_id)
@@ -198,8 +196,9 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     # -- writing ---------------------------------------------------------------------------
     @boundary
     def commit(self, ops: list[Op], *, wait: bool = True) -> int:
-        """Commit ``ops`` in one transaction; with ``wait=False`` COMMIT does not wait for the WAL
-        flush and :meth:`wait_durable` makes it durable.
+        """Commit ``ops`` in one transaction, whose COMMIT waits for the WAL flush (not in
+        ``none``); with ``wait=False`` the call does not wait for the reply, which
+        :meth:`wait_durable` reads (``design/postgres.md`` "Durability").
 
         Raises:
             as :meth:`SessionStore.commit`; StorageIOError: the server could not be reached again.
@@ -212,14 +211,8 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
         item = PendingCommit(ops)
         if self.durability != "batch" or not wait:
             with self._lock:
-                self._sync_commit = wait and self.durability != "none"
-                try:
-                    if wait or not self._send_unwaited(item):
-                        self._run_batch([item])
-                finally:
-                    self._sync_commit = True
-                if not wait and item.error is None and self.durability != "none":
-                    self._unsynced = True
+                if wait or not self._send_unwaited(item):
+                    self._run_batch([item])
         else:
             return self._threads.commit(item, self._run_locked)
         if item.error is not None:
@@ -398,7 +391,12 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
     def _commit_params(self, ops: list[Op], last_seq: int) -> list[str | None]:
         """The parameters of ``dh_write`` for ``ops`` after ``last_seq``."""
         return write.write_params(
-            self.session_id, self.generation, last_seq, self._sync_commit, ops, self._cache.lanes
+            self.session_id,
+            self.generation,
+            last_seq,
+            self.durability != "none",
+            ops,
+            self._cache.lanes,
         )
 
     def _stepwise(self, conn: Conn, pending: list[PendingCommit]) -> None:
@@ -419,42 +417,14 @@ class PostgresSessionStore(UnwaitedCommits, SqlSessionStore):
 
     @boundary
     def wait_durable(self) -> None:
-        """Make every commit so far durable: one synchronous write of this session's lease row,
-        whose COMMIT flushes the WAL past every earlier commit (``design/postgres.md`` "Unwaited
-        commits")."""
-        if not self._unsynced and self._pipe is None:
+        """Make every commit so far durable: read the replies of the unwaited ones (each COMMIT
+        waited for its WAL flush on the server), raising the first refusal or sending again
+        what did not land (``design/postgres.md`` "Unwaited commits"). No statement of its own.
+        """
+        if self._pipe is None:
             return
         with self._lock:
-            if not self._unsynced:
-                self._settle()
-                return
-            self._unsynced = False
-            owner = self.lease.owner if self.lease is not None else None
-            seconds = self.lease.seconds if self.lease is not None else 0.0
-            params = write.barrier_params(owner, seconds, self.session_id)
-            try:
-                if self._pipe is not None:  # the barrier rides the pipeline: one round trip
-                    unit: unwaited.Unit | None = None
-                    try:
-                        unit = self._pipe.send(
-                            "dh_barrier", write.BARRIER_PIPELINED, params, None, behind=True
-                        )
-                    except psycopg.OperationalError:
-                        pass  # the connection is lost: _settle resolves the commits
-                    self._settle()
-                    if unit is not None and unit.done:
-                        if unit.error is None:
-                            return
-                        if not isinstance(unit.error, psycopg.OperationalError):
-                            raise unit.error
-                # no pipeline, or it was lost before the reply (a second renewal is harmless)
-                self.db.run_until(
-                    lambda c: c.execute(write.BARRIER, params),
-                    time.monotonic() + RECONNECT_DEADLINE_S,
-                )
-            except BaseException:
-                self._unsynced = True
-                raise
+            self._settle()
 
     @boundary
     async def wait_durable_async(self) -> None:

@@ -27,8 +27,8 @@ Conn = psycopg.Connection[Any]
 _PREPARED = "_dh_prepared"  # attribute on a connection: the statement names prepared on it
 
 MAX_UNITS = 2
-"""Commit units one pipeline may have unanswered (a barrier's may go behind them): what a SIGKILL of
-this process keeps (``design/postgres.md`` "Unwaited commits").
+"""Commit units one pipeline may have unanswered: what a SIGKILL of this process keeps
+(``design/postgres.md`` "Unwaited commits").
 """
 
 
@@ -60,8 +60,6 @@ class Pipeline:
         query: bytes,
         params: list[str | None],
         tag: Any,
-        *,
-        behind: bool = False,
     ) -> Unit:
         """Send ``query`` (``$1`` placeholders, each cast) as the prepared statement ``name`` with
         ``params`` (text format, ``None`` for ``NULL``), then ``Sync``, all bytes to the kernel;
@@ -73,7 +71,7 @@ class Pipeline:
         # queued before waiting: a connection found lost while waiting for the oldest reply
         # leaves this unit unsent and unanswered, to be resolved with the rest
         self.units.append(unit)
-        if len(self.units) > MAX_UNITS and not behind:
+        if len(self.units) > MAX_UNITS:
             self._read(block=True, keep=MAX_UNITS)  # until the oldest reply is read
         prepared: set[str] = getattr(self.conn, _PREPARED, set())
         key = name.encode()
@@ -193,10 +191,11 @@ class UnwaitedCommits:
         except psycopg.OperationalError as exc:
             lost = exc
         self.db.unhold(pipe.conn, discard=lost is not None)
-        units = [u for u in [*pipe.failed, *sent] if u.tag is not None]
-        units = sorted({id(u): u for u in units}.values(), key=lambda u: u.tag[0].seq)
+        units = sorted(
+            {id(u): u for u in [*pipe.failed, *sent]}.values(), key=lambda u: u.tag[0].seq
+        )
         bad = next((i for i, u in enumerate(units) if u.error is not None or not u.done), None)
-        if bad is None:  # every commit landed (a lost barrier reply is the barrier's to redo)
+        if bad is None:  # every commit landed
             return
         self._cache.drop()
         rest: list[PendingCommit] = [u.tag[0] for u in units[bad:]]
@@ -219,9 +218,9 @@ class UnwaitedCommits:
         last_seq = self._head(lost, time.monotonic() + RECONNECT_DEADLINE_S)
         if last_seq < start:
             raise StorageIOError(
-                f"{self.location}: the server lost commits made since the last barrier "
-                f"(last_seq went back from {start} to {last_seq}: it restarted before flushing "
-                "them, which the barrier contract allows); reopen the session",
+                f"{self.location}: the server lost commits it had run (last_seq went back "
+                f"from {start} to {last_seq}: it restarted without their WAL, which only "
+                "durability 'none' allows); reopen the session",
                 path=self.location,
                 cause=str(lost),
             )

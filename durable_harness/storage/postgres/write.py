@@ -1,7 +1,7 @@
-"""The statements a PostgreSQL writer sends and their parameters, for both ways of sending them
-(waited through psycopg, unwaited on a pipeline): :data:`WRITE` (``dh_write``, migration 4) and
-:data:`BARRIER` (``design/postgres.md`` "Commit"). Every parameter is a ``str`` (or ``None``) in
-PostgreSQL's text input format, cast in the statement itself."""
+"""The statement a PostgreSQL writer sends and its parameters, for both ways of sending it
+(waited through psycopg, unwaited on a pipeline): :data:`WRITE` (``dh_write``, migration 4;
+``design/postgres.md`` "Commit"). Every parameter is a ``str`` (or ``None``) in PostgreSQL's
+text input format, cast in the statement itself."""
 
 from __future__ import annotations
 
@@ -25,11 +25,6 @@ _WRITE_TYPES = (
 )
 """The parameters of ``dh_write`` (migration 4), in order."""
 
-_BARRIER = (
-    "UPDATE leases SET expires = CASE WHEN owner = {0}::text THEN clock_timestamp() + "
-    "make_interval(secs => {1}::float8) ELSE expires END WHERE session_id = {2}::text"
-)
-
 
 def _cast(placeholders: Sequence[str], types: Sequence[str]) -> str:
     return ", ".join(f"{p}::{t}" for p, t in zip(placeholders, types, strict=True))
@@ -41,10 +36,6 @@ WRITE_PIPELINED = (
     f"SELECT dh_write({_cast([f'${i + 1}' for i in range(len(_WRITE_TYPES))], _WRITE_TYPES)})"
 ).encode()
 """``dh_write`` with libpq's placeholders (:mod:`.unwaited`)."""
-BARRIER = _BARRIER.format("%s", "%s", "%s")
-"""The barrier's write with psycopg's placeholders (parameters: :func:`barrier_params`)."""
-BARRIER_PIPELINED = _BARRIER.format("$1", "$2", "$3").encode()
-"""The barrier's write with libpq's placeholders."""
 
 
 def text_array(values: Sequence[str | None]) -> str:
@@ -125,11 +116,6 @@ def write_params(
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def barrier_params(owner: str | None, seconds: float, session_id: str) -> list[str | None]:
-    """The parameters of :data:`BARRIER`: the lease's ``owner``, its ``seconds``, the session."""
-    return [owner, repr(float(seconds)), session_id]
 
 
 class StaleState(Exception):
