@@ -104,3 +104,30 @@ def test_smaller_pages_write_fewer_wal_bytes_per_commit(tmp_path: Path) -> None:
             _, sizes[page] = _turns(SqliteStore(db), str(tmp_path), 60)
         assert _page_size(db) == page
     assert sizes[connection.PAGE_SIZE] < sizes[4096] * 0.6, sizes
+
+
+def _cwd_index(path: Path) -> list[str]:
+    with closing(sqlite3.connect(path)) as db:
+        return [r[2] for r in db.execute("PRAGMA index_info(sessions_cwd)")]
+
+
+def test_a_commit_writes_no_page_of_the_cwd_index(tmp_path: Path) -> None:
+    """Every commit moves the session row's ``modified``; the cwd index leaves it out (migration
+    3), so the commit writes no page of it: about one WAL page less a commit than a store made
+    at migration 2, which this version migrates on its first writable open, listings unchanged."""
+    old_db = tmp_path / "m2.db"
+    with pytest.MonkeyPatch.context() as mp:  # a store made before migration 3
+        mp.setattr(connection, "MIGRATIONS", connection.MIGRATIONS[:2])
+        old = _pages_per_commit(old_db, ids.new_id, commits=60)
+        sid, _ = _turns(SqliteStore(old_db), "/elsewhere", 1)
+    assert _cwd_index(old_db) == ["cwd", "modified"]
+    new = _pages_per_commit(tmp_path / "m3.db", ids.new_id, commits=60)
+    assert _cwd_index(tmp_path / "m3.db") == ["cwd"]
+    assert new <= old - 0.8, (new, old)
+    store = SqliteStore(old_db)
+    store.create_session("/elsewhere").close()  # a writable open migrates
+    assert _cwd_index(old_db) == ["cwd"]
+    mine = store.list_sessions("/elsewhere")
+    assert len(mine) == 2 and sid in {info.id for info in mine}
+    assert [i.modified for i in mine] == sorted((i.modified for i in mine), reverse=True)
+    assert len(store.list_sessions()) == 3

@@ -42,6 +42,13 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN checked_from INTEGER NOT NULL DEFAULT 0;
     UPDATE sessions SET checked_from = last_seq;
     """,
+    # 3: the cwd index without ``modified``, which every commit moves: with it in the index each
+    # commit wrote one more page to the WAL; the catalogue reads the index for cwds only and
+    # sorts in Python (design/storage.md, "Where a turn's WAL frames go")
+    """
+    DROP INDEX sessions_cwd;
+    CREATE INDEX sessions_cwd ON sessions (cwd);
+    """,
 ]
 
 
