@@ -441,3 +441,56 @@ def test_a_nul_in_a_text_field_is_refused_before_anything_is_sent(
     s.wait_durable()
     assert _stored(pg_store.spec, s.session_id) == ["r2"]
     s.close()
+
+
+# As WRITER_ACROSS_A_RESTART, but "a" is not followed by a barrier: the connection is still held
+# (its reply unread) when the server restarts.
+WRITER_HOLDING_ACROSS_A_RESTART = WRITER_ACROSS_A_RESTART.replace("s.wait_durable()\n", "")
+
+
+@pytest.mark.crash
+def test_an_unwaited_commit_after_a_restart_on_a_held_connection_survives_a_sigkill(
+    pg_cluster: Any, pg_store: PostgresStore
+) -> None:
+    # The held connection is read before the next commit goes out: a server's goodbye found
+    # there gives it up, so "b" is not sent to a server that already closed it.
+    s = _writer(pg_store)
+    sid = s.session_id
+    s.close()
+    _kill_after_sending(
+        WRITER_HOLDING_ACROSS_A_RESTART, pg_store.spec, sid, lambda: pg_cluster.restart()
+    )
+    _until_stored(pg_store.spec, sid, ["a", "b"])
+
+
+@pytest.mark.crash
+def test_a_takeover_on_this_host_waits_for_the_dead_writers_commits(
+    pg_store: PostgresStore, lease_locks: list[LeaseLock]
+) -> None:
+    # A writer sends "a" and "b" without waiting and is SIGKILLed while the server is held
+    # before running them; a new writer here sees the holder dead and takes over at once. Had
+    # it moved the generation first, the fence would refuse the two commits whose calls had
+    # returned; it waits until the server has no backend of the dead process left.
+    s = _writer(pg_store)
+    sid = s.session_id
+    s.close()
+
+    def hold() -> None:
+        lease_locks.append(LeaseLock(pg_store.spec, sid))
+
+    _kill_after_sending(KILLED_WRITER, pg_store.spec, sid, hold)
+    taken: list[Any] = []
+    opener = threading.Thread(target=lambda: taken.append(pg_store.open_session(sid)))
+    opener.start()
+    time.sleep(0.5)
+    assert not taken, "the takeover did not wait for the dead writer's commits"
+    lease_locks[-1].release()
+    opener.join(30)
+    assert taken, "the takeover did not finish once the server ran them"
+    new = taken[0]
+    try:
+        assert ids(new.records()) == ["a", "b"]
+        new.commit([RecordOp(rec("c"))])
+        assert _stored(pg_store.spec, sid) == ["a", "b", "c"]
+    finally:
+        new.close()

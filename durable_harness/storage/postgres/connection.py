@@ -3,9 +3,11 @@ boundary that turns ``psycopg`` errors into typed ones (``design/postgres.md``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -136,6 +138,28 @@ register_family(psycopg.Error, translate_psycopg)
 T = TypeVar("T")
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``; ``"0"`` where unknown):
+    a pid names one process only together with its host and namespace."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def backend_name(
+    pid: int | None = None, host: str | None = None, namespace: str | None = None
+) -> str:
+    """The ``application_name`` the connections of process ``pid`` of ``host`` (default: this
+    process) carry: ``durable-harness <pid> <10 hex digits of host and pid namespace>``, under
+    the server's 63 bytes. A takeover of a lease whose holder died on this host waits until the
+    server has no backend of that name left, so the commits the dead process had sent are run
+    before the generation moves (``design/postgres.md``, "Leases and fencing")."""
+    pid = os.getpid() if pid is None else pid
+    place = f"{host or socket.gethostname()}:{namespace or pid_namespace()}"
+    return f"durable-harness {pid} {hashlib.sha1(place.encode()).hexdigest()[:10]}"
+
+
 class Database:
     """One PostgreSQL database as this process uses it: a pool of autocommit connections and the
     schema, migrated on first use; one per (process, spec), from :meth:`get`.
@@ -168,7 +192,11 @@ class Database:
             spec,
             min_size=0,
             max_size=max(1, pool_max),
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": CONNECT_TIMEOUT_S,
+                "application_name": backend_name(),
+            },
             timeout=CONNECT_TIMEOUT_S,
             reconnect_timeout=RECONNECT_CHAIN_S,
             open=False,
@@ -199,7 +227,12 @@ class Database:
 
     def connect(self) -> psycopg.Connection[Any]:
         """A new autocommit connection of its own, outside the pool."""
-        return psycopg.connect(self.spec, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        return psycopg.connect(
+            self.spec,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            application_name=backend_name(),
+        )
 
     def _open_pool(self) -> None:
         if not self._pool_opened:

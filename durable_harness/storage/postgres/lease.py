@@ -14,9 +14,12 @@ from typing import Any
 import psycopg
 
 from durable_harness.errors import LeaseHeld, SessionNotFound, StorageError
-from durable_harness.storage.postgres.connection import Database
+from durable_harness.storage.postgres.connection import Database, backend_name, pid_namespace
 
 DEFAULT_LEASE_S = 30.0
+DEAD_HOLDER_WAIT_S = 10.0
+"""The longest a takeover of a lease whose holder died on this host waits for the server to
+finish that process's statements (:func:`wait_for_backends`)."""
 LEASE_ENV = "DURABLE_HARNESS_PG_LEASE_S"
 
 
@@ -39,16 +42,9 @@ _HOLDER = (
 )
 
 
-def _pid_namespace() -> str:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"
-
-
 def owner_token() -> str:
     """A new owner token: ``host:pid:pid-namespace:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_pid_namespace()}:{secrets.token_hex(8)}"
+    return f"{socket.gethostname()}:{os.getpid()}:{pid_namespace()}:{secrets.token_hex(8)}"
 
 
 def dead_here(owner: str | None, pid: int | None) -> bool:
@@ -57,7 +53,7 @@ def dead_here(owner: str | None, pid: int | None) -> bool:
     if not owner or pid is None:
         return False
     parts = owner.split(":")
-    if len(parts) != 4 or parts[0] != socket.gethostname() or parts[2] != _pid_namespace():
+    if len(parts) != 4 or parts[0] != socket.gethostname() or parts[2] != pid_namespace():
         return False
     if pid == os.getpid():
         return False
@@ -68,6 +64,32 @@ def dead_here(owner: str | None, pid: int | None) -> bool:
     except OSError:
         return False
     return False
+
+
+def wait_for_dead_holder(
+    conn: psycopg.Connection[Any], session_id: str, deadline_s: float = DEAD_HOLDER_WAIT_S
+) -> None:
+    """When the lease of ``session_id`` names a holder that died on this host (:func:`dead_here`),
+    wait until the server has no backend of that process left (:func:`backend_name`), at most
+    ``deadline_s`` seconds. The commits a SIGKILLed writer sent without waiting are still in
+    its backends' sockets; a takeover that moved the generation first would have them refused
+    by the fence, losing commits whose calls had returned. A backend of a dead client runs what
+    it was sent, then reads the end of the connection and exits."""
+    row = conn.execute(
+        "SELECT owner, pid FROM leases WHERE session_id = %s", (session_id,)
+    ).fetchone()
+    if row is None or not dead_here(row[0], row[1]):
+        return
+    host, _pid, namespace, _rest = str(row[0]).split(":")
+    name = backend_name(int(row[1]), host, namespace)
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone()
+        if left is None or not left[0]:
+            return
+        time.sleep(0.01)
 
 
 def live_holder(conn: psycopg.Connection[Any], session_id: str) -> dict[str, Any] | None:
@@ -122,6 +144,7 @@ class DbLease:
             LeaseHeld: a live holder has it and ``break_lease`` is False.
         """
         owner = owner_token()
+        self.db.run(lambda conn: wait_for_dead_holder(conn, self.session_id))
 
         def take(conn: psycopg.Connection[Any]) -> int:
             with conn.transaction():

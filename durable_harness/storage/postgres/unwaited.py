@@ -88,6 +88,21 @@ class Pipeline:
                 self._read(block=False)
         return unit
 
+    def usable(self) -> bool:
+        """Read the replies that arrived, without waiting; ``False`` when something else came:
+        the goodbye of a server that closed the connection (a restart's), an error before a
+        reply, the connection's end."""
+        sock = self.conn.pgconn.socket
+        if not select.select([sock], [], [], 0)[0]:
+            return True
+        try:
+            self._read(block=False)
+        except psycopg.OperationalError:
+            return False
+        if self.conn.broken or any(u.error is not None for u in self.units):
+            return False
+        return bool(self.units) or not select.select([sock], [], [], 0)[0]
+
     def read_all(self) -> None:
         """Wait for the reply of every unit sent (psycopg.OperationalError: lost first)."""
         self._read(block=True)
@@ -155,7 +170,10 @@ class UnwaitedCommits:
         """Send ``item`` on the pipeline, unanswered; ``False`` (nothing sent): take the waited
         path."""
         pipe = self._pipe
-        if pipe is not None and (pipe.failed or pipe.conn.broken):  # seen while sending
+        # Whatever arrived is read first: a connection the server closed while it was held (a
+        # restart) is given up before a commit is sent to it, which a SIGKILL after the call
+        # returned would lose (as hold() does for a pooled one).
+        if pipe is not None and (pipe.failed or pipe.conn.broken or not pipe.usable()):
             self._settle()
             pipe = None
         if self.lease is None or not self._cache.ok or self.writer_lost:
