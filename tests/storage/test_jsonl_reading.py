@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,3 +55,34 @@ def test_a_file_is_read_whole_at_every_size(tmp_path: Path) -> None:
         finally:
             reopened.close()
     assert Path(path).stat().st_size > 6 << 20
+
+
+def test_an_open_leaves_the_collector_as_it_found_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The open reads the file with the cyclic collector off, and gives it back as it was: on
+    when it was on (it collects afterwards), off when the application had turned it off, and
+    on again when the read fails half-way."""
+    import gc
+
+    store = JsonlStore(tmp_path)
+    with store.create_session(str(tmp_path), durability="none") as session:
+        session.commit([EntryOp({"type": "custom", "id": "e1", "parentId": None}, lane="main")])
+        path = session.location
+    assert gc.isenabled()
+    JsonlSessionStore.open_path(path, write=False).close()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        JsonlSessionStore.open_path(path, write=False).close()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def fail(self: object, op: object, location: object) -> None:
+        raise RuntimeError("the index failed")
+
+    monkeypatch.setattr(JsonlSessionStore, "_apply", fail)
+    with pytest.raises(RuntimeError, match="the index failed"):
+        JsonlSessionStore.open_path(path, write=False)
+    assert gc.isenabled()
