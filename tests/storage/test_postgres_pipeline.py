@@ -40,6 +40,13 @@ def _writer(store: PostgresStore) -> PostgresSessionStore:
     return s
 
 
+def _closed_session(store: PostgresStore) -> str:
+    """The id of a session :func:`_writer` made and closed (for a child process to open)."""
+    s = _writer(store)
+    s.close()
+    return s.session_id
+
+
 def _stored(spec: str, sid: str) -> list[str]:
     """The record ids stored for ``sid``, read on a connection of its own."""
     with psycopg.connect(spec, autocommit=True) as c:
@@ -184,18 +191,22 @@ def _until_stored(spec: str, sid: str, want: list[str], timeout: float = 30.0) -
         time.sleep(0.05)
 
 
+def _killed_while_held(store: PostgresStore, lease_locks: list[LeaseLock]) -> str:
+    """A session whose writer (a child, :data:`KILLED_WRITER`) sent "a" and "b" without waiting
+    and was SIGKILLed while the server was held on a :class:`LeaseLock` (still held, last in
+    ``lease_locks``) before running them: its id."""
+    sid = _closed_session(store)
+    _kill_after_sending(
+        KILLED_WRITER, store.spec, sid, lambda: lease_locks.append(LeaseLock(store.spec, sid))
+    )
+    return sid
+
+
 @pytest.mark.crash
 def test_a_sigkill_right_after_unwaited_commits_keeps_them(
     pg_store: PostgresStore, lease_locks: list[LeaseLock]
 ) -> None:
-    s = _writer(pg_store)
-    sid = s.session_id
-    s.close()
-
-    def hold() -> None:  # the server holds both commits on the lock until the child is dead
-        lease_locks.append(LeaseLock(pg_store.spec, sid))
-
-    _kill_after_sending(KILLED_WRITER, pg_store.spec, sid, hold)
+    sid = _killed_while_held(pg_store, lease_locks)
     assert _stored(pg_store.spec, sid) == []
     lease_locks[-1].release()
     _until_stored(pg_store.spec, sid, ["a", "b"])
@@ -421,9 +432,7 @@ def test_an_unwaited_commit_after_a_server_restart_survives_a_sigkill(
 ) -> None:
     # The server was up for the whole commit call: the commit must not go out on a pooled
     # connection the restart closed (it would reach no server, and the SIGKILL would lose it).
-    s = _writer(pg_store)
-    sid = s.session_id
-    s.close()
+    sid = _closed_session(pg_store)
     _kill_after_sending(WRITER_ACROSS_A_RESTART, pg_store.spec, sid, lambda: pg_cluster.restart())
     _until_stored(pg_store.spec, sid, ["a", "b"])
 
@@ -454,9 +463,7 @@ def test_an_unwaited_commit_after_a_restart_on_a_held_connection_survives_a_sigk
 ) -> None:
     # The held connection is read before the next commit goes out: a server's goodbye found
     # there gives it up, so "b" is not sent to a server that already closed it.
-    s = _writer(pg_store)
-    sid = s.session_id
-    s.close()
+    sid = _closed_session(pg_store)
     _kill_after_sending(
         WRITER_HOLDING_ACROSS_A_RESTART, pg_store.spec, sid, lambda: pg_cluster.restart()
     )
@@ -471,14 +478,7 @@ def test_a_takeover_on_this_host_waits_for_the_dead_writers_commits(
     # before running them; a new writer here sees the holder dead and takes over at once. Had
     # it moved the generation first, the fence would refuse the two commits whose calls had
     # returned; it waits until the server has no backend of the dead process left.
-    s = _writer(pg_store)
-    sid = s.session_id
-    s.close()
-
-    def hold() -> None:
-        lease_locks.append(LeaseLock(pg_store.spec, sid))
-
-    _kill_after_sending(KILLED_WRITER, pg_store.spec, sid, hold)
+    sid = _killed_while_held(pg_store, lease_locks)
     taken: list[Any] = []
     opener = threading.Thread(target=lambda: taken.append(pg_store.open_session(sid)))
     opener.start()
