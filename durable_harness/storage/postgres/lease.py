@@ -19,7 +19,7 @@ from durable_harness.storage.postgres.connection import Database, backend_name, 
 DEFAULT_LEASE_S = 30.0
 DEAD_HOLDER_WAIT_S = 10.0
 """The longest a takeover of a lease whose holder died on this host waits for the server to
-finish that process's statements (:func:`wait_for_backends`)."""
+finish that process's statements (:func:`wait_for_dead_holder`)."""
 LEASE_ENV = "DURABLE_HARNESS_PG_LEASE_S"
 
 
