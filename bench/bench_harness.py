@@ -452,8 +452,9 @@ def ours(work: Path, n: int) -> dict[str, Any]:
 
 def _wal_per_turn(session: Any, n: int) -> tuple[float, int] | None:
     """WAL frames (pages) and bytes the run of ``n`` turns wrote to a fresh SQLite store, per
-    turn, from the ``-wal`` file's size (SQLite's format: a 32-byte header, then a 24-byte header
-    and a page per frame); ``None`` if a checkpoint started the WAL again meanwhile.
+    turn, from the end of the ``-wal`` file's last commit frame (SQLite's format: a 32-byte
+    header, then a 24-byte header and a page per frame; a prefill's zeros past it do not count);
+    ``None`` if a checkpoint started the WAL again meanwhile.
     Deterministic for a given schema, page size and workload, unlike the times beside it
     (``design/storage.md``, "Ids and pages" and "Page size")."""
     shared = session.store._shared
@@ -461,9 +462,10 @@ def _wal_per_turn(session: Any, n: int) -> tuple[float, int] | None:
     if checkpointer is not None and (checkpointer.checkpoints or checkpointer.restarts):
         return None
     page = int(shared.reader.execute("PRAGMA page_size").fetchone()[0])
-    try:
-        size = os.path.getsize(shared.wal_path)
-    except FileNotFoundError:
+    from durable_harness.storage.barrier_trace import wal_commit_end
+
+    size, _ = wal_commit_end(shared.wal_path)
+    if not size:
         return None
     return round((size - 32) / (page + 24) / n, 1), round((size - 32) / n)
 

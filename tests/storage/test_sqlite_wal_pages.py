@@ -2,8 +2,9 @@
 size"): increasing ids put a session's new rows on the pages the last commit wrote, so a commit
 writes fewer pages than with random ids; a database the store creates gets pages of
 ``connection.PAGE_SIZE`` bytes, so the same commits write fewer WAL bytes; a database made before
-keeps its own page size and stays fully usable. The WAL's size is read before the last close
-(which removes the WAL): deterministic, unlike a sync's time."""
+keeps its own page size and stays fully usable. The WAL's frames are counted up to the end of its
+last commit frame before the last close (which removes the WAL): deterministic, unlike a sync's
+time."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from durable_harness import ids
 from durable_harness.harness.records import record
 from durable_harness.storage import EntryOp, RecordOp, SqliteStore
+from durable_harness.storage.barrier_trace import wal_commit_end
 from durable_harness.storage.sqlite import connection
 
 
@@ -30,7 +32,9 @@ def _turns(
     store: SqliteStore, cwd: str, turns: int, make_id: Callable[[], str] = ids.new_id
 ) -> tuple[str, int]:
     """Commit ``turns`` turn-shaped commits (a message entry under the last, two records; ids
-    from ``make_id``) to a new session; return its id and the WAL's size in bytes then."""
+    from ``make_id``) to a new session; return its id and the WAL's bytes then, to the end of
+    its last commit frame (a synced WAL may hold zeros past it: ``design/storage.md``, "The
+    prefilled WAL")."""
     session = store.create_session(cwd, durability="none")
     try:
         parent = None
@@ -47,7 +51,7 @@ def _turns(
                 rec["id"] = make_id()
             session.commit([EntryOp(entry, lane="main"), *map(RecordOp, recs)])
             parent = entry["id"]
-        return session.session_id, Path(f"{store.path}-wal").stat().st_size
+        return session.session_id, wal_commit_end(f"{store.path}-wal")[0]
     finally:
         session.close()
 

@@ -50,6 +50,7 @@ from durable_harness.storage import (
     SessionStore,
     open_store,
 )
+from durable_harness.storage.barrier_trace import wal_commit_end
 
 from .model import Model, commits, view
 
@@ -271,9 +272,11 @@ class StorageMachine(RuleBasedStateMachine):
             os.close(fd)
         self.torn = (end, tail)
         wal = self.folder / "store.db-wal"
-        assert wal.stat().st_size > 0, "the killed SQLite writer left no write-ahead log"
+        end, _ = wal_commit_end(str(wal))  # where the next frame goes (zeros may follow)
+        assert end > 0, "the killed SQLite writer left no write-ahead log"
         frame = data.draw(st.binary(min_size=1, max_size=600), label="wal frame")
-        with wal.open("ab") as f:
+        with wal.open("r+b") as f:
+            f.seek(end)
             f.write(frame)
 
     # -- invariants ------------------------------------------------------------------------

@@ -6,17 +6,34 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from contextlib import suppress
 from dataclasses import dataclass
 
 from durable_harness.storage import timing
-from durable_harness.storage.barrier_trace import BarrierTrace, open_trace, wal_commit_end
+from durable_harness.storage.barrier_trace import (
+    WAL_FRAME_HEADER,
+    WAL_HEADER,
+    BarrierTrace,
+    open_trace,
+    wal_commit_end,
+)
 from durable_harness.storage.handoff import SyncHandoff
+from durable_harness.storage.oserrors import busy_timeout_s
 from durable_harness.storage.sqlite import connection
 from durable_harness.storage.sqlite.checkpoint import Checkpointer
 from durable_harness.storage.sqlite.connection import schema_version
 
 WRITER_CACHE_KIB = 65_536
 """Page cache of the shared writer connection (``design/storage.md`` "SQLite")."""
+
+WAL_PREFILL_MIN = 256 * 1024
+WAL_PREFILL_MAX = 4 * 1024 * 1024
+"""Bytes of zeros written past the ``-wal`` file's end once SQLite's frames come within
+:data:`WAL_PREFILL_MARGIN` of it: the file's size, in this range (``design/storage.md``, "The
+prefilled WAL")."""
+WAL_PREFILL_MARGIN = 64 * 1024
+"""Bytes before the ``-wal`` file's end where a frame of the current log calls for a prefill
+(about four turns' commits on 1 KiB pages)."""
 
 
 @dataclass
@@ -162,7 +179,9 @@ class SharedDatabase:
         if fd is None or os.fstat(fd).st_ino != inode:
             if fd is not None:
                 os.close(fd)
-            fd = self._wal_fd = os.open(self.wal_path, os.O_RDONLY)
+            fd = self._wal_fd = os.open(self.wal_path, os.O_RDWR)
+        if _frames_near_end(fd):
+            self._prefill_wal(fd)
         trace = self._trace
         end, salt = wal_commit_end(self.wal_path) if trace is not None else (0, "")
         started = timing.start()
@@ -171,3 +190,52 @@ class SharedDatabase:
         self.stats.wal_syncs += 1
         if trace is not None:  # power-cut tests: the WAL end this sync covered (read before it)
             trace.record(end, salt=salt)
+
+    def _prefill_wal(self, fd: int) -> None:
+        """Write zeros past the end of the ``-wal`` file ``fd`` (as many bytes as it holds,
+        within :data:`WAL_PREFILL_MIN` .. :data:`WAL_PREFILL_MAX`), so the frames of the
+        commits that follow overwrite blocks the file has: their ``fdatasync`` then has no new
+        size or blocks to journal (``design/storage.md``, "The prefilled WAL"). Under SQLite's write
+        lock (an empty ``BEGIN IMMEDIATE``, not waited for: a busy database is prefilled at a
+        later sync), so no connection of any process is writing frames past the end meanwhile;
+        SQLite ignores the zeros (a frame without the header's salts ends the log). Nothing is
+        written while this thread's writer is inside a transaction, or on any error (the sync
+        goes on; the next one tries again)."""
+        writer = self._writer
+        if writer is None:
+            return
+        with self.lock:
+            if writer.in_transaction:
+                return
+            try:
+                writer.execute("PRAGMA busy_timeout=0")
+                try:
+                    writer.execute("BEGIN IMMEDIATE")
+                finally:
+                    writer.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
+            except sqlite3.Error:
+                return
+            try:
+                if _frames_near_end(fd):  # still: no other process prefilled meanwhile
+                    size = os.fstat(fd).st_size
+                    os.pwrite(fd, bytes(min(max(size, WAL_PREFILL_MIN), WAL_PREFILL_MAX)), size)
+            except OSError:
+                return
+            finally:
+                with suppress(sqlite3.Error):
+                    writer.execute("ROLLBACK")
+
+
+def _frames_near_end(fd: int) -> bool:
+    """True when the ``-wal`` file ``fd`` holds a frame of its current log (the header's salts,
+    https://www.sqlite.org/walformat.html) in its last :data:`WAL_PREFILL_MARGIN` bytes, or is
+    shorter than that margin: the next commits would grow it. Zeros of a prefill, or frames of
+    a log before the WAL started again, do not count. ``False`` before SQLite wrote a header."""
+    header = os.pread(fd, WAL_HEADER, 0)
+    if len(header) < WAL_HEADER:
+        return False
+    frame = WAL_FRAME_HEADER + int.from_bytes(header[8:12], "big")
+    slot = (os.fstat(fd).st_size - WAL_HEADER - WAL_PREFILL_MARGIN) // frame
+    if slot < 0:
+        return True
+    return os.pread(fd, WAL_FRAME_HEADER, WAL_HEADER + slot * frame)[8:16] == header[16:24]
