@@ -655,7 +655,9 @@ def test_unwaited_commits_wait_for_the_flush_on_the_server_and_the_barrier_reads
     s.commit([RecordOp(rec("u1"))], wait=False)
     s.commit([RecordOp(rec("u2"))], wait=False)
     assert flushed == [True, True, True]
-    assert s._pipe is not None and len(s._pipe.units) == 2  # sent, their replies unread
+    # u2's reply is unread (the call did not wait for it); u1's may have been read already,
+    # when it had arrived before u2 went out on the connection (Pipeline.usable)
+    assert s._pipe is not None and 1 <= len(s._pipe.units) <= 2
     sent: list[str] = []
     monkeypatch.setattr(unwaited.Pipeline, "send", lambda *a, **k: sent.append(a[1]))
     s.wait_durable()
