@@ -293,7 +293,7 @@ def print_plan(plan: RecoveryPlan) -> None:
                     f"{c.replay or '-':<7} {c.action}"
                 )
             for c in lp.tool_calls:
-                if c.process and c.process.get("alive"):
+                if c.process and c.kills_group:
                     line(
                         f"    {c.tool_call_id}: its process group {c.process['pgid']} is still "
                         "running (left by the crashed process); resume kills it first"

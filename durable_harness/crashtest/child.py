@@ -76,8 +76,12 @@ async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False)
     harness = Harness(session, provider, tools, options=options(sc), tool_calls=tool_calls)
     async with harness as h:
         triggers: list[tuple[str, str, dict[str, Any], int]] = []
+        # (type, lane) of every event since the play began: the runs go on while a step
+        # awaits its barrier, so the event a later step waits "on" may come first
+        seen: set[tuple[str, Any]] = set()
 
         def on_event(event: dict[str, Any]) -> None:
+            seen.add((event["type"], event.get("lane")))
             for trig in list(triggers):
                 etype, lane, step, i = trig
                 if event["type"] == etype and event.get("lane") == lane:
@@ -98,7 +102,9 @@ async def play(sc: Scenario, session: Session, cont: bool, broken: bool = False)
             op, lane, key = step["op"], step.get("lane", "main"), f"step-{i}"
             if cont and _already(session, h, i, step):
                 continue
-            if step.get("on"):
+            if step.get("on") and (step["on"], lane) in seen:
+                await run_step(i, step)  # its event came before the steps ahead of it ended
+            elif step.get("on"):
                 triggers.append((step["on"], lane, step, i))
             elif op == "prompt":
                 handles[lane] = await h.prompt(step["text"], lane=lane, client_key=key)

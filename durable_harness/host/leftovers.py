@@ -17,9 +17,7 @@ from durable_harness.tools.processes import this_host
 def plan_sees_live_group(plan: RecoveryPlan) -> bool:
     """Whether ``plan`` reports a process group alive on this machine (``alive is True``;
     another machine's group is ``alive: None``, unknown)."""
-    return any(
-        (c.process or {}).get("alive") is True for lane in plan.lanes for c in lane.tool_calls
-    )
+    return any(c.kills_group for lane in plan.lanes for c in lane.tool_calls)
 
 
 def kill_stored_leftovers(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from durable_harness.recovery.decide import LanePlan, RecoveryPlan
+from durable_harness.recovery.decide import LanePlan, RecoveryPlan, ToolCallPlan
 
 #: Records that belong to one tool call rather than to the lane.
 _CALL_RECORDS = ("tool_started", "tool_finished", "tool_process", "tool_process_killed", "decision")
@@ -59,9 +59,10 @@ def plan_followed(plan: RecoveryPlan, after: Iterable[dict[str, Any]]) -> list[s
 
     Only the planned run's records count for a lane with an open run (a run started after it
     settles, e.g. from the next-run queue, is the live loop's business). A call's evidence is
-    its first record after the plan (``decision`` records excepted); a lane's is its first
-    record that is neither about a call nor accepted input. Lanes held by a live process are
-    not checked (nothing may be done to them).
+    its first record after the plan (``decision`` records excepted, and the kill of its
+    process group when the plan said resume kills it first: :func:`_planned_kill`); a lane's
+    is its first record that is neither about a call nor accepted input. Lanes held by a live
+    process are not checked (nothing may be done to them).
     """
     recs = list(after)
     problems: list[str] = []
@@ -84,6 +85,7 @@ def plan_followed(plan: RecoveryPlan, after: Iterable[dict[str, Any]]) -> list[s
                     for r in mine
                     if r.get("type") in _CALL_RECORDS
                     and r.get("type") != "decision"
+                    and not _planned_kill(call, r)
                     and (r.get("callKey") or r.get("toolCallId")) in (call.call_key,)
                 ),
                 None,
@@ -96,6 +98,19 @@ def plan_followed(plan: RecoveryPlan, after: Iterable[dict[str, Any]]) -> list[s
                     f"{call.action}, log shows {seen or 'nothing'}"
                 )
     return problems
+
+
+def _planned_kill(call: ToolCallPlan, rec: dict[str, Any]) -> bool:
+    """Whether ``rec`` is resume's kill of the process group the plan reported alive for
+    ``call`` (:attr:`ToolCallPlan.kills_group`: "resume kills it first"): it precedes the
+    action's own evidence. A kill the plan did not announce (no group, or one not alive) is
+    not this, so it stays the call's evidence and is reported."""
+    return (
+        rec.get("type") == "tool_process_killed"
+        and rec.get("by") == "resume"
+        and call.kills_group
+        and rec.get("pgid") == (call.process or {}).get("pgid")
+    )
 
 
 def _lane_followed(lp: LanePlan, recs: list[dict[str, Any]]) -> list[str]:

@@ -87,6 +87,18 @@ class ToolCallPlan:
         """The call key (what :mod:`durable_harness.recovery.decisions` names a call by)."""
         return self.call_key
 
+    @property
+    def kills_group(self) -> bool:
+        """True when resume kills this call's process group before it acts: the call is open
+        and its group, recorded on this machine, was alive when the plan was made
+        (``process.alive``). The plan's one statement of the kill (``design/recovery.md``,
+        "Process groups left running"): ``recover`` prints it, a host kills such groups
+        before it offers a plan, and :func:`~durable_harness.recovery.audit.plan_followed`
+        accepts resume's ``tool_process_killed`` only for these calls. The group's harness is
+        dead, so a group not alive at planning is not alive at resume; one alive at planning
+        may end by itself before resume reaches it (then nothing is killed or recorded)."""
+        return self.status != "completed" and (self.process or {}).get("alive") is True
+
 
 @dataclass
 class LanePlan:

@@ -53,7 +53,7 @@ def why_in_doubt(call: ToolCallPlan, started_at: str | None = None) -> str:
     if call.attempts > 1:
         parts.append(f"it was started {call.attempts} times")
     process: Mapping[str, Any] = call.process or {}
-    if process.get("alive") is True:
+    if call.kills_group:
         parts.append(f"its process (group {process.get('pgid')}) is still running")
     elif process.get("alive") is None and process.get("host"):
         parts.append(f"its process may still run on host {process.get('host')}")
@@ -78,7 +78,7 @@ def choices(call: ToolCallPlan) -> list[Choice]:
     group was started on another machine and may still run there."""
     tool = call.tool_name
     process: Mapping[str, Any] = call.process or {}
-    alive = process.get("alive") is True
+    alive = call.kills_group
 
     def first(text: str) -> str:
         return (

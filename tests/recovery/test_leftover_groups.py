@@ -4,7 +4,9 @@ running"): an aborted run settled on resume, a call failed by decision.
 
 The command writes ``x``, holds until a ``gate`` file exists, then writes ``y``: the group is
 alive (the effect may still land) until recovery kills it. After ``resume`` the group must be
-gone and, once the gate opens, ``y`` must never appear.
+gone and, once the gate opens, ``y`` must never appear. The kill is part of the plan
+(``kills_group``: "resume kills it first"), so the log's witness of the plan
+(:func:`~durable_harness.recovery.audit.plan_followed`) accepts it, and only it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from durable_harness.recovery.audit import plan_followed
+from durable_harness.recovery.decide import LanePlan, RecoveryPlan, ToolCallPlan
+from durable_harness.recovery.resume import plan_recovery, resume_session
+from durable_harness.session.session import Session
+from durable_harness.storage import open_store
+from durable_harness.tools.builtin import builtin_tools
 from durable_harness.tools.processes import group_alive
 
 from .helpers import BACKENDS, dh, env, main_lane, plan_json, read_session, store_spec, write_script
@@ -169,6 +178,79 @@ def test_failing_an_in_doubt_call_kills_its_leftover_group_first(tmp_path: Path)
         assert outcomes == ["failed_by_policy"] or outcomes == ["decided_fail"], outcomes
     finally:
         (work / "gate").touch()
+
+
+def _resume_audited(
+    spec: str, sid: str, work: Path, decide: str | None
+) -> tuple[RecoveryPlan, list[dict[str, Any]]]:
+    """Plan (with ``decide`` for the one call, if given) and resume by that plan through the
+    library, as the crash matrix does; return the plan and the records the resume wrote."""
+    tools = builtin_tools()
+    with Session(open_store(spec).open_session(sid)) as session:
+
+        async def go() -> tuple[RecoveryPlan, list[dict[str, Any]]]:
+            first = await plan_recovery(session.store, tools, cwd=str(work))
+            (call,) = first.plan.lane("main").tool_calls
+            decisions = {call.call_key: {"decision": decide}} if decide else None
+            rec = await plan_recovery(session.store, tools, decisions=decisions, cwd=str(work))
+            before = session.store.last_seq()
+            await resume_session(session, tools, decisions=decisions, recovery=rec)
+            return rec.plan, session.store.records(since_seq=before)
+
+        return anyio.run(go)
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("verb", "decide", "action", "outcome"),
+    [("abort", None, "abort", "aborted"), ("hold", "fail", "apply_decision", "decided_fail")],
+)
+def test_the_kill_of_a_leftover_group_is_the_plans(
+    tmp_path: Path, verb: str, decide: str | None, action: str, outcome: str
+) -> None:
+    """The crash matrix's ``plan`` check failed on the abort scenario whenever the crash left
+    the bash group running (``batch``: the abort's barrier let the command start): resume
+    killed it, as the plan said, but the audit took ``tool_process_killed`` for the call's
+    action."""
+    spec, sid, work = _crashed_child(tmp_path, "sqlite", verb)
+    group = _group(spec, sid)
+    try:
+        plan, after = _resume_audited(spec, sid, work, decide)
+        (call,) = plan.lane("main").tool_calls
+        assert (call.action, call.kills_group) == (action, True)
+        kinds = [
+            (r["type"], r.get("outcome") or r.get("by"))
+            for r in after
+            if r["type"] in ("tool_process_killed", "tool_finished")
+        ]
+        assert kinds == [("tool_process_killed", "resume"), ("tool_finished", outcome)]
+        assert plan_followed(plan, after) == []
+        _no_second_effect(work, group)
+    finally:
+        (work / "gate").touch()
+
+
+def test_a_kill_the_plan_did_not_announce_is_reported() -> None:
+    """The audit accepts resume's kill only for a call whose plan said its group was alive
+    here (``kills_group``); a kill of any other call's group is a step the plan never showed."""
+    call: dict[str, Any] = {"lane": "main", "runId": "r", "callKey": "e/0", "toolCallId": "c1"}
+    killed = {"type": "tool_process_killed", **call, "pgid": 4242, "by": "resume"}
+    finished = {"type": "tool_finished", **call, "outcome": "aborted"}
+    ended = {"type": "run_finished", "lane": "main", "runId": "r", "outcome": "aborted"}
+
+    def plan_with(process: dict[str, Any] | None) -> RecoveryPlan:
+        planned = ToolCallPlan("c1", "bash", "in_doubt", "never", "abort", "e/0", process=process)
+        lane = LanePlan("main", "suspended", "r", True, "settle_aborted", [planned])
+        return RecoveryPlan("s", [lane], [])
+
+    alive = {"pgid": 4242, "startTime": 7, "alive": True}
+    assert plan_followed(plan_with(alive), [killed, finished, ended]) == []
+    assert plan_followed(plan_with(alive), [finished, ended]) == []  # it ended by itself
+    for process in (None, {**alive, "alive": False}, {**alive, "pgid": 4343}):
+        assert plan_followed(plan_with(process), [killed, finished, ended]) == [
+            "lane main call c1 (e/0): planned abort, log shows tool_process_killed"
+        ], process
 
 
 def test_recorded_group_refuses_our_own_and_inits_group() -> None:
