@@ -198,23 +198,25 @@ class SharedDatabase:
         size or blocks to journal (``design/storage.md``, "The prefilled WAL"). Under SQLite's write
         lock (an empty ``BEGIN IMMEDIATE``, not waited for: a busy database is prefilled at a
         later sync), so no connection of any process is writing frames past the end meanwhile;
+        nor is the writer's Python lock waited for (a thread holding it may be waiting for
+        SQLite's lock, and the commit this sync is for would be acknowledged that much later);
         SQLite ignores the zeros (a frame without the header's salts ends the log). Nothing is
         written while this thread's writer is inside a transaction, or on any error (the sync
         goes on; the next one tries again)."""
         writer = self._writer
-        if writer is None:
-            return
-        with self.lock:
+        if writer is None or not self.lock.acquire(blocking=False):
+            return  # another thread is writing (maybe waiting for SQLite): a later sync
+        try:
             if writer.in_transaction:
                 return
             try:
                 writer.execute("PRAGMA busy_timeout=0")
-                try:
-                    writer.execute("BEGIN IMMEDIATE")
-                finally:
-                    writer.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
+                writer.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
                 return
+            finally:
+                with suppress(sqlite3.Error):
+                    writer.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
             try:
                 if _frames_near_end(fd):  # still: no other process prefilled meanwhile
                     size = os.fstat(fd).st_size
@@ -224,6 +226,8 @@ class SharedDatabase:
             finally:
                 with suppress(sqlite3.Error):
                     writer.execute("ROLLBACK")
+        finally:
+            self.lock.release()
 
 
 def _frames_near_end(fd: int) -> bool:
