@@ -15,8 +15,9 @@ from durable_harness.tools.processes import this_host
 
 
 def plan_sees_live_group(plan: RecoveryPlan) -> bool:
-    """Whether ``plan`` reports a process group alive on this machine (``alive is True``;
-    another machine's group is ``alive: None``, unknown)."""
+    """Whether ``plan`` says resume kills a leftover process group first
+    (:attr:`~durable_harness.recovery.decide.ToolCallPlan.kills_group`: an open call's group
+    alive on this machine; another machine's group is ``alive: None``, unknown)."""
     return any(c.kills_group for lane in plan.lanes for c in lane.tool_calls)
 
 

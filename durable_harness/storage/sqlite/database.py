@@ -168,7 +168,9 @@ class SharedDatabase:
         return self.handoff.synced
 
     def _sync_wal(self) -> None:
-        """``fdatasync`` the ``-wal`` file (what ``synchronous=FULL`` does at each commit)."""
+        """``fdatasync`` the ``-wal`` file (what ``synchronous=FULL`` does at each commit),
+        zeros written past its end first when SQLite's frames come near it
+        (:meth:`_prefill_wal`)."""
         try:
             inode = os.stat(self.wal_path).st_ino
         except FileNotFoundError:  # no WAL: everything is checkpointed into the database
